@@ -1,0 +1,36 @@
+# The README's two commands: `make demo` runs the main job, `make test` passes the tests.
+# Each sets up .venv itself. TORCH pins the torch build: the default takes the CPU
+# wheel on this kind of machine; with GPUs, e.g. `make demo TORCH="torch==2.13.0"`
+# from the CUDA index, or TORCH= to keep the torch already in the venv.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+EXTRAS ?= dev,report
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-quick lint setup clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if [ -n "$(TORCH)" ]; then $(PY) -m pip install -q "$(TORCH)"; fi
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@rm -f $(VENV)/.installed-*; touch $@
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,118 @@
+"""The ``multigpu`` command line (runs outside the ranks, once per node).
+
+``main()`` builds one subparser per command module (each has ``add_parser``
+and ``run``), and is the single place that maps our errors to one line on
+stderr and the error's exit code (2 for bad input). ``--debug`` (or
+``MULTIGPU_DEBUG=1``) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from multigpu.errors import MultigpuError, UsageError
+
+__all__ = ["COMMANDS", "ArgumentParser", "main"]
+
+COMMANDS = ["launch", "info"]
+"""Command modules under ``multigpu.cli``, in ``--help`` order."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse.Action:
+    """Add a dashed flag with its underscore alias (``--nproc-per-node`` and ``--nproc_per_node``)."""
+    aliases = list(names)
+    for name in names:
+        if name.startswith("--") and "-" in name[2:]:
+            aliases.append("--" + name[2:].replace("-", "_"))
+    return parser.add_argument(*aliases, **kwargs)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a number > 0")
+    return value
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="multigpu",
+        description="Run a PyTorch workload on every GPU of one machine or many, and measure what it gained.",
+    )
+    parser.add_argument("--debug", action="store_true", default=False, help="show Python tracebacks on errors")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"multigpu.cli.{name}")
+        command = module.add_parser(sub)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def _version() -> str:
+    from multigpu import __version__
+
+    return f"multigpu {__version__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``multigpu`` console script. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MULTIGPU_DEBUG") == "1"
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "_run", None) is None:
+            build_parser().print_help()
+            return 2
+        return int(args._run(args) or 0)
+    except MultigpuError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one top-level handler
+        if debug:
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1

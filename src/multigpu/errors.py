@@ -1,0 +1,110 @@
+"""The exception hierarchy of multigpu (used on both sides of the launch).
+
+Every error we raise on purpose derives from :class:`MultigpuError`. The CLI
+catches it once, at the top, prints ``error: <message>`` on one line and exits
+with the class's ``exit_code``; ``--debug`` shows the traceback instead.
+
+::
+
+    * MultigpuError                    exit 1 unless said otherwise
+      x ConfigError (ValueError)       exit 2: bad input (flags, config files, arguments)
+      x DeviceError                    exit 2: a device request this machine cannot meet
+      x UsageError (ConfigError)       exit 2: a malformed command line
+      x LaunchError
+        + WorkerFailedError            a worker exited non-zero (rank, exitcode, message, error_file)
+        + RendezvousTimeoutError
+      x NotInitializedError            a runtime call needing a process group before init()
+      x CollectiveError
+        + ShapeMismatchError           per-rank shapes listed, instead of a hang
+        + CollectiveTimeoutError       a collective or barrier exceeded its timeout
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "ConfigError",
+    "DeviceError",
+    "LaunchError",
+    "MultigpuError",
+    "NotInitializedError",
+    "RendezvousTimeoutError",
+    "ShapeMismatchError",
+    "UsageError",
+    "WorkerFailedError",
+]
+
+
+class MultigpuError(Exception):
+    """Base class of every error multigpu raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(MultigpuError, ValueError):
+    """Bad input: a flag, a config key or value, an argument. Exit code 2."""
+
+    exit_code = 2
+
+
+class UsageError(ConfigError):
+    """A malformed command line (unknown flag, missing value). Exit code 2."""
+
+
+class DeviceError(MultigpuError):
+    """A device request this machine cannot meet (e.g. ``--gpus 5`` with 2 GPUs). Exit code 2."""
+
+    exit_code = 2
+
+
+class LaunchError(MultigpuError):
+    """The launcher could not start or finish the job."""
+
+
+class WorkerFailedError(LaunchError):
+    """A worker process exited with a non-zero code.
+
+    Attributes:
+        rank: global rank of the first worker that failed.
+        exitcode: its exit code (negative: killed by that signal).
+        message: the one-line summary of its error.
+        error_file: the JSON error file written by the worker wrapper, if any.
+    """
+
+    def __init__(self, text: str, *, rank: int, exitcode: int, message: str, error_file: str | None):
+        super().__init__(text)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.message = message
+        self.error_file = error_file
+
+
+class RendezvousTimeoutError(LaunchError):
+    """The nodes did not all join the rendezvous in time."""
+
+
+class NotInitializedError(MultigpuError):
+    """A call that needs the process group was made before ``multigpu.init()``."""
+
+
+class CollectiveError(MultigpuError):
+    """A collective could not complete."""
+
+
+class ShapeMismatchError(CollectiveError):
+    """Ranks passed tensors whose shapes cannot be combined; lists every rank's shape."""
+
+    def __init__(self, op: str, shapes: Sequence[object], rule: str):
+        lines = [f"{op}() needs {rule}."]
+        lines += [f"  rank {r}: {s}" for r, s in enumerate(shapes)]
+        lines.append("Check that every rank builds its tensor from the same settings.")
+        super().__init__("\n".join(lines))
+        self.op = op
+        self.shapes = list(shapes)
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective or barrier did not complete within its timeout."""

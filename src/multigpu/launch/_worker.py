@@ -1,0 +1,63 @@
+"""The wrapper every worker runs first (inside each rank, before the user's script).
+
+The launcher starts ``python -u <this file> [-m] target args...`` in each
+worker. Run by path, it imports nothing of multigpu or torch before it has:
+
+1. under ``--isolate-devices``, set ``CUDA_VISIBLE_DEVICES``,
+   ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
+   worker's physical GPU, so simulators that read them at import see one GPU;
+2. put the script's folder first on ``sys.path``, as ``python script.py`` does;
+3. registered ``SIGUSR1`` to dump every thread's stack (``faulthandler``);
+
+then it runs the script as ``__main__`` under torch's ``record`` decorator, so
+an exception lands in the worker's error file with its traceback, which the
+launcher summarises.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
+"""Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
+
+
+def worker_device_env(env, local_rank: int) -> dict[str, str]:
+    """The four device variables of one isolated worker; a rank beyond the GPU list sees no GPU."""
+    ids = [i for i in env.get("MULTIGPU_DEVICE_MAP", "").split(",") if i]
+    value = ids[local_rank] if local_rank < len(ids) else ""
+    return {name: value for name in DEVICE_VARIABLES}
+
+
+def _run(argv: list[str]) -> None:
+    if argv and argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script, args = argv[0], argv[1:]
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str]) -> None:
+    if os.environ.get("MULTIGPU_ISOLATE_DEVICES") == "1":
+        os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path[0] = os.getcwd()  # never let this folder shadow modules named config, agent, ...
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(_run)(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,211 @@
+"""Start the job through torchrun's elastic agent and summarise failures (runs in the launcher).
+
+``launch(cfg, target, args)`` resolves devices (``devices.plan_devices``),
+builds torch's ``LaunchConfig`` (c10d rendezvous; ``localhost:0`` on one node)
+and calls ``elastic_launch`` through :func:`_elastic_launch`, the one seam
+tests replace with a mock. Nothing here spawns, rendezvous or restarts by
+itself: torch's agent does all three.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
+from torch.distributed.launcher.api import elastic_launch
+
+from multigpu.errors import ConfigError, LaunchError, RendezvousTimeoutError, WorkerFailedError
+from multigpu.launch import _worker
+from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
+from multigpu.launch.rendezvous import parse_endpoint
+
+__all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
+
+_TAIL_LINES = 6
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    torch_config: TorchLaunchConfig
+    entrypoint: str
+    args: list[str]
+    env: dict[str, str]
+    devices: DevicePlan
+    log_dir: str
+
+
+def _check_target(target: str, module: bool) -> None:
+    if module:
+        if not target or not all(part.isidentifier() for part in target.split(".")):
+            raise ConfigError(f"-m {target!r} is not a module name; valid: dotted.module.name")
+        return
+    path = Path(target)
+    if not path.is_file():
+        raise ConfigError(f"script '{target}' does not exist; give the path of a Python file, or -m module")
+
+
+
+def build_plan(
+    cfg: LaunchConfig,
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    facts: HostFacts | None = None,
+) -> LaunchPlan:
+    """Everything ``launch`` will do, without doing it (pure apart from probing devices)."""
+    _check_target(target, module)
+    host, port = parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
+    devices = plan_devices(cfg, facts or HostFacts.probe())
+    env = dict(devices.env)
+    if cfg.timeout_s is not None:
+        env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
+    rdzv_configs: dict[str, object] = {}
+    if cfg.nnodes > 1:
+        rdzv_configs["is_host"] = cfg.node_rank == 0
+    for key, value in cfg.rdzv_conf.items():
+        rdzv_configs[key] = value
+    log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="multigpu_logs_")
+    run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
+    torch_config = TorchLaunchConfig(
+        min_nodes=cfg.nnodes,
+        max_nodes=cfg.nnodes,
+        nproc_per_node=devices.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+        rdzv_configs=rdzv_configs,
+        max_restarts=cfg.max_restarts,
+        monitor_interval=cfg.monitor_interval_s,
+        start_method="spawn",
+        # With --log-dir, every worker's output is also written there, prefixed by rank.
+        # Without it, workers write straight to this terminal, so rank 0's progress bars work.
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if cfg.log_dir else Std.NONE),
+        log_line_prefix_template="[rank${rank}]: " if cfg.log_dir else None,
+    )
+    worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
+    return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir)
+
+
+def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
+    """The one call into torch's agent (tests replace this with a mock)."""
+    return elastic_launch(config, entrypoint)(*args)
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """Workers inherit the launcher's environment: set ``extra`` for the launch, then restore."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_WRAPPER_FRAMES = ("<frozen runpy>", "multigpu/launch/_worker.py", "elastic/multiprocessing/errors")
+
+
+def _traceback_tail(failure) -> list[str]:
+    """The last lines of the worker's traceback, without the frames of our wrapper and runpy."""
+    data = failure.error_file_data or {}
+    message = data.get("message")
+    stack = message.get("extraInfo", {}).get("py_callstack", "") if isinstance(message, dict) else ""
+    lines: list[str] = []
+    skip_code = False
+    for line in stack.rstrip().splitlines():
+        if not line.strip() or set(line.strip()) <= {"^", "~"}:
+            continue
+        if line.lstrip().startswith("File "):
+            skip_code = any(frame in line for frame in _WRAPPER_FRAMES)
+            if skip_code:
+                continue
+        elif skip_code and line.startswith("    "):
+            continue
+        lines.append(line)
+    return lines[-_TAIL_LINES:]
+
+
+def _message(failure) -> str:
+    data = failure.error_file_data or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        return str(message.get("message", "")).strip()
+    if failure.exitcode < 0:
+        return f"killed by signal {failure.signal_name()}"
+    return f"exited with code {failure.exitcode} without a Python exception"
+
+
+def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True) -> WorkerFailedError:
+    """One readable summary: which rank failed first, how, its traceback's tail, where the logs are."""
+    rank, failure = err.get_first_failure()
+    text = _message(failure)
+    lines = [f"rank {rank} of {world_size} failed first (exit code {failure.exitcode}): {text.splitlines()[0] if text else ''}"]
+    tail = _traceback_tail(failure)
+    if tail:
+        lines.append("  its traceback ends:")
+        lines += [f"    {ln}" for ln in tail]
+    others = sorted(r for r in err.failures if r != rank)
+    if others:
+        lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
+    lines.append("  other ranks: stopped by the launcher")
+    where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
+    lines.append(f"  full logs: {log_dir} ({where})")
+    error_file = failure.error_file if failure.error_file and os.path.isfile(failure.error_file) else None
+    return WorkerFailedError(
+        "\n".join(lines), rank=rank, exitcode=failure.exitcode, message=text, error_file=error_file
+    )
+
+
+def launch(
+    cfg: LaunchConfig,
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    facts: HostFacts | None = None,
+) -> LaunchPlan:
+    """Run ``target`` on every worker of this node and wait. Returns the plan it ran.
+
+    Raises:
+        WorkerFailedError: a worker failed (after any restarts); the message is the summary.
+        RendezvousTimeoutError: the other nodes did not join in time.
+    """
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
+
+    plan = build_plan(cfg, target, args, module=module, facts=facts)
+    if plan.devices.note:
+        print(f"multigpu: {plan.devices.note}", file=sys.stderr)
+    world_size = plan.devices.nproc_per_node * cfg.nnodes
+    if os.environ.get("MULTIGPU_DEBUG") != "1":
+        # torch's agent logs every worker exit; the summary below says it once, readably.
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    with _environment(plan.env):
+        try:
+            _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+        except ChildFailedError as exc:
+            raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None) from None
+        except TorchRdzvTimeout as exc:
+            raise RendezvousTimeoutError(
+                f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s): {exc}. "
+                "Start every node with the same --rdzv-endpoint and --nnodes."
+            ) from None
+        except (RuntimeError, ValueError) as exc:
+            raise LaunchError(f"the launcher could not start the job: {exc}") from None
+    return plan
+

@@ -1,0 +1,83 @@
+"""LaunchConfig: everything ``multigpu launch`` needs to start a job (runs in the launcher).
+
+Note: torch has a class of the same name; we import it as ``TorchLaunchConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from multigpu.errors import ConfigError
+
+__all__ = ["LaunchConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    nproc_per_node: int | Literal["auto"] = "auto"
+    """Worker processes on this node; "auto" = one per selected GPU, else 1."""
+
+    gpus: str | None = None
+    """Which GPUs: "all", a count "N" (the first N), or indices "0,2" (of the visible ones)."""
+
+    cpu: bool = False
+    """Run every rank on the CPU (gloo) even where GPUs exist."""
+
+    nnodes: int = 1
+    """Number of machines taking part."""
+
+    node_rank: int = 0
+    """Index of this machine, in [0, nnodes). Node 0 hosts the rendezvous store."""
+
+    rdzv_endpoint: str = "localhost:0"
+    """host:port of the rendezvous store; port 0 picks a free port (single node only)."""
+
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    """Extra c10d rendezvous settings passed through to torch (e.g. is_host=false)."""
+
+    run_id: str | None = None
+    """Job id shared by all nodes; default: a fresh id on one node, "multigpu" on several."""
+
+    max_restarts: int = 0
+    """Restart the whole worker group up to this many times after a failure."""
+
+    isolate_devices: bool = False
+    """Each worker sees exactly one GPU through CUDA_VISIBLE_DEVICES, QD/TI_VISIBLE_DEVICE and EGL_DEVICE_ID."""
+
+    allow_cpu_ranks: bool = False
+    """Let ranks beyond the GPU count run on the CPU (hybrid job, gloo everywhere)."""
+
+    log_dir: str | None = None
+    """Where each worker's stdout/stderr and error file go (default: a temporary folder)."""
+
+    timeout_s: float | None = None
+    """Collective timeout inside the ranks, in seconds (sets MULTIGPU_TIMEOUT_S)."""
+
+    threads: int | None = None
+    """CPU threads per rank (default: cores // nproc_per_node, unless OMP_NUM_THREADS is set)."""
+
+    monitor_interval_s: float = 0.1
+    """How often the agent checks its workers, in seconds."""
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node != "auto" and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
+            raise ConfigError(
+                f"--nproc-per-node {self.nproc_per_node} is invalid; valid: a whole number >= 1, or auto"
+            )
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes {self.nnodes} is invalid; valid: a whole number >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank {self.node_rank} is invalid with --nnodes {self.nnodes}; valid: 0 to {self.nnodes - 1}"
+            )
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts} is invalid; valid: 0 or more")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(f"--timeout-s {self.timeout_s} is invalid; valid: a number of seconds > 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} is invalid; valid: 1 or more")
+        if self.cpu and self.gpus is not None:
+            raise ConfigError(f"--cpu and --gpus {self.gpus} contradict each other; pass one of them")
+        if self.cpu and self.isolate_devices:
+            raise ConfigError("--cpu and --isolate-devices contradict each other; --isolate-devices pins GPUs")

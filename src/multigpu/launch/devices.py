@@ -1,0 +1,151 @@
+"""Which GPUs the job uses and what each worker sees (pure; runs in the launcher).
+
+``plan_devices(cfg, facts)`` turns ``--gpus``, ``--nproc-per-node``, ``--cpu``,
+``--isolate-devices`` and ``--allow-cpu-ranks`` into the number of workers and
+the variables they inherit. GPU indices in ``--gpus`` count the GPUs this
+process can see; when ``CUDA_VISIBLE_DEVICES`` is already set they are mapped
+through it, so ``CUDA_VISIBLE_DEVICES=2,3 multigpu launch --gpus 1`` uses
+physical GPU 3.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from multigpu.errors import ConfigError, DeviceError
+from multigpu.launch._worker import DEVICE_VARIABLES
+from multigpu.launch.config import LaunchConfig
+
+__all__ = ["DEVICE_VARIABLES", "DevicePlan", "HostFacts", "parse_gpus", "plan_devices"]
+
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the launcher can see: GPU count, the inherited CUDA_VISIBLE_DEVICES, cores."""
+
+    gpu_count: int
+    visible: str | None = None
+    cores: int = 1
+
+    @classmethod
+    def probe(cls) -> HostFacts:
+        from multigpu.runtime.env import cpu_count
+
+        fake = os.environ.get("MULTIGPU_FAKE_GPU_COUNT")  # tests: pretend to have GPUs
+        if fake is not None:
+            count = int(fake)
+        else:
+            import torch
+
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count())
+
+    def physical_ids(self) -> list[str]:
+        """The id to write into CUDA_VISIBLE_DEVICES for each visible GPU index."""
+        if self.visible:
+            ids = [v.strip() for v in self.visible.split(",") if v.strip()]
+            if len(ids) >= self.gpu_count:
+                return ids[: self.gpu_count]
+        return [str(i) for i in range(self.gpu_count)]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    nproc_per_node: int
+    gpu_ids: list[str]
+    """Physical id of the GPU of local rank i, for the ranks that have one."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables every worker inherits (per-rank pinning is done by the worker wrapper)."""
+    note: str | None = None
+    """A line for the user (e.g. the CPU fallback)."""
+
+
+def parse_gpus(spec: str, available: int) -> list[int]:
+    """``--gpus`` -> visible GPU indices: "all", a count "N", or indices "0,2"."""
+    text = spec.strip().lower()
+    valid = f"valid: all, a count 1..{available}, or indices such as 0,1 (this machine sees {available} GPU(s))"
+    if available == 0 and text != "all":
+        raise DeviceError(
+            f"--gpus {spec} asks for GPUs but this machine has no visible GPU; "
+            "run on CPU ranks with --cpu --nproc-per-node N. Run `multigpu info` to see what torch finds."
+        )
+    if text == "all":
+        return list(range(available))
+    if "," not in text:
+        if not text.isdigit():
+            raise ConfigError(f"--gpus {spec} is not understood; {valid}")
+        count = int(text)
+        if count == 0:
+            raise ConfigError("--gpus 0 is ambiguous: write --gpus 1 for one GPU, --gpus 0, for GPU 0, or --cpu")
+        if not 1 <= count <= available:
+            raise DeviceError(f"--gpus {spec} asks for {count} GPU(s) but this machine has {available}; {valid}")
+        return list(range(count))
+    parts = [p for p in text.split(",") if p != ""]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--gpus {spec} is not understood; {valid}")
+    ids = [int(p) for p in parts]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"--gpus {spec} names GPU {dupes[0]} twice; {valid}")
+    missing = [i for i in ids if i >= available]
+    if missing:
+        raise DeviceError(f"--gpus {spec} names GPU {missing[0]} but this machine has {available}; {valid}")
+    return ids
+
+
+def _threads_env(cfg: LaunchConfig, nproc: int, facts: HostFacts, inherited: dict[str, str]) -> dict[str, str]:
+    if cfg.threads is not None:
+        return {"OMP_NUM_THREADS": str(cfg.threads)}
+    if "OMP_NUM_THREADS" in inherited:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, facts.cores // nproc))}
+
+
+def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
+    """Resolve the worker count and device variables for this node."""
+    inherited = dict(os.environ) if inherited is None else inherited
+    note = None
+    if cfg.cpu or facts.gpu_count == 0:
+        if cfg.isolate_devices and not cfg.cpu:
+            raise DeviceError("--isolate-devices pins each worker to a GPU, but this machine has no visible GPU")
+        if cfg.gpus is not None and cfg.gpus.strip().lower() != "all":
+            parse_gpus(cfg.gpus, facts.gpu_count)  # raises the no-GPU error
+        nproc = 1 if cfg.nproc_per_node == "auto" else cfg.nproc_per_node
+        if not cfg.cpu:
+            note = f"no GPU visible: running {nproc} CPU rank(s) on gloo"
+        env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.cpu else {}
+        env |= _threads_env(cfg, nproc, facts, inherited)
+        return DevicePlan(nproc, [], env, note)
+
+    selected = parse_gpus(cfg.gpus, facts.gpu_count) if cfg.gpus is not None else list(range(facts.gpu_count))
+    if cfg.nproc_per_node == "auto":
+        nproc = len(selected)
+    else:
+        nproc = cfg.nproc_per_node
+        if cfg.gpus is None:
+            selected = selected[:nproc]
+        elif nproc < len(selected):
+            raise ConfigError(
+                f"--nproc-per-node {nproc} with --gpus {cfg.gpus} leaves GPUs unused; "
+                f"valid: --nproc-per-node {len(selected)} (one per GPU), or fewer --gpus"
+            )
+    if nproc > len(selected) and not cfg.allow_cpu_ranks:
+        raise DeviceError(
+            f"--nproc-per-node {nproc} needs {nproc} GPUs but {len(selected)} are selected; "
+            f"valid: at most {len(selected)}, or add --allow-cpu-ranks to run the extra ranks on CPU (gloo)"
+        )
+    ids = [facts.physical_ids()[i] for i in selected]
+    env: dict[str, str] = {}
+    if cfg.isolate_devices:
+        env["MULTIGPU_ISOLATE_DEVICES"] = "1"
+        env["MULTIGPU_DEVICE_MAP"] = ",".join(ids)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    if nproc > len(ids):
+        env["MULTIGPU_ALLOW_CPU_RANKS"] = "1"
+        env["MULTIGPU_HYBRID"] = "1"
+        note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
+    env |= _threads_env(cfg, nproc, facts, inherited)
+    return DevicePlan(nproc, ids, env, note)

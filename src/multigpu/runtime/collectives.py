@@ -1,0 +1,262 @@
+"""Collectives with timeouts, shape checks and order-preserving gather (inside each rank).
+
+Every function here must be called on all ranks. With ``world_size == 1`` each
+one is the identity (no process group exists). Errors from torch are rewritten
+into :class:`~multigpu.errors.CollectiveTimeoutError` (naming this rank, the
+call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
+(listing every rank's shape) instead of hanging or printing gloo's internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
+from multigpu.runtime import group
+
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "collective_seconds",
+    "gather",
+]
+
+_MAX_DIMS = 8
+_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+]
+_COLLECTIVE_S = 0.0  # wall time spent inside our collectives on this rank (read by the monitor)
+
+
+def collective_seconds() -> float:
+    """Seconds this rank has spent inside multigpu's collectives since it started."""
+    return _COLLECTIVE_S
+
+
+def _active() -> bool:
+    return group.is_initialized() and group.get_env().world_size > 1
+
+
+@contextlib.contextmanager
+def _translate(op: str) -> Iterator[None]:
+    """Time the collective and rewrite torch's errors into ours, naming rank and call."""
+    global _COLLECTIVE_S
+    env = group.get_env(op)
+    start = time.perf_counter()
+    try:
+        yield
+    except (RuntimeError, dist.DistBackendError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        low = str(exc).lower()
+        where = f"{op}() on rank {env.rank} of {env.world_size}"
+        elapsed = time.perf_counter() - start
+        timed_out = "timed out" in low or "timeout" in low or "failed to pass monitoredbarrier" in low
+        if timed_out and elapsed < 0.9 * group.timeout_s():
+            # gloo reports a peer that died mid-call as a failed barrier, long before the timeout
+            raise CollectiveError(
+                f"{where} failed after {elapsed:.1f}s, well before its {group.timeout_s():g}s timeout: {first}. "
+                "That rank probably exited or crashed; see its log."
+            ) from exc
+        if timed_out:
+            raise CollectiveTimeoutError(
+                f"{where} timed out after {group.timeout_s():g}s: {first}. "
+                "A rank probably skipped this call or is stuck before it (set MULTIGPU_TIMEOUT_S to change the limit)."
+            ) from exc
+        if "connection closed" in low or "connection reset" in low or "broken pipe" in low:
+            raise CollectiveError(
+                f"{where} lost a peer: {first}. Another rank probably exited or crashed; see its log."
+            ) from exc
+        raise
+    finally:
+        _COLLECTIVE_S += time.perf_counter() - start
+
+
+def barrier() -> None:
+    """Wait until every rank reaches this point. Call on all ranks.
+
+    On gloo this is ``monitored_barrier``: when a rank does not arrive within the
+    timeout, rank 0's error names the missing ranks.
+    """
+    if not _active():
+        group.get_env("barrier")
+        return
+    env = group.get_env("barrier")
+    with _translate("barrier"):
+        monitor = group.monitor_group()
+        if env.backend == "gloo" or monitor is not None:
+            dist.monitored_barrier(
+                group=monitor, timeout=timedelta(seconds=group.timeout_s()), wait_all_ranks=True
+            )
+        else:
+            dist.barrier()
+
+
+def _meta(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() > _MAX_DIMS:
+        raise CollectiveError(f"collectives support tensors of at most {_MAX_DIMS} dims, got {tensor.dim()}")
+    shape = list(tensor.shape) + [-1] * (_MAX_DIMS - tensor.dim())
+    code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else -2
+    return torch.tensor([tensor.dim(), code, *shape], dtype=torch.int64)
+
+
+def _all_metas(tensor: torch.Tensor, op: str) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
+    """Every rank's (shape, dtype), exchanged over the CPU (gloo) path of the group."""
+    mine = _meta(tensor)
+    if group.get_env().backend == "nccl":
+        mine = mine.to(group.device())
+    parts = [torch.empty_like(mine) for _ in range(group.get_env().world_size)]
+    with _translate(op):
+        dist.all_gather(parts, mine)
+    out = []
+    for p in parts:
+        p = p.cpu().tolist()
+        ndim, code = p[0], p[1]
+        out.append((tuple(p[2 : 2 + ndim]), _DTYPES[code] if code >= 0 else None))
+    return out
+
+
+def _check_shapes(tensor: torch.Tensor, op: str, *, allow_dim0: bool) -> list[tuple[int, ...]]:
+    metas = _all_metas(tensor, op)
+    shapes = [s for s, _ in metas]
+    dtypes = {d for _, d in metas}
+    if allow_dim0:
+        ok = all(len(s) == len(shapes[0]) and len(s) > 0 and s[1:] == shapes[0][1:] for s in shapes)
+        rule = "equal shapes except dim 0 (and at least 1 dim)"
+    else:
+        ok = all(s == shapes[0] for s in shapes)
+        rule = "the same shape on every rank"
+    if not ok:
+        raise ShapeMismatchError(op, shapes, rule)
+    if len(dtypes) != 1:
+        raise ShapeMismatchError(op, [f"{s} {d}" for s, d in metas], "the same dtype on every rank")
+    return shapes
+
+
+def _gather_tensor(tensor: torch.Tensor, dst: int | None) -> torch.Tensor | None:
+    env = group.get_env()
+    shapes = _check_shapes(tensor, "gather", allow_dim0=True)
+    longest = max(s[0] for s in shapes)
+    padded = tensor
+    if tensor.shape[0] < longest:
+        filler = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        padded = torch.cat([tensor, filler])
+    padded = padded.contiguous()
+    receive = dst is None or env.rank == dst
+    buffers = [torch.empty_like(padded) for _ in shapes] if receive else None
+    with _translate("gather"):
+        if dst is None:
+            dist.all_gather(buffers, padded)
+        else:
+            dist.gather(padded, gather_list=buffers, dst=dst)
+    if not receive:
+        return None
+    return torch.cat([b[: s[0]] for b, s in zip(buffers, shapes, strict=True)])
+
+
+def _concat_objects(parts: Sequence[Any]) -> Any:
+    if all(isinstance(p, (list, tuple)) for p in parts):
+        return [x for p in parts for x in p]
+    return list(parts)
+
+
+def gather(obj: Any, *, dst: int | None = 0) -> Any:
+    """Collect every rank's part on ``dst``, concatenated in rank order. Call on all ranks.
+
+    Parts made by :func:`shard` come back in the original item order.
+
+    Args:
+        obj: A tensor (concatenated along dim 0; dim 0 may differ between
+            ranks, the other dims and the dtype may not) or a Python object
+            (lists and tuples are concatenated into one list; any other object
+            comes back as a list with one entry per rank).
+        dst: The rank that receives the result; others get ``None``.
+            ``None``: every rank receives it.
+
+    Raises:
+        ShapeMismatchError: tensors differ beyond dim 0; every rank's shape is listed.
+
+    Example (world_size=2)::
+
+        mine = mg.shard(["a", "b", "c"])   # rank 0 -> ["a", "b"]; rank 1 -> ["c"]
+        mg.gather([s.upper() for s in mine])
+        # rank 0 -> ["A", "B", "C"]; rank 1 -> None
+    """
+    if not _active():
+        group.get_env("gather")
+        return obj if isinstance(obj, torch.Tensor) else _concat_objects([obj])
+    if isinstance(obj, torch.Tensor):
+        return _gather_tensor(obj, dst)
+    env = group.get_env()
+    with _translate("gather"):
+        if dst is None:
+            parts: list[Any] = [None] * env.world_size
+            dist.all_gather_object(parts, obj)
+        else:
+            parts = [None] * env.world_size if env.rank == dst else None
+            dist.gather_object(obj, parts, dst=dst)
+    return None if parts is None else _concat_objects(parts)
+
+
+def all_gather(obj: Any) -> Any:
+    """``gather(obj, dst=None)``: every rank receives the concatenation. Call on all ranks."""
+    return gather(obj, dst=None)
+
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check_shapes: bool = True) -> torch.Tensor:
+    """Reduce ``tensor`` in place across ranks (``"sum"``, ``"mean"``, ``"max"``, ``"min"``) and return it.
+
+    Call on all ranks. ``check_shapes`` first compares every rank's shape (one
+    small extra collective) so a mismatch raises ``ShapeMismatchError`` instead
+    of hanging; pass False on hot paths whose shapes are fixed by construction.
+    """
+    if op not in _OPS:
+        raise ValueError(f"op={op!r} is not one of {', '.join(_OPS)}")
+    if not _active():
+        group.get_env("all_reduce")
+        return tensor
+    if check_shapes:
+        _check_shapes(tensor, "all_reduce", allow_dim0=False)
+    with _translate("all_reduce"):
+        dist.all_reduce(tensor, op=_OPS[op])
+    if op == "mean":
+        if tensor.is_floating_point() or tensor.is_complex():
+            tensor.div_(group.get_env().world_size)
+        else:
+            tensor.floor_divide_(group.get_env().world_size)
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with ``src``'s, in place, and return it. Call on all ranks."""
+    if not _active():
+        group.get_env("broadcast")
+        return tensor
+    _check_shapes(tensor, "broadcast", allow_dim0=False)
+    with _translate("broadcast"):
+        dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Return ``src``'s Python object on every rank (pickled). Call on all ranks."""
+    if not _active():
+        group.get_env("broadcast_object")
+        return obj
+    box = [obj]
+    with _translate("broadcast_object"):
+        dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -1,0 +1,105 @@
+"""Which device this rank computes on, and which process-group backend follows (inside each rank).
+
+Pure functions of injected facts (CUDA device count, MPS availability, the
+launcher's hints), so every rule is tested without GPUs.
+
+Rules, for ``backend="auto"``: CUDA if any device is visible, then MPS, then CPU.
+A rank uses ``cuda:local_rank``; under ``--isolate-devices`` every worker sees
+exactly one GPU and uses ``cuda:0``. A rank whose ``local_rank`` has no GPU
+runs on the CPU only in the launcher's hybrid mode (``--allow-cpu-ranks``);
+otherwise it is an error. The process group is NCCL when every rank is on
+CUDA, gloo otherwise (a hybrid job uses gloo on every rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from multigpu.errors import ConfigError, DeviceError
+
+__all__ = ["DeviceFacts", "choose_backend", "select_device", "BACKENDS"]
+
+Backend = Literal["auto", "cuda", "mps", "cpu"]
+BACKENDS = ("auto", "cuda", "mps", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What this process can see, gathered once (``DeviceFacts.probe()``) or faked in tests."""
+
+    cuda_count: int = 0
+    mps_available: bool = False
+    isolated: bool = False
+    """The launcher pinned this worker to one GPU (``--isolate-devices``)."""
+    allow_cpu_ranks: bool = False
+    """The launcher allowed ranks without a GPU to run on the CPU (hybrid mode)."""
+    hybrid: bool = False
+    """Some rank of this job runs on the CPU, so every rank must use gloo."""
+
+    @classmethod
+    def probe(cls, env: dict[str, str] | None = None) -> DeviceFacts:
+        import os
+
+        env = os.environ if env is None else env
+        mps = getattr(torch.backends, "mps", None)
+        return cls(
+            cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            mps_available=bool(mps and mps.is_available()),
+            isolated=env.get("MULTIGPU_ISOLATE_DEVICES") == "1",
+            allow_cpu_ranks=env.get("MULTIGPU_ALLOW_CPU_RANKS") == "1",
+            hybrid=env.get("MULTIGPU_HYBRID") == "1",
+        )
+
+
+def _cuda_device(local_rank: int, facts: DeviceFacts, required: bool) -> torch.device | None:
+    if facts.cuda_count == 0:
+        if required:
+            raise DeviceError(
+                "backend='cuda' but this process sees no CUDA device; valid here: 'auto' or 'cpu'. "
+                "Run `multigpu info` to see what torch finds."
+            )
+        return None
+    if facts.isolated:
+        return torch.device("cuda", 0)
+    if local_rank < facts.cuda_count:
+        return torch.device("cuda", local_rank)
+    if facts.allow_cpu_ranks:
+        return None
+    raise DeviceError(
+        f"local_rank {local_rank} has no GPU: this node sees {facts.cuda_count} CUDA device(s). "
+        f"Launch at most {facts.cuda_count} process(es) per node, or pass --allow-cpu-ranks to run the extra ranks on CPU."
+    )
+
+
+def select_device(backend: str, local_rank: int, facts: DeviceFacts) -> torch.device:
+    """The device for ``local_rank`` under the requested ``backend`` ("auto", "cuda", "mps", "cpu")."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "cpu":
+        return torch.device("cpu")
+    if backend == "mps":
+        if not facts.mps_available:
+            raise DeviceError("backend='mps' but MPS is not available here; valid here: 'auto' or 'cpu'")
+        return torch.device("mps")
+    cuda = _cuda_device(local_rank, facts, required=backend == "cuda")
+    if cuda is not None:
+        return cuda
+    if backend == "auto" and facts.cuda_count == 0 and facts.mps_available:
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def choose_backend(device: torch.device, world_size: int, facts: DeviceFacts, override: str | None = None) -> str:
+    """The process-group backend: "none" alone, NCCL when every rank is on CUDA, gloo otherwise."""
+    if world_size == 1:
+        return "none"
+    if override:
+        if override not in ("nccl", "gloo"):
+            raise ConfigError(f"MULTIGPU_PG_BACKEND={override!r} is not one of nccl, gloo")
+        return override
+    if device.type == "cuda" and not facts.hybrid:
+        return "nccl"
+    return "gloo"

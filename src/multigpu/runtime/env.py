@@ -1,0 +1,160 @@
+"""Where this process stands in the job: rank, world size, node (runs inside each rank).
+
+Read from the variables torchrun's agent sets (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), else from SLURM's
+(``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ...), else the process
+runs alone as ``world_size == 1``. Pure functions of the environment mapping,
+so tests pass dictionaries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from multigpu.errors import ConfigError
+
+__all__ = ["DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist", "read_placement", "slurm_master_port"]
+
+Source = Literal["torchrun", "slurm", "single"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The rank coordinates read from the environment, before any process group exists."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    source: Source = "single"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This rank's place in the job, returned by :func:`multigpu.init`.
+
+    Also a context manager: ``with mg.init() as env: ...`` calls
+    :func:`multigpu.shutdown` on exit (without the final barrier when leaving
+    on an exception, so a failing rank does not wait for the others).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str
+    """Process-group backend: ``"nccl"``, ``"gloo"``, or ``"none"`` when ``world_size == 1``."""
+
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+    def __enter__(self) -> DistEnv:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from multigpu.runtime.group import shutdown
+
+        shutdown(barrier=exc_type is None)
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM node list such as ``gpu[01-03,7],login1`` into host names."""
+    hosts: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                hosts.append(f"{prefix}{part}")
+    return hosts
+
+
+def slurm_master_port(job_id: str | None) -> int:
+    """A port derived from the SLURM job id, so every task of a job agrees without talking.
+
+    SLURM gives no rendezvous port; ``MASTER_PORT`` wins when set.
+    """
+    if job_id and job_id.isdigit():
+        return 15000 + int(job_id[-4:]) % 20000
+    return 29500
+
+
+def _slurm_local_world_size(env: Mapping[str, str], ntasks: int) -> int:
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        raw = env.get(name)
+        if raw:
+            match = re.match(r"(\d+)", raw)  # "4(x2)" means 4 tasks on each of 2 nodes
+            if match:
+                return int(match.group(1))
+    return ntasks
+
+
+def read_placement(env: Mapping[str, str] | None = None) -> Placement:
+    """Read rank coordinates from torchrun's variables, else SLURM's, else world_size 1."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world_size = _int(env, "WORLD_SIZE")
+        rank = _int(env, "RANK")
+        local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0
+        local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
+        node_rank = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // max(local_world, 1)
+        port = env.get("MASTER_PORT")
+        placement = Placement(
+            rank, local_rank, world_size, local_world, node_rank,
+            env.get("MASTER_ADDR"), int(port) if port else None, "torchrun",
+        )
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world_size = _int(env, "SLURM_NTASKS")
+        hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+        port = env.get("MASTER_PORT")
+        placement = Placement(
+            rank=_int(env, "SLURM_PROCID"),
+            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            world_size=world_size,
+            local_world_size=_slurm_local_world_size(env, world_size),
+            node_rank=_int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
+            master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
+            master_port=int(port) if port else slurm_master_port(env.get("SLURM_JOB_ID")),
+            source="slurm",
+        )
+    else:
+        return Placement()
+    if not 0 <= placement.rank < placement.world_size:
+        raise ConfigError(f"rank {placement.rank} is outside [0, {placement.world_size}) (world_size)")
+    if not 0 <= placement.local_rank < placement.local_world_size:
+        raise ConfigError(
+            f"local_rank {placement.local_rank} is outside [0, {placement.local_world_size}) (local_world_size)"
+        )
+    return placement
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its CPU affinity, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1

@@ -1,0 +1,248 @@
+"""Joining and leaving the job: ``init()``, ``shutdown()`` and the accessors (inside each rank).
+
+``init()`` reads where this process stands (torchrun, SLURM, or alone), picks
+its device and the process-group backend, sets the thread budget and the
+seeds, and creates the process group with a timeout so that no collective
+waits forever. A single process is ``world_size == 1`` of the same code: no
+process group is created and every collective is the identity.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from multigpu.errors import ConfigError, NotInitializedError
+from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
+from multigpu.runtime.env import DistEnv, cpu_count, read_placement
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "backend",
+    "device",
+    "get_env",
+    "init",
+    "is_initialized",
+    "is_main",
+    "local_rank",
+    "monitor_group",
+    "rank",
+    "shutdown",
+    "thread_budget",
+    "timeout_s",
+    "world_size",
+]
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Collective timeout when neither ``init(timeout_s=...)`` nor ``MULTIGPU_TIMEOUT_S`` says otherwise."""
+
+_ENV: DistEnv | None = None
+_INIT_ARGS: dict | None = None
+_TIMEOUT_S: float = DEFAULT_TIMEOUT_S
+_MONITOR_GROUP = None  # a gloo group beside an NCCL default group, for monitored_barrier
+
+
+def thread_budget(local_world_size: int, threads: int | None = None, env: dict | None = None) -> int:
+    """Threads for one rank: ``threads`` if given, else ``OMP_NUM_THREADS``, else ``cores // local_world_size``."""
+    env = os.environ if env is None else env
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"threads={threads} must be >= 1")
+        return threads
+    raw = env.get("OMP_NUM_THREADS")
+    if raw and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return max(1, cpu_count() // max(1, local_world_size))
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # numpy is a core dependency, but the runtime itself does not need it
+        pass
+
+
+def _timeout_from_env(timeout_s: float | None) -> float:
+    if timeout_s is not None:
+        value = timeout_s
+    else:
+        raw = os.environ.get("MULTIGPU_TIMEOUT_S")
+        try:
+            value = float(raw) if raw else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise ConfigError(f"MULTIGPU_TIMEOUT_S={raw!r} must be a number of seconds") from None
+    if not value > 0:
+        raise ConfigError(f"timeout_s={value} must be > 0 seconds")
+    return value
+
+
+def init(
+    backend: str = "auto",
+    *,
+    seed: int | None = None,
+    seed_per_rank: bool = False,
+    timeout_s: float | None = None,
+    threads: int | None = None,
+) -> DistEnv:
+    """Join the job and return this rank's :class:`DistEnv`. Call on all ranks, once, at the start.
+
+    Idempotent: a second call returns the same ``DistEnv``; if its arguments
+    differ from the first call's, it warns that they do not take effect.
+
+    Args:
+        backend: "auto" (CUDA, then MPS, then CPU), "cuda", "mps" or "cpu".
+        seed: Seed Python's, NumPy's and torch's generators. ``None`` leaves them alone.
+        seed_per_rank: False (default): every rank gets ``seed`` (the same stream,
+            which identical model initialisation under DDP needs). True: rank r
+            gets ``seed + r`` (different dropout masks or augmentations per rank).
+        timeout_s: Timeout of every collective, in seconds (default
+            ``MULTIGPU_TIMEOUT_S`` or 600). A collective that exceeds it raises
+            instead of hanging.
+        threads: CPU threads for this rank; default ``OMP_NUM_THREADS`` if set,
+            else ``max(1, cores // local_world_size)``.
+
+    Example (world_size=2)::
+
+        env = mg.init(seed=0)   # rank 0 -> DistEnv(rank=0, ..., device=cpu, backend='gloo')
+                                # rank 1 -> DistEnv(rank=1, ...)
+    """
+    global _ENV, _INIT_ARGS, _TIMEOUT_S, _MONITOR_GROUP
+    args = dict(backend=backend, seed=seed, seed_per_rank=seed_per_rank, timeout_s=timeout_s, threads=threads)
+    if _ENV is not None:
+        if args != _INIT_ARGS:
+            changed = ", ".join(f"{k}={v!r}" for k, v in args.items() if _INIT_ARGS.get(k) != v)
+            warnings.warn(
+                f"multigpu.init() was already called; the new settings ({changed}) will not take effect. "
+                "Call multigpu.shutdown() first to re-initialise.",
+                stacklevel=2,
+            )
+        return _ENV
+
+    placement = read_placement()
+    facts = DeviceFacts.probe()
+    dev = select_device(backend, placement.local_rank, facts)
+    pg_backend = choose_backend(dev, placement.world_size, facts, os.environ.get("MULTIGPU_PG_BACKEND"))
+    _TIMEOUT_S = _timeout_from_env(timeout_s)
+
+    torch.set_num_threads(thread_budget(placement.local_world_size, threads))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if seed is not None:
+        _seed_all(seed + placement.rank if seed_per_rank else seed)
+
+    if pg_backend != "none" and not dist.is_initialized():
+        _init_process_group(pg_backend, placement, dev)
+    if pg_backend == "nccl":
+        _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
+
+    _ENV = DistEnv(
+        rank=placement.rank,
+        local_rank=placement.local_rank,
+        world_size=placement.world_size,
+        local_world_size=placement.local_world_size,
+        node_rank=placement.node_rank,
+        device=dev,
+        backend=pg_backend,
+    )
+    _INIT_ARGS = args
+    return _ENV
+
+
+def _init_process_group(pg_backend: str, placement, dev: torch.device) -> None:
+    init_method = os.environ.get("MULTIGPU_INIT_METHOD")  # e.g. file:///tmp/x/store (the test harness)
+    if init_method is None and placement.source == "slurm":
+        init_method = f"tcp://{placement.master_addr}:{placement.master_port}"
+    kwargs = dict(
+        backend="cpu:gloo,cuda:nccl" if pg_backend == "nccl" else "gloo",
+        timeout=timedelta(seconds=_TIMEOUT_S),
+        rank=placement.rank,
+        world_size=placement.world_size,
+    )
+    if pg_backend == "nccl":
+        kwargs["device_id"] = dev
+    dist.init_process_group(init_method=init_method or "env://", **kwargs)
+
+
+def shutdown(*, barrier: bool = True) -> None:
+    """Leave the job: a barrier (so no rank tears down while others still talk), then destroy the group.
+
+    Call on all ranks. Safe to call when not initialised, and twice.
+    """
+    global _ENV, _INIT_ARGS, _MONITOR_GROUP
+    if _ENV is not None and _ENV.world_size > 1 and dist.is_initialized() and barrier:
+        from multigpu.runtime.collectives import barrier as _barrier
+
+        _barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _ENV = None
+    _INIT_ARGS = None
+    _MONITOR_GROUP = None
+
+
+def is_initialized() -> bool:
+    """True between :func:`init` and :func:`shutdown`."""
+    return _ENV is not None
+
+
+def get_env(caller: str = "get_env") -> DistEnv:
+    """This rank's :class:`DistEnv`; raises :class:`NotInitializedError` before :func:`init`."""
+    if _ENV is None:
+        raise NotInitializedError(
+            f"{caller}() was called before multigpu.init(). "
+            "Call multigpu.init() at the start of main(), or run the script with `multigpu launch`."
+        )
+    return _ENV
+
+
+def _placement_or_env():
+    return _ENV if _ENV is not None else read_placement()
+
+
+def rank() -> int:
+    """Global rank of this process (0 before :func:`init` when not launched)."""
+    return _placement_or_env().rank
+
+
+def local_rank() -> int:
+    """Rank of this process on its node."""
+    return _placement_or_env().local_rank
+
+
+def world_size() -> int:
+    """Number of processes in the job."""
+    return _placement_or_env().world_size
+
+
+def is_main() -> bool:
+    """True on rank 0 (the rank that owns logs, checkpoints and reports)."""
+    return rank() == 0
+
+
+def device() -> torch.device:
+    """This rank's device, chosen by :func:`init`."""
+    return get_env("device").device
+
+
+def backend() -> str:
+    """The process-group backend: "nccl", "gloo", or "none" for a single process."""
+    return get_env("backend").backend
+
+
+def timeout_s() -> float:
+    """The collective timeout in force, in seconds."""
+    return _TIMEOUT_S
+
+
+def monitor_group():
+    """A gloo group usable by ``monitored_barrier`` (the default group when it is gloo)."""
+    return _MONITOR_GROUP

@@ -1,0 +1,164 @@
+"""``run_on_ranks``: run a function on N real ranks (spawned, gloo, file store) and collect results.
+
+Shipped so users test their own distributed code the way multigpu tests its own::
+
+    def _check_sum(offset):              # module level, so it pickles
+        t = torch.tensor([mg.rank() + offset])
+        return mg.all_reduce(t).item()
+
+    assert run_on_ranks(_check_sum, 3, args=(1,)) == [6, 6, 6]
+
+Each rank is a fresh ``spawn`` process that calls :func:`multigpu.init` on the
+CPU with a ``file://`` rendezvous in a temporary folder: no ports, safe under
+parallel test runs. Three timeouts keep a test from hanging: the collective
+timeout inside the ranks, a deadline in the parent (at which every unfinished
+rank dumps its stacks, which the raised ``TimeoutError`` shows), and a
+``faulthandler`` exit in each child in case the parent itself dies.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RankFailedError", "run_on_ranks"]
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised; carries the failing rank and its own traceback text."""
+
+    def __init__(self, rank: int, world_size: int, trace: str):
+        super().__init__(f"rank {rank}/{world_size} raised an exception (other ranks were stopped):\n{trace}")
+        self.rank = rank
+        self.trace = trace
+
+
+def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads):
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+            "MULTIGPU_INIT_METHOD": f"file://{store_dir}/store",
+            "OMP_NUM_THREADS": str(threads),
+            "CUDA_VISIBLE_DEVICES": "",
+            **env,
+        }
+    )
+    stack_file = open(Path(store_dir) / f"stacks_rank{rank}.txt", "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.dump_traceback_later(timeout_s + 60, exit=True, file=stack_file)  # if the parent is gone
+    try:
+        import multigpu as mg
+
+        mg.init(backend="cpu", timeout_s=collective_timeout_s, threads=threads)
+        value = fn(*args, **kwargs)
+        mg.shutdown(barrier=False)
+        # plain pickle copies tensor data; the queue's own pickler would share memory that dies with this process
+        results.put(("ok", rank, pickle.dumps(value)))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        results.put(("error", rank, traceback.format_exc()))
+
+
+def _stop(procs: Sequence[mp.Process]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1)
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout_s: float = 60.0,
+    collective_timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    threads: int = 1,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; return each rank's result, in rank order.
+
+    Args:
+        fn: A module-level function (it is pickled into spawned processes).
+            ``multigpu.init()`` has already run in each rank when it is called.
+        world_size: Number of ranks.
+        timeout_s: The parent's deadline for all ranks together, in seconds.
+        collective_timeout_s: Timeout of each collective inside the ranks
+            (default: ``timeout_s``).
+        env: Extra environment variables for every rank.
+        threads: CPU threads per rank.
+
+    Raises:
+        RankFailedError: the first rank that raised, with its traceback; the others are stopped.
+        TimeoutError: ranks that did not finish in time, with every such rank's stack.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="multigpu_ranks_") as store_dir:
+        procs = [
+            ctx.Process(
+                target=_child,
+                args=(fn, args, kwargs or {}, r, world_size, store_dir, results, timeout_s,
+                      collective_timeout_s or timeout_s, env or {}, threads),
+                daemon=True,
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        values: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(values) < world_size:
+                remaining = deadline - time.monotonic()
+                try:
+                    status, rank, value = results.get(timeout=max(0.05, min(remaining, 0.5)))
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(procs) if r not in values and not p.is_alive() and p.exitcode]
+                    if dead:
+                        raise RankFailedError(dead[0], world_size, f"exited with code {procs[dead[0]].exitcode} before reporting") from None
+                    if remaining <= 0:
+                        raise _timeout(procs, values, world_size, timeout_s, store_dir) from None
+                    continue
+                if status == "error":
+                    raise RankFailedError(rank, world_size, value)
+                values[rank] = pickle.loads(value)
+        finally:
+            _stop(procs)
+    return [values[r] for r in range(world_size)]
+
+
+def _timeout(procs, values, world_size, timeout_s, store_dir) -> TimeoutError:
+    stuck = [r for r in range(world_size) if r not in values]
+    for r in stuck:
+        if procs[r].is_alive() and procs[r].pid:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    stacks = []
+    for r in stuck:
+        path = Path(store_dir) / f"stacks_rank{r}.txt"
+        text = path.read_text() if path.exists() else ""
+        stacks.append(f"--- rank {r} stack ---\n{text.strip() or '(no stack captured)'}")
+    return TimeoutError(
+        f"ranks {stuck} did not finish within {timeout_s:g}s; a collective is probably waiting "
+        "on a rank that never called it\n" + "\n".join(stacks)
+    )

@@ -1,0 +1,115 @@
+"""Argument translation to torch's launcher, with torch's elastic_launch mocked (tier 0).
+
+Only `_elastic_launch`, our one seam over torch, is replaced; everything up to it is real.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from multigpu.cli import main
+from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import HostFacts, parse_gpus, plan_devices
+from tests.conftest import SCRIPTS
+
+HELLO = str(SCRIPTS / "fail_rank1.py")  # any existing script; nothing runs it here
+
+
+@pytest.fixture
+def seam():
+    with mock.patch("multigpu.launch.agent._elastic_launch") as fake:
+        yield fake
+
+
+def _launched(seam):
+    (config, entrypoint, args), _ = seam.call_args
+    return config, entrypoint, list(args)
+
+
+def test_auto_on_a_cpu_box_is_one_rank_on_a_free_port(seam, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+    assert main(["launch", HELLO, "--lr", "3"]) == 0
+    config, entrypoint, args = _launched(seam)
+    assert config.nproc_per_node == 1 and config.min_nodes == config.max_nodes == 1
+    assert config.rdzv_backend == "c10d" and config.rdzv_endpoint == "localhost:0"
+    assert args[-3:] == [HELLO, "--lr", "3"] and args[1].endswith("_worker.py")
+
+
+def test_standalone_nproc_restarts_and_underscore_aliases(seam, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+    assert main(["launch", "--standalone", "--nproc_per_node", "3", "--max-restarts", "2", HELLO]) == 0
+    config, _, _ = _launched(seam)
+    assert (config.nproc_per_node, config.max_restarts, config.rdzv_endpoint) == (3, 2, "localhost:0")
+
+
+def test_multi_node_flags(seam, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+    argv = ["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", "--nproc-per-node", "2", HELLO]
+    assert main(argv) == 0
+    config, _, _ = _launched(seam)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
+    assert config.rdzv_endpoint == "node0:29400" and config.rdzv_configs["is_host"] is False
+    assert config.run_id == "multigpu"  # every node must agree on it
+
+
+def test_module_target(seam, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+    assert main(["launch", "-m", "json.tool", "--help"]) == 0
+    _, _, args = _launched(seam)
+    assert args[-3:] == ["-m", "json.tool", "--help"]
+
+
+def test_gpu_selection_and_isolation_plans():
+    facts = HostFacts(gpu_count=4, visible="4,5,6,7", cores=16)
+    plan = plan_devices(LaunchConfig(gpus="0,2"), facts, inherited={})
+    assert plan.nproc_per_node == 2 and plan.env["CUDA_VISIBLE_DEVICES"] == "4,6"  # mapped through the parent's
+    assert plan.env["OMP_NUM_THREADS"] == "8"
+    iso = plan_devices(LaunchConfig(gpus="1,3", isolate_devices=True), facts, inherited={})
+    assert iso.env["MULTIGPU_DEVICE_MAP"] == "5,7" and "CUDA_VISIBLE_DEVICES" not in iso.env
+    hybrid = plan_devices(LaunchConfig(gpus="2", nproc_per_node=3, allow_cpu_ranks=True), facts, inherited={})
+    assert hybrid.env["MULTIGPU_HYBRID"] == "1" and hybrid.gpu_ids == ["4", "5"]
+    assert plan_devices(LaunchConfig(), facts, inherited={"OMP_NUM_THREADS": "2"}).env.get("OMP_NUM_THREADS") is None
+    assert plan_devices(LaunchConfig(cpu=True, nproc_per_node=2), facts, inherited={}).env["CUDA_VISIBLE_DEVICES"] == ""
+    assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("2", 3) == [0, 1] and parse_gpus("0,", 3) == [0]
+
+
+@pytest.mark.parametrize(
+    "argv,fake_gpus,needle",
+    [
+        (["--gpus", "5"], "2", "asks for 5 GPU(s) but this machine has 2"),
+        (["--gpus", "5"], "0", "no visible GPU"),
+        (["--gpus", "0,0"], "2", "names GPU 0 twice"),
+        (["--gpus", "-1"], "2", "not understood"),
+        (["--gpus", "abc"], "2", "not understood"),
+        (["--gpus", "0,3"], "2", "names GPU 3 but this machine has 2"),
+        (["--nproc-per-node", "0"], "0", "valid: a whole number >= 1"),
+        (["--nproc-per-node", "x"], "0", "is not a whole number"),
+        (["--nproc-per-node", "3"], "2", "--allow-cpu-ranks"),
+        (["--node-rank", "2", "--nnodes", "2"], "0", "--node-rank 2 is invalid with --nnodes 2; valid: 0 to 1"),
+        (["--rdzv-endpoint", "node0"], "0", "needs a host and a port"),
+        (["--rdzv-endpoint", "node0:http"], "0", "valid: a number from 0 to 65535"),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0:0"], "0", "port 0 only works on one node"),
+        (["--cpu", "--gpus", "1"], "2", "contradict"),
+        (["--isolate-devices"], "0", "no visible GPU"),
+        (["--bogus"], "0", "unrecognized arguments"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(seam, monkeypatch, capsys, argv, fake_gpus, needle):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", fake_gpus)
+    code = main(["launch", *argv, HELLO])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    assert needle in err
+    seam.assert_not_called()
+
+
+def test_missing_script_and_debug_traceback(seam, capsys):
+    assert main(["launch", "no_such_script.py"]) == 2
+    assert "script 'no_such_script.py' does not exist" in capsys.readouterr().err
+    from multigpu.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        main(["--debug", "launch", "no_such_script.py"])

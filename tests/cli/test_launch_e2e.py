@@ -1,0 +1,75 @@
+"""The launcher end to end: real `multigpu launch` subprocesses, real ranks (tier 3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, SCRIPTS, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_two_ranks_print_their_share_and_the_gathered_result_in_order():
+    proc = run_cli("launch", "--nproc-per-node", "2", "examples/hello.py")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "rank 0/2 on cpu: items [1, 2, 3, 4, 5]" in out
+    assert "rank 1/2 on cpu: items [6, 7, 8, 9, 10]" in out
+    assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100] (sum 385)" in out
+
+
+def test_a_failing_rank_is_summarised(tmp_path):
+    proc = run_cli("launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path), str(SCRIPTS / "fail_rank1.py"))
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "error: rank 1 of 2 failed first (exit code 1): ValueError: simulated failure on rank 1" in err
+    assert 'raise ValueError("simulated failure on rank 1")' in err  # its own traceback's tail
+    assert f"full logs: {tmp_path}" in err
+    assert "_worker.py" not in err.split("error: rank 1")[1]  # our wrapper's frames are hidden
+
+
+def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
+    start = time.monotonic()
+    proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "4", str(SCRIPTS / "stuck_rank1.py"))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1
+    assert "rank 0 of 2 failed first" in proc.stderr
+    assert "barrier() on rank 0 of 2 timed out after 4s" in proc.stderr
+    assert "Ranks 1 failed to pass monitoredBarrier" in proc.stderr
+    assert elapsed < 60  # the sleeping rank (120 s) was stopped, not waited for
+
+
+def test_two_nodes_on_loopback(tmp_path):
+    """Two launchers, one per node_rank, meet at one endpoint; the store's port is bound by its owner."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # we keep the socket
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
+    procs = [
+        subprocess.Popen([*base, "--node-rank", str(r), "examples/hello.py"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    joined = "".join(o for o, _ in outs)
+    assert "rank 0/2 on cpu" in joined and "rank 1/2 on cpu" in joined
+    assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]" in joined
+
+
+def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
+    """On a CPU box with a faked list of 4 GPUs, --gpus 1,3 pins rank 0 to GPU 1 and rank 1 to GPU 3."""
+    proc = run_cli("launch", "--gpus", "1,3", "--isolate-devices", str(SCRIPTS / "report_devices.py"), str(tmp_path),
+                   env={"MULTIGPU_FAKE_GPU_COUNT": "4"})
+    assert proc.returncode == 0, proc.stderr
+    for rank, gpu in [(0, "1"), (1, "3")]:
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["CUDA_VISIBLE_DEVICES"] == seen["QD_VISIBLE_DEVICE"] == gpu
+        assert seen["TI_VISIBLE_DEVICE"] == seen["EGL_DEVICE_ID"] == gpu
+        assert seen["omp"] is not None  # the thread budget reached the worker

@@ -1,0 +1,71 @@
+"""Shared fixtures: a clean runtime and environment around every test, a one-rank group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+
+# Variables the launcher and init() may set; a test that leaks one fails.
+_WATCHED_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_", "GROUP_RANK",
+                     "MULTIGPU_", "CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE",
+                     "EGL_DEVICE_ID", "OMP_NUM_THREADS", "TORCHELASTIC_")
+
+
+@pytest.fixture(autouse=True)
+def _clean_runtime():
+    """Destroy any process group a test left behind and reset multigpu's runtime state."""
+    yield
+    import torch.distributed as dist
+
+    from multigpu.runtime import group
+
+    if group.is_initialized() or dist.is_initialized():
+        group.shutdown(barrier=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_env():
+    """Fail a test that leaks launcher variables into os.environ (Fabric's restore_env_variables)."""
+    before = dict(os.environ)
+    yield
+    leaked = {k: v for k, v in os.environ.items() if before.get(k) != v and k.startswith(_WATCHED_PREFIXES)}
+    os.environ.clear()
+    os.environ.update(before)
+    assert not leaked, f"test leaked environment variables: {leaked}"
+
+
+@pytest.fixture
+def single_rank_group(tmp_path, monkeypatch):
+    """multigpu.init() alone, plus a real one-rank gloo group on a file store (no ports).
+
+    For code that needs torch.distributed itself (DDP, DCP) at world_size 1.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import multigpu as mg
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    env = mg.init(backend="cpu", timeout_s=30)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    yield env
+    mg.shutdown()
+
+
+def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m multigpu ARGS`` in a subprocess (tier 3: the real launcher, real ranks)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "multigpu", *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
+    )
