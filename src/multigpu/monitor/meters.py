@@ -1,0 +1,224 @@
+"""Step meters every workload uses: step time, items/s, communication time, load imbalance.
+
+Runs inside each rank. A workload names its unit (samples, tokens, agents,
+windows, env-steps) and wraps each step::
+
+    meter = StepMeter("tokens", total_steps=steps, description="train")
+    for step in range(steps):
+        with meter.step(items=tokens_this_rank):
+            ...                                  # forward, backward, optimizer
+    summary = meter.close()                      # call on all ranks; rank 0 writes summary.json
+
+Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
+
+* *wall* - time inside ``step()`` blocks;
+* *comm* - time spent in multigpu's collectives during those steps, plus what
+  the workload adds with ``add_comm()`` (e.g. a DDP communication hook);
+* *busy* - wall minus comm: the compute this rank did;
+* *throughput* - items of all ranks / the slowest rank's wall time;
+* *comm share* - comm / wall, averaged over ranks;
+* *load imbalance* - the slowest rank's busy time / the fastest's (1.0 = even).
+
+Metrics are reduced across ranks (one small collective every ``log_every``
+steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
+per log point) and ``summary.json`` in the run directory, which defaults to
+``$MULTIGPU_RUN_DIR`` (set by ``multigpu bench``) and is off when unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.runtime import collectives, group
+
+__all__ = ["StepMeter", "run_dir_from_env", "write_json_atomic"]
+
+
+def run_dir_from_env() -> Path | None:
+    """The run directory named by ``MULTIGPU_RUN_DIR``, or None."""
+    raw = os.environ.get("MULTIGPU_RUN_DIR")
+    return Path(raw) if raw else None
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    os.replace(tmp, path)
+
+
+class _Progress:
+    """A rich progress bar on rank 0 with items/s and ETA; nothing when output is not a terminal."""
+
+    def __init__(self, description: str, total: int | None, unit: str, enabled: bool):
+        self.bar = None
+        if not (enabled and group.rank() == 0 and sys.stderr.isatty()):
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), transient=False,
+        )
+        self.task = self.bar.add_task(description, total=total, rate="")
+        self.unit = unit
+        self.bar.start()
+
+    def advance(self, rate: float | None, extra: str = "") -> None:
+        if self.bar is not None:
+            text = f"{rate:,.0f} {self.unit}/s" if rate else ""
+            self.bar.update(self.task, advance=1, rate=f"{text} {extra}".strip())
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+class StepMeter:
+    """Measures a workload's steps on every rank and reduces them; see the module docstring.
+
+    Args:
+        unit: What one item is ("samples", "tokens", "agents", "windows", "env-steps").
+        total_steps: For the progress bar's ETA (None: no total).
+        description: The progress bar's label.
+        run_dir: Where rank 0 writes metrics.jsonl and summary.json (default ``$MULTIGPU_RUN_DIR``).
+        log_every: Reduce and log every N steps (0: only at ``close()``). Every rank must
+            run the same number of steps, as with any collective.
+        warmup_steps: Steps left out of the summary (start-up, compilation, caches).
+        progress: Show the progress bar on rank 0 when stderr is a terminal.
+    """
+
+    def __init__(
+        self,
+        unit: str = "items",
+        *,
+        total_steps: int | None = None,
+        description: str | None = None,
+        run_dir: str | Path | None = None,
+        log_every: int = 0,
+        warmup_steps: int = 1,
+        progress: bool = True,
+    ):
+        self.unit = unit
+        self.run_dir = Path(run_dir) if run_dir is not None else run_dir_from_env()
+        self.log_every = log_every
+        self.warmup_steps = warmup_steps
+        self.steps = 0
+        self.step_times: list[float] = []
+        self.comm_times: list[float] = []
+        self.items: list[int] = []
+        self._extra_comm = 0.0
+        self._last_log = (0, 0.0, 0.0, 0)  # step, wall, comm, items at the previous log point
+        self._progress = _Progress(description or unit, total_steps, unit, progress)
+        self.extras: dict[str, float] = {}
+        """Workload figures to carry into the log lines (loss, infected count, ...); set by the caller."""
+
+    def add_comm(self, seconds: float) -> None:
+        """Count ``seconds`` of communication done outside multigpu's collectives in the current step."""
+        self._extra_comm += seconds
+
+    @contextlib.contextmanager
+    def step(self, items: int) -> Iterator[None]:
+        """Time one step that processes ``items`` items on this rank."""
+        comm_before = collectives.collective_seconds()
+        self._extra_comm = 0.0
+        start = time.perf_counter()
+        yield
+        wall = time.perf_counter() - start
+        comm = collectives.collective_seconds() - comm_before + self._extra_comm
+        self.steps += 1
+        self.step_times.append(wall)
+        self.comm_times.append(min(comm, wall))
+        self.items.append(int(items))
+        self._progress.advance(items / wall * group.world_size() if wall > 0 else None, self._extras_text())
+        if self.log_every and self.steps % self.log_every == 0:
+            self._log_point()
+
+    def _extras_text(self) -> str:
+        return " ".join(f"{k} {v:.4g}" for k, v in self.extras.items())
+
+    def _measured(self) -> slice:
+        return slice(min(self.warmup_steps, max(len(self.step_times) - 1, 0)), None)
+
+    def _log_point(self) -> None:
+        """Reduce the window since the last log point; rank 0 appends a line to metrics.jsonl."""
+        last_step, last_wall, last_comm, last_items = self._last_log
+        wall, comm, items = sum(self.step_times), sum(self.comm_times), sum(self.items)
+        window = torch.tensor(
+            [wall - last_wall, comm - last_comm, float(items - last_items)], dtype=torch.float64
+        )
+        # sent once as max and once as sum: max wall = slowest rank, sum items = all ranks
+        maxed = collectives.all_reduce(window.clone(), "max", check_shapes=False)
+        summed = collectives.all_reduce(window.clone(), "sum", check_shapes=False)
+        self._last_log = (self.steps, wall, comm, items)
+        if group.rank() != 0 or self.run_dir is None:
+            return
+        slowest = maxed[0].item()
+        record = {
+            "time": time.time(),
+            "step": self.steps,
+            "steps": self.steps - last_step,
+            f"{self.unit}_per_s": summed[2].item() / slowest if slowest > 0 else None,
+            "step_time_s": slowest / max(self.steps - last_step, 1),
+            "comm_share": summed[1].item() / summed[0].item() if summed[0].item() > 0 else 0.0,
+            **self.extras,
+        }
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        """The reduced figures over the measured steps, on every rank. Call on all ranks."""
+        m = self._measured()
+        mine = {
+            "wall_s": sum(self.step_times[m]),
+            "comm_s": sum(self.comm_times[m]),
+            "items": sum(self.items[m]),
+            "steps": len(self.step_times[m]),
+            "step_times": self.step_times[m],
+        }
+        mine["busy_s"] = mine["wall_s"] - mine["comm_s"]
+        ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
+        slowest = max(r["wall_s"] for r in ranks)
+        busy = [r["busy_s"] for r in ranks]
+        # the job's step time at step t is its slowest rank's
+        per_step = [max(ts) for ts in zip(*(r["step_times"] for r in ranks), strict=False)]
+        return {
+            "unit": self.unit,
+            "world_size": len(ranks),
+            "steps": min(r["steps"] for r in ranks),
+            "warmup_steps": self.warmup_steps,
+            "items": sum(r["items"] for r in ranks),
+            "wall_s": slowest,
+            "throughput": sum(r["items"] for r in ranks) / slowest if slowest > 0 else 0.0,
+            "step_time_s": {
+                "median": statistics.median(per_step) if per_step else 0.0,
+                "min": min(per_step, default=0.0),
+                "max": max(per_step, default=0.0),
+            },
+            "comm_share": statistics.fmean(r["comm_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0 for r in ranks),
+            "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0,
+            "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
+        }
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Stop the bar, reduce, and have rank 0 write ``summary.json`` (with ``extra``). Call on all ranks."""
+        self._progress.stop()
+        result = self.summary()
+        if extra:
+            result.update(extra)
+        if group.rank() == 0 and self.run_dir is not None:
+            write_json_atomic(self.run_dir / "summary.json", result)
+        return result

@@ -1,0 +1,104 @@
+"""Real collectives across spawned gloo ranks (tier 2). Each spawn checks several properties."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import multigpu as mg
+from multigpu.errors import ShapeMismatchError
+from multigpu.testing import RankFailedError, run_on_ranks
+
+pytestmark = pytest.mark.dist
+
+
+def _collectives_body(n_items: int) -> dict:
+    env = mg.get_env()
+    out: dict = {"rank": env.rank, "world": env.world_size, "backend": env.backend, "threads": torch.get_num_threads()}
+    items = list(range(n_items))
+    mine = mg.shard(items)
+    # tensors with uneven first dims come back in the original order
+    rows = torch.tensor([[i, i * i] for i in mine], dtype=torch.int64).reshape(-1, 2)
+    out["tensor_gather"] = mg.gather(rows)
+    out["tensor_all_gather"] = mg.gather(rows, dst=None)
+    out["object_gather"] = mg.gather([f"item{i}" for i in mine], dst=0)
+    out["dict_gather"] = mg.gather({"rank": env.rank}, dst=env.world_size - 1)
+    out["sum"] = mg.all_reduce(torch.tensor([float(env.rank + 1)]), "sum").item()
+    out["mean"] = mg.all_reduce(torch.tensor([float(env.rank + 1)]), "mean").item()
+    out["max"] = mg.all_reduce(torch.tensor([env.rank]), "max").item()
+    out["bcast"] = mg.broadcast(torch.tensor([env.rank * 10 + 7]), src=env.world_size - 1).item()
+    out["bcast_obj"] = mg.broadcast_object({"from": env.rank}, src=0)
+    # a shape mismatch is an error on every rank, listing all shapes, not a hang
+    try:
+        mg.gather(torch.zeros(2, 3 + env.rank))
+        out["mismatch"] = None
+    except ShapeMismatchError as exc:
+        out["mismatch"] = str(exc)
+    try:
+        mg.all_reduce(torch.zeros(1 + env.rank))
+        out["reduce_mismatch"] = None
+    except ShapeMismatchError as exc:
+        out["reduce_mismatch"] = str(exc)
+    mg.barrier()
+    return out
+
+
+@pytest.mark.parametrize("world_size,n_items", [(2, 7), (3, 10), (3, 2)])
+def test_gather_order_reduce_broadcast_and_shape_errors(world_size, n_items):
+    results = run_on_ranks(_collectives_body, world_size, args=(n_items,), timeout_s=90)
+    expected_rows = [[i, i * i] for i in range(n_items)]
+    for r, out in enumerate(results):
+        assert (out["rank"], out["world"], out["backend"], out["threads"]) == (r, world_size, "gloo", 1)
+        assert out["tensor_all_gather"].tolist() == expected_rows
+        assert out["sum"] == sum(range(1, world_size + 1))
+        assert out["mean"] == pytest.approx(sum(range(1, world_size + 1)) / world_size)
+        assert out["max"] == world_size - 1
+        assert out["bcast"] == (world_size - 1) * 10 + 7
+        assert out["bcast_obj"] == {"from": 0}
+        assert "rank 0: (2, 3)" in out["mismatch"] and f"rank {world_size - 1}: (2, {2 + world_size})" in out["mismatch"]
+        assert "the same shape on every rank" in out["reduce_mismatch"]
+    assert results[0]["tensor_gather"].tolist() == expected_rows
+    assert results[0]["object_gather"] == [f"item{i}" for i in range(n_items)]
+    assert all(out["tensor_gather"] is None for out in results[1:])
+    assert results[-1]["dict_gather"] == [{"rank": r} for r in range(world_size)]
+    assert all(out["dict_gather"] is None for out in results[:-1])
+
+
+def _raise_on_rank1() -> None:
+    if mg.rank() == 1:
+        raise ValueError("boom on rank 1")
+    mg.barrier()
+
+
+def _rank1_never_arrives() -> None:
+    if mg.rank() == 1:
+        time.sleep(60)
+    mg.barrier()
+
+
+def _rank0_sleeps() -> None:
+    time.sleep(60 if mg.rank() == 0 else 0)
+
+
+def test_failing_rank_is_reported_with_its_own_traceback():
+    with pytest.raises(RankFailedError, match="rank 1/2 raised") as info:
+        run_on_ranks(_raise_on_rank1, 2, timeout_s=60)
+    assert info.value.rank == 1 and "ValueError: boom on rank 1" in info.value.trace
+
+
+def test_barrier_a_rank_never_reaches_names_it():
+    """rank 0 waits at a barrier rank 1 never reaches: the collective timeout names rank 1."""
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        run_on_ranks(_rank1_never_arrives, 2, timeout_s=60, collective_timeout_s=3)
+    assert time.monotonic() - start < 45
+    assert info.value.rank == 0
+    assert "CollectiveTimeoutError" in info.value.trace and "Ranks 1 failed to pass monitoredBarrier" in info.value.trace
+
+
+def test_harness_deadline_dumps_the_stuck_ranks_stack():
+    with pytest.raises(TimeoutError, match=r"ranks \[0\] did not finish within 8s") as info:
+        run_on_ranks(_rank0_sleeps, 2, timeout_s=8)
+    assert "--- rank 0 stack ---" in str(info.value) and "_rank0_sleeps" in str(info.value)
