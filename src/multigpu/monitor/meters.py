@@ -41,7 +41,18 @@ import torch
 
 from multigpu.runtime import collectives, group
 
-__all__ = ["StepMeter", "run_dir_from_env", "write_json_atomic"]
+__all__ = ["StepMeter", "problem_scale", "run_dir_from_env", "write_json_atomic"]
+
+
+def problem_scale() -> int:
+    """How many times larger the global problem should be: ``world_size`` under weak scaling, else 1.
+
+    ``multigpu bench --weak`` sets ``MULTIGPU_SCALING=weak``; a workload multiplies
+    its global size (agents, images, environments, samples per step) by this, so
+    each rank's share stays the same as the world grows. Strong scaling (the
+    default) keeps the global problem fixed.
+    """
+    return group.world_size() if os.environ.get("MULTIGPU_SCALING") == "weak" else 1
 
 
 def run_dir_from_env() -> Path | None:
