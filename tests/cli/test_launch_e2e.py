@@ -41,6 +41,9 @@ def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
     assert "rank 0 of 2 failed first" in proc.stderr
     assert "barrier() on rank 0 of 2 timed out after 4s" in proc.stderr
     assert "Ranks 1 failed to pass monitoredBarrier" in proc.stderr
+    assert 'File "' in proc.stderr and "stuck_rank1.py\", line 9" in proc.stderr  # rank 0's own call site
+    # the stuck rank's own stack, dumped when the agent stopped it: file and line
+    assert "rank 1: in <module> (tests/scripts/stuck_rank1.py:8)" in proc.stderr
     assert elapsed < 60  # the sleeping rank (120 s) was stopped, not waited for
 
 
@@ -73,3 +76,28 @@ def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
         assert seen["CUDA_VISIBLE_DEVICES"] == seen["QD_VISIBLE_DEVICE"] == gpu
         assert seen["TI_VISIBLE_DEVICE"] == seen["EGL_DEVICE_ID"] == gpu
         assert seen["omp"] is not None  # the thread budget reached the worker
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank_quickly(tmp_path):
+    """SIGINT to the launcher: it exits within seconds and leaves no worker process behind."""
+    import signal
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid*"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert time.monotonic() - start < 15
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphaned workers: {alive}"
