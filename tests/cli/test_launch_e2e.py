@@ -47,6 +47,17 @@ def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
     assert elapsed < 60  # the sleeping rank (120 s) was stopped, not waited for
 
 
+def test_every_rank_stalled_ends_the_job_with_where_each_stood():
+    """No collective ever times out when every rank is stuck at once: the stall watchdog ends the job."""
+    start = time.monotonic()
+    proc = run_cli("launch", "--nproc-per-node", "2", "--stall-timeout-s", "4", str(SCRIPTS / "stall_all.py"))
+    assert proc.returncode == 1
+    assert "(exit code 3): StallError: rank" in proc.stderr
+    assert "made no progress for" in proc.stderr and "stall_all.py:12 in <module>" in proc.stderr
+    assert "its last progress was step 1 of items" in proc.stderr
+    assert time.monotonic() - start < 60
+
+
 def test_two_nodes_on_loopback(tmp_path):
     """Two launchers, one per node_rank, meet at one endpoint; the store's port is bound by its owner."""
     from torch.distributed import TCPStore

@@ -74,6 +74,8 @@ def build_plan(
     env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
     if cfg.timeout_s is not None:
         env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
+    if cfg.stall_timeout_s is not None:
+        env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
     rdzv_configs: dict[str, object] = {}
     if cfg.nnodes > 1:
         rdzv_configs["is_host"] = cfg.node_rank == 0
@@ -161,6 +163,8 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     text = _message(failure)
     lines = [f"rank {rank} of {world_size} failed first (exit code {failure.exitcode}): {text.splitlines()[0] if text else ''}"]
     tail = _traceback_tail(failure)
+    if len(tail) == 1 and tail[0].partition(": ")[2] in text:
+        tail = []  # the exception line alone says nothing the first line did not
     if tail:
         lines.append("  its traceback ends:")
         lines += [f"    {ln}" for ln in tail]

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from multigpu.runtime import collectives, group
+from multigpu.runtime import collectives, group, watchdog
 
 __all__ = ["StepMeter", "problem_scale", "run_dir_from_env", "write_json_atomic"]
 
@@ -150,6 +150,7 @@ class StepMeter:
         wall = time.perf_counter() - start
         comm = collectives.collective_seconds() - comm_before + self._extra_comm
         self.steps += 1
+        watchdog.heartbeat(f"step {self.steps} of {self.unit}")
         self.step_times.append(wall)
         self.comm_times.append(min(comm, wall))
         self.items.append(int(items))

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
-from multigpu.runtime import group
+from multigpu.runtime import group, watchdog
 
 __all__ = [
     "all_gather",
@@ -80,6 +80,7 @@ def _translate(op: str) -> Iterator[None]:
         raise
     finally:
         _COLLECTIVE_S += time.perf_counter() - start
+        watchdog.heartbeat(f"{op}()")
 
 
 def barrier() -> None:
