@@ -58,6 +58,20 @@ def test_every_rank_stalled_ends_the_job_with_where_each_stood():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.parametrize("script,needle", [
+    ("exit_early.py", "all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer"),
+    ("skip_collective.py", "all_reduce() on rank 0 of 2 timed out after 5s"),
+])
+def test_mismatched_ranks_end_in_bounded_time(script, needle):
+    """A rank that exits early, or skips a collective, while another waits: an error, not a hang."""
+    start = time.monotonic()
+    proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "5", str(SCRIPTS / script))
+    assert proc.returncode == 1
+    assert "error: rank 0 of 2 failed first" in proc.stderr and needle in proc.stderr
+    assert "pair.cc" not in proc.stderr.split("error:")[-1]  # gloo's internals are trimmed
+    assert time.monotonic() - start < 60
+
+
 def test_two_nodes_on_loopback(tmp_path):
     """Two launchers, one per node_rank, meet at one endpoint; the store's port is bound by its owner."""
     from torch.distributed import TCPStore
@@ -75,6 +89,40 @@ def test_two_nodes_on_loopback(tmp_path):
     joined = "".join(o for o, _ in outs)
     assert "rank 0/2 on cpu" in joined and "rank 1/2 on cpu" in joined
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]" in joined
+
+
+def test_a_node_that_disappears_ends_the_other_nodes_job(tmp_path):
+    """Two nodes on loopback; node 1 (launcher and worker) is SIGKILLed mid-run: node 0 ends, naming the loss."""
+    import os
+    import signal
+
+    import psutil
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1", "--timeout-s", "20",
+            "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
+    procs = [
+        subprocess.Popen([*base, "--node-rank", str(r), str(SCRIPTS / "allreduce_loop.py"), str(tmp_path)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("pid*"))) < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.2)
+    # whichever launcher runs rank 1 is "node 1": kill it and its worker at once, as a lost machine would
+    victim_pid = int((tmp_path / "pid1").read_text())
+    victim = next(p for p in procs if victim_pid in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
+    start = time.monotonic()
+    victim.kill()
+    os.kill(victim_pid, signal.SIGKILL)
+    survivor = procs[1 - procs.index(victim)]
+    _, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 1
+    assert "error: rank 0 of 2 failed first" in err and "lost a peer" in err
+    assert time.monotonic() - start < 60
+    victim.communicate()
 
 
 def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):

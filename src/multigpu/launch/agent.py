@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import uuid
@@ -131,6 +132,8 @@ def _traceback_tail(failure) -> list[str]:
     data = failure.error_file_data or {}
     message = data.get("message")
     stack = message.get("extraInfo", {}).get("py_callstack", "") if isinstance(message, dict) else ""
+    # of a chain of exceptions, the last one is what the user's code saw
+    stack = re.split(r"\n(?:The above exception was the direct cause|During handling of the above)[^\n]*\n", stack)[-1]
     lines: list[str] = []
     keep_code = False
     for line in stack.rstrip().splitlines():
