@@ -41,10 +41,8 @@ def _autocast_works(device_type: str, dtype: torch.dtype) -> bool:
 
 def probe_support(device_type: str) -> PrecisionSupport:
     """Probe what ``device_type`` ("cpu", "cuda", "mps") supports in this process."""
-    if device_type == "cuda":
-        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-    else:
-        bf16 = True  # torch implements bf16 on CPU on every x86/ARM machine
+    # torch implements bf16 on CPU on every x86/ARM machine; CUDA needs compute capability 8.0+
+    bf16 = torch.cuda.is_bf16_supported(including_emulation=False) if device_type == "cuda" else True
     return PrecisionSupport(device_type, bf16, _autocast_works(device_type, torch.float16),
                             bf16 and _autocast_works(device_type, torch.bfloat16))
 

@@ -17,7 +17,6 @@ everything else is the same code.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
