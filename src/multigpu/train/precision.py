@@ -8,6 +8,7 @@ gathers the facts for one device type.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,10 @@ class PrecisionSupport:
 
 def _autocast_works(device_type: str, dtype: torch.dtype) -> bool:
     try:
-        with torch.autocast(device_type, dtype=dtype):
+        with warnings.catch_warnings():  # "CUDA is not available ... Disabling autocast": then it fails below
+            warnings.simplefilter("ignore")
+            ctx = torch.autocast(device_type, dtype=dtype)
+        with ctx:
             a = torch.ones(2, 2, device=device_type)
             (a @ a).sum().item()
         return True
@@ -39,10 +43,17 @@ def _autocast_works(device_type: str, dtype: torch.dtype) -> bool:
         return False
 
 
+def _cuda_bf16() -> bool:
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except (RuntimeError, AssertionError):  # no usable CUDA in this process
+        return False
+
+
 def probe_support(device_type: str) -> PrecisionSupport:
     """Probe what ``device_type`` ("cpu", "cuda", "mps") supports in this process."""
     # torch implements bf16 on CPU on every x86/ARM machine; CUDA needs compute capability 8.0+
-    bf16 = torch.cuda.is_bf16_supported(including_emulation=False) if device_type == "cuda" else True
+    bf16 = _cuda_bf16() if device_type == "cuda" else True
     return PrecisionSupport(device_type, bf16, _autocast_works(device_type, torch.float16),
                             bf16 and _autocast_works(device_type, torch.bfloat16))
 
