@@ -37,7 +37,7 @@ def _tensorboard(run_dir: Path | None):
 class MetricLogger:
     """Accumulates per-step figures and logs the reduced window; see the module docstring."""
 
-    def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int):
+    def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int, *, fresh: bool = True):
         self.run_dir = run_dir
         self.meter = meter
         self.total_steps = total_steps
@@ -48,6 +48,8 @@ class MetricLogger:
         self.start = time.time()
         self.history: list[dict[str, Any]] = []
         self._tb = _tensorboard(run_dir) if mg.is_main() else None
+        if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def log(self, step: int, metrics: dict[str, Any], *, flush: bool) -> dict[str, Any] | None:
         """Add this step's figures; at ``flush`` reduce the window and have rank 0 write. Call on all ranks."""

@@ -153,7 +153,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_last) if self.run_dir else None
         self.meter = StepMeter(self.unit, total_steps=cfg.steps - self.step, description="train",
                                run_dir=self.run_dir, log_every=0, warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
-        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps)
+        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0)
         if mg.is_main():
             self._print_plan()
 
