@@ -56,6 +56,15 @@ def _latest_run(resume: str | None, run_dir: str | None) -> Path | None:
     return runs[-1] if runs else None
 
 
+def _fresh_run_dir() -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = RUNS / stamp, 1
+    while path.exists():  # two runs started within the same second
+        n += 1
+        path = RUNS / f"{stamp}-{n}"
+    return path
+
+
 def validate(cfg, launch_cfg) -> int:
     """Every check that needs the job's shape; returns its world size. Raises ConfigError/DeviceError."""
     from multigpu.launch.devices import HostFacts, plan_devices
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     launch_cfg = config_from_args(args)
     world_size = validate(cfg, launch_cfg)
     previous = _latest_run(cfg.resume, args.run_dir)
-    run_dir = Path(args.run_dir) if args.run_dir else previous or RUNS / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir) if args.run_dir else previous or _fresh_run_dir()
     if previous is not None:
         print(f"multigpu train: --resume auto continues {run_dir}", flush=True)
     write_json_atomic(run_dir / "resolved_config.json", to_dict(cfg))
