@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0", "prefetch=2"]
+BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0"]
 
 
-def run_ours(steps: int, tmp: Path) -> dict:
+def run_ours(steps: int, tmp: Path, prefetch: int) -> dict:
     run_dir = tmp / f"ours-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2",
-           "--run-dir", str(run_dir), f"steps={steps}", *BENCH]
+           "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", *BENCH]
     start = time.time()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -69,20 +69,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefetch", type=int, default=2, help="our trainer's prefetch (the peers have none)")
+    parser.add_argument("--only", default=None, help="comma-separated contenders, e.g. ours,raw")
     args = parser.parse_args()
-    names = available()
+    names = [n for n in available() if args.only is None or n in args.only.split(",")]
     results: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         for r in range(args.rounds):
             for name in names:
-                res = run_ours(args.steps, Path(tmp)) if name == "ours" else run_peer(name, args.steps, Path(tmp))
+                res = run_ours(args.steps, Path(tmp), args.prefetch) if name == "ours" else run_peer(name, args.steps, Path(tmp))
                 results[name].append(res)
                 print(f"round {r + 1} {name:<10} {res['throughput']:8,.0f} tokens/s   "
                       f"launch to first step {res['startup_s']:5.1f} s", flush=True)
     best = {n: {"throughput": max(x["throughput"] for x in rs), "startup_s": min(x["startup_s"] for x in rs)}
             for n, rs in results.items()}
     ours = best["ours"]
-    print(f"\nnano GPT, 2 CPU ranks, {args.steps} steps, best of {args.rounds} round(s)")
+    print(f"\nnano GPT, 2 CPU ranks, {args.steps} steps, best of {args.rounds} round(s), our prefetch={args.prefetch}")
     print(f"{'contender':<12}{'tokens/s':>10}{'ours / it':>11}{'first step (s)':>16}{'ours - it (s)':>15}")
     for name, b in best.items():
         print(f"{name:<12}{b['throughput']:>10,.0f}{ours['throughput'] / b['throughput']:>10.3f}x"
