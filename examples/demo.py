@@ -35,6 +35,9 @@ def device_flags() -> list[str]:
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
+    ("train", "a short nano-GPT training on the stdlib's source: falling validation loss, then sample text",
+     ["train", "-f", "configs/nano.yaml", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
+      "steps=30", "eval_every=10", "log_every=10", "model.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),
 ]
 
 
