@@ -47,6 +47,8 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--log-dir", default=None, help="folder for each worker's stdout/stderr and error file")
     add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
     add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
+    add_flag(g, "--profile", action="store_true",
+             help="torch.profiler trace per rank for a window of steps, into the run directory")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -80,6 +82,7 @@ def config_from_args(args: argparse.Namespace):
         log_dir=args.log_dir,
         timeout_s=args.timeout_s,
         threads=args.threads,
+        profile=args.profile,
     )
 
 
