@@ -59,7 +59,7 @@ def _compare_values(a: Any, b: Any, atol: float, rtol: float) -> tuple[bool, flo
     diff = torch.nan_to_num(diff, nan=float("inf"))  # NaN on one side only: infinitely far
     ref = b64.abs()
     rel = torch.where(diff == 0, torch.zeros_like(diff), diff / ref.clamp_min(torch.finfo(torch.float64).tiny))
-    passed = bool((diff <= atol + rtol * ref).all())
+    passed = bool(((diff <= atol + rtol * ref) | both_nan).all())
     return passed, float(diff.max()), float(rel.max()), None
 
 
