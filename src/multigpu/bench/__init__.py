@@ -9,9 +9,9 @@ Pieces: :mod:`~multigpu.bench.config` (BenchConfig), :mod:`~multigpu.bench.workl
 """
 
 from multigpu.bench.config import BenchConfig, parse_nproc
-from multigpu.bench.runner import launch_with_env, run_bench, write_bench
+from multigpu.bench.runner import configs_for, launch_with_env, run_bench, write_bench
 from multigpu.bench.table import explain, scaling_rows
 from multigpu.bench.workloads import WORKLOADS, Workload, resolve_target
 
-__all__ = ["WORKLOADS", "BenchConfig", "Workload", "explain", "launch_with_env", "parse_nproc", "resolve_target",
+__all__ = ["WORKLOADS", "BenchConfig", "Workload", "configs_for", "explain", "launch_with_env", "parse_nproc", "resolve_target",
            "run_bench", "scaling_rows", "write_bench"]

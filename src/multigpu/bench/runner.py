@@ -29,7 +29,7 @@ from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
 
-__all__ = ["cpu_usage", "launch_with_env", "run_bench", "write_bench"]
+__all__ = ["configs_for", "cpu_usage", "launch_with_env", "run_bench", "write_bench"]
 
 
 @contextlib.contextmanager
@@ -55,15 +55,24 @@ def launch_with_env(cfg: LaunchConfig, target: Target, env: dict[str, str]) -> N
         launch(cfg, target.target, target.args, module=target.module)
 
 
-def _config_for(cfg: LaunchConfig, world_size: int, gpu_indices: list[int] | None) -> LaunchConfig:
-    """The launch config of one world size; with ``--gpus``, the first N of the chosen GPUs."""
-    gpus = None
-    if gpu_indices is not None:
-        if world_size > len(gpu_indices):
-            raise ConfigError(f"--nproc {world_size} needs {world_size} GPUs but --gpus {cfg.gpus} selects "
-                              f"{len(gpu_indices)}; valid: --nproc up to {len(gpu_indices)}")
-        gpus = ",".join(map(str, gpu_indices[:world_size]))
-    return dataclasses.replace(cfg, nproc_per_node=world_size, gpus=gpus)
+def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:
+    """The launch config of each world size; with ``--gpus``, the first N of the chosen GPUs.
+
+    Raises ConfigError/DeviceError for a size the selection cannot serve, before anything runs.
+    """
+    if cfg.gpus is None:
+        return {n: dataclasses.replace(cfg, nproc_per_node=n) for n in sizes}
+    from multigpu.launch.devices import HostFacts, parse_gpus
+
+    chosen = parse_gpus(cfg.gpus, HostFacts.probe().gpu_count)
+    out = {}
+    for n in sizes:
+        if n > len(chosen):
+            raise ConfigError(f"--nproc {n} needs {n} GPUs but --gpus {cfg.gpus} selects "
+                              f"{len(chosen)}; valid: --nproc up to {len(chosen)}")
+        # "1," is GPU 1; a bare "1" would mean one GPU
+        out[n] = dataclasses.replace(cfg, nproc_per_node=n, gpus=",".join(map(str, chosen[:n])) + ",")
+    return out
 
 
 def _read_summary(run_dir: Path, world_size: int) -> dict[str, Any]:
@@ -112,12 +121,7 @@ def run_bench(
     on_run: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Run every world size ``bench.repeat`` times, then write bench.json and bench.png. Returns bench.json's data."""
-    gpu_indices = None
-    if cfg.gpus is not None:
-        from multigpu.launch.devices import HostFacts, parse_gpus
-
-        gpu_indices = parse_gpus(cfg.gpus, HostFacts.probe().gpu_count)
-    configs = {n: _config_for(cfg, n, gpu_indices) for n in bench.nproc}  # bad input fails before any run
+    configs = configs_for(cfg, bench.nproc)  # bad input fails before any run
     runs = []
     for n in bench.nproc:
         for k in range(bench.repeat):

@@ -45,9 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from multigpu.bench import launch_with_env, parse_nproc, resolve_target
+    from multigpu.bench import configs_for, launch_with_env, parse_nproc, resolve_target
     from multigpu.cli.launch import config_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.verify import load_results
@@ -59,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     target = resolve_target(args.target, list(args.args), module=args.module)
-    cfg = config_from_args(args)
+    configs = configs_for(config_from_args(args), sizes)
     if args.run_dir and Path(args.run_dir).exists() and any(Path(args.run_dir).iterdir()):
         raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
     with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp:
@@ -68,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for n in sizes:
             folder = root / f"np{n}"
             print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
-            launch_with_env(dataclasses.replace(cfg, nproc_per_node=n), target,
-                            {"MULTIGPU_VERIFY_DIR": str(folder.resolve())})
+            launch_with_env(configs[n], target, {"MULTIGPU_VERIFY_DIR": str(folder.resolve())})
             results[n] = load_results(folder) if folder.is_dir() else {}
     if not any(results.values()):
         raise MultigpuError(f"{args.target} recorded no result at any world size: "
