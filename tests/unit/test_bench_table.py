@@ -35,7 +35,7 @@ def test_slower_with_more_ranks_says_so_and_names_communication():
     rows = scaling_rows([_run(1, 1000), _run(2, 620, comm=0.61)])
     notes = explain(rows)
     assert len(notes) == 1 and notes[0].startswith("SLOWER: 2 ranks ran slower than 1 rank (0.62x")
-    assert "communication is 61% of step time at 2 ranks (0% at 1 rank)" in notes[0]
+    assert "communication is 61% of step time at 2 ranks (0% at 1 rank; time inside collectives" in notes[0]
 
 
 def test_causes_are_ordered_by_size_imbalance_and_contention_included():
@@ -56,11 +56,15 @@ def test_poor_but_positive_scaling_is_explained_and_good_scaling_is_not_blamed()
 
 
 def test_faster_than_ideal_and_a_saturated_machine_are_called_out():
-    busy = {"host_percent": 99.0, "rank_percent": 45.0}
+    busy = {"host_percent": 99.0, "rank_percent": 45.0}  # 45% of a core while computing all the time
     rows = scaling_rows([_run(1, 1000, busy_per_item=0.004, cpu=busy), _run(2, 4000, busy_per_item=0.001, cpu=busy)])
     notes = explain(rows)
     assert "faster than the ideal 2x" in notes[0] and "0.25x the compute time" in notes[0]
-    assert notes[-1].startswith("CAUTION: the machine was saturated") and "45% of a core per rank" in notes[-1]
+    assert notes[-1].startswith("CAUTION: ranks got less CPU than their work needed")
+    assert "1 rank: 45% of a core per rank, host 99%" in notes[-1]
+    assert not any(n.startswith("CAUTION") for n in explain(rows, cpu_ranks=False))  # GPU ranks: CPU use says little
+    waiting = {"host_percent": 60.0, "rank_percent": 30.0}  # low, but half the time is spent waiting in collectives
+    assert not any(n.startswith("CAUTION") for n in explain(scaling_rows([_run(1, 1000, cpu=waiting | {"rank_percent": 90.0}), _run(2, 1500, comm=0.6, cpu=waiting)])))
     assert explain(scaling_rows([_run(1, 1000)])) == []
 
 

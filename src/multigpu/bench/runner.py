@@ -138,11 +138,11 @@ def run_bench(
             summary = _read_summary(run_dir, n)
             runs.append({"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
                          "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)})
-    return write_bench(out_dir, bench, runs, command=command, target=target)
+    return write_bench(out_dir, bench, runs, command=command, target=target, cpu_only=cfg.cpu)
 
 
 def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *,
-                command: list[str] | None = None, target: Target | None = None) -> dict[str, Any]:
+                command: list[str] | None = None, target: Target | None = None, cpu_only: bool = False) -> dict[str, Any]:
     """Rows, verdicts, bench.json and the plot from the collected runs."""
     from multigpu.monitor import write_json_atomic
 
@@ -158,7 +158,7 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         "unit": runs[0]["summary"].get("unit", "items") if runs else "items",
         "host": host,
         "rows": rows,
-        "notes": explain(rows, cores=host["cores"]),
+        "notes": explain(rows, cores=host["cores"], cpu_ranks=not host["gpus"] or cpu_only),
         "runs": runs,
     }
     write_json_atomic(out_dir / "bench.json", result)

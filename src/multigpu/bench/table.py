@@ -38,10 +38,9 @@ EFFICIENCY_GOOD = 0.7
 """Below this efficiency a row gets an explanation even when it was faster."""
 SUPERLINEAR = 1.3
 """Above this efficiency a row is called faster than ideal, and explained."""
-BUSY_HOST = 90.0
-"""Host CPU (% of all cores) at or above which the machine counts as saturated."""
 STARVED_RANK = 70.0
-"""Rank CPU (% of one core) below which a rank on a saturated host counts as starved."""
+"""On CPU ranks: a rank using less than this % of one core while it computes (the non-communication
+share of its time) was kept waiting for a core by other processes."""
 
 
 def _compute_per_item(summary: dict[str, Any]) -> float | None:
@@ -99,7 +98,8 @@ def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> lis
     if row["comm_share"] >= COMM_NOTABLE:
         found.append((row["comm_share"],
                       f"communication is {row['comm_share']:.0%} of step time at {n} "
-                      f"({base['comm_share']:.0%} at {_ranks(base['world_size'])})"))
+                      f"({base['comm_share']:.0%} at {_ranks(base['world_size'])}; time inside collectives, "
+                      "including waiting for the other ranks to arrive)"))
     if row["imbalance"] >= IMBALANCE_NOTABLE:
         found.append((row["imbalance"] - 1,
                       f"load imbalance: at {n} the slowest rank computed {row['imbalance']:.2f}x as long as the "
@@ -114,8 +114,11 @@ def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> lis
     return [text for _, text in sorted(found, key=lambda f: -f[0])]
 
 
-def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None) -> list[str]:
-    """Plain-words verdicts: where more ranks made the job slower (or scaled poorly), and the measured why."""
+def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ranks: bool = True) -> list[str]:
+    """Plain-words verdicts: where more ranks made the job slower (or scaled poorly), and the measured why.
+
+    ``cpu_ranks``: the ranks computed on the CPU, so their CPU use shows whether they got the cores.
+    """
     if len(rows) < 2:
         return []
     base = rows[0]
@@ -143,11 +146,11 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None) -> list
                          f"({row['efficiency']:.0%} efficiency): {why}.")
         else:
             notes.append(f"{n}: {row['speedup']:.2f}x speedup ({row['efficiency']:.0%} efficiency).")
-    starved = [r for r in rows if r.get("host_cpu_percent") is not None and r.get("rank_cpu_percent") is not None
-               and r["host_cpu_percent"] >= BUSY_HOST and r["rank_cpu_percent"] < STARVED_RANK]
+    starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None
+               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"])]
     if starved:
         which = ", ".join(f"{_ranks(r['world_size'])}: {r['rank_cpu_percent']:.0f}% of a core per rank, "
                           f"host {r['host_cpu_percent']:.0f}%" for r in starved)
-        notes.append(f"CAUTION: the machine was saturated and ranks waited for CPU ({which}); other processes "
-                     "competed, so these figures are noisy: repeat with --repeat 3 or on an idle machine.")
+        notes.append(f"CAUTION: ranks got less CPU than their work needed ({which}): other processes held the "
+                     "cores, so these figures are noisy; repeat with --repeat 3 or on an idle machine.")
     return notes

@@ -54,30 +54,39 @@ def _out_dir(args: argparse.Namespace) -> Path:
     return out
 
 
-def print_table(result: dict[str, Any], console=None) -> None:
-    """The scaling table and its verdicts, as rich renders them."""
+def console():
+    """rich's Console; 120 columns when output is a file or pipe (rich would use 80), unless COLUMNS says."""
+    import os
+
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=120)
+
+
+def print_table(result: dict[str, Any], out=None) -> None:
+    """The scaling table and its verdicts, as rich renders them."""
+    from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    out = out or console()
     unit = result.get("unit", "items")
     repeats = result.get("repeat", 1)
     table = Table(title=f"multigpu bench: {result.get('scaling', 'strong')} scaling"
                         f"{f', {repeats} repeats' if repeats > 1 else ''}")
-    for name in ("ranks", f"{unit}/s (median)", f"{unit}/s (min)", "speedup", "efficiency",
+    for name in ("ranks", f"{unit}/s (median)", f"{unit}/s (min)", "speedup", "ideal", "efficiency",
                  "step (ms)", "comm share", "imbalance"):
         table.add_column(name, justify="right")
     for r in result["rows"]:
         slower = r["speedup"] < 1 and r is not result["rows"][0]
         table.add_row(
             str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
-            f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x (ideal {r['ideal']:.0f}x)",
+            f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
             f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}",
             f"{r['imbalance']:.2f}",
         )
-    console.print(table)
+    out.print(table)
     for note in result.get("notes", []):
-        console.print(f"[bold red]{note}[/bold red]" if note.startswith("SLOWER") else note, highlight=False)
+        out.print(f"[bold red]{escape(note)}[/bold red]" if note.startswith("SLOWER") else escape(note), highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

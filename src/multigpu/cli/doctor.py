@@ -35,9 +35,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": not failed, "checks": [dataclasses.asdict(r) for r in results],
                           "facts": dataclasses.asdict(facts)}, indent=2))
         return 1 if failed else 0
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from multigpu.cli.bench import console as make_console
 
     style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     table = Table(title="multigpu doctor")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for r in results:
         table.add_row(escape(r.name), f"[{style[r.status]}]{r.status}[/]", escape(r.detail), escape(r.hint))
-    console = Console()
+    console = make_console()
     console.print(table)
     counts = {s: sum(r.status == s for r in results) for s in ("pass", "warn", "fail")}
     console.print(f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")

@@ -85,15 +85,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(comparisons, atol: float, rtol: float) -> None:
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from multigpu.cli.bench import console
 
     table = Table(title=f"multigpu verify (atol {atol:g}, rtol {rtol:g})")
     for name in ("result", "ranks", "vs", "max abs diff", "max rel diff", ""):
         table.add_column(name, justify="left" if name in ("result", "") else "right")
     for c in comparisons:
-        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red]{' ' + c.problem if c.problem else ''}"
-        table.add_row(c.name, str(c.world_size), str(c.baseline),
+        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red]{' ' + escape(c.problem) if c.problem else ''}"
+        table.add_row(escape(c.name), str(c.world_size), str(c.baseline),
                       "-" if c.max_abs is None else f"{c.max_abs:.3g}",
                       "-" if c.max_rel is None else f"{c.max_rel:.3g}", verdict)
-    Console().print(table)
+    console().print(table)
