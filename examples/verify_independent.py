@@ -19,9 +19,9 @@ def main() -> None:
     lo, hi = mine.start, mine.stop
     ids = torch.arange(lo, hi, dtype=torch.float64)
     values = torch.sin(ids * 0.7) * ids**2  # a pure function of the item id
-    everything = mg.gather(values)  # rank 0: all items, original order
+    mg.verify.record("values", values, gather=True)  # gathers the shards on rank 0, in the original order
+    everything = mg.gather(values)  # rank 0: all items, original order; others: None
     count = mg.all_reduce(torch.tensor([hi - lo]), "sum")  # integers: exact in any order
-    mg.verify.record("values", everything)
     mg.verify.record("total", everything.sum() if mg.is_main() else None)
     mg.verify.record("count", count)
     if mg.is_main():

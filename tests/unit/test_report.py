@@ -55,6 +55,16 @@ def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path):
     assert not re.search(r'(src|href)="(https?:|//|file:)', page)  # nothing loaded from elsewhere
 
 
+def test_report_of_a_single_run_folder(tmp_path):
+    from multigpu.report import build_report
+
+    make_bench_dir(tmp_path)
+    (tmp_path / "np2_r0" / "resolved_config.json").write_text(json.dumps({"sim": {"agents": 1000}}))
+    page = build_report(tmp_path / "np2_r0")
+    assert "Scaling" not in page and "resolved_config.json" in page and "&quot;agents&quot;: 1000" in page
+    assert page.count("<img ") == 2  # throughput over time, utilization
+
+
 def test_report_rejects_folders_without_runs(tmp_path):
     from multigpu.report import build_report
 
