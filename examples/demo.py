@@ -31,6 +31,15 @@ def device_flags() -> list[str]:
     return ["--gpus", "all"] if _gpu_count() else ["--nproc-per-node", "2"]
 
 
+BENCH_DIR = RUN_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
+"""A fresh folder per demo run: `multigpu bench` refuses to mix two benches in one folder."""
+
+
+def bench_flags() -> list[str]:
+    """GPUs where there are two or more; else CPU ranks (gloo)."""
+    return [] if _gpu_count() >= 2 else ["--cpu"]
+
+
 # (name, title, argv after `multigpu`); later workloads add their part here.
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
@@ -38,6 +47,10 @@ PARTS: list[tuple[str, str, list[str]]] = [
     ("train", "a short nano-GPT training on the stdlib's source: falling validation loss, then sample text",
      ["train", "-f", "configs/nano.yaml", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
       "steps=30", "eval_every=10", "log_every=10", "model.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),
+    ("bench", "measure what a second rank gains: speedup, efficiency, communication share, imbalance",
+     ["bench", "--nproc", "1,2", *bench_flags(), "-o", str(BENCH_DIR), "examples/allreduce_dp.py"]),
+    ("report", "one self-contained HTML page: scaling table and plots, utilization, throughput over time",
+     ["report", str(BENCH_DIR)]),
 ]
 
 

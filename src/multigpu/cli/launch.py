@@ -49,6 +49,8 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--stall-timeout-s", type=positive_float, default=None,
              help="end the job when a rank makes no progress (no collective, no step) for this long")
     add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
+    add_flag(g, "--profile", action="store_true",
+             help="torch.profiler trace per rank for a window of steps, into the run directory")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -83,6 +85,7 @@ def config_from_args(args: argparse.Namespace):
         timeout_s=args.timeout_s,
         stall_timeout_s=args.stall_timeout_s,
         threads=args.threads,
+        profile=args.profile,
     )
 
 

@@ -77,6 +77,8 @@ def build_plan(
         env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
     if cfg.stall_timeout_s is not None:
         env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
+    if cfg.profile:
+        env["MULTIGPU_PROFILE"] = "1"
     rdzv_configs: dict[str, object] = {}
     if cfg.nnodes > 1:
         rdzv_configs["is_host"] = cfg.node_rank == 0

@@ -60,6 +60,9 @@ class LaunchConfig:
     threads: int | None = None
     """CPU threads per rank (default: cores // nproc_per_node, unless OMP_NUM_THREADS is set)."""
 
+    profile: bool = False
+    """Record a torch.profiler trace per rank for a window of steps (sets MULTIGPU_PROFILE=1; see monitor.profile)."""
+
     monitor_interval_s: float = 0.1
     """How often the agent checks its workers, in seconds."""
 
