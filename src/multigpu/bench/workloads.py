@@ -32,7 +32,13 @@ class Workload:
     """One line for the list of workloads."""
 
 
-WORKLOADS: dict[str, Workload] = {}
+_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+WORKLOADS: dict[str, Workload] = {
+    "train": Workload("multigpu.train.worker", args=(str(_CONFIGS / "nano.yaml"), "steps=20", "eval_every=0",
+                                                     "checkpoint_every=0", "log_every=0", "sample_chars=0"),
+                      help="nano-GPT training steps, tokens/s; add key=value overrides"),
+}
 """name -> workload; filled in by the features (train, sim, infer, envs)."""
 
 PLANNED = {"train": "training", "sim": "simulation", "infer": "inference", "envs": "batched environments"}

@@ -1,6 +1,7 @@
 """The module ``multigpu train`` launches on every rank: train the nano GPT from a resolved config.
 
     python -m multigpu.train.worker runs/train/<stamp>/resolved_config.json   # normally via `multigpu train`
+    multigpu bench --nproc 1,2 train steps=20                                  # configs/nano.yaml + overrides
 
 Inside each rank: read the config the launcher resolved and validated, join the
 job, load the standard library's source as text, build the GPT, train it with
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 import multigpu as mg
-from multigpu.config import from_dict
+from multigpu.config import from_dict, load_config
+from multigpu.monitor import run_dir_from_env
 from multigpu.train.config import TrainConfig
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, load_text
 from multigpu.train.model import GPT
@@ -49,10 +51,18 @@ def sample(model: GPT, cfg: TrainConfig, device: torch.device) -> str:
     return decode(out[0].tolist())
 
 
+def _load(argv: list[str]) -> tuple[TrainConfig, Path]:
+    """A resolved JSON config (from `multigpu train`), or a YAML file plus key=value overrides
+    (from `multigpu bench train`, whose run directory is ``$MULTIGPU_RUN_DIR``)."""
+    path = Path(argv[0])
+    if path.suffix == ".json":
+        return from_dict(TrainConfig, json.loads(path.read_text())), path.parent
+    run_dir = run_dir_from_env() or Path("runs/train/bench")
+    return load_config(TrainConfig, path, argv[1:]), run_dir
+
+
 def main(argv: list[str]) -> int:
-    resolved = Path(argv[0])
-    cfg = from_dict(TrainConfig, json.loads(resolved.read_text()))
-    run_dir = resolved.parent
+    cfg, run_dir = _load(argv)
     env = mg.init(seed=cfg.seed)
     trainer, model = build(cfg, run_dir)
     trainer.setup()
