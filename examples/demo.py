@@ -31,10 +31,24 @@ def device_flags() -> list[str]:
     return ["--gpus", "all"] if _gpu_count() else ["--nproc-per-node", "2"]
 
 
+def infer_demo_input() -> str:
+    """The sliding-window demo's input: matplotlib's sample photo plus seeded noise (made once)."""
+    path = RUN_DIR / "infer" / "grace_hopper_noisy.png"
+    if not path.exists():
+        from multigpu.infer.models import noisy_demo_image
+
+        noisy_demo_image(path)
+    return str(path.relative_to(ROOT))
+
+
 # (name, title, argv after `multigpu`); later workloads add their part here.
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
+    ("infer", "denoise a photo in overlapping windows, each window on one rank, stitched on rank 0",
+     ["infer", *device_flags(), "--model", "multigpu.infer.models:denoiser", "--input", infer_demo_input(),
+      "--output", "runs/demo/infer/out", "--run-dir", "runs/demo/infer/run", "--roi", "128", "--overlap", "0.25",
+      "--batch-size", "4", "--blend", "gaussian"]),
 ]
 
 
