@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_good_input_writes_the_resolved_config_and_launches_the_worker(images):
     cfg, target, args = launch.call_args.args
     assert target == "multigpu.infer.worker" and launch.call_args.kwargs == {"module": True}
     assert cfg.nproc_per_node == 2
-    resolved = json.loads(open(args[0]).read())
+    resolved = json.loads(Path(args[0]).read_text())
     assert resolved["roi"] == [32] and resolved["overlap"] == [0.5] and resolved["batch_size"] == 3
     assert resolved["blend"] == "constant" and resolved["precision"] == "bf16" and resolved["sigma_scale"] == 0.2
     assert resolved["inputs"] == [images["rgb"]] and resolved["run_dir"].endswith("run")

@@ -29,7 +29,7 @@ def test_grid_covers_every_voxel_and_stays_inside_the_padded_image(size, roi, ov
     grid = make_grid(size, roi, overlap)
     covered = np.zeros(grid.padded_size, dtype=int)
     for start in _all_windows(grid):
-        assert all(0 <= s and s + r <= p for s, r, p in zip(start, roi, grid.padded_size, strict=True))
+        assert all(s >= 0 and s + r <= p for s, r, p in zip(start, roi, grid.padded_size, strict=True))
         covered[tuple(slice(s, s + r) for s, r in zip(start, roi, strict=True))] += 1
     assert covered.min() >= 1
     assert len(set(_all_windows(grid))) == grid.num_windows  # no window twice
