@@ -48,6 +48,8 @@ __all__ = ["PAD_MODES", "PRECISIONS", "sliding_window"]
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 _SLAB_VOXELS = 1 << 22  # voxels per assembly slab: bounds rank 0's receive buffers (x world_size x channels)
+EXCHANGE_STATS: dict[str, int] = {}
+"""Bytes this rank sent in the last ``sliding_window`` call: ``spill`` (window outputs), ``owned`` (voxels to rank 0)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,7 @@ class _Job:
         """Send each owner the later windows that touch its voxels; it adds them in window order."""
         if not self.distributed:
             return
+        EXCHANGE_STATS["spill"] = sum(y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
         for dst in range(self.world_size):
             received = collectives.gather(self.spill.pop(dst), dst=dst)
             if received is None:
@@ -295,7 +298,10 @@ class _Job:
             if not self.distributed:
                 out[local] = self.canvases[image].blended(box)
                 continue
-            parts = collectives.gather(self._owned(image, box), dst=0)
+            mine = self._owned(image, box)
+            if self.rank:
+                EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + mine.numel() * mine.element_size()
+            parts = collectives.gather(mine, dst=0)
             if parts is None:
                 continue
             order = np.argsort(self._owner_map(image, box).ravel(), kind="stable")
@@ -363,6 +369,7 @@ def sliding_window(
         # rank 0 evaluates windows 0..63, rank 1 windows 64..120
         # rank 0 -> tensor (1, C_out, 2048, 2048); rank 1 -> None
     """
+    EXCHANGE_STATS.clear()
     images, groups = _flatten(inputs)
     roi, overlap = _check_args(roi, overlap, batch_size, blend, precision, pad_mode, images[0].dim() - 1)
     job = _Job(images, model, roi, overlap, batch_size, blend, precision, pad_mode,
