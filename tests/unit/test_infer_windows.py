@@ -77,6 +77,11 @@ def test_first_window_is_the_lowest_window_covering_each_voxel(size, roi, overla
         brute[tuple(slice(b.start, b.stop) for b in box)] = k
     fast = grid.first_window([np.arange(n) for n in out_size], scale)
     assert (fast == brute).all()
+    for d, n in enumerate(out_size):  # runs of one lowest covering index tile the axis
+        runs = plan.segments(0, d, 0, n, scale[d])
+        assert runs[0][0] == 0 and runs[-1][1] == n and all(a[1] == b[0] for a, b in itertools.pairwise(runs))
+        for a, b, i in runs:
+            assert (grid.first_cover(d, np.arange(a, b), scale[d]) == i).all()
     for k in range(grid.num_windows):
         box = tuple(slice(b.start, b.stop) for b in plan.covers(0, k, scale))
         assert set(plan.first_windows_inside(0, k, scale)) == set(np.unique(brute[box]).tolist())

@@ -29,6 +29,7 @@ MONAI's order, so it matches ``monai.inferers.sliding_window_inference``
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -267,50 +268,61 @@ class _Job:
                 start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
                 self.canvases[w.image].add(y, self.weights, start)
 
-    def _owned(self, image: int, box: tuple[tuple[int, int], ...]) -> torch.Tensor:
-        """This rank's blended voxels inside ``box``, as ``(k, C)`` in row-major order."""
-        empty = torch.empty((0, self.meta.channels), dtype=self.acc_dtype)
-        canvas = self.canvases.get(image)
-        if canvas is None:
-            return empty
-        inter = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, canvas.box, strict=True))
-        if any(a >= b for a, b in inter):
-            return empty
-        mask = self._owner_map(image, inter) == self.rank
-        if not mask.any():
-            return empty
-        values = canvas.blended(inter)
-        return values[:, torch.from_numpy(mask)].T.contiguous()
+    def _blocks(self, image: int, rows: tuple[int, int, int]) -> list[tuple[tuple[tuple[int, int], ...], int]]:
+        """The blocks of one slab (``rows`` = start, stop, grid index along dim 0) and the rank owning each."""
+        grid, z = self.plan.grids[image], self.meta.scale
+        crop = self.plan.crop_box(image, z)
+        runs = [self.plan.segments(image, d, a, b, z[d]) for d, (a, b) in enumerate(crop) if d > 0]
+        out = []
+        for combo in itertools.product(*runs):
+            first = rows[2] * grid.strides[0] + sum(i * grid.strides[d + 1] for d, (_, _, i) in enumerate(combo))
+            owner = int(self.plan.owner(first + self.plan.offsets[image], self.bounds))
+            out.append((((rows[0], rows[1]), *((a, b) for a, b, _ in combo)), owner))
+        return out
 
-    def _owner_map(self, image: int, box) -> np.ndarray:
-        first = self.plan.grids[image].first_window([np.arange(a, b) for a, b in box], self.meta.scale)
-        return self.plan.owner(first + self.plan.offsets[image], self.bounds)
+    def _slabs(self, image: int) -> Iterator[tuple[int, int, int]]:
+        """Runs of output rows with one lowest covering window row, cut to at most ``_SLAB_VOXELS`` voxels."""
+        crop = self.plan.crop_box(image, self.meta.scale)
+        step = max(1, _SLAB_VOXELS // max(math.prod(b - a for a, b in crop[1:]), 1))
+        for a, b, i in self.plan.segments(image, 0, *crop[0], self.meta.scale[0]):
+            for y in range(a, b, step):
+                yield y, min(y + step, b), i
 
     def assemble(self, image: int, out: torch.Tensor | None) -> None:
-        """Fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab."""
+        """Fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab.
+
+        A slab is cut into blocks, each owned by one rank (``_blocks``); rank 0
+        copies its own blocks, and receives every other rank's, flattened and
+        concatenated in rank order then block order, with one ``gather``.
+        """
         crop = self.plan.crop_box(image, self.meta.scale)
-        rest = math.prod(b - a for a, b in crop[1:])
-        step = max(1, _SLAB_VOXELS // max(rest, 1))
-        (top, bottom), others = crop[0], crop[1:]
-        for y0 in range(top, bottom, step):
-            box = ((y0, min(y0 + step, bottom)), *others)
-            local = (slice(None), *(slice(a - c0, b - c0) for (a, b), (c0, _) in zip(box, crop, strict=True)))
+
+        def view(box):
+            return out[(slice(None), *(slice(a - c, b - c) for (a, b), (c, _) in zip(box, crop, strict=True)))]
+
+        canvas = self.canvases.get(image)
+        for rows in self._slabs(image):
+            blocks = self._blocks(image, rows)
+            if self.rank == 0:
+                for box, owner in blocks:
+                    if owner == 0:
+                        view(box).copy_(canvas.blended(box))
             if not self.distributed:
-                out[local] = self.canvases[image].blended(box)
                 continue
-            mine = self._owned(image, box)
-            if self.rank:
-                EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + mine.numel() * mine.element_size()
-            parts = collectives.gather(mine, dst=0)
+            mine = [canvas.blended(box).reshape(-1) for box, owner in blocks if owner == self.rank and owner != 0]
+            sent = torch.cat(mine) if mine else torch.empty(0, dtype=self.acc_dtype)
+            EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + sent.numel() * sent.element_size()
+            parts = collectives.gather(sent, dst=0)
             if parts is None:
                 continue
-            order = np.argsort(self._owner_map(image, box).ravel(), kind="stable")
-            if parts.shape[0] != order.size:
-                raise RuntimeError(f"image {image}: ranks sent {parts.shape[0]} voxels for a slab of {order.size}; "
+            offset = 0
+            for box, _ in sorted((b for b in blocks if b[1] != 0), key=lambda b: b[1]):  # stable: block order kept
+                target = view(box)
+                target.copy_(parts[offset:offset + target.numel()].reshape(target.shape))
+                offset += target.numel()
+            if offset != parts.numel():
+                raise RuntimeError(f"image {image}: ranks sent {parts.numel()} values for {offset}; "
                                    "every voxel must have exactly one owner")
-            flat = torch.empty((self.meta.channels, order.size), dtype=self.acc_dtype)
-            flat[:, torch.from_numpy(order)] = parts.T
-            out[local] = flat.reshape(out[local].shape)
         self.canvases.pop(image, None)
 
 

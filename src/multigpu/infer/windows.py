@@ -232,3 +232,15 @@ class WindowPlan:
         return tuple(
             (a * z, (a + s) * z) for (a, _), s, z in zip(grid.pad, grid.image_size, scale, strict=True)
         )
+
+    def segments(self, image: int, dim: int, lo: int, hi: int, scale: int) -> list[tuple[int, int, int]]:
+        """Split output coordinates ``[lo, hi)`` along ``dim`` into runs with one lowest covering grid index.
+
+        Returns ``(start, stop, grid_index)`` triples. Over a product of such runs
+        (a *block*) the lowest covering window, hence the owner, is one and the same.
+        """
+        grid = self.grids[image]
+        ends = (np.asarray(grid.starts[dim], dtype=np.int64) + grid.roi[dim]) * scale
+        cuts = sorted({lo, hi, *(int(e) for e in ends if lo < e < hi)})
+        first = grid.first_cover(dim, np.asarray(cuts[:-1]), scale)
+        return [(a, b, int(i)) for a, b, i in zip(cuts[:-1], cuts[1:], first, strict=True)]
