@@ -80,6 +80,8 @@ def test_nproc_and_bench_config_reject_bad_input_with_the_valid_form():
 
 
 def test_workload_names_resolve_through_the_registry_and_unknown_ones_list_what_exists(monkeypatch, tmp_path):
+    assert resolve_target("train", ["steps=3"]).args[-1] == "steps=3"  # registered by the trainer
+    monkeypatch.setattr(wl, "WORKLOADS", {})  # as before any feature registered
     with pytest.raises(ConfigError, match=r"unknown workload 'train' \('train' arrives with the training feature\)"):
         resolve_target("train", [])
     with pytest.raises(ConfigError, match="script 'nope.py' does not exist"):
