@@ -69,3 +69,17 @@ def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path
         [sys.executable, "-m", "multigpu", *args],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
     )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the bad-input suite's count of cases (and whether every one was handled)."""
+    import sys
+
+    suite = sys.modules.get("tests.fuzz.test_bad_input_suite")
+    if suite is None or not suite.CASES:
+        return
+    failed = [r for r in terminalreporter.stats.get("failed", []) if "test_bad_input_suite" in r.nodeid]
+    total = sum(suite.CASES.values())
+    per = ", ".join(f"{k} {v}" for k, v in sorted(suite.CASES.items()))
+    verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
+    terminalreporter.write_line(f"bad-input suite: {total} cases tried ({per}); {verdict}")

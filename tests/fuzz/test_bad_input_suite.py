@@ -1,0 +1,221 @@
+"""The bad-input suite: random and malformed input to every command, each answered by one line and exit 2.
+
+For each command a *valid* base command line is corrupted in one place, drawn by
+hypothesis: an unknown flag, a typed flag with a malformed value, a choice
+outside its choices, a missing/unreadable/malformed/misspelt config file, a bad
+``key=value`` override, a missing input file, a flag with no value. Every case
+must end with exit code 2, exactly one line on stderr starting ``error:``, no
+traceback, nothing launched (torch's launcher is replaced by a tripwire), and
+nothing written where the command would have written. The count of cases is
+printed at the end of the test session.
+
+A new command must get a base line here: the first test fails until it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import string
+from collections import Counter
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from multigpu.cli import COMMANDS, build_parser, main
+from tests.conftest import ROOT, SCRIPTS
+
+CASES: Counter = Counter()
+"""Cases tried per command (read by conftest's terminal summary)."""
+
+SCRIPT = str(SCRIPTS / "fail_rank1.py")  # exists; never runs here
+_IMAGE = ROOT / "tests" / "fuzz" / "_tiny.png"
+
+
+def _image() -> str:
+    if not _IMAGE.exists():
+        from PIL import Image
+
+        Image.new("RGB", (32, 32), (90, 120, 200)).save(_IMAGE)
+    return str(_IMAGE)
+
+
+# command -> (valid argv after the command name, config file or None, how overrides are given, output flag)
+BASES: dict[str, dict] = {
+    "launch": {"argv": [SCRIPT], "out": "--log-dir"},
+    "info": {"argv": []},
+    "doctor": {"argv": ["--skip-bandwidth"]},
+    "train": {"argv": ["-f", "configs/nano.yaml"], "config": "configs/nano.yaml", "overrides": "positional",
+              "out": "--run-dir"},
+    "infer": {"argv": ["--model", "multigpu.infer.models:denoiser", "--input", "@image", "--roi", "16"],
+              "overrides": "--set", "out": "--output", "missing_file_flag": "--input"},
+    "bench": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
+    "verify": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
+    "report": {"argv": ["@rundir"], "out": "-o"},
+}
+
+_TAKES_SCRIPT = ("launch", "bench", "verify")
+"""Commands whose arguments after the script belong to the script."""
+
+_BAD_NUMBERS = ["", "abc", "1e", "--", "0x1g", "½", "NaN?", "1,5", "two", "-", "1.2.3"]
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def _options(name: str) -> list[argparse.Action]:
+    return [a for a in _subparser(name)._actions if a.option_strings and a.dest not in ("help", "debug")]
+
+
+def _all_option_strings(name: str) -> list[str]:
+    return [s for a in _subparser(name)._actions for s in a.option_strings]
+
+
+def _bad_value(action: argparse.Action) -> st.SearchStrategy[str]:
+    """Values this option must reject."""
+    type_name = getattr(action.type, "__name__", "")
+    if action.choices:
+        valid = {str(c) for c in action.choices}
+        return st.text(string.ascii_letters + string.digits + "-_", min_size=1, max_size=8).filter(
+            lambda v: v not in valid and not v.startswith("-"))
+    if type_name in ("positive_int", "_nproc"):
+        extra = ["0", "-3", "1.5"] + (["autox"] if type_name == "_nproc" else [])
+        return st.sampled_from(_BAD_NUMBERS + extra).filter(lambda v: not v.startswith("-") or v[1:].isdigit())
+    if type_name == "non_negative_int":
+        return st.sampled_from(_BAD_NUMBERS + ["-1", "2.5"]).filter(lambda v: v != "-")
+    if type_name in ("positive_float", "_tolerance", "float"):
+        extra = {"positive_float": ["0", "-2.5"], "_tolerance": ["-1e-3"], "float": []}[type_name]
+        return st.sampled_from([v for v in _BAD_NUMBERS if v not in ("", "-")] + extra)
+    return st.nothing()
+
+
+def _typed_options(name: str) -> list[argparse.Action]:
+    return [a for a in _options(name) if a.nargs != 0 and (a.choices or getattr(a.type, "__name__", "") in (
+        "positive_int", "non_negative_int", "positive_float", "_tolerance", "float", "_nproc"))]
+
+
+@st.composite
+def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
+    """(flags to put right after the command, a replacement base argv or None, what kind of case)."""
+    base = BASES[name]
+    kinds = ["unknown_flag", "flag_without_value"]
+    typed = _typed_options(name)
+    if typed:
+        kinds.append("bad_typed_value")
+    if base.get("config"):
+        kinds += ["config_missing", "config_is_dir", "config_malformed", "config_unknown_key", "config_wrong_type"]
+    if base.get("overrides"):
+        kinds += ["override_unknown_key", "override_malformed"]
+    if name in _TAKES_SCRIPT:
+        kinds.append("missing_script")
+    if base.get("missing_file_flag"):
+        kinds.append("missing_input_file")
+    kind = draw(st.sampled_from(kinds))
+    argv = list(base["argv"])
+    token = draw(st.text(string.ascii_lowercase, min_size=3, max_size=10))
+
+    if kind == "unknown_flag":
+        known = _all_option_strings(name)
+        flag = "--" + token
+        if any(k.startswith(flag) for k in known):  # argparse accepts unambiguous prefixes
+            flag = "--zz" + token
+        return [flag], argv, kind
+    if kind == "flag_without_value":
+        valued = [a for a in _options(name) if a.nargs is None and a.option_strings[0].startswith("--")]
+        if not valued:
+            return ["--zz" + token], argv, "unknown_flag"
+        action = draw(st.sampled_from(valued))
+        if name in _TAKES_SCRIPT:  # after the script it would be the script's own argument: put it before
+            return [], [action.option_strings[0], *argv], kind
+        return [], argv + [action.option_strings[0]], kind  # the value is missing at the end
+    if kind == "bad_typed_value":
+        action = draw(st.sampled_from(typed))
+        return [f"{action.option_strings[0]}={draw(_bad_value(action))}"], argv, kind
+    if kind.startswith("config_"):
+        cfg = tmp / f"cfg_{token}.yaml"
+        if kind == "config_missing":
+            cfg = tmp / "no" / f"{token}.yaml"
+        elif kind == "config_is_dir":
+            cfg.mkdir()
+        elif kind == "config_malformed":
+            cfg.write_text(draw(st.sampled_from(["steps: [1,\n", "a: b: c\n", "- x\n- y\n", ": :\n", "\t- bad\n"])))
+        else:
+            data = yaml.safe_load((ROOT / base["config"]).read_text())
+            if kind == "config_unknown_key":
+                data["zz" + token] = 1
+            else:
+                numeric = [k for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+                data[draw(st.sampled_from(numeric))] = "zz-" + token
+            cfg.write_text(yaml.safe_dump(data))
+        argv[argv.index("-f") + 1] = str(cfg)
+        return [], argv, kind
+    if kind == "override_unknown_key":
+        item = f"zz{token}=1"
+    else:
+        item = draw(st.sampled_from([token, f"={token}", f"{token}="])) if kind == "override_malformed" else token
+        if item.endswith("=") and not item.startswith("="):
+            item = f"zz{item}"  # an unknown key with an empty value
+    if kind in ("override_unknown_key", "override_malformed"):
+        extra = [item] if base["overrides"] == "positional" else ["--set", item]
+        return [], argv + extra, kind
+    if kind == "missing_script":
+        return [], [f"no_such_{token}.py"], kind
+    flag = base["missing_file_flag"]  # missing_input_file
+    argv[argv.index(flag) + 1] = str(tmp / f"missing_{token}.png")
+    return [], argv, kind
+
+
+def _resolve_placeholders(argv: list[str], tmp: Path) -> list[str]:
+    out = []
+    for item in argv:
+        if item == "@image":
+            item = _image()
+        elif item == "@rundir":
+            run_dir = tmp / "bench_run"
+            run_dir.mkdir(exist_ok=True)
+            item = str(run_dir)
+        out.append(item)
+    return out
+
+
+def test_every_command_has_a_base_line():
+    assert set(COMMANDS) <= set(BASES), f"add a base command line for {sorted(set(COMMANDS) - set(BASES))}"
+
+
+_COUNTER = itertools.count()
+
+
+@pytest.mark.parametrize("name", [c for c in COMMANDS if c in BASES])
+def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch, capsys):
+    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+    tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(data=st.data())
+    def run(data):
+        tmp = tmp_path_factory.mktemp(f"{name}{next(_COUNTER)}")
+        flags, argv, kind = data.draw(corruption(name, tmp), label="corruption")
+        argv = _resolve_placeholders(argv, tmp)
+        out = BASES[name].get("out")
+        target = tmp / "out" / "here"
+        out_args = [out, str(target)] if out else []
+        command = [name, *flags, *out_args, *argv]
+        capsys.readouterr()
+        code = main(command)
+        err = capsys.readouterr().err.strip()
+        CASES[name] += 1
+        assert code == 2, f"{command} ({kind}) exited {code}: {err}"
+        assert err.startswith("error: ") and "\n" not in err, f"{command} ({kind}) printed: {err!r}"
+        assert "Traceback" not in err
+        assert not target.exists(), f"{command} ({kind}) wrote {target}"
+        tripwire.assert_not_called()
+
+    run()
