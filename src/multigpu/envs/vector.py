@@ -313,13 +313,15 @@ class NumpyVectorEnv:
             return value.detach().cpu().numpy()
         if isinstance(value, dict):
             return {k: NumpyVectorEnv._np(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(NumpyVectorEnv._np(v) for v in value)
         return value
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         return self._np(self.env.reset(seed=seed, options=options))
 
     def step(self, actions):
-        return tuple(self._np(v) for v in self.env.step(np.asarray(actions)))
+        return self._np(self.env.step(np.asarray(actions)))
 
     def close(self) -> None:
         self.env.close()
