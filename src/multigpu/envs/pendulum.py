@@ -50,7 +50,7 @@ class Pendulum(VectorEnv):
         return actions.reshape(self.num_envs).to(self.dtype)
 
     def _dynamics(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        th, thdot = self.state.unbind(0)
+        th, thdot = self.rows
         u = actions.clamp(-self.max_torque, self.max_torque)
         angle = torch.remainder(th + math.pi, 2 * math.pi) - math.pi  # gymnasium's angle_normalize
         costs = angle * angle + 0.1 * (thdot * thdot) + 0.001 * (u * u)
@@ -63,7 +63,7 @@ class Pendulum(VectorEnv):
         return reward, terminated
 
     def _observe(self) -> torch.Tensor:
-        th, thdot = self.state.unbind(0)
+        th, thdot = self.rows
         return torch.stack((torch.cos(th), torch.sin(th), thdot), dim=1)
 
 

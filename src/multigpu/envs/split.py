@@ -72,12 +72,13 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def mix32_np(x: np.ndarray) -> np.ndarray:
-    """:func:`mix32` on ``np.uint32`` arrays (which wrap by themselves): the same bits, fewer operations."""
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(_M1)
-    x = x ^ (x >> np.uint32(15))
-    x = x * np.uint32(_M2)
-    return x ^ (x >> np.uint32(16))
+    """:func:`mix32` on a ``np.uint32`` array, in place (uint32 wraps by itself): the same bits."""
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(_M1)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(_M2)
+    x ^= x >> np.uint32(16)
+    return x
 
 
 def _fold_seed(seed: int) -> int:
@@ -94,14 +95,15 @@ def stream_keys(seed: int, env_ids: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(keys: torch.Tensor, counts: torch.Tensor, num: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``num`` numbers in [0, 1) for each (key, reset count): shape ``(len(keys), num)``.
+    """``num`` numbers in [0, 1) for each (key, reset count): shape ``(num, len(keys))``.
 
-    Each is a 24-bit fraction, exact in float32 and float64 alike, so the
-    drawn states are the same bits whatever the dtype's rounding.
+    Number ``k`` of reset ``c`` under key ``s`` is ``mix(mix(s ^ c * G) ^ k * D) >> 8`` over 2**24:
+    a 24-bit fraction, exact in float32 and float64 alike, so the drawn states
+    are the same bits whatever the dtype's rounding.
     """
-    base = mix32(keys ^ mix32(_mul32(counts.to(torch.int64) & _MASK32, _GOLDEN)))
+    base = mix32(keys ^ _mul32(counts.to(torch.int64) & _MASK32, _GOLDEN))
     k = _mul32(torch.arange(1, num + 1, device=keys.device, dtype=torch.int64), _DRAW)
-    bits = mix32(base.unsqueeze(1) ^ k)
+    bits = mix32(base.unsqueeze(0) ^ k.unsqueeze(1))
     return (bits >> 8).to(dtype) * (1.0 / (1 << 24))
 
 
@@ -112,7 +114,8 @@ def uniforms_np(keys: np.ndarray, counts: np.ndarray, num: int) -> np.ndarray:
     a fraction of torch's eager kernels', which matters for the few
     environments that reset in one step.
     """
-    base = mix32_np(keys ^ mix32_np(counts.astype(np.uint32) * np.uint32(_GOLDEN)))
+    base = mix32_np(keys ^ counts.astype(np.uint32) * np.uint32(_GOLDEN))
     k = np.arange(1, num + 1, dtype=np.uint32) * np.uint32(_DRAW)
-    bits = mix32_np(base[:, None] ^ k)
-    return (bits >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    bits = mix32_np(base[None, :] ^ k[:, None])
+    bits >>= np.uint32(8)
+    return bits.astype(np.float32) * np.float32(1.0 / (1 << 24))

@@ -105,6 +105,9 @@ class VectorEnv:
         self.state = torch.zeros(self.state_dim, self.num_envs, dtype=dtype, device=self.device)
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
         """Steps into the current episode, per environment."""
+        self.rows = self.state.unbind(0)
+        """Views of the state's rows (it is only ever updated in place)."""
+        self._elapsed_bound = 0  # >= every elapsed step count (CPU): below the limit, nothing can be truncated
         self._resets = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         self._spaces: dict[str, Any] = {}
@@ -212,7 +215,11 @@ class VectorEnv:
         actions = self._check_actions(actions)
         reward, terminated = self._dynamics(actions)
         self.elapsed_steps.add_(self._one)
-        truncated = self.elapsed_steps >= self._limit
+        self._elapsed_bound += 1
+        if self._on_cpu and self._elapsed_bound < self.max_episode_steps:
+            truncated = torch.zeros(self.num_envs, dtype=torch.bool)  # skips a comparison on most steps
+        else:
+            truncated = self.elapsed_steps >= self._limit
         info: dict[str, Any] = {}
         if self.autoreset_mode == "next_step":
             which = self._which(self._prev_done)
@@ -231,6 +238,8 @@ class VectorEnv:
                 obs = self._observe()
         else:
             obs = self._observe()
+        if self._on_cpu and self._elapsed_bound >= self.max_episode_steps:
+            self._elapsed_bound = int(self.elapsed_steps.max())  # after this step's resets
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
@@ -270,14 +279,14 @@ class VectorEnv:
 
     def _reset_which(self, which) -> None:
         if not self._on_cpu:
-            u = uniforms(self._keys, self._resets, self.state_dim, self.dtype).T
-            self.state = torch.where(which, u * self._scale + self._low, self.state)
+            u = uniforms(self._keys, self._resets, self.state_dim, self.dtype)
+            self.state.copy_(torch.where(which, u * self._scale + self._low, self.state))
             self._resets += which
             self.elapsed_steps.masked_fill_(which, 0)
             return
         state, elapsed, resets = self._views  # writes land in the tensors
         counts = resets[which]
-        u = uniforms_np(self._keys[which], counts, self.state_dim).T.astype(self._low.dtype, copy=False)
+        u = uniforms_np(self._keys[which], counts, self.state_dim).astype(self._low.dtype, copy=False)
         state[:, which] = u * self._scale + self._low  # uniform(low, high), one number per state row
         resets[which] = counts + 1
         elapsed[which] = 0
