@@ -35,6 +35,9 @@ def device_flags() -> list[str]:
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
+    ("envs", "CartPole PPO: environments split over the ranks, policy in DDP, until mean return >= 475",
+     ["rl", *device_flags(), "-f", "configs/ppo-cartpole.yaml", "--run-dir", "runs/demo/rl",
+      "total_env_steps=1500000"]),
 ]
 
 

@@ -155,9 +155,9 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
                 advantages, returns = _advantages(cfg, rew_buf, val_buf, done_buf, agent(obs)[1])
 
             # 2. the episodes that ended on any rank, in rank order: the same moving mean everywhere
-            ended = mg.all_gather(torch.cat(finished) if finished else torch.zeros(0, device=device))
-            recent.extend(ended.tolist())
-            episodes += ended.numel()
+            ended = mg.all_gather(torch.cat(finished).tolist() if finished else [])  # one small collective
+            recent.extend(ended)
+            episodes += len(ended)
             mean_return = sum(recent) / len(recent) if recent else float("nan")
             meter.extras["return"] = mean_return
 
