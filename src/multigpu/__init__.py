@@ -12,6 +12,7 @@ The public runtime API (runs inside each rank)::
 Launch with ``multigpu launch --gpus all script.py`` (see ``multigpu --help``).
 """
 
+from multigpu import verify
 from multigpu.errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -94,5 +95,6 @@ __all__ = [
     "shard",
     "shard_range",
     "shutdown",
+    "verify",
     "world_size",
 ]

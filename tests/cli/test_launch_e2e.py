@@ -41,7 +41,35 @@ def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
     assert "rank 0 of 2 failed first" in proc.stderr
     assert "barrier() on rank 0 of 2 timed out after 4s" in proc.stderr
     assert "Ranks 1 failed to pass monitoredBarrier" in proc.stderr
+    assert 'File "' in proc.stderr and "stuck_rank1.py\", line 9" in proc.stderr  # rank 0's own call site
+    # the stuck rank's own stack, dumped when the agent stopped it: file and line
+    assert "rank 1: in <module> (tests/scripts/stuck_rank1.py:8)" in proc.stderr
     assert elapsed < 60  # the sleeping rank (120 s) was stopped, not waited for
+
+
+def test_every_rank_stalled_ends_the_job_with_where_each_stood():
+    """No collective ever times out when every rank is stuck at once: the stall watchdog ends the job."""
+    start = time.monotonic()
+    proc = run_cli("launch", "--nproc-per-node", "2", "--stall-timeout-s", "4", str(SCRIPTS / "stall_all.py"))
+    assert proc.returncode == 1
+    assert "(exit code 3): StallError: rank" in proc.stderr
+    assert "made no progress for" in proc.stderr and "stall_all.py:12 in <module>" in proc.stderr
+    assert "its last progress was step 1 of items" in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("script,needle", [
+    ("exit_early.py", "all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer"),
+    ("skip_collective.py", "all_reduce() on rank 0 of 2 timed out after 5s"),
+])
+def test_mismatched_ranks_end_in_bounded_time(script, needle):
+    """A rank that exits early, or skips a collective, while another waits: an error, not a hang."""
+    start = time.monotonic()
+    proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "5", str(SCRIPTS / script))
+    assert proc.returncode == 1
+    assert "error: rank 0 of 2 failed first" in proc.stderr and needle in proc.stderr
+    assert "pair.cc" not in proc.stderr.split("error:")[-1]  # gloo's internals are trimmed
+    assert time.monotonic() - start < 60
 
 
 def test_two_nodes_on_loopback(tmp_path):
@@ -63,6 +91,40 @@ def test_two_nodes_on_loopback(tmp_path):
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]" in joined
 
 
+def test_a_node_that_disappears_ends_the_other_nodes_job(tmp_path):
+    """Two nodes on loopback; node 1 (launcher and worker) is SIGKILLed mid-run: node 0 ends, naming the loss."""
+    import os
+    import signal
+
+    import psutil
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1", "--timeout-s", "20",
+            "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
+    procs = [
+        subprocess.Popen([*base, "--node-rank", str(r), str(SCRIPTS / "allreduce_loop.py"), str(tmp_path)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("pid*"))) < 2:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.2)
+    # whichever launcher runs rank 1 is "node 1": kill it and its worker at once, as a lost machine would
+    victim_pid = int((tmp_path / "pid1").read_text())
+    victim = next(p for p in procs if victim_pid in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
+    start = time.monotonic()
+    victim.kill()
+    os.kill(victim_pid, signal.SIGKILL)
+    survivor = procs[1 - procs.index(victim)]
+    _, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 1
+    assert "error: rank 0 of 2 failed first" in err and "lost a peer" in err
+    assert time.monotonic() - start < 60
+    victim.communicate()
+
+
 def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
     """On a CPU box with a faked list of 4 GPUs, --gpus 1,3 pins rank 0 to GPU 1 and rank 1 to GPU 3."""
     proc = run_cli("launch", "--gpus", "1,3", "--isolate-devices", str(SCRIPTS / "report_devices.py"), str(tmp_path),
@@ -73,3 +135,28 @@ def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
         assert seen["CUDA_VISIBLE_DEVICES"] == seen["QD_VISIBLE_DEVICE"] == gpu
         assert seen["TI_VISIBLE_DEVICE"] == seen["EGL_DEVICE_ID"] == gpu
         assert seen["omp"] is not None  # the thread budget reached the worker
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank_quickly(tmp_path):
+    """SIGINT to the launcher: it exits within seconds and leaves no worker process behind."""
+    import signal
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid*"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert time.monotonic() - start < 15
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphaned workers: {alive}"

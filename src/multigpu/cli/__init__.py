@@ -18,7 +18,7 @@ from multigpu.errors import MultigpuError, UsageError
 
 __all__ = ["COMMANDS", "ArgumentParser", "main"]
 
-COMMANDS = ["launch", "info", "rl"]
+COMMANDS = ["launch", "info", "train", "infer", "rl", "bench", "verify", "doctor", "report"]
 """Command modules under ``multigpu.cli``, in ``--help`` order."""
 
 
@@ -38,26 +38,24 @@ def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse
     return parser.add_argument(*aliases, **kwargs)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
+def _whole_number(text: str, minimum: int) -> int:
     try:
         value = int(text.replace("_", ""))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= {minimum}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number >= 0."""
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= 0")
-    return value
+    return _whole_number(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -46,7 +46,11 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="ranks beyond the GPU count run on the CPU (hybrid job on gloo)")
     add_flag(g, "--log-dir", default=None, help="folder for each worker's stdout/stderr and error file")
     add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
+    add_flag(g, "--stall-timeout-s", type=positive_float, default=None,
+             help="end the job when a rank makes no progress (no collective, no step) for this long")
     add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
+    add_flag(g, "--profile", action="store_true",
+             help="torch.profiler trace per rank for a window of steps, into the run directory")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -79,7 +83,9 @@ def config_from_args(args: argparse.Namespace):
         allow_cpu_ranks=args.allow_cpu_ranks,
         log_dir=args.log_dir,
         timeout_s=args.timeout_s,
+        stall_timeout_s=args.stall_timeout_s,
         threads=args.threads,
+        profile=args.profile,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import uuid
@@ -29,6 +30,7 @@ from multigpu.launch import _worker
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.rendezvous import parse_endpoint
+from multigpu.launch.stacks import FRAME, is_library, read_positions
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
@@ -68,15 +70,20 @@ def build_plan(
     _check_target(target, module)
     host, port = parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
     devices = plan_devices(cfg, facts or HostFacts.probe())
+    log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="multigpu_logs_")
     env = dict(devices.env)
+    env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
     if cfg.timeout_s is not None:
         env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
+    if cfg.stall_timeout_s is not None:
+        env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
+    if cfg.profile:
+        env["MULTIGPU_PROFILE"] = "1"
     rdzv_configs: dict[str, object] = {}
     if cfg.nnodes > 1:
         rdzv_configs["is_host"] = cfg.node_rank == 0
     for key, value in cfg.rdzv_conf.items():
         rdzv_configs[key] = value
-    log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="multigpu_logs_")
     run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
     torch_config = TorchLaunchConfig(
         min_nodes=cfg.nnodes,
@@ -118,26 +125,30 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-_WRAPPER_FRAMES = ("<frozen runpy>", "multigpu/launch/_worker.py", "elastic/multiprocessing/errors")
-
-
 def _traceback_tail(failure) -> list[str]:
-    """The last lines of the worker's traceback, without the frames of our wrapper and runpy."""
+    """The worker's traceback as the user needs it: their own frames and the exception line.
+
+    Frames of our wrapper, runpy, multigpu, torch and the standard library are left out
+    (``--debug`` on the worker side, or the error file, has the whole stack).
+    """
     data = failure.error_file_data or {}
     message = data.get("message")
     stack = message.get("extraInfo", {}).get("py_callstack", "") if isinstance(message, dict) else ""
+    # of a chain of exceptions, the last one is what the user's code saw
+    stack = re.split(r"\n(?:The above exception was the direct cause|During handling of the above)[^\n]*\n", stack)[-1]
     lines: list[str] = []
-    skip_code = False
+    keep_code = False
     for line in stack.rstrip().splitlines():
-        if not line.strip() or set(line.strip()) <= {"^", "~"}:
-            continue
-        if line.lstrip().startswith("File "):
-            skip_code = any(frame in line for frame in _WRAPPER_FRAMES)
-            if skip_code:
-                continue
-        elif skip_code and line.startswith("    "):
-            continue
-        lines.append(line)
+        frame = FRAME.match(line)
+        if frame:
+            keep_code = not is_library(frame["file"])
+            if keep_code:
+                lines.append(line)
+        elif line.startswith("    "):
+            if keep_code and set(line.strip()) - {"^", "~"}:
+                lines.append(line)
+        elif line.strip() and not line.startswith(("Traceback", "The above exception", "During handling")):
+            lines.append(line)  # the exception line(s)
     return lines[-_TAIL_LINES:]
 
 
@@ -157,13 +168,20 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     text = _message(failure)
     lines = [f"rank {rank} of {world_size} failed first (exit code {failure.exitcode}): {text.splitlines()[0] if text else ''}"]
     tail = _traceback_tail(failure)
+    if len(tail) == 1 and tail[0].partition(": ")[2] in text:
+        tail = []  # the exception line alone says nothing the first line did not
     if tail:
         lines.append("  its traceback ends:")
         lines += [f"    {ln}" for ln in tail]
-    others = sorted(r for r in err.failures if r != rank)
-    if others:
+    others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
+    if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
-    lines.append("  other ranks: stopped by the launcher")
+    positions = read_positions(Path(log_dir) / "stacks", skip={rank})
+    if positions:
+        lines.append("  where the other ranks stood when stopped:")
+        lines += [f"    {p.describe()}" for p in positions]
+    else:
+        lines.append("  other ranks: stopped by the launcher")
     where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
     lines.append(f"  full logs: {log_dir} ({where})")
     error_file = failure.error_file if failure.error_file and os.path.isfile(failure.error_file) else None

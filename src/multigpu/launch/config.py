@@ -54,8 +54,14 @@ class LaunchConfig:
     timeout_s: float | None = None
     """Collective timeout inside the ranks, in seconds (sets MULTIGPU_TIMEOUT_S)."""
 
+    stall_timeout_s: float | None = None
+    """End the job when a rank makes no progress (no collective, no meter step) for this long."""
+
     threads: int | None = None
     """CPU threads per rank (default: cores // nproc_per_node, unless OMP_NUM_THREADS is set)."""
+
+    profile: bool = False
+    """Record a torch.profiler trace per rank for a window of steps (sets MULTIGPU_PROFILE=1; see monitor.profile)."""
 
     monitor_interval_s: float = 0.1
     """How often the agent checks its workers, in seconds."""
@@ -75,6 +81,8 @@ class LaunchConfig:
             raise ConfigError(f"--max-restarts {self.max_restarts} is invalid; valid: 0 or more")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ConfigError(f"--timeout-s {self.timeout_s} is invalid; valid: a number of seconds > 0")
+        if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
+            raise ConfigError(f"--stall-timeout-s {self.stall_timeout_s} is invalid; valid: a number of seconds > 0")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} is invalid; valid: 1 or more")
         if self.cpu and self.gpus is not None:

@@ -23,6 +23,9 @@ Metrics are reduced across ranks (one small collective every ``log_every``
 steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
 per log point) and ``summary.json`` in the run directory, which defaults to
 ``$MULTIGPU_RUN_DIR`` (set by ``multigpu bench``) and is off when unset.
+With a run directory the meter also starts the node's device sampler
+(``monitor.sampler``) and, under ``MULTIGPU_PROFILE=1``, a torch.profiler
+window (``monitor.profile``); both stop at ``close()``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any
 
 import torch
 
-from multigpu.runtime import collectives, group
+from multigpu.monitor import profile, sampler
+from multigpu.runtime import collectives, group, watchdog
 
 __all__ = ["StepMeter", "problem_scale", "run_dir_from_env", "write_json_atomic"]
 
@@ -135,6 +139,8 @@ class StepMeter:
         self._progress = _Progress(description or unit, total_steps, unit, progress)
         self.extras: dict[str, float] = {}
         """Workload figures to carry into the log lines (loss, infected count, ...); set by the caller."""
+        self._sampler = sampler.start_for_rank(self.run_dir) if self.run_dir is not None else None
+        self._profiler = profile.profiler_from_env(self.run_dir)
 
     def add_comm(self, seconds: float) -> None:
         """Count ``seconds`` of communication done outside multigpu's collectives in the current step."""
@@ -150,9 +156,12 @@ class StepMeter:
         wall = time.perf_counter() - start
         comm = collectives.collective_seconds() - comm_before + self._extra_comm
         self.steps += 1
+        watchdog.heartbeat(f"step {self.steps} of {self.unit}")
         self.step_times.append(wall)
         self.comm_times.append(min(comm, wall))
         self.items.append(int(items))
+        if self._profiler is not None:
+            self._profiler.step()
         self._progress.advance(items / wall * group.world_size() if wall > 0 else None, self._extras_text())
         if self.log_every and self.steps % self.log_every == 0:
             self._log_point()
@@ -227,6 +236,10 @@ class StepMeter:
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Stop the bar, reduce, and have rank 0 write ``summary.json`` (with ``extra``). Call on all ranks."""
         self._progress.stop()
+        if self._profiler is not None:
+            self._profiler.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
         result = self.summary()
         if extra:
             result.update(extra)

@@ -10,6 +10,7 @@ call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
-from multigpu.runtime import group
+from multigpu.runtime import group, watchdog
 
 __all__ = [
     "all_gather",
@@ -48,6 +49,14 @@ def _active() -> bool:
     return group.is_initialized() and group.get_env().world_size > 1
 
 
+def _first_line(exc: BaseException) -> str:
+    """torch's message without gloo's source location and sign-off."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    first = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first)
+    return first.split(". This is typically caused")[0].rstrip(". ")
+
+
 @contextlib.contextmanager
 def _translate(op: str) -> Iterator[None]:
     """Time the collective and rewrite torch's errors into ours, naming rank and call."""
@@ -57,7 +66,7 @@ def _translate(op: str) -> Iterator[None]:
     try:
         yield
     except (RuntimeError, dist.DistBackendError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         low = str(exc).lower()
         where = f"{op}() on rank {env.rank} of {env.world_size}"
         elapsed = time.perf_counter() - start
@@ -80,6 +89,7 @@ def _translate(op: str) -> Iterator[None]:
         raise
     finally:
         _COLLECTIVE_S += time.perf_counter() - start
+        watchdog.heartbeat(f"{op}()")
 
 
 def barrier() -> None:

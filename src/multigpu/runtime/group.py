@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import ConfigError, NotInitializedError
+from multigpu.runtime import watchdog
 from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
 from multigpu.runtime.env import DistEnv, cpu_count, read_placement
 
@@ -85,6 +86,19 @@ def _timeout_from_env(timeout_s: float | None) -> float:
     return value
 
 
+def _stall_from_env() -> float | None:
+    raw = os.environ.get("MULTIGPU_STALL_S")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"MULTIGPU_STALL_S={raw!r} must be a number of seconds") from None
+    if not value > 0:
+        raise ConfigError(f"MULTIGPU_STALL_S={raw!r} must be > 0 seconds")
+    return value
+
+
 def init(
     backend: str = "auto",
     *,
@@ -143,6 +157,9 @@ def init(
         _init_process_group(pg_backend, placement, dev)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
+    stall_s = _stall_from_env()
+    if stall_s is not None:
+        watchdog.start(placement.rank, stall_s)
 
     _ENV = DistEnv(
         rank=placement.rank,
@@ -178,6 +195,7 @@ def shutdown(*, barrier: bool = True) -> None:
     Call on all ranks. Safe to call when not initialised, and twice.
     """
     global _ENV, _INIT_ARGS, _MONITOR_GROUP
+    watchdog.stop()
     if _ENV is not None and _ENV.world_size > 1 and dist.is_initialized() and barrier:
         from multigpu.runtime.collectives import barrier as _barrier
 

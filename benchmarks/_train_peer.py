@@ -1,0 +1,142 @@
+"""One peer's training loop on the nano GPT (run on every rank by `torchrun`; used by train_peers.py).
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/_train_peer.py raw|accelerate|fabric OUT.json STEPS [k=v ...]
+
+The same model, data, optimizer, schedule and batch as `multigpu train -f
+configs/nano.yaml`, written the way each library's docs write a loop. Each
+step is timed from fetching the batch to the end of the optimizer step (what
+multigpu's StepMeter times); rank 0 writes the steady-state tokens/s (steps
+after the first 2) and the wall-clock time its first step ended.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from multigpu.config import load_config
+from multigpu.train.config import TrainConfig
+from multigpu.train.data import VOCAB, CharDataset, load_text
+from multigpu.train.model import GPT
+from multigpu.train.optim import make_optimizer, make_scheduler
+
+WARMUP = 2
+
+
+def build(cfg):
+    text = load_text(cfg.data, min_chars=cfg.model.block_size + 1)
+    data = CharDataset(text.train, cfg.model.block_size)
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model, len(VOCAB))
+    optimizer = make_optimizer(model, cfg)
+    return data, model, optimizer, make_scheduler(optimizer, cfg)
+
+
+def loss_of(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def batches(loader, set_epoch=None):
+    epoch = 0
+    while True:
+        if set_epoch:
+            set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def run_raw(cfg, steps):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    data, model, opt, sched = build(cfg)
+    model = DDP(model)
+    sampler = DistributedSampler(data, seed=cfg.seed, drop_last=True)
+    it = batches(DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True), sampler.set_epoch)
+
+    def step():
+        x, y = next(it)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+
+    return timed(step, steps, dist.get_rank(), dist.get_world_size(), cfg)
+
+
+def run_accelerate(cfg, steps):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    acc = Accelerator(cpu=True)
+    data, model, opt, sched = build(cfg)
+    loader = DataLoader(data, batch_size=cfg.batch_size, shuffle=True, drop_last=True)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    it = batches(loader)
+
+    def step():
+        x, y = next(it)
+        loss = loss_of(model, x, y)
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+    return timed(step, steps, acc.process_index, acc.num_processes, cfg)
+
+
+def run_fabric(cfg, steps):
+    from lightning.fabric import Fabric
+    from torch.utils.data import DataLoader
+
+    fabric = Fabric(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp")
+    fabric.launch()
+    data, model, opt, sched = build(cfg)
+    model, opt = fabric.setup(model, opt)
+    it = batches(fabric.setup_dataloaders(DataLoader(data, batch_size=cfg.batch_size, shuffle=True, drop_last=True)))
+
+    def step():
+        x, y = next(it)
+        loss = loss_of(model, x, y)
+        fabric.backward(loss)
+        fabric.clip_gradients(model, opt, max_norm=cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+
+    return timed(step, steps, fabric.global_rank, fabric.world_size, cfg)
+
+
+def timed(step, steps, rank, world_size, cfg):
+    times, first_step_at = [], None
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+        first_step_at = first_step_at or time.time()
+    tokens = cfg.batch_size * cfg.model.block_size * world_size * (steps - WARMUP)
+    return rank, {"throughput": tokens / sum(times[WARMUP:]), "first_step_at": first_step_at,
+                  "world_size": world_size, "steps": steps}
+
+
+def main(argv):
+    which, out, steps, overrides = argv[0], argv[1], int(argv[2]), argv[3:]
+    cfg = load_config(TrainConfig, "configs/nano.yaml", overrides)
+    rank, result = {"raw": run_raw, "accelerate": run_accelerate, "fabric": run_fabric}[which](cfg, steps)
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,96 @@
+"""Benchmark: multigpu's trainer vs raw torchrun+DDP vs Accelerate vs Lightning Fabric (2 CPU ranks).
+
+    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/train_peers.py [--steps 30] [--rounds 2]
+
+Every contender trains the nano GPT of configs/nano.yaml (same model, data,
+optimizer, schedule, batch) on 2 ranks in this run, one after the other,
+alternating over rounds. Reported per contender (best round):
+
+* steady-state tokens/s: tokens of the steps after the first 2 / their summed
+  step times (batch fetch to optimizer step, as multigpu's StepMeter times them);
+* launch to first step: from starting the command to the end of rank 0's first step.
+
+Ours runs as `multigpu train` (our launcher + worker); the peers run under
+`torchrun` with the loop each library's docs show (benchmarks/_train_peer.py).
+A peer that is not installed is skipped with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0"]
+
+
+def run_ours(steps: int, tmp: Path, prefetch: int) -> dict:
+    run_dir = tmp / f"ours-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2",
+           "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", *BENCH]
+    start = time.time()
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"throughput": summary["throughput"], "startup_s": summary["first_step_at"] - start}
+
+
+def run_peer(which: str, steps: int, tmp: Path) -> dict:
+    out = tmp / f"{which}-{time.monotonic_ns()}.json"
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "benchmarks/_train_peer.py", which, str(out),
+           str(steps), *BENCH]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
+    start = time.time()
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
+    result = json.loads(out.read_text())
+    return {"throughput": result["throughput"], "startup_s": result["first_step_at"] - start}
+
+
+def available() -> list[str]:
+    names = ["ours", "raw"]
+    for peer, module in (("accelerate", "accelerate"), ("fabric", "lightning")):
+        if importlib.util.find_spec(module) is None:
+            print(f"skipping {peer}: `{module}` is not installed "
+                  f"(.venv/bin/pip install -c /work/constraints.txt {module})")
+        else:
+            names.append(peer)
+    return names
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefetch", type=int, default=2, help="our trainer's prefetch (the peers have none)")
+    parser.add_argument("--only", default=None, help="comma-separated contenders, e.g. ours,raw")
+    args = parser.parse_args()
+    names = [n for n in available() if args.only is None or n in args.only.split(",")]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        for r in range(args.rounds):
+            for name in names:
+                res = run_ours(args.steps, Path(tmp), args.prefetch) if name == "ours" else run_peer(name, args.steps, Path(tmp))
+                results[name].append(res)
+                print(f"round {r + 1} {name:<10} {res['throughput']:8,.0f} tokens/s   "
+                      f"launch to first step {res['startup_s']:5.1f} s", flush=True)
+    best = {n: {"throughput": max(x["throughput"] for x in rs), "startup_s": min(x["startup_s"] for x in rs)}
+            for n, rs in results.items()}
+    ours = best["ours"]
+    print(f"\nnano GPT, 2 CPU ranks, {args.steps} steps, best of {args.rounds} round(s), our prefetch={args.prefetch}")
+    print(f"{'contender':<12}{'tokens/s':>10}{'ours / it':>11}{'first step (s)':>16}{'ours - it (s)':>15}")
+    for name, b in best.items():
+        print(f"{name:<12}{b['throughput']:>10,.0f}{ours['throughput'] / b['throughput']:>10.3f}x"
+              f"{b['startup_s']:>16.1f}{ours['startup_s'] - b['startup_s']:>+15.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""The scaling table and its plain-words verdicts (pure; runs in the launcher).
+
+``scaling_rows(runs)`` turns the ``summary.json`` of every run (one per world
+size and repeat, written by ``StepMeter``) into one row per world size;
+``explain(rows)`` says, in words, where more ranks did not pay and why, from
+the measured communication share, load imbalance and compute time per item.
+
+Definitions (baseline = the smallest world size benched):
+
+* *throughput* - items/s of the whole job (min and median over repeats);
+* *speedup* - median throughput / the baseline's;
+* *ideal* - world_size / baseline world_size;
+* *efficiency* - speedup / ideal (1.0 = perfect scaling);
+* *comm share* - time in collectives / step time, averaged over ranks (median over repeats);
+* *imbalance* - slowest rank's busy time / fastest's (median over repeats);
+* *compute per item* - busy (non-communication) seconds of all ranks / items:
+  it grows when ranks compete for the same cores or memory bandwidth;
+* *rank CPU* - a rank's mean CPU use in % of one core, from the device sampler
+  (``None`` without samples); far below the rank's threads x 100% means it waited
+  for cores that other processes held.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["explain", "scaling_rows"]
+
+COMM_NOTABLE = 0.2
+"""A communication share at or above this is named as a cause."""
+IMBALANCE_NOTABLE = 1.2
+"""A load imbalance at or above this is named as a cause."""
+CONTENTION_NOTABLE = 1.2
+"""Compute per item growing by this factor over the baseline is named as a cause."""
+EFFICIENCY_GOOD = 0.7
+"""Below this efficiency a row gets an explanation even when it was faster."""
+SUPERLINEAR = 1.3
+"""Above this efficiency a row is called faster than ideal, and explained."""
+STARVED_RANK = 70.0
+"""On CPU ranks: a rank using less than this % of one core while it computes (the non-communication
+share of its time) was kept waiting for a core by other processes."""
+
+
+def _compute_per_item(summary: dict[str, Any]) -> float | None:
+    per_rank = summary.get("per_rank") or []
+    busy = sum(r.get("busy_s", 0.0) for r in per_rank)
+    items = sum(r.get("items", 0) for r in per_rank)
+    return busy / items if items else None
+
+
+def _median_of(runs: Sequence[dict[str, Any]], size: int, key: str) -> float | None:
+    values = [r["cpu"][key] for r in runs if int(r["world_size"]) == size and r.get("cpu")]
+    return statistics.median(values) if values else None
+
+
+def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per world size (ascending) from ``[{"world_size": N, "summary": {...}}, ...]``."""
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_size.setdefault(int(run["world_size"]), []).append(run["summary"])
+    if not by_size:
+        return []
+    rows = []
+    for size in sorted(by_size):
+        sums = by_size[size]
+        throughputs = [s["throughput"] for s in sums]
+        per_item = [c for c in (_compute_per_item(s) for s in sums) if c is not None]
+        rows.append({
+            "world_size": size,
+            "repeats": len(sums),
+            "throughput_min": min(throughputs),
+            "throughput_median": statistics.median(throughputs),
+            "step_time_s": statistics.median(s["step_time_s"]["median"] for s in sums),
+            "comm_share": statistics.median(s["comm_share"] for s in sums),
+            "imbalance": statistics.median(s["imbalance"] for s in sums),
+            "compute_per_item_s": statistics.median(per_item) if per_item else None,
+            "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
+            "host_cpu_percent": _median_of(runs, size, "host_percent"),
+        })
+    base = rows[0]
+    for row in rows:
+        row["ideal"] = row["world_size"] / base["world_size"]
+        row["speedup"] = row["throughput_median"] / base["throughput_median"] if base["throughput_median"] > 0 else 0.0
+        row["efficiency"] = row["speedup"] / row["ideal"]
+    return rows
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> list[str]:
+    """Measured reasons a row scales worse than ideal, the largest first."""
+    n = _ranks(row["world_size"])
+    found: list[tuple[float, str]] = []
+    if row["comm_share"] >= COMM_NOTABLE:
+        found.append((row["comm_share"],
+                      f"communication is {row['comm_share']:.0%} of step time at {n} "
+                      f"({base['comm_share']:.0%} at {_ranks(base['world_size'])}; time inside collectives, "
+                      "including waiting for the other ranks to arrive)"))
+    if row["imbalance"] >= IMBALANCE_NOTABLE:
+        found.append((row["imbalance"] - 1,
+                      f"load imbalance: at {n} the slowest rank computed {row['imbalance']:.2f}x as long as the "
+                      "fastest (the others wait for it in every collective)"))
+    if row["compute_per_item_s"] and base["compute_per_item_s"]:
+        growth = row["compute_per_item_s"] / base["compute_per_item_s"]
+        if growth >= CONTENTION_NOTABLE:
+            where = f" (this machine has {cores} cores)" if cores else ""
+            found.append((growth - 1,
+                          f"each item took {growth:.2f}x as much compute time as at {_ranks(base['world_size'])}: "
+                          f"the ranks compete for the same cores or memory bandwidth{where}"))
+    return [text for _, text in sorted(found, key=lambda f: -f[0])]
+
+
+def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ranks: bool = True) -> list[str]:
+    """Plain-words verdicts: where more ranks made the job slower (or scaled poorly), and the measured why.
+
+    ``cpu_ranks``: the ranks computed on the CPU, so their CPU use shows whether they got the cores.
+    """
+    if len(rows) < 2:
+        return []
+    base = rows[0]
+    notes = []
+    for prev, row in zip(rows, rows[1:], strict=False):
+        n, m = _ranks(row["world_size"]), _ranks(prev["world_size"])
+        causes = _causes(row, base, cores)
+        why = "; ".join(causes) if causes else (
+            "no single cause stands out in the measurements: fixed per-step or start-up overheads dominate; "
+            "try more steps or a larger problem")
+        if row["efficiency"] > SUPERLINEAR:
+            growth = (row["compute_per_item_s"] / base["compute_per_item_s"]
+                      if row["compute_per_item_s"] and base["compute_per_item_s"] else None)
+            seen = f": each item took {growth:.2f}x the compute time it took at {_ranks(base['world_size'])}" \
+                if growth else ""
+            notes.append(f"{n}: {row['speedup']:.2f}x speedup, faster than the ideal {row['ideal']:.0f}x{seen}. "
+                         f"The baseline ran slower per item than its share of the machine allows "
+                         "(its threads waited for cores, or its data did not fit in cache).")
+            continue
+        if row["throughput_median"] < prev["throughput_median"]:
+            ratio = row["throughput_median"] / prev["throughput_median"] if prev["throughput_median"] else 0.0
+            notes.append(f"SLOWER: {n} ran slower than {m} ({ratio:.2f}x the throughput): {why}.")
+        elif row["efficiency"] < EFFICIENCY_GOOD:
+            notes.append(f"{n}: {row['speedup']:.2f}x speedup of an ideal {row['ideal']:.0f}x "
+                         f"({row['efficiency']:.0%} efficiency): {why}.")
+        else:
+            notes.append(f"{n}: {row['speedup']:.2f}x speedup ({row['efficiency']:.0%} efficiency).")
+    starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None
+               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"])]
+    if starved:
+        which = ", ".join(f"{_ranks(r['world_size'])}: {r['rank_cpu_percent']:.0f}% of a core per rank, "
+                          f"host {r['host_cpu_percent']:.0f}%" for r in starved)
+        notes.append(f"CAUTION: ranks got less CPU than their work needed ({which}): other processes held the "
+                     "cores, so these figures are noisy; repeat with --repeat 3 or on an idle machine.")
+    return notes

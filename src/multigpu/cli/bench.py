@@ -1,0 +1,114 @@
+"""``multigpu bench``: the scaling table for a workload, measured (runs in the launcher).
+
+    multigpu bench --nproc 1,2 examples/allreduce_dp.py
+    multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50
+    multigpu bench --nproc 1,2 train                   # a built-in workload (once its feature has landed)
+
+Writes ``bench.json``, ``bench.png`` and one folder per run (``np<N>_r<k>``)
+into ``--run-dir`` (default ``runs/bench/<timestamp>``); ``multigpu report``
+turns that folder into an HTML page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "run a workload at several world sizes: speedup, efficiency, communication share, imbalance"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from multigpu.cli import add_flag, positive_int
+    from multigpu.cli.launch import add_launch_flags
+
+    parser = subparsers.add_parser("bench", help=HELP, description=HELP)
+    parser.add_argument("--nproc", required=True, metavar="N,M,...",
+                        help="world sizes (processes per node) to run, e.g. 1,2,4; the first is the baseline")
+    scaling = parser.add_mutually_exclusive_group()
+    scaling.add_argument("--strong", dest="scaling", action="store_const", const="strong",
+                         help="keep the global problem fixed (default)")
+    scaling.add_argument("--weak", dest="scaling", action="store_const", const="weak",
+                         help="grow the global problem with the world size (MULTIGPU_SCALING=weak)")
+    parser.set_defaults(scaling="strong")
+    parser.add_argument("--repeat", type=positive_int, default=1, help="runs per world size (table: min and median)")
+    add_flag(parser, "--run-dir", "-o", default=None, help="output folder (default runs/bench/<timestamp>)")
+    add_launch_flags(parser)
+    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
+    parser.add_argument("target", metavar="script.py|workload",
+                        help="a script that measures its steps with StepMeter, or a built-in workload name")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    from multigpu.errors import ConfigError
+
+    if args.run_dir is None:
+        return Path("runs") / "bench" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.run_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
+    return out
+
+
+def console():
+    """rich's Console; 120 columns when output is a file or pipe (rich would use 80), unless COLUMNS says."""
+    import os
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=120)
+
+
+def print_table(result: dict[str, Any], out=None) -> None:
+    """The scaling table and its verdicts, as rich renders them."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = out or console()
+    unit = result.get("unit", "items")
+    repeats = result.get("repeat", 1)
+    table = Table(title=f"multigpu bench: {result.get('scaling', 'strong')} scaling"
+                        f"{f', {repeats} repeats' if repeats > 1 else ''}")
+    for name in ("ranks", f"{unit}/s (median)", f"{unit}/s (min)", "speedup", "ideal", "efficiency",
+                 "step (ms)", "comm share", "imbalance"):
+        table.add_column(name, justify="right")
+    for r in result["rows"]:
+        slower = r["speedup"] < 1 and r is not result["rows"][0]
+        table.add_row(
+            str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+            f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
+            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}",
+            f"{r['imbalance']:.2f}",
+        )
+    out.print(table)
+    for note in result.get("notes", []):
+        out.print(f"[bold red]{escape(note)}[/bold red]" if note.startswith("SLOWER") else escape(note), highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from multigpu.bench import BenchConfig, parse_nproc, resolve_target, run_bench
+    from multigpu.cli.launch import config_from_args
+    from multigpu.errors import ConfigError
+
+    # everything that can be wrong with the input fails here, before any folder or process exists
+    if args.nproc_per_node != "auto":
+        raise ConfigError("bench sets the world size itself: use --nproc 1,2,4 instead of --nproc-per-node")
+    bench = BenchConfig(nproc=parse_nproc(args.nproc), scaling=args.scaling, repeat=args.repeat)
+    target = resolve_target(args.target, list(args.args), module=args.module)
+    launch_cfg = config_from_args(args)
+    out = _out_dir(args)
+
+    def announce(n: int, k: int, run_dir: Path) -> None:
+        again = f", repeat {k + 1}/{bench.repeat}" if bench.repeat > 1 else ""
+        print(f"multigpu bench: {n} rank(s){again} -> {run_dir}", file=sys.stderr, flush=True)
+
+    command = ["multigpu", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else []
+    result = run_bench(bench, launch_cfg, target, out, command=command, on_run=announce)
+    print_table(result)
+    print(f"wrote {out / 'bench.json'}" + (f" and {out / result['plot']}" if result.get("plot") else ""))
+    print(f"report: multigpu report {out}")
+    return 0

@@ -1,0 +1,101 @@
+"""``multigpu verify``: does the script compute the same thing at every world size? (runs in the launcher)
+
+    multigpu verify --nproc 1,2,3 examples/verify_independent.py            # passes
+    multigpu verify --nproc 1,2,3 --rtol 1e-6 train.py
+
+The script names its results with ``mg.verify.record(name, value)``; each run
+gets its own ``MULTIGPU_VERIFY_DIR`` (``<run-dir>/np<N>``), and every result is
+compared with the smallest world size's. Exit code 1 when any result differs
+beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+HELP = "run a script at several world sizes and compare its recorded results (mg.verify.record)"
+
+
+def _tolerance(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a number >= 0")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from multigpu.cli import add_flag
+    from multigpu.cli.launch import add_launch_flags
+
+    parser = subparsers.add_parser("verify", help=HELP, description=HELP)
+    parser.add_argument("--nproc", required=True, metavar="N,M,...",
+                        help="world sizes to compare, e.g. 1,2,3; the smallest is the reference")
+    parser.add_argument("--atol", type=_tolerance, default=0.0, help="absolute tolerance (default 0: exact)")
+    parser.add_argument("--rtol", type=_tolerance, default=0.0, help="relative tolerance (default 0: exact)")
+    add_flag(parser, "--run-dir", "-o", default=None,
+             help="keep the recorded results here (default: a temporary folder, removed afterwards)")
+    add_launch_flags(parser)
+    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
+    parser.add_argument("target", metavar="script.py", help="the script that calls mg.verify.record")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from multigpu.bench import configs_for, launch_with_env, parse_nproc, resolve_target
+    from multigpu.cli.launch import config_from_args
+    from multigpu.errors import ConfigError, MultigpuError
+    from multigpu.verify import load_results
+    from multigpu.verify.compare import compare
+
+    if args.nproc_per_node != "auto":
+        raise ConfigError("verify sets the world size itself: use --nproc 1,2,3 instead of --nproc-per-node")
+    sizes = parse_nproc(args.nproc)
+    if len(sizes) < 2:
+        raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
+    target = resolve_target(args.target, list(args.args), module=args.module)
+    configs = configs_for(config_from_args(args), sizes)
+    if args.run_dir and Path(args.run_dir).exists() and any(Path(args.run_dir).iterdir()):
+        raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
+    with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp:
+        root = Path(args.run_dir) if args.run_dir else Path(tmp)
+        results = {}
+        for n in sizes:
+            folder = root / f"np{n}"
+            print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
+            launch_with_env(configs[n], target, {"MULTIGPU_VERIFY_DIR": str(folder.resolve())})
+            results[n] = load_results(folder) if folder.is_dir() else {}
+    if not any(results.values()):
+        raise MultigpuError(f"{args.target} recorded no result at any world size: "
+                            "call mg.verify.record(name, value) for what should not depend on the world size")
+    comparisons = compare(results, atol=args.atol, rtol=args.rtol)
+    _print(comparisons, args.atol, args.rtol)
+    failed = [c for c in comparisons if not c.passed]
+    if failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise MultigpuError(f"verify failed: {first.describe()} (atol {args.atol:g}, rtol {args.rtol:g}){more}")
+    names = sorted({c.name for c in comparisons})
+    print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
+          f"(atol {args.atol:g}, rtol {args.rtol:g})")
+    return 0
+
+
+def _print(comparisons, atol: float, rtol: float) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from multigpu.cli.bench import console
+
+    table = Table(title=f"multigpu verify (atol {atol:g}, rtol {rtol:g})")
+    for name in ("result", "ranks", "vs", "max abs diff", "max rel diff", ""):
+        table.add_column(name, justify="left" if name in ("result", "") else "right")
+    for c in comparisons:
+        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red]{' ' + escape(c.problem) if c.problem else ''}"
+        table.add_row(escape(c.name), str(c.world_size), str(c.baseline),
+                      "-" if c.max_abs is None else f"{c.max_abs:.3g}",
+                      "-" if c.max_rel is None else f"{c.max_rel:.3g}", verdict)
+    console().print(table)

@@ -1,0 +1,67 @@
+"""A short all-reduce bandwidth test through the real launcher (runs in the launcher).
+
+With two or more GPUs and NCCL it runs one rank per GPU on NCCL; otherwise two
+CPU ranks on gloo. Figures follow nccl-tests (``all_reduce_perf``):
+
+* *algbw* = bytes / seconds per all-reduce;
+* *busbw* = algbw * 2 (n - 1) / n: the traffic each link carries in a ring
+  all-reduce, comparable across world sizes and with hardware peak figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["bus_bandwidth", "measure"]
+
+
+def bus_bandwidth(size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes/s) of one all-reduce of ``size_bytes`` taking ``seconds``."""
+    algbw = size_bytes / seconds / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+def measure(*, gpus: int = 0, size_mib: int = 16, iters: int = 5, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Launch the test and return its figures. Worker output goes to a log file, not the terminal."""
+    from multigpu.launch import LaunchConfig, launch
+
+    on_gpus = gpus >= 2
+    cfg = LaunchConfig(nproc_per_node=gpus if on_gpus else 2, cpu=not on_gpus, timeout_s=timeout_s, threads=1)
+    with tempfile.TemporaryDirectory(prefix="multigpu_doctor_") as tmp:
+        out = Path(tmp) / "bandwidth.json"
+        log = Path(tmp) / "output.log"
+        with open(log, "w") as fh, _redirected(fh.fileno()):
+            try:
+                launch(cfg, "multigpu.doctor._bandwidth_worker", [str(out), str(size_mib), str(iters)], module=True)
+            except Exception:
+                fh.flush()
+                tail = log.read_text().strip().splitlines()[-3:]
+                raise RuntimeError(" | ".join(tail) or "the bandwidth test failed") from None
+        return json.loads(out.read_text())
+
+
+class _redirected:
+    """Point this process's stdout and stderr (and so the workers') at ``fd`` for a while."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        os.dup2(self.fd, 1)
+        os.dup2(self.fd, 2)
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        os.close(self.saved[0])
+        os.close(self.saved[1])

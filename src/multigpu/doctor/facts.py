@@ -1,0 +1,163 @@
+"""The facts ``multigpu doctor`` judges, gathered once (runs in the launcher).
+
+:class:`Facts` is plain data; :func:`gather_facts` reads it from this machine.
+The checks (:mod:`multigpu.doctor.checks`) are pure functions of it, so tests
+feed them broken setups (mismatched device variables, no NCCL, a tiny
+``/dev/shm``) without needing one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ENV_VARS", "Facts", "Interface", "free_port", "gather_facts"]
+
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID",
+            "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+"""The variables the checks read (only the ones that are set are kept)."""
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    up: bool
+    ipv4: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the checks need; the defaults describe a healthy CPU-only machine."""
+
+    torch_version: str = "2.13.0"
+    cuda_build: str | None = None
+    """torch.version.cuda: the CUDA the wheel was built for; None for CPU/ROCm builds."""
+    hip_build: str | None = None
+    gpus: tuple[str, ...] = ()
+    """Model name of each GPU torch sees."""
+    nvml_installed: bool = False
+    """nvidia-ml-py importable."""
+    nvml_driver: str | None = None
+    """Driver version NVML reports; None when NVML is missing or failed."""
+    nvml_gpus: tuple[str, ...] = ()
+    """Model name of each GPU NVML sees (all of the node's, whatever CUDA_VISIBLE_DEVICES says)."""
+    nvml_error: str | None = None
+    nccl_available: bool = False
+    nccl_version: str | None = None
+    gloo_available: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    """The variables of :data:`ENV_VARS` that are set."""
+    shm_bytes: int | None = 8 * 2**30
+    """Size of /dev/shm; None when there is none."""
+    nofile: tuple[int, int] | None = (65536, 65536)
+    """Open-file limit (soft, hard); None where the platform has none."""
+    free_port: int | None = 40000
+    port_error: str | None = None
+    interfaces: tuple[Interface, ...] = (Interface("lo", True, ("127.0.0.1",)),)
+    bandwidth: dict[str, Any] | None = None
+    """All-reduce result: world_size, backend, size_bytes, seconds, algbw_gbps, busbw_gbps."""
+    bandwidth_error: str | None = None
+    bandwidth_skipped: bool = False
+
+
+def free_port() -> tuple[int | None, str | None]:
+    """Bind port 0 on localhost, as the c10d rendezvous does: (port, None) or (None, why not)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1], None
+    except OSError as exc:
+        return None, str(exc)
+
+
+def _nvml() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"nvml_installed": False}
+    out: dict[str, Any] = {"nvml_installed": True}
+    try:
+        pynvml.nvmlInit()
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            names = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                names.append(name.decode() if isinstance(name, bytes) else name)
+        finally:
+            pynvml.nvmlShutdown()
+        out.update(nvml_driver=driver.decode() if isinstance(driver, bytes) else driver, nvml_gpus=tuple(names))
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        out["nvml_error"] = str(exc) or type(exc).__name__
+    return out
+
+
+def _interfaces() -> tuple[Interface, ...]:
+    import psutil
+
+    stats = psutil.net_if_stats()
+    addrs = psutil.net_if_addrs()
+    return tuple(
+        Interface(name, bool(stats[name].isup) if name in stats else False,
+                  tuple(a.address for a in addrs.get(name, []) if a.family == socket.AF_INET))
+        for name in sorted(set(stats) | set(addrs))
+    )
+
+
+def _nofile() -> tuple[int, int] | None:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    big = 2**31  # RLIM_INFINITY shows as -1 or a huge number
+    return (soft if soft >= 0 else big, hard if hard >= 0 else big)
+
+
+def gather_facts(*, bandwidth: bool = True) -> Facts:
+    """Read every fact from this machine; ``bandwidth`` runs the short all-reduce test (seconds)."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) \
+        if torch.cuda.is_available() else ()
+    nccl_version = None
+    if dist.is_nccl_available() and torch.version.cuda:
+        try:
+            nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001
+            nccl_version = None
+    try:
+        shm = shutil.disk_usage("/dev/shm").total
+    except OSError:
+        shm = None
+    port, port_error = free_port()
+    facts = dict(
+        torch_version=torch.__version__.split("+")[0],
+        cuda_build=torch.version.cuda,
+        hip_build=getattr(torch.version, "hip", None),
+        gpus=gpus,
+        nccl_available=dist.is_nccl_available(),
+        nccl_version=nccl_version,
+        gloo_available=dist.is_gloo_available(),
+        env={k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        shm_bytes=shm,
+        nofile=_nofile(),
+        free_port=port,
+        port_error=port_error,
+        interfaces=_interfaces(),
+        **_nvml(),
+    )
+    if bandwidth:
+        from multigpu.doctor.bandwidth import measure
+
+        try:
+            facts["bandwidth"] = measure(gpus=len(gpus) if facts["nccl_available"] else 0)
+        except Exception as exc:  # noqa: BLE001 - the check reports it with a hint
+            facts["bandwidth_error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    else:
+        facts["bandwidth_skipped"] = True
+    return Facts(**facts)

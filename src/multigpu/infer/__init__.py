@@ -1,0 +1,31 @@
+"""Distributed sliding-window inference (runs inside each rank).
+
+``sliding_window(inputs, model, roi, overlap, batch_size, blend, precision, pad_mode, progress)``
+spreads the windows of any number of 2-D or 3-D images over all ranks, each
+window exactly once, blends the overlaps and returns the stitched output on
+rank 0, bitwise identical on any number of ranks. From the command line::
+
+    multigpu infer --model multigpu.infer.models:denoiser --input photo.png --output out/ --nproc-per-node 2
+
+Modules: ``windows`` (window grid, pure), ``stitch`` (blending weights and
+canvases, pure), ``runner`` (the split over ranks and the exchange),
+``config`` (``InferConfig`` for the command), ``models`` (demo models with
+fixed filters), ``io`` (PNG/TIFF reading and writing), ``worker`` (the
+command's rank entry point).
+"""
+
+from multigpu.infer.runner import PAD_MODES, PRECISIONS, sliding_window
+from multigpu.infer.stitch import BLENDS, Canvas, importance_map
+from multigpu.infer.windows import WindowGrid, WindowPlan, make_grid
+
+__all__ = [
+    "BLENDS",
+    "PAD_MODES",
+    "PRECISIONS",
+    "Canvas",
+    "WindowGrid",
+    "WindowPlan",
+    "importance_map",
+    "make_grid",
+    "sliding_window",
+]

@@ -1,0 +1,66 @@
+"""``InferConfig``: what ``multigpu infer`` runs (validated in the launcher, read again by every rank)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from multigpu.errors import ConfigError
+
+__all__ = ["InferConfig", "MAX_ROI"]
+
+MAX_ROI = 8192
+"""Largest window side accepted (one window of 8192^2 float32 voxels per channel is already 256 MiB)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferConfig:
+    model: str = ""
+    """The model factory as ``package.module:function``; called with no arguments, it returns an nn.Module."""
+
+    inputs: list[str] = field(default_factory=list)
+    """Image files (PNG, JPEG, BMP, TIFF); sizes may differ."""
+
+    output: str = ""
+    """Folder for the outputs (one file per input, same stem)."""
+
+    roi: list[int] = field(default_factory=lambda: [256])
+    """Window size in pixels: one value, or one per spatial dim."""
+
+    overlap: list[float] = field(default_factory=lambda: [0.25])
+    """Fraction of a window shared with its neighbour, in [0, 1): one value, or one per dim."""
+
+    batch_size: int = 8
+    """Windows per model call on each rank."""
+
+    blend: Literal["constant", "gaussian"] = "gaussian"
+    """How overlapping outputs are weighted: plain mean, or Gaussian (window edges weigh less)."""
+
+    sigma_scale: float = 0.125
+    """Gaussian sigma as a fraction of the roi."""
+
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """fp32, or bf16 / fp16 autocast around the model."""
+
+    pad_mode: Literal["constant", "reflect", "replicate", "circular"] = "constant"
+    """How an image smaller than the roi is padded."""
+
+    run_dir: str = ""
+    """Where the run's resolved config and summary.json go (set by the command)."""
+
+    def __post_init__(self) -> None:
+        if ":" not in self.model or not all(self.model.partition(":")[::2]):
+            raise ConfigError(f"infer.model={self.model!r} must look like package.module:factory, "
+                              "e.g. multigpu.infer.models:denoiser")
+        if not self.inputs:
+            raise ConfigError("infer.inputs is empty; give at least one image (--input a.png)")
+        if not self.output:
+            raise ConfigError("infer.output is empty; give the output folder (--output DIR)")
+        if not self.roi or len(self.roi) > 3 or any(not 1 <= r <= MAX_ROI for r in self.roi):
+            raise ConfigError(f"infer.roi={self.roi} must be 1 to 3 sizes in [1, {MAX_ROI}], e.g. --roi 256")
+        if not self.overlap or len(self.overlap) > 3 or any(not 0 <= o < 1 for o in self.overlap):
+            raise ConfigError(f"infer.overlap={self.overlap} must be in [0, 1), e.g. --overlap 0.25")
+        if self.batch_size < 1:
+            raise ConfigError(f"infer.batch_size={self.batch_size} must be >= 1")
+        if not self.sigma_scale > 0:
+            raise ConfigError(f"infer.sigma_scale={self.sigma_scale} must be > 0")

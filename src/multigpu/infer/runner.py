@@ -1,0 +1,421 @@
+"""Distributed sliding-window inference: ``sliding_window`` (runs inside each rank; call on all ranks).
+
+How the work and the output are split (windows.py numbers the windows):
+
+1. **Windows, exactly once.** The windows of all images, numbered in order, are
+   cut into batches of ``batch_size``; the batches are sharded like ``mg.shard``
+   (contiguous, sizes differ by at most one batch). A rank evaluates only its
+   windows, so its windows form a band of the image and it allocates a canvas
+   (``stitch.Canvas``) only over the box they touch.
+2. **Owners, for a result independent of the split.** Overlapping window
+   outputs are added in window order (as one process, and MONAI, would). Each
+   output voxel belongs to the rank holding its *lowest* covering window; that
+   rank has already added its own windows in order and needs only the outputs
+   of the later windows (of later ranks) that touch its voxels: a band about
+   one window row deep. Those are sent to it once (``gather`` per destination),
+   and it adds them in window order.
+3. **Rank 0 assembles** the blended voxels slab by slab (``gather`` of each
+   rank's owned voxels in a slab), so its memory holds the output plus its own
+   canvas and one slab per rank, never a number of windows.
+
+Guarantee: the output on any number of ranks is bitwise identical to the output
+of one process, for any model whose output for a window is a deterministic
+function of its batch (batches are the same on any number of ranks). With
+``precision="fp32"`` a single process performs MONAI's float operations in
+MONAI's order, so it matches ``monai.inferers.sliding_window_inference``
+(bitwise when the model's kernels are batch-invariant, else to float tolerance).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from multigpu.errors import ConfigError
+from multigpu.infer.stitch import BLENDS, Canvas, importance_map
+from multigpu.infer.windows import Window, WindowPlan, as_tuple
+from multigpu.monitor import StepMeter
+from multigpu.runtime import collectives, group
+
+__all__ = ["PAD_MODES", "PRECISIONS", "sliding_window"]
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+_SLAB_VOXELS = 1 << 22  # voxels per assembly slab: bounds rank 0's receive buffers (x world_size x channels)
+EXCHANGE_STATS: dict[str, int] = {}
+"""Bytes this rank sent in the last ``sliding_window`` call: ``spill`` (window outputs), ``owned`` (voxels to rank 0)."""
+
+
+@dataclass(frozen=True)
+class _OutMeta:
+    channels: int
+    scale: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _coords() -> tuple[int, int]:
+    if not group.is_initialized():
+        return 0, 1
+    env = group.get_env()
+    return env.rank, env.world_size
+
+
+def _flatten(inputs) -> tuple[list[torch.Tensor], list[int] | None]:
+    """Images as a list of ``(C, *spatial)`` tensors, and the batch sizes to regroup them (None: one tensor)."""
+    if isinstance(inputs, torch.Tensor):
+        groups, items = None, [inputs]
+    elif isinstance(inputs, Sequence) and inputs and all(isinstance(x, torch.Tensor) for x in inputs):
+        items = list(inputs)
+        groups = [x.shape[0] if x.dim() else 0 for x in items]
+    else:
+        raise ConfigError("inputs must be a tensor (N, C, *spatial) or a non-empty list of such tensors")
+    ndims = {x.dim() for x in items}
+    if len(ndims) != 1 or next(iter(ndims)) not in (4, 5):
+        raise ConfigError(f"inputs must be (N, C, H, W) or (N, C, D, H, W) tensors, got shapes {[tuple(x.shape) for x in items]}")
+    chans = {x.shape[1] for x in items}
+    if len(chans) != 1:
+        raise ConfigError(f"every image needs the same number of channels, got {sorted(chans)}")
+    images = [img for x in items for img in x]
+    if not images:
+        raise ConfigError("inputs hold no image (N = 0)")
+    return images, groups
+
+
+def _check_args(roi, overlap, batch_size, blend, precision, pad_mode, ndim) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    roi = tuple(int(r) for r in as_tuple(roi, ndim, "roi"))
+    overlap = tuple(float(o) for o in as_tuple(overlap, ndim, "overlap"))
+    if any(r < 1 for r in roi):
+        raise ConfigError(f"roi={list(roi)} must be >= 1 in every dim")
+    if any(not 0 <= o < 1 for o in overlap):
+        raise ConfigError(f"overlap={list(overlap)} must be in [0, 1) in every dim")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    if blend not in BLENDS:
+        raise ConfigError(f"blend={blend!r} is not one of {', '.join(BLENDS)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if pad_mode not in PAD_MODES:
+        raise ConfigError(f"pad_mode={pad_mode!r} is not one of {', '.join(PAD_MODES)}")
+    return roi, overlap
+
+
+def _model_device(model, device) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    params = getattr(model, "parameters", None)
+    if params is not None:
+        first = next(iter(params()), None)
+        if first is not None:
+            return first.device
+    return group.device() if group.is_initialized() else torch.device("cpu")
+
+
+class _Job:
+    """One call of ``sliding_window`` on this rank."""
+
+    def __init__(self, images, model, roi, overlap, batch_size, blend, precision, pad_mode, *,
+                 sigma_scale, cval, device):
+        self.images, self.model = images, model
+        self.roi, self.blend, self.sigma_scale = roi, blend, sigma_scale
+        self.batch_size, self.pad_mode, self.cval = batch_size, pad_mode, cval
+        self.autocast_dtype = PRECISIONS[precision]
+        self.device = _model_device(model, device)
+        self.plan = WindowPlan([im.shape[1:] for im in images], roi, overlap)
+        self.rank, self.world_size = _coords()
+        self.distributed = self.world_size > 1
+        self.bounds = self.plan.rank_bounds(batch_size, self.world_size)
+        self.start, self.stop = self.bounds[self.rank]
+        in_dtype = images[0].dtype
+        self.acc_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
+        self.meta: _OutMeta | None = None
+        self.weights: torch.Tensor | None = None
+        self.canvases: dict[int, Canvas] = {}
+        self.spill: dict[int, list[tuple[int, torch.Tensor]]] = {r: [] for r in range(self.world_size)}
+        self._padded: tuple[int, torch.Tensor] | None = None
+
+    # ---- evaluating this rank's windows ---------------------------------------------------------------
+
+    def num_batches(self) -> int:
+        return -(-(self.stop - self.start) // self.batch_size)
+
+    def _image(self, index: int) -> torch.Tensor:
+        """Image ``index``, padded up to the roi where it is smaller (the last one is kept)."""
+        if self._padded is not None and self._padded[0] == index:
+            return self._padded[1]
+        image = self.images[index]
+        pad = self.plan.grids[index].pad
+        if any(a or b for a, b in pad):
+            flat = [w for a, b in reversed(pad) for w in (a, b)]
+            x = image if image.is_floating_point() else image.float()
+            try:
+                if self.pad_mode == "constant":
+                    image = F.pad(x, flat, mode="constant", value=self.cval)
+                else:
+                    image = F.pad(x[None], flat, mode=self.pad_mode)[0]
+            except (RuntimeError, NotImplementedError) as exc:
+                raise ConfigError(f"pad_mode={self.pad_mode!r} cannot pad image {index} of size "
+                                  f"{tuple(self.images[index].shape[1:])} up to roi {list(self.roi)}: "
+                                  f"{str(exc).splitlines()[0]}; use pad_mode='constant' or 'replicate'") from None
+        self._padded = (index, image)
+        return image
+
+    def _host_batches(self) -> Iterator[tuple[list[Window], torch.Tensor]]:
+        for lo in range(self.start, self.stop, self.batch_size):
+            windows = list(self.plan.windows(lo, min(lo + self.batch_size, self.stop)))
+            crops = []
+            for w in windows:
+                index = (slice(None), *(slice(s, s + r) for s, r in zip(w.start, self.roi, strict=True)))
+                crops.append(self._image(w.image)[index])
+            x = torch.stack(crops)
+            yield windows, (x if x.is_floating_point() else x.float())
+
+    def _to_device(self, item):
+        if item is None or self.device.type == "cpu":
+            return item
+        windows, x = item
+        # pinned memory + non_blocking: the copy overlaps the model still running on the previous batch
+        return windows, x.pin_memory().to(self.device, non_blocking=True)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        autocast = (torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+                    if self.autocast_dtype is not None else contextlib.nullcontext())
+        with autocast:
+            return self.model(x)
+
+    def _check_output(self, out, x: torch.Tensor) -> _OutMeta:
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"the model returned {type(out).__name__}; sliding_window needs a tensor (N, C, *spatial)")
+        if out.dim() != x.dim() or out.shape[0] != x.shape[0]:
+            raise ConfigError(f"the model turned a window batch {tuple(x.shape)} into {tuple(out.shape)}; "
+                              f"it must return ({x.shape[0]}, C_out, *spatial) with the same number of dims")
+        scale = []
+        for o, r in zip(out.shape[2:], self.roi, strict=True):
+            if o % r:
+                raise ConfigError(f"the model's output window {tuple(out.shape[2:])} is not a whole multiple of "
+                                  f"roi {list(self.roi)}; only integer scale factors are supported")
+            scale.append(o // r)
+        return _OutMeta(int(out.shape[1]), tuple(scale), self.acc_dtype)
+
+    def _setup_output(self, meta: _OutMeta) -> None:
+        if self.meta is not None and self.meta != meta:
+            raise ConfigError(f"the model's output changed between batches: {self.meta} then {meta}")
+        self.meta = meta
+        out_size = [r * z for r, z in zip(self.roi, meta.scale, strict=True)]
+        self.weights = importance_map(self.roi, self.blend, sigma_scale=self.sigma_scale, out_size=out_size,
+                                      dtype=self.acc_dtype)
+
+    def _canvas(self, image: int) -> Canvas:
+        if image not in self.canvases:
+            box = self.plan.output_box(image, self.start, self.stop, self.meta.scale)
+            self.canvases[image] = Canvas(self.meta.channels, box, self.acc_dtype)
+        return self.canvases[image]
+
+    def _stitch(self, windows: list[Window], out: torch.Tensor) -> None:
+        """Add each window's output in window order, and keep the ones other ranks' voxels need."""
+        z = self.meta.scale
+        for w, y in zip(windows, out, strict=True):
+            start = tuple(s * f for s, f in zip(w.start, z, strict=True))
+            self._canvas(w.image).add(y, self.weights, start)
+            if self.distributed:
+                owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
+                for r in owners[owners != self.rank]:
+                    self.spill[int(r)].append((w.index, y.clone()))
+
+    def evaluate(self, meter: StepMeter) -> None:
+        batches = iter(self._host_batches())
+        current = self._to_device(next(batches, None))
+        while current is not None:
+            windows, x = current
+            with meter.step(items=len(windows)):
+                out = self._forward(x)  # queued on a GPU; the next batch is cut and copied meanwhile
+                current = self._to_device(next(batches, None))
+                meta = self._check_output(out, x)
+                if self.meta is None or meta != self.meta:
+                    self._setup_output(meta)
+                self._stitch(windows, out.detach().to("cpu", self.acc_dtype))
+
+    # ---- exchanging and assembling --------------------------------------------------------------------
+
+    def agree_on_output(self) -> None:
+        """Every rank learns the output channels and scale (a rank without windows never ran the model)."""
+        metas = collectives.all_gather([self.meta] if self.meta is not None else []) if self.distributed else (
+            [self.meta] if self.meta is not None else [])
+        if not metas:
+            raise ConfigError("there are no windows to evaluate")
+        if any(m != metas[0] for m in metas):
+            raise ConfigError(f"ranks disagree on the model's output (channels, scale, dtype): {metas}")
+        if self.meta is None:
+            self._setup_output(metas[0])
+
+    def exchange_spill(self) -> None:
+        """Send each owner the later windows that touch its voxels; it adds them in window order."""
+        if not self.distributed:
+            return
+        EXCHANGE_STATS["spill"] = sum(y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
+        for dst in range(self.world_size):
+            received = collectives.gather(self.spill.pop(dst), dst=dst)
+            if received is None:
+                continue
+            for index, y in received:  # rank order, then window order within a rank = window order
+                w = self.plan.window(index)
+                start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
+                self.canvases[w.image].add(y, self.weights, start)
+
+    def _blocks(self, image: int, rows: tuple[int, int, int]) -> list[tuple[tuple[tuple[int, int], ...], int]]:
+        """The blocks of one slab (``rows`` = start, stop, grid index along dim 0) and the rank owning each."""
+        grid, z = self.plan.grids[image], self.meta.scale
+        crop = self.plan.crop_box(image, z)
+        runs = [self.plan.segments(image, d, a, b, z[d]) for d, (a, b) in enumerate(crop) if d > 0]
+        out = []
+        for combo in itertools.product(*runs):
+            first = rows[2] * grid.strides[0] + sum(i * grid.strides[d + 1] for d, (_, _, i) in enumerate(combo))
+            owner = int(self.plan.owner(first + self.plan.offsets[image], self.bounds))
+            out.append((((rows[0], rows[1]), *((a, b) for a, b, _ in combo)), owner))
+        return out
+
+    def _slabs(self, image: int) -> Iterator[tuple[int, int, int]]:
+        """Runs of output rows with one lowest covering window row, cut to at most ``_SLAB_VOXELS`` voxels."""
+        crop = self.plan.crop_box(image, self.meta.scale)
+        step = max(1, _SLAB_VOXELS // max(math.prod(b - a for a, b in crop[1:]), 1))
+        for a, b, i in self.plan.segments(image, 0, *crop[0], self.meta.scale[0]):
+            for y in range(a, b, step):
+                yield y, min(y + step, b), i
+
+    def assemble(self, image: int, out: torch.Tensor | None) -> None:
+        """Fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab.
+
+        A slab is cut into blocks, each owned by one rank (``_blocks``); rank 0
+        copies its own blocks, and receives every other rank's, flattened and
+        concatenated in rank order then block order, with one ``gather``.
+        """
+        crop = self.plan.crop_box(image, self.meta.scale)
+
+        def view(box):
+            return out[(slice(None), *(slice(a - c, b - c) for (a, b), (c, _) in zip(box, crop, strict=True)))]
+
+        canvas = self.canvases.get(image)
+        for rows in self._slabs(image):
+            blocks = self._blocks(image, rows)
+            if self.rank == 0:
+                for box, owner in blocks:
+                    if owner == 0:
+                        view(box).copy_(canvas.blended(box))
+            if not self.distributed:
+                continue
+            mine = [canvas.blended(box).reshape(-1) for box, owner in blocks if owner == self.rank and owner != 0]
+            sent = torch.cat(mine) if mine else torch.empty(0, dtype=self.acc_dtype)
+            EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + sent.numel() * sent.element_size()
+            parts = collectives.gather(sent, dst=0)
+            if parts is None:
+                continue
+            offset = 0
+            for box, _ in sorted((b for b in blocks if b[1] != 0), key=lambda b: b[1]):  # stable: block order kept
+                target = view(box)
+                target.copy_(parts[offset:offset + target.numel()].reshape(target.shape))
+                offset += target.numel()
+            if offset != parts.numel():
+                raise RuntimeError(f"image {image}: ranks sent {parts.numel()} values for {offset}; "
+                                   "every voxel must have exactly one owner")
+        self.canvases.pop(image, None)
+
+
+def sliding_window(
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    model: Callable[[torch.Tensor], torch.Tensor],
+    roi: int | Sequence[int],
+    overlap: float | Sequence[float] = 0.25,
+    batch_size: int = 8,
+    blend: str = "constant",
+    precision: str = "fp32",
+    pad_mode: str = "constant",
+    progress: bool = True,
+    *,
+    sigma_scale: float | Sequence[float] = 0.125,
+    cval: float = 0.0,
+    device: torch.device | str | None = None,
+    run_dir=None,
+    meter: StepMeter | None = None,
+) -> torch.Tensor | list[torch.Tensor] | None:
+    """Run ``model`` over overlapping windows of every image and blend the outputs, split over all ranks.
+
+    Must be called on all ranks with the same inputs and arguments (or without
+    ``mg.init``: one process). Each window is evaluated by exactly one rank;
+    the result, on rank 0, is bitwise identical for any number of ranks (see
+    the module docstring for what that needs of the model).
+
+    Args:
+        inputs: ``(N, C, H, W)`` or ``(N, C, D, H, W)``, or a list of such tensors
+            of different spatial sizes (any dtype; windows are cast to float32).
+        model: Maps a window batch ``(B, C, *roi)`` to ``(B, C_out, *(roi * scale))``
+            for an integer ``scale`` per dim (1: same size; 2: x2 super-resolution).
+        roi: Window size, one int or one per spatial dim. An image smaller than
+            the roi in a dim is padded there (``pad_mode``) and cropped back after.
+        overlap: Fraction of a window shared with its neighbour, in [0, 1), one or per dim.
+        batch_size: Windows per model call.
+        blend: ``"constant"`` (plain mean) or ``"gaussian"`` (window edges weigh less).
+        precision: ``"fp32"``, or ``"bf16"`` / ``"fp16"`` autocast around the model.
+        pad_mode: ``"constant"`` (``cval``), ``"reflect"``, ``"replicate"`` or ``"circular"``.
+        progress: Progress bar (windows/s) on rank 0 when stderr is a terminal.
+        sigma_scale: Gaussian sigma as a fraction of the roi (MONAI's default 0.125).
+        cval: Fill value for constant padding.
+        device: Where windows go (default: the model's parameters' device, else ``mg.device()``).
+        run_dir: Where rank 0 writes the step meter's ``summary.json`` (default ``$MULTIGPU_RUN_DIR``).
+        meter: A ``StepMeter`` to record into (one step per window batch); it is then
+            left open for the caller to ``close()``. Default: one made and closed here.
+
+    Returns:
+        On rank 0, the blended output on the CPU: a tensor ``(N, C_out, *spatial * scale)``
+        for a tensor input, a list of them for a list; float32 (float64 for float64 input).
+        ``None`` on the other ranks.
+
+    Example (world_size=2; 121 windows of a 2048x2048 image)::
+
+        out = multigpu.infer.sliding_window(image, model, roi=256, overlap=0.25, batch_size=8)
+        # rank 0 evaluates windows 0..63, rank 1 windows 64..120
+        # rank 0 -> tensor (1, C_out, 2048, 2048); rank 1 -> None
+    """
+    EXCHANGE_STATS.clear()
+    images, groups = _flatten(inputs)
+    roi, overlap = _check_args(roi, overlap, batch_size, blend, precision, pad_mode, images[0].dim() - 1)
+    job = _Job(images, model, roi, overlap, batch_size, blend, precision, pad_mode,
+               sigma_scale=sigma_scale, cval=cval, device=device)
+    own_meter = meter is None
+    if own_meter:
+        meter = StepMeter("windows", total_steps=job.num_batches(), description="infer", run_dir=run_dir,
+                          progress=progress)
+    with torch.inference_mode():  # canvases too: in-place adds into inference tensors need it
+        job.evaluate(meter)
+        job.agree_on_output()
+        job.exchange_spill()
+        outputs = _allocate(job, images, groups) if job.rank == 0 else None
+        for i in range(len(images)):
+            job.assemble(i, None if outputs is None else outputs[1][i])
+    if own_meter:
+        meter.close({"num_windows": job.plan.num_windows, "num_images": len(images), "roi": list(roi)})
+    return None if outputs is None else outputs[0]
+
+
+def _allocate(job: _Job, images: list[torch.Tensor], groups: list[int] | None):
+    """Rank 0's output tensors and a ``(C_out, *size)`` view per image to fill."""
+    meta = job.meta
+
+    def size(image: int) -> tuple[int, ...]:
+        return tuple(s * z for s, z in zip(images[image].shape[1:], meta.scale, strict=True))
+
+    if groups is None:
+        out = torch.empty((len(images), meta.channels, *size(0)), dtype=meta.dtype)
+        return out, list(out)
+    result, views, i = [], [], 0
+    for n in groups:
+        t = torch.empty((n, meta.channels, *(size(i) if n else ())), dtype=meta.dtype)
+        result.append(t)
+        views.extend(t)
+        i += n
+    return result, views

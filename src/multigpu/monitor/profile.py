@@ -1,0 +1,89 @@
+"""``--profile``: a torch.profiler trace per rank for a window of steps (inside the ranks).
+
+``multigpu bench --profile`` and ``multigpu launch --profile`` set
+``MULTIGPU_PROFILE=1``; every ``StepMeter`` then profiles a window of its steps
+and each rank writes ``<run_dir>/profile/rank<r>.json`` (a Chrome trace: open it
+in https://ui.perfetto.dev or chrome://tracing). The window is
+``MULTIGPU_PROFILE_STEPS="wait,warmup,active"`` (default ``1,1,3``): skip
+``wait`` steps, warm the profiler up for ``warmup`` steps, record ``active`` steps.
+A run shorter than the window writes what it recorded when the meter closes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["StepProfiler", "parse_window", "profiler_from_env"]
+
+
+def parse_window(text: str) -> tuple[int, int, int]:
+    """``"wait,warmup,active"`` -> three whole numbers (active >= 1)."""
+    from multigpu.errors import ConfigError
+
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        wait, warmup, active = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(
+            f"MULTIGPU_PROFILE_STEPS={text!r} is invalid; valid: three whole numbers wait,warmup,active such as 1,1,3"
+        ) from None
+    if wait < 0 or warmup < 0 or active < 1:
+        raise ConfigError(f"MULTIGPU_PROFILE_STEPS={text!r} is invalid; valid: wait >= 0, warmup >= 0, active >= 1")
+    return wait, warmup, active
+
+
+class StepProfiler:
+    """torch.profiler over a window of steps; call :meth:`step` after every step and :meth:`stop` at the end.
+
+    Args:
+        path: Where the Chrome trace goes (one file per rank).
+        window: (wait, warmup, active) steps.
+    """
+
+    def __init__(self, path: str | Path, window: tuple[int, int, int] = (1, 1, 3)):
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.path = Path(path)
+        self.written = False
+        wait, warmup, active = window
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=self._save,
+        )
+        self._prof.start()
+
+    def _save(self, prof) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, self.path)
+        self.written = True
+
+    def step(self) -> None:
+        self._prof.step()
+
+    def stop(self) -> None:
+        if self._prof is not None:
+            self._prof.stop()
+            self._prof = None
+
+
+def profiler_from_env(run_dir: Path | None) -> StepProfiler | None:
+    """A :class:`StepProfiler` for this rank when ``MULTIGPU_PROFILE=1``, else None."""
+    if os.environ.get("MULTIGPU_PROFILE") != "1":
+        return None
+    from multigpu.runtime import group
+
+    if run_dir is None:
+        if group.rank() == 0:
+            print("multigpu: --profile needs a run directory (MULTIGPU_RUN_DIR); no trace written", file=sys.stderr)
+        return None
+    window = parse_window(os.environ.get("MULTIGPU_PROFILE_STEPS", "1,1,3"))
+    return StepProfiler(Path(run_dir) / "profile" / f"rank{group.rank()}.json", window)

@@ -1,0 +1,187 @@
+"""Build the self-contained HTML report of a run or a bench folder (runs in the launcher).
+
+    multigpu report runs/bench/20261122-101500 -o report.html
+
+One file, no external resources: plots are embedded as base64 PNG. It shows
+the run's configuration, the scaling table, verdicts and plots (bench folders),
+throughput over time (``metrics.jsonl``), CPU/GPU utilization per device over
+time (``samples_node*.jsonl``), and the communication share and load imbalance
+of every run (``summary.json``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from multigpu.errors import ConfigError
+
+__all__ = ["build_report", "load_run", "write_report"]
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+table { border-collapse: collapse; margin: 0.8em 0; } th, td { border: 1px solid #ccc; padding: 0.3em 0.7em; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.meta { color: #666; } .slower { color: #b00020; font-weight: bold; } pre { background: #f6f6f6; padding: 0.8em; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+"""
+
+# Marks every image once the page has loaded: data-decoded="yes" when it decoded (checked by the tests).
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = document.querySelectorAll("img"), ok = 0;
+  imgs.forEach(function (img) {
+    var good = img.complete && img.naturalWidth > 0;
+    img.setAttribute("data-decoded", good ? "yes" : "no");
+    if (good) { ok += 1; }
+  });
+  document.body.setAttribute("data-images", ok + "/" + imgs.length);
+});
+"""
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a killed run
+    return out
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """What one run folder holds: summary, config, metrics lines, samples (all nodes, by time), profile traces."""
+    samples = [s for p in sorted(run_dir.glob("samples_node*.jsonl")) for s in _read_jsonl(p)]
+    return {
+        "name": run_dir.name,
+        "summary": _read_json(run_dir / "summary.json"),
+        "config": _read_json(run_dir / "resolved_config.json"),
+        "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
+        "samples": sorted(samples, key=lambda s: s["time"]),
+        "traces": sorted(str(p.relative_to(run_dir)) for p in (run_dir / "profile").glob("*.json")),
+    }
+
+
+def _img(fig, alt: str) -> str:
+    from multigpu.report.plots import png_base64
+
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png_base64(fig)}">'
+
+
+def _table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td{" class=num" if i >= numeric_from else ""}>{html.escape(c)}</td>'
+                         for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _scaling_section(bench: dict[str, Any]) -> str:
+    from multigpu.report.plots import bench_figure
+
+    unit = bench.get("unit", "items")
+    rows = [[str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+             f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x", f"{r['efficiency']:.0%}",
+             f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}", f"{r['imbalance']:.2f}"]
+            for r in bench["rows"]]
+    notes = "".join(f'<li class="{"slower" if n.startswith("SLOWER") else ""}">{html.escape(n)}</li>'
+                    for n in bench.get("notes", []))
+    return (
+        f"<h2>Scaling ({html.escape(bench.get('scaling', 'strong'))})</h2>"
+        + _table(["ranks", f"{unit}/s median", f"{unit}/s min", "speedup", "ideal", "efficiency", "step ms",
+                  "comm share", "imbalance"], rows)
+        + (f"<ul>{notes}</ul>" if notes else "")
+        + _img(bench_figure(bench), "speedup vs ideal, and compute/communication split")
+    )
+
+
+def _run_section(run: dict[str, Any]) -> str:
+    from multigpu.report.plots import utilization_figure
+
+    parts = [f"<h3>{html.escape(run['name'])}</h3>"]
+    s = run["summary"]
+    if s:
+        parts.append(_table(
+            ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
+            [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
+              f"{s['step_time_s']['median'] * 1000:.1f}", f"{s['comm_share']:.1%}", f"{s['imbalance']:.2f}"]]))
+        parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
+                            [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}", str(r["items"])]
+                             for i, r in enumerate(s.get("per_rank", []))]))
+    if run["samples"]:
+        parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),
+                          f"utilization per device over time, {run['name']}"))
+    else:
+        parts.append('<p class="meta">no device samples (samples_node*.jsonl) in this run</p>')
+    if run["traces"]:
+        parts.append("<p>profiler traces (open in https://ui.perfetto.dev): "
+                     + ", ".join(html.escape(t) for t in run["traces"]) + "</p>")
+    return "".join(parts)
+
+
+def build_report(run_dir: str | Path) -> str:
+    """The HTML page for a bench folder (``bench.json``) or a single run folder (``summary.json``)."""
+    from multigpu.report.plots import throughput_figure
+
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ConfigError(f"report: {run_dir} is not a folder; give a run or bench folder such as runs/bench/<time>")
+    bench = _read_json(root / "bench.json")
+    if bench is not None:
+        runs = [load_run(root / r["run_dir"]) for r in bench["runs"]]
+    elif (root / "summary.json").is_file() or list(root.glob("samples_node*.jsonl")):
+        runs = [load_run(root)]
+    else:
+        raise ConfigError(f"report: {run_dir} holds neither bench.json nor summary.json; give a folder written by "
+                          "`multigpu bench` or by a workload run (its run directory)")
+    title = f"multigpu report: {root.resolve().name}"
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p class="meta">{html.escape(str(root.resolve()))} &middot; generated '
+             f"{datetime.datetime.now().isoformat(timespec='seconds')}</p>"]
+    parts.append("<h2>Configuration</h2>")
+    if bench is not None:
+        cfg = {k: bench.get(k) for k in ("command", "target", "scaling", "nproc", "repeat", "unit", "host", "created")}
+        parts.append(f"<pre>{html.escape(json.dumps(cfg, indent=2))}</pre>")
+    for run in runs:
+        if run["config"] is not None:
+            parts.append(f"<p>{html.escape(run['name'])}: resolved_config.json</p>"
+                         f"<pre>{html.escape(json.dumps(run['config'], indent=2))}</pre>")
+    if bench is not None:
+        parts.append(_scaling_section(bench))
+    with_metrics = [(r["name"], r["metrics"]) for r in runs if r["metrics"]]
+    parts.append("<h2>Throughput over time</h2>")
+    if with_metrics:
+        unit = next((r["summary"]["unit"] for r in runs if r["summary"]), "items")
+        parts.append(_img(throughput_figure(with_metrics, unit), "throughput over time"))
+    else:
+        parts.append('<p class="meta">no metrics.jsonl (the workload\'s StepMeter had log_every=0)</p>')
+    parts.append("<h2>Runs: communication, imbalance, utilization</h2>")
+    parts += [_run_section(r) for r in runs]
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+            + "\n".join(parts) + f"<script>{_SCRIPT}</script></body></html>")
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename."""
+    page = build_report(run_dir)
+    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(page)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,214 @@
+"""TrainConfig: every knob of data-parallel training (read on both sides of the launch).
+
+The launcher builds it from ``configs/*.yaml`` plus overrides and validates it
+before anything is spawned; each rank reads the resolved copy. The trainer
+itself reads only the top-level fields; ``model`` and ``data`` describe the
+built-in character-level GPT of ``multigpu train`` and are ignored by a user's
+own script.
+
+Glossary: *step* = one optimizer update; *micro-step* = one forward+backward
+of ``batch_size`` samples on one rank; ``grad_accum`` micro-steps make a step.
+The *effective batch* is ``batch_size × grad_accum (per rank) × world_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from multigpu.errors import ConfigError
+
+__all__ = ["DataConfig", "ModelConfig", "TrainConfig", "per_rank_accum", "lr_scale_factor"]
+
+Precision = Literal["fp32", "bf16", "fp16"]
+SyncBackend = Literal["auto", "nccl", "gloo", "cpu"]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """The character-level GPT of ``multigpu train`` (nanoGPT's shape)."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide ``n_embd``."""
+    n_embd: int = 128
+    """Width of the residual stream."""
+    block_size: int = 128
+    """Context length in characters (one sample is this many characters)."""
+    dropout: float = 0.0
+    """Dropout probability (0 keeps runs independent of the split, bit for bit on resume either way)."""
+    bias: bool = False
+    """Biases in Linear and LayerNorm layers."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_layer", "n_head", "n_embd", "block_size"):
+            _require(getattr(self, key) >= 1, f"model.{key}={getattr(self, key)} must be >= 1")
+        _require(self.n_embd % self.n_head == 0,
+                 f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    """Character-level text: by default the Python standard library's own source files."""
+
+    path: str | None = None
+    """A folder (searched recursively for ``pattern``) or one text file; None = the stdlib's folder."""
+    pattern: str = "*.py"
+    """File name pattern inside a folder."""
+    max_chars: int = 2_000_000
+    """Read files (in sorted order) until this many characters; 0 = no limit."""
+    val_percent: float = 10.0
+    """The last this-many percent of the text is held out for validation."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_chars >= 0, f"data.max_chars={self.max_chars} must be >= 0")
+        _require(0.0 < self.val_percent < 100.0, f"data.val_percent={self.val_percent} must be in (0, 100)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """Data-parallel training; see the module docstring for the words used."""
+
+    steps: int = 200
+    """Optimizer steps to run in total (a resumed run continues up to this)."""
+    batch_size: int = 16
+    """Samples per micro-step on each rank."""
+    global_batch_size: int | None = None
+    """If set, derive ``batch_size`` = global / (world_size × per-rank grad_accum); must divide evenly."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step (see ``grad_accum_scope``)."""
+    grad_accum_scope: Literal["global", "per_rank"] = "per_rank"
+    """"per_rank": every rank does ``grad_accum`` micro-steps; "global": ``grad_accum`` is the
+    job's total, divided by world_size (nanoGPT's way: the effective batch stays the same on any world size)."""
+
+    lr: float = 1e-3
+    """Peak learning rate (before any ``lr_scaling``)."""
+    min_lr: float = 1e-4
+    """Floor of the cosine decay."""
+    warmup_steps: int = 10
+    """Linear warm-up steps."""
+    lr_decay_steps: int | None = None
+    """Cosine decay length in steps; None = ``steps``."""
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    """Scale ``lr`` by (effective batch / ``ref_batch_size``) or its square root."""
+    ref_batch_size: int = 64
+    """The effective batch at which ``lr`` was tuned (for ``lr_scaling``)."""
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 = no clipping (the norm is still reported)."""
+
+    precision: Precision = "fp32"
+    """Autocast precision of forward/backward: fp32 (none), bf16, fp16 (with a grad scaler)."""
+    dtype: Precision = "fp32"
+    """The model's own parameter dtype."""
+    tf32: bool = True
+    """Allow TF32 matmuls on CUDA (Ampere and later)."""
+    cudnn_benchmark: bool = False
+    """cudnn.benchmark: autotune convolutions for fixed shapes."""
+
+    sync_backend: SyncBackend = "auto"
+    """Gradient all-reduce: auto (the process group's: nccl on GPUs, gloo on CPU), nccl, gloo,
+    or cpu (buckets staged through host memory, all-reduced over a gloo group)."""
+    find_unused_parameters: bool = False
+    """DDP's find_unused_parameters (only when some parameters get no gradient)."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size."""
+
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    prefetch: int = 2
+    """Batches moved to the device ahead of use by a background thread (0 = none)."""
+
+    eval_every: int = 50
+    """Validate every N steps (and at the end); 0 = only at the end."""
+    eval_batches: int = 8
+    """Validation batches per evaluation (the same fixed batches every time)."""
+    log_every: int = 10
+    """Reduce metrics across ranks and log every N steps."""
+    checkpoint_every: int = 100
+    """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints to keep (older ones are deleted)."""
+    resume: str | None = None
+    """None: start fresh; "auto": newest valid checkpoint in the run directory, if any; or a file path."""
+
+    seed: int = 1337
+    sample_chars: int = 300
+    """Characters of text generated at the end (``multigpu train`` only)."""
+    sample_prompt: str = "def "
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size", "grad_accum", "ref_batch_size", "eval_batches", "keep_last"):
+            _require(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
+        for key in ("warmup_steps", "eval_every", "log_every", "checkpoint_every", "num_workers", "prefetch",
+                    "sample_chars"):
+            _require(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0")
+        _require(self.global_batch_size is None or self.global_batch_size >= 1,
+                 f"global_batch_size={self.global_batch_size} must be >= 1")
+        _require(self.lr > 0 and self.min_lr >= 0, f"lr={self.lr} must be > 0 and min_lr={self.min_lr} >= 0")
+        _require(self.lr_decay_steps is None or self.lr_decay_steps >= 1,
+                 f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
+        _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
+        _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _require(self.resume is None or self.resume != "", "resume='' is invalid; valid: auto, a checkpoint path, or null")
+
+    def accum_per_rank(self, world_size: int) -> int:
+        """Micro-steps each rank runs per optimizer step; see :func:`per_rank_accum`."""
+        return per_rank_accum(self.grad_accum, self.grad_accum_scope, world_size)
+
+    def batch_per_rank(self, world_size: int) -> int:
+        """``batch_size``, or the share of ``global_batch_size`` of one micro-step on one rank."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        accum = self.accum_per_rank(world_size)
+        split = world_size * accum
+        if self.global_batch_size % split:
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} is not divisible by world_size × grad_accum "
+                f"= {world_size} × {accum} = {split}; valid: a multiple of {split}"
+            )
+        return self.global_batch_size // split
+
+    def effective_batch(self, world_size: int) -> int:
+        """Samples per optimizer step over the whole job."""
+        return self.batch_per_rank(world_size) * self.accum_per_rank(world_size) * world_size
+
+    def validate_for(self, world_size: int) -> None:
+        """The checks that need the job's size (run by the launcher before anything starts)."""
+        self.effective_batch(world_size)
+
+
+def per_rank_accum(grad_accum: int, scope: str, world_size: int) -> int:
+    """Micro-steps per rank: ``grad_accum`` ("per_rank"), or ``grad_accum / world_size`` ("global").
+
+    Example: grad_accum=8, scope="global" -> 8 on 1 rank, 4 each on 2 ranks, an error on 3.
+    """
+    if scope == "per_rank":
+        return grad_accum
+    if grad_accum % world_size:
+        raise ConfigError(
+            f"grad_accum={grad_accum} is the job's total (grad_accum_scope=global) but is not divisible by "
+            f"world_size={world_size}; valid: a multiple of {world_size}, or grad_accum_scope=per_rank"
+        )
+    return grad_accum // world_size
+
+
+def lr_scale_factor(mode: str, effective_batch: int, ref_batch: int) -> float:
+    """The learning-rate multiplier of ``lr_scaling``: 1, batch/ref, or sqrt(batch/ref)."""
+    if mode == "none":
+        return 1.0
+    ratio = effective_batch / ref_batch
+    return ratio if mode == "linear" else math.sqrt(ratio)

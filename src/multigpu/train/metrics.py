@@ -1,0 +1,114 @@
+"""Training metrics: reduced across ranks at log points, then written by rank 0 (inside each rank).
+
+Every step adds its loss to a running sum on the device (no sync). At a log
+point one small all-reduce (sum) and one (max) combine the window of every
+rank: mean loss, tokens/s (all ranks' items over the slowest rank's time),
+step time and the share of it spent in gradient communication. Rank 0 then
+prints a line, appends it to ``metrics.jsonl`` in the run directory and, when
+the ``tensorboard`` package is installed, to TensorBoard (``<run_dir>/tb``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import multigpu as mg
+from multigpu.monitor import StepMeter
+
+__all__ = ["MetricLogger"]
+
+
+def _tensorboard(run_dir: Path | None):
+    """A SummaryWriter when tensorboard is installed (optional: ``pip install tensorboard``), else None."""
+    if run_dir is None:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # optional
+        return None
+    return SummaryWriter(str(run_dir / "tb"))
+
+
+class MetricLogger:
+    """Accumulates per-step figures and logs the reduced window; see the module docstring."""
+
+    def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int, *, fresh: bool = True):
+        self.run_dir = run_dir
+        self.meter = meter
+        self.total_steps = total_steps
+        self._loss = None
+        self._steps = 0
+        self._mark = 0  # meter index at the previous log point
+        self.first_step_at: float | None = None
+        self.start = time.time()
+        self.history: list[dict[str, Any]] = []
+        self._tb = _tensorboard(run_dir) if mg.is_main() else None
+        if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+    def log(self, step: int, metrics: dict[str, Any], *, flush: bool) -> dict[str, Any] | None:
+        """Add this step's figures; at ``flush`` reduce the window and have rank 0 write. Call on all ranks."""
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+        loss = metrics["loss"].detach().double()
+        self._loss = loss if self._loss is None else self._loss + loss
+        self._steps += 1
+        if not flush:
+            return None
+        record = self._reduce(step, metrics)
+        if mg.is_main():
+            self._write(record)
+        return record
+
+    def _reduce(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        m = self.meter
+        window = slice(self._mark, len(m.step_times))
+        wall, comm, items = sum(m.step_times[window]), sum(m.comm_times[window]), sum(m.items[window])
+        summed = torch.tensor([self._loss.item(), self._steps, wall, comm, items], dtype=torch.float64)
+        mg.all_reduce(summed, "sum", check_shapes=False)
+        slowest = mg.all_reduce(torch.tensor([wall], dtype=torch.float64), "max", check_shapes=False).item()
+        ws = mg.world_size()
+        record = {
+            "step": step,
+            "loss": summed[0].item() / summed[1].item(),
+            **({"val_loss": float(metrics["val_loss"])} if "val_loss" in metrics else {}),
+            "grad_norm": float(metrics["grad_norm"]),
+            "lr": float(metrics["lr"]),
+            f"{m.unit}_per_s": summed[4].item() / slowest if slowest > 0 else None,
+            "step_time_s": slowest / max(len(m.step_times) - self._mark, 1),
+            "comm_share": summed[3].item() / summed[2].item() if summed[2].item() > 0 else 0.0,
+            "elapsed_s": time.time() - self.start,
+            "world_size": ws,
+        }
+        self._loss, self._steps, self._mark = None, 0, len(m.step_times)
+        m.extras["loss"] = record["loss"]
+        return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        rate = record.get(f"{self.meter.unit}_per_s")
+        parts = [f"step {record['step']}/{self.total_steps}", f"loss {record['loss']:.4f}"]
+        if "val_loss" in record:
+            parts.append(f"val_loss {record['val_loss']:.4f}")
+        parts += [f"grad_norm {record['grad_norm']:.3f}", f"lr {record['lr']:.3g}"]
+        if rate:
+            parts.append(f"{rate:,.0f} {self.meter.unit}/s")
+        parts.append(f"comm {100 * record['comm_share']:.0f}%")
+        print(" | ".join(parts), flush=True)
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key in ("loss", "val_loss", "grad_norm", "lr", f"{self.meter.unit}_per_s", "comm_share"):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(f"train/{key}", record[key], record["step"])
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

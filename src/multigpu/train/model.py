@@ -1,0 +1,102 @@
+"""A small character-level GPT in nanoGPT's shape (inside each rank).
+
+Pre-LayerNorm blocks, causal self-attention through
+``scaled_dot_product_attention``, a 4× MLP, tied input/output embeddings.
+``GPT(ModelConfig(...), vocab_size)``; ``model(x)`` returns logits
+``(batch, time, vocab)``; ``generate`` samples text from a prompt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from multigpu.train.config import ModelConfig
+
+__all__ = ["GPT"]
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, c)), self.dropout, self.training)
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = _Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.out = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)))), self.dropout, self.training)
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer over ``vocab_size`` symbols with a context of ``cfg.block_size``."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(vocab_size, cfg.n_embd)
+        self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith(("attn.proj.weight", "out.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        """Parameters, counting the tied embedding once and leaving out position embeddings (nanoGPT's count)."""
+        return sum(p.numel() for p in self.parameters()) - self.pos.weight.numel()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (6N plus attention), as in nanoGPT's MFU estimate."""
+        c = self.cfg
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, new_tokens: int, *, temperature: float = 0.8,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``new_tokens`` sampled tokens to ``idx`` (batch, time)."""
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.cfg.block_size:])[:, -1, :].float() / temperature
+            probs = F.softmax(logits, dim=-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -1,0 +1,81 @@
+"""Precision: autocast, the fp16 grad scaler, the model dtype, and which of them a device supports.
+
+``check_precision`` is a pure function of injected facts (the launcher runs it
+before spawning, the ranks again for their own device); ``probe_support``
+gathers the facts for one device type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from multigpu.errors import ConfigError, DeviceError
+
+__all__ = ["DTYPES", "PrecisionSupport", "autocast", "check_precision", "probe_support"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PrecisionSupport:
+    """What a device type can do: bf16 arithmetic, and fp16/bf16 autocast."""
+
+    device_type: str
+    bf16: bool
+    fp16_autocast: bool
+    bf16_autocast: bool
+
+
+def _autocast_works(device_type: str, dtype: torch.dtype) -> bool:
+    try:
+        with warnings.catch_warnings():  # "CUDA is not available ... Disabling autocast": then it fails below
+            warnings.simplefilter("ignore")
+            ctx = torch.autocast(device_type, dtype=dtype)
+        with ctx:
+            a = torch.ones(2, 2, device=device_type)
+            (a @ a).sum().item()
+        return True
+    except (RuntimeError, AssertionError, ValueError):
+        return False
+
+
+def _cuda_bf16() -> bool:
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except (RuntimeError, AssertionError):  # no usable CUDA in this process
+        return False
+
+
+def probe_support(device_type: str) -> PrecisionSupport:
+    """Probe what ``device_type`` ("cpu", "cuda", "mps") supports in this process."""
+    # torch implements bf16 on CPU on every x86/ARM machine; CUDA needs compute capability 8.0+
+    bf16 = _cuda_bf16() if device_type == "cuda" else True
+    return PrecisionSupport(device_type, bf16, _autocast_works(device_type, torch.float16),
+                            bf16 and _autocast_works(device_type, torch.bfloat16))
+
+
+def check_precision(precision: str, dtype: str, facts: PrecisionSupport) -> None:
+    """Raise a one-line error when ``precision``/``dtype`` cannot run on the device described by ``facts``."""
+    where = f"this job's {facts.device_type.upper()} ranks"
+    if "bf16" in (precision, dtype) and not facts.bf16:
+        raise DeviceError(f"bf16 is not supported on {where} (CUDA needs compute capability 8.0+); "
+                          "valid here: --precision fp16 or fp32, --dtype fp32")
+    if precision == "bf16" and not facts.bf16_autocast:
+        raise DeviceError(f"--precision bf16: autocast to bf16 does not work on {where}; valid here: fp32")
+    if precision == "fp16" and not facts.fp16_autocast:
+        raise DeviceError(f"--precision fp16: autocast to fp16 is not supported on {where}; "
+                          f"valid here: fp32{', bf16' if facts.bf16_autocast else ''}")
+    if precision == "fp16" and dtype == "fp16":
+        raise ConfigError("--precision fp16 with --dtype fp16: the grad scaler cannot unscale fp16 gradients; "
+                          "use --dtype fp32 (mixed precision keeps fp32 weights), or --precision bf16")
+
+
+def autocast(precision: str, device_type: str):
+    """The autocast context of a forward pass (a no-op for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=DTYPES[precision])

@@ -1,0 +1,327 @@
+"""The data-parallel Trainer (inside each rank): DDP, accumulation, precision, metrics, checkpoints.
+
+Every rank builds the same model and optimizer, then::
+
+    trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=sched)
+    trainer.setup()      # device, DDP, data, lr scaling, resume; prints the effective batch
+    trainer.fit()        # until cfg.steps: train_step, evaluate, log, checkpoint
+    trainer.close()      # summary.json (via StepMeter) on rank 0
+
+The model is moved to the device in place, so an optimizer built on
+``model.parameters()`` before ``setup()`` keeps working. ``loss_fn(model, batch)``
+defaults to cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``
+(logits ``(..., classes)``, targets ``(...)``). With world_size 1 there is no DDP;
+everything else is the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+import multigpu as mg
+from multigpu.errors import ConfigError
+from multigpu.monitor import StepMeter, run_dir_from_env
+from multigpu.train.checkpoint import CheckpointManager, restore_rng
+from multigpu.train.config import TrainConfig, lr_scale_factor
+from multigpu.train.loader import BatchStream, to_device
+from multigpu.train.metrics import MetricLogger
+from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
+from multigpu.train.sync import wrap_ddp
+
+__all__ = ["Trainer", "default_loss"]
+
+
+def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Cross-entropy of ``model(x)`` against ``y``, for a batch ``(x, y)``."""
+    x, y = batch
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+class Trainer:
+    """Trains ``model`` with ``optimizer`` on ``train_data`` across all ranks; see the module docstring.
+
+    Args:
+        model: The plain model (not yet on the device, not wrapped in DDP).
+        optimizer: Built on ``model.parameters()``.
+        train_data: A map-style dataset; each rank reads its share through ``mg.TrainSampler``.
+        config: The knobs (``TrainConfig``); ``model``/``data`` sections are not used here.
+        val_data: Optional dataset for ``evaluate()``.
+        scheduler: Optional LR scheduler, stepped once per optimizer step.
+        loss_fn: ``loss_fn(model, batch) -> scalar loss``.
+        run_dir: Where rank 0 writes metrics, summary and checkpoints (default ``$MULTIGPU_RUN_DIR``;
+            None: no files).
+        unit: "tokens" (items = elements of the batch's first tensor) or "samples" (its first dim).
+        collate_fn: Passed to the DataLoader.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_data: Dataset,
+        *,
+        config: TrainConfig | None = None,
+        val_data: Dataset | None = None,
+        scheduler: Any = None,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = default_loss,
+        run_dir: str | Path | None = None,
+        unit: str = "tokens",
+        collate_fn: Callable | None = None,
+    ):
+        self.config = config or TrainConfig()
+        self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
+        self.run_dir = Path(run_dir) if run_dir is not None else run_dir_from_env()
+        self.unit, self.collate_fn = unit, collate_fn
+        self.step = 0
+        self.model: torch.nn.Module = model
+        self.last_val_loss: float | None = None
+        self._is_setup = False
+
+    # ----------------------------------------------------------------- setup
+    def setup(self) -> Trainer:
+        """Place the model, wrap it in DDP, build the data stream, apply lr scaling, resume. Call on all ranks."""
+        self.env = mg.get_env("Trainer.setup")
+        self.world_size = self.env.world_size
+        self.accum = self.config.accum_per_rank(self.world_size)
+        self.batch_size = self.config.batch_per_rank(self.world_size)
+        self.effective_batch = self.batch_size * self.accum * self.world_size
+        self.items_per_sample = self._items_per_sample()
+        self._setup_precision()
+        self._setup_model()
+        state = self._resume_state()
+        self._setup_data(state)
+        self._setup_lr()
+        if state is not None:
+            self._load_state(state)
+        self._setup_logging()
+        self._is_setup = True
+        return self
+
+    def _setup_precision(self) -> None:
+        cfg, dev = self.config, self.env.device
+        check_precision(cfg.precision, cfg.dtype, probe_support(dev.type))
+        if dev.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+            torch.backends.cudnn.allow_tf32 = cfg.tf32
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+
+    def _setup_model(self) -> None:
+        cfg = self.config
+        optimized = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        if not optimized <= {id(p) for p in self.module.parameters()}:
+            raise ConfigError("the optimizer holds tensors that are not parameters of the model; "
+                              "build it with the model's own parameters, e.g. AdamW(model.parameters())")
+        self.module.to(device=self.env.device, dtype=DTYPES[cfg.dtype])  # in place: the optimizer keeps its params
+        self.comm = None
+        if self.world_size > 1:
+            self.model, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
+                                             find_unused_parameters=cfg.find_unused_parameters,
+                                             bucket_cap_mb=cfg.bucket_cap_mb)
+
+    def _setup_data(self, state: dict | None) -> None:
+        cfg = self.config
+        self.batches = BatchStream(
+            self.train_data, self.batch_size, device=self.env.device, seed=cfg.seed, num_workers=cfg.num_workers,
+            prefetch=cfg.prefetch, collate_fn=self.collate_fn, sampler_state=state["sampler"] if state else None,
+        )
+        self.sampler_state = self.batches.sampler.state_dict()
+
+    def _setup_lr(self) -> None:
+        cfg = self.config
+        factor = lr_scale_factor(cfg.lr_scaling, self.effective_batch, cfg.ref_batch_size)
+        self.lr_factor = factor
+        if factor != 1.0:
+            for g in self.optimizer.param_groups:
+                g["lr"] *= factor
+                if "initial_lr" in g:
+                    g["initial_lr"] *= factor
+            if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+                self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
+
+    def _setup_logging(self) -> None:
+        cfg = self.config
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_last) if self.run_dir else None
+        self.meter = StepMeter(self.unit, total_steps=cfg.steps - self.step, description="train",
+                               run_dir=self.run_dir, log_every=0, warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
+        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0)
+        if mg.is_main():
+            self._print_plan()
+
+    def _print_plan(self) -> None:
+        cfg = self.config
+        items = f" ({self.effective_batch * self.items_per_sample:,} {self.unit})" if self.unit == "tokens" else ""
+        print(f"effective batch: batch {self.batch_size} × grad_accum {self.accum} × world_size "
+              f"{self.world_size} = {self.effective_batch} samples{items} per step", flush=True)
+        if self.lr_factor != 1.0:
+            print(f"lr scaling ({cfg.lr_scaling}): lr {cfg.lr:g} × {self.lr_factor:.4g} "
+                  f"(effective batch {self.effective_batch} / ref_batch_size {cfg.ref_batch_size}) "
+                  f"= {cfg.lr * self.lr_factor:.4g}", flush=True)
+        sync = cfg.sync_backend if self.world_size > 1 else "none (world_size 1)"
+        print(f"device {self.env.device}, precision {cfg.precision}, dtype {cfg.dtype}, gradient sync {sync}"
+              + (f"; resumed at step {self.step}" if self.step else ""), flush=True)
+
+    # ----------------------------------------------------------------- resume
+    def _resume_state(self) -> dict | None:
+        resume = self.config.resume
+        if not resume:
+            return None
+        if self.run_dir is None and resume == "auto":
+            return None
+        manager = CheckpointManager((self.run_dir or Path(".")) / "checkpoints", self.config.keep_last)
+        path = manager.resolve(resume)
+        if path is None:
+            if mg.is_main():
+                print("resume=auto: no checkpoint yet; starting from step 0", flush=True)
+            return None
+        if mg.is_main():
+            print(f"resuming from {path}", flush=True)
+        return manager.load(path)
+
+    def _load_state(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.sampler_state = state["sampler"]
+        rngs = state["rng"]
+        if len(rngs) != self.world_size and mg.is_main():
+            print(f"note: checkpoint was written by {len(rngs)} rank(s), this job has {self.world_size}; "
+                  "random streams are re-used by rank modulo", flush=True)
+        restore_rng(rngs[mg.rank() % len(rngs)])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the RNG states (which ``CheckpointManager.save`` gathers from every rank)."""
+        return {
+            "step": self.step,
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "sampler": self.sampler_state,
+            "config": _plain(self.config),
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        """Rank 0 writes ``ckpt_<step>.pt`` atomically; the others wait. Call on all ranks."""
+        if self.checkpoints is None:
+            return None
+        return self.checkpoints.save(self.state_dict())
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        """Train until ``config.steps``; validate, log and checkpoint along the way. Call on all ranks."""
+        if not self._is_setup:
+            self.setup()
+        cfg = self.config
+        while self.step < cfg.steps:
+            metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
+            self.step += 1
+            last = self.step == cfg.steps
+            if self.val_data is not None and (last or _due(self.step, cfg.eval_every)):
+                metrics["val_loss"] = self.last_val_loss = self.evaluate()
+            # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
+            self.logger.log(self.step, metrics, flush=last or _due(self.step, cfg.log_every) or "val_loss" in metrics)
+            if last or _due(self.step, cfg.checkpoint_every):
+                self.save_checkpoint()
+        return {"step": self.step, "val_loss": self.last_val_loss}
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step: ``accum`` micro-steps, then clip and update. Returns this rank's figures."""
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.env.device)
+        with self.meter.step(items=self.batch_size * self.accum * self.items_per_sample):
+            for micro in range(self.accum):
+                batch, self.sampler_state = next(self.batches)
+                # grads are all-reduced by DDP in the last micro-step's backward; the others skip sync,
+                # and no_sync must cover the forward too (DDP prepares the reducer there)
+                with self._sync_context(micro == self.accum - 1), autocast(self.config.precision, self.env.device.type):
+                    loss = self.loss_fn(self.model, batch) / self.accum
+                self.scaler.scale(loss).backward()
+                loss_sum += loss.detach().float()
+            grad_norm = self._clip_gradients()
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+            if self.comm is not None:
+                self.meter.add_comm(self.comm.pop_seconds())
+        return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
+
+    def _sync_context(self, sync: bool):
+        if sync or self.model is self.module:
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Unscale (fp16) and clip to ``grad_clip``; returns the global norm (grads are already averaged)."""
+        self.scaler.unscale_(self.optimizer)
+        limit = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), limit).detach()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the fixed validation windows, split over ranks and reduced. Call on all ranks."""
+        if self.val_data is None:
+            raise ConfigError("evaluate() needs val_data; pass Trainer(..., val_data=...)")
+        self.module.eval()  # the plain module: no DDP collectives, so ranks may run uneven batch counts
+        n = min(len(self.val_data), self.config.eval_batches * self.batch_size * self.world_size)
+        picks = [int(i * len(self.val_data) / n) for i in range(n)]  # evenly spread over the val set
+        mine = list(mg.shard(picks))
+        total = torch.zeros(2, dtype=torch.float64)
+        for start in range(0, len(mine), self.batch_size):
+            chunk = [self.val_data[i] for i in mine[start : start + self.batch_size]]
+            batch = to_device(self._collate(chunk), self.env.device)
+            with autocast(self.config.precision, self.env.device.type):
+                loss = self.loss_fn(self.module, batch)
+            total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
+        mg.all_reduce(total, "sum", check_shapes=False)
+        return (total[0] / total[1]).item()
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Stop the data stream and write the run summary (rank 0). Call on all ranks. Returns the summary."""
+        self.batches.close()
+        self.logger.close()
+        summary = self.meter.close({
+            "effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
+            "first_step_at": self.logger.first_step_at, **(extra or {}),
+        })
+        return summary
+
+    # ----------------------------------------------------------------- helpers
+    def _collate(self, samples: list) -> Any:
+        from torch.utils.data import default_collate
+
+        return (self.collate_fn or default_collate)(samples)
+
+    def _items_per_sample(self) -> int:
+        if self.unit != "tokens":
+            return 1
+        x = self.train_data[0]
+        first = x[0] if isinstance(x, (tuple, list)) else x
+        return int(first.numel()) if isinstance(first, torch.Tensor) else 1
+
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def _plain(cfg: TrainConfig) -> dict:
+    from multigpu.config import to_dict
+
+    return to_dict(cfg)

@@ -1,0 +1,81 @@
+"""``mg.verify.record``: name a result so ``multigpu verify`` can compare it across world sizes (inside the ranks).
+
+    import multigpu as mg
+
+    out = mg.gather(my_part)                 # the whole result, on rank 0
+    mg.verify.record("predictions", out)     # rank 0 writes it; other ranks do nothing
+    mg.verify.record("loss", loss.item())    # numbers, tensors, arrays, nested lists
+
+    shards = model(mg.shard(inputs))
+    mg.verify.record("outputs", shards, gather=True)   # gathers along dim 0 first (a collective)
+
+``multigpu verify --nproc 1,2,3 script.py`` sets ``MULTIGPU_VERIFY_DIR`` for
+each run; without it ``record`` does nothing, so the script runs unchanged.
+Each result is saved as ``<name>.pt`` through a temporary file and a rename.
+:mod:`multigpu.verify.compare` (pure) compares the saved results.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_results", "record"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_RECORDED: set[str] = set()
+
+
+def _as_saved(value: Any) -> Any:
+    """Tensors (moved to the CPU) as they are; numbers, arrays and lists as tensors; anything else as is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    try:
+        return torch.as_tensor(value).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        return value  # strings, dicts: compared with ==
+
+
+def record(name: str, value: Any, *, gather: bool = False) -> None:
+    """Save a named result for ``multigpu verify``; rank 0 writes it.
+
+    Args:
+        name: Letters, digits, ``_ . -``; unique within the run.
+        value: The whole result (a tensor, number, array or list), e.g. after ``mg.gather``.
+            Values of other ranks are ignored unless ``gather`` is set.
+        gather: ``value`` is this rank's shard: concatenate the shards along dim 0 in rank
+            order first. Then this is a collective: call it on all ranks.
+
+    Raises:
+        ValueError: a bad or repeated name.
+    """
+    from multigpu.runtime import collectives, group
+
+    if not _NAME.match(name):
+        raise ValueError(f"verify.record name {name!r} is invalid; valid: letters, digits, _ . - (up to 128)")
+    if name in _RECORDED:
+        raise ValueError(f"verify.record({name!r}) was already called in this run; give each result its own name")
+    _RECORDED.add(name)
+    if gather:
+        value = collectives.gather(value, dst=0)
+    out_dir = os.environ.get("MULTIGPU_VERIFY_DIR")
+    if not out_dir or group.rank() != 0:
+        return
+    import torch
+
+    path = Path(out_dir) / f"{name}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(_as_saved(value), tmp)
+    os.replace(tmp, path)
+
+
+def load_results(folder: str | Path) -> dict[str, Any]:
+    """Every ``<name>.pt`` that ``record`` wrote into ``folder``."""
+    import torch
+
+    return {p.stem: torch.load(p, weights_only=False) for p in sorted(Path(folder).glob("*.pt"))}

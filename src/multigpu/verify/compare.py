@@ -1,0 +1,83 @@
+"""Compare the results recorded at different world sizes (pure; runs in the launcher).
+
+``compare(results, atol, rtol)`` takes ``{world_size: {name: value}}`` and
+checks each name against the baseline (the smallest world size) the way
+``torch.allclose`` does: ``|a - b| <= atol + rtol * |b|`` elementwise, NaN
+equal to NaN. Default tolerance 0: exact. Values that are not tensors
+(strings, dicts) must be equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Comparison", "compare"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    world_size: int
+    baseline: int
+    passed: bool
+    max_abs: float | None = None
+    max_rel: float | None = None
+    problem: str | None = None
+    """Why the values could not be compared number by number (missing, shape, dtype, type)."""
+
+    def describe(self) -> str:
+        where = f"'{self.name}' at {self.world_size} ranks vs {self.baseline}"
+        if self.problem:
+            return f"{where}: {self.problem}"
+        return f"{where}: max abs difference {self.max_abs:.3g}, max rel difference {self.max_rel:.3g}"
+
+
+def _compare_values(a: Any, b: Any, atol: float, rtol: float) -> tuple[bool, float | None, float | None, str | None]:
+    """(passed, max_abs, max_rel, problem) of ``a`` against the baseline ``b``."""
+    import torch
+
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        if type(a) is not type(b):
+            return False, None, None, f"type {type(a).__name__} vs {type(b).__name__}"
+        equal = bool(a == b)
+        return equal, None, None, None if equal else f"values differ: {a!r} vs {b!r}"
+    if a.shape != b.shape:
+        return False, None, None, f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    if a.dtype != b.dtype:
+        return False, None, None, f"dtype {a.dtype} vs {b.dtype}"
+    if a.numel() == 0:
+        return True, 0.0, 0.0, None
+    if a.dtype == torch.bool or not (a.is_floating_point() or a.is_complex()):
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    else:
+        a64, b64 = a.to(torch.complex128 if a.is_complex() else torch.float64), b.to(
+            torch.complex128 if b.is_complex() else torch.float64)
+    both_nan = torch.isnan(a64) & torch.isnan(b64) if a64.is_floating_point() else torch.zeros_like(a64, dtype=torch.bool)
+    diff = (a64 - b64).abs()
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))  # NaN on one side only: infinitely far
+    ref = b64.abs()
+    rel = torch.where(diff == 0, torch.zeros_like(diff), diff / ref.clamp_min(torch.finfo(torch.float64).tiny))
+    passed = bool(((diff <= atol + rtol * ref) | both_nan).all())
+    return passed, float(diff.max()), float(rel.max()), None
+
+
+def compare(results: dict[int, dict[str, Any]], *, atol: float = 0.0, rtol: float = 0.0) -> list[Comparison]:
+    """One :class:`Comparison` per (name, world size other than the baseline), in name order."""
+    sizes = sorted(results)
+    base = sizes[0]
+    names = sorted({name for per_size in results.values() for name in per_size})
+    out = []
+    for name in names:
+        for size in sizes[1:]:
+            have_base, have = name in results[base], name in results[size]
+            if not (have_base and have):
+                missing = base if not have_base else size
+                out.append(Comparison(name, size, base, False,
+                                      problem=f"recorded at {size if missing == base else base} ranks "
+                                              f"but not at {missing}"))
+                continue
+            passed, max_abs, max_rel, problem = _compare_values(results[size][name], results[base][name], atol, rtol)
+            out.append(Comparison(name, size, base, passed, max_abs, max_rel, problem))
+    return out

@@ -1,0 +1,41 @@
+"""`multigpu verify` passes a world-size independent example and fails a dependent one; `doctor --json` answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_verify_passes_when_results_do_not_depend_on_the_world_size():
+    proc = run_cli("verify", "--nproc", "1,2,3", "examples/verify_independent.py", env={"COLUMNS": "200"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verify passed: 3 result(s) equal at 1, 2, 3 ranks (atol 0, rtol 0)" in proc.stdout
+    assert proc.stdout.count("pass") >= 6  # 3 results x 2 world sizes, each compared with 1 rank
+
+
+def test_verify_fails_naming_the_result_and_the_difference(tmp_path):
+    keep = tmp_path / "results"
+    proc = run_cli("verify", "--nproc", "1,3", "-o", str(keep), "examples/verify_dependent.py",
+                   env={"COLUMNS": "200"}, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("error: verify failed: 'mean' at 3 ranks vs 1: max abs difference 2.78, "
+                    "max rel difference 0.0975 (atol 0, rtol 0)")
+    assert sorted(p.name for p in (keep / "np3").iterdir()) == ["mean.pt", "total.pt"]  # rank 0 wrote, atomically
+
+
+def test_doctor_json_answers_every_check_on_this_machine():
+    proc = run_cli("doctor", "--json", timeout=180)
+    report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
+    checks = {c["name"]: c for c in report["checks"]}
+    assert len(checks) == 11 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
+    assert proc.returncode == (0 if report["ok"] else 1)
+    assert all(c["hint"] for c in checks.values() if c["status"] != "pass")
+    bw = checks["all-reduce bandwidth"]
+    assert bw["status"] == "pass", bw  # 2 gloo ranks through the real launcher here
+    assert report["facts"]["bandwidth"]["busbw_gbps"] > 0 and report["facts"]["bandwidth"]["world_size"] >= 2

@@ -1,0 +1,134 @@
+"""The trainer on real gloo ranks: results independent of the split, sync backends, exact resume.
+
+These pin the data-parallel contract: a global batch split over 2 ranks (or
+accumulated on 1) takes the same optimizer steps as one rank with the whole
+batch; the ``cpu`` hook averages exactly as gloo does; and a run stopped at
+step k and resumed from its checkpoint ends bit for bit where the uninterrupted
+run ends (with dropout on, so every rank's random state must be restored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import multigpu as mg
+from multigpu.testing import run_on_ranks
+from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer, make_scheduler
+from multigpu.train.data import VOCAB, CharDataset
+from multigpu.train.model import GPT
+
+pytestmark = pytest.mark.dist
+
+TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)
+BASE = TrainConfig(steps=4, global_batch_size=8, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0,
+                   checkpoint_every=0, prefetch=0, model=TINY)
+
+
+def _tokens() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    return torch.randint(0, len(VOCAB), (16 * 64 + 1,), generator=gen, dtype=torch.uint8)
+
+
+def _train(cfg: TrainConfig, run_dir=None) -> dict[str, torch.Tensor]:
+    """Train the tiny GPT with ``cfg`` on every rank of the current job; return rank-local parameters."""
+    torch.manual_seed(0)  # identical initial weights on every rank
+    model = GPT(cfg.model, len(VOCAB))
+    optimizer = make_optimizer(model, cfg)
+    data = CharDataset(_tokens(), cfg.model.block_size)
+    trainer = Trainer(model, optimizer, data, config=cfg, val_data=data, scheduler=make_scheduler(optimizer, cfg),
+                      run_dir=run_dir)
+    torch.manual_seed(100 + mg.rank())  # dropout masks differ per rank, so each rank's RNG must be restored
+    trainer.fit()
+    trainer.close()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _variants() -> dict[str, dict[str, torch.Tensor]]:
+    return {
+        "split": _train(BASE),                                     # 2 ranks × 4 = global batch 8, gloo
+        "split_prefetch": _train(dataclasses.replace(BASE, prefetch=2)),
+        "cpu_hook": _train(dataclasses.replace(BASE, sync_backend="cpu")),
+        "accum": _train(dataclasses.replace(BASE, global_batch_size=None, batch_size=4, grad_accum=2,
+                                            grad_accum_scope="global")),  # 1 micro-step per rank on 2 ranks
+    }
+
+
+def _one_rank_references() -> dict[str, dict[str, torch.Tensor]]:
+    mg.init(backend="cpu", threads=1)  # world_size 1 in this process: the same code, no DDP
+    try:
+        return {
+            "split": _train(BASE),                                 # 1 rank × batch 8
+            "accum": _train(dataclasses.replace(BASE, global_batch_size=None, batch_size=4, grad_accum=2,
+                                                grad_accum_scope="global")),  # 2 micro-steps of 4
+        }
+    finally:
+        mg.shutdown()
+
+
+def _assert_close(a: dict, b: dict, what: str) -> None:
+    for key in a:
+        diff = (a[key] - b[key]).abs().max().item()
+        assert torch.allclose(a[key], b[key], rtol=1e-5, atol=1e-6), f"{what}: {key} differs by {diff:.3g}"
+
+
+def test_split_accumulation_and_sync_backends_match_one_rank():
+    ranks = run_on_ranks(_variants, 2, timeout_s=150)
+    ref = _one_rank_references()
+    two = ranks[0]
+    for name in two:  # DDP keeps replicas identical, bit for bit
+        for key in two[name]:
+            assert torch.equal(two[name][key], ranks[1][name][key]), f"{name}: ranks disagree on {key}"
+    assert not torch.equal(two["split"]["tok.weight"], GPT(TINY, len(VOCAB)).tok.weight)  # it trained
+    _assert_close(two["split"], ref["split"], "2 ranks × B/2 vs 1 rank × B")
+    _assert_close(two["accum"], ref["accum"], "2 ranks vs 1 rank with accumulation 2")
+    for key in two["split"]:
+        assert torch.equal(two["split"][key], two["cpu_hook"][key]), f"cpu hook vs gloo: {key} differs"
+        assert torch.equal(two["split"][key], two["split_prefetch"][key]), f"prefetch changed {key}"
+
+
+def _hooks_average(_=None) -> list[bool]:
+    """Each sync backend's gradients equal the mean of the ranks' local gradients."""
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: F401
+
+    from multigpu.train.sync import wrap_ddp
+
+    out = []
+    for backend in ("auto", "gloo", "cpu"):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(8, 3)
+        x = torch.randn(5, 8) * (mg.rank() + 1)  # different data on each rank
+        local = torch.autograd.grad(net(x).square().sum(), net.weight)[0]
+        expected = mg.all_reduce(local.clone(), "mean")
+        ddp, timer = wrap_ddp(net, mg.get_env(), backend)
+        ddp(x).square().sum().backward()
+        out.append(torch.allclose(net.weight.grad, expected, rtol=1e-6) and not torch.allclose(local, expected))
+        out.append(timer is not None and timer.pop_seconds() > 0)  # the all-reduce was timed
+    return out
+
+
+def test_every_sync_backend_averages_across_ranks():
+    for flags in run_on_ranks(_hooks_average, 2, timeout_s=60):
+        assert all(flags), flags
+
+
+def _stop_and_resume(tmp: str) -> dict[str, object]:
+    cfg = dataclasses.replace(BASE, steps=6, lr_decay_steps=6, eval_every=3, checkpoint_every=3, keep_last=5,
+                              prefetch=2, model=dataclasses.replace(TINY, dropout=0.2))
+    whole = _train(cfg, run_dir=f"{tmp}/whole")
+    _train(dataclasses.replace(cfg, steps=3), run_dir=f"{tmp}/parts")      # stops after step 3
+    resumed = _train(dataclasses.replace(cfg, resume="auto"), run_dir=f"{tmp}/parts")  # continues to 6
+    return {"same": all(torch.equal(whole[k], resumed[k]) for k in whole),
+            "trained": not torch.equal(whole["tok.weight"], GPT(TINY, len(VOCAB)).tok.weight)}
+
+
+def test_stop_and_resume_is_bit_identical(tmp_path):
+    for result in run_on_ranks(_stop_and_resume, 2, args=(str(tmp_path),), timeout_s=150):
+        assert result == {"same": True, "trained": True}
+    names = sorted(p.name for p in (tmp_path / "parts" / "checkpoints").iterdir())
+    assert names == ["ckpt_00000003.pt", "ckpt_00000006.pt"]
+    state = torch.load(tmp_path / "parts" / "checkpoints" / "ckpt_00000006.pt", weights_only=False)
+    assert state["step"] == 6 and len(state["rng"]) == 2 and state["world_size"] == 2
+    assert state["rng"][0]["torch"].ne(state["rng"][1]["torch"]).any()  # every rank's own RNG state

@@ -1,0 +1,96 @@
+"""The scaling table and its verdicts (pure): they must name the measured cause when more ranks do not pay."""
+
+from __future__ import annotations
+
+import pytest
+
+from multigpu.bench import BenchConfig, parse_nproc, resolve_target
+from multigpu.bench import workloads as wl
+from multigpu.bench.table import explain, scaling_rows
+from multigpu.errors import ConfigError
+
+
+def _run(world_size: int, throughput: float, *, comm: float = 0.0, imbalance: float = 1.0,
+         busy_per_item: float = 0.001, step: float = 0.1, cpu: dict | None = None) -> dict:
+    items_per_rank = 1000
+    busy = busy_per_item * items_per_rank
+    per_rank = [{"wall_s": 1.0, "comm_s": comm, "busy_s": busy, "items": items_per_rank, "steps": 10}
+                for _ in range(world_size)]
+    return {"world_size": world_size, "cpu": cpu, "summary": {
+        "world_size": world_size, "throughput": throughput, "comm_share": comm, "imbalance": imbalance,
+        "step_time_s": {"median": step, "min": step, "max": step}, "per_rank": per_rank, "unit": "samples"}}
+
+
+def test_rows_take_min_and_median_over_repeats_and_derive_speedup_and_efficiency():
+    rows = scaling_rows([_run(1, 100), _run(1, 120), _run(1, 110), _run(2, 150), _run(2, 210), _run(2, 180)])
+    assert [r["world_size"] for r in rows] == [1, 2]
+    one, two = rows
+    assert (one["repeats"], one["throughput_min"], one["throughput_median"]) == (3, 100, 110)
+    assert (two["throughput_min"], two["throughput_median"]) == (150, 180)
+    assert two["speedup"] == pytest.approx(180 / 110) and two["ideal"] == 2
+    assert two["efficiency"] == pytest.approx(180 / 110 / 2)
+
+
+def test_slower_with_more_ranks_says_so_and_names_communication():
+    rows = scaling_rows([_run(1, 1000), _run(2, 620, comm=0.61)])
+    notes = explain(rows)
+    assert len(notes) == 1 and notes[0].startswith("SLOWER: 2 ranks ran slower than 1 rank (0.62x")
+    assert "communication is 61% of step time at 2 ranks (0% at 1 rank; time inside collectives" in notes[0]
+
+
+def test_causes_are_ordered_by_size_imbalance_and_contention_included():
+    rows = scaling_rows([_run(1, 1000), _run(2, 900, comm=0.25, imbalance=1.9, busy_per_item=0.0015)])
+    note = explain(rows, cores=2)[0]
+    assert note.startswith("SLOWER") and "slowest rank computed 1.90x" in note
+    assert note.index("imbalance") < note.index("1.50x as much compute time") < note.index("communication is 25%")
+    assert "this machine has 2 cores" in note
+
+
+def test_poor_but_positive_scaling_is_explained_and_good_scaling_is_not_blamed():
+    poor = explain(scaling_rows([_run(1, 1000), _run(4, 1500, comm=0.4)]))[0]
+    assert poor.startswith("4 ranks: 1.50x speedup of an ideal 4x (38% efficiency)") and "communication is 40%" in poor
+    good = explain(scaling_rows([_run(1, 1000), _run(2, 1900)]))[0]
+    assert good == "2 ranks: 1.90x speedup (95% efficiency)."
+    unexplained = explain(scaling_rows([_run(1, 1000), _run(2, 800)]))[0]
+    assert unexplained.startswith("SLOWER") and "no single cause stands out" in unexplained
+
+
+def test_faster_than_ideal_and_a_saturated_machine_are_called_out():
+    busy = {"host_percent": 99.0, "rank_percent": 45.0}  # 45% of a core while computing all the time
+    rows = scaling_rows([_run(1, 1000, busy_per_item=0.004, cpu=busy), _run(2, 4000, busy_per_item=0.001, cpu=busy)])
+    notes = explain(rows)
+    assert "faster than the ideal 2x" in notes[0] and "0.25x the compute time" in notes[0]
+    assert notes[-1].startswith("CAUTION: ranks got less CPU than their work needed")
+    assert "1 rank: 45% of a core per rank, host 99%" in notes[-1]
+    assert not any(n.startswith("CAUTION") for n in explain(rows, cpu_ranks=False))  # GPU ranks: CPU use says little
+    waiting = {"host_percent": 60.0, "rank_percent": 30.0}  # low, but half the time is spent waiting in collectives
+    assert not any(n.startswith("CAUTION") for n in explain(scaling_rows([_run(1, 1000, cpu=waiting | {"rank_percent": 90.0}), _run(2, 1500, comm=0.6, cpu=waiting)])))
+    assert explain(scaling_rows([_run(1, 1000)])) == []
+
+
+def test_nproc_and_bench_config_reject_bad_input_with_the_valid_form():
+    assert parse_nproc("4, 1,2") == (1, 2, 4)
+    for bad, words in [("1,x", "world sizes such as"), ("0,2", ">= 1"), ("1,1", "twice"), ("", "world sizes")]:
+        with pytest.raises(ConfigError, match=words):
+            parse_nproc(bad)
+    with pytest.raises(ConfigError, match="valid: strong, weak"):
+        BenchConfig(scaling="medium")
+    with pytest.raises(ConfigError, match="repeat"):
+        BenchConfig(repeat=0)
+
+
+def test_workload_names_resolve_through_the_registry_and_unknown_ones_list_what_exists(monkeypatch, tmp_path):
+    assert resolve_target("train", ["steps=3"]).args[-1] == "steps=3"  # registered by the trainer
+    monkeypatch.setattr(wl, "WORKLOADS", {})  # as before any feature registered
+    with pytest.raises(ConfigError, match=r"unknown workload 'train' \('train' arrives with the training feature\)"):
+        resolve_target("train", [])
+    with pytest.raises(ConfigError, match="script 'nope.py' does not exist"):
+        resolve_target("nope.py", [])
+    monkeypatch.setitem(wl.WORKLOADS, "toy", wl.Workload("mypkg.toy", args=("--steps", "5"), help="a toy"))
+    with pytest.raises(ConfigError, match=r"built-in workloads: toy \(a toy\)"):
+        resolve_target("tain", [])
+    t = resolve_target("toy", ["--x", "1"])
+    assert (t.target, t.module, t.args, t.name) == ("mypkg.toy", True, ["--steps", "5", "--x", "1"], "toy")
+    script = tmp_path / "job.py"
+    script.write_text("")
+    assert resolve_target(str(script), ["a"]).args == ["a"] and not resolve_target(str(script), []).module

@@ -1,0 +1,105 @@
+"""doctor: each check is a pure function of Facts; broken setups fail the right check, with a hint."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from multigpu.doctor import Facts, Interface, run_checks
+from multigpu.doctor.bandwidth import bus_bandwidth
+from multigpu.doctor.checks import (
+    check_bandwidth,
+    check_device_vars,
+    check_driver,
+    check_gpus,
+    check_nccl,
+    check_network,
+    check_open_files,
+    check_port,
+    check_shm,
+    check_torch,
+)
+
+HEALTHY_GPU = Facts(
+    cuda_build="12.8", gpus=("NVIDIA H100",) * 2, nvml_installed=True, nvml_driver="570.1",
+    nvml_gpus=("NVIDIA H100",) * 2, nccl_available=True, nccl_version="2.27.3",
+    interfaces=(Interface("lo", True, ("127.0.0.1",)), Interface("eth0", True, ("10.0.0.5",))),
+    bandwidth={"world_size": 2, "backend": "nccl", "size_bytes": 16 * 2**20, "seconds": 0.001,
+               "algbw_gbps": 16.8, "busbw_gbps": 16.8},
+)
+
+
+def _status(results):
+    return {r.name: r.status for r in results}
+
+
+def test_a_healthy_gpu_machine_passes_every_check():
+    results = run_checks(HEALTHY_GPU)
+    assert len(results) == 11 and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+    assert "2x NVIDIA H100" in check_gpus(HEALTHY_GPU).detail and "NCCL 2.27.3" in check_nccl(HEALTHY_GPU).detail
+
+
+def test_the_faked_broken_setup_fails_the_right_checks_with_hints():
+    broken = dataclasses.replace(
+        HEALTHY_GPU, nccl_available=False, nccl_version=None, shm_bytes=64 * 2**20,
+        env={"CUDA_VISIBLE_DEVICES": "0", "TI_VISIBLE_DEVICE": "1", "EGL_DEVICE_ID": "0"},
+    )
+    results = {r.name: r for r in run_checks(broken)}
+    failed = {name for name, r in results.items() if r.status == "fail"}
+    assert failed == {"NCCL", "/dev/shm", "visible-device variables"}
+    assert "--isolate-devices" in results["visible-device variables"].hint
+    assert "TI_VISIBLE_DEVICE='1'" in results["visible-device variables"].detail
+    assert "--shm-size" in results["/dev/shm"].hint and "64 MiB" in results["/dev/shm"].detail
+    assert "CUDA build of torch" in results["NCCL"].hint and "--cpu" in results["NCCL"].hint
+
+
+@pytest.mark.parametrize(("env", "status", "words"), [
+    ({}, "pass", "none set"),
+    ({"CUDA_VISIBLE_DEVICES": "3", "QD_VISIBLE_DEVICE": "3", "TI_VISIBLE_DEVICE": "3", "EGL_DEVICE_ID": "3"}, "pass", "agree"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "EGL_DEVICE_ID": "1"}, "pass", "agree"),
+    ({"QD_VISIBLE_DEVICE": "0", "TI_VISIBLE_DEVICE": "2"}, "fail", "different GPUs"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "EGL_DEVICE_ID": "2"}, "fail", "hides"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "warn", "hides all 2"),
+])
+def test_device_variables_agree_or_not(env, status, words):
+    r = check_device_vars(dataclasses.replace(HEALTHY_GPU, env=env))
+    assert r.status == status and words in r.detail
+
+
+def test_gpu_driver_and_torch_build_problems():
+    cpu_torch = dataclasses.replace(HEALTHY_GPU, cuda_build=None, gpus=())
+    assert check_gpus(cpu_torch).status == "fail" and "CPU-only build" in check_gpus(cpu_torch).hint
+    mixed = dataclasses.replace(HEALTHY_GPU, gpus=("NVIDIA A100", "NVIDIA V100", "NVIDIA A100"))
+    assert check_gpus(mixed).status == "warn" and "2x NVIDIA A100, 1x NVIDIA V100" in check_gpus(mixed).detail
+    assert check_gpus(Facts()).status == "warn"  # no GPU at all: CPU ranks, said plainly
+    no_nvml = dataclasses.replace(HEALTHY_GPU, nvml_installed=False, nvml_driver=None, nvml_gpus=())
+    assert check_driver(no_nvml).status == "warn" and "multigpu[gpu]" in check_driver(no_nvml).hint
+    assert check_driver(Facts()).status == "pass"
+    assert check_torch(dataclasses.replace(HEALTHY_GPU, torch_version="2.1.2")).status == "fail"
+    assert check_nccl(Facts()).status == "pass"  # no GPU: gloo, NCCL not needed
+
+
+def test_limits_port_network_and_bandwidth():
+    assert check_open_files(dataclasses.replace(HEALTHY_GPU, nofile=(256, 4096))).status == "fail"
+    assert check_open_files(dataclasses.replace(HEALTHY_GPU, nofile=(1024, 1024))).status == "warn"
+    assert check_shm(dataclasses.replace(HEALTHY_GPU, shm_bytes=512 * 2**20)).status == "warn"
+    no_port = check_port(dataclasses.replace(HEALTHY_GPU, free_port=None, port_error="Permission denied"))
+    assert no_port.status == "fail" and "Permission denied" in no_port.detail
+    wrong_if = check_network(dataclasses.replace(HEALTHY_GPU, env={"NCCL_SOCKET_IFNAME": "ib"}))
+    assert wrong_if.status == "fail" and "up: lo, eth0" in wrong_if.detail
+    assert check_network(dataclasses.replace(HEALTHY_GPU, env={"NCCL_SOCKET_IFNAME": "^docker,lo"})).status == "pass"
+    assert check_network(dataclasses.replace(HEALTHY_GPU, env={"GLOO_SOCKET_IFNAME": "eth"})).status == "fail"  # exact names
+    two = dataclasses.replace(HEALTHY_GPU, interfaces=(*HEALTHY_GPU.interfaces, Interface("ib0", True, ("10.1.0.5",))))
+    assert check_network(two).status == "warn" and "NCCL_SOCKET_IFNAME=eth0" in check_network(two).hint
+    failed = check_bandwidth(dataclasses.replace(HEALTHY_GPU, bandwidth=None, bandwidth_error="rank 1 died"))
+    assert failed.status == "fail" and "rank 1 died" in failed.detail
+    slow = dict(HEALTHY_GPU.bandwidth, busbw_gbps=0.2)
+    assert check_bandwidth(dataclasses.replace(HEALTHY_GPU, bandwidth=slow)).status == "warn"
+    assert check_bandwidth(Facts(bandwidth_skipped=True)).status == "warn"
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    algbw, busbw = bus_bandwidth(size_bytes=8 * 10**9, seconds=2.0, world_size=4)
+    assert algbw == pytest.approx(4.0) and busbw == pytest.approx(4.0 * 2 * 3 / 4)
+    assert bus_bandwidth(10**9, 1.0, 2) == pytest.approx((1.0, 1.0))

@@ -1,0 +1,53 @@
+"""The launcher's failure summary: user frames only, and where the stopped ranks stood."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from multigpu.launch.agent import _traceback_tail
+from multigpu.launch.stacks import parse_faulthandler, read_positions
+
+DUMP = """Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 324 in wait
+  File "/usr/lib/python3.11/threading.py", line 622 in wait
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "{pkg}/runtime/collectives.py", line 91 in barrier
+  File "/home/me/train.py", line 42 in step
+  File "/home/me/train.py", line 50 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def test_positions_name_the_call_and_the_user_line(tmp_path):
+    import multigpu
+
+    pkg = multigpu.__path__[0]
+    (tmp_path / "rank1.txt").write_text(DUMP.format(pkg=pkg))
+    (tmp_path / "rank0.txt").write_text("")  # a rank that exited by itself leaves an empty file
+    (tmp_path / "rank2.txt").write_text(DUMP.format(pkg=pkg))
+    positions = read_positions(tmp_path, skip={2})
+    assert [p.rank for p in positions] == [1]
+    text = positions[0].describe()
+    assert text.startswith("rank 1: in barrier (") and "collectives.py:91)" in text
+    assert text.endswith("called from /home/me/train.py:42")
+    assert parse_faulthandler("nothing useful") is None
+
+
+def test_traceback_tail_keeps_user_frames_and_the_exception():
+    stack = (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 88, in _run_code\n'
+        '  File "/home/me/train.py", line 7, in <module>\n'
+        "    main()\n"
+        '  File "/home/me/train.py", line 5, in main\n'
+        '    raise ValueError("bad batch")\n'
+        "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "ValueError: bad batch\n"
+    )
+    failure = SimpleNamespace(error_file_data={"message": {"message": "ValueError: bad batch",
+                                                          "extraInfo": {"py_callstack": stack}}})
+    tail = _traceback_tail(failure)
+    assert tail[0].strip().startswith('File "/home/me/train.py", line 7')
+    assert tail[-1] == "ValueError: bad batch"
+    assert not any("runpy" in line or "^^^" in line for line in tail)

@@ -1,0 +1,74 @@
+"""The HTML report from a bench folder: self-contained, every section present, bad folders rejected."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from multigpu.bench import BenchConfig, write_bench
+from multigpu.errors import ConfigError
+
+pytest.importorskip("matplotlib")
+
+
+def make_bench_dir(root):
+    """A bench folder as `multigpu bench` leaves it, with made-up but well-formed figures."""
+    runs = []
+    for n, throughput in ((1, 1000.0), (2, 700.0)):
+        run_dir = root / f"np{n}_r0"
+        run_dir.mkdir(parents=True)
+        per_rank = [{"wall_s": 1.0, "comm_s": 0.5 if n > 1 else 0.0, "busy_s": 0.5 if n > 1 else 1.0,
+                     "items": 1000 // n, "steps": 10} for _ in range(n)]
+        summary = {"unit": "samples", "world_size": n, "steps": 10, "warmup_steps": 1, "items": 1000, "wall_s": 1.0,
+                   "throughput": throughput, "step_time_s": {"median": 0.1, "min": 0.09, "max": 0.2},
+                   "comm_share": 0.5 if n > 1 else 0.0, "imbalance": 1.1, "per_rank": per_rank}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "metrics.jsonl").write_text("".join(
+            json.dumps({"time": time.time(), "step": s, "steps": 5, "samples_per_s": throughput + s,
+                        "step_time_s": 0.1, "comm_share": 0.1}) + "\n" for s in (5, 10)))
+        t0 = time.time()
+        (run_dir / "samples_node0.jsonl").write_text("".join(json.dumps({
+            "time": t0 + i, "node_rank": 0, "host": "h", "cpu_percent": None if i == 0 else 50.0 + i,
+            "memory_used_gib": 3.0, "memory_total_gib": 16.0,
+            "ranks": [{"rank": r, "local_rank": r, "pid": 100 + r, "cpu_percent": 90.0, "rss_gib": 0.4} for r in range(n)],
+            "gpus": [{"index": 0, "name": "G", "util_percent": 40 + i, "memory_used_gib": 1.0, "memory_total_gib": 8.0,
+                      "power_w": None, "temperature_c": 50}]}) + "\n" for i in range(3)))
+        runs.append({"world_size": n, "repeat": 0, "run_dir": run_dir.name, "summary": summary, "cpu": None})
+    return write_bench(root, BenchConfig(nproc=(1, 2)), runs, command=["multigpu", "bench", "--nproc", "1,2", "x.py"])
+
+
+def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path):
+    from multigpu.report import write_report
+
+    result = make_bench_dir(tmp_path)
+    assert result["notes"][0].startswith("SLOWER: 2 ranks ran slower than 1 rank") and (tmp_path / "bench.png").is_file()
+    path = write_report(tmp_path)
+    page = path.read_text()
+    assert path == tmp_path / "report.html"
+    for section in ("Configuration", "Scaling (strong)", "Throughput over time", "np1_r0", "np2_r0", "SLOWER"):
+        assert section in page
+    images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)
+    assert len(images) == 4  # scaling, throughput, one utilization figure per run
+    assert not re.search(r'(src|href)="(https?:|//|file:)', page)  # nothing loaded from elsewhere
+
+
+def test_report_of_a_single_run_folder(tmp_path):
+    from multigpu.report import build_report
+
+    make_bench_dir(tmp_path)
+    (tmp_path / "np2_r0" / "resolved_config.json").write_text(json.dumps({"sim": {"agents": 1000}}))
+    page = build_report(tmp_path / "np2_r0")
+    assert "Scaling" not in page and "resolved_config.json" in page and "&quot;agents&quot;: 1000" in page
+    assert page.count("<img ") == 2  # throughput over time, utilization
+
+
+def test_report_rejects_folders_without_runs(tmp_path):
+    from multigpu.report import build_report
+
+    with pytest.raises(ConfigError, match="neither bench.json nor summary.json"):
+        build_report(tmp_path)
+    with pytest.raises(ConfigError, match="is not a folder"):
+        build_report(tmp_path / "missing")

@@ -1,0 +1,62 @@
+"""verify: results compared across world sizes (pure) and recorded by rank 0 only, atomically."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import multigpu as mg
+from multigpu import verify
+from multigpu.verify.compare import compare
+
+
+def test_exact_by_default_and_tolerances_work_like_allclose():
+    base = {"x": torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)}
+    off = {"x": torch.tensor([1.0, 2.0, 4.0 + 1e-6], dtype=torch.float64)}
+    (c,) = compare({1: base, 2: off})
+    assert not c.passed and c.max_abs == pytest.approx(1e-6, rel=1e-3) and c.max_rel == pytest.approx(2.5e-7, rel=1e-3)
+    assert compare({1: base, 2: off}, atol=1e-5)[0].passed
+    assert compare({1: base, 2: off}, rtol=1e-6)[0].passed
+    assert not compare({1: base, 2: off}, rtol=1e-8)[0].passed
+    same = compare({1: base, 2: {"x": base["x"].clone()}, 3: {"x": base["x"].clone()}})
+    assert [(c.world_size, c.baseline, c.passed, c.max_abs) for c in same] == [(2, 1, True, 0.0), (3, 1, True, 0.0)]
+
+
+def test_mismatches_that_cannot_be_compared_number_by_number_fail_with_the_reason():
+    results = {
+        1: {"shape": torch.zeros(3), "dtype": torch.zeros(2), "only_one": torch.ones(1), "text": "a", "nan": torch.tensor([math.nan, 1.0])},
+        3: {"shape": torch.zeros(4), "dtype": torch.zeros(2, dtype=torch.float64), "text": "b", "nan": torch.tensor([math.nan, 1.0])},
+    }
+    by_name = {c.name: c for c in compare(results)}
+    assert "shape (4,) vs (3,)" in by_name["shape"].describe()
+    assert "dtype torch.float64 vs torch.float32" in by_name["dtype"].problem
+    assert by_name["only_one"].problem == "recorded at 1 ranks but not at 3"
+    assert not by_name["text"].passed and "'b' vs 'a'" in by_name["text"].problem
+    assert by_name["nan"].passed  # NaN in the same place on both sides is equal
+    half_nan = compare({1: {"v": torch.tensor([1.0])}, 2: {"v": torch.tensor([math.nan])}})[0]
+    assert not half_nan.passed and half_nan.max_abs == math.inf
+
+
+def test_record_writes_on_rank_0_only_when_verify_dir_is_set(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify, "_RECORDED", set())
+    mg.verify.record("skipped", 1.0)  # no MULTIGPU_VERIFY_DIR: nothing written, script runs unchanged
+    monkeypatch.setenv("MULTIGPU_VERIFY_DIR", str(tmp_path))
+    mg.verify.record("loss", 0.25)
+    mg.verify.record("out", torch.arange(4))
+    mg.verify.record("labels", [[1, 2], [3, 4]])
+    mg.verify.record("meta", {"k": "v"})
+    saved = verify.load_results(tmp_path)
+    assert sorted(saved) == ["labels", "loss", "meta", "out"]  # and no leftover temporary files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.pt", "loss.pt", "meta.pt", "out.pt"]
+    assert saved["loss"].item() == 0.25 and torch.equal(saved["out"], torch.arange(4))
+    assert saved["labels"].shape == (2, 2) and saved["meta"] == {"k": "v"}
+    with pytest.raises(ValueError, match="already called"):
+        mg.verify.record("loss", 0.3)
+    with pytest.raises(ValueError, match="letters, digits"):
+        mg.verify.record("../escape", 1)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    mg.verify.record("not_rank0", 1.0)
+    assert not (tmp_path / "not_rank0.pt").exists()
