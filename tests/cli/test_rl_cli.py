@@ -62,3 +62,14 @@ def test_genesis_style_example_explains_what_is_missing():
     assert proc.returncode == 2
     assert "needs the Genesis simulator: pip install genesis-world" in proc.stderr
     assert "Nothing was run." in proc.stderr
+
+
+def test_envs_bench_workload_steps_the_split_on_two_ranks(tmp_path):
+    """`multigpu bench ... envs` runs this module; its meter counts both ranks' env-steps."""
+    proc = run_cli("launch", "--nproc-per-node", "2", "-m", "multigpu.envs.bench", "--num-envs", "1001", "--steps", "20",
+                   env={"MULTIGPU_RUN_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert "CartPole-v1: 1,001 envs on 2 rank(s) (cpu):" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["items"] == 1001 * 20 and [r["items"] for r in summary["per_rank"]] == [501 * 20, 500 * 20]
+    assert summary["envs"] == {"env_id": "CartPole-v1", "num_envs": 1001}
