@@ -14,7 +14,9 @@ id so results do not depend on the number of ranks::
 
 Modules: ``vector`` (the API, autoreset, registry, NumPy adapter), ``split``
 (env ids per rank, counter-based random streams), ``cartpole``, ``pendulum``,
-``spaces`` (gymnasium spaces when installed, else stand-ins).
+``spaces`` (gymnasium spaces when installed, else stand-ins), ``bench``
+(``python -m multigpu.envs.bench``: env-steps/s on every rank, the ``envs``
+workload of ``multigpu bench``).
 """
 
 from multigpu.envs.cartpole import CartPole

@@ -3,7 +3,7 @@
 Runs inside each rank. The physics, constants, thresholds, reward (1 per step,
 including the terminating one) and the initial state (each of the four
 variables uniform in [-0.05, 0.05)) are gymnasium's ``CartPoleEnv`` with the
-Euler integrator; the time limit is 500 steps. ``tests/envs/test_gymnasium_agreement.py``
+Euler integrator; the time limit is 500 steps. ``tests/unit/test_envs_gymnasium_agreement.py``
 drives this and gymnasium's own environment from the same states with the
 same actions and checks that the transitions agree.
 

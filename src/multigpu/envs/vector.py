@@ -17,7 +17,8 @@ Semantics follow ``gymnasium.vector.VectorEnv`` (1.x):
   observation with reward 0, ``terminated = truncated = False``, and ignores its
   action. ``"same_step"``: an ending step already returns the next episode's
   first observation; the last one is in ``info["final_obs"]`` (mask
-  ``info["_final_obs"]``). ``"disabled"``: reset with
+  ``info["_final_obs"]``; rows outside the mask equal ``obs``; the keys are
+  absent on steps where no episode ended). ``"disabled"``: reset with
   ``reset(options={"reset_mask": mask})`` yourself.
 * Time limits: ``truncated`` once an episode reaches ``max_episode_steps``
   (500 for CartPole-v1, 200 for Pendulum-v1), as gymnasium's ``TimeLimit``.
@@ -261,7 +262,7 @@ class VectorEnv:
     # hashing and fancy indexing cost a fraction of torch's eager nonzero, int64
     # and index_put kernels at these sizes. On accelerators every environment
     # draws and torch.where keeps the masked ones, so no step waits on the host.
-    # Both paths give the same bits (tests/envs/test_vector.py).
+    # Both paths draw the same bits (tests/unit/test_envs_vector.py checks the two hashes).
 
     def _which(self, mask: torch.Tensor):
         """What to reset: an index array (CPU; None when empty) or the mask itself."""
