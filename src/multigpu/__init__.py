@@ -50,6 +50,20 @@ from multigpu.runtime import (
 
 __version__ = "0.1.0"
 
+_LAZY_SUBPACKAGES = ("envs",)
+"""Workload subpackages reachable as ``mg.<name>`` without importing them with ``multigpu``."""
+
+
+def __getattr__(name: str):
+    # `mg.envs.make(...)` works after a plain `import multigpu as mg`; importing it eagerly
+    # would load every workload into every process that only wants the runtime
+    if name in _LAZY_SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"multigpu.{name}")
+    raise AttributeError(f"module 'multigpu' has no attribute {name!r}")
+
+
 __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",

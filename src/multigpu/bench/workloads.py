@@ -38,6 +38,8 @@ WORKLOADS: dict[str, Workload] = {
     "train": Workload("multigpu.train.worker", args=(str(_CONFIGS / "nano.yaml"), "steps=20", "eval_every=0",
                                                      "checkpoint_every=0", "log_every=0", "sample_chars=0"),
                       help="nano-GPT training steps, tokens/s; add key=value overrides"),
+    "envs": Workload("multigpu.envs.bench", help="CartPole-v1 env-steps/s, 16,384 envs split over the ranks; "
+                     "--num-envs N --steps S --env ID"),
 }
 """name -> workload; filled in by the features (train, sim, infer, envs)."""
 

@@ -1,0 +1,71 @@
+"""Distributed PPO on CartPole-v1: wall time to solve (mean return >= 475 over 100 episodes) on 1 vs 2 CPU ranks.
+
+    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/envs_ppo_ranks.py --seeds 1 2 3
+
+Runs ``multigpu rl -f configs/ppo-cartpole.yaml --nproc-per-node W seed=S`` for
+each seed, alternating 1 and 2 ranks (one thread per rank; the global
+num_envs and every hyperparameter fixed), and reads each run's summary.json:
+wall time from the first rollout to the solving update, updates, env-steps/s,
+the communication share (DDP's timed all-reduce plus our collectives, which
+includes waiting for the other rank) and each rank's busy (non-comm) time.
+The load average is printed: on a shared machine other jobs take cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(world_size: int, seed: int, config: str, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ppo_bench_") as tmp:
+        cmd = [sys.executable, "-m", "multigpu", "rl", "-f", config, "--nproc-per-node", str(world_size),
+               "--run-dir", tmp, f"seed={seed}", *overrides]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    rl = summary["rl"]
+    return {"ranks": world_size, "seed": seed, "solved": rl["solved"], "updates": rl["updates"],
+            "env_steps": rl["env_steps"], "wall_s": rl["wall_s"], "rate": summary["throughput"],
+            "comm": summary["comm_share"], "busy": [round(r["busy_s"], 1) for r in summary["per_rank"]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--config", default="configs/ppo-cartpole.yaml")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. num_envs=512")
+    args = parser.parse_args()
+    rows = []
+    print(f"load average before: {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
+    for seed in args.seeds:
+        for world_size in (1, 2):
+            row = run(world_size, seed, args.config, args.overrides)
+            rows.append(row)
+            print(f"seed {seed} ranks {world_size}: {'solved' if row['solved'] else 'NOT solved'} after "
+                  f"{row['updates']} updates / {row['env_steps']:,} env-steps in {row['wall_s']:.1f} s, "
+                  f"{row['rate']:,.0f} env-steps/s, comm {row['comm']:.0%}, busy per rank {row['busy']} s",
+                  flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    for world_size in (1, 2):
+        mine = [r for r in rows if r["ranks"] == world_size]
+        print(f"ranks {world_size}: median wall to solve {statistics.median(r['wall_s'] for r in mine):.1f} s, "
+              f"median {statistics.median(r['rate'] for r in mine):,.0f} env-steps/s, "
+              f"median updates {statistics.median(r['updates'] for r in mine):.0f}, "
+              f"solved {sum(r['solved'] for r in mine)}/{len(mine)}")
+    one = statistics.median(r["wall_s"] for r in rows if r["ranks"] == 1)
+    two = statistics.median(r["wall_s"] for r in rows if r["ranks"] == 2)
+    print(f"wall-time ratio 1 rank / 2 ranks (median): {one / two:.2f}")
+
+
+if __name__ == "__main__":
+    main()

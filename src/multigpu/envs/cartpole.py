@@ -1,0 +1,97 @@
+"""CartPole-v1 as batched tensor code: gymnasium's dynamics, on any device.
+
+Runs inside each rank. The physics, constants, thresholds, reward (1 per step,
+including the terminating one) and the initial state (each of the four
+variables uniform in [-0.05, 0.05)) are gymnasium's ``CartPoleEnv`` with the
+Euler integrator; the time limit is 500 steps. ``tests/unit/test_envs_gymnasium_agreement.py``
+drives this and gymnasium's own environment from the same states with the
+same actions and checks that the transitions agree.
+
+    envs = mg.envs.make("CartPole-v1", num_envs=16_384, seed=0)
+
+The state is stored feature-major, ``(4, num_envs)``, so each variable is a
+contiguous row and the update is a handful of in-place vector operations.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from multigpu.envs import spaces
+from multigpu.envs.vector import VectorEnv, register
+
+__all__ = ["CartPole"]
+
+
+class CartPole(VectorEnv):
+    """A pole on a cart; action 0 pushes left, 1 pushes right (gymnasium's ``CartPole-v1``)."""
+
+    id = "CartPole-v1"
+    state_dim = 4
+    reset_low = (-0.05,) * 4  # gymnasium: uniform(low=-0.05, high=0.05) for each variable
+    reset_high = (0.05,) * 4
+    default_max_episode_steps = 500
+
+    gravity = 9.8
+    masscart = 1.0
+    masspole = 0.1
+    total_mass = masspole + masscart
+    length = 0.5  # half the pole's length
+    polemass_length = masspole * length
+    force_mag = 10.0
+    tau = 0.02  # seconds between state updates
+    theta_threshold_radians = 12 * 2 * math.pi / 360
+    x_threshold = 2.4
+
+    def _make_single_spaces(self):
+        high = np.array([self.x_threshold * 2, np.inf, self.theta_threshold_radians * 2, np.inf], dtype=np.float32)
+        return spaces.box(-high, high, (4,), np.float32), spaces.discrete(2)
+
+    def _constants(self) -> SimpleNamespace:
+        # 0-dim tensors in the state's dtype: a Python float operand costs a conversion per call
+        def c(value: float) -> torch.Tensor:
+            return torch.tensor(value, dtype=self.dtype, device=self.device)
+
+        return SimpleNamespace(
+            two_force=c(2 * self.force_mag), force=c(self.force_mag), gravity=c(self.gravity),
+            inv_total_mass=c(1.0 / self.total_mass), den0=c(self.length * 4.0 / 3.0),
+            thresholds=torch.tensor([[self.x_threshold], [self.theta_threshold_radians]], dtype=self.dtype,
+                                    device=self.device),
+        )
+
+    def _dynamics(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self._k
+        x, x_dot, theta, theta_dot = self.rows  # views: updated in place below
+        # gymnasium: force = sign(action - 0.5) * force_mag; clamp(0, 1) gives the same for any integer
+        force = actions.to(self.dtype).clamp_(0, 1).mul_(k.two_force).sub_(k.force)
+        costheta = torch.cos(theta)
+        sintheta = torch.sin(theta)
+        # temp = (force + m_p l theta_dot^2 sin) / M
+        temp = torch.addcmul(force, theta_dot * theta_dot, sintheta, value=self.polemass_length).mul_(k.inv_total_mass)
+        # thetaacc = (g sin - cos temp) / (l (4/3 - m_p cos^2 / M))
+        denom = torch.addcmul(k.den0, costheta, costheta, value=-self.length * self.masspole / self.total_mass)
+        thetaacc = torch.addcmul(sintheta * k.gravity, costheta, temp, value=-1.0).div_(denom)
+        xacc = torch.addcmul(temp, thetaacc, costheta, value=-self.polemass_length / self.total_mass)
+        # Euler, in gymnasium's order: positions move with the old velocities
+        x.add_(x_dot, alpha=self.tau)
+        x_dot.add_(xacc, alpha=self.tau)
+        theta.add_(theta_dot, alpha=self.tau)
+        theta_dot.add_(thetaacc, alpha=self.tau)
+        # |x| > 2.4 or |theta| > 12 degrees, as max(|x| - 2.4, |theta| - 12deg) > 0 through clamp and
+        # bool(): exact for floats, and a third of the time of two bool comparisons on the CPU
+        over = self.state[0::2].abs().sub_(k.thresholds)  # rows x and theta
+        terminated = torch.maximum(over[0], over[1]).clamp_(min=0).bool()
+        reward = torch.ones(self.num_envs, dtype=torch.float32, device=self.device)
+        return reward, terminated
+
+    def _observe(self) -> torch.Tensor:
+        # (num_envs, 4) in column-major memory, as gymnasium's own `state.T.astype(float32)`:
+        # a plain copy, where a row-major transpose costs ~25x more on the CPU
+        return self.state.T.clone()
+
+
+register("CartPole-v1", CartPole)

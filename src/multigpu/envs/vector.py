@@ -1,0 +1,415 @@
+"""Batched environments with gymnasium 1.x's vector API, a registry, and a NumPy adapter.
+
+Runs inside each rank (or in any single process)::
+
+    import multigpu as mg
+
+    envs = mg.envs.make("CartPole-v1", num_envs=4096, device="cpu", seed=0)
+    obs, info = envs.reset()
+    obs, reward, terminated, truncated, info = envs.step(actions)   # tensors on envs.device
+
+Semantics follow ``gymnasium.vector.VectorEnv`` (1.x):
+
+* ``reset(seed=..., options=...)`` -> ``(obs, info)``; ``step(actions)`` ->
+  ``(obs, reward, terminated, truncated, info)``, every value batched along dim 0.
+* Autoreset (``autoreset_mode``): ``"next_step"`` (gymnasium's default): the
+  step *after* an episode ends resets that environment, returns its first
+  observation with reward 0, ``terminated = truncated = False``, and ignores its
+  action. ``"same_step"``: an ending step already returns the next episode's
+  first observation; the last one is in ``info["final_obs"]`` (mask
+  ``info["_final_obs"]``; rows outside the mask equal ``obs``; the keys are
+  absent on steps where no episode ended). ``"disabled"``: reset with
+  ``reset(options={"reset_mask": mask})`` yourself.
+* Time limits: ``truncated`` once an episode reaches ``max_episode_steps``
+  (500 for CartPole-v1, 200 for Pendulum-v1), as gymnasium's ``TimeLimit``.
+* ``single_observation_space`` / ``single_action_space`` (and the batched
+  ``observation_space`` / ``action_space``) are gymnasium spaces when gymnasium
+  is installed, else small stand-ins (:mod:`multigpu.envs.spaces`).
+
+``split=True`` makes ``num_envs`` global: this rank builds its share (see
+:mod:`multigpu.envs.split`), and every environment's random stream is keyed by
+its global id, so trajectories are bit-identical on 1, 2 or 3 ranks.
+
+Glossary: *env id* = an environment's global index in ``[0, num_envs)``;
+*episode* = from a reset to ``terminated or truncated``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from multigpu.envs import spaces
+from multigpu.envs.split import env_id_range, stream_keys, uniforms, uniforms_np
+from multigpu.errors import ConfigError
+
+__all__ = ["AUTORESET_MODES", "NumpyVectorEnv", "VectorEnv", "make", "register", "registered_ids"]
+
+AUTORESET_MODES = ("next_step", "same_step", "disabled")
+_GYMNASIUM_MODES = {"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"}  # AutoresetMode values
+
+
+class VectorEnv:
+    """Base of the batched tensor environments: reset, step, autoreset, time limit, random streams.
+
+    A subclass sets ``state_dim`` (rows of ``self.state``, shape ``(state_dim, num_envs)``),
+    the box its initial states are drawn from (``reset_low``, ``reset_high``, one
+    bound per state row) and ``default_max_episode_steps``, and implements
+    ``_dynamics``, ``_observe`` and ``_make_single_spaces``. Everything else
+    (gymnasium's vector semantics) lives here.
+
+    Args:
+        env_ids: Global ids of the environments this object steps (``range(num_envs)`` alone).
+        device: Where the state lives (any torch device).
+        seed: Base seed of every environment's reset stream.
+        dtype: Float type of the state (float32 default; float64 for reference checks).
+        autoreset_mode: One of :data:`AUTORESET_MODES` (or gymnasium's ``AutoresetMode``).
+        max_episode_steps: Time limit (truncation); default the environment's own.
+    """
+
+    id: str = ""
+    state_dim: int = 0
+    reset_low: tuple[float, ...] = ()
+    reset_high: tuple[float, ...] = ()
+    default_max_episode_steps: int = 0
+
+    def __init__(
+        self,
+        env_ids: Sequence[int] | range,
+        *,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        autoreset_mode: str = "next_step",
+        max_episode_steps: int | None = None,
+    ):
+        mode_value = getattr(autoreset_mode, "value", autoreset_mode)  # gymnasium's AutoresetMode works too
+        autoreset_mode = _GYMNASIUM_MODES.get(mode_value, mode_value)
+        if autoreset_mode not in AUTORESET_MODES:
+            raise ConfigError(f"autoreset_mode={autoreset_mode!r} is not valid; valid: {', '.join(AUTORESET_MODES)}")
+        if dtype not in (torch.float32, torch.float64):
+            raise ConfigError(f"dtype={dtype} is not supported; valid: torch.float32, torch.float64")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.autoreset_mode = autoreset_mode
+        self.max_episode_steps = int(max_episode_steps or self.default_max_episode_steps)
+        if self.max_episode_steps < 1:
+            raise ConfigError(f"max_episode_steps={max_episode_steps} must be >= 1")
+        self.env_ids = torch.as_tensor(list(env_ids), dtype=torch.int64, device=self.device)
+        self.num_envs = int(self.env_ids.numel())
+        self.metadata = {"autoreset_mode": autoreset_mode}
+        self.state = torch.zeros(self.state_dim, self.num_envs, dtype=dtype, device=self.device)
+        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
+        """Steps into the current episode, per environment."""
+        self.rows = self.state.unbind(0)
+        """Views of the state's rows (it is only ever updated in place)."""
+        self._elapsed_bound = 0  # >= every elapsed step count (CPU): below the limit, nothing can be truncated
+        self._resets = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self._spaces: dict[str, Any] = {}
+        self._k = self._constants()
+        self._one = torch.tensor(1, dtype=torch.int32, device=self.device)
+        self._limit = torch.tensor(self.max_episode_steps, dtype=torch.int32, device=self.device)
+        low = np.asarray(self.reset_low, dtype=np.float64)
+        scale = np.asarray(self.reset_high, dtype=np.float64) - low
+        # On the CPU, resets go through NumPy views of the same memory (see _reset_which)
+        self._on_cpu = self.device.type == "cpu"
+        if self._on_cpu:
+            np_dtype = np.float32 if dtype == torch.float32 else np.float64
+            self._low, self._scale = low.astype(np_dtype)[:, None], scale.astype(np_dtype)[:, None]
+            self._views = (self.state.numpy(), self.elapsed_steps.numpy(), self._resets.numpy())
+        else:
+            self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
+            self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
+        self._seed(seed)
+
+    # -- subclass hooks --------------------------------------------------------------------------
+
+    def _constants(self) -> Any:
+        """Constants the dynamics use, made once (available as ``self._k``)."""
+        return None
+
+    def _dynamics(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advance ``self.state`` by one step in place; return ``(reward, terminated)``."""
+        raise NotImplementedError
+
+    def _observe(self) -> torch.Tensor:
+        """A fresh ``(num_envs, obs_dim)`` observation tensor (never a view of the state)."""
+        raise NotImplementedError
+
+    def _make_single_spaces(self) -> tuple[Any, Any]:
+        """``(single_observation_space, single_action_space)``."""
+        raise NotImplementedError
+
+    # -- spaces --------------------------------------------------------------------------------
+
+    def _space(self, name: str):
+        if not self._spaces:
+            obs, act = self._make_single_spaces()
+            self._spaces = {
+                "single_observation_space": obs,
+                "single_action_space": act,
+                "observation_space": spaces.batch(obs, self.num_envs),
+                "action_space": spaces.batch(act, self.num_envs),
+            }
+        return self._spaces[name]
+
+    @property
+    def single_observation_space(self):
+        return self._space("single_observation_space")
+
+    @property
+    def single_action_space(self):
+        return self._space("single_action_space")
+
+    @property
+    def observation_space(self):
+        return self._space("observation_space")
+
+    @property
+    def action_space(self):
+        return self._space("action_space")
+
+    # -- the vector API ----------------------------------------------------------------------------
+
+    def _seed(self, seed: int) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(
+                f"seed={seed!r} must be one int: each environment's stream is keyed by (seed, global env id)"
+            )
+        self.seed = int(seed)
+        self._keys = stream_keys(self.seed, self.env_ids)
+        if self._on_cpu:
+            self._keys = self._keys.numpy().astype(np.uint32)
+        self._resets.zero_()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset every environment (or those in ``options["reset_mask"]``); return ``(obs, info)``.
+
+        ``seed`` (one int) restarts every environment's stream: reset ``c`` of
+        environment ``g`` draws from ``hash(seed, g, c)``, so the same seed gives
+        the same initial states whatever the split. Without ``seed`` the
+        streams continue.
+        """
+        if seed is not None:
+            self._seed(seed)
+        mask = (options or {}).get("reset_mask")
+        if mask is None:
+            mask = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        else:
+            mask = torch.as_tensor(mask, dtype=torch.bool, device=self.device)
+            if mask.shape != (self.num_envs,):
+                raise ConfigError(f"reset_mask has shape {tuple(mask.shape)}; expected ({self.num_envs},)")
+        which = self._which(mask)
+        if which is not None:
+            self._reset_which(which)
+        self._prev_done = self._prev_done & ~mask
+        return self._observe(), {}
+
+    def step(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Advance every environment by one step; see the module docstring for autoreset."""
+        actions = self._check_actions(actions)
+        reward, terminated = self._dynamics(actions)
+        self.elapsed_steps.add_(self._one)
+        self._elapsed_bound += 1
+        if self._on_cpu and self._elapsed_bound < self.max_episode_steps:
+            truncated = torch.zeros(self.num_envs, dtype=torch.bool)  # skips a comparison on most steps
+        else:
+            truncated = self.elapsed_steps >= self._limit
+        info: dict[str, Any] = {}
+        if self.autoreset_mode == "next_step":
+            which = self._which(self._prev_done)
+            if which is not None:  # these ended last step: reset now, as gymnasium's next-step autoreset
+                self._reset_which(which)
+                self._fill(which, (reward, 0.0), (terminated, False), (truncated, False))
+            self._prev_done = terminated | truncated
+            obs = self._observe()
+        elif self.autoreset_mode == "same_step":
+            done = terminated | truncated
+            obs = self._observe()
+            which = self._which(done)
+            if which is not None:
+                info = {"final_obs": obs, "_final_obs": done}
+                self._reset_which(which)
+                obs = self._observe()
+        else:
+            obs = self._observe()
+        if self._on_cpu and self._elapsed_bound >= self.max_episode_steps:
+            self._elapsed_bound = int(self.elapsed_steps.max())  # after this step's resets
+        return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Nothing to release (the state is a tensor); kept for gymnasium compatibility."""
+
+    def _check_actions(self, actions) -> torch.Tensor:
+        actions = torch.as_tensor(actions, device=self.device)
+        if actions.shape[:1] != (self.num_envs,):
+            raise ConfigError(
+                f"{self.id}: step() got actions of shape {tuple(actions.shape)}; expected ({self.num_envs}, ...)"
+                " (one action per environment of this rank)"
+            )
+        return actions
+
+    # -- resets: an index array on the CPU, a mask elsewhere ---------------------------------------
+    #
+    # On the CPU the few environments that reset in a step are found, drawn and
+    # written through NumPy views of the same memory: np.flatnonzero, uint32
+    # hashing and fancy indexing cost a fraction of torch's eager nonzero, int64
+    # and index_put kernels at these sizes. On accelerators every environment
+    # draws and torch.where keeps the masked ones, so no step waits on the host.
+    # Both paths draw the same bits (tests/unit/test_envs_vector.py checks the two hashes).
+
+    def _which(self, mask: torch.Tensor):
+        """What to reset: an index array (CPU; None when empty) or the mask itself."""
+        if not self._on_cpu:
+            return mask
+        idx = np.flatnonzero(mask.numpy())
+        return idx if idx.size else None
+
+    def _fill(self, which, *pairs: tuple[torch.Tensor, Any]) -> None:
+        for tensor, value in pairs:
+            if self._on_cpu:
+                tensor.numpy()[which] = value
+            else:
+                tensor.masked_fill_(which, value)
+
+    def _reset_which(self, which) -> None:
+        if not self._on_cpu:
+            u = uniforms(self._keys, self._resets, self.state_dim, self.dtype)
+            self.state.copy_(torch.where(which, u * self._scale + self._low, self.state))
+            self._resets += which
+            self.elapsed_steps.masked_fill_(which, 0)
+            return
+        state, elapsed, resets = self._views  # writes land in the tensors
+        counts = resets[which]
+        u = uniforms_np(self._keys[which], counts, self.state_dim).astype(self._low.dtype, copy=False)
+        state[:, which] = u * self._scale + self._low  # uniform(low, high), one number per state row
+        resets[which] = counts + 1
+        elapsed[which] = 0
+
+    def __repr__(self) -> str:
+        ids = self.env_ids
+        span = f"{int(ids[0])}..{int(ids[-1])}" if self.num_envs else "none"
+        return (f"{type(self).__name__}(id={self.id!r}, num_envs={self.num_envs}, env_ids={span}, "
+                f"device={self.device}, autoreset_mode={self.autoreset_mode!r})")
+
+
+class NumpyVectorEnv:
+    """A thin adapter that takes and returns NumPy arrays, for code written against gymnasium.
+
+    Wraps any :class:`VectorEnv`; observations, rewards and flags come back
+    as ``np.ndarray`` (copied to the host), actions may be NumPy arrays or
+    lists. Other attributes are the wrapped environment's.
+
+        envs = NumpyVectorEnv(mg.envs.make("CartPole-v1", num_envs=8, seed=0))
+        obs, info = envs.reset()                        # np.ndarray (8, 4) float32
+        obs, r, term, trunc, info = envs.step(np.zeros(8, dtype=np.int64))
+    """
+
+    def __init__(self, env: VectorEnv):
+        self.env = env
+
+    def __getattr__(self, name: str):
+        return getattr(self.env, name)
+
+    @staticmethod
+    def _np(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().numpy()
+        if isinstance(value, dict):
+            return {k: NumpyVectorEnv._np(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(NumpyVectorEnv._np(v) for v in value)
+        return value
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        return self._np(self.env.reset(seed=seed, options=options))
+
+    def step(self, actions):
+        return self._np(self.env.step(np.asarray(actions)))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+_REGISTRY: dict[str, Callable[..., VectorEnv]] = {}
+
+
+def register(env_id: str, factory: Callable[..., VectorEnv]) -> None:
+    """Make ``factory(env_ids, device=, seed=, dtype=, autoreset_mode=, max_episode_steps=)`` available to :func:`make`."""
+    _REGISTRY[env_id] = factory
+
+
+def registered_ids() -> list[str]:
+    """The ids :func:`make` accepts."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def _load_builtins() -> None:
+    if "CartPole-v1" not in _REGISTRY:
+        from multigpu.envs import cartpole, pendulum  # noqa: F401 - they register themselves
+
+
+def _shared_seed() -> int:
+    """A fresh random seed, the same on every rank (rank 0's, broadcast)."""
+    from multigpu.runtime import collectives, group
+
+    seed = secrets.randbits(32)
+    if group.is_initialized() and group.world_size() > 1:
+        seed = collectives.broadcast_object(seed, src=0)
+    return seed
+
+
+def make(
+    env_id: str,
+    num_envs: int,
+    *,
+    device: str | torch.device | None = None,
+    seed: int | None = None,
+    split: bool = False,
+    autoreset_mode: str = "next_step",
+    max_episode_steps: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> VectorEnv:
+    """Build ``num_envs`` batched environments of ``env_id``; with ``split=True``, this rank's share of them.
+
+    Args:
+        env_id: One of :func:`registered_ids` ("CartPole-v1", "Pendulum-v1").
+        num_envs: How many environments; the global count when ``split``.
+        device: Where they step (default: :func:`multigpu.device` after ``init()``, else CPU).
+        seed: Base seed; None draws one (the same on every rank when ``split``).
+        split: Build only this rank's contiguous share of the global env ids
+            (call on all ranks when ``seed`` is None: the drawn seed is broadcast).
+        autoreset_mode: "next_step" (gymnasium's default), "same_step" or "disabled".
+        max_episode_steps: Override the environment's time limit.
+        dtype: torch.float32 (default) or torch.float64.
+
+    Example (world_size=2)::
+
+        envs = mg.envs.make("CartPole-v1", num_envs=5, seed=0, split=True)
+        envs.env_ids   # rank 0 -> tensor([0, 1, 2]); rank 1 -> tensor([3, 4])
+    """
+    _load_builtins()
+    if env_id not in _REGISTRY:
+        close = difflib.get_close_matches(env_id, list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown environment {env_id!r}.{hint} Valid: {', '.join(sorted(_REGISTRY))}")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ConfigError(f"num_envs={num_envs!r} must be a whole number >= 1")
+    if device is None:
+        from multigpu.runtime import group
+
+        device = group.device() if group.is_initialized() else "cpu"
+    if seed is None:
+        seed = _shared_seed() if split else secrets.randbits(32)
+    env_ids = env_id_range(num_envs) if split else range(num_envs)
+    return _REGISTRY[env_id](
+        env_ids, device=device, seed=seed, dtype=dtype,
+        autoreset_mode=autoreset_mode, max_episode_steps=max_episode_steps,
+    )
