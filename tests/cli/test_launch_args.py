@@ -94,6 +94,7 @@ def test_gpu_selection_and_isolation_plans():
         (["--cpu", "--gpus", "1"], "2", "contradict"),
         (["--isolate-devices"], "0", "no visible GPU"),
         (["--bogus"], "0", "unrecognized arguments"),
+        (["--node-rank=--"], "0", "expected one value, got '--'"),  # found by the bad-input suite
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(seam, monkeypatch, capsys, argv, fake_gpus, needle):

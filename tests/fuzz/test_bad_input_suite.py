@@ -56,6 +56,8 @@ BASES: dict[str, dict] = {
     "bench": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "verify": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "report": {"argv": ["@rundir"], "out": "-o"},
+    "rl": {"argv": ["-f", "configs/ppo-cartpole.yaml"], "config": "configs/ppo-cartpole.yaml", "overrides": "positional",
+           "out": "--run-dir"},
 }
 
 _TAKES_SCRIPT = ("launch", "bench", "verify")

@@ -28,6 +28,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
+    def _get_values(self, action, arg_strings):  # type: ignore[override]
+        # Python 3.10/3.11 argparse drops a lone "--" value ("--node-rank=--") and returns [] for a
+        # single-valued option, which then reaches our configs as a list: reject it here instead.
+        if action.nargs is None and action.option_strings and arg_strings == ["--"]:
+            raise argparse.ArgumentError(action, "expected one value, got '--'")
+        return super()._get_values(action, arg_strings)
+
 
 def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse.Action:
     """Add a dashed flag with its underscore alias (``--nproc-per-node`` and ``--nproc_per_node``)."""
