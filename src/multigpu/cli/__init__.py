@@ -18,7 +18,7 @@ from multigpu.errors import MultigpuError, UsageError
 
 __all__ = ["COMMANDS", "ArgumentParser", "main"]
 
-COMMANDS = ["launch", "info"]
+COMMANDS = ["launch", "info", "sim"]
 """Command modules under ``multigpu.cli``, in ``--help`` order."""
 
 
