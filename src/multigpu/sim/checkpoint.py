@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,7 +82,9 @@ def save(engine: SimEngine, directory: str | Path) -> Path:
     if fields["id"].numel() != hi - lo:
         raise RuntimeError(f"checkpoint: rank {rank} holds {fields['id'].numel()} agents, expected {hi - lo}")
     state = {f"agents.{k}": _wrap(v, n) for k, v in fields.items()}
-    dcp.save(state, checkpoint_id=str(tmp))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=str(tmp))
     if rank == 0:
         write_json_atomic(tmp / "engine.json", _engine_meta(engine))
     _barrier()
@@ -127,7 +130,9 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     lo, hi = _id_range(n, rank, world)
     locals_ = {k: torch.empty(hi - lo, dtype=dt, device=engine.device) for k, dt in engine.state.schema.items()}
     state = {f"agents.{k}": _wrap(v, n) for k, v in locals_.items()}
-    dcp.load(state, checkpoint_id=str(directory))
+    with warnings.catch_warnings():  # one process: DCP warns that it "assumes the intent" to load locally
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory))
     loaded = {k: (state[f"agents.{k}"].to_local() if world > 1 else state[f"agents.{k}"]) for k in locals_}
     engine.state.append(loaded)
     if engine.spatial:

@@ -111,7 +111,9 @@ class AgentState:
         k = records.shape[0]
         for name, dt in self.schema.items():
             width = torch.empty(0, dtype=dt).element_size()
-            out[name] = records[:, col : col + width].contiguous().view(dt).reshape(k)
+            block = torch.empty((k, width), dtype=torch.uint8, device=records.device)
+            block.copy_(records[:, col : col + width])  # a fresh buffer: .contiguous() may keep a size-1 row's stride
+            out[name] = block.view(dt).reshape(k)
             col += width
         return out
 
