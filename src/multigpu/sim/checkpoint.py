@@ -137,6 +137,8 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     engine.state.append(loaded)
     if engine.spatial:
         engine._send_strays(0)
+    if engine.model.spatial and engine.cfg.sort_every:
+        engine.sort_by_row()
     engine.step_index = meta["step"]
     engine.ctx.env.update(meta["env"])
     engine.history = {k: list(v) for k, v in meta["history"].items()}

@@ -90,6 +90,8 @@ class SimEngine:
             self.state.append(self.model.init(block, self.cfg.seed, self.params, self.cfg.grid))
             if self.spatial:
                 self._send_strays(first)
+        if self.model.spatial and self.cfg.sort_every:
+            self.sort_by_row()
 
     # ------------------------------------------------------------------ one step
     def step(self) -> None:
@@ -98,41 +100,69 @@ class SimEngine:
         ctx.step = self.step_index
         ctx.lo, hi = (partition.rows_of(self.borders, self.rank) if self.spatial else (0, self.cfg.grid[0]))
         ctx.rows = hi - ctx.lo
-        sums, values = [], []
-        for sub in self.substeps:
-            prepared = sub.prepare(ctx, self._field(sub)) if sub.field else None
-            sums.extend(self._apply(sub, prepared))
+        sums, values, early = [], [], None
+        for i, sub in enumerate(self.substeps):
+            prepared = sub.prepare(ctx, self._field(sub, early)) if sub.field else None
+            following = self.substeps[i + 1] if i + 1 < len(self.substeps) else None
+            sums_i, early = self._apply(sub, prepared, following)
+            sums.extend(sums_i)
             values.extend(ctx.env["series"][n] for n in sub.globals(self.params))
         local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
         self._pending.append((self.step_index, local.to(torch.int64).cpu(), values))
         self.step_index += 1
+        if self.model.spatial and self.cfg.sort_every and self.step_index % self.cfg.sort_every == 0:
+            self.sort_by_row()
         if self.cfg.strategy == "adaptive" and self.step_index % self.cfg.rebalance_every == 0:
             self.rebalance()
 
-    def _apply(self, sub: Substep, prepared) -> list[torch.Tensor]:
-        """Run one substep over every chunk; migrate the agents that left this rank's rows."""
+    def _wants_cell_field(self, sub: Substep | None) -> bool:
+        """Whether ``sub`` reads a fresh cell field this step (so it can be summed while agents move)."""
+        if sub is None or sub.field != "cell":
+            return False
+        return self.spatial or self.ctx.step % self.cfg.sync_frequency == 0 or sub.name not in self._stale
+
+    def _apply(self, sub: Substep, prepared, following: Substep | None):
+        """Run one substep over every chunk; migrate the agents that left this rank's rows.
+
+        When ``sub`` moves agents and ``following`` reads a cell field, each chunk's
+        share of that field is added right after the chunk moved, while it is in
+        cache (agents about to leave are counted by the rank that receives them).
+        Returns (per-step sums, the early field accumulator or None).
+        """
         start_t = time.perf_counter()
-        total, strays = None, []
+        ctx, total, strays = self.ctx, None, []
+        early = None
+        if sub.moves and self._wants_cell_field(following):
+            early = self._new_cell_acc()
         for start, chunk in self._chunks():
-            out = sub.apply(self.ctx, chunk, prepared)
+            out = sub.apply(ctx, chunk, prepared)
             if out is not None:
                 total = out.to(torch.int64) if total is None else total + out
+            if early is not None:
+                following.contribute(ctx, chunk, early)
             if sub.moves and self.spatial:
                 y = chunk["y"]
-                away = torch.nonzero((y < self.ctx.lo) | (y >= self.ctx.lo + self.ctx.rows)).reshape(-1)
+                away = torch.nonzero((y < ctx.lo) | (y >= ctx.lo + ctx.rows)).reshape(-1)
                 strays.append(away + start)
         self.timers[sub.name] += time.perf_counter() - start_t
         if sub.moves and self.spatial:
             t = time.perf_counter()
             index = torch.cat(strays) if strays else torch.zeros(0, dtype=torch.int64, device=self.device)
+            before = self.state.n - index.numel()
             self._migrate(index)
+            if early is not None and self.state.n > before:  # count the agents that just arrived
+                arrived = {k: b[before : self.state.n] for k, b in self.state.buffers.items()}
+                following.contribute(ctx, arrived, early)
             self.timers["migrate"] += time.perf_counter() - t
         if total is None:
-            n = len(sub.series(self.params))
-            return [torch.zeros((), dtype=torch.int64)] * n
-        return list(total.reshape(-1))
+            total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
+        return list(total.reshape(-1)), early
 
-    def _field(self, sub: Substep) -> torch.Tensor:
+    def _new_cell_acc(self) -> torch.Tensor:
+        # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
+        return torch.zeros(self.ctx.rows * self.cfg.grid[1] + 1, dtype=torch.int32, device=self.device)
+
+    def _field(self, sub: Substep, early: torch.Tensor | None = None) -> torch.Tensor:
         """The field ``sub`` reads, summed over every rank (cell fields padded with halo rows)."""
         t = time.perf_counter()
         ctx, width = self.ctx, self.cfg.grid[1]
@@ -142,19 +172,21 @@ class SimEngine:
                 sub.contribute(ctx, chunk, acc)
             self.timers[f"{sub.name}.field"] += time.perf_counter() - t
             return exchange.sum_field(acc)
-        stale = not self.spatial and ctx.step % self.cfg.sync_frequency != 0 and sub.name in self._stale
-        if stale:  # data strategy with sync_frequency > 1: the last summed field (an approximation)
+        if not self._wants_cell_field(sub):  # data strategy, sync_frequency > 1: the last summed field
             return self._stale[sub.name]
-        acc = torch.zeros(ctx.rows * width, dtype=torch.int32, device=self.device)
-        for _, chunk in self._chunks():
-            sub.contribute(ctx, chunk, acc)
+        acc = early
+        if acc is None:
+            acc = self._new_cell_acc()
+            for _, chunk in self._chunks():
+                sub.contribute(ctx, chunk, acc)
+        acc = acc[:-1]
         self.timers[f"{sub.name}.field"] += time.perf_counter() - t
         t = time.perf_counter()
         rows, r = acc.view(ctx.rows, width), self.radius
         if self.spatial:
             padded = exchange.halo(rows, r)
         else:
-            rows = exchange.sum_field(acc).view(ctx.rows, width)
+            rows = exchange.sum_field(acc.contiguous()).view(ctx.rows, width)
             padded = torch.cat([rows[ctx.rows - r :], rows, rows[:r]]) if r else rows
         self.timers["exchange"] += time.perf_counter() - t
         self._stale[sub.name] = padded
@@ -164,6 +196,12 @@ class SimEngine:
         size = self.cfg.chunk_size
         for i, chunk in enumerate(self.state.chunks(size)):
             yield i * size, chunk
+
+    def sort_by_row(self) -> None:
+        """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
+        t = time.perf_counter()
+        self.state.reorder(torch.argsort(self.state["y"], stable=True))
+        self.timers["sort"] += time.perf_counter() - t
 
     # ------------------------------------------------------------------ spatial strategies
     def _owner(self, y: torch.Tensor) -> torch.Tensor:

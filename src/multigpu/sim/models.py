@@ -171,7 +171,7 @@ def model_params(model: str, params: Mapping[str, Any]) -> Any:
 
 # ----------------------------------------------------------------------------- movement
 def move_kernel(ids, x, y, key: int, move_thr: int, height: int, width: int):
-    """New (x, y) after one random-walk step: 16 bits decide whether to move, 2 bits where."""
+    """One random-walk step, written into x and y: 16 bits decide whether to move, 2 bits where."""
     bits = rng.random_bits(ids, key)
     moving = (rng.low_bits(bits, 16) < move_thr).to(torch.int16)
     d = rng.low_bits(bits, 2, shift=16)
@@ -180,15 +180,15 @@ def move_kernel(ids, x, y, key: int, move_thr: int, height: int, width: int):
     nx, ny = x + dx, y + dy
     nx = torch.where(nx < 0, nx + width, torch.where(nx >= width, nx - width, nx))
     ny = torch.where(ny < 0, ny + height, torch.where(ny >= height, ny - height, ny))
-    return nx, ny, moving.sum(dtype=torch.int64)
+    x.copy_(nx)  # in place: torch.compile writes straight into the agent buffers
+    y.copy_(ny)
+    return moving.sum(dtype=torch.int64)
 
 
 def _move_apply(ctx: Context, chunk, _prepared):
     kernel = ctx.kernels["move"]
-    nx, ny, moved = kernel(chunk["id"], chunk["x"], chunk["y"], ctx.key(rng.STREAM_MOVE),
-                           rng.threshold(ctx.params.move_prob, 16), ctx.grid[0], ctx.grid[1])
-    chunk["x"].copy_(nx)
-    chunk["y"].copy_(ny)
+    moved = kernel(chunk["id"], chunk["x"], chunk["y"], ctx.key(rng.STREAM_MOVE),
+                   rng.threshold(ctx.params.move_prob, 16), ctx.grid[0], ctx.grid[1])
     return moved.reshape(1)
 
 
@@ -209,20 +209,27 @@ MODELS["movement"] = Model(
 
 # ----------------------------------------------------------------------------- sir / seir
 def infected_kernel(acc, x, y, state, lo: int, width: int):
-    """Add the infected agents per local cell into ``acc`` (int32, cells of rows lo, lo + 1, ...)."""
-    mine = state == I
-    cell = (y[mine].to(torch.int64) - lo) * width + x[mine].to(torch.int64)
-    acc.index_add_(0, cell, torch.ones_like(cell, dtype=acc.dtype))
+    """Add the infected agents per local cell into ``acc`` (int32, cells of rows lo, lo + 1, ...).
+
+    The last slot of ``acc`` is a drop slot; agents outside the rows (about to
+    migrate) are not counted here: the rank that receives them counts them.
+    """
+    ncells = acc.numel() - 1
+    cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
+    mine = (state == I) & (cell >= 0) & (cell < ncells)
+    acc.index_add_(0, cell[mine], torch.ones(int(mine.sum()), dtype=acc.dtype, device=acc.device))
 
 
 def infected_kernel_fused(acc, x, y, state, lo: int, width: int):
     """:func:`infected_kernel` without the data-dependent selection, which torch.compile fuses into one loop."""
+    ncells = acc.numel() - 1
     cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
-    acc.index_put_((cell,), (state == I).to(acc.dtype), accumulate=True)
+    cell = torch.where((state == I) & (cell >= 0) & (cell < ncells), cell, ncells)
+    acc.index_put_((cell,), torch.ones_like(cell, dtype=acc.dtype), accumulate=True)
 
 
 def transition_kernel(ids, x, y, state, key: int, cell_thr, lo: int, width: int, state_thr, next_state):
-    """Next epidemic state: one 24-bit draw per agent against its state's integer threshold.
+    """Next epidemic state, written into ``state``: one 24-bit draw per agent against an integer threshold.
 
     Susceptible agents use their cell's infection threshold; E, I and R use
     ``state_thr`` (sigma, gamma, 0). The states are exclusive, so one draw serves all.
@@ -233,7 +240,8 @@ def transition_kernel(ids, x, y, state, key: int, cell_thr, lo: int, width: int,
     cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
     thr = torch.where(state == S, cell_thr[cell], state_thr[s])
     new = torch.where(u < thr, next_state[s], state)
-    return new, torch.bincount(new.to(torch.int64), minlength=4)
+    state.copy_(new)
+    return torch.stack([(new == k).sum() for k in (S, E, I, R)])
 
 
 def _sir_contribute(ctx: Context, chunk, acc: torch.Tensor) -> None:
@@ -283,10 +291,9 @@ def _sir_prepare(ctx: Context, counts: torch.Tensor):
 
 def _sir_apply(ctx: Context, chunk, prepared):
     cell_thr, state_thr, next_state = prepared
-    new, counts = ctx.kernels["transition"](chunk["id"], chunk["x"], chunk["y"], chunk["state"],
-                                        ctx.key(rng.STREAM_TRANSITION), cell_thr, ctx.lo, ctx.grid[1],
-                                        state_thr, next_state)
-    chunk["state"].copy_(new)
+    counts = ctx.kernels["transition"](chunk["id"], chunk["x"], chunk["y"], chunk["state"],
+                                       ctx.key(rng.STREAM_TRANSITION), cell_thr, ctx.lo, ctx.grid[1],
+                                       state_thr, next_state)
     return counts if ctx.params.seir else counts[[S, I, R]]
 
 

@@ -122,5 +122,10 @@ class AgentState:
         order = torch.argsort(self["id"].to(torch.int64))
         return {k: self[k][order] for k in self.schema}
 
+    def reorder(self, order: torch.Tensor) -> None:
+        """Permute the live agents (one field at a time, so the temporary is one field)."""
+        for k, b in self.buffers.items():
+            b[: self.n] = b[: self.n][order]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: self[k].clone() for k in self.schema}
