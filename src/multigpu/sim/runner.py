@@ -160,7 +160,7 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.set_ylabel("price")
         ax.set_title(f"market: {cfg.agents:,} traders")
     else:
-        names = [n for n in series if n not in ("step",)]
+        names = [n for n in series if n in ("S", "E", "I", "R")] if cfg.model == "sir" else ["moved"]
         for name in names:
             ax.plot(steps, series[name], label=name)
         ax.set_ylabel("agents")

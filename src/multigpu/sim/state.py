@@ -124,7 +124,7 @@ class AgentState:
 
     def reorder(self, order: torch.Tensor) -> None:
         """Permute the live agents (one field at a time, so the temporary is one field)."""
-        for k, b in self.buffers.items():
+        for b in self.buffers.values():
             b[: self.n] = b[: self.n][order]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
