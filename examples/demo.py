@@ -35,6 +35,9 @@ def device_flags() -> list[str]:
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
+    ("sim", "SIR epidemic, ten million agents, grid split across ranks (epidemic curve CSV + plot)",
+     ["sim", "-f", "configs/sir.yaml", "--agents", "10_000_000", "--steps", "25", *device_flags(),
+      "--strategy", "spatial", "--run-dir", str(RUN_DIR / "sim")]),
 ]
 
 

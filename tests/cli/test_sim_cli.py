@@ -60,13 +60,14 @@ def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
     run_dir = tmp_path / "run"
     common = ["-f", SIR, "--agents", "20000", "--run-dir", str(run_dir), "grid=[40,50]", "params.beta=0.3"]
     first = run_cli("sim", *common, "--steps", "6", "--nproc-per-node", "2", "--strategy", "spatial",
-                    "--checkpoint-every", "3", timeout=180)
+                    "--checkpoint-every", "3", "--profile", timeout=180)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "agent-steps/s" in first.stdout and "series:" in first.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["num_agents"] == 20000 and summary["bytes_per_agent"] == 9
     assert summary["throughput"] > 0 and (run_dir / "series.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    assert "phase seconds" in (run_dir / "profile.txt").read_text()
 
     second = run_cli("sim", *common, "--steps", "9", "--nproc-per-node", "1", "--strategy", "data",
                      "--resume", "auto", timeout=180)

@@ -159,3 +159,16 @@ def test_one_process_result_ignores_strategy_and_chunking():
     stale, _ = _final(dataclasses.replace(base, sync_frequency=4))  # documented approximation: it runs
     assert torch.equal(stale["id"], ref_state["id"])
     assert not torch.equal(stale["state"], ref_state["state"])  # stale fields do change the epidemic
+
+
+@pytest.mark.slow
+def test_compiled_kernels_give_the_same_agents():
+    """torch.compile'd kernels (and the fused field kernel) must not change a single agent."""
+    for cfg in [SimConfig(model="sir", agents=20_000, grid=(50, 40), steps=6, chunk_size=4096,
+                          params={"beta": 0.3, "radius": 1, "seir": True, "initial_infected": 0.02}),
+                SimConfig(model="market", agents=20_000, steps=6, chunk_size=4096)]:
+        eager_state, eager_series = _final(cfg)
+        state, series = _final(dataclasses.replace(cfg, compile=True))
+        assert series == eager_series
+        for k in eager_state:
+            assert torch.equal(state[k], eager_state[k]), k
