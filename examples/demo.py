@@ -54,6 +54,9 @@ def infer_demo_input() -> str:
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
+    ("sim", "SIR epidemic, ten million agents, grid split across ranks (epidemic curve CSV + plot)",
+     ["sim", "-f", "configs/sir.yaml", "--agents", "10_000_000", "--steps", "25", *device_flags(),
+      "--strategy", "spatial", "--run-dir", str(RUN_DIR / "sim")]),
     ("train", "a short nano-GPT training on the stdlib's source: falling validation loss, then sample text",
      ["train", "-f", "configs/nano.yaml", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
       "steps=30", "eval_every=10", "log_every=10", "model.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),

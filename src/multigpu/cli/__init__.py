@@ -18,7 +18,7 @@ from multigpu.errors import MultigpuError, UsageError
 
 __all__ = ["COMMANDS", "ArgumentParser", "main"]
 
-COMMANDS = ["launch", "info", "train", "infer", "rl", "bench", "verify", "doctor", "report"]
+COMMANDS = ["launch", "info", "train", "sim", "infer", "rl", "bench", "verify", "doctor", "report"]
 """Command modules under ``multigpu.cli``, in ``--help`` order."""
 
 

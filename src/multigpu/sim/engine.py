@@ -1,0 +1,284 @@
+"""``SimEngine``: one rank's share of a simulation, stepped in lockstep with the others (inside each rank).
+
+    engine = SimEngine(cfg)          # call on all ranks: each creates its agents
+    engine.run(100)                  # collectives inside: every rank runs the same steps
+    engine.series()                  # the per-step aggregates (reduced over ranks)
+
+Strategies (``cfg.strategy``):
+
+* ``data``: rank r holds agents ``shard_range(N)``; cell fields are summed over
+  all ranks with an all-reduce (every ``sync_frequency`` steps; stale in between);
+* ``spatial``: rank r holds the agents on grid rows ``[borders[r], borders[r+1])``;
+  agents that step over a border migrate (all-to-all); fields need only halo rows;
+* ``adaptive``: ``spatial``, with the borders moved every ``rebalance_every`` steps
+  so each rank holds about the same number of agents.
+
+Agents are processed in chunks of ``chunk_size`` so step temporaries stay
+bounded (100M agents fit in a few GB). An agent's update depends only on its
+own state, its counter-based random numbers and exactly summed integer
+fields, so every strategy and rank count gives the same agents and series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+
+from multigpu.monitor import problem_scale
+from multigpu.runtime import collectives, group
+from multigpu.runtime.sharding import shard_bounds
+from multigpu.sim import exchange, partition
+from multigpu.sim.config import SimConfig
+from multigpu.sim.models import FUSED_KERNELS, KERNELS, MODELS, SUBSTEPS, Context, Substep, model_params
+from multigpu.sim.state import AgentState
+
+__all__ = ["SimEngine"]
+
+_INIT_BLOCK = 1 << 22  # agents created (and, under spatial strategies, sent to their owner) at a time
+
+
+class SimEngine:
+    """This rank's agents, partition and aggregates; see the module docstring. Create on all ranks."""
+
+    def __init__(self, cfg: SimConfig, *, populate: bool = True):
+        self.cfg = cfg
+        self.model = MODELS[cfg.model]
+        self.params = model_params(cfg.model, cfg.params)
+        self.substeps: list[Substep] = [SUBSTEPS[n] for n in cfg.substep_names]
+        self.world = group.world_size() if group.is_initialized() else 1
+        self.rank = group.rank() if group.is_initialized() else 0
+        cfg.check_world(self.world)
+        self.device = group.device() if group.is_initialized() else torch.device("cpu")
+        self.num_agents = cfg.agents * problem_scale()
+        self.spatial = cfg.strategy != "data"
+        self.radius = max((s.halo(self.params) for s in self.substeps), default=0)
+        height = cfg.grid[0]
+        self.borders = partition.even_borders(height, self.world) if self.spatial else [0, height]
+        self.ctx = Context(seed=cfg.seed, step=0, params=self.params, grid=tuple(cfg.grid),
+                           num_agents=self.num_agents, env=self.model.env(self.params), kernels=self._kernels())
+        self.state = AgentState(self.model.fields, 0, self.device)
+        self.step_index = 0
+        self.series_names = [n for s in self.substeps for n in s.series(self.params)]
+        self.global_names = [n for s in self.substeps for n in s.globals(self.params)]
+        self.history: dict[str, list] = {"step": [], **{n: [] for n in self.series_names + self.global_names}}
+        self._pending: list[tuple[int, torch.Tensor, list]] = []  # (step, local sums, global values)
+        self._stale: dict[str, torch.Tensor] = {}
+        self.timers: dict[str, float] = defaultdict(float)
+        self.rebalances: list[dict] = []
+        if populate:
+            self._populate()
+
+    # ------------------------------------------------------------------ setup
+    def _kernels(self) -> dict:
+        if not self.cfg.compile:
+            return dict(KERNELS)
+        return {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
+
+    def _populate(self) -> None:
+        """Create this rank's share of agent ids; spatial strategies then send each to its row's owner."""
+        ids = range(*shard_bounds(self.num_agents, self.rank, self.world))
+        blocks = max(1, -(-self.num_agents // (_INIT_BLOCK * self.world)))  # same count on every rank
+        per = -(-len(ids) // blocks) if len(ids) else 0
+        for b in range(blocks):
+            start = ids.start + b * per
+            stop = min(start + per, ids.stop)
+            block = torch.arange(start, max(start, stop), dtype=torch.int32, device=self.device)
+            first = self.state.n
+            self.state.append(self.model.init(block, self.cfg.seed, self.params, self.cfg.grid))
+            if self.spatial:
+                self._send_strays(first)
+        if self.model.spatial and self.cfg.sort_every:
+            self.sort_by_row()
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> None:
+        """Advance every agent one step. Call on all ranks."""
+        ctx = self.ctx
+        ctx.step = self.step_index
+        ctx.lo, hi = (partition.rows_of(self.borders, self.rank) if self.spatial else (0, self.cfg.grid[0]))
+        ctx.rows = hi - ctx.lo
+        sums, values, early = [], [], None
+        for i, sub in enumerate(self.substeps):
+            prepared = sub.prepare(ctx, self._field(sub, early)) if sub.field else None
+            following = self.substeps[i + 1] if i + 1 < len(self.substeps) else None
+            sums_i, early = self._apply(sub, prepared, following)
+            sums.extend(sums_i)
+            values.extend(ctx.env["series"][n] for n in sub.globals(self.params))
+        local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+        self._pending.append((self.step_index, local.to(torch.int64).cpu(), values))
+        self.step_index += 1
+        if self.model.spatial and self.cfg.sort_every and self.step_index % self.cfg.sort_every == 0:
+            self.sort_by_row()
+        if self.cfg.strategy == "adaptive" and self.step_index % self.cfg.rebalance_every == 0:
+            self.rebalance()
+
+    def _wants_cell_field(self, sub: Substep | None) -> bool:
+        """Whether ``sub`` reads a fresh cell field this step (so it can be summed while agents move)."""
+        if sub is None or sub.field != "cell":
+            return False
+        return self.spatial or self.ctx.step % self.cfg.sync_frequency == 0 or sub.name not in self._stale
+
+    def _apply(self, sub: Substep, prepared, following: Substep | None):
+        """Run one substep over every chunk; migrate the agents that left this rank's rows.
+
+        When ``sub`` moves agents and ``following`` reads a cell field, each chunk's
+        share of that field is added right after the chunk moved, while it is in
+        cache (agents about to leave are counted by the rank that receives them).
+        Returns (per-step sums, the early field accumulator or None).
+        """
+        start_t = time.perf_counter()
+        ctx, total, strays = self.ctx, None, []
+        early = None
+        if sub.moves and self._wants_cell_field(following):
+            early = self._new_cell_acc()
+        for start, chunk in self._chunks():
+            out = sub.apply(ctx, chunk, prepared)
+            if out is not None:
+                total = out.to(torch.int64) if total is None else total + out
+            if early is not None:
+                following.contribute(ctx, chunk, early)
+            if sub.moves and self.spatial:
+                y = chunk["y"]
+                away = torch.nonzero((y < ctx.lo) | (y >= ctx.lo + ctx.rows)).reshape(-1)
+                strays.append(away + start)
+        self.timers[sub.name] += time.perf_counter() - start_t
+        if sub.moves and self.spatial:
+            t = time.perf_counter()
+            index = torch.cat(strays) if strays else torch.zeros(0, dtype=torch.int64, device=self.device)
+            before = self.state.n - index.numel()
+            self._migrate(index)
+            if early is not None and self.state.n > before:  # count the agents that just arrived
+                arrived = {k: b[before : self.state.n] for k, b in self.state.buffers.items()}
+                following.contribute(ctx, arrived, early)
+            self.timers["migrate"] += time.perf_counter() - t
+        if total is None:
+            total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
+        return list(total.reshape(-1)), early
+
+    def _new_cell_acc(self) -> torch.Tensor:
+        # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
+        return torch.zeros(self.ctx.rows * self.cfg.grid[1] + 1, dtype=torch.int32, device=self.device)
+
+    def _field(self, sub: Substep, early: torch.Tensor | None = None) -> torch.Tensor:
+        """The field ``sub`` reads, summed over every rank (cell fields padded with halo rows)."""
+        t = time.perf_counter()
+        ctx, width = self.ctx, self.cfg.grid[1]
+        if sub.field == "global":
+            acc = torch.zeros(sub.field_size, dtype=torch.int64, device=self.device)
+            for _, chunk in self._chunks():
+                sub.contribute(ctx, chunk, acc)
+            self.timers[f"{sub.name}.field"] += time.perf_counter() - t
+            return exchange.sum_field(acc)
+        if not self._wants_cell_field(sub):  # data strategy, sync_frequency > 1: the last summed field
+            return self._stale[sub.name]
+        acc = early
+        if acc is None:
+            acc = self._new_cell_acc()
+            for _, chunk in self._chunks():
+                sub.contribute(ctx, chunk, acc)
+        acc = acc[:-1]
+        self.timers[f"{sub.name}.field"] += time.perf_counter() - t
+        t = time.perf_counter()
+        rows, r = acc.view(ctx.rows, width), self.radius
+        if self.spatial:
+            padded = exchange.halo(rows, r)
+        else:
+            rows = exchange.sum_field(acc.contiguous()).view(ctx.rows, width)
+            padded = torch.cat([rows[ctx.rows - r :], rows, rows[:r]]) if r else rows
+        self.timers["exchange"] += time.perf_counter() - t
+        self._stale[sub.name] = padded
+        return padded
+
+    def _chunks(self) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+        size = self.cfg.chunk_size
+        for i, chunk in enumerate(self.state.chunks(size)):
+            yield i * size, chunk
+
+    def sort_by_row(self) -> None:
+        """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
+        t = time.perf_counter()
+        self.state.reorder(torch.argsort(self.state["y"], stable=True))
+        self.timers["sort"] += time.perf_counter() - t
+
+    # ------------------------------------------------------------------ spatial strategies
+    def _owner(self, y: torch.Tensor) -> torch.Tensor:
+        owner = partition.row_owner(self.borders, self.device)
+        return owner[y.to(torch.int64)]
+
+    def _send_strays(self, first: int = 0) -> None:
+        """Send the agents at positions >= ``first`` whose row another rank owns. Call on all ranks."""
+        dest = self._owner(self.state["y"][first:])
+        index = torch.nonzero(dest != self.rank).reshape(-1)
+        self._migrate(index + first, dest[index])
+
+    def _migrate(self, index: torch.Tensor, dest: torch.Tensor | None = None) -> None:
+        if self.world == 1:
+            return
+        if dest is None:
+            dest = self._owner(self.state["y"][index])
+        exchange.migrate(self.state, index, dest)
+
+    def rebalance(self) -> dict:
+        """Move the strip borders so each rank holds about the same number of agents. Call on all ranks."""
+        t = time.perf_counter()
+        height = self.cfg.grid[0]
+        rows = torch.zeros(height, dtype=torch.int64, device=self.device)
+        for _, chunk in self._chunks():
+            rows += torch.bincount(chunk["y"].to(torch.int64), minlength=height)
+        rows = exchange.sum_field(rows)
+        before = self.agent_counts()
+        self.borders = partition.balanced_borders(rows.cpu(), self.world)
+        self._send_strays(0)
+        after = self.agent_counts()
+        record = {"step": self.step_index, "imbalance_before": partition.imbalance(before),
+                  "imbalance_after": partition.imbalance(after), "borders": list(self.borders)}
+        self.rebalances.append(record)
+        self.timers["rebalance"] += time.perf_counter() - t
+        return record
+
+    def agent_counts(self) -> list[int]:
+        """Agents on each rank. Call on all ranks."""
+        mine = torch.tensor([self.state.n], dtype=torch.int64)
+        return collectives.all_gather(mine).tolist() if self.world > 1 else [self.state.n]
+
+    # ------------------------------------------------------------------ results
+    def flush(self) -> None:
+        """Sum the pending per-step aggregates over ranks into ``history``. Call on all ranks."""
+        if not self._pending:
+            return
+        local = torch.stack([s for _, s, _ in self._pending])
+        total = exchange.sum_field(local.clone()) if local.numel() else local
+        for (step, _, values), row in zip(self._pending, total.tolist(), strict=True):
+            self.history["step"].append(step + 1)
+            for name, v in zip(self.series_names, row, strict=True):
+                self.history[name].append(int(v))
+            for name, v in zip(self.global_names, values, strict=True):
+                self.history[name].append(v)
+        self._pending.clear()
+
+    def series(self) -> dict[str, list]:
+        """The per-step aggregates so far (step 1 is the state after the first step). Call on all ranks."""
+        self.flush()
+        return {k: list(v) for k, v in self.history.items()}
+
+    def run(self, steps: int | None = None, *, meter=None, on_step=None) -> dict[str, list]:
+        """Run ``steps`` steps (default: until ``cfg.steps``); returns the aggregates. Call on all ranks.
+
+        ``meter`` (a StepMeter) times each step with this rank's agents as items;
+        ``on_step(engine)`` runs after each step (checkpoints, progress figures).
+        """
+        end = self.cfg.steps if steps is None else self.step_index + steps
+        while self.step_index < end:
+            if meter is None:
+                self.step()
+            else:
+                with meter.step(items=self.state.n):
+                    self.step()  # comm inside: field all-reduce / halo, agent migration
+            if self.cfg.log_every and self.step_index % self.cfg.log_every == 0:
+                self.flush()
+            if on_step is not None:
+                on_step(self)
+        return self.series()

@@ -1,0 +1,390 @@
+"""Shipped models and their substeps, registered by name (inside each rank).
+
+A *model* is an agent schema, an initial state and an ordered list of
+*substeps*. A substep is three vectorized pieces, each a pure function of
+(agents, fields, counter-based random numbers, parameters):
+
+* ``contribute(ctx, chunk)``: this chunk's share of a field the substep reads,
+  an integer tensor (per-cell counts, or a few global sums);
+* ``prepare(ctx, field)``: once per step, after the field was summed over all
+  ranks (exactly: integer sums do not depend on the split), turn it into what
+  the agents look up (per-cell thresholds, a new price);
+* ``apply(ctx, chunk, prepared)``: update the chunk in place; may return an
+  int64 vector of per-step sums (the aggregate time series).
+
+Because an agent's update depends only on its own state, its own random
+numbers and those exactly reduced fields, the result does not depend on how
+agents are split over ranks. Floats never enter a decision: probabilities are
+compared as 24-bit integers against integer thresholds.
+
+Models: ``movement`` (random walk on a periodic grid), ``sir`` (movement plus
+infection from the infected count in the cell, or within ``radius`` cells;
+``seir: true`` adds an exposed state) and ``market`` (agents trade one asset;
+the price moves with the exactly summed excess demand each step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from multigpu.errors import ConfigError
+from multigpu.sim import rng
+
+__all__ = ["FUSED_KERNELS", "KERNELS", "MODELS", "SUBSTEPS", "Context", "Model", "Substep", "model_params"]
+
+S, E, I, R = 0, 1, 2, 3  # noqa: E741 - epidemic states (uint8), named as in the literature
+FUNDAMENTALIST, CHARTIST, NOISE = 0, 1, 2  # market trader kinds (uint8)
+_MAX_PRESSURE = 1 << 16  # infected counts above this are treated as this many (same on every split)
+
+
+# ----------------------------------------------------------------------------- parameters
+@dataclass(frozen=True, kw_only=True)
+class MovementParams:
+    move_prob: float = 0.5
+    """Probability that an agent steps to one of its 4 neighbouring cells (periodic grid)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SIRParams(MovementParams):
+    beta: float = 0.05
+    """Probability that one infected agent in reach infects a susceptible agent in a step."""
+    gamma: float = 0.1
+    """Recovery probability per step (I -> R)."""
+    sigma: float = 0.2
+    """SEIR only: probability per step that an exposed agent becomes infectious (E -> I)."""
+    seir: bool = False
+    """Add the exposed state: S -> E -> I -> R."""
+    initial_infected: float = 0.001
+    """Fraction of agents infected at step 0 (drawn per agent)."""
+    radius: int = 0
+    """Infection reach in cells: 0 = same cell, 1 = the 3x3 neighbourhood (needs a halo)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarketParams:
+    activity: float = 0.1
+    """Probability that an agent places an order in a step."""
+    fundamentalists: float = 0.3
+    """Share of agents trading towards the fundamental price."""
+    chartists: float = 0.3
+    """Share of agents following the last price move (the rest trade at random)."""
+    fundamental_price: float = 100.0
+    """The price fundamentalists believe in."""
+    initial_price: float = 100.0
+    """Price at step 0."""
+    impact: float = 0.5
+    """Log-price change per unit of excess demand as a share of all agents."""
+    band: float = 0.01
+    """Fundamentalists trade only when the log price is more than this away from the fundamental."""
+    initial_cash: int = 1_000_000
+    """Cash per agent at step 0, in price ticks (1/100 of a price unit)."""
+
+
+def _check_prob(cls_name: str, p: Any) -> None:
+    for f in dataclasses.fields(p):
+        value = getattr(p, f.name)
+        if isinstance(value, float) and f.name not in ("fundamental_price", "initial_price", "impact") \
+                and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"sim.params.{f.name}={value} is invalid for {cls_name}; valid: a probability in [0, 1]")
+
+
+# ----------------------------------------------------------------------------- registry types
+@dataclass
+class Context:
+    """What a substep may read besides its chunk: the step, keys, grid and this rank's field rows."""
+
+    seed: int
+    step: int
+    params: Any
+    grid: tuple[int, int]
+    lo: int = 0
+    """First grid row of this rank's field (0 for the data strategy)."""
+    rows: int = 0
+    """Grid rows of this rank's field (all rows for the data strategy)."""
+    kernels: dict[str, Callable] = field(default_factory=dict)
+    """The per-chunk kernels (eager, or torch.compile'd)."""
+    num_agents: int = 0
+    """Agents in the whole simulation (all ranks)."""
+    env: dict[str, Any] = field(default_factory=dict)
+    """Global scalars every rank keeps identical (the market price)."""
+
+    def key(self, stream: int) -> int:
+        return rng.step_key(self.seed, self.step, stream)
+
+
+@dataclass(frozen=True)
+class Substep:
+    name: str
+    needs: tuple[str, ...]
+    """Agent fields the substep reads or writes."""
+    apply: Callable[[Context, dict[str, torch.Tensor], Any], torch.Tensor | None]
+    field: str | None = None
+    """None, "cell" (a per-cell integer field of the grid) or "global" (a few integer sums)."""
+    contribute: Callable[[Context, dict[str, torch.Tensor], torch.Tensor], None] | None = None
+    """Add this chunk's share of the field into the accumulator (in place)."""
+    prepare: Callable[[Context, torch.Tensor], Any] | None = None
+    field_size: int = 0
+    """Length of a "global" field."""
+    moves: bool = False
+    """Agents may change cell (spatial strategies migrate them afterwards)."""
+    series: Callable[[Any], list[str]] = lambda params: []
+    """Names of the int64 sums ``apply`` returns."""
+    globals: Callable[[Any], list[str]] = lambda params: []
+    """Names of the global values ``prepare`` stores in ``ctx.env['series']``."""
+    halo: Callable[[Any], int] = lambda params: 0
+    """Rows of neighbouring cells the field needs (the interaction radius)."""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    fields: Mapping[str, torch.dtype]
+    substeps: tuple[str, ...]
+    params: type
+    init: Callable[[torch.Tensor, int, Any, tuple[int, int]], dict[str, torch.Tensor]]
+    spatial: bool = True
+    env: Callable[[Any], dict[str, Any]] = lambda params: {}
+
+
+SUBSTEPS: dict[str, Substep] = {}
+MODELS: dict[str, Model] = {}
+
+
+def model_params(model: str, params: Mapping[str, Any]) -> Any:
+    """The model's parameter dataclass from ``params``, rejecting unknown names with a suggestion."""
+    from multigpu.config import from_dict
+
+    p = from_dict(MODELS[model].params, params or {}, prefix="sim.params")
+    _check_prob(MODELS[model].params.__name__, p)
+    if isinstance(p, SIRParams) and p.radius not in (0, 1):
+        raise ConfigError(f"sim.params.radius={p.radius} is invalid; valid: 0 or 1")
+    if isinstance(p, MarketParams) and p.fundamentalists + p.chartists > 1.0:
+        raise ConfigError("sim.params.fundamentalists + chartists must be <= 1 (the rest are noise traders)")
+    return p
+
+
+# ----------------------------------------------------------------------------- movement
+def move_kernel(ids, x, y, key: int, move_thr: int, height: int, width: int):
+    """One random-walk step, written into x and y: 16 bits decide whether to move, 2 bits where."""
+    bits = rng.random_bits(ids, key)
+    moving = (rng.low_bits(bits, 16) < move_thr).to(torch.int16)
+    d = rng.low_bits(bits, 2, shift=16)
+    dx = ((d == 0).to(torch.int16) - (d == 1).to(torch.int16)) * moving
+    dy = ((d == 2).to(torch.int16) - (d == 3).to(torch.int16)) * moving
+    nx, ny = x + dx, y + dy
+    nx = torch.where(nx < 0, nx + width, torch.where(nx >= width, nx - width, nx))
+    ny = torch.where(ny < 0, ny + height, torch.where(ny >= height, ny - height, ny))
+    x.copy_(nx)  # in place: torch.compile writes straight into the agent buffers
+    y.copy_(ny)
+    return moving.sum(dtype=torch.int64)
+
+
+def _move_apply(ctx: Context, chunk, _prepared):
+    kernel = ctx.kernels["move"]
+    moved = kernel(chunk["id"], chunk["x"], chunk["y"], ctx.key(rng.STREAM_MOVE),
+                   rng.threshold(ctx.params.move_prob, 16), ctx.grid[0], ctx.grid[1])
+    return moved.reshape(1)
+
+
+def _spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    bx = rng.random_bits(ids, rng.step_key(seed, -1, 10)) & 0x7FFFFFFF
+    by = rng.random_bits(ids, rng.step_key(seed, -1, 11)) & 0x7FFFFFFF
+    return {"id": ids.to(torch.int32), "x": (bx % grid[1]).to(torch.int16), "y": (by % grid[0]).to(torch.int16)}
+
+
+SUBSTEPS["movement"] = Substep(
+    "movement", ("id", "x", "y"), _move_apply, moves=True, series=lambda p: ["moved"],
+)
+MODELS["movement"] = Model(
+    "movement", {"id": torch.int32, "x": torch.int16, "y": torch.int16}, ("movement",), MovementParams,
+    init=lambda ids, seed, p, grid: _spawn_on_grid(ids, seed, grid),
+)
+
+
+# ----------------------------------------------------------------------------- sir / seir
+def infected_kernel(acc, x, y, state, lo: int, width: int):
+    """Add the infected agents per local cell into ``acc`` (int32, cells of rows lo, lo + 1, ...).
+
+    The last slot of ``acc`` is a drop slot; agents outside the rows (about to
+    migrate) are not counted here: the rank that receives them counts them.
+    """
+    ncells = acc.numel() - 1
+    cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
+    mine = (state == I) & (cell >= 0) & (cell < ncells)
+    acc.index_add_(0, cell[mine], torch.ones(int(mine.sum()), dtype=acc.dtype, device=acc.device))
+
+
+def infected_kernel_fused(acc, x, y, state, lo: int, width: int):
+    """:func:`infected_kernel` without the data-dependent selection, which torch.compile fuses into one loop."""
+    ncells = acc.numel() - 1
+    cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
+    cell = torch.where((state == I) & (cell >= 0) & (cell < ncells), cell, ncells)
+    acc.index_put_((cell,), torch.ones_like(cell, dtype=acc.dtype), accumulate=True)
+
+
+def transition_kernel(ids, x, y, state, key: int, cell_thr, lo: int, width: int, state_thr, next_state):
+    """Next epidemic state, written into ``state``: one 24-bit draw per agent against an integer threshold.
+
+    Susceptible agents use their cell's infection threshold; E, I and R use
+    ``state_thr`` (sigma, gamma, 0). The states are exclusive, so one draw serves all.
+    """
+    bits = rng.random_bits(ids, key)
+    u = rng.low_bits(bits, 24, shift=8)
+    s = state.to(torch.int64)
+    cell = (y.to(torch.int64) - lo) * width + x.to(torch.int64)
+    thr = torch.where(state == S, cell_thr[cell], state_thr[s])
+    new = torch.where(u < thr, next_state[s], state)
+    state.copy_(new)
+    return torch.stack([(new == k).sum() for k in (S, E, I, R)])
+
+
+def _sir_contribute(ctx: Context, chunk, acc: torch.Tensor) -> None:
+    ctx.kernels["infected"](acc, chunk["x"], chunk["y"], chunk["state"], ctx.lo, ctx.grid[1])
+
+
+def infection_table(beta: float) -> torch.Tensor:
+    """int32 thresholds t[k] = floor((1 - (1 - beta)^k) * 2^24): P(infected by k infected agents).
+
+    Computed with Python floats, the same way on every rank; it stops where it saturates.
+    """
+    values = []
+    for k in range(_MAX_PRESSURE + 1):
+        t = rng.threshold(1.0 - (1.0 - beta) ** k, 24)
+        values.append(t)
+        if t >= 1 << 24:
+            break
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def pressure(counts: torch.Tensor, radius: int) -> torch.Tensor:
+    """Sum of infected counts within ``radius`` cells (periodic in x).
+
+    ``counts`` is [rows + 2 * radius, width] (halo rows included); returns [rows, width].
+    """
+    if radius == 0:
+        return counts
+    rows = counts.shape[0] - 2 * radius
+    total = torch.zeros((rows, counts.shape[1]), dtype=counts.dtype, device=counts.device)
+    for dy in range(2 * radius + 1):
+        band = counts[dy : dy + rows]
+        for dx in range(-radius, radius + 1):
+            total += torch.roll(band, dx, dims=1)
+    return total
+
+
+def _sir_prepare(ctx: Context, counts: torch.Tensor):
+    p = ctx.params
+    table = ctx.env.setdefault("_infection_table", infection_table(p.beta)).to(counts.device)
+    press = pressure(counts, p.radius).reshape(-1).clamp_(max=table.numel() - 1)
+    cell_thr = table[press]
+    state_thr = torch.tensor([0, rng.threshold(p.sigma), rng.threshold(p.gamma), 0], dtype=torch.int32,
+                             device=counts.device)
+    next_state = torch.tensor([E if p.seir else I, I, R, R], dtype=torch.uint8, device=counts.device)
+    return cell_thr, state_thr, next_state
+
+
+def _sir_apply(ctx: Context, chunk, prepared):
+    cell_thr, state_thr, next_state = prepared
+    counts = ctx.kernels["transition"](chunk["id"], chunk["x"], chunk["y"], chunk["state"],
+                                       ctx.key(rng.STREAM_TRANSITION), cell_thr, ctx.lo, ctx.grid[1],
+                                       state_thr, next_state)
+    return counts if ctx.params.seir else counts[[S, I, R]]
+
+
+def _sir_init(ids, seed, p: SIRParams, grid):
+    agents = _spawn_on_grid(ids, seed, grid)
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(seed, -1, 12)), 24, shift=8)
+    agents["state"] = torch.where(u < rng.threshold(p.initial_infected), I, S).to(torch.uint8)
+    return agents
+
+
+SUBSTEPS["sir"] = Substep(
+    "sir", ("id", "x", "y", "state"), _sir_apply, field="cell", contribute=_sir_contribute,
+    prepare=_sir_prepare, series=lambda p: ["S", "E", "I", "R"] if p.seir else ["S", "I", "R"],
+    halo=lambda p: p.radius,
+)
+MODELS["sir"] = Model(
+    "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
+    ("movement", "sir"), SIRParams, init=_sir_init,
+)
+
+
+# ----------------------------------------------------------------------------- market
+def decide_kernel(ids, kind, key: int, act_thr: int, kind_order):
+    """Each active agent's order (-1, 0, +1): fundamentalists and chartists by rule, noise at random."""
+    bits = rng.random_bits(ids, key)
+    active = rng.low_bits(bits, 24) < act_thr
+    coin = (rng.low_bits(bits, 1, shift=24) * 2 - 1).to(torch.int8)
+    rule = kind_order[kind.to(torch.int64)]
+    return torch.where(active, torch.where(kind == NOISE, coin, rule), torch.zeros_like(rule))
+
+
+def _sign(v: float) -> int:
+    return (v > 0) - (v < 0)
+
+
+def _decide_apply(ctx: Context, chunk, _prepared):
+    p, env = ctx.params, ctx.env
+    gap = math.log(p.fundamental_price) - env["log_price"]
+    fund = _sign(gap) if abs(gap) > p.band else 0
+    chart = _sign(env["log_price"] - env["prev_log_price"])
+    table = torch.tensor([fund, chart, 0], dtype=torch.int8, device=chunk["id"].device)
+    chunk["order"].copy_(ctx.kernels["decide"](chunk["id"], chunk["kind"], ctx.key(rng.STREAM_MARKET),
+                                           rng.threshold(p.activity), table))
+
+
+def _trade_contribute(ctx: Context, chunk, acc: torch.Tensor) -> None:
+    o = chunk["order"].to(torch.int64)
+    acc += torch.stack([o.sum(), o.abs().sum(), (o > 0).sum(), (o < 0).sum()])
+
+
+def _trade_prepare(ctx: Context, sums: torch.Tensor):
+    """New price from the exactly summed excess demand: the same float ops on every rank."""
+    env, p = ctx.env, ctx.params
+    demand, volume, buyers, sellers = (int(v) for v in sums.tolist())
+    env["prev_log_price"] = env["log_price"]
+    env["log_price"] = env["log_price"] + p.impact * demand / ctx.num_agents
+    price = math.exp(env["log_price"])
+    env["series"] = {"price": price, "demand": demand, "volume": volume, "buyers": buyers, "sellers": sellers}
+    return round(price * 100)  # ticks
+
+
+def _trade_apply(ctx: Context, chunk, ticks: int):
+    o = chunk["order"]
+    chunk["position"].add_(o.to(torch.int32))
+    chunk["cash"].sub_(o.to(torch.int64) * ticks)
+
+
+def _market_init(ids, seed, p: MarketParams, grid):
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(seed, -1, 13)), 24, shift=8)
+    kind = torch.where(u < rng.threshold(p.fundamentalists), FUNDAMENTALIST,
+                       torch.where(u < rng.threshold(p.fundamentalists + p.chartists), CHARTIST, NOISE))
+    n = ids.shape[0]
+    return {"id": ids.to(torch.int32), "kind": kind.to(torch.uint8), "order": torch.zeros(n, dtype=torch.int8),
+            "position": torch.zeros(n, dtype=torch.int32), "cash": torch.full((n,), p.initial_cash, dtype=torch.int64)}
+
+
+SUBSTEPS["decide"] = Substep("decide", ("id", "kind", "order"), _decide_apply)
+SUBSTEPS["trade"] = Substep(
+    "trade", ("order", "position", "cash"), _trade_apply, field="global", field_size=4,
+    contribute=_trade_contribute,
+    prepare=_trade_prepare, globals=lambda p: ["price", "demand", "volume", "buyers", "sellers"],
+)
+MODELS["market"] = Model(
+    "market", {"id": torch.int32, "kind": torch.uint8, "order": torch.int8, "position": torch.int32,
+               "cash": torch.int64},
+    ("decide", "trade"), MarketParams, init=_market_init, spatial=False,
+    env=lambda p: {"log_price": math.log(p.initial_price), "prev_log_price": math.log(p.initial_price)},
+)
+
+KERNELS = {"move": move_kernel, "infected": infected_kernel, "transition": transition_kernel,
+           "decide": decide_kernel}
+"""The per-chunk kernels; the engine wraps them in torch.compile when ``compile: true``."""
+FUSED_KERNELS = {"infected": infected_kernel_fused}
+"""Replacements that compile better (same integer results)."""

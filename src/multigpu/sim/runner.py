@@ -1,0 +1,195 @@
+"""``run(cfg)``: build or resume the engine, step it under a StepMeter, write the outputs (inside each rank).
+
+Rank 0 writes into the run directory: ``series.csv`` (the per-step aggregates),
+``series.png`` (epidemic curve, price path, ...), ``summary.json`` (throughput,
+comm share, imbalance, memory, bytes per agent; from :class:`StepMeter`) and,
+with ``profile``, ``profile.txt``. Checkpoints go to ``<run_dir>/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.monitor import StepMeter, write_json_atomic
+from multigpu.runtime import collectives, group
+from multigpu.sim import checkpoint
+from multigpu.sim.config import SimConfig
+from multigpu.sim.engine import SimEngine
+
+__all__ = ["SimResult", "run"]
+
+
+@dataclasses.dataclass
+class SimResult:
+    """What rank 0 gets back from :func:`run`."""
+
+    series: dict[str, list]
+    """step -> aggregates (one list per column, ``step`` first)."""
+    summary: dict[str, Any]
+    """The StepMeter summary plus simulation figures (bytes_per_agent, peak_rss_mb, phases, ...)."""
+    csv_path: Path | None = None
+    plot_path: Path | None = None
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _start(cfg: SimConfig, ckpt_root: Path | None, resume: str | None) -> tuple[SimEngine, Path | None]:
+    source = None
+    if resume == "auto" and ckpt_root is not None:
+        source = checkpoint.latest(ckpt_root)
+    elif resume not in (None, "", "auto", "none"):
+        source = Path(resume)
+    engine = SimEngine(cfg, populate=source is None)
+    if source is not None:
+        checkpoint.load(engine, source)
+    return engine, source
+
+
+def run(
+    cfg: SimConfig,
+    steps: int | None = None,
+    *,
+    run_dir: str | Path | None = None,
+    resume: str | None = None,
+    profile: bool = False,
+    progress: bool = True,
+) -> SimResult | None:
+    """Run the simulation ``cfg`` to ``steps`` (default ``cfg.steps``). Call on all ranks.
+
+    Args:
+        cfg: The simulation.
+        steps: Total steps to reach (a resumed run continues from its checkpoint's step).
+        run_dir: Where rank 0 writes series.csv, series.png, summary.json and checkpoints
+            (None: nothing is written).
+        resume: "auto" (the newest checkpoint under run_dir, if any), a checkpoint folder, or None.
+        profile: Also run torch.profiler and write profile.txt.
+
+    Returns:
+        On rank 0 a :class:`SimResult`; None on the other ranks.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else None
+    ckpt_root = run_dir / "checkpoints" if run_dir is not None else None
+    total = cfg.steps if steps is None else steps
+    t0 = time.perf_counter()
+    engine, source = _start(cfg, ckpt_root, resume)
+    setup_s = time.perf_counter() - t0
+    meter = StepMeter("agent-steps", total_steps=max(total - engine.step_index, 0),
+                      description=f"sim {cfg.model} ({cfg.strategy})", run_dir=run_dir,
+                      log_every=cfg.log_every, warmup_steps=1, progress=progress)
+    profiler = _profiler(profile)
+
+    def on_step(e: SimEngine) -> None:
+        if profiler is not None:
+            profiler.step()
+        if e.history["step"] and e.series_names:
+            meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
+        if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
+            checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
+
+    with profiler if profiler is not None else contextlib.nullcontext():
+        series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
+    extra = _figures(engine, setup_s, source)
+    summary = meter.close(extra)
+    if group.rank() != 0:
+        return None
+    result = SimResult(series=series, summary=summary)
+    if run_dir is not None:
+        result.csv_path = write_csv(series, run_dir / "series.csv")
+        result.plot_path = write_plot(series, cfg, run_dir / "series.png") if cfg.plot else None
+        if profiler is not None:
+            (run_dir / "profile.txt").write_text(_profile_text(profiler, engine))
+        summary["csv"], summary["plot"] = str(result.csv_path), str(result.plot_path) if result.plot_path else None
+        write_json_atomic(run_dir / "summary.json", summary)
+    return result
+
+
+def _figures(engine: SimEngine, setup_s: float, source: Path | None) -> dict[str, Any]:
+    """Simulation figures gathered from every rank (a collective)."""
+    mine = {"agents": engine.state.n, "peak_rss_mb": _peak_rss_mb(), "phases_s": dict(engine.timers)}
+    ranks = collectives.all_gather(mine) if engine.world > 1 else [mine]
+    return {
+        "model": engine.cfg.model, "strategy": engine.cfg.strategy, "num_agents": engine.num_agents,
+        "final_step": engine.step_index, "bytes_per_agent": engine.state.bytes_per_agent,
+        "setup_s": setup_s, "resumed_from": str(source) if source else None,
+        "peak_rss_mb": [r["peak_rss_mb"] for r in ranks], "agents_per_rank": [r["agents"] for r in ranks],
+        "phases_s": [r["phases_s"] for r in ranks], "rebalances": engine.rebalances,
+        "compile": engine.cfg.compile, "threads": torch.get_num_threads(),
+    }
+
+
+def write_csv(series: dict[str, list], path: Path) -> Path:
+    """The aggregates as CSV (atomically)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    names = list(series)
+    writer.writerow(names)
+    writer.writerows(zip(*(series[n] for n in names), strict=True))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | None:
+    """Epidemic curve (sir), price path (market) or agents moved (movement) as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("multigpu sim: no plot written; install matplotlib (pip install 'multigpu[report]')")
+        return None
+    steps = series["step"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if cfg.model == "market":
+        ax.plot(steps, series["price"], color="tab:blue")
+        ax.set_ylabel("price")
+        ax.set_title(f"market: {cfg.agents:,} traders")
+    else:
+        names = [n for n in series if n in ("S", "E", "I", "R")] if cfg.model == "sir" else ["moved"]
+        for name in names:
+            ax.plot(steps, series[name], label=name)
+        ax.set_ylabel("agents")
+        ax.legend()
+        title = "epidemic curve" if cfg.model == "sir" else "agents moved per step"
+        ax.set_title(f"{cfg.model}: {title}, {cfg.agents:,} agents")
+    ax.set_xlabel("step")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _profiler(enabled: bool):
+    if not enabled:
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    return profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1))
+
+
+def _profile_text(profiler, engine: SimEngine) -> str:
+    lines = ["phase seconds on rank 0 (whole run):"]
+    lines += [f"  {k:<20} {v:8.3f}" for k, v in sorted(engine.timers.items(), key=lambda kv: -kv[1])]
+    try:
+        lines += ["", "torch.profiler, 3 steps:", profiler.key_averages().table(sort_by="self_cpu_time_total",
+                                                                             row_limit=25)]
+    except (AssertionError, RuntimeError) as exc:  # fewer than the profiled steps ran
+        lines += ["", f"torch.profiler: no table ({exc})"]
+    return "\n".join(lines) + "\n"

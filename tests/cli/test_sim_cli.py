@@ -1,0 +1,81 @@
+"""``multigpu sim`` end to end: bad input fails in the launcher; a run writes its outputs and resumes.
+
+The resume test pins the contract that a checkpoint written by 2 ranks
+(spatial) continues on 1 rank (data) to exactly the series a 1-process run
+produces: the CSV must match row for row.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from multigpu.cli import main
+from multigpu.sim.config import SimConfig
+from multigpu.sim.engine import SimEngine
+from tests.conftest import ROOT, run_cli
+
+SIR = str(ROOT / "configs" / "sir.yaml")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-f", SIR, "model=sri"], "sim.model 'sri' is not a known model"),
+        (["-f", SIR, "--agents", "0"], "argument --agents: 0 is invalid"),
+        (["-f", SIR, "agents=-5"], "sim.agents=-5 is invalid"),
+        (["-f", SIR, "stps=5"], "Did you mean 'sim.steps'"),
+        (["-f", SIR, "substeps=[movement,sneeze]"], "unknown substep 'sneeze'"),
+        (["-f", SIR, "--strategy", "spatial", "--nproc-per-node", "4", "grid=[3,100]"], "fewer than the 4 ranks"),
+        (["-f", "configs/nope.yaml"], "config file 'configs/nope.yaml' does not exist"),
+        (["-f", SIR, "--resume", "/no/such/ckpt"], "is not a checkpoint folder"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, monkeypatch, args, message):
+    """In process through the real entry point (main), so each case costs milliseconds, not a Python start."""
+    monkeypatch.chdir(ROOT)
+    code = main(["sim", *args, "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_input_exit_code_from_a_real_process(tmp_path):
+    result = run_cli("sim", "-f", SIR, "model=sri", "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith("error: sim.model 'sri'"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def _csv(path):
+    with open(path) as fh:
+        return list(csv.reader(fh))
+
+
+@pytest.mark.e2e
+def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["-f", SIR, "--agents", "20000", "--run-dir", str(run_dir), "grid=[40,50]", "params.beta=0.3"]
+    first = run_cli("sim", *common, "--steps", "6", "--nproc-per-node", "2", "--strategy", "spatial",
+                    "--checkpoint-every", "3", "--profile", timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "agent-steps/s" in first.stdout and "series:" in first.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["num_agents"] == 20000 and summary["bytes_per_agent"] == 9
+    assert summary["throughput"] > 0 and (run_dir / "series.png").stat().st_size > 1000
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    assert "phase seconds" in (run_dir / "profile.txt").read_text()
+
+    second = run_cli("sim", *common, "--steps", "9", "--nproc-per-node", "1", "--strategy", "data",
+                     "--resume", "auto", timeout=180)
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = _csv(run_dir / "series.csv")
+
+    cfg = SimConfig(model="sir", agents=20000, grid=(40, 50), steps=9,
+                    params={**json.loads((run_dir / "resolved_config.json").read_text())["sim"]["params"]})
+    series = SimEngine(cfg).run()
+    assert resumed[0] == list(series)
+    assert resumed[1:] == [[str(v) for v in row] for row in zip(*series.values(), strict=True)]
