@@ -68,6 +68,7 @@ def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
     assert summary["throughput"] > 0 and (run_dir / "series.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
     assert "phase seconds" in (run_dir / "profile.txt").read_text()
+    assert sorted(p.name for p in (run_dir / "profile").glob("rank*.json")) == ["rank0.json", "rank1.json"]
 
     second = run_cli("sim", *common, "--steps", "9", "--nproc-per-node", "1", "--strategy", "data",
                      "--resume", "auto", timeout=180)

@@ -32,7 +32,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flag(parser, "--checkpoint-every", type=non_negative_int, default=None, help="save the state every K steps")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
              help="auto: continue from the newest checkpoint in the run dir; or a checkpoint folder")
-    add_flag(parser, "--profile", action="store_true", help="write profile.txt (phases and torch.profiler)")
     add_flag(parser, "--compile", action="store_true", default=None, help="fuse kernels with torch.compile")
     add_flag(parser, "--run-dir", default=None, help="output folder (default runs/sim/<timestamp>)")
     add_launch_flags(parser)

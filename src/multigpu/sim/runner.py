@@ -8,7 +8,6 @@ with ``profile``, ``profile.txt``. Checkpoints go to ``<run_dir>/checkpoints``.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
@@ -74,7 +73,8 @@ def run(
         run_dir: Where rank 0 writes series.csv, series.png, summary.json and checkpoints
             (None: nothing is written).
         resume: "auto" (the newest checkpoint under run_dir, if any), a checkpoint folder, or None.
-        profile: Also run torch.profiler and write profile.txt.
+        profile: Also write profile.txt (seconds per phase); the per-rank torch.profiler traces come from
+            the step meter when ``MULTIGPU_PROFILE=1``.
 
     Returns:
         On rank 0 a :class:`SimResult`; None on the other ranks.
@@ -88,18 +88,13 @@ def run(
     meter = StepMeter("agent-steps", total_steps=max(total - engine.step_index, 0),
                       description=f"sim {cfg.model} ({cfg.strategy})", run_dir=run_dir,
                       log_every=cfg.log_every, warmup_steps=1, progress=progress)
-    profiler = _profiler(profile)
-
     def on_step(e: SimEngine) -> None:
-        if profiler is not None:
-            profiler.step()
         if e.history["step"] and e.series_names:
             meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
         if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
             checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
 
-    with profiler if profiler is not None else contextlib.nullcontext():
-        series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
+    series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
     extra = _figures(engine, setup_s, source)
     summary = meter.close(extra)
     if group.rank() != 0:
@@ -108,8 +103,8 @@ def run(
     if run_dir is not None:
         result.csv_path = write_csv(series, run_dir / "series.csv")
         result.plot_path = write_plot(series, cfg, run_dir / "series.png") if cfg.plot else None
-        if profiler is not None:
-            (run_dir / "profile.txt").write_text(_profile_text(profiler, engine))
+        if profile:
+            (run_dir / "profile.txt").write_text(_profile_text(engine))
         summary["csv"], summary["plot"] = str(result.csv_path), str(result.plot_path) if result.plot_path else None
         write_json_atomic(run_dir / "summary.json", summary)
     return result
@@ -176,20 +171,9 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
     return path
 
 
-def _profiler(enabled: bool):
-    if not enabled:
-        return None
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    return profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1))
-
-
-def _profile_text(profiler, engine: SimEngine) -> str:
+def _profile_text(engine: SimEngine) -> str:
+    """Seconds per phase on rank 0; the torch.profiler traces (``--profile`` sets ``MULTIGPU_PROFILE=1``)
+    are written per rank by the step meter into ``profile/``."""
     lines = ["phase seconds on rank 0 (whole run):"]
     lines += [f"  {k:<20} {v:8.3f}" for k, v in sorted(engine.timers.items(), key=lambda kv: -kv[1])]
-    try:
-        lines += ["", "torch.profiler, 3 steps:", profiler.key_averages().table(sort_by="self_cpu_time_total",
-                                                                             row_limit=25)]
-    except (AssertionError, RuntimeError) as exc:  # fewer than the profiled steps ran
-        lines += ["", f"torch.profiler: no table ({exc})"]
     return "\n".join(lines) + "\n"
