@@ -38,6 +38,8 @@ WORKLOADS: dict[str, Workload] = {
     "train": Workload("multigpu.train.worker", args=(str(_CONFIGS / "nano.yaml"), "steps=20", "eval_every=0",
                                                      "checkpoint_every=0", "log_every=0", "sample_chars=0"),
                       help="nano-GPT training steps, tokens/s; add key=value overrides"),
+    "sim": Workload("multigpu.sim.worker", args=(str(_CONFIGS / "sir.yaml"), "agents=2000000", "steps=20", "plot=false"),
+                    help="SIR epidemic steps, agent-steps/s; add key=value overrides (agents=..., strategy=...)"),
     "envs": Workload("multigpu.envs.bench", help="CartPole-v1 env-steps/s, 16,384 envs split over the ranks; "
                      "--num-envs N --steps S --env ID"),
 }

@@ -1,6 +1,7 @@
 """The rank entry point of ``multigpu sim`` (inside each rank).
 
-    python -m multigpu.sim.worker RUN_DIR/resolved_config.json
+    python -m multigpu.sim.worker RUN_DIR/resolved_config.json     # normally via `multigpu sim`
+    multigpu bench --nproc 1,2 sim agents=2000000                   # configs/sir.yaml + overrides
 
 The launcher wrote the resolved config (``{"sim": ..., "run": {...}}``); every
 rank reads it, joins the job, runs :func:`multigpu.sim.run`, and rank 0 prints
@@ -14,15 +15,24 @@ import sys
 from pathlib import Path
 
 import multigpu as mg
-from multigpu.config import from_dict
+from multigpu.config import from_dict, load_config
+from multigpu.monitor import run_dir_from_env
 from multigpu.sim.config import SimConfig
 from multigpu.sim.runner import run
 
 
+def _load(argv: list[str]) -> tuple[SimConfig, dict]:
+    """A resolved JSON config (from `multigpu sim`), or a YAML file plus key=value overrides
+    (from `multigpu bench sim`, whose run directory is ``$MULTIGPU_RUN_DIR``)."""
+    path = Path(argv[0])
+    if path.suffix == ".json":
+        resolved = json.loads(path.read_text())
+        return from_dict(SimConfig, resolved["sim"], prefix="sim"), resolved.get("run", {})
+    return load_config(SimConfig, path, argv[1:], prefix="sim"), {"run_dir": run_dir_from_env()}
+
+
 def main(argv: list[str]) -> int:
-    resolved = json.loads(Path(argv[0]).read_text())
-    cfg = from_dict(SimConfig, resolved["sim"], prefix="sim")
-    opts = resolved.get("run", {})
+    cfg, opts = _load(argv)
     mg.init(backend=cfg.backend)
     try:
         result = run(cfg, run_dir=opts.get("run_dir"), resume=opts.get("resume"), profile=opts.get("profile", False))
