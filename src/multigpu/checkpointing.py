@@ -168,6 +168,18 @@ def _stderr_warning(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``, if any: torch.save re-raises a full disk as a RuntimeError
+    ("unexpected pos ...") from its zip writer's cleanup, with the OSError as its context."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _describe_oserror(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
     text = exc.strerror or str(exc)
@@ -256,13 +268,16 @@ class CheckpointFolder:
                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             kept = sorted(entries.values(), key=lambda e: e["step"])[-self.keep_last:]
             self._write_manifest(kept)
-        except OSError as exc:
+        except Exception as exc:
+            cause = _os_error_in(exc)
+            if cause is None:  # not the disk: e.g. a state that does not pickle; the folder is unchanged anyway
+                raise
             if written and not replaced:  # the manifest could not record it: leave the folder as it was
                 path.unlink(missing_ok=True)
             previous = [e["file"] for e in sorted(entries.values(), key=lambda e: e["step"]) if e["file"] != path.name]
             intact = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
             raise CheckpointWriteError(
-                f"could not write checkpoint {path}: {_describe_oserror(exc)}; {intact}"
+                f"could not write checkpoint {path}: {_describe_oserror(cause)}; {intact}"
             ) from exc
         self._prune({e["file"] for e in kept})
         return path
