@@ -78,6 +78,10 @@ def build_plan(
         env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
     if cfg.stall_timeout_s is not None:
         env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
+    if cfg.max_restarts > 0:
+        # torch's agent shares its rendezvous TCPStore with the workers, and a restarted group then reads the
+        # previous attempt's keys and connects to dead ports (pytorch/pytorch#135712): give each attempt its own
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     rdzv_configs: dict[str, object] = {}
     if cfg.nnodes > 1:
         rdzv_configs["is_host"] = cfg.node_rank == 0
