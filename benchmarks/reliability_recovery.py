@@ -12,6 +12,10 @@ Each round runs the same small nano-GPT job (2 CPU ranks, checkpoint every 5 ste
 * ``torchrun+fix``: the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, the
   workaround `multigpu launch` applies when restarts are allowed.
 
+With ``--ctrl-c`` it measures Ctrl-C instead: SIGINT to the launcher after
+step ``--kill-after``, with and without ``--checkpoint-on-interrupt``; seconds
+until the launcher exits, and whether a valid checkpoint of the last step exists.
+
 It prints, per job: exit code, total wall time, seconds from the kill to the
 restarted group's "resuming" line and to its first logged step, the steps that
 had to be redone, and whether the final parameters equal the clean run's bit for bit.
@@ -74,7 +78,8 @@ def _run(argv: list[str], env: dict, kill_after: int | None) -> dict:
             killed_at = time.monotonic()
     proc.wait(timeout=600)
     reader.join(timeout=5)
-    result = {"rc": proc.returncode, "total_s": time.monotonic() - start, "tail": [t for _, t in lines[-4:]]}
+    errors = [text for _, text in lines if "connectFullMesh failed" in text or text.startswith("error:")]
+    result = {"rc": proc.returncode, "total_s": time.monotonic() - start, "tail": (errors or [t for _, t in lines])[-2:]}
     if killed_at is not None:
         resumed = [(t, text) for t, text in lines if t > killed_at and "resuming from" in text]
         if resumed:
@@ -86,6 +91,34 @@ def _run(argv: list[str], env: dict, kill_after: int | None) -> dict:
             if after:
                 result["to_first_step_s"] = after[0] - killed_at
     return result
+
+
+def _ctrl_c(tmp: Path, env: dict, cfg: list[str], after: int) -> None:
+    """SIGINT to the launcher after step ``after``: time to exit, and the checkpoint left behind."""
+    import psutil
+
+    from multigpu.checkpointing import CheckpointFolder
+
+    print(f"\n{'job':<28} {'rc':>4} {'SIGINT→exit s':>14} {'last checkpoint':>16} {'workers left':>13}")
+    for flag in ([], ["--checkpoint-on-interrupt"]):
+        run_dir = tmp / f"ctrl_c{len(flag)}"
+        proc = subprocess.Popen([sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml",
+                                 "--nproc-per-node", "2", "--run-dir", str(run_dir), *flag, *cfg, "steps=100000",
+                                 "checkpoint_every=0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            if STEP.search(line) and int(STEP.search(line)[1]) >= after:
+                break
+        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        took = time.monotonic() - start
+        time.sleep(0.5)
+        left = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        newest = CheckpointFolder(run_dir / "checkpoints", warn=print).latest_valid()
+        name = "Ctrl-C " + (flag[0] if flag else "(no flag)")
+        print(f"{name:<28} {proc.returncode:>4} {took:>14.1f} {newest.name if newest else '-':>16} {len(left):>13}")
 
 
 def _final(run_dir: Path, steps: int):
@@ -105,6 +138,7 @@ def main() -> int:
     ap.add_argument("--kill-after", type=int, default=22)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--ctrl-c", action="store_true", help="measure Ctrl-C on the launcher instead of a kill")
     args = ap.parse_args()
     try:
         import psutil  # noqa: F401
@@ -118,6 +152,10 @@ def main() -> int:
     base_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     cfg = [*CONFIG, f"steps={args.steps}"]
     ours = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2"]
+    if args.ctrl_c:
+        _ctrl_c(tmp, base_env, CONFIG, args.kill_after)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     rows = []
     for rnd in range(1, args.rounds + 1):
         jobs: dict[str, dict] = {}
@@ -151,7 +189,7 @@ def main() -> int:
               f"{_fmt(job, 'to_first_step_s'):>18} {job.get('redone_steps', '-')!s:>7} {job['identical']!s:>14}")
     for rnd, name, job in rows:
         if job["rc"] != 0:
-            print(f"round {rnd} {name} failed; its last lines:\n  " + "\n  ".join(job["tail"]))
+            print(f"round {rnd} {name} failed; its error lines (or last lines):\n  " + "\n  ".join(job["tail"]))
     clean = {rnd: job["total_s"] for rnd, name, job in rows if name == "clean"}
     for rnd, name, job in rows:
         if name != "clean" and job["rc"] == 0:
