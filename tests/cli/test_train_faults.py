@@ -81,20 +81,24 @@ def test_ctrl_c_writes_a_last_checkpoint_then_stops_every_rank(tmp_path):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     out: list[str] = []
-    reader = threading.Thread(target=_lines, args=(proc.stdout, out), daemon=True)
-    reader.start()
+    errs: list[str] = []
+    readers = [threading.Thread(target=_lines, args=(stream, sink), daemon=True)
+               for stream, sink in ((proc.stdout, out), (proc.stderr, errs))]  # the only readers of the pipes
+    for reader in readers:
+        reader.start()
     deadline = time.monotonic() + 120
     while not any(line.startswith("step 3/") for line in out):
-        assert time.monotonic() < deadline and proc.poll() is None, ("".join(out), proc.stderr.read())
+        assert time.monotonic() < deadline and proc.poll() is None, ("".join(out), "".join(errs))
         time.sleep(0.1)
     workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     assert len(workers) >= 2
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=60)[1]
+    proc.wait(timeout=60)
     elapsed = time.monotonic() - start
-    reader.join(timeout=5)
-    stdout = "".join(out)
+    for reader in readers:
+        reader.join(timeout=5)
+    stdout, err = "".join(out), "".join(errs)
     assert proc.returncode == 130, (stdout[-2000:], err[-3000:])
     assert err.strip().endswith("error: interrupted"), err[-2000:]
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
