@@ -102,7 +102,7 @@ def test_checkpoints_keep_the_last_k_and_skip_damaged_files(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     for step in (1, 2, 3):
         manager.save({"step": step, "model": {"w": torch.ones(2) * step}, "optimizer": {}})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000002.pt", "ckpt_00000003.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000002.pt", "ckpt_00000003.pt", "manifest.json"]
     (tmp_path / "ckpt_00000004.pt").write_bytes(b"half a file")
     assert find_latest(tmp_path).name == "ckpt_00000003.pt"
     state = manager.load(manager.resolve("auto"))

@@ -37,6 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flag(t, "--prefetch", type=non_negative_int, help="batches moved to the device ahead of use")
     add_flag(t, "--resume", metavar="auto|PATH", help="continue from the newest checkpoint (auto) or a file")
     add_flag(t, "--run-dir", metavar="DIR", help=f"output folder (default {RUNS}/<timestamp>)")
+    add_flag(t, "--checkpoint-on-interrupt", action="store_true", default=None,
+             help="on Ctrl-C, finish the current step and write a checkpoint before stopping")
     add_launch_flags(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=400 model.n_layer=6")
     return parser
@@ -44,7 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _flag_overrides(args: argparse.Namespace) -> list[str]:
     pairs = [("sync_backend", args.sync_backend), ("precision", args.precision), ("dtype", args.dtype),
-             ("grad_accum", args.grad_accum), ("prefetch", args.prefetch), ("resume", args.resume)]
+             ("grad_accum", args.grad_accum), ("prefetch", args.prefetch), ("resume", args.resume),
+             ("checkpoint_on_interrupt", args.checkpoint_on_interrupt)]
     return [f"{key}={value}" for key, value in pairs if value is not None]
 
 
@@ -65,6 +68,20 @@ def _fresh_run_dir() -> Path:
     return path
 
 
+def _check_resume_file(resume: str) -> None:
+    """``--resume PATH`` must name an intact checkpoint (size and SHA-256 as its manifest records)."""
+    from multigpu.checkpointing import CorruptCheckpointError
+    from multigpu.train.checkpoint import check_checkpoint
+
+    if not Path(resume).is_file():
+        raise ConfigError(f"--resume {resume}: no such file; valid: auto, or the path of a checkpoints/ckpt_*.pt")
+    try:
+        check_checkpoint(resume)
+    except CorruptCheckpointError as exc:
+        raise ConfigError(f"--resume {resume}: {exc.reason}; valid: an intact checkpoint, or auto "
+                          "(the newest valid one)") from None
+
+
 def validate(cfg, launch_cfg) -> int:
     """Every check that needs the job's shape; returns its world size. Raises ConfigError/DeviceError."""
     from multigpu.launch.devices import HostFacts, plan_devices
@@ -80,8 +97,8 @@ def validate(cfg, launch_cfg) -> int:
         check_sync_backend(cfg.sync_backend, device_type)
         check_precision(cfg.precision, cfg.dtype, probe_support(device_type))
     find_files(cfg.data)
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).is_file():
-        raise ConfigError(f"--resume {cfg.resume}: no such file; valid: auto, or the path of a checkpoints/ckpt_*.pt")
+    if cfg.resume not in (None, "auto"):
+        _check_resume_file(cfg.resume)
     return world_size
 
 

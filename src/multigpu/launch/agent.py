@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 import uuid
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
@@ -79,6 +80,10 @@ def build_plan(
         env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
     if cfg.profile:
         env["MULTIGPU_PROFILE"] = "1"
+    if cfg.max_restarts > 0:
+        # torch's agent shares its rendezvous TCPStore with the workers, and a restarted group then reads the
+        # previous attempt's keys and connects to dead ports (pytorch/pytorch#135712): give each attempt its own
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     rdzv_configs: dict[str, object] = {}
     if cfg.nnodes > 1:
         rdzv_configs["is_host"] = cfg.node_rank == 0
@@ -218,6 +223,10 @@ def launch(
             _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
         except ChildFailedError as exc:
             raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None) from None
+        except SignalException as exc:  # the agent has already stopped the workers with the same signal
+            if exc.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from None
+            raise LaunchError(f"the launcher got {exc.sigval.name}; every worker was sent it too and stopped") from None
         except TorchRdzvTimeout as exc:
             raise RendezvousTimeoutError(
                 f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s): {exc}. "

@@ -1,31 +1,50 @@
-"""Checkpoints: rank 0 writes atomically, the others wait; keep the last K; find the newest valid one.
+"""Checkpoints of a training run: rank 0 writes atomically with a checksum, every rank loads the same valid one.
 
 Runs inside each rank. A checkpoint is one ``torch.save`` file
 ``<dir>/ckpt_<step:08d>.pt`` holding everything a run needs to continue exactly
 where it stopped: model, optimizer, scheduler, grad scaler, sampler position,
-step, and the random state of *every* rank (gathered to rank 0). Rank 0 writes
-it to a temporary file in the same folder, flushes and fsyncs it, then renames
-it into place, so a reader never sees half a checkpoint; the other ranks wait
-at a barrier until it is there. ``find_latest`` skips files that do not load
-(a crash mid-write leaves only a ``.tmp`` file, which it ignores anyway).
+step, and the random state of *every* rank (gathered to rank 0). The file
+handling is :class:`multigpu.checkpointing.CheckpointFolder`: temporary file,
+fsync, rename, fsync of the folder, SHA-256 and size in ``manifest.json``.
+
+* A failed save (a full disk) raises :class:`CheckpointWriteError` on *every*
+  rank (rank 0 tells the others), naming the file, the reason and the previous
+  checkpoint, which is intact. Training stops there: going on without being
+  able to save would risk losing everything after the last good checkpoint,
+  silently. Free some space and continue with ``resume=auto``.
+* ``resume="auto"`` takes the newest checkpoint whose size and SHA-256 match
+  the manifest and that loads; each one skipped is named in a warning with what
+  is wrong (truncated, checksum mismatch, does not load).
+* ``resume=<path>`` must be valid itself: a damaged file is an error that says
+  what is wrong (no silent fallback from a file the user chose).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import multigpu as mg
+from multigpu.checkpointing import (
+    CheckpointFolder,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+)
 from multigpu.errors import ConfigError
 
-__all__ = ["CheckpointManager", "capture_rng", "find_latest", "restore_rng"]
+__all__ = [
+    "CheckpointManager",
+    "CheckpointWriteError",
+    "CorruptCheckpointError",
+    "capture_rng",
+    "check_checkpoint",
+    "find_latest",
+    "restore_rng",
+]
 
-_NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
 _REQUIRED = ("step", "model", "optimizer", "rng")
 
 
@@ -55,42 +74,41 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint files in ``directory``, oldest step first."""
-    if not directory.is_dir():
-        return []
-    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=lambda p: p.name)
-
-
 def _load(path: Path) -> dict[str, Any]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to unpickle means the file is unusable
+        raise CorruptCheckpointError(path, f"it does not load ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
-        raise ValueError(f"{path} is not a multigpu checkpoint (missing {', '.join(_REQUIRED)})")
+        raise CorruptCheckpointError(path, f"it is not a multigpu checkpoint (it lacks {', '.join(_REQUIRED)})")
     return state
 
 
-def find_latest(directory: str | Path) -> Path | None:
-    """The newest checkpoint in ``directory`` that loads, or None (local; no communication)."""
-    for path in reversed(_checkpoints(Path(directory))):
-        try:
-            _load(path)
-            return path
-        except Exception as exc:  # noqa: BLE001 - a damaged file is skipped, with a warning
-            mg.get_logger().warning(f"skipping checkpoint {path.name}: it does not load ({type(exc).__name__}: {exc})")
-    return None
+def _folder(directory: str | Path, keep_last: int = 3) -> CheckpointFolder:
+    return CheckpointFolder(directory, keep_last, warn=lambda msg: mg.get_logger().warning(msg))
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
+def check_checkpoint(path: str | Path) -> None:
+    """Raise :class:`CorruptCheckpointError` (naming the file and what is wrong) unless ``path`` is usable.
+
+    A file its folder's manifest lists must match the recorded size and SHA-256
+    (it was written by us, so it is not loaded here); one it does not list (or
+    with no manifest at all) must at least load. Local; no communication.
+    """
+    path = Path(path)
+    folder = _folder(path.parent)
+    entry = folder.manifest().get(path.name)
+    if entry is not None or not path.is_file():
+        folder.verify(path, entry)
         return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if folder.manifest_path.is_file():
+        mg.get_logger().warning(f"{path} is not listed in {folder.manifest_path}: no checksum to verify it by")
+    _load(path)
+
+
+def find_latest(directory: str | Path) -> Path | None:
+    """The newest usable checkpoint in ``directory``, or None (local; no communication). Skips are warned."""
+    return _folder(directory).latest_valid(check=_load)
 
 
 class CheckpointManager:
@@ -99,56 +117,62 @@ class CheckpointManager:
     def __init__(self, directory: str | Path, keep_last: int = 3):
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.folder = _folder(self.directory, keep_last)
 
     def path_for(self, step: int) -> Path:
-        return self.directory / f"ckpt_{step:08d}.pt"
+        return self.folder.path_for(step)
 
     def save(self, state: dict[str, Any]) -> Path:
         """Write ``state`` (plus every rank's RNG state) as ``ckpt_<step>``. Call on all ranks.
 
         ``state`` must be the same on every rank except for what differs per rank
         (only the RNG state, which this adds); rank 0's copy is written.
+
+        Raises:
+            CheckpointWriteError: on every rank, when rank 0 could not write (e.g. disk full).
         """
         rngs = mg.gather(capture_rng(), dst=0)
         path = self.path_for(int(state["step"]))
+        failure = None
         if mg.is_main():
-            self._write_atomic(path, {**state, "rng": rngs, "world_size": mg.world_size()})
-            self._prune()
-        mg.barrier()  # no rank goes on (or exits) before the file is in place
+            full = {**state, "rng": rngs, "world_size": mg.world_size()}
+            try:
+                self.folder.save(int(state["step"]), lambda fh: torch.save(full, fh))
+            except CheckpointWriteError as exc:
+                failure = str(exc)
+        # a sync point: no rank goes on (or exits) before the file is in place, and all learn whether it is
+        failure = mg.broadcast_object(failure)
+        if failure is not None:
+            raise CheckpointWriteError(failure)
         return path
-
-    def _write_atomic(self, path: Path, state: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
-
-    def _prune(self) -> None:
-        for old in _checkpoints(self.directory)[: -self.keep_last]:
-            old.unlink(missing_ok=True)
 
     def resolve(self, resume: str) -> Path | None:
         """The file ``resume`` names: "auto" = newest valid here (None if there is none), else a path.
 
         Rank 0 decides and tells the others, so all ranks load the same file. Call on all ranks.
+
+        Raises:
+            ConfigError: ``resume`` is a path that does not exist.
+            CorruptCheckpointError: ``resume`` is a path to a damaged checkpoint (on every rank).
         """
+        choice = error = None
         if mg.is_main():
             if resume == "auto":
-                found: Path | None = find_latest(self.directory)
+                found = find_latest(self.directory)
+                choice = str(found) if found else None
+            elif not Path(resume).is_file():
+                error = ("config", f"resume={resume!r}: no such checkpoint file; valid: auto, "
+                                   "or the path of a ckpt_*.pt")
             else:
-                found = Path(resume)
-                if not found.is_file():
-                    found = None
-            choice = str(found) if found else None
-        else:
-            choice = None
-        choice = mg.broadcast_object(choice)
-        if resume != "auto" and choice is None:
-            raise ConfigError(f"resume={resume!r}: no such checkpoint file; valid: auto, or the path of a ckpt_*.pt")
+                try:
+                    check_checkpoint(resume)
+                    choice = resume
+                except CorruptCheckpointError as exc:
+                    error = ("corrupt", (str(exc.path), exc.reason))
+        choice, error = mg.broadcast_object((choice, error))
+        if error is not None:
+            kind, detail = error
+            raise ConfigError(detail) if kind == "config" else CorruptCheckpointError(*detail)
         return Path(choice) if choice else None
 
     def load(self, path: Path) -> dict[str, Any]:

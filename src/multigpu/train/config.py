@@ -140,7 +140,12 @@ class TrainConfig:
     keep_last: int = 3
     """Checkpoints to keep (older ones are deleted)."""
     resume: str | None = None
-    """None: start fresh; "auto": newest valid checkpoint in the run directory, if any; or a file path."""
+    """None: start fresh; "auto": newest valid checkpoint in the run directory, if any; or a file path.
+    A worker group restarted by the launcher (``--max-restarts``) always continues from the run's newest
+    valid checkpoint."""
+    checkpoint_on_interrupt: bool = False
+    """On Ctrl-C (SIGINT from the launcher), finish the current step on every rank, write a checkpoint,
+    then exit (code 130); False: stop at once, keeping only the periodic checkpoints."""
 
     seed: int = 1337
     sample_chars: int = 300

@@ -7,6 +7,14 @@ checkpoint records what the training loop consumed, not what a background
 prefetcher or DataLoader workers already fetched. With ``prefetch=N`` a
 background thread moves the next N batches to the device ahead of use (on CUDA
 on a side stream, from pinned memory).
+
+With ``shard=False`` the dataset is this rank's own shard, already split by the
+user, and ranks may hold different numbers of samples. A rank that ran out of
+batches while another still had some would leave the other waiting in DDP's
+gradient all-reduce forever; so the stream learns every rank's batch count once
+(one small all-gather at construction) and every epoch stops, on every rank,
+after the *shortest* rank's count; the longer ranks' surplus batches (a fresh
+random subset each epoch) are skipped, and rank 0 says how many.
 """
 
 from __future__ import annotations
@@ -49,6 +57,23 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(b)
 
 
+def _common_batch_count(num_samples: int, batch_size: int) -> int:
+    """Full batches per epoch that every rank has: the minimum over ranks. Call on all ranks."""
+    counts = mg.gather(num_samples // batch_size, dst=None)
+    least = min(counts)
+    listing = ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
+    if least == 0:
+        raise ConfigError(
+            f"a rank has no full batch of batch_size={batch_size} in its own data (full batches per rank: "
+            f"{listing}); give every rank at least batch_size samples, or use a smaller batch"
+        )
+    if least != max(counts) and mg.is_main():
+        print(f"uneven data: full batches per epoch differ between ranks ({listing}); every epoch runs "
+              f"{least} on each rank and skips the rest ({sum(counts) - least * len(counts)} batches in all), "
+              "so no rank waits for another", flush=True)
+    return least
+
+
 class BatchStream:
     """``next(stream) -> (batch_on_device, sampler_state_after_it)``, forever, over epochs."""
 
@@ -63,13 +88,19 @@ class BatchStream:
         prefetch: int = 0,
         collate_fn: Callable | None = None,
         sampler_state: dict | None = None,
+        shard: bool = True,
     ):
-        self.sampler = mg.TrainSampler(dataset, seed=seed)
-        if self.sampler.num_samples < batch_size:
-            raise ConfigError(
-                f"each rank gets {self.sampler.num_samples} samples per epoch, fewer than batch_size={batch_size}; "
-                "use a smaller batch or more data"
-            )
+        if shard:
+            self.sampler = mg.TrainSampler(dataset, seed=seed)
+            self.batches_per_epoch = self.sampler.num_samples // batch_size
+            if self.batches_per_epoch == 0:
+                raise ConfigError(
+                    f"each rank gets {self.sampler.num_samples} samples per epoch, fewer than batch_size={batch_size}; "
+                    "use a smaller batch or more data"
+                )
+        else:  # this rank's own data: shuffled on its own, epochs cut to the shortest rank's batch count
+            self.sampler = mg.TrainSampler(dataset, seed=seed, rank=0, world_size=1)
+            self.batches_per_epoch = _common_batch_count(len(self.sampler), batch_size)
         if sampler_state is not None:
             self.sampler.load_state_dict(sampler_state)
         self.batch_size = batch_size
@@ -92,10 +123,15 @@ class BatchStream:
     def _tagged_batches(self) -> Iterator[tuple[Any, dict]]:
         while True:
             epoch, start = self.sampler.epoch, self.sampler.num_samples - len(self.sampler)
-            used = 0
+            used, end = 0, self.batches_per_epoch * self.batch_size
+            if start >= end:  # resumed right after an epoch's last batch: that epoch is over
+                iter(self.sampler)
+                continue
             for batch in self.loader:  # starting this pass starts the sampler's next epoch
                 used += self.batch_size
                 yield batch, {"epoch": epoch, "offset": start + used, "seed": self.sampler.seed}
+                if start + used >= end:  # every rank ends its epoch after the same number of batches
+                    break
 
     def _move(self, batch: Any) -> tuple[Any, Any]:
         if self._queue is not None and self._stream is not None:

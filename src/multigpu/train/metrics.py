@@ -34,10 +34,23 @@ def _tensorboard(run_dir: Path | None):
     return SummaryWriter(str(run_dir / "tb"))
 
 
+def _drop_records_after(path: Path, step: int) -> None:
+    """A resumed run repeats the steps after its checkpoint: drop their old records (a killed attempt's)."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(ln + "\n" for ln in kept))
+        tmp.replace(path)
+
+
 class MetricLogger:
     """Accumulates per-step figures and logs the reduced window; see the module docstring."""
 
-    def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int, *, fresh: bool = True):
+    def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int, *, fresh: bool = True,
+                 resumed_at: int = 0):
         self.run_dir = run_dir
         self.meter = meter
         self.total_steps = total_steps
@@ -50,6 +63,8 @@ class MetricLogger:
         self._tb = _tensorboard(run_dir) if mg.is_main() else None
         if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        elif run_dir is not None and mg.is_main():
+            _drop_records_after(run_dir / "metrics.jsonl", resumed_at)
 
     def log(self, step: int, metrics: dict[str, Any], *, flush: bool) -> dict[str, Any] | None:
         """Add this step's figures; at ``flush`` reduce the window and have rank 0 write. Call on all ranks."""

@@ -7,6 +7,14 @@ Every rank builds the same model and optimizer, then::
     trainer.fit()        # until cfg.steps: train_step, evaluate, log, checkpoint
     trainer.close()      # summary.json (via StepMeter) on rank 0
 
+Recovery: when torchrun's agent restarts the worker group (``--max-restarts``;
+``TORCHELASTIC_RESTART_COUNT`` > 0), ``setup()`` resumes from the run's newest
+valid checkpoint by itself, whatever ``resume`` says (the configured ``resume``
+is used only when the run has no checkpoint yet). With
+``checkpoint_on_interrupt``, Ctrl-C on the launcher ends ``fit()`` after the
+current step with a checkpoint on every rank's agreement (see
+:mod:`multigpu.train.interrupt`); ``fit()`` then returns ``interrupted: True``.
+
 The model is moved to the device in place, so an optimizer built on
 ``model.parameters()`` before ``setup()`` keeps working. ``loss_fn(model, batch)``
 defaults to cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``
@@ -26,10 +34,13 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
+from multigpu.checkpointing import restart_count
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter, run_dir_from_env
+from multigpu.testing.faults import kill_self, kill_step_from_env
 from multigpu.train.checkpoint import CheckpointManager, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
+from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
 from multigpu.train.metrics import MetricLogger
 from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
@@ -60,6 +71,10 @@ class Trainer:
             None: no files).
         unit: "tokens" (items = elements of the batch's first tensor) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
+        shard_data: True: ``train_data`` is the whole dataset, split equally over ranks by
+            ``mg.TrainSampler``. False: ``train_data`` is this rank's own shard (the user split it);
+            lengths may differ between ranks, and every epoch then runs the shortest rank's
+            number of batches on every rank (no rank waits forever in the gradient all-reduce).
     """
 
     def __init__(
@@ -75,12 +90,14 @@ class Trainer:
         run_dir: str | Path | None = None,
         unit: str = "tokens",
         collate_fn: Callable | None = None,
+        shard_data: bool = True,
     ):
         self.config = config or TrainConfig()
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else run_dir_from_env()
-        self.unit, self.collate_fn = unit, collate_fn
+        self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
+        self.interrupted = False
         self.step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
@@ -133,6 +150,7 @@ class Trainer:
         self.batches = BatchStream(
             self.train_data, self.batch_size, device=self.env.device, seed=cfg.seed, num_workers=cfg.num_workers,
             prefetch=cfg.prefetch, collate_fn=self.collate_fn, sampler_state=state["sampler"] if state else None,
+            shard=self.shard_data,
         )
         self.sampler_state = self.batches.sampler.state_dict()
 
@@ -153,7 +171,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_last) if self.run_dir else None
         self.meter = StepMeter(self.unit, total_steps=cfg.steps - self.step, description="train",
                                run_dir=self.run_dir, log_every=0, warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
-        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0)
+        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step)
+        self._kill_at = kill_step_from_env(self.env.rank)  # None unless a test asks for a fault
         if mg.is_main():
             self._print_plan()
 
@@ -173,6 +192,15 @@ class Trainer:
     # ----------------------------------------------------------------- resume
     def _resume_state(self) -> dict | None:
         resume = self.config.resume
+        restarts = restart_count()
+        if restarts > 0 and self.run_dir is not None:
+            # the agent restarted the worker group after a failure: continue from this run's newest valid checkpoint
+            manager = CheckpointManager(self.run_dir / "checkpoints", self.config.keep_last)
+            path = manager.resolve("auto")
+            if path is not None:
+                if mg.is_main():
+                    print(f"restart {restarts}: resuming from {path}", flush=True)
+                return manager.load(path)
         if not resume:
             return None
         if self.run_dir is None and resume == "auto":
@@ -226,17 +254,25 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg = self.config
-        while self.step < cfg.steps:
-            metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
-            self.step += 1
-            last = self.step == cfg.steps
-            if self.val_data is not None and (last or _due(self.step, cfg.eval_every)):
-                metrics["val_loss"] = self.last_val_loss = self.evaluate()
-            # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
-            self.logger.log(self.step, metrics, flush=last or _due(self.step, cfg.log_every) or "val_loss" in metrics)
-            if last or _due(self.step, cfg.checkpoint_every):
-                self.save_checkpoint()
-        return {"step": self.step, "val_loss": self.last_val_loss}
+        with InterruptFlag(cfg.checkpoint_on_interrupt) as interrupt:
+            while self.step < cfg.steps:
+                metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
+                self.step += 1
+                last = self.step == cfg.steps
+                if self.val_data is not None and (last or _due(self.step, cfg.eval_every)):
+                    metrics["val_loss"] = self.last_val_loss = self.evaluate()
+                # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
+                self.logger.log(self.step, metrics,
+                                flush=last or _due(self.step, cfg.log_every) or "val_loss" in metrics)
+                if self._kill_at is not None and self.step == self._kill_at:
+                    kill_self()  # fault injection for tests only (MULTIGPU_FAULT_KILL_AT)
+                # Ctrl-C reached some rank: all agree (one tiny all-reduce) and stop after this same step
+                self.interrupted = interrupt.agreed(self.env.device)
+                if last or self.interrupted or _due(self.step, cfg.checkpoint_every):
+                    self.save_checkpoint()
+                if self.interrupted:
+                    break
+        return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted}
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step: ``accum`` micro-steps, then clip and update. Returns this rank's figures."""

@@ -66,7 +66,14 @@ def main(argv: list[str]) -> int:
     env = mg.init(seed=cfg.seed)
     trainer, model = build(cfg, run_dir)
     trainer.setup()
-    trainer.fit()
+    result = trainer.fit()
+    if result["interrupted"]:  # Ctrl-C with checkpoint_on_interrupt: the checkpoint of this step is written
+        trainer.close()
+        if mg.is_main():
+            print(f"interrupted after step {trainer.step}: checkpoint {trainer.checkpoints.path_for(trainer.step)}; "
+                  f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
+        mg.shutdown()
+        return 130
     summary = trainer.close({"params": model.num_params(), "flops_per_token": model.flops_per_token()})
     if mg.is_main():
         text = sample(model, cfg, env.device)
