@@ -56,7 +56,7 @@ BASES: dict[str, dict] = {
     "bench": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "verify": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "report": {"argv": ["@rundir"], "out": "-o"},
-    "sim": {"argv": ["-f", "configs/sir.yaml", "--agents", "1000", "--steps", "2"], "config": "configs/sir.yaml",
+    "sim": {"argv": ["-f", "configs/sir.yaml"], "config": "configs/sir.yaml",
             "overrides": "positional", "out": "--run-dir"},
     "rl": {"argv": ["-f", "configs/ppo-cartpole.yaml"], "config": "configs/ppo-cartpole.yaml", "overrides": "positional",
            "out": "--run-dir"},
