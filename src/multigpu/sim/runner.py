@@ -19,11 +19,13 @@ from typing import Any
 
 import torch
 
+from multigpu.checkpointing import restart_count
 from multigpu.monitor import StepMeter, write_json_atomic
 from multigpu.runtime import collectives, group
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
+from multigpu.testing.faults import kill_self, kill_step_from_env
 
 __all__ = ["SimResult", "run"]
 
@@ -81,6 +83,9 @@ def run(
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     ckpt_root = run_dir / "checkpoints" if run_dir is not None else None
+    if restart_count() > 0 and ckpt_root is not None:
+        resume = "auto"  # a worker group restarted by --max-restarts continues from its newest checkpoint
+    kill_at = kill_step_from_env(group.rank())  # tests only: MULTIGPU_FAULT_KILL_AT=<rank>:<step>
     total = cfg.steps if steps is None else steps
     t0 = time.perf_counter()
     engine, source = _start(cfg, ckpt_root, resume)
@@ -93,9 +98,15 @@ def run(
             meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
         if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
             checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
+        if kill_at is not None and e.step_index == kill_at:
+            kill_self()
 
     series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
     extra = _figures(engine, setup_s, source)
+    # a digest of the final agent state, independent of the split: equal digests, equal agents
+    digest = torch.tensor([engine.state.digest_sum(), engine.state.n], dtype=torch.int64)
+    collectives.all_reduce(digest, "sum", check_shapes=False)
+    extra["state_digest"] = f"{int(digest[0]) & (2**64 - 1):016x}-{int(digest[1])}"
     summary = meter.close(extra)
     if group.rank() != 0:
         return None

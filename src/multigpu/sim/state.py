@@ -122,6 +122,28 @@ class AgentState:
         order = torch.argsort(self["id"].to(torch.int64))
         return {k: self[k][order] for k in self.schema}
 
+    def digest_sum(self, chunk: int = 1 << 22) -> int:
+        """An order-independent hash of the live agents: the sum of one 32-bit hash per agent record.
+
+        Sums add across ranks (all-reduce) into a digest of the whole population that does not depend
+        on how agents are split or ordered: equal digests mean equal agent states (up to hash collisions).
+        """
+        from multigpu.sim.rng import hash32
+
+        total = 0
+        for start in range(0, self.n, chunk):
+            fields = {k: self[k][start : start + chunk] for k in self.schema}
+            records = self.pack(fields)
+            pad = (-records.shape[1]) % 4
+            if pad:
+                records = torch.cat([records, records.new_zeros(records.shape[0], pad)], dim=1)
+            lanes = records.contiguous().view(torch.int32)
+            h = torch.full((lanes.shape[0],), 0x2545F491, dtype=torch.int32, device=lanes.device)
+            for j in range(lanes.shape[1]):
+                h = hash32(h ^ lanes[:, j] ^ (j + 1))
+            total += int((h.to(torch.int64) & 0xFFFFFFFF).sum().item())
+        return total
+
     def reorder(self, order: torch.Tensor) -> None:
         """Permute the live agents (one field at a time, so the temporary is one field)."""
         for b in self.buffers.values():
