@@ -52,7 +52,7 @@ def test_bench_rejects_bad_input_before_running_anything(tmp_path, capsys):
     out = tmp_path / "never"
     for args, words in [
         (["--nproc", "1,x", "-o", str(out), "examples/allreduce_dp.py"], "--nproc '1,x' is invalid"),
-        (["--nproc", "1,2", "-o", str(out), "train"], "unknown workload 'train'"),
+        (["--nproc", "1,2", "-o", str(out), "trian"], "unknown workload 'trian'"),
         (["--nproc", "1,2", "--nproc-per-node", "2", "-o", str(out), "examples/allreduce_dp.py"], "use --nproc"),
     ]:
         code = main(["bench", *args])  # in-process: nothing may launch before the input is checked

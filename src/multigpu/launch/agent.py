@@ -117,17 +117,19 @@ def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[s
 
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """Workers inherit the launcher's environment: set ``extra`` for the launch, then restore."""
-    saved = {k: os.environ.get(k) for k in extra}
+    """Workers inherit the launcher's environment: set ``extra`` for the launch, then put it all back.
+
+    The whole environment is restored, not only ``extra``: torch's agent sets variables of its own
+    (``TORCHELASTIC_SIGNALS_TO_HANDLE``), which must not leak into a caller that launches several
+    jobs from one process (``multigpu bench``, ``multigpu verify``, tests).
+    """
+    saved = dict(os.environ)
     os.environ.update(extra)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _traceback_tail(failure) -> list[str]:
