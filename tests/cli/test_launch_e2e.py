@@ -60,14 +60,15 @@ def test_every_rank_stalled_ends_the_job_with_where_each_stood():
 
 @pytest.mark.parametrize("script,needle", [
     ("exit_early.py", "all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer"),
-    ("skip_collective.py", "all_reduce() on rank 0 of 2 timed out after 5s"),
+    # both ranks wait (rank 0 in all_reduce, rank 1 in the barrier); whichever times out first is reported
+    ("skip_collective.py", "of 2 timed out after 5s"),
 ])
 def test_mismatched_ranks_end_in_bounded_time(script, needle):
     """A rank that exits early, or skips a collective, while another waits: an error, not a hang."""
     start = time.monotonic()
     proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "5", str(SCRIPTS / script))
     assert proc.returncode == 1
-    assert "error: rank 0 of 2 failed first" in proc.stderr and needle in proc.stderr
+    assert "of 2 failed first" in proc.stderr and needle in proc.stderr
     assert "pair.cc" not in proc.stderr.split("error:")[-1]  # gloo's internals are trimmed
     assert time.monotonic() - start < 60
 
