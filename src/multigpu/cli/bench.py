@@ -22,7 +22,7 @@ HELP = "run a workload at several world sizes: speedup, efficiency, communicatio
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from multigpu.cli import add_flag, positive_int
-    from multigpu.cli.launch import add_launch_flags
+    from multigpu.cli.launch import add_launch_flags, add_target_args
 
     parser = subparsers.add_parser("bench", help=HELP, description=HELP)
     parser.add_argument("--nproc", required=True, metavar="N,M,...",
@@ -36,10 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=positive_int, default=1, help="runs per world size (table: min and median)")
     add_flag(parser, "--run-dir", "-o", default=None, help="output folder (default runs/bench/<timestamp>)")
     add_launch_flags(parser)
-    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
-    parser.add_argument("target", metavar="script.py|workload",
-                        help="a script that measures its steps with StepMeter, or a built-in workload name")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    add_target_args(parser, metavar="script.py|workload", help="a script that measures its steps with StepMeter, or a built-in workload name")
     return parser
 
 

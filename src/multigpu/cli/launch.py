@@ -89,12 +89,18 @@ def config_from_args(args: argparse.Namespace):
     )
 
 
+def add_target_args(parser: argparse.ArgumentParser, *, metavar: str = "script.py",
+                    help: str = "the script (or, with -m, the module) to run") -> None:
+    """``[-m] target [args...]``, shared by every command that runs a user's script (launch, bench, verify)."""
+    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
+    parser.add_argument("target", metavar=metavar, help=help)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("launch", help=HELP, description=HELP)
     add_launch_flags(parser)
-    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
-    parser.add_argument("target", metavar="script.py", help="the script (or, with -m, the module) to run")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    add_target_args(parser)
     return parser
 
 

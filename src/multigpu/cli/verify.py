@@ -28,7 +28,7 @@ def _tolerance(text: str) -> float:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from multigpu.cli import add_flag
-    from multigpu.cli.launch import add_launch_flags
+    from multigpu.cli.launch import add_launch_flags, add_target_args
 
     parser = subparsers.add_parser("verify", help=HELP, description=HELP)
     parser.add_argument("--nproc", required=True, metavar="N,M,...",
@@ -38,9 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flag(parser, "--run-dir", "-o", default=None,
              help="keep the recorded results here (default: a temporary folder, removed afterwards)")
     add_launch_flags(parser)
-    parser.add_argument("-m", "--module", action="store_true", help="run the target as a module (python -m)")
-    parser.add_argument("target", metavar="script.py", help="the script that calls mg.verify.record")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    add_target_args(parser, metavar="script.py", help="the script that calls mg.verify.record")
     return parser
 
 
