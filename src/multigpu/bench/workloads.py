@@ -40,6 +40,8 @@ WORKLOADS: dict[str, Workload] = {
                       help="nano-GPT training steps, tokens/s; add key=value overrides"),
     "sim": Workload("multigpu.sim.worker", args=(str(_CONFIGS / "sir.yaml"), "agents=2000000", "steps=20", "plot=false"),
                     help="SIR epidemic steps, agent-steps/s; add key=value overrides (agents=..., strategy=...)"),
+    "infer": Workload("multigpu.infer.worker",
+                      help="sliding-window denoiser on the demo photo, windows/s; add key=value overrides (roi=[256], ...)"),
     "envs": Workload("multigpu.envs.bench", help="CartPole-v1 env-steps/s, 16,384 envs split over the ranks; "
                      "--num-envs N --steps S --env ID"),
 }

@@ -1,6 +1,7 @@
 """Rank entry point of ``multigpu infer`` (runs inside each rank, started by the launcher).
 
-    python -m multigpu.infer.worker RUN_DIR/resolved_config.json
+    python -m multigpu.infer.worker RUN_DIR/resolved_config.json   # normally via `multigpu infer`
+    multigpu bench --nproc 1,2 infer roi=[256]                    # the demo denoiser on the demo photo
 
 Every rank reads every input image, builds the model, and calls
 ``sliding_window``; rank 0 writes one output per input (atomically) and the
@@ -21,13 +22,13 @@ import torch
 from torch import nn
 
 import multigpu as mg
-from multigpu.config import from_dict
+from multigpu.config import apply_overrides, from_dict
 from multigpu.errors import ConfigError
 from multigpu.infer import io
 from multigpu.infer.config import InferConfig
 from multigpu.infer.runner import sliding_window
 from multigpu.infer.windows import WindowPlan, as_tuple
-from multigpu.monitor import StepMeter, problem_scale, write_json_atomic
+from multigpu.monitor import StepMeter, problem_scale, run_dir_from_env, write_json_atomic
 
 __all__ = ["load_model", "main"]
 
@@ -54,9 +55,26 @@ def load_model(spec: str) -> nn.Module:
     return model
 
 
+def _load(argv: list[str]) -> InferConfig:
+    """A resolved JSON config (from `multigpu infer`), or key=value overrides of a benchmark default
+    (from `multigpu bench infer`): the demo denoiser on the noisy demo photo, in ``$MULTIGPU_RUN_DIR``."""
+    if argv and argv[0].endswith(".json"):
+        return from_dict(InferConfig, json.loads(Path(argv[0]).read_text()))
+    from multigpu.infer.models import noisy_demo_image
+
+    run_dir = run_dir_from_env() or Path("runs/infer/bench")
+    image = run_dir.parent / "bench_input.png"
+    if mg.rank() == 0 and not image.exists():
+        noisy_demo_image(image)
+    mg.barrier()
+    defaults = {"model": "multigpu.infer.models:denoiser", "inputs": [str(image)], "output": str(run_dir / "out"),
+                "roi": [128], "batch_size": 4, "run_dir": str(run_dir)}
+    return from_dict(InferConfig, apply_overrides(defaults, argv))
+
+
 def main(argv: list[str]) -> int:
-    cfg = from_dict(InferConfig, json.loads(Path(argv[0]).read_text()))
     mg.init()
+    cfg = _load(argv)
     model = load_model(cfg.model)
     if isinstance(model, nn.Module):
         model = model.to(mg.device()).eval()
