@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from multigpu.errors import MultigpuError
+from multigpu.files import atomic_path
 
 __all__ = [
     "CheckpointError",
@@ -126,18 +127,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> tuple[in
         (size in bytes, SHA-256 hex digest) of what was written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            out = _HashingWriter(fh)
-            write(out)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        out = _HashingWriter(fh)
+        write(out)
+        fh.flush()
+        os.fsync(fh.fileno())
     fsync_dir(path.parent)
     return out.bytes, out.sha256.hexdigest()
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from multigpu.errors import ConfigError
+from multigpu.files import atomic_path
 
 __all__ = ["IMAGE_SUFFIXES", "ImageInfo", "output_path", "probe", "read_image", "write_image"]
 
@@ -130,14 +131,11 @@ def write_image(path: str | os.PathLike, image: torch.Tensor) -> None:
     if image.dim() == 4:
         image = image[0]
     array = image.detach().float().cpu().numpy().transpose(1, 2, 0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-    if path.suffix.lower() in TIFF_SUFFIXES:
-        _tifffile().imwrite(tmp, np.ascontiguousarray(array[:, :, 0] if array.shape[2] == 1 else array))
-    else:
-        channels = array.shape[2]
-        if channels not in (1, 3, 4):
-            raise ConfigError(f"cannot write {channels} channels as PNG ({path}); use a TIFF input/output instead")
-        pixels = np.clip(np.rint(np.clip(array, 0.0, 1.0) * 255.0), 0, 255).astype(np.uint8)
-        _pil().fromarray(pixels[:, :, 0] if channels == 1 else pixels).save(tmp)
-    os.replace(tmp, path)
+    if path.suffix.lower() not in TIFF_SUFFIXES and array.shape[2] not in (1, 3, 4):
+        raise ConfigError(f"cannot write {array.shape[2]} channels as PNG ({path}); use a TIFF input/output instead")
+    with atomic_path(path, keep_suffix=True) as tmp:
+        if path.suffix.lower() in TIFF_SUFFIXES:
+            _tifffile().imwrite(tmp, np.ascontiguousarray(array[:, :, 0] if array.shape[2] == 1 else array))
+        else:
+            pixels = np.clip(np.rint(np.clip(array, 0.0, 1.0) * 255.0), 0, 255).astype(np.uint8)
+            _pil().fromarray(pixels[:, :, 0] if array.shape[2] == 1 else pixels).save(tmp)

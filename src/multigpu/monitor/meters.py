@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from multigpu.files import write_json_atomic
 from multigpu.monitor import profile, sampler
 from multigpu.runtime import collectives, group, watchdog
 
@@ -63,14 +64,6 @@ def run_dir_from_env() -> Path | None:
     """The run directory named by ``MULTIGPU_RUN_DIR``, or None."""
     raw = os.environ.get("MULTIGPU_RUN_DIR")
     return Path(raw) if raw else None
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
-    os.replace(tmp, path)
 
 
 class _Progress:

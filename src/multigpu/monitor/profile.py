@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from multigpu.files import atomic_path
+
 __all__ = ["StepProfiler", "parse_window", "profiler_from_env"]
 
 
@@ -60,10 +62,8 @@ class StepProfiler:
         self._prof.start()
 
     def _save(self, prof) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, self.path)
+        with atomic_path(self.path) as tmp:
+            prof.export_chrome_trace(str(tmp))
         self.written = True
 
     def step(self) -> None:

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from multigpu.files import write_text_atomic
+
 __all__ = ["Sampler", "gpu_samples", "register_rank", "start_for_rank"]
 
 _GIB = 2**30
@@ -50,14 +52,9 @@ def _placement() -> tuple[int, int, int]:
 def register_rank(run_dir: str | Path) -> Path:
     """Write ``<run_dir>/ranks/rank<r>.json`` (pid, host, local rank) so the node's sampler follows this rank."""
     rank, local_rank, node_rank = _placement()
-    path = Path(run_dir) / "ranks" / f"rank{rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     info = {"rank": rank, "local_rank": local_rank, "node_rank": node_rank, "pid": os.getpid(),
             "host": socket.gethostname()}
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(Path(run_dir) / "ranks" / f"rank{rank}.json", json.dumps(info))
 
 
 def gpu_samples(nvml: Any, handles: list[Any]) -> list[dict[str, Any]]:

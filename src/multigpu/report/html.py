@@ -14,11 +14,11 @@ from __future__ import annotations
 import datetime
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.files import write_text_atomic
 
 __all__ = ["build_report", "load_run", "write_report"]
 
@@ -179,9 +179,4 @@ def build_report(run_dir: str | Path) -> str:
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename."""
     page = build_report(run_dir)
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(page)
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(Path(out) if out is not None else Path(run_dir) / "report.html", page)

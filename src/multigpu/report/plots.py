@@ -35,13 +35,11 @@ def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
 
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` as PNG through a temporary file and a rename."""
-    import os
+    from multigpu.files import atomic_path
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path, keep_suffix=True) as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(path)
 
 
 def png_base64(fig) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 import resource
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from multigpu.checkpointing import restart_count
+from multigpu.files import atomic_path, write_text_atomic
 from multigpu.monitor import StepMeter, write_json_atomic
 from multigpu.runtime import collectives, group
 from multigpu.sim import checkpoint
@@ -142,11 +142,7 @@ def write_csv(series: dict[str, list], path: Path) -> Path:
     names = list(series)
     writer.writerow(names)
     writer.writerows(zip(*(series[n] for n in names), strict=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(buf.getvalue())
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, buf.getvalue())
 
 
 def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | None:
@@ -175,10 +171,9 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.set_title(f"{cfg.model}: {title}, {cfg.agents:,} agents")
     ax.set_xlabel("step")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_path(path, keep_suffix=True) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from multigpu.files import atomic_path
+
 __all__ = ["load_results", "record"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -67,11 +69,8 @@ def record(name: str, value: Any, *, gather: bool = False) -> None:
         return
     import torch
 
-    path = Path(out_dir) / f"{name}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(_as_saved(value), tmp)
-    os.replace(tmp, path)
+    with atomic_path(Path(out_dir) / f"{name}.pt") as tmp:
+        torch.save(_as_saved(value), tmp)
 
 
 def load_results(folder: str | Path) -> dict[str, Any]:
