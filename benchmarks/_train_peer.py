@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 benchmarks/_train_peer.py raw|accelerate|fabric OUT.json STEPS [k=v ...]
 
 The same model, data, optimizer, schedule and batch as `multigpu train -f
-configs/nano.yaml`, written the way each library's docs write a loop. Each
+nano`, written the way each library's docs write a loop. Each
 step is timed from fetching the batch to the end of the optimizer step (what
 multigpu's StepMeter times); rank 0 writes the steady-state tokens/s (steps
 after the first 2) and the wall-clock time its first step ended.
@@ -17,8 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from multigpu.config import load_config
-from multigpu.train.config import TrainConfig
+from multigpu.jobs.command import load_workload_config
+from multigpu.jobs.registry import builtin
 from multigpu.train.data import VOCAB, CharDataset, load_text
 from multigpu.train.model import GPT
 from multigpu.train.optim import make_optimizer, make_scheduler
@@ -131,7 +131,7 @@ def timed(step, steps, rank, world_size, cfg):
 
 def main(argv):
     which, out, steps, overrides = argv[0], argv[1], int(argv[2]), argv[3:]
-    cfg = load_config(TrainConfig, "configs/nano.yaml", overrides)
+    cfg = load_workload_config(builtin("train"), "nano", overrides)
     rank, result = {"raw": run_raw, "accelerate": run_accelerate, "fabric": run_fabric}[which](cfg, steps)
     if rank == 0:
         with open(out, "w") as fh:

@@ -2,7 +2,7 @@
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/envs_ppo_ranks.py --seeds 1 2 3
 
-Runs ``multigpu rl -f configs/ppo-cartpole.yaml --nproc-per-node W seed=S`` for
+Runs ``multigpu rl -f ppo-cartpole --nproc-per-node W seed=S`` for
 each seed, alternating 1 and 2 ranks (one thread per rank; the global
 num_envs and every hyperparameter fixed), and reads each run's summary.json:
 wall time from the first rollout to the solving update, updates, env-steps/s,
@@ -42,7 +42,7 @@ def run(world_size: int, seed: int, config: str, overrides: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--config", default="configs/ppo-cartpole.yaml")
+    parser.add_argument("--config", default="ppo-cartpole")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. num_envs=512")
     args = parser.parse_args()
     rows = []

@@ -102,7 +102,7 @@ def _ctrl_c(tmp: Path, env: dict, cfg: list[str], after: int) -> None:
     print(f"\n{'job':<28} {'rc':>4} {'SIGINT→exit s':>14} {'last checkpoint':>16} {'workers left':>13}")
     for flag in ([], ["--checkpoint-on-interrupt"]):
         run_dir = tmp / f"ctrl_c{len(flag)}"
-        proc = subprocess.Popen([sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml",
+        proc = subprocess.Popen([sys.executable, "-m", "multigpu", "train", "-f", "nano",
                                  "--nproc-per-node", "2", "--run-dir", str(run_dir), *flag, *cfg, "steps=100000",
                                  "checkpoint_every=0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -151,7 +151,7 @@ def main() -> int:
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     base_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     cfg = [*CONFIG, f"steps={args.steps}"]
-    ours = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2"]
+    ours = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", "2"]
     if args.ctrl_c:
         _ctrl_c(tmp, base_env, CONFIG, args.kill_after)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -165,16 +165,18 @@ def main() -> int:
                             args.kill_after)
         for name, extra in (("torchrun", {}), ("torchrun+fix", {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})):
             run_dir = tmp / f"{name}{rnd}"
-            # the same resolved config `multigpu train` writes, then the worker module under plain torchrun
-            from multigpu.config import load_config, to_dict
-            from multigpu.train.config import TrainConfig
+            # the same run file `multigpu train` writes, then the rank entry point under plain torchrun
+            from multigpu.config import to_dict
+            from multigpu.jobs.command import load_workload_config
+            from multigpu.jobs.registry import builtin
 
             run_dir.mkdir(parents=True)
-            (run_dir / "resolved_config.json").write_text(
-                json.dumps(to_dict(load_config(TrainConfig, str(ROOT / "configs" / "nano.yaml"), cfg))))
+            (run_dir / "run.json").write_text(json.dumps({
+                "workload": "train", "config": to_dict(load_workload_config(builtin("train"), "nano", cfg)),
+                "run": {"run_dir": str(run_dir)}}))
             argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "-m", "multigpu.train.worker",
-                    str(run_dir / "resolved_config.json")]
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "-m", "multigpu.jobs.rank",
+                    str(run_dir / "run.json")]
             jobs[name] = _run(argv, {**base_env, **extra}, args.kill_after)
         reference = _final(clean_dir, args.steps)
         for name, job in jobs.items():

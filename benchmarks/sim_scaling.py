@@ -35,7 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=lambda s: int(float(s.replace("_", ""))), default=4_000_000)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--config", default=str(ROOT / "configs" / "sir.yaml"))
+    parser.add_argument("--config", default="sir")
     parser.add_argument("--strategies", default="data,spatial,adaptive")
     args = parser.parse_args()
     print(f"{'strategy':<9} {'mode':<6} {'ranks':>5} {'agents':>12} {'agent-steps/s':>14} {'speedup':>8} "

@@ -2,7 +2,7 @@
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/train_peers.py [--steps 30] [--rounds 2]
 
-Every contender trains the nano GPT of configs/nano.yaml (same model, data,
+Every contender trains the nano GPT of nano (same model, data,
 optimizer, schedule, batch) on 2 ranks in this run, one after the other,
 alternating over rounds. Reported per contender (best round):
 
@@ -34,7 +34,7 @@ BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0"]
 
 def run_ours(steps: int, tmp: Path, prefetch: int) -> dict:
     run_dir = tmp / f"ours-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", "2",
            "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", *BENCH]
     start = time.time()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)

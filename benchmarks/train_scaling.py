@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(nproc: int, steps: int, tmp: Path, extra: list[str]) -> dict:
     run_dir = tmp / f"n{nproc}"
-    cmd = [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", str(nproc),
+    cmd = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", str(nproc),
            "--run-dir", str(run_dir), f"steps={steps}", "global_batch_size=32", "log_every=0", "eval_every=0",
            "checkpoint_every=0", "sample_chars=0", *extra]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)

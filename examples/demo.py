@@ -40,32 +40,21 @@ def bench_flags() -> list[str]:
     return [] if _gpu_count() >= 2 else ["--cpu"]
 
 
-def infer_demo_input() -> str:
-    """The sliding-window demo's input: matplotlib's sample photo plus seeded noise (made once)."""
-    path = RUN_DIR / "infer" / "grace_hopper_noisy.png"
-    if not path.exists():
-        from multigpu.infer.models import noisy_demo_image
-
-        noisy_demo_image(path)
-    return str(path.relative_to(ROOT))
-
-
 # (name, title, argv after `multigpu`); later workloads add their part here.
 PARTS: list[tuple[str, str, list[str]]] = [
     ("hello", "shard a list, compute on each rank, gather in order on rank 0",
      ["launch", *device_flags(), "examples/hello.py"]),
     ("sim", "SIR epidemic, ten million agents, grid split across ranks (epidemic curve CSV + plot)",
-     ["sim", "-f", "configs/sir.yaml", "--agents", "10_000_000", "--steps", "25", *device_flags(),
+     ["sim", "-f", "sir", "--agents", "10_000_000", "--steps", "25", *device_flags(),
       "--strategy", "spatial", "--run-dir", str(RUN_DIR / "sim")]),
     ("train", "a short nano-GPT training on the stdlib's source: falling validation loss, then sample text",
-     ["train", "-f", "configs/nano.yaml", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
+     ["train", "-f", "nano", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
       "steps=30", "eval_every=10", "log_every=10", "model.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),
-    ("infer", "denoise a photo in overlapping windows, each window on one rank, stitched on rank 0",
-     ["infer", *device_flags(), "--model", "multigpu.infer.models:denoiser", "--input", infer_demo_input(),
-      "--output", "runs/demo/infer/out", "--run-dir", "runs/demo/infer/run", "--roi", "128", "--overlap", "0.25",
-      "--batch-size", "4", "--blend", "gaussian"]),
+    ("infer", "denoise a noisy sample photo in overlapping windows, each window on one rank, stitched on rank 0",
+     ["infer", *device_flags(), "--model", "multigpu.infer.models:denoiser",
+      "--run-dir", str(RUN_DIR / "infer"), "--roi", "128", "--overlap", "0.25", "--batch-size", "4", "--blend", "gaussian"]),
     ("envs", "CartPole PPO: environments split over the ranks, policy in DDP, until mean return >= 475",
-     ["rl", *device_flags(), "-f", "configs/ppo-cartpole.yaml", "--run-dir", str(RUN_DIR / "rl"),
+     ["rl", *device_flags(), "-f", "ppo-cartpole", "--run-dir", str(RUN_DIR / "rl"),
       "total_env_steps=1500000"]),
     ("bench", "measure what a second rank gains: speedup, efficiency, communication share, imbalance",
      ["bench", "--nproc", "1,2", *bench_flags(), "-o", str(BENCH_DIR), "examples/allreduce_dp.py"]),

@@ -24,10 +24,11 @@ def _clean_runtime():
     yield
     import torch.distributed as dist
 
-    from multigpu.runtime import group
+    from multigpu.runtime import context, group
 
     if group.is_initialized() or dist.is_initialized():
         group.shutdown(barrier=False)
+    context.set_current(None)  # the next test reads its own run context
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +61,26 @@ def single_rank_group(tmp_path, monkeypatch):
                             timeout=timedelta(seconds=30))
     yield env
     mg.shutdown()
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam."""
+    from multigpu.launch.devices import HostFacts
+
+    def install(count: int, visible: str | None = None, cores: int = 2) -> HostFacts:
+        facts = HostFacts(gpu_count=count, visible=visible, cores=cores)
+        monkeypatch.setattr(HostFacts, "probe", classmethod(lambda cls: facts))
+        return facts
+
+    return install
+
+
+def run_file() -> dict:
+    """Inside a mocked launch: the run file the launcher wrote for the workers (``MULTIGPU_RUN_FILE``)."""
+    import json
+
+    return json.loads(Path(os.environ["MULTIGPU_RUN_FILE"]).read_text())
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -47,6 +47,8 @@ from multigpu.runtime import (
     shutdown,
     world_size,
 )
+from multigpu.runtime.context import RunContext
+from multigpu.runtime.context import current as run_context
 
 __version__ = "0.1.0"
 
@@ -71,6 +73,7 @@ __all__ = [
     "DeviceError",
     "DistEnv",
     "MultigpuError",
+    "RunContext",
     "NotInitializedError",
     "ShapeMismatchError",
     "ShardSampler",
@@ -92,6 +95,7 @@ __all__ = [
     "local_rank",
     "rank",
     "rank_zero_only",
+    "run_context",
     "shard",
     "shard_range",
     "shutdown",

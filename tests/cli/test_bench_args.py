@@ -1,6 +1,7 @@
 """`multigpu bench` plumbing with torch's elastic_launch mocked: what each run gets, and a run that measures nothing.
 
-The fake launch plays the workload's StepMeter: it writes summary.json where MULTIGPU_RUN_DIR points.
+The fake launch plays the workload's StepMeter: it writes summary.json into the run directory of the run file
+the launcher wrote (or, for a script without a meter, the worker wrapper's wall times).
 """
 
 from __future__ import annotations
@@ -11,17 +12,23 @@ from pathlib import Path
 from unittest import mock
 
 from multigpu.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_file
 
 EXAMPLE = str(ROOT / "examples" / "allreduce_dp.py")
 
 
-def _fake_run(seen: list, write: bool = True):
+def _fake_run(seen: list, write: bool = True, wall: bool = False):
     def launch(config, entrypoint, args):
-        run_dir = Path(os.environ["MULTIGPU_RUN_DIR"])
+        run = run_file()["run"]
+        run_dir = Path(run["run_dir"])
         seen.append({"nproc": config.nproc_per_node, "run_dir": run_dir.name, "args": list(args),
-                     **{k: os.environ.get(k) for k in ("MULTIGPU_SCALING", "MULTIGPU_PROFILE", "CUDA_VISIBLE_DEVICES")}})
-        if write:
+                     "scaling": run["scaling"], "profile": run["profile"], "record_wall": run["record_wall"],
+                     "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        if wall:  # what the worker wrapper writes for a script: rank r ran from 10 to 12 + r seconds
+            (run_dir / "wall").mkdir(parents=True, exist_ok=True)
+            for r in range(config.nproc_per_node):
+                (run_dir / "wall" / f"rank{r}.json").write_text(json.dumps({"start": 10.0, "end": 12.0 + r}))
+        elif write:
             n = config.nproc_per_node
             run_dir.mkdir(parents=True, exist_ok=True)
             per_rank = [{"wall_s": 1.0, "comm_s": 0.1 * n, "busy_s": 1 - 0.1 * n, "items": 100, "steps": 5}] * n
@@ -31,8 +38,8 @@ def _fake_run(seen: list, write: bool = True):
     return launch
 
 
-def test_each_world_size_and_repeat_gets_its_own_run_dir_scaling_and_devices(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "4")
+def test_each_world_size_and_repeat_gets_its_own_run_dir_scaling_and_devices(tmp_path, fake_gpus, capsys):
+    fake_gpus(4)
     seen: list = []
     out = tmp_path / "bench"
     with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run(seen)):
@@ -40,33 +47,49 @@ def test_each_world_size_and_repeat_gets_its_own_run_dir_scaling_and_devices(tmp
                      "-o", str(out), EXAMPLE, "--steps", "7"])
     assert code == 0
     assert [(s["nproc"], s["run_dir"]) for s in seen] == [(1, "np1_r0"), (1, "np1_r1"), (2, "np2_r0"), (2, "np2_r1")]
-    assert {s["MULTIGPU_SCALING"] for s in seen} == {"weak"} and {s["MULTIGPU_PROFILE"] for s in seen} == {"1"}
+    assert {s["scaling"] for s in seen} == {"weak"} and {s["profile"] for s in seen} == {True}
     assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["1", "1", "1,3", "1,3"]  # the first N of --gpus
     assert all(s["args"][-3:] == [EXAMPLE, "--steps", "7"] for s in seen)
-    assert "MULTIGPU_RUN_DIR" not in os.environ  # restored after each launch
+    assert "MULTIGPU_RUN_FILE" not in os.environ  # restored after each launch
     result = json.loads((out / "bench.json").read_text())
     assert result["scaling"] == "weak" and result["repeat"] == 2 and len(result["runs"]) == 4
     assert [r["world_size"] for r in result["rows"]] == [1, 2]
     assert "1.41x" in capsys.readouterr().out  # sqrt(2) speedup, as the fake measured
 
 
-def test_a_script_that_measures_nothing_gets_told_how_to_fix_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_a_script_without_a_meter_is_measured_by_its_wall_clock(tmp_path, fake_gpus, capsys):
+    """A plain script gets a scaling table from the worker wrapper's start/end times (slowest rank), and says so."""
+    fake_gpus(0)
+    seen: list = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run(seen, wall=True)):
+        assert main(["bench", "--nproc", "1,2", "-o", str(tmp_path / "w"), EXAMPLE]) == 0
+    assert {s["record_wall"] for s in seen} == {True}
+    result = json.loads((tmp_path / "w" / "bench.json").read_text())
+    assert [r["summary"]["measure"] for r in result["runs"]] == ["wall", "wall"]
+    assert [r["summary"]["wall_s"] for r in result["runs"]] == [2.0, 3.0]  # first start to last end
+    assert result["rows"][1]["speedup"] == 2.0 / 3.0
+    assert result["notes"][0].startswith("measured by wall clock")
+    assert "measured by wall clock" in capsys.readouterr().out
+
+
+def test_a_run_that_leaves_no_figures_is_an_error(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
     with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run([], write=False)):
         code = main(["bench", "--nproc", "1,2", "-o", str(tmp_path / "b"), EXAMPLE])
     err = capsys.readouterr().err
-    assert code == 1 and "finished without writing" in err and "StepMeter" in err
+    assert code == 1 and "finished without writing" in err and "wall times" in err
     with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run([])):
-        monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "2")
+        fake_gpus(2)
         assert main(["bench", "--nproc", "1,8", "--gpus", "0,1", "-o", str(tmp_path / "c"), EXAMPLE]) == 2
     assert "--nproc 8 needs 8 GPUs but --gpus 0,1 selects 2" in capsys.readouterr().err
 
 
-def test_launch_profile_flag_reaches_every_worker_environment(monkeypatch):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_launch_profile_flag_reaches_every_worker_through_the_run_file(fake_gpus):
+    fake_gpus(0)
     seen = []
     with mock.patch("multigpu.launch.agent._elastic_launch",
-                    side_effect=lambda *a: seen.append(os.environ.get("MULTIGPU_PROFILE"))):
-        assert main(["launch", "--profile", EXAMPLE]) == 0
+                    side_effect=lambda *a: seen.append(run_file()["run"])):
+        assert main(["launch", "--profile", "--profile-steps", "0,1,2", "--sample-interval-s", "0.5", EXAMPLE]) == 0
         assert main(["launch", EXAMPLE]) == 0
-    assert seen == ["1", None]
+    assert [(r["profile"], r["profile_steps"], r["sample_interval_s"]) for r in seen] == [
+        (True, [0, 1, 2], 0.5), (False, [1, 1, 3], 1.0)]

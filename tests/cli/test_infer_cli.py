@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from multigpu.cli import main
+from tests.conftest import run_file
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -68,16 +69,16 @@ def test_a_broken_image_file_is_reported(images, capsys):
     assert "cannot be read as an image" in capsys.readouterr().err
 
 
-def test_good_input_writes_the_resolved_config_and_launches_the_worker(images):
-    with mock.patch("multigpu.launch.agent.launch") as launch:
+def test_good_input_writes_the_run_file_and_launches_the_rank_entry_point(images):
+    seen = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=lambda *a: seen.append((a, run_file()))):
         code = main(_infer(images, "--overlap", "0.5", "--blend", "constant", "--batch-size", "3",
                            "--precision", "bf16", "--nproc-per-node", "2", "--set", "sigma_scale=0.2"))
     assert code == 0
-    cfg, target, args = launch.call_args.args
-    assert target == "multigpu.infer.worker" and launch.call_args.kwargs == {"module": True}
-    assert cfg.nproc_per_node == 2
-    resolved = json.loads(Path(args[0]).read_text())
+    (torch_cfg, _, args), data = seen[0]
+    assert args[-2:] == ["-m", "multigpu.jobs.rank"] and torch_cfg.nproc_per_node == 2
+    resolved = data["config"]
+    assert data["workload"] == "infer" and data["run"]["run_dir"] == str((images["tmp"] / "run").resolve())
     assert resolved["roi"] == [32] and resolved["overlap"] == [0.5] and resolved["batch_size"] == 3
     assert resolved["blend"] == "constant" and resolved["precision"] == "bf16" and resolved["sigma_scale"] == 0.2
-    assert resolved["inputs"] == [images["rgb"]] and resolved["run_dir"].endswith("run")
-    assert (images["tmp"] / "out").is_dir()
+    assert resolved["inputs"] == [images["rgb"]] and resolved["output"] == str(images["tmp"] / "out")

@@ -28,8 +28,8 @@ def _launched(seam):
     return config, entrypoint, list(args)
 
 
-def test_auto_on_a_cpu_box_is_one_rank_on_a_free_port(seam, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_auto_on_a_cpu_box_is_one_rank_on_a_free_port(seam, fake_gpus):
+    fake_gpus(0)
     assert main(["launch", HELLO, "--lr", "3"]) == 0
     config, entrypoint, args = _launched(seam)
     assert config.nproc_per_node == 1 and config.min_nodes == config.max_nodes == 1
@@ -37,15 +37,15 @@ def test_auto_on_a_cpu_box_is_one_rank_on_a_free_port(seam, monkeypatch):
     assert args[-3:] == [HELLO, "--lr", "3"] and args[1].endswith("_worker.py")
 
 
-def test_standalone_nproc_restarts_and_underscore_aliases(seam, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_standalone_nproc_restarts_and_underscore_aliases(seam, fake_gpus):
+    fake_gpus(0)
     assert main(["launch", "--standalone", "--nproc_per_node", "3", "--max-restarts", "2", HELLO]) == 0
     config, _, _ = _launched(seam)
     assert (config.nproc_per_node, config.max_restarts, config.rdzv_endpoint) == (3, 2, "localhost:0")
 
 
-def test_multi_node_flags(seam, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_multi_node_flags(seam, fake_gpus):
+    fake_gpus(0)
     argv = ["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", "--nproc-per-node", "2", HELLO]
     assert main(argv) == 0
     config, _, _ = _launched(seam)
@@ -54,8 +54,8 @@ def test_multi_node_flags(seam, monkeypatch):
     assert config.run_id == "multigpu"  # every node must agree on it
 
 
-def test_module_target(seam, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_module_target(seam, fake_gpus):
+    fake_gpus(0)
     assert main(["launch", "-m", "json.tool", "--help"]) == 0
     _, _, args = _launched(seam)
     assert args[-3:] == ["-m", "json.tool", "--help"]
@@ -69,14 +69,16 @@ def test_gpu_selection_and_isolation_plans():
     iso = plan_devices(LaunchConfig(gpus="1,3", isolate_devices=True), facts, inherited={})
     assert iso.env["MULTIGPU_DEVICE_MAP"] == "5,7" and "CUDA_VISIBLE_DEVICES" not in iso.env
     hybrid = plan_devices(LaunchConfig(gpus="2", nproc_per_node=3, allow_cpu_ranks=True), facts, inherited={})
-    assert hybrid.env["MULTIGPU_HYBRID"] == "1" and hybrid.gpu_ids == ["4", "5"]
+    assert hybrid.hybrid and not plan.hybrid and hybrid.gpu_ids == ["4", "5"] and iso.isolated and not plan.isolated
+    assert hybrid.device_types == ["cuda", "cpu"] and plan.device_types == ["cuda"]
+    assert not any(k.startswith("MULTIGPU_") and k != "MULTIGPU_DEVICE_MAP" for p in (plan, iso, hybrid) for k in p.env)
     assert plan_devices(LaunchConfig(), facts, inherited={"OMP_NUM_THREADS": "2"}).env.get("OMP_NUM_THREADS") is None
     assert plan_devices(LaunchConfig(cpu=True, nproc_per_node=2), facts, inherited={}).env["CUDA_VISIBLE_DEVICES"] == ""
     assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("2", 3) == [0, 1] and parse_gpus("0,", 3) == [0]
 
 
 @pytest.mark.parametrize(
-    "argv,fake_gpus,needle",
+    "argv,gpus,needle",
     [
         (["--gpus", "5"], "2", "asks for 5 GPU(s) but this machine has 2"),
         (["--gpus", "5"], "0", "no visible GPU"),
@@ -97,8 +99,8 @@ def test_gpu_selection_and_isolation_plans():
         (["--node-rank=--"], "0", "expected one value, got '--'"),  # found by the bad-input suite
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(seam, monkeypatch, capsys, argv, fake_gpus, needle):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", fake_gpus)
+def test_bad_input_is_one_line_and_exit_2(seam, fake_gpus, capsys, argv, gpus, needle):
+    fake_gpus(int(gpus))
     code = main(["launch", *argv, HELLO])
     err = capsys.readouterr().err.strip()
     assert code == 2

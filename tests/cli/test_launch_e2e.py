@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -128,8 +129,9 @@ def test_a_node_that_disappears_ends_the_other_nodes_job(tmp_path):
 
 def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
     """On a CPU box with a faked list of 4 GPUs, --gpus 1,3 pins rank 0 to GPU 1 and rank 1 to GPU 3."""
-    proc = run_cli("launch", "--gpus", "1,3", "--isolate-devices", str(SCRIPTS / "report_devices.py"), str(tmp_path),
-                   env={"MULTIGPU_FAKE_GPU_COUNT": "4"})
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "4", "launch", "--gpus", "1,3",
+                           "--isolate-devices", str(SCRIPTS / "report_devices.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr
     for rank, gpu in [(0, "1"), (1, "3")]:
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())

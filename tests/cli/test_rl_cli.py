@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 def test_bad_config_fails_before_anything_is_started_or_written(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("rl", "-f", "configs/ppo-cartpole.yaml", "--run-dir", str(run_dir), "num_env=8")
+    proc = run_cli("rl", "-f", "ppo-cartpole", "--run-dir", str(run_dir), "num_env=8")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: unknown config key 'rl.num_env'. Did you mean 'rl.num_envs'? "
                                    "Valid keys here: " + proc.stderr.split("Valid keys here: ")[1].strip())
@@ -25,7 +25,7 @@ def test_bad_config_fails_before_anything_is_started_or_written(tmp_path):
 
 def test_two_ranks_train_with_ddp_and_rank0_writes_reduced_metrics(tmp_path):
     """A few updates on 2 ranks: env-steps of both ranks counted, DDP's all-reduce timed as comm, returns logged."""
-    proc = run_cli("rl", "-f", "configs/ppo-cartpole.yaml", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
+    proc = run_cli("rl", "-f", "ppo-cartpole", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
                    "num_envs=64", "num_steps=32", "total_env_steps=8192", "target_return=null", "log_every=1")
     assert proc.returncode == 0, proc.stderr
     assert "not solved CartPole-v1" in proc.stdout and "after 8,192 env-steps and 4 updates" in proc.stdout
@@ -43,7 +43,7 @@ def test_two_ranks_train_with_ddp_and_rank0_writes_reduced_metrics(tmp_path):
 @pytest.mark.slow
 def test_ppo_solves_cartpole_on_two_ranks(tmp_path):
     """The issue's bar: mean return >= 475 over the last 100 episodes, 2 CPU ranks, the shipped config."""
-    proc = run_cli("rl", "-f", "configs/ppo-cartpole.yaml", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
+    proc = run_cli("rl", "-f", "ppo-cartpole", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
                    timeout=600)
     assert proc.returncode == 0, proc.stderr
     rl = json.loads((tmp_path / "summary.json").read_text())["rl"]

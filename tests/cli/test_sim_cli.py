@@ -17,7 +17,7 @@ from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
 from tests.conftest import ROOT, run_cli
 
-SIR = str(ROOT / "configs" / "sir.yaml")
+SIR = "sir"
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 
-SIR = "configs/sir.yaml"
+SIR = "sir"
 
 
 def _run(run_dir, *extra, env=None):

@@ -14,24 +14,24 @@ TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=
         "sample_chars=40"]
 
 
-@pytest.mark.parametrize(("argv", "env", "expected"), [
-    (["stepz=3"], {}, "unknown config key 'stepz'. Did you mean 'steps'?"),
-    (["--dtype", "fp64"], {}, "argument --dtype: invalid choice: 'fp64'"),
-    (["model.n_head=5"], {}, "model.n_embd=192 must be divisible by model.n_head=5"),
-    (["--nproc-per-node", "2", "global_batch_size=3"], {},
+@pytest.mark.parametrize(("argv", "gpus", "expected"), [
+    (["stepz=3"], 0, "unknown config key 'stepz'. Did you mean 'steps'?"),
+    (["--dtype", "fp64"], 0, "argument --dtype: invalid choice: 'fp64'"),
+    (["model.n_head=5"], 0, "model.n_embd=192 must be divisible by model.n_head=5"),
+    (["--nproc-per-node", "2", "global_batch_size=3"], 0,
      "global_batch_size=3 is not divisible by world_size × grad_accum = 2 × 1 = 2"),
-    (["--nproc-per-node", "2", "--grad-accum", "3", "grad_accum_scope=global"], {},
+    (["--nproc-per-node", "2", "--grad-accum", "3", "grad_accum_scope=global"], 0,
      "grad_accum=3 is the job's total (grad_accum_scope=global) but is not divisible by world_size=2"),
-    (["data.path=/no/such/folder"], {}, "data.path '/no/such/folder' does not exist"),
-    (["--resume", "/no/such/ckpt.pt"], {}, "--resume /no/such/ckpt.pt: no such file"),
-    (["--sync-backend", "nccl"], {}, "--sync-backend nccl needs GPUs, but this job runs on CPU ranks"),
-    (["--precision", "bf16"], {"MULTIGPU_FAKE_GPU_COUNT": "1"}, "bf16 is not supported on this job's CUDA ranks"),
+    (["data.path=/no/such/folder"], 0, "data.path '/no/such/folder' does not exist"),
+    (["--resume", "/no/such/ckpt.pt"], 0, "--resume /no/such/ckpt.pt: no such file"),
+    (["--sync-backend", "nccl"], 0, "--sync-backend nccl needs GPUs, but this job runs on CPU ranks"),
+    (["--precision", "bf16"], 1, "bf16 is not supported on this job's CUDA ranks"),
+    (["--resume", "auto", "gradient_accumulation_steps=4"], 0, "Did you mean 'grad_accum'?"),
 ])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, env, expected, tmp_path, capsys, monkeypatch):
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, gpus, expected, tmp_path, capsys, fake_gpus):
+    fake_gpus(gpus)
     run_dir = tmp_path / "run"
-    code = main(["train", "-f", str(ROOT / "configs" / "nano.yaml"), "--run-dir", str(run_dir), *argv])
+    code = main(["train", "-f", "nano", "--run-dir", str(run_dir), *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert err.startswith("error: ") and "\n" not in err and expected in err, err
@@ -49,7 +49,7 @@ def test_bad_input_through_the_real_command_line(tmp_path):
 @pytest.mark.e2e
 def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
     run_dir = tmp_path / "run"
-    first = run_cli("train", "-f", "configs/nano.yaml", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+    first = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
                     *TINY, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "effective batch: batch 4 × grad_accum 1 × world_size 2 = 8 samples (256 tokens) per step" in first.stdout
@@ -58,7 +58,7 @@ def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_step"] == 4 and summary["unit"] == "tokens"
 
-    again = run_cli("train", "-f", "configs/nano.yaml", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+    again = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
                     "--resume", "auto", *TINY, "steps=6", "checkpoint_every=0", timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from {run_dir}/checkpoints/ckpt_00000004.pt" in again.stdout

@@ -36,7 +36,7 @@ STEPS = 16
 
 
 def _train(run_dir, *extra, env=None):
-    return run_cli("train", "-f", "configs/nano.yaml", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+    return run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
                    *TINY, f"steps={STEPS}", "checkpoint_every=3", *extra, env=env, timeout=300)
 
 
@@ -75,7 +75,7 @@ def _lines(stream, sink: list[str]) -> None:
 def test_ctrl_c_writes_a_last_checkpoint_then_stops_every_rank(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "multigpu", "train", "-f", "configs/nano.yaml", "--nproc-per-node", "2",
+        [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", "2",
          "--run-dir", str(run_dir), "--checkpoint-on-interrupt", *TINY, "steps=100000", "checkpoint_every=0",
          "log_every=1"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -44,22 +44,26 @@ def _image() -> str:
     return str(_IMAGE)
 
 
+PRESETS = "src/multigpu/presets"
+
 # command -> (valid argv after the command name, config file or None, how overrides are given, output flag)
 BASES: dict[str, dict] = {
     "launch": {"argv": [SCRIPT], "out": "--log-dir"},
     "info": {"argv": []},
     "doctor": {"argv": ["--skip-bandwidth"]},
-    "train": {"argv": ["-f", "configs/nano.yaml"], "config": "configs/nano.yaml", "overrides": "positional",
+    "train": {"argv": ["-f", "nano"], "config": f"{PRESETS}/nano.yaml", "overrides": "positional",
               "out": "--run-dir"},
     "infer": {"argv": ["--model", "multigpu.infer.models:denoiser", "--input", "@image", "--roi", "16"],
               "overrides": "--set", "out": "--output", "missing_file_flag": "--input"},
     "bench": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "verify": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "report": {"argv": ["@rundir"], "out": "-o"},
-    "sim": {"argv": ["-f", "configs/sir.yaml"], "config": "configs/sir.yaml",
+    "sim": {"argv": ["-f", "sir"], "config": f"{PRESETS}/sir.yaml",
             "overrides": "positional", "out": "--run-dir"},
-    "rl": {"argv": ["-f", "configs/ppo-cartpole.yaml"], "config": "configs/ppo-cartpole.yaml", "overrides": "positional",
+    "rl": {"argv": ["-f", "ppo-cartpole"], "config": f"{PRESETS}/ppo-cartpole.yaml", "overrides": "positional",
            "out": "--run-dir"},
+    # the workload's own flags come after its name, so --run-dir cannot lead; the run dir is made only after checks
+    "run": {"argv": ["sim", "-f", "sir"], "config": f"{PRESETS}/sir.yaml", "overrides": "positional"},
 }
 
 _TAKES_SCRIPT = ("launch", "bench", "verify")
@@ -197,8 +201,8 @@ _COUNTER = itertools.count()
 
 
 @pytest.mark.parametrize("name", [c for c in COMMANDS if c in BASES])
-def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch, capsys):
-    monkeypatch.setenv("MULTIGPU_FAKE_GPU_COUNT", "0")
+def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch, capsys, fake_gpus):
+    fake_gpus(0)
     tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
     monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
 

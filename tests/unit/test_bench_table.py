@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from multigpu.bench import BenchConfig, parse_nproc, resolve_target
-from multigpu.bench import workloads as wl
 from multigpu.bench.table import explain, scaling_rows
 from multigpu.errors import ConfigError
 
@@ -79,18 +78,15 @@ def test_nproc_and_bench_config_reject_bad_input_with_the_valid_form():
         BenchConfig(repeat=0)
 
 
-def test_workload_names_resolve_through_the_registry_and_unknown_ones_list_what_exists(monkeypatch, tmp_path):
-    assert resolve_target("train", ["steps=3"]).args[-1] == "steps=3"  # registered by the trainer
-    monkeypatch.setattr(wl, "WORKLOADS", {})  # as before any feature registered
-    with pytest.raises(ConfigError, match=r"unknown workload 'train' \('train' arrives with the training feature\)"):
-        resolve_target("train", [])
+def test_workload_names_resolve_through_the_registry_and_unknown_ones_list_what_exists(tmp_path):
+    t = resolve_target("train", ["steps=3"])
+    assert (t.target, t.workload, t.name, t.args) == ("train", True, "train", ["steps=3"])
+    custom = resolve_target("mypkg.count:WORKLOAD", ["n=5"])
+    assert custom.workload and custom.name is None and custom.args == ["n=5"]
     with pytest.raises(ConfigError, match="script 'nope.py' does not exist"):
         resolve_target("nope.py", [])
-    monkeypatch.setitem(wl.WORKLOADS, "toy", wl.Workload("mypkg.toy", args=("--steps", "5"), help="a toy"))
-    with pytest.raises(ConfigError, match=r"built-in workloads: toy \(a toy\)"):
+    with pytest.raises(ConfigError, match=r"unknown workload 'tain'; built-in workloads: envs \(.*\), infer"):
         resolve_target("tain", [])
-    t = resolve_target("toy", ["--x", "1"])
-    assert (t.target, t.module, t.args, t.name) == ("mypkg.toy", True, ["--steps", "5", "--x", "1"], "toy")
     script = tmp_path / "job.py"
     script.write_text("")
     assert resolve_target(str(script), ["a"]).args == ["a"] and not resolve_target(str(script), []).module

@@ -196,7 +196,7 @@ def test_resume_from_a_damaged_file_is_one_line_exit_2_before_anything_starts(tm
     with open(bad, "r+b") as fh:
         fh.truncate(50)
     run_dir = tmp_path / "run"
-    code = main(["train", "-f", str(ROOT / "configs" / "nano.yaml"), "--run-dir", str(run_dir), "--resume", str(bad)])
+    code = main(["train", "-f", "nano", "--run-dir", str(run_dir), "--resume", str(bad)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
     assert err.startswith(f"error: --resume {bad}: truncated: 50 bytes on disk") and "valid: an intact checkpoint" in err

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from multigpu.errors import ConfigError
+from multigpu.launch.config import LaunchConfig
+from multigpu.runtime.context import RunContext
 from multigpu.monitor import Sampler, StepMeter
 from multigpu.monitor.profile import parse_window
 from multigpu.monitor.sampler import gpu_samples, register_rank, start_for_rank
@@ -56,19 +58,26 @@ def test_gpu_samples_convert_nvml_units_and_survive_unsupported_figures():
     assert b["index"] == 1 and b["util_percent"] == 88 and b["power_w"] is None
 
 
-def test_sampling_interval_comes_from_the_environment_and_zero_turns_it_off(tmp_path, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_SAMPLE_INTERVAL_S", "0")
-    assert start_for_rank(tmp_path) is None and not (tmp_path / "ranks").exists()
-    monkeypatch.setenv("MULTIGPU_SAMPLE_INTERVAL_S", "soon")
-    with pytest.raises(ConfigError, match="MULTIGPU_SAMPLE_INTERVAL_S='soon'"):
-        start_for_rank(tmp_path)
+def test_sampling_interval_zero_turns_it_off_and_a_bad_one_is_refused(tmp_path):
+    assert start_for_rank(tmp_path, 0) is None and not (tmp_path / "ranks").exists()
+    with pytest.raises(ConfigError, match="run.sample_interval_s=-1.0 is invalid"):
+        RunContext(sample_interval_s=-1.0)
+    with pytest.raises(ConfigError, match="--sample-interval-s -2.0 is invalid"):
+        LaunchConfig(sample_interval_s=-2.0)
 
 
-def test_profile_env_makes_every_step_meter_write_a_trace_for_its_window(tmp_path, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_PROFILE", "1")
-    monkeypatch.setenv("MULTIGPU_PROFILE_STEPS", "1,1,2")
-    monkeypatch.setenv("MULTIGPU_SAMPLE_INTERVAL_S", "0.1")
+def test_a_plain_step_meter_starts_nothing(tmp_path):
+    """The constructor is explicit: no sampler thread, no profiler unless given (or from_context)."""
     meter = StepMeter("items", run_dir=tmp_path, progress=False)
+    with meter.step(items=1):
+        pass
+    meter.close()
+    assert not (tmp_path / "samples_node0.jsonl").exists() and not (tmp_path / "profile").exists()
+
+
+def test_profile_in_the_run_context_makes_the_meter_write_a_trace_for_its_window(tmp_path):
+    run = RunContext(run_dir=str(tmp_path), profile=True, profile_steps=(1, 1, 2), sample_interval_s=0.1)
+    meter = StepMeter.from_context("items", run, progress=False)
     for _ in range(5):
         with meter.step(items=4):
             torch.mm(torch.ones(64, 64), torch.ones(64, 64))

@@ -9,7 +9,8 @@ import multigpu as mg
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.train import CheckpointManager, TrainConfig, find_latest
-from multigpu.train.config import DataConfig, lr_scale_factor, per_rank_accum
+from multigpu.train.config import lr_scale_factor, per_rank_accum
+from multigpu.train.nano import DataConfig, NanoConfig
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, load_text
 from multigpu.train.optim import lr_at
 from multigpu.train.precision import PrecisionSupport, check_precision
@@ -44,7 +45,7 @@ def test_config_rejects_bad_values_with_the_key():
     with pytest.raises(ConfigError, match="'dtype' got 'fp64'; valid choices: 'fp32', 'bf16', 'fp16'"):
         from_dict(TrainConfig, {"dtype": "fp64"})
     with pytest.raises(ConfigError, match="model.n_embd=30 must be divisible by model.n_head=4"):
-        from_dict(TrainConfig, {"model": {"n_embd": 30, "n_head": 4}})
+        from_dict(NanoConfig, {"model": {"n_embd": 30, "n_head": 4}})
 
 
 def test_precision_rules_on_injected_device_facts():

@@ -41,8 +41,10 @@ def test_mismatches_that_cannot_be_compared_number_by_number_fail_with_the_reaso
 
 def test_record_writes_on_rank_0_only_when_verify_dir_is_set(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "_RECORDED", set())
-    mg.verify.record("skipped", 1.0)  # no MULTIGPU_VERIFY_DIR: nothing written, script runs unchanged
-    monkeypatch.setenv("MULTIGPU_VERIFY_DIR", str(tmp_path))
+    mg.verify.record("skipped", 1.0)  # no verify folder in the run context: nothing written, script runs unchanged
+    from multigpu.runtime import context
+
+    context.set_current(context.RunContext(verify_dir=str(tmp_path)))
     mg.verify.record("loss", 0.25)
     mg.verify.record("out", torch.arange(4))
     mg.verify.record("labels", [[1, 2], [3, 4]])

@@ -2,16 +2,17 @@
 
     multigpu bench --nproc 1,2,4 train.py          # strong scaling: the global problem stays fixed
     multigpu bench --nproc 1,2 --weak --repeat 3 examples/allreduce_dp.py
+    multigpu bench --nproc 1,2 sim agents=4000000      # a workload, through the job contract
 
 Pieces: :mod:`~multigpu.bench.config` (BenchConfig), :mod:`~multigpu.bench.workloads`
-(built-in names), :mod:`~multigpu.bench.runner` (runs and bench.json),
+(what to run: script, module or workload), :mod:`~multigpu.bench.runner` (runs and bench.json),
 :mod:`~multigpu.bench.table` (rows and verdicts, pure).
 """
 
 from multigpu.bench.config import BenchConfig, parse_nproc
-from multigpu.bench.runner import configs_for, launch_with_env, run_bench, write_bench
+from multigpu.bench.runner import Launcher, configs_for, run_bench, write_bench
 from multigpu.bench.table import explain, scaling_rows
-from multigpu.bench.workloads import WORKLOADS, Workload, resolve_target
+from multigpu.bench.workloads import Target, resolve_target
 
-__all__ = ["WORKLOADS", "BenchConfig", "Workload", "configs_for", "explain", "launch_with_env", "parse_nproc", "resolve_target",
+__all__ = ["BenchConfig", "Launcher", "Target", "configs_for", "explain", "parse_nproc", "resolve_target",
            "run_bench", "scaling_rows", "write_bench"]

@@ -1,25 +1,24 @@
-"""Run a workload at each world size and collect what its StepMeter measured (runs in the launcher).
+"""Run a workload at each world size and collect what it measured (runs in the launcher).
 
     result = run_bench(BenchConfig(nproc=(1, 2)), LaunchConfig(cpu=True), resolve_target("x.py", []), out_dir)
 
-Each run goes through :func:`multigpu.launch.launch` with
-``MULTIGPU_RUN_DIR=<out_dir>/np<N>_r<k>`` and ``MULTIGPU_SCALING=strong|weak``
-in the workers' environment; the workload's ``StepMeter`` writes
-``summary.json`` there. ``bench.json`` (every run, the table rows, the
-verdicts) and ``bench.png`` (speedup vs ideal; compute/communication split)
-land in ``out_dir``.
+Each run is launched with its own run context (:mod:`multigpu.runtime.context`):
+the run directory ``<out_dir>/np<N>_r<k>`` and the scaling (strong or weak).
+A workload's ``StepMeter`` writes ``summary.json`` there; a script without one
+is measured by its wall clock (worker start of the script to its end, on the
+slowest rank: the launch and the interpreter's start are left out).
+``bench.json`` (every run, the table rows, the verdicts) and ``bench.png``
+(speedup vs ideal; compute/communication split) land in ``out_dir``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
-import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,30 +28,36 @@ from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
 
-__all__ = ["configs_for", "cpu_usage", "launch_with_env", "run_bench", "write_bench"]
+__all__ = ["Launcher", "configs_for", "cpu_usage", "run_bench", "wall_summary", "write_bench"]
 
 
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """Workers inherit the launcher's environment: set ``extra`` for one launch, then restore."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+class Launcher:
+    """Launches one target at any world size with a given run context: a script or module as it is, a workload
+    through the job contract, its config checked for every world size up front (bad input fails before any run)."""
 
+    def __init__(self, target: Target, configs: dict[int, LaunchConfig]):
+        self.target = target
+        self.jobs = {}
+        if target.workload:
+            from multigpu.jobs.command import load_workload_config, prepare
+            from multigpu.jobs.registry import get_workload
+            from multigpu.runtime.context import RunContext
 
-def launch_with_env(cfg: LaunchConfig, target: Target, env: dict[str, str]) -> None:
-    """Launch ``target`` with ``env`` added to the workers' environment, and wait."""
-    from multigpu.launch import launch
+            workload = get_workload(target.target)
+            cfg = load_workload_config(workload, None, [*workload.bench, *target.args])
+            self.jobs = {n: prepare(workload, cfg, c, RunContext(), spec=target.target) for n, c in configs.items()}
+        self.configs = configs
 
-    with _environment(env):
-        launch(cfg, target.target, target.args, module=target.module)
+    def __call__(self, n: int, run) -> None:
+        """Run at ``n`` processes per node with the run context ``run``, and wait."""
+        if self.target.workload:
+            from multigpu.jobs.command import launch_job
+
+            launch_job(self.jobs[n], run)
+        else:
+            from multigpu.launch import launch
+
+            launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run)
 
 
 def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:
@@ -75,14 +80,38 @@ def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchCo
     return out
 
 
-def _read_summary(run_dir: Path, world_size: int) -> dict[str, Any]:
+def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
+    """A summary from the worker wrapper's start and end times (``wall/rank*.json``) for a script with no
+    StepMeter: one step of ``items`` items (1 under strong scaling, the world size under weak), lasting from the
+    first rank's start to the last rank's end; None when no rank wrote its times."""
+    times = []
+    for path in sorted((run_dir / "wall").glob("rank*.json")):
+        try:
+            times.append(json.loads(path.read_text()))
+        except ValueError:
+            continue
+    if not times:
+        return None
+    wall = max(t["end"] for t in times) - min(t["start"] for t in times)
+    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": 0.0, "busy_s": t["end"] - t["start"],
+                 "items": items / len(times), "steps": 1} for t in times]
+    busy = [r["busy_s"] for r in per_rank]
+    return {
+        "unit": "runs", "measure": "wall", "world_size": len(times), "steps": 1, "warmup_steps": 0,
+        "items": items, "wall_s": wall, "throughput": items / wall if wall > 0 else 0.0,
+        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": 0.0,
+        "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0, "per_rank": per_rank,
+    }
+
+
+def _read_summary(run_dir: Path, world_size: int, items: int) -> dict[str, Any]:
     path = run_dir / "summary.json"
-    if not path.is_file():
-        raise MultigpuError(
-            f"the run at {world_size} rank(s) finished without writing {path}: measure the workload's steps with "
-            "multigpu.monitor.StepMeter and call meter.close() on every rank (it writes summary.json)"
-        )
-    return json.loads(path.read_text())
+    if path.is_file():
+        return json.loads(path.read_text())
+    summary = wall_summary(run_dir, items)
+    if summary is None:
+        raise MultigpuError(f"the run at {world_size} rank(s) finished without writing {path} or its wall times")
+    return summary
 
 
 def cpu_usage(run_dir: Path) -> dict[str, float] | None:
@@ -121,24 +150,34 @@ def run_bench(
     on_run: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Run every world size ``bench.repeat`` times, then write bench.json and bench.png. Returns bench.json's data."""
-    configs = configs_for(cfg, bench.nproc)  # bad input fails before any run
+    from multigpu.runtime.context import RunContext
+
+    launcher = Launcher(target, configs_for(cfg, bench.nproc))  # bad input fails before any run
     runs = []
     for n in bench.nproc:
         for k in range(bench.repeat):
             run_dir = out_dir / f"np{n}_r{k}"
             if on_run:
                 on_run(n, k, run_dir)
-            env = {"MULTIGPU_RUN_DIR": str(run_dir.resolve()), "MULTIGPU_SCALING": bench.scaling}
+            run = RunContext(run_dir=str(run_dir.resolve()), scaling=bench.scaling, record_wall=not target.workload)
             try:
-                launch_with_env(configs[n], target, env)
+                launcher(n, run)
             except MultigpuError:
                 print(f"multigpu bench: the run at {n} rank(s) (repeat {k + 1}) failed; its folder: {run_dir}",
                       file=sys.stderr)
                 raise
-            summary = _read_summary(run_dir, n)
+            summary = _read_summary(run_dir, n, run.problem_scale(n * cfg.nnodes))
             runs.append({"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
                          "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)})
     return write_bench(out_dir, bench, runs, command=command, target=target, cpu_only=cfg.cpu)
+
+
+def _measure_notes(runs: list[dict[str, Any]]) -> list[str]:
+    if any(r["summary"].get("measure") == "wall" for r in runs):
+        return ["measured by wall clock: the script has no StepMeter, so each run counts as one item, timed from "
+                "the script's start on the first rank to its end on the last (the launch itself is left out); "
+                "a StepMeter gives throughput, communication share and imbalance per step"]
+    return []
 
 
 def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *,
@@ -158,7 +197,7 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         "unit": runs[0]["summary"].get("unit", "items") if runs else "items",
         "host": host,
         "rows": rows,
-        "notes": explain(rows, cores=host["cores"], cpu_ranks=not host["gpus"] or cpu_only),
+        "notes": _measure_notes(runs) + explain(rows, cores=host["cores"], cpu_ranks=not host["gpus"] or cpu_only),
         "runs": runs,
     }
     write_json_atomic(out_dir / "bench.json", result)

@@ -9,17 +9,22 @@ stderr and the error's exit code (2 for bad input). ``--debug`` (or
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
+from multigpu.argtypes import non_negative_int, positive_float, positive_int
 from multigpu.errors import MultigpuError, UsageError
 
-__all__ = ["COMMANDS", "ArgumentParser", "main"]
+__all__ = ["COMMANDS", "ArgumentParser", "main", "non_negative_int", "positive_float", "positive_int"]
 
-COMMANDS = ["launch", "info", "train", "sim", "infer", "rl", "bench", "verify", "doctor", "report"]
-"""Command modules under ``multigpu.cli``, in ``--help`` order."""
+COMMANDS = ["launch", "info", "train", "sim", "infer", "rl", "run", "bench", "verify", "doctor", "report"]
+"""Commands in ``--help`` order: a module under ``multigpu.cli``, or a workload of :data:`WORKLOAD_COMMANDS`."""
+
+WORKLOAD_COMMANDS = ("train", "sim", "infer", "rl")
+"""Built-in workloads that are commands; each goes through the one job contract (:mod:`multigpu.jobs.command`)."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -45,37 +50,6 @@ def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse
     return parser.add_argument(*aliases, **kwargs)
 
 
-def _whole_number(text: str, minimum: int) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a whole number >= {minimum}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
-    return _whole_number(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number >= 0."""
-    return _whole_number(text, 0)
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: a number > 0")
-    return value
-
-
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="multigpu",
@@ -85,10 +59,18 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for name in COMMANDS:
-        module = importlib.import_module(f"multigpu.cli.{name}")
-        command = module.add_parser(sub)
+        if name in WORKLOAD_COMMANDS:
+            from multigpu.jobs.command import add_workload_parser, run_command
+            from multigpu.jobs.registry import builtin
+
+            workload = builtin(name)
+            command = add_workload_parser(sub, workload)
+            command.set_defaults(_run=functools.partial(run_command, workload))
+        else:
+            module = importlib.import_module(f"multigpu.cli.{name}")
+            command = module.add_parser(sub)
+            command.set_defaults(_run=module.run)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        command.set_defaults(_run=module.run)
     return parser
 
 

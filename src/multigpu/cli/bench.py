@@ -2,7 +2,8 @@
 
     multigpu bench --nproc 1,2 examples/allreduce_dp.py
     multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50
-    multigpu bench --nproc 1,2 train                   # a built-in workload (once its feature has landed)
+    multigpu bench --nproc 1,2 train steps=40          # a built-in workload with key=value overrides
+    multigpu bench --nproc 1,2 plain_script.py         # no StepMeter: measured by wall clock
 
 Writes ``bench.json``, ``bench.png`` and one folder per run (``np<N>_r<k>``)
 into ``--run-dir`` (default ``runs/bench/<timestamp>``); ``multigpu report``
@@ -31,12 +32,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     scaling.add_argument("--strong", dest="scaling", action="store_const", const="strong",
                          help="keep the global problem fixed (default)")
     scaling.add_argument("--weak", dest="scaling", action="store_const", const="weak",
-                         help="grow the global problem with the world size (MULTIGPU_SCALING=weak)")
+                         help="grow the global problem with the world size (the run context's scaling)")
     parser.set_defaults(scaling="strong")
     parser.add_argument("--repeat", type=positive_int, default=1, help="runs per world size (table: min and median)")
     add_flag(parser, "--run-dir", "-o", default=None, help="output folder (default runs/bench/<timestamp>)")
     add_launch_flags(parser)
-    add_target_args(parser, metavar="script.py|workload", help="a script that measures its steps with StepMeter, or a built-in workload name")
+    add_target_args(parser, metavar="script.py|workload",
+                    help="a script (measured by its StepMeter, else by wall clock), a built-in workload "
+                         "(train, sim, infer, rl, envs) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
     return parser
 
 

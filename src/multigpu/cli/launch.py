@@ -51,6 +51,30 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
     add_flag(g, "--profile", action="store_true",
              help="torch.profiler trace per rank for a window of steps, into the run directory")
+    add_flag(g, "--profile-steps", type=_profile_window, default=(1, 1, 3), metavar="WAIT,WARMUP,ACTIVE",
+             help="the profiler's window of steps (default 1,1,3)")
+    add_flag(g, "--sample-interval-s", type=_seconds_or_zero, default=1.0, metavar="S",
+             help="seconds between device samples (CPU, memory, GPUs) in the run directory; 0: off (default 1)")
+
+
+def _profile_window(text: str) -> tuple[int, int, int]:
+    from multigpu.errors import ConfigError
+    from multigpu.monitor.profile import parse_window
+
+    try:
+        return parse_window(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--profile-steps ")) from None
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: seconds >= 0 (0: off)")
+    return value
 
 
 def config_from_args(args: argparse.Namespace):
@@ -86,6 +110,8 @@ def config_from_args(args: argparse.Namespace):
         stall_timeout_s=args.stall_timeout_s,
         threads=args.threads,
         profile=args.profile,
+        profile_steps=args.profile_steps,
+        sample_interval_s=args.sample_interval_s,
     )
 
 

@@ -4,7 +4,7 @@
     multigpu verify --nproc 1,2,3 --rtol 1e-6 train.py
 
 The script names its results with ``mg.verify.record(name, value)``; each run
-gets its own ``MULTIGPU_VERIFY_DIR`` (``<run-dir>/np<N>``), and every result is
+gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
 compared with the smallest world size's. Exit code 1 when any result differs
 beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference.
 """
@@ -43,7 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multigpu.bench import configs_for, launch_with_env, parse_nproc, resolve_target
+    from multigpu.bench import Launcher, configs_for, parse_nproc, resolve_target
     from multigpu.cli.launch import config_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.verify import load_results
@@ -54,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_nproc(args.nproc)
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
+    from multigpu.runtime.context import RunContext
+
     target = resolve_target(args.target, list(args.args), module=args.module)
-    configs = configs_for(config_from_args(args), sizes)
+    launcher = Launcher(target, configs_for(config_from_args(args), sizes))
     if args.run_dir and Path(args.run_dir).exists() and any(Path(args.run_dir).iterdir()):
         raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
     with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp:
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for n in sizes:
             folder = root / f"np{n}"
             print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
-            launch_with_env(configs[n], target, {"MULTIGPU_VERIFY_DIR": str(folder.resolve())})
+            launcher(n, RunContext(verify_dir=str(folder.resolve())))
             results[n] = load_results(folder) if folder.is_dir() else {}
     if not any(results.values()):
         raise MultigpuError(f"{args.target} recorded no result at any world size: "

@@ -10,8 +10,8 @@ rank 0, bitwise identical on any number of ranks. From the command line::
 Modules: ``windows`` (window grid, pure), ``stitch`` (blending weights and
 canvases, pure), ``runner`` (the split over ranks and the exchange),
 ``config`` (``InferConfig`` for the command), ``models`` (demo models with
-fixed filters), ``io`` (PNG/TIFF reading and writing), ``worker`` (the
-command's rank entry point).
+fixed filters), ``io`` (PNG/TIFF reading and writing), ``job`` (the
+``infer`` workload: its launcher-side check and rank-side main).
 """
 
 from multigpu.infer.runner import PAD_MODES, PRECISIONS, sliding_window

@@ -45,17 +45,11 @@ class InferConfig:
     pad_mode: Literal["constant", "reflect", "replicate", "circular"] = "constant"
     """How an image smaller than the roi is padded."""
 
-    run_dir: str = ""
-    """Where the run's resolved config and summary.json go (set by the command)."""
 
     def __post_init__(self) -> None:
         if ":" not in self.model or not all(self.model.partition(":")[::2]):
             raise ConfigError(f"infer.model={self.model!r} must look like package.module:factory, "
                               "e.g. multigpu.infer.models:denoiser")
-        if not self.inputs:
-            raise ConfigError("infer.inputs is empty; give at least one image (--input a.png)")
-        if not self.output:
-            raise ConfigError("infer.output is empty; give the output folder (--output DIR)")
         if not self.roi or len(self.roi) > 3 or any(not 1 <= r <= MAX_ROI for r in self.roi):
             raise ConfigError(f"infer.roi={self.roi} must be 1 to 3 sizes in [1, {MAX_ROI}], e.g. --roi 256")
         if not self.overlap or len(self.overlap) > 3 or any(not 0 <= o < 1 for o in self.overlap):

@@ -366,7 +366,7 @@ def sliding_window(
         sigma_scale: Gaussian sigma as a fraction of the roi (MONAI's default 0.125).
         cval: Fill value for constant padding.
         device: Where windows go (default: the model's parameters' device, else ``mg.device()``).
-        run_dir: Where rank 0 writes the step meter's ``summary.json`` (default ``$MULTIGPU_RUN_DIR``).
+        run_dir: Where rank 0 writes the step meter's ``summary.json`` (None: nowhere).
         meter: A ``StepMeter`` to record into (one step per window batch); it is then
             left open for the caller to ``close()``. Default: one made and closed here.
 

@@ -3,7 +3,7 @@
 The launcher starts ``python -u <this file> [-m] target args...`` in each
 worker. Run by path, it imports nothing of multigpu or torch before it has:
 
-1. under ``--isolate-devices``, set ``CUDA_VISIBLE_DEVICES``,
+1. under ``--isolate-devices`` (``MULTIGPU_DEVICE_MAP`` set), set ``CUDA_VISIBLE_DEVICES``,
    ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
    worker's physical GPU, so simulators that read them at import see one GPU;
 2. put the script's folder first on ``sys.path``, as ``python script.py`` does;
@@ -14,7 +14,9 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 
 then it runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
-launcher summarises.
+launcher summarises. When the run context asks for it (``record_wall``:
+``multigpu bench`` on a script that has no step meter), it also writes
+``<run_dir>/wall/rank<R>.json`` with the script's start and end times.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import sys
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
 """Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
 
+DEVICE_MAP_VAR = "MULTIGPU_DEVICE_MAP"
+"""``--isolate-devices``: the physical GPU of each local rank, comma-separated (set by the launcher)."""
+
 
 def worker_device_env(env, local_rank: int) -> dict[str, str]:
     """The four device variables of one isolated worker; a rank beyond the GPU list sees no GPU."""
-    ids = [i for i in env.get("MULTIGPU_DEVICE_MAP", "").split(",") if i]
+    ids = [i for i in env.get(DEVICE_MAP_VAR, "").split(",") if i]
     value = ids[local_rank] if local_rank < len(ids) else ""
     return {name: value for name in DEVICE_VARIABLES}
 
@@ -63,8 +68,46 @@ def _register_stack_dumps(folder: str | None, rank: str) -> None:
     faulthandler.register(signal.SIGTERM, file=_STACK_FILE, all_threads=True, chain=True)
 
 
+def _wall_file() -> str | None:
+    """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
+    import json
+
+    path = os.environ.get("MULTIGPU_RUN_FILE")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            run = json.load(fh).get("run", {})
+    except (OSError, ValueError):
+        return None  # the runtime reports an unreadable run file when it reads it
+    if not run.get("record_wall") or not run.get("run_dir"):
+        return None
+    return os.path.join(run["run_dir"], "wall", f"rank{os.environ.get('RANK', '0')}.json")
+
+
+def _timed(target, wall_file: str | None):
+    """``target`` wrapped to write its start and end (``time.time()``) to ``wall_file``, when given."""
+    if wall_file is None:
+        return target
+
+    def run(argv: list[str]) -> None:
+        import json
+        import time
+
+        start = time.time()
+        target(argv)
+        end = time.time()
+        os.makedirs(os.path.dirname(wall_file), exist_ok=True)
+        tmp = f"{wall_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"start": start, "end": end}, fh)
+        os.replace(tmp, wall_file)
+
+    return run
+
+
 def main(argv: list[str]) -> None:
-    if os.environ.get("MULTIGPU_ISOLATE_DEVICES") == "1":
+    if os.environ.get(DEVICE_MAP_VAR):
         os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         sys.path[0] = os.getcwd()  # never let this folder shadow modules named config, agent, ...
@@ -72,7 +115,7 @@ def main(argv: list[str]) -> None:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(_run)(argv)
+    record(_timed(_run, _wall_file()))(argv)
 
 
 if __name__ == "__main__":

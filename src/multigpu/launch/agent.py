@@ -1,15 +1,19 @@
 """Start the job through torchrun's elastic agent and summarise failures (runs in the launcher).
 
-``launch(cfg, target, args)`` resolves devices (``devices.plan_devices``),
-builds torch's ``LaunchConfig`` (c10d rendezvous; ``localhost:0`` on one node)
-and calls ``elastic_launch`` through :func:`_elastic_launch`, the one seam
-tests replace with a mock. Nothing here spawns, rendezvous or restarts by
-itself: torch's agent does all three.
+``launch(cfg, target, args, run=..., job=...)`` resolves devices
+(``devices.plan_devices``, unless the caller already did), writes the run file
+(``run.json``: the workload and its config, if any, and the run context the
+ranks read through :mod:`multigpu.runtime.context`), builds torch's
+``LaunchConfig`` (c10d rendezvous; ``localhost:0`` on one node) and calls
+``elastic_launch`` through :func:`_elastic_launch`, the one seam tests replace
+with a mock. Nothing here spawns, rendezvous or restarts by itself: torch's
+agent does all three.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -32,6 +36,7 @@ from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.rendezvous import parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
+from multigpu.runtime.context import RUN_FILE_VAR, RunContext
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
@@ -46,6 +51,10 @@ class LaunchPlan:
     env: dict[str, str]
     devices: DevicePlan
     log_dir: str
+    run_file: Path
+    """Where ``launch`` writes ``run_data`` before the workers start."""
+    run_data: dict
+    """``{"workload", "config", "run"}``: what every rank reads (``MULTIGPU_RUN_FILE``)."""
 
 
 def _check_target(target: str, module: bool) -> None:
@@ -59,6 +68,16 @@ def _check_target(target: str, module: bool) -> None:
 
 
 
+def run_context_for(cfg: LaunchConfig, devices: DevicePlan, run: RunContext | None = None) -> RunContext:
+    """The command's run context completed with what the launcher flags and the device plan decided."""
+    run = run or RunContext()
+    return dataclasses.replace(
+        run, timeout_s=cfg.timeout_s, stall_timeout_s=cfg.stall_timeout_s, profile=cfg.profile or run.profile,
+        profile_steps=cfg.profile_steps, sample_interval_s=cfg.sample_interval_s,
+        isolated=devices.isolated, allow_cpu_ranks=cfg.allow_cpu_ranks, hybrid=devices.hybrid,
+    )
+
+
 def build_plan(
     cfg: LaunchConfig,
     target: str,
@@ -66,20 +85,31 @@ def build_plan(
     *,
     module: bool = False,
     facts: HostFacts | None = None,
+    devices: DevicePlan | None = None,
+    run: RunContext | None = None,
+    job: dict | None = None,
 ) -> LaunchPlan:
-    """Everything ``launch`` will do, without doing it (pure apart from probing devices)."""
+    """Everything ``launch`` will do, without doing it (pure apart from probing devices).
+
+    Args:
+        devices: The device plan, when the caller made it already (it is made once per job).
+        run: The run context (run directory, resume, scaling, ...); the launcher flags fill in the rest.
+        job: ``{"workload": name, "config": {...}}`` for a workload run by the rank entry point.
+    """
     _check_target(target, module)
     host, port = parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
-    devices = plan_devices(cfg, facts or HostFacts.probe())
-    log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="multigpu_logs_")
+    devices = devices or plan_devices(cfg, facts or HostFacts.probe())
+    run = run_context_for(cfg, devices, run)
+    if cfg.log_dir:
+        log_dir = cfg.log_dir
+    elif run.run_dir:
+        log_dir = str(Path(run.run_dir) / "logs")
+    else:
+        log_dir = tempfile.mkdtemp(prefix="multigpu_logs_")
+    run_file = Path(run.run_dir or log_dir) / "run.json"
     env = dict(devices.env)
     env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
-    if cfg.timeout_s is not None:
-        env["MULTIGPU_TIMEOUT_S"] = str(cfg.timeout_s)
-    if cfg.stall_timeout_s is not None:
-        env["MULTIGPU_STALL_S"] = str(cfg.stall_timeout_s)
-    if cfg.profile:
-        env["MULTIGPU_PROFILE"] = "1"
+    env[RUN_FILE_VAR] = str(run_file.resolve())
     if cfg.max_restarts > 0:
         # torch's agent shares its rendezvous TCPStore with the workers, and a restarted group then reads the
         # previous attempt's keys and connects to dead ports (pytorch/pytorch#135712): give each attempt its own
@@ -107,7 +137,8 @@ def build_plan(
         log_line_prefix_template="[rank${rank}]: " if cfg.log_dir else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
-    return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir)
+    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
+    return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
 
 
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
@@ -204,8 +235,13 @@ def launch(
     *,
     module: bool = False,
     facts: HostFacts | None = None,
+    devices: DevicePlan | None = None,
+    run: RunContext | None = None,
+    job: dict | None = None,
 ) -> LaunchPlan:
     """Run ``target`` on every worker of this node and wait. Returns the plan it ran.
+
+    ``devices``, ``run`` and ``job`` as in :func:`build_plan`.
 
     Raises:
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
@@ -213,7 +249,10 @@ def launch(
     """
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
-    plan = build_plan(cfg, target, args, module=module, facts=facts)
+    plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
+    from multigpu.files import write_json_atomic
+
+    write_json_atomic(plan.run_file, plan.run_data)
     if plan.devices.note:
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes

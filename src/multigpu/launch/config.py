@@ -52,7 +52,7 @@ class LaunchConfig:
     """Where each worker's stdout/stderr and error file go (default: a temporary folder)."""
 
     timeout_s: float | None = None
-    """Collective timeout inside the ranks, in seconds (sets MULTIGPU_TIMEOUT_S)."""
+    """Collective timeout inside the ranks, in seconds (the run context's ``timeout_s``)."""
 
     stall_timeout_s: float | None = None
     """End the job when a rank makes no progress (no collective, no meter step) for this long."""
@@ -61,7 +61,13 @@ class LaunchConfig:
     """CPU threads per rank (default: cores // nproc_per_node, unless OMP_NUM_THREADS is set)."""
 
     profile: bool = False
-    """Record a torch.profiler trace per rank for a window of steps (sets MULTIGPU_PROFILE=1; see monitor.profile)."""
+    """Record a torch.profiler trace per rank for a window of steps (see monitor.profile)."""
+
+    profile_steps: tuple[int, int, int] = (1, 1, 3)
+    """The profiler's window: steps to skip, to warm up, to record."""
+
+    sample_interval_s: float = 1.0
+    """Seconds between the device sampler's records in the run directory; 0: no sampler."""
 
     monitor_interval_s: float = 0.1
     """How often the agent checks its workers, in seconds."""
@@ -83,6 +89,8 @@ class LaunchConfig:
             raise ConfigError(f"--timeout-s {self.timeout_s} is invalid; valid: a number of seconds > 0")
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
             raise ConfigError(f"--stall-timeout-s {self.stall_timeout_s} is invalid; valid: a number of seconds > 0")
+        if not self.sample_interval_s >= 0:
+            raise ConfigError(f"--sample-interval-s {self.sample_interval_s} is invalid; valid: seconds >= 0 (0: off)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} is invalid; valid: 1 or more")
         if self.cpu and self.gpus is not None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from multigpu.errors import ConfigError, DeviceError
-from multigpu.launch._worker import DEVICE_VARIABLES
+from multigpu.launch._worker import DEVICE_MAP_VAR, DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
 
 __all__ = ["DEVICE_VARIABLES", "DevicePlan", "HostFacts", "parse_gpus", "plan_devices"]
@@ -31,15 +31,12 @@ class HostFacts:
 
     @classmethod
     def probe(cls) -> HostFacts:
+        """The real host (tests pass their own ``HostFacts`` instead, or replace this method)."""
+        import torch
+
         from multigpu.runtime.env import cpu_count
 
-        fake = os.environ.get("MULTIGPU_FAKE_GPU_COUNT")  # tests: pretend to have GPUs
-        if fake is not None:
-            count = int(fake)
-        else:
-            import torch
-
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count())
 
     def physical_ids(self) -> list[str]:
@@ -60,6 +57,15 @@ class DevicePlan:
     """Variables every worker inherits (per-rank pinning is done by the worker wrapper)."""
     note: str | None = None
     """A line for the user (e.g. the CPU fallback)."""
+    isolated: bool = False
+    """Each worker sees only its GPU (``--isolate-devices``)."""
+    hybrid: bool = False
+    """Some ranks run on the CPU beside GPU ranks (``--allow-cpu-ranks``): gloo everywhere."""
+
+    @property
+    def device_types(self) -> list[str]:
+        """The device types this node's ranks compute on: ["cuda"], ["cpu"] or both (hybrid)."""
+        return (["cuda"] if self.gpu_ids else []) + (["cpu"] if len(self.gpu_ids) < self.nproc_per_node else [])
 
 
 def parse_gpus(spec: str, available: int) -> list[int]:
@@ -139,13 +145,11 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
     ids = [facts.physical_ids()[i] for i in selected]
     env: dict[str, str] = {}
     if cfg.isolate_devices:
-        env["MULTIGPU_ISOLATE_DEVICES"] = "1"
-        env["MULTIGPU_DEVICE_MAP"] = ",".join(ids)
+        env[DEVICE_MAP_VAR] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    if nproc > len(ids):
-        env["MULTIGPU_ALLOW_CPU_RANKS"] = "1"
-        env["MULTIGPU_HYBRID"] = "1"
+    hybrid = nproc > len(ids)
+    if hybrid:
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
-    return DevicePlan(nproc, ids, env, note)
+    return DevicePlan(nproc, ids, env, note, isolated=cfg.isolate_devices, hybrid=hybrid)

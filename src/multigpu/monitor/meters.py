@@ -9,6 +9,8 @@ windows, env-steps) and wraps each step::
             ...                                  # forward, backward, optimizer
     summary = meter.close()                      # call on all ranks; rank 0 writes summary.json
 
+    meter = StepMeter.from_context("samples")    # the launcher's run: its folder, device sampler, --profile
+
 Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 
 * *wall* - time inside ``step()`` blocks;
@@ -21,18 +23,17 @@ Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 
 Metrics are reduced across ranks (one small collective every ``log_every``
 steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
-per log point) and ``summary.json`` in the run directory, which defaults to
-``$MULTIGPU_RUN_DIR`` (set by ``multigpu bench``) and is off when unset.
-With a run directory the meter also starts the node's device sampler
-(``monitor.sampler``) and, under ``MULTIGPU_PROFILE=1``, a torch.profiler
-window (``monitor.profile``); both stop at ``close()``.
+per log point) and ``summary.json`` in ``run_dir`` (None: nothing is written).
+A meter is given its run directory, device sampler and profiler explicitly;
+:meth:`StepMeter.from_context` takes all three from the launcher's run
+context (:mod:`multigpu.runtime.context`: the run directory ``multigpu bench``
+chose, ``--profile``, the sampling interval). ``close()`` stops both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -43,27 +44,11 @@ from typing import Any
 import torch
 
 from multigpu.files import write_json_atomic
-from multigpu.monitor import profile, sampler
-from multigpu.runtime import collectives, group, watchdog
+from multigpu.monitor import profile
+from multigpu.monitor import sampler as _sampler
+from multigpu.runtime import collectives, context, group, watchdog
 
-__all__ = ["StepMeter", "problem_scale", "run_dir_from_env", "write_json_atomic"]
-
-
-def problem_scale() -> int:
-    """How many times larger the global problem should be: ``world_size`` under weak scaling, else 1.
-
-    ``multigpu bench --weak`` sets ``MULTIGPU_SCALING=weak``; a workload multiplies
-    its global size (agents, images, environments, samples per step) by this, so
-    each rank's share stays the same as the world grows. Strong scaling (the
-    default) keeps the global problem fixed.
-    """
-    return group.world_size() if os.environ.get("MULTIGPU_SCALING") == "weak" else 1
-
-
-def run_dir_from_env() -> Path | None:
-    """The run directory named by ``MULTIGPU_RUN_DIR``, or None."""
-    raw = os.environ.get("MULTIGPU_RUN_DIR")
-    return Path(raw) if raw else None
+__all__ = ["StepMeter", "write_json_atomic"]
 
 
 class _Progress:
@@ -101,11 +86,13 @@ class StepMeter:
         unit: What one item is ("samples", "tokens", "agents", "windows", "env-steps").
         total_steps: For the progress bar's ETA (None: no total).
         description: The progress bar's label.
-        run_dir: Where rank 0 writes metrics.jsonl and summary.json (default ``$MULTIGPU_RUN_DIR``).
+        run_dir: Where rank 0 writes metrics.jsonl and summary.json (None: nowhere).
         log_every: Reduce and log every N steps (0: only at ``close()``). Every rank must
             run the same number of steps, as with any collective.
         warmup_steps: Steps left out of the summary (start-up, compilation, caches).
         progress: Show the progress bar on rank 0 when stderr is a terminal.
+        sampler: A started :class:`~multigpu.monitor.sampler.Sampler` (or None) to stop at ``close()``.
+        profiler: A :class:`~multigpu.monitor.profile.StepProfiler` (or None), stepped with every step.
     """
 
     def __init__(
@@ -118,9 +105,11 @@ class StepMeter:
         log_every: int = 0,
         warmup_steps: int = 1,
         progress: bool = True,
+        sampler: _sampler.Sampler | None = None,
+        profiler: profile.StepProfiler | None = None,
     ):
         self.unit = unit
-        self.run_dir = Path(run_dir) if run_dir is not None else run_dir_from_env()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log_every = log_every
         self.warmup_steps = warmup_steps
         self.steps = 0
@@ -132,8 +121,17 @@ class StepMeter:
         self._progress = _Progress(description or unit, total_steps, unit, progress)
         self.extras: dict[str, float] = {}
         """Workload figures to carry into the log lines (loss, infected count, ...); set by the caller."""
-        self._sampler = sampler.start_for_rank(self.run_dir) if self.run_dir is not None else None
-        self._profiler = profile.profiler_from_env(self.run_dir)
+        self._sampler = sampler
+        self._profiler = profiler
+
+    @classmethod
+    def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
+        """A meter for the launcher's run (``run``, default this rank's context): its run directory, the node's
+        device sampler (started here, on every rank) and ``--profile``'s profiler. ``kwargs`` as the constructor."""
+        run = run or context.current()
+        run_dir = Path(run.run_dir) if run.run_dir is not None else None
+        started = _sampler.start_for_rank(run_dir, run.sample_interval_s) if run_dir is not None else None
+        return cls(unit, run_dir=run_dir, sampler=started, profiler=profile.profiler_for(run, run_dir), **kwargs)
 
     def add_comm(self, seconds: float) -> None:
         """Count ``seconds`` of communication done outside multigpu's collectives in the current step."""

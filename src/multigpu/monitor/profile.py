@@ -1,23 +1,22 @@
 """``--profile``: a torch.profiler trace per rank for a window of steps (inside the ranks).
 
-``multigpu bench --profile`` and ``multigpu launch --profile`` set
-``MULTIGPU_PROFILE=1``; every ``StepMeter`` then profiles a window of its steps
-and each rank writes ``<run_dir>/profile/rank<r>.json`` (a Chrome trace: open it
-in https://ui.perfetto.dev or chrome://tracing). The window is
-``MULTIGPU_PROFILE_STEPS="wait,warmup,active"`` (default ``1,1,3``): skip
-``wait`` steps, warm the profiler up for ``warmup`` steps, record ``active`` steps.
+``--profile`` (any launching command) sets ``profile`` in the run context; every
+``StepMeter.from_context`` then profiles a window of its steps and each rank
+writes ``<run_dir>/profile/rank<r>.json`` (a Chrome trace: open it in
+https://ui.perfetto.dev or chrome://tracing). The window is
+``--profile-steps wait,warmup,active`` (default ``1,1,3``): skip ``wait`` steps,
+warm the profiler up for ``warmup`` steps, record ``active`` steps.
 A run shorter than the window writes what it recorded when the meter closes.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from multigpu.files import atomic_path
 
-__all__ = ["StepProfiler", "parse_window", "profiler_from_env"]
+__all__ = ["StepProfiler", "parse_window", "profiler_for"]
 
 
 def parse_window(text: str) -> tuple[int, int, int]:
@@ -29,10 +28,10 @@ def parse_window(text: str) -> tuple[int, int, int]:
         wait, warmup, active = (int(p) for p in parts)
     except ValueError:
         raise ConfigError(
-            f"MULTIGPU_PROFILE_STEPS={text!r} is invalid; valid: three whole numbers wait,warmup,active such as 1,1,3"
+            f"--profile-steps {text!r} is invalid; valid: three whole numbers wait,warmup,active such as 1,1,3"
         ) from None
     if wait < 0 or warmup < 0 or active < 1:
-        raise ConfigError(f"MULTIGPU_PROFILE_STEPS={text!r} is invalid; valid: wait >= 0, warmup >= 0, active >= 1")
+        raise ConfigError(f"--profile-steps {text!r} is invalid; valid: wait >= 0, warmup >= 0, active >= 1")
     return wait, warmup, active
 
 
@@ -75,15 +74,14 @@ class StepProfiler:
             self._prof = None
 
 
-def profiler_from_env(run_dir: Path | None) -> StepProfiler | None:
-    """A :class:`StepProfiler` for this rank when ``MULTIGPU_PROFILE=1``, else None."""
-    if os.environ.get("MULTIGPU_PROFILE") != "1":
+def profiler_for(run, run_dir: Path | None) -> StepProfiler | None:
+    """A :class:`StepProfiler` for this rank when the run context ``run`` asks for ``--profile``, else None."""
+    if not run.profile:
         return None
     from multigpu.runtime import group
 
     if run_dir is None:
         if group.rank() == 0:
-            print("multigpu: --profile needs a run directory (MULTIGPU_RUN_DIR); no trace written", file=sys.stderr)
+            print("multigpu: --profile needs a run directory; no trace written", file=sys.stderr)
         return None
-    window = parse_window(os.environ.get("MULTIGPU_PROFILE_STEPS", "1,1,3"))
-    return StepProfiler(Path(run_dir) / "profile" / f"rank{group.rank()}.json", window)
+    return StepProfiler(Path(run_dir) / "profile" / f"rank{group.rank()}.json", run.profile_steps)

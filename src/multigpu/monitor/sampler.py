@@ -1,6 +1,6 @@
 """Device sampler: a background thread on each node's local rank 0 (inside the ranks).
 
-Every ``interval_s`` seconds (default 1 s, ``MULTIGPU_SAMPLE_INTERVAL_S``; 0 = off)
+Every ``interval_s`` seconds (default 1 s, the launcher's ``--sample-interval-s``; 0 = off)
 it appends one JSON line to ``<run_dir>/samples_node<k>.jsonl``::
 
     {"time": 1795000000.1, "node_rank": 0, "host": "gpu-box",
@@ -15,7 +15,7 @@ it appends one JSON line to ``<run_dir>/samples_node<k>.jsonl``::
   small file naming its pid into ``<run_dir>/ranks/`` (:func:`register_rank`),
   and the sampler follows those pids. No collective, nothing in the step loop.
 
-``StepMeter`` starts it when it has a run directory (:func:`start_for_rank`);
+``StepMeter.from_context`` starts it when the run has a directory (:func:`start_for_rank`);
 a workload can also run one itself::
 
     with Sampler(run_dir, interval_s=0.5):
@@ -233,21 +233,11 @@ class Sampler:
         }
 
 
-def start_for_rank(run_dir: str | Path, interval_s: float | None = None) -> Sampler | None:
+def start_for_rank(run_dir: str | Path, interval_s: float = 1.0) -> Sampler | None:
     """Register this rank; on local rank 0 also start the node's sampler and return it. Call on every rank.
 
-    ``interval_s`` defaults to ``MULTIGPU_SAMPLE_INTERVAL_S`` or 1.0; 0 turns sampling off.
+    ``interval_s``: seconds between records; 0 turns sampling off.
     """
-    if interval_s is None:
-        raw = os.environ.get("MULTIGPU_SAMPLE_INTERVAL_S", "1")
-        try:
-            interval_s = float(raw)
-        except ValueError:
-            from multigpu.errors import ConfigError
-
-            raise ConfigError(
-                f"MULTIGPU_SAMPLE_INTERVAL_S={raw!r} is not a number of seconds; 0 turns sampling off"
-            ) from None
     if interval_s <= 0:
         return None
     register_rank(run_dir)

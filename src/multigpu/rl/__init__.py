@@ -1,6 +1,6 @@
 """Reinforcement learning on batched environments split across ranks: distributed PPO.
 
-Runs inside each rank; ``multigpu rl -f configs/ppo-cartpole.yaml`` launches it.
+Runs inside each rank; ``multigpu rl -f ppo-cartpole`` launches it.
 """
 
 from multigpu.rl.config import RLConfig

@@ -20,16 +20,18 @@ Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import multigpu as mg
-from multigpu.monitor import StepMeter, problem_scale
+from multigpu.monitor import StepMeter
 from multigpu.rl.config import RLConfig
+from multigpu.runtime import context
+from multigpu.train.sync import wrap_ddp
 
 __all__ = ["ActorCritic", "PPOResult", "train"]
 
@@ -66,27 +68,6 @@ class PPOResult:
     episodes: int
 
 
-def _timed_allreduce(meter: StepMeter):
-    """A DDP communication hook: the plain averaging all-reduce, timed into the step meter's comm share.
-
-    DDP's default hook overlaps its all-reduce with backward, so its time is
-    invisible; this one waits for it (on a CPU with one thread per rank there
-    is nothing to overlap with) and reports the seconds with ``meter.add_comm``.
-    """
-
-    def hook(state, bucket):  # no annotations: DDP checks a return annotation if there is one
-        start = time.perf_counter()
-        grads = bucket.buffer()
-        dist.all_reduce(grads)
-        grads.div_(dist.get_world_size())
-        meter.add_comm(time.perf_counter() - start)
-        done = torch.futures.Future()
-        done.set_result(grads)
-        return done
-
-    return hook
-
-
 def _advantages(cfg: RLConfig, rewards, values, dones, next_value) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over a (num_steps, n) rollout; ``dones[t]`` ends the episode after step t (same-step autoreset)."""
     advantages = torch.zeros_like(rewards)
@@ -101,9 +82,12 @@ def _advantages(cfg: RLConfig, rewards, values, dones, next_value) -> tuple[torc
 
 
 def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
-    """Train until the target return or the env-step budget; call on all ranks after ``mg.init``."""
+    """Train until the target return or the env-step budget; call on all ranks after ``mg.init``.
+
+    ``run_dir``: where rank 0 writes ``metrics.jsonl`` and ``summary.json`` (None: nowhere).
+    """
     world, rank = mg.world_size(), mg.rank()
-    num_envs = cfg.num_envs * problem_scale()
+    num_envs = cfg.num_envs
     envs = mg.envs.make(cfg.env_id, num_envs=num_envs, seed=cfg.seed, split=True, autoreset_mode="same_step")
     n, device = envs.num_envs, envs.device
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
@@ -113,12 +97,12 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
 
     steps_per_update = num_envs * cfg.num_steps
     num_updates = max(1, cfg.total_env_steps // steps_per_update)
-    meter = StepMeter("env-steps", total_steps=num_updates, description=f"ppo {cfg.env_id}", run_dir=run_dir,
-                      log_every=cfg.log_every, warmup_steps=1)
-    model = agent
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(agent)  # grads averaged over ranks in backward
-        model.register_comm_hook(None, _timed_allreduce(meter))
+    meter = StepMeter.from_context(
+        "env-steps", dataclasses.replace(context.current(), run_dir=str(run_dir) if run_dir else None),
+        total_steps=num_updates, description=f"ppo {cfg.env_id}", log_every=cfg.log_every, warmup_steps=1)
+    model, comm = agent, None
+    if world > 1:  # grads averaged over ranks in backward, the all-reduces timed into the comm share
+        model, comm = wrap_ddp(agent, mg.get_env("rl.train"), "auto")
 
     # rollout storage, (num_steps, n, ...) on this rank
     obs_buf = torch.zeros(cfg.num_steps, n, envs.single_observation_space.shape[0], device=device)
@@ -183,6 +167,8 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
                     optimizer.step()
+            if comm is not None:
+                meter.add_comm(comm.pop_seconds())
 
         env_steps = (update + 1) * steps_per_update
         if cfg.target_return is not None and len(recent) == cfg.return_window and mean_return >= cfg.target_return:

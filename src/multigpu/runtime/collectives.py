@@ -80,7 +80,7 @@ def _translate(op: str) -> Iterator[None]:
         if timed_out:
             raise CollectiveTimeoutError(
                 f"{where} timed out after {group.timeout_s():g}s: {first}. "
-                "A rank probably skipped this call or is stuck before it (set MULTIGPU_TIMEOUT_S to change the limit)."
+                "A rank probably skipped this call or is stuck before it (--timeout-s or mg.init(timeout_s=...) changes the limit)."
             ) from exc
         if "connection closed" in low or "connection reset" in low or "broken pipe" in low:
             raise CollectiveError(

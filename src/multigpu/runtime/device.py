@@ -40,17 +40,19 @@ class DeviceFacts:
     """Some rank of this job runs on the CPU, so every rank must use gloo."""
 
     @classmethod
-    def probe(cls, env: dict[str, str] | None = None) -> DeviceFacts:
-        import os
+    def probe(cls, run=None) -> DeviceFacts:
+        """What torch sees here, plus the launcher's decisions from the run context (``run``: a RunContext)."""
+        if run is None:
+            from multigpu.runtime import context
 
-        env = os.environ if env is None else env
+            run = context.current()
         mps = getattr(torch.backends, "mps", None)
         return cls(
             cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
             mps_available=bool(mps and mps.is_available()),
-            isolated=env.get("MULTIGPU_ISOLATE_DEVICES") == "1",
-            allow_cpu_ranks=env.get("MULTIGPU_ALLOW_CPU_RANKS") == "1",
-            hybrid=env.get("MULTIGPU_HYBRID") == "1",
+            isolated=run.isolated,
+            allow_cpu_ranks=run.allow_cpu_ranks,
+            hybrid=run.hybrid,
         )
 
 
@@ -98,7 +100,7 @@ def choose_backend(device: torch.device, world_size: int, facts: DeviceFacts, ov
         return "none"
     if override:
         if override not in ("nccl", "gloo"):
-            raise ConfigError(f"MULTIGPU_PG_BACKEND={override!r} is not one of nccl, gloo")
+            raise ConfigError(f"process-group backend {override!r} is not one of nccl, gloo")
         return override
     if device.type == "cuda" and not facts.hybrid:
         return "nccl"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import ConfigError, NotInitializedError
-from multigpu.runtime import watchdog
+from multigpu.runtime import context, watchdog
 from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
 from multigpu.runtime.env import DistEnv, cpu_count, read_placement
 
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 600.0
-"""Collective timeout when neither ``init(timeout_s=...)`` nor ``MULTIGPU_TIMEOUT_S`` says otherwise."""
+"""Collective timeout when neither ``init(timeout_s=...)`` nor the launcher's ``--timeout-s`` says otherwise."""
 
 _ENV: DistEnv | None = None
 _INIT_ARGS: dict | None = None
@@ -72,30 +72,10 @@ def _seed_all(seed: int) -> None:
         pass
 
 
-def _timeout_from_env(timeout_s: float | None) -> float:
-    if timeout_s is not None:
-        value = timeout_s
-    else:
-        raw = os.environ.get("MULTIGPU_TIMEOUT_S")
-        try:
-            value = float(raw) if raw else DEFAULT_TIMEOUT_S
-        except ValueError:
-            raise ConfigError(f"MULTIGPU_TIMEOUT_S={raw!r} must be a number of seconds") from None
+def _resolve_timeout(timeout_s: float | None, run: context.RunContext) -> float:
+    value = timeout_s if timeout_s is not None else run.timeout_s if run.timeout_s is not None else DEFAULT_TIMEOUT_S
     if not value > 0:
         raise ConfigError(f"timeout_s={value} must be > 0 seconds")
-    return value
-
-
-def _stall_from_env() -> float | None:
-    raw = os.environ.get("MULTIGPU_STALL_S")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"MULTIGPU_STALL_S={raw!r} must be a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(f"MULTIGPU_STALL_S={raw!r} must be > 0 seconds")
     return value
 
 
@@ -119,7 +99,7 @@ def init(
             which identical model initialisation under DDP needs). True: rank r
             gets ``seed + r`` (different dropout masks or augmentations per rank).
         timeout_s: Timeout of every collective, in seconds (default
-            ``MULTIGPU_TIMEOUT_S`` or 600). A collective that exceeds it raises
+            the launcher's ``--timeout-s``, else 600). A collective that exceeds it raises
             instead of hanging.
         threads: CPU threads for this rank; default ``OMP_NUM_THREADS`` if set,
             else ``max(1, cores // local_world_size)``.
@@ -142,10 +122,11 @@ def init(
         return _ENV
 
     placement = read_placement()
-    facts = DeviceFacts.probe()
+    run = context.current()
+    facts = DeviceFacts.probe(run)
     dev = select_device(backend, placement.local_rank, facts)
-    pg_backend = choose_backend(dev, placement.world_size, facts, os.environ.get("MULTIGPU_PG_BACKEND"))
-    _TIMEOUT_S = _timeout_from_env(timeout_s)
+    pg_backend = choose_backend(dev, placement.world_size, facts)
+    _TIMEOUT_S = _resolve_timeout(timeout_s, run)
 
     torch.set_num_threads(thread_budget(placement.local_world_size, threads))
     if dev.type == "cuda":
@@ -157,9 +138,8 @@ def init(
         _init_process_group(pg_backend, placement, dev)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
-    stall_s = _stall_from_env()
-    if stall_s is not None:
-        watchdog.start(placement.rank, stall_s)
+    if run.stall_timeout_s is not None:
+        watchdog.start(placement.rank, run.stall_timeout_s)
 
     _ENV = DistEnv(
         rank=placement.rank,

@@ -3,7 +3,7 @@
 Loaded from YAML plus ``key=value`` overrides with :func:`multigpu.config.load_config`;
 everything a user can get wrong fails here, in the launcher, with one line::
 
-    cfg = load_config(SimConfig, "configs/sir.yaml", ["agents=10_000_000", "params.beta=0.08"])
+    cfg = load_config(SimConfig, "sir.yaml", ["agents=10_000_000", "params.beta=0.08"])
 
 Model parameters (``params``) are checked against the chosen model's own
 parameter class (:mod:`multigpu.sim.models`), so ``params.bata`` gets a
@@ -81,6 +81,10 @@ class SimConfig:
 
     plot: bool = True
     """Rank 0 writes a PNG of the aggregates (needs matplotlib)."""
+
+    callbacks: list[str] = field(default_factory=list)
+    """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
+    ``on_step(engine)`` runs on every rank after each step (importing the module runs its code)."""
 
     def __post_init__(self) -> None:
         from multigpu.sim.models import MODELS, SUBSTEPS, model_params

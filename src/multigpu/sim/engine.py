@@ -27,7 +27,6 @@ from collections.abc import Iterator
 
 import torch
 
-from multigpu.monitor import problem_scale
 from multigpu.runtime import collectives, group
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, partition
@@ -52,7 +51,7 @@ class SimEngine:
         self.rank = group.rank() if group.is_initialized() else 0
         cfg.check_world(self.world)
         self.device = group.device() if group.is_initialized() else torch.device("cpu")
-        self.num_agents = cfg.agents * problem_scale()
+        self.num_agents = cfg.agents
         self.spatial = cfg.strategy != "data"
         self.radius = max((s.halo(self.params) for s in self.substeps), default=0)
         height = cfg.grid[0]

@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpointing import restart_count
 from multigpu.files import atomic_path, write_text_atomic
 from multigpu.monitor import StepMeter, write_json_atomic
-from multigpu.runtime import collectives, group
+from multigpu.runtime import collectives, context, group
+from multigpu.runtime.context import restart_count
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
-from multigpu.testing.faults import kill_self, kill_step_from_env
 
 __all__ = ["SimResult", "run"]
 
@@ -66,6 +65,7 @@ def run(
     resume: str | None = None,
     profile: bool = False,
     progress: bool = True,
+    callbacks: list | None = None,
 ) -> SimResult | None:
     """Run the simulation ``cfg`` to ``steps`` (default ``cfg.steps``). Call on all ranks.
 
@@ -76,7 +76,9 @@ def run(
             (None: nothing is written).
         resume: "auto" (the newest checkpoint under run_dir, if any), a checkpoint folder, or None.
         profile: Also write profile.txt (seconds per phase); the per-rank torch.profiler traces come from
-            the step meter when ``MULTIGPU_PROFILE=1``.
+            the step meter when the run context asks for ``--profile``.
+        callbacks: Objects whose ``on_step(engine)`` runs on every rank after each step (after its
+            checkpoint); the config's ``callbacks`` (``pkg.module:factory`` names) are added to them.
 
     Returns:
         On rank 0 a :class:`SimResult`; None on the other ranks.
@@ -85,21 +87,26 @@ def run(
     ckpt_root = run_dir / "checkpoints" if run_dir is not None else None
     if restart_count() > 0 and ckpt_root is not None:
         resume = "auto"  # a worker group restarted by --max-restarts continues from its newest checkpoint
-    kill_at = kill_step_from_env(group.rank())  # tests only: MULTIGPU_FAULT_KILL_AT=<rank>:<step>
+    callbacks = list(callbacks or [])
+    if cfg.callbacks:
+        from multigpu.factory import call_factory
+
+        callbacks += [call_factory(spec, what="sim.callbacks") for spec in cfg.callbacks]
     total = cfg.steps if steps is None else steps
     t0 = time.perf_counter()
     engine, source = _start(cfg, ckpt_root, resume)
     setup_s = time.perf_counter() - t0
-    meter = StepMeter("agent-steps", total_steps=max(total - engine.step_index, 0),
-                      description=f"sim {cfg.model} ({cfg.strategy})", run_dir=run_dir,
-                      log_every=cfg.log_every, warmup_steps=1, progress=progress)
+    meter = StepMeter.from_context(
+        "agent-steps", dataclasses.replace(context.current(), run_dir=str(run_dir) if run_dir else None),
+        total_steps=max(total - engine.step_index, 0), description=f"sim {cfg.model} ({cfg.strategy})",
+        log_every=cfg.log_every, warmup_steps=1, progress=progress)
     def on_step(e: SimEngine) -> None:
         if e.history["step"] and e.series_names:
             meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
         if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
             checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
-        if kill_at is not None and e.step_index == kill_at:
-            kill_self()
+        for callback in callbacks:
+            callback.on_step(e)
 
     series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
     extra = _figures(engine, setup_s, source)

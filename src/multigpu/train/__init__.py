@@ -8,12 +8,13 @@
     trainer.fit()
     trainer.close()
 
-``multigpu train -f configs/nano.yaml`` runs the built-in character-level GPT
+``multigpu train -f nano`` runs the built-in character-level GPT
 (``multigpu.train.worker``) through the launcher.
 """
 
 from multigpu.train.checkpoint import CheckpointManager, find_latest
-from multigpu.train.config import DataConfig, ModelConfig, TrainConfig
+from multigpu.train.config import TrainConfig
+from multigpu.train.nano import DataConfig, ModelConfig, NanoConfig
 from multigpu.train.optim import make_optimizer, make_scheduler
 from multigpu.train.trainer import Trainer, default_loss
 
@@ -21,6 +22,7 @@ __all__ = [
     "CheckpointManager",
     "DataConfig",
     "ModelConfig",
+    "NanoConfig",
     "TrainConfig",
     "Trainer",
     "default_loss",

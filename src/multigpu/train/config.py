@@ -1,10 +1,9 @@
 """TrainConfig: every knob of data-parallel training (read on both sides of the launch).
 
-The launcher builds it from ``configs/*.yaml`` plus overrides and validates it
-before anything is spawned; each rank reads the resolved copy. The trainer
-itself reads only the top-level fields; ``model`` and ``data`` describe the
-built-in character-level GPT of ``multigpu train`` and are ignored by a user's
-own script.
+The launcher builds it from a YAML file plus overrides and validates it before
+anything is spawned; each rank reads the resolved copy. It holds the trainer's
+knobs only: what to train (the built-in nano GPT, its data, its samples) is
+the workload's own config (:class:`multigpu.train.nano.NanoConfig` extends this one).
 
 Glossary: *step* = one optimizer update; *micro-step* = one forward+backward
 of ``batch_size`` samples on one rank; ``grad_accum`` micro-steps make a step.
@@ -19,7 +18,7 @@ from typing import Literal
 
 from multigpu.errors import ConfigError
 
-__all__ = ["DataConfig", "ModelConfig", "TrainConfig", "per_rank_accum", "lr_scale_factor"]
+__all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum"]
 
 Precision = Literal["fp32", "bf16", "fp16"]
 SyncBackend = Literal["auto", "nccl", "gloo", "cpu"]
@@ -28,49 +27,6 @@ SyncBackend = Literal["auto", "nccl", "gloo", "cpu"]
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelConfig:
-    """The character-level GPT of ``multigpu train`` (nanoGPT's shape)."""
-
-    n_layer: int = 4
-    """Transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block; must divide ``n_embd``."""
-    n_embd: int = 128
-    """Width of the residual stream."""
-    block_size: int = 128
-    """Context length in characters (one sample is this many characters)."""
-    dropout: float = 0.0
-    """Dropout probability (0 keeps runs independent of the split, bit for bit on resume either way)."""
-    bias: bool = False
-    """Biases in Linear and LayerNorm layers."""
-
-    def __post_init__(self) -> None:
-        for key in ("n_layer", "n_head", "n_embd", "block_size"):
-            _require(getattr(self, key) >= 1, f"model.{key}={getattr(self, key)} must be >= 1")
-        _require(self.n_embd % self.n_head == 0,
-                 f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
-        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DataConfig:
-    """Character-level text: by default the Python standard library's own source files."""
-
-    path: str | None = None
-    """A folder (searched recursively for ``pattern``) or one text file; None = the stdlib's folder."""
-    pattern: str = "*.py"
-    """File name pattern inside a folder."""
-    max_chars: int = 2_000_000
-    """Read files (in sorted order) until this many characters; 0 = no limit."""
-    val_percent: float = 10.0
-    """The last this-many percent of the text is held out for validation."""
-
-    def __post_init__(self) -> None:
-        _require(self.max_chars >= 0, f"data.max_chars={self.max_chars} must be >= 0")
-        _require(0.0 < self.val_percent < 100.0, f"data.val_percent={self.val_percent} must be in (0, 100)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,27 +95,19 @@ class TrainConfig:
     """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 3
     """Checkpoints to keep (older ones are deleted)."""
-    resume: str | None = None
-    """None: start fresh; "auto": newest valid checkpoint in the run directory, if any; or a file path.
-    A worker group restarted by the launcher (``--max-restarts``) always continues from the run's newest
-    valid checkpoint."""
     checkpoint_on_interrupt: bool = False
     """On Ctrl-C (SIGINT from the launcher), finish the current step on every rank, write a checkpoint,
     then exit (code 130); False: stop at once, keeping only the periodic checkpoints."""
 
     seed: int = 1337
-    sample_chars: int = 300
-    """Characters of text generated at the end (``multigpu train`` only)."""
-    sample_prompt: str = "def "
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    callbacks: list[str] = field(default_factory=list)
+    """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
+    ``on_step(trainer)`` runs on every rank after each optimizer step (importing the module runs its code)."""
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "grad_accum", "ref_batch_size", "eval_batches", "keep_last"):
             _require(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
-        for key in ("warmup_steps", "eval_every", "log_every", "checkpoint_every", "num_workers", "prefetch",
-                    "sample_chars"):
+        for key in ("warmup_steps", "eval_every", "log_every", "checkpoint_every", "num_workers", "prefetch"):
             _require(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0")
         _require(self.global_batch_size is None or self.global_batch_size >= 1,
                  f"global_batch_size={self.global_batch_size} must be >= 1")
@@ -168,7 +116,6 @@ class TrainConfig:
                  f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
         _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
         _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
-        _require(self.resume is None or self.resume != "", "resume='' is invalid; valid: auto, a checkpoint path, or null")
 
     def accum_per_rank(self, world_size: int) -> int:
         """Micro-steps each rank runs per optimizer step; see :func:`per_rank_accum`."""

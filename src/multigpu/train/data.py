@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from multigpu.errors import ConfigError
-from multigpu.train.config import DataConfig
+from multigpu.train.nano import DataConfig
 
 __all__ = ["CharDataset", "TextData", "VOCAB", "decode", "encode", "find_files", "load_text"]
 

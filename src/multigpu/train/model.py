@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from multigpu.train.config import ModelConfig
+from multigpu.train.nano import ModelConfig
 
 __all__ = ["GPT"]
 

@@ -9,8 +9,13 @@ Every rank builds the same model and optimizer, then::
 
 Recovery: when torchrun's agent restarts the worker group (``--max-restarts``;
 ``TORCHELASTIC_RESTART_COUNT`` > 0), ``setup()`` resumes from the run's newest
-valid checkpoint by itself, whatever ``resume`` says (the configured ``resume``
-is used only when the run has no checkpoint yet). With
+valid checkpoint by itself, whatever ``resume`` says (the given ``resume`` is
+used only when the run has no checkpoint yet).
+
+Callbacks: objects with an ``on_step(trainer)`` method, called on every rank
+after each optimizer step (and its metrics) and before its checkpoint; given
+as objects (``callbacks=[...]``) or, in the config, as ``pkg.module:factory``
+names (``TrainConfig.callbacks``) that the trainer calls with no arguments. With
 ``checkpoint_on_interrupt``, Ctrl-C on the launcher ends ``fit()`` after the
 current step with a checkpoint on every rank's agreement (see
 :mod:`multigpu.train.interrupt`); ``fit()`` then returns ``interrupted: True``.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +40,10 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
-from multigpu.checkpointing import restart_count
 from multigpu.errors import ConfigError
-from multigpu.monitor import StepMeter, run_dir_from_env
-from multigpu.testing.faults import kill_self, kill_step_from_env
+from multigpu.monitor import StepMeter
+from multigpu.runtime import context
+from multigpu.runtime.context import restart_count
 from multigpu.train.checkpoint import CheckpointManager, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.interrupt import InterruptFlag
@@ -67,8 +73,11 @@ class Trainer:
         val_data: Optional dataset for ``evaluate()``.
         scheduler: Optional LR scheduler, stepped once per optimizer step.
         loss_fn: ``loss_fn(model, batch) -> scalar loss``.
-        run_dir: Where rank 0 writes metrics, summary and checkpoints (default ``$MULTIGPU_RUN_DIR``;
-            None: no files).
+        run_dir: Where rank 0 writes metrics, summary and checkpoints (None: no files). In a script
+            started by ``multigpu launch``/``bench``, ``mg.run_context().run_dir`` is the launcher's choice.
+        resume: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``, if any; or a
+            checkpoint file.
+        callbacks: Objects whose ``on_step(trainer)`` runs after every optimizer step (see above).
         unit: "tokens" (items = elements of the batch's first tensor) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
         shard_data: True: ``train_data`` is the whole dataset, split equally over ranks by
@@ -91,11 +100,15 @@ class Trainer:
         unit: str = "tokens",
         collate_fn: Callable | None = None,
         shard_data: bool = True,
+        resume: str | None = None,
+        callbacks: list[Any] | None = None,
     ):
         self.config = config or TrainConfig()
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
-        self.run_dir = Path(run_dir) if run_dir is not None else run_dir_from_env()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.resume = resume
+        self.callbacks = list(callbacks or [])
         self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
         self.interrupted = False
         self.step = 0
@@ -169,10 +182,15 @@ class Trainer:
     def _setup_logging(self) -> None:
         cfg = self.config
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_last) if self.run_dir else None
-        self.meter = StepMeter(self.unit, total_steps=cfg.steps - self.step, description="train",
-                               run_dir=self.run_dir, log_every=0, warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
+        self.meter = StepMeter.from_context(
+            self.unit, replace(context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
+            total_steps=cfg.steps - self.step, description="train", log_every=0,
+            warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
         self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step)
-        self._kill_at = kill_step_from_env(self.env.rank)  # None unless a test asks for a fault
+        if cfg.callbacks:
+            from multigpu.factory import call_factory
+
+            self.callbacks += [call_factory(spec, what="callbacks") for spec in cfg.callbacks]
         if mg.is_main():
             self._print_plan()
 
@@ -191,7 +209,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- resume
     def _resume_state(self) -> dict | None:
-        resume = self.config.resume
+        resume = self.resume
         restarts = restart_count()
         if restarts > 0 and self.run_dir is not None:
             # the agent restarted the worker group after a failure: continue from this run's newest valid checkpoint
@@ -264,8 +282,8 @@ class Trainer:
                 # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
                 self.logger.log(self.step, metrics,
                                 flush=last or _due(self.step, cfg.log_every) or "val_loss" in metrics)
-                if self._kill_at is not None and self.step == self._kill_at:
-                    kill_self()  # fault injection for tests only (MULTIGPU_FAULT_KILL_AT)
+                for callback in self.callbacks:
+                    callback.on_step(self)
                 # Ctrl-C reached some rank: all agree (one tiny all-reduce) and stop after this same step
                 self.interrupted = interrupt.agreed(self.env.device)
                 if last or self.interrupted or _due(self.step, cfg.checkpoint_every):

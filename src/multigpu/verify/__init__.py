@@ -9,15 +9,15 @@
     shards = model(mg.shard(inputs))
     mg.verify.record("outputs", shards, gather=True)   # gathers along dim 0 first (a collective)
 
-``multigpu verify --nproc 1,2,3 script.py`` sets ``MULTIGPU_VERIFY_DIR`` for
-each run; without it ``record`` does nothing, so the script runs unchanged.
+``multigpu verify --nproc 1,2,3 script.py`` gives each run a verify folder in its
+run context (:mod:`multigpu.runtime.context`); without one ``record`` does
+nothing, so the script runs unchanged.
 Each result is saved as ``<name>.pt`` through a temporary file and a rename.
 :mod:`multigpu.verify.compare` (pure) compares the saved results.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ def record(name: str, value: Any, *, gather: bool = False) -> None:
     Raises:
         ValueError: a bad or repeated name.
     """
-    from multigpu.runtime import collectives, group
+    from multigpu.runtime import collectives, context, group
 
     if not _NAME.match(name):
         raise ValueError(f"verify.record name {name!r} is invalid; valid: letters, digits, _ . - (up to 128)")
@@ -64,7 +64,7 @@ def record(name: str, value: Any, *, gather: bool = False) -> None:
     _RECORDED.add(name)
     if gather:
         value = collectives.gather(value, dst=0)
-    out_dir = os.environ.get("MULTIGPU_VERIFY_DIR")
+    out_dir = context.current().verify_dir
     if not out_dir or group.rank() != 0:
         return
     import torch

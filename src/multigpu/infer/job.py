@@ -1,0 +1,189 @@
+"""The ``infer`` workload: sliding-window inference of large images over every rank (both sides).
+
+    multigpu infer --model multigpu.infer.models:denoiser --input big.tif --output out/ --roi 256 --overlap 0.25
+    multigpu infer --model mypkg.models:sr --input a.png b.png --output out/ --blend gaussian --precision bf16 --gpus all
+    multigpu infer -f infer.yaml --nproc-per-node 2 batch_size=16
+    multigpu infer                                  # the demo: the denoiser on a noisy sample photo
+    multigpu bench --nproc 1,2 infer roi=[256]
+
+``check`` (in the launcher, before a rank starts or a file is written): the
+images (exist, readable, channels), the roi (no larger than the largest image),
+the overlap, and the model (imports, takes the images' channels, returns an
+integer multiple of the roi). ``main`` (every rank) reads every image, builds
+the model and calls :func:`~multigpu.infer.sliding_window`; rank 0 writes one
+output per input (atomically), ``outputs.json`` and the step meter's
+``summary.json`` (windows/s). Under weak scaling the list of images is
+repeated ``problem_scale`` times; only the first copy's outputs are written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from multigpu.argtypes import positive_float, positive_int
+from multigpu.errors import ConfigError
+from multigpu.infer.config import InferConfig
+from multigpu.jobs.workload import Flag, JobPlan, Workload
+from multigpu.runtime.context import RunContext
+
+__all__ = ["WORKLOAD", "check", "load_model", "main"]
+
+DEMO_SIZE = (600, 512)
+"""Height and width of the demo photo (matplotlib's sample, or the pattern drawn without matplotlib)."""
+
+
+def load_model(spec: str):
+    """Import ``package.module:factory`` and call the factory; one-line ConfigError on any failure."""
+    from torch import nn
+
+    from multigpu.factory import call_factory
+
+    model = call_factory(spec, what="--model")
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise ConfigError(f"--model {spec!r}: {spec.partition(':')[2]}() returned {type(model).__name__}, not a model")
+    return model
+
+
+def _first_in_channels(model) -> int | None:
+    modules = model.modules() if hasattr(model, "modules") else []
+    for m in modules:
+        if isinstance(getattr(m, "in_channels", None), int):
+            return m.in_channels
+    return None
+
+
+def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
+    """Probe every image and the model; raise ConfigError naming the first problem."""
+    import torch
+
+    from multigpu.infer import io
+    from multigpu.infer.windows import as_tuple
+
+    infos = [io.probe(p) for p in cfg.inputs] if cfg.inputs else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)]
+    if len(cfg.roi) == 3 or len(cfg.overlap) == 3:
+        raise ConfigError(f"--roi {cfg.roi} / --overlap {cfg.overlap}: images are 2-D; give one value or two (H W)")
+    roi = as_tuple(cfg.roi, 2, "roi")
+    as_tuple(cfg.overlap, 2, "overlap")
+    largest = tuple(max(i.size[d] for i in infos) for d in range(2))
+    if any(r > s for r, s in zip(roi, largest, strict=True)):
+        raise ConfigError(f"--roi {' '.join(map(str, cfg.roi))} is larger than the largest input "
+                          f"({largest[0]}x{largest[1]}); valid: a roi up to that size (smaller images are padded)")
+    channels = {i.channels for i in infos}
+    if len(channels) > 1:
+        raise ConfigError("the inputs have different channel counts: "
+                          + ", ".join(f"{i.path}: {i.channels}" for i in infos) + "; run them separately")
+    c = infos[0].channels
+    model = load_model(cfg.model)
+    wanted = _first_in_channels(model)
+    if wanted is not None and wanted != c:
+        raise ConfigError(f"'{infos[0].path}' has {c} channel(s) but the model {cfg.model} takes {wanted}")
+    try:
+        with torch.inference_mode():
+            out = model(torch.zeros((1, c, *roi)))
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model on a test window
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"the model {cfg.model} failed on a test window of shape (1, {c}, {roi[0]}, {roi[1]}) "
+                          f"(the images have {c} channel(s)): {first}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 4 or any(o % r for o, r in zip(out.shape[2:], roi, strict=True)):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"the model {cfg.model} turned a window (1, {c}, {roi[0]}, {roi[1]}) into {shape}; "
+                          "it must return (1, C_out, H*k, W*k) for a whole number k")
+    if out.shape[1] not in (1, 3, 4) and any(io.output_path(cfg.output or ".", p).suffix == ".png" for p in cfg.inputs):
+        raise ConfigError(f"the model returns {out.shape[1]} channels, which PNG cannot hold; use TIFF inputs")
+    if cfg.output and Path(cfg.output).exists() and not Path(cfg.output).is_dir():
+        raise ConfigError(f"--output '{cfg.output}' exists and is not a folder")
+    return infos, c, tuple(out.shape[1:])
+
+
+def check(cfg: InferConfig, plan: JobPlan) -> InferConfig:
+    """The inputs and the model are usable; returns the config with absolute paths (the ranks may run elsewhere)."""
+    check_inputs(cfg)
+    return dataclasses.replace(cfg, inputs=[str(Path(p).resolve()) for p in cfg.inputs],
+                               output=str(Path(cfg.output).resolve()) if cfg.output else "")
+
+
+def _demo_input(run_dir: Path) -> str:
+    """Rank 0 writes the noisy demo photo into the run directory; every rank gets its path."""
+    import multigpu as mg
+    from multigpu.infer.models import noisy_demo_image
+
+    path = run_dir / "demo_input.png"
+    if mg.is_main() and not path.exists():
+        noisy_demo_image(path)
+    mg.barrier()
+    return str(path)
+
+
+def main(cfg: InferConfig, ctx: RunContext) -> int:
+    import tempfile
+
+    import torch
+    from torch import nn
+
+    import multigpu as mg
+    from multigpu.files import write_json_atomic
+    from multigpu.infer import io
+    from multigpu.infer.runner import sliding_window
+    from multigpu.infer.windows import WindowPlan, as_tuple
+    from multigpu.monitor import StepMeter
+
+    torch.set_grad_enabled(False)
+    run_dir = Path(ctx.run_dir) if ctx.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_infer_"))
+    inputs = cfg.inputs or [_demo_input(run_dir)]
+    output = cfg.output or str(run_dir / "out")
+    model = load_model(cfg.model)
+    if isinstance(model, nn.Module):
+        model = model.to(mg.device()).eval()
+    images = [io.read_image(p) for p in inputs] * ctx.problem_scale(mg.world_size())
+    meter = StepMeter.from_context("windows", ctx, total_steps=None, description="infer")
+    start = time.perf_counter()
+    outputs = sliding_window(images, model, cfg.roi, cfg.overlap, cfg.batch_size, cfg.blend, cfg.precision,
+                             cfg.pad_mode, sigma_scale=cfg.sigma_scale, meter=meter)
+    seconds = time.perf_counter() - start
+    written = []
+    if mg.is_main():
+        Path(output).mkdir(parents=True, exist_ok=True)
+        for path, out in zip(inputs, outputs, strict=False):
+            target = io.output_path(output, path)
+            io.write_image(target, out)
+            written.append(str(target))
+    ndim = images[0].dim() - 2
+    num_windows = WindowPlan([im.shape[2:] for im in images], as_tuple(cfg.roi, ndim, "roi"),
+                             as_tuple(cfg.overlap, ndim, "overlap")).num_windows
+    summary = meter.close({"num_images": len(images), "num_windows": num_windows, "outputs": written,
+                           "total_s": seconds})
+    if mg.is_main():
+        write_json_atomic(run_dir / "outputs.json", {"outputs": written})
+        print(f"[multigpu infer] {num_windows} windows of {len(images)} image(s) on {summary['world_size']} "
+              f"rank(s) in {seconds:.1f} s ({summary['throughput']:.1f} windows/s after the first batch); "
+              f"wrote {', '.join(written)}", flush=True)
+    return 0
+
+
+WORKLOAD = Workload(
+    name="infer",
+    config=InferConfig,
+    check=check,
+    main=main,
+    help="blend a model's output over overlapping windows of large images, on every rank",
+    prefix="infer",
+    flags=(
+        Flag("--model", "model", metavar="PKG.MODULE:FACTORY",
+             help="model factory, e.g. multigpu.infer.models:denoiser (or :edges, :upsample2x)"),
+        Flag("--input", "inputs", nargs="+", metavar="IMAGE",
+             help="PNG/JPEG/BMP/TIFF images (sizes may differ); default: the noisy demo photo"),
+        Flag("--output", "output", metavar="DIR", help="folder for the outputs (default: out/ in the run directory)"),
+        Flag("--roi", "roi", nargs="+", type=positive_int, metavar="N", help="window size: one value or H W (default 256)"),
+        Flag("--overlap", "overlap", nargs="+", type=float, metavar="F",
+             help="overlap fraction in [0, 1): one value or per dim (default 0.25)"),
+        Flag("--batch-size", "batch_size", type=positive_int, help="windows per model call (default 8)"),
+        Flag("--blend", "blend", choices=("constant", "gaussian"), help="default gaussian"),
+        Flag("--sigma-scale", "sigma_scale", type=positive_float, help="Gaussian sigma / roi (default 0.125)"),
+        Flag("--precision", "precision", choices=("fp32", "bf16", "fp16"), help="default fp32"),
+        Flag("--pad-mode", "pad_mode", choices=("constant", "reflect", "replicate", "circular"),
+             help="padding of images smaller than the roi (default constant)"),
+    ),
+    bench=("roi=[128]", "batch_size=4"),
+)

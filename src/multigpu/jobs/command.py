@@ -1,0 +1,198 @@
+"""From a command line to ranks, the same way for every workload (runs in the launcher).
+
+    multigpu <workload> [-f FILE|PRESET] [key=value ...] [--set key=value] [--run-dir DIR]
+                        [--resume auto|PATH] [workload flags] [launcher flags]
+
+1. the config: the file (or the workload's preset), then the overrides, then the
+   workload's shortcut flags (``--agents N``), into the frozen config class;
+2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
+   that can be wrong with the input fails here with one line and exit code 2,
+   before a folder exists or a process starts;
+3. the run directory (:func:`choose_run_dir`); the launcher writes ``run.json``
+   there (workload, resolved config, run context) and starts
+   ``multigpu.jobs.rank`` on every worker, which calls the workload's ``main``.
+
+``multigpu bench`` and ``multigpu verify`` call :func:`prepare` and
+:func:`launch_job` with another run context; nothing else differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multigpu.config import apply_overrides, from_dict, load_yaml, to_dict
+from multigpu.errors import ConfigError
+from multigpu.jobs.workload import JobPlan, Workload
+from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import HostFacts, plan_devices
+from multigpu.runtime.context import RunContext
+
+__all__ = ["Job", "add_workload_parser", "choose_run_dir", "launch_job", "load_workload_config", "prepare",
+           "run_command"]
+
+RUNS = Path("runs")
+"""Run directories of workload commands: ``runs/<workload>/<YYYYmmdd-HHMMSS>[-N]``."""
+
+RANK_ENTRY = "multigpu.jobs.rank"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked job, ready to launch: the workload, its resolved config and the plan it was checked against."""
+
+    workload: Workload
+    spec: str
+    """How the ranks find the workload: a built-in name or ``pkg.module:NAME``."""
+    config: Any
+    plan: JobPlan
+
+
+# ----------------------------------------------------------------------------- command line
+def _flag_dest(key: str) -> str:
+    return "flag__" + key.replace(".", "__")
+
+
+def add_workload_parser(subparsers, workload: Workload, *, name: str | None = None,
+                        help: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``multigpu <workload>``: config, overrides, run directory, resume, shortcuts, launcher flags."""
+    from multigpu.cli import add_flag
+    from multigpu.cli.launch import add_launch_flags
+
+    text = help or workload.help
+    parser = subparsers.add_parser(name or workload.name, help=text, description=text)
+    default = f"the preset '{workload.preset}'" if workload.preset else "the built-in defaults"
+    parser.add_argument("-f", "--config", metavar="FILE|PRESET", default=None,
+                        help=f"YAML config: a path or a packaged preset name (default: {default})")
+    add_common_job_flags(parser)
+    if workload.flags:
+        group = parser.add_argument_group(workload.name)
+        for flag in workload.flags:
+            add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **flag.kwargs)
+    add_launch_flags(parser)
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. steps=400 model.n_layer=6")
+    return parser
+
+
+def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
+    """``--set``, ``--run-dir`` and ``--resume``: the same on every workload command."""
+    from multigpu.cli import add_flag
+
+    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, repeatable (the same as a positional key=value)")
+    add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
+    add_flag(parser, "--resume", default=None, metavar="auto|PATH",
+             help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
+                  "PATH: a checkpoint")
+
+
+def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
+                         flags: dict[str, Any] | None = None) -> Any:
+    """The workload's config from a file or preset, ``key=value`` overrides, then flag values (later wins)."""
+    from multigpu.jobs.presets import find_config
+
+    source = config or workload.preset
+    data = load_yaml(find_config(source)) if source else {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
+    data = apply_overrides(data, overrides)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _set_key(data, key, list(value) if isinstance(value, tuple) else value)
+    return from_dict(workload.config, data, prefix=workload.prefix)
+
+
+def _flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    return {flag.key: getattr(args, _flag_dest(flag.key), None) for flag in workload.flags}
+
+
+# ----------------------------------------------------------------------------- run directory
+def latest_run(workload: str, root: Path = RUNS) -> Path | None:
+    """The newest run of ``workload`` that holds a checkpoint (what ``--resume auto`` continues)."""
+    folder = root / workload
+    if not folder.is_dir():
+        return None
+    runs = [p for p in folder.iterdir() if (p / "checkpoints").is_dir() and any((p / "checkpoints").iterdir())]
+    return max(runs, key=lambda p: p.name) if runs else None
+
+
+def choose_run_dir(workload: str, run_dir: str | None, resume: str | None, root: Path = RUNS) -> tuple[Path, bool]:
+    """The run directory and whether it is new: ``--run-dir``; with ``--resume auto`` alone, the newest run
+    that has a checkpoint; else a fresh ``runs/<workload>/<time>`` (made unique by :func:`create_run_dir`)."""
+    if run_dir:
+        return Path(run_dir), False
+    if resume == "auto":
+        previous = latest_run(workload, root)
+        if previous is not None:
+            return previous, False
+    return root / workload / time.strftime("%Y%m%d-%H%M%S"), True
+
+
+def create_run_dir(path: Path, fresh: bool) -> Path:
+    """Create the run directory. A fresh one never reuses a folder: two runs started in the same second get
+    ``<time>``, ``<time>-2``, ... (``mkdir`` is atomic, so this holds across processes)."""
+    if not fresh:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = path, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}-{n}")
+
+
+# ----------------------------------------------------------------------------- the job
+def prepare(workload: Workload, config: Any, launch_cfg: LaunchConfig, run: RunContext, *,
+            spec: str | None = None, facts: HostFacts | None = None) -> Job:
+    """Plan the devices (once) and run the workload's ``check``. Writes nothing, starts nothing."""
+    devices = plan_devices(launch_cfg, facts or HostFacts.probe())
+    plan = JobPlan(launch_cfg, devices, devices.nproc_per_node * launch_cfg.nnodes, run)
+    if workload.check is not None:
+        config = workload.check(config, plan) or config
+    return Job(workload, spec or workload.name, config, plan)
+
+
+def launch_job(job: Job, run: RunContext | None = None) -> None:
+    """Launch the checked job; ``run`` replaces the run context it was checked with (bench, verify)."""
+    from multigpu.launch.agent import launch
+
+    launch(job.plan.launch, RANK_ENTRY, [], module=True, devices=job.plan.devices, run=run or job.plan.run,
+           job={"workload": job.spec, "config": to_dict(job.config)})
+
+
+def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | None = None) -> int:
+    """``multigpu <workload> ...``: config, check, run directory, launch."""
+    from multigpu.cli.launch import config_from_args
+
+    cfg = load_workload_config(workload, args.config, [*args.overrides, *args.set_overrides],
+                               _flag_values(workload, args))
+    launch_cfg = config_from_args(args)
+    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
+    job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet
+    run_dir = create_run_dir(run_dir, fresh)
+    if not fresh and args.run_dir is None:
+        print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
+    job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
+        run, run_dir=str(run_dir.resolve()))))
+    print(f"multigpu {workload.name}: {job.plan.world_size} rank(s), run directory {run_dir}", flush=True)
+    launch_job(job)
+    return 0

@@ -1,0 +1,89 @@
+"""The job contract: what a workload is (read on both sides of the launch).
+
+A workload is three things::
+
+    WORKLOAD = Workload(
+        name="sim",
+        config=SimConfig,                  # a frozen dataclass: YAML + key=value overrides
+        check=check,                       # check(cfg, plan) -> cfg | None   in the launcher, before anything spawns
+        main=main,                         # main(cfg, ctx) -> exit code       inside every rank
+    )
+
+The command line, the run directory, ``run.json``, ``mg.init`` and
+``mg.shutdown`` are the contract's (:mod:`multigpu.jobs.command`,
+:mod:`multigpu.jobs.rank`); ``multigpu bench``, ``multigpu verify`` and
+restarts only hand ``main`` another :class:`~multigpu.runtime.context.RunContext`.
+``multigpu run pkg.module:WORKLOAD`` runs a workload defined anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import DevicePlan
+from multigpu.runtime.context import RunContext
+
+__all__ = ["Flag", "JobPlan", "Workload"]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What ``check`` may rely on: the launch, this node's device plan (made once), the world size, the run."""
+
+    launch: LaunchConfig
+    devices: DevicePlan
+    world_size: int
+    """Ranks in the whole job (``nproc_per_node × nnodes``)."""
+    run: RunContext
+
+    @property
+    def device_types(self) -> list[str]:
+        """The device types of this node's ranks: ["cuda"], ["cpu"] or both (a hybrid job)."""
+        return self.devices.device_types
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line shortcut for a config key: ``Flag("--agents", "agents", type=int)`` makes
+    ``--agents N`` mean ``agents=N`` (later than the file, earlier than positional overrides)."""
+
+    name: str
+    key: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, name: str, key: str, **kwargs: Any):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "kwargs", kwargs)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One kind of job: its config class, its launcher-side ``check`` and its rank-side ``main``."""
+
+    name: str
+    """The command (``multigpu <name>``) and the run folder (``runs/<name>/``)."""
+    config: type
+    """A frozen dataclass; its fields are the keys of ``-f FILE`` and of ``key=value`` overrides."""
+    main: Callable[[Any, RunContext], int | None]
+    """Runs inside every rank after ``mg.init``; returns the exit code (None = 0)."""
+    check: Callable[[Any, JobPlan], Any] | None = None
+    """Runs once in the launcher before anything is written or spawned; raises ConfigError on bad input.
+    May return a completed config (paths made absolute, say); None keeps the one it got."""
+    init: Callable[[Any], dict[str, Any]] | None = None
+    """``mg.init`` keyword arguments from the config (seed, backend, threads); None: the defaults."""
+    help: str = ""
+    """One line for ``multigpu --help``."""
+    preset: str | None = None
+    """The packaged preset used when no ``-f`` is given (None: the config class's defaults)."""
+    prefix: str = ""
+    """Prefix of config keys in messages (``sim.agents``)."""
+    flags: tuple[Flag, ...] = ()
+    """Command-line shortcuts for config keys."""
+    bench: tuple[str, ...] = ()
+    """Overrides ``multigpu bench <name>`` adds (shorter runs, no plots), before the user's own."""
+    command: bool = True
+    """Has its own command (``multigpu <name>``); False: only ``multigpu bench <name>`` runs it."""

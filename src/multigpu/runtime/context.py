@@ -1,0 +1,183 @@
+"""The run context: what the launcher decided for this run, as one typed object (inside each rank).
+
+The launcher writes one ``run.json`` per run and names it in the single
+variable ``MULTIGPU_RUN_FILE``; every rank reads it here, once::
+
+    {"workload": "train" | "pkg.module:WORKLOAD" | null,   # null: a user's script
+     "config": {...},                                      # the workload's resolved config
+     "run": {"run_dir": ..., "resume": ..., "scaling": ..., "profile": ..., "verify_dir": ..., ...}}
+
+:class:`RunContext` is the ``run`` part. ``multigpu bench``, ``multigpu verify``
+and a restarted worker group differ from a plain run only by the context they
+get (another run directory, weak scaling, a verify folder, ``resume="auto"``);
+the workload code is the same. A process started without the launcher
+(``python script.py``, ``srun``, plain ``torchrun``) gets the defaults.
+
+The variables that cross from the launcher into the workers, all of them:
+
+=======================  ==================================================================
+``MULTIGPU_RUN_FILE``    this file (everything below ``run`` and the workload's config)
+``MULTIGPU_DEVICE_MAP``  ``--isolate-devices``: physical GPU per local rank; the worker
+                         wrapper sets ``CUDA_VISIBLE_DEVICES``, ``QD_VISIBLE_DEVICE``,
+                         ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` from it before Python
+                         imports anything (CUDA and renderers read them at import)
+``MULTIGPU_STACKS_DIR``  where each worker dumps its stack on SIGTERM/SIGUSR1 (registered
+                         before the user's code runs)
+``CUDA_VISIBLE_DEVICES`` the selected GPUs (without isolation); ``OMP_NUM_THREADS``: the
+                         thread budget (read by the OpenMP runtime at start)
+=======================  ==================================================================
+
+plus torchrun's own (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``TORCHELASTIC_RESTART_COUNT``, ...). Two more are read but never set by the
+launcher: ``MULTIGPU_INIT_METHOD`` (the in-process test harness
+:func:`multigpu.testing.run_on_ranks` points ranks at a file store) and
+``MULTIGPU_DEBUG`` (the user asks for tracebacks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multigpu.errors import ConfigError
+
+__all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "restart_count",
+           "set_current"]
+
+RUN_FILE_VAR = "MULTIGPU_RUN_FILE"
+"""The one variable through which the launcher tells a rank about its run."""
+
+SCALINGS = ("strong", "weak")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """Where a run writes, what it resumes, and how it is measured. Frozen: derive with ``replace``."""
+
+    run_dir: str | None = None
+    """Folder for the run's outputs (metrics, summary, checkpoints); None: write nothing."""
+    resume: str | None = None
+    """None: start fresh; "auto": the newest valid checkpoint of ``run_dir``; or a checkpoint path."""
+    scaling: str = "strong"
+    """"strong": the global problem is fixed; "weak": it grows with the world size (``multigpu bench --weak``)."""
+    profile: bool = False
+    """Record a torch.profiler trace per rank for ``profile_steps`` (``--profile``)."""
+    profile_steps: tuple[int, int, int] = (1, 1, 3)
+    """The profiler's window: steps to skip, to warm up, to record."""
+    verify_dir: str | None = None
+    """Where ``mg.verify.record`` saves named results (``multigpu verify``); None: it records nothing."""
+    timeout_s: float | None = None
+    """Collective timeout (``--timeout-s``); None: ``mg.init``'s default."""
+    stall_timeout_s: float | None = None
+    """End the job when a rank makes no progress for this long (``--stall-timeout-s``)."""
+    sample_interval_s: float = 1.0
+    """Seconds between the device sampler's records in the run directory; 0: no sampler."""
+    isolated: bool = False
+    """Each worker sees only its own GPU (``--isolate-devices``): its device is ``cuda:0``."""
+    allow_cpu_ranks: bool = False
+    """Ranks beyond the GPU count run on the CPU (``--allow-cpu-ranks``)."""
+    hybrid: bool = False
+    """Some rank of the job runs on the CPU, so every rank uses gloo."""
+    record_wall: bool = False
+    """The worker wrapper writes when the script started and ended (``multigpu bench`` on any script)."""
+
+    def __post_init__(self) -> None:
+        if self.scaling not in SCALINGS:
+            raise ConfigError(f"run.scaling {self.scaling!r} is invalid; valid: {', '.join(SCALINGS)}")
+        steps = tuple(self.profile_steps)
+        if len(steps) != 3 or not all(isinstance(s, int) and s >= 0 for s in steps) or steps[2] < 1:
+            raise ConfigError(f"run.profile_steps {list(steps)} is invalid; valid: [wait, warmup, active] "
+                              "whole numbers, active >= 1, e.g. [1, 1, 3]")
+        object.__setattr__(self, "profile_steps", steps)
+        for name in ("timeout_s", "stall_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"run.{name}={value!r} is invalid; valid: a number of seconds > 0")
+        if not (math.isfinite(self.sample_interval_s) and self.sample_interval_s >= 0):
+            raise ConfigError(f"run.sample_interval_s={self.sample_interval_s!r} is invalid; valid: seconds >= 0")
+
+    def problem_scale(self, world_size: int) -> int:
+        """How many times larger the global problem is: ``world_size`` under weak scaling, else 1.
+
+        A workload multiplies its global size (agents, images, environments) by this,
+        so each rank's share stays the same as the world grows.
+        """
+        return world_size if self.scaling == "weak" else 1
+
+    def for_attempt(self, restarts: int) -> RunContext:
+        """The context of a worker group that torchrun's agent restarted: it resumes the run (``resume="auto"``)."""
+        if restarts > 0 and self.run_dir is not None:
+            return dataclasses.replace(self, resume="auto")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["profile_steps"] = list(self.profile_steps)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunContext:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"run context: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        return cls(**{k: tuple(v) if k == "profile_steps" else v for k, v in data.items()})
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The launcher's ``run.json``: ``{"workload", "config", "run"}``. One-line ConfigError when unreadable."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"run file '{path}' cannot be read: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ConfigError(f"run file '{path}' is not valid JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("run", {}), dict):
+        raise ConfigError(f"run file '{path}' must hold {{'workload', 'config', 'run'}}")
+    return data
+
+
+_CURRENT: RunContext | None = None
+
+
+def set_current(ctx: RunContext | None) -> None:
+    """Make ``ctx`` this process's run context (the rank entry point does; None: read the launcher's again)."""
+    global _CURRENT
+    _CURRENT = ctx
+
+
+def current() -> RunContext:
+    """This rank's run context: the launcher's (``MULTIGPU_RUN_FILE``), else the defaults. Read once."""
+    global _CURRENT
+    if _CURRENT is None:
+        path = os.environ.get(RUN_FILE_VAR)
+        ctx = RunContext.from_dict(read_run_file(path).get("run", {})) if path else RunContext()
+        _CURRENT = ctx.for_attempt(restart_count())
+    return _CURRENT
+
+
+def problem_scale(world_size: int | None = None) -> int:
+    """``current().problem_scale(world_size)``; ``world_size`` defaults to the job's."""
+    if world_size is None:
+        from multigpu.runtime import group
+
+        world_size = group.world_size()
+    return current().problem_scale(world_size)
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this worker group (``--max-restarts``); 0 on the first attempt.
+
+    Read from ``TORCHELASTIC_RESTART_COUNT``, which the agent sets in every worker.
+    A restarted group resumes from its run's newest valid checkpoint (:meth:`RunContext.for_attempt`).
+    """
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0

@@ -1,0 +1,82 @@
+"""The ``sim`` workload: an agent-based simulation split over ranks (``check`` in the launcher, ``main`` in each rank).
+
+    multigpu sim -f sir --agents 10_000_000 --steps 100 --nproc-per-node 2 --strategy spatial
+    multigpu sim -f market params.impact=0.2 --run-dir runs/market
+    multigpu sim -f sir --checkpoint-every 10 --resume auto --run-dir runs/sir
+    multigpu bench --nproc 1,2 sim agents=2000000
+
+Rank 0 prints the figures and the output paths (``series.csv``, ``series.png``,
+``summary.json`` in the run directory); see :func:`multigpu.sim.run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from multigpu.argtypes import non_negative_int, positive_int
+from multigpu.errors import ConfigError
+from multigpu.jobs.workload import Flag, JobPlan, Workload
+from multigpu.runtime.context import RunContext
+from multigpu.sim.config import SimConfig
+
+__all__ = ["WORKLOAD", "check", "main"]
+
+
+def check(cfg: SimConfig, plan: JobPlan) -> None:
+    resume = plan.run.resume
+    if resume not in (None, "auto") and not (Path(resume) / "engine.json").is_file():
+        raise ConfigError(f"--resume {resume!r} is not a checkpoint folder (no engine.json); "
+                          "use --resume auto or a checkpoints/step_* folder")
+    cfg.check_world(plan.world_size)
+
+
+def main(cfg: SimConfig, ctx: RunContext) -> int:
+    import multigpu as mg
+    from multigpu.sim.runner import run
+
+    cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
+    result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
+    if result is not None:
+        _report(result)
+    return 0
+
+
+def _report(result) -> None:
+    s = result.summary
+    last = {k: v[-1] for k, v in result.series.items() if v and k != "step"}
+    print(f"sim {s['model']} ({s['strategy']}, {s['world_size']} ranks): {s['num_agents']:,} agents, "
+          f"{s['final_step']} steps, {s['throughput']:,.0f} agent-steps/s "
+          f"(comm {s['comm_share']:.0%}, imbalance {s['imbalance']:.2f}, "
+          f"{s['bytes_per_agent']} bytes/agent, peak RSS {max(s['peak_rss_mb']):,.0f} MB per rank)")
+    if last:
+        print("final: " + ", ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v:,}" for k, v in last.items()))
+    for r in s["rebalances"][-1:]:
+        print(f"rebalance at step {r['step']}: imbalance {r['imbalance_before']:.3f} -> {r['imbalance_after']:.3f}")
+    if result.csv_path:
+        print(f"series: {result.csv_path}")
+    if result.plot_path:
+        print(f"plot: {result.plot_path}")
+    sys.stdout.flush()
+
+
+WORKLOAD = Workload(
+    name="sim",
+    config=SimConfig,
+    check=check,
+    main=main,
+    init=lambda cfg: {"backend": cfg.backend},
+    help="run an agent-based simulation (movement, sir, market) split over ranks",
+    prefix="sim",
+    flags=(
+        Flag("--agents", "agents", type=positive_int, help="global number of agents"),
+        Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
+        Flag("--strategy", "strategy", help="data | spatial | adaptive"),
+        Flag("--sync-frequency", "sync_frequency", type=positive_int,
+             help="data strategy: all-reduce fields every k steps (k > 1 is an approximation)"),
+        Flag("--checkpoint-every", "checkpoint_every", type=non_negative_int, help="save the state every K steps"),
+        Flag("--compile", "compile", action="store_true", help="fuse kernels with torch.compile"),
+    ),
+    bench=("agents=2000000", "steps=20", "plot=false"),
+)
