@@ -34,12 +34,110 @@ def _dotted(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
+_LAUNCHER_FLAGS = {
+    "nproc_per_node": "--nproc-per-node N",
+    "nnodes": "--nnodes N",
+    "node_rank": "--node-rank I",
+    "rdzv_endpoint": "--rdzv-endpoint HOST:PORT",
+    "gpus": "--gpus all|N|I,J",
+    "max_restarts": "--max-restarts K",
+    "standalone": "--standalone",
+}
+"""Launcher settings, by the field name they have in ``LaunchConfig``: flags of the command, not keys of a workload."""
+
+_KNOWN_NAMES: dict[str, tuple[str, ...]] = {
+    # training: HF Trainer, accelerate, nanoGPT, Lightning
+    "gradient_accumulation_steps": ("grad_accum",),
+    "accumulate_grad_batches": ("grad_accum",),
+    "mixed_precision": ("precision",),
+    "bf16": ("precision=bf16",),
+    "fp16": ("precision=fp16",),
+    "learning_rate": ("lr",),
+    "max_steps": ("steps",),
+    "max_iters": ("steps",),
+    "num_steps": ("steps",),
+    "per_device_train_batch_size": ("batch_size",),
+    "train_batch_size": ("batch_size",),
+    "train_micro_batch_size_per_gpu": ("batch_size",),
+    "max_grad_norm": ("grad_clip",),
+    "gradient_clip_val": ("grad_clip",),
+    "warmup_iters": ("warmup_steps",),
+    "lr_decay_iters": ("lr_decay_steps",),
+    "eval_interval": ("eval_every",),
+    "eval_steps": ("eval_every",),
+    "eval_iters": ("eval_batches",),
+    "log_interval": ("log_every",),
+    "logging_steps": ("log_every",),
+    "log_every_n_steps": ("log_every",),
+    "save_steps": ("checkpoint_every",),
+    "save_total_limit": ("keep_last",),
+    "dataloader_num_workers": ("num_workers",),
+    "resume_from_checkpoint": ("resume",),
+    "ckpt_path": ("resume",),
+    # reinforcement learning (CleanRL and Stable-Baselines3 names; our rl config keeps CleanRL's)
+    "lr": ("learning_rate",),
+    "grad_clip": ("max_grad_norm",),
+    "n_envs": ("num_envs",),
+    "n_steps": ("num_steps",),
+    "n_epochs": ("update_epochs",),
+    "clip_range": ("clip_coef",),
+    "total_timesteps": ("total_env_steps",),
+    "env": ("env_id",),
+    "env_name": ("env_id",),
+    # simulation: the strategies are values of one key
+    "adaptive_parallel": ("strategy=adaptive",),
+    "data_parallel": ("strategy=data",),
+    "spatial_parallel": ("strategy=spatial",),
+    "num_agents": ("agents",),
+    "n_agents": ("agents",),
+    # the launcher (torchrun, accelerate, Lightning): a LaunchConfig field where there is one, else its flag
+    **{name: (name,) for name in _LAUNCHER_FLAGS},
+    "num_processes": ("nproc_per_node",),
+    "num_machines": ("nnodes",),
+    "num_nodes": ("nnodes",),
+    "machine_rank": ("node_rank",),
+    "master_addr": ("rdzv_endpoint",),
+    "master_port": ("rdzv_endpoint",),
+    "main_process_ip": ("rdzv_endpoint",),
+    "main_process_port": ("rdzv_endpoint",),
+    "gpu_ids": ("gpus",),
+    "devices": ("gpus",),
+}
+"""Other tools' names for our keys, each with our candidates in order (a key, or ``key=value``).
+
+Consulted before difflib, which matches spelling, not meaning
+(``gradient_accumulation_steps`` is closer to ``grad_accum_scope`` than to ``grad_accum``).
+A candidate counts only where it is a key of the section at hand; a launcher setting that
+is not one is named as its flag."""
+
+
+def _known_name(prefix: str, key: str, valid: list[str]) -> str | None:
+    """The hint for another tool's name ``key`` in this section, if it has one."""
+    for target in _KNOWN_NAMES.get(key, ()):
+        if target.split("=", 1)[0] in valid:
+            return f". Did you mean '{_dotted(prefix, target)}'?"
+        if target in _LAUNCHER_FLAGS:
+            return f"; that is a launcher flag: {_LAUNCHER_FLAGS[target]}."
+    return None
+
+
+def _hint(prefix: str, key: str, valid: list[str]) -> str:
+    """What follows "unknown config key 'X'": a sentence ending in '.' or '?'."""
+    known = _known_name(prefix, key, valid)
+    if known:
+        return known
+    # a misspelt key may be closest to another tool's name for one of ours ('lerning_rate' -> 'lr')
+    names = valid + [name for name in _KNOWN_NAMES if _known_name(prefix, name, valid)]
+    close = difflib.get_close_matches(key, names, n=1)
+    if not close:
+        return "."
+    return _known_name(prefix, close[0], valid) or f". Did you mean '{_dotted(prefix, close[0])}'?"
+
+
 def _unknown_key(prefix: str, key: str, valid: Iterable[str]) -> ConfigError:
     valid = sorted(valid)
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" Did you mean '{_dotted(prefix, close[0])}'?" if close else ""
     return ConfigError(
-        f"unknown config key '{_dotted(prefix, key)}'.{hint} Valid keys here: {', '.join(valid)}"
+        f"unknown config key '{_dotted(prefix, key)}'{_hint(prefix, key, valid)} Valid keys here: {', '.join(valid)}"
     )
 
 
