@@ -141,10 +141,19 @@ def _unknown_key(prefix: str, key: str, valid: Iterable[str]) -> ConfigError:
     )
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+_NOUNS = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _noun(tp: Any) -> str:
+    """What a value of type ``tp`` looks like, for messages: "an integer", "'auto'"."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        return "a list"
+    if dataclasses.is_dataclass(tp) or origin is dict or tp is dict:
+        return "a mapping"
+    return _NOUNS.get(tp, getattr(tp, "__name__", str(tp).replace("typing.", "")))
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -163,8 +172,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 return _coerce(value, arg, key)
             except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"config key '{key}' got {value!r}; expected {' or '.join(_type_name(a) for a in args)}")
+                errors.append(exc)
+        if len(errors) == 1:  # `X | None`: X's own message is the precise one (which list item, and why)
+            raise errors[0]
+        raise ConfigError(f"config key '{key}' got {value!r}; valid: {' or '.join(_noun(a) for a in args)}")
     if origin is Literal:
         for choice in args:
             if value == choice or (isinstance(value, str) and str(choice) == value):

@@ -166,3 +166,30 @@ def test_a_known_name_whose_key_is_missing_falls_back_to_spelling():
 
 def _dotted(prefix, key):
     return f"{prefix}.{key}" if prefix else key
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Unions:
+    workers: int | Literal["auto"] = "auto"
+    limit: int | None = None
+    sizes: list[int] | None = None
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"workers": "four"}, "config key 'workers' got 'four'; valid: an integer or 'auto'"),
+        ({"limit": "many"}, "config key 'limit' got 'many'; expected an integer"),  # X | None: X's own message
+        ({"sizes": [1, "x"]}, "config key 'sizes[1]' got 'x'; expected an integer"),  # ... down to the item
+    ],
+)
+def test_a_union_says_what_each_arm_accepts_or_passes_on_the_one_arms_error(data, message):
+    with pytest.raises(ConfigError) as info:
+        from_dict(_Unions, data)
+    assert str(info.value) == message
+
+
+def test_a_union_accepts_each_arm_and_null():
+    assert from_dict(_Unions, {"workers": "3", "limit": "null", "sizes": "1,2"}) == _Unions(
+        workers=3, limit=None, sizes=[1, 2])
+    assert from_dict(_Unions, {"workers": "auto", "limit": 5}).workers == "auto"
