@@ -301,9 +301,21 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _copy_tree(value: Any) -> Any:
+    """Mappings (as dicts) and lists copied at every depth; other values, immutable from YAML, shared."""
+    if isinstance(value, Mapping):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(v) for v in value]
+    return value
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``key=value`` / ``a.b=value`` overrides to a nested dict (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    """Apply ``key=value`` / ``a.b=value`` overrides to a copy of a nested dict (values parsed as YAML scalars).
+
+    ``data`` is left as it was, at every depth.
+    """
+    out: dict[str, Any] = _copy_tree(data)
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must look like key=value (e.g. steps=100)")

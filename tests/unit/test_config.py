@@ -193,3 +193,16 @@ def test_a_union_accepts_each_arm_and_null():
     assert from_dict(_Unions, {"workers": "3", "limit": "null", "sizes": "1,2"}) == _Unions(
         workers=3, limit=None, sizes=[1, 2])
     assert from_dict(_Unions, {"workers": "auto", "limit": 5}).workers == "auto"
+
+
+def test_overrides_leave_the_input_untouched_at_every_depth():
+    from types import MappingProxyType
+
+    data = {"a": {"b": {"c": 0, "keep": [1, [2]]}}, "top": 1}
+    out = apply_overrides(data, ["a.b.c=1", "a.b.new=2", "top=3"])
+    assert data == {"a": {"b": {"c": 0, "keep": [1, [2]]}}, "top": 1}
+    assert out == {"a": {"b": {"c": 1, "keep": [1, [2]], "new": 2}}, "top": 3}
+    out["a"]["b"]["keep"][1].append(9)  # the copy shares no mapping or list with the input
+    assert data["a"]["b"]["keep"] == [1, [2]]
+    frozen = MappingProxyType({"a": MappingProxyType({"b": 0})})  # any Mapping, at any depth, is a section
+    assert apply_overrides(frozen, ["a.b=1"]) == {"a": {"b": 1}} and frozen["a"]["b"] == 0
