@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -144,6 +145,10 @@ def _unknown_key(prefix: str, key: str, valid: Iterable[str]) -> ConfigError:
 _NOUNS = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}
 
 
+def _is_scalar(tp: Any) -> bool:
+    return tp in _NOUNS or typing.get_origin(tp) is Literal
+
+
 def _noun(tp: Any) -> str:
     """What a value of type ``tp`` looks like, for messages: "an integer", "'auto'"."""
     origin = typing.get_origin(tp)
@@ -154,6 +159,28 @@ def _noun(tp: Any) -> str:
     if dataclasses.is_dataclass(tp) or origin is dict or tp is dict:
         return "a mapping"
     return _NOUNS.get(tp, getattr(tp, "__name__", str(tp).replace("typing.", "")))
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A number from YAML or a string; ``.inf``, ``nan``, ``-inf`` and ``1e999`` are refused."""
+    number: Any = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            pass
+    if number is None:
+        raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
+    try:
+        number = float(number)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        # no knob means anything by inf or nan; they only turn a run's numbers into nan later
+        raise ConfigError(f"config key '{key}' got {value!r}; valid: a finite number")
+    return number
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -173,7 +200,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as exc:
                 errors.append(exc)
-        if len(errors) == 1:  # `X | None`: X's own message is the precise one (which list item, and why)
+        if len(errors) == 1 and not _is_scalar(arg):  # a list or a section: its own message names the item
             raise errors[0]
         raise ConfigError(f"config key '{key}' got {value!r}; valid: {' or '.join(_noun(a) for a in args)}")
     if origin is Literal:
@@ -224,16 +251,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                     return int(as_float)
         raise ConfigError(f"config key '{key}' got {value!r}; expected an integer")
     if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
+        return _finite_float(value, key)
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

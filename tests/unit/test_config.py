@@ -179,11 +179,11 @@ class _Unions:
     "data,message",
     [
         ({"workers": "four"}, "config key 'workers' got 'four'; valid: an integer or 'auto'"),
-        ({"limit": "many"}, "config key 'limit' got 'many'; expected an integer"),  # X | None: X's own message
-        ({"sizes": [1, "x"]}, "config key 'sizes[1]' got 'x'; expected an integer"),  # ... down to the item
+        ({"limit": "many"}, "config key 'limit' got 'many'; valid: an integer or null"),
+        ({"sizes": [1, "x"]}, "config key 'sizes[1]' got 'x'; expected an integer"),  # the item's own message
     ],
 )
-def test_a_union_says_what_each_arm_accepts_or_passes_on_the_one_arms_error(data, message):
+def test_a_union_names_what_it_accepts_or_passes_on_an_items_error(data, message):
     with pytest.raises(ConfigError) as info:
         from_dict(_Unions, data)
     assert str(info.value) == message
@@ -206,3 +206,38 @@ def test_overrides_leave_the_input_untouched_at_every_depth():
     assert data["a"]["b"]["keep"] == [1, [2]]
     frozen = MappingProxyType({"a": MappingProxyType({"b": 0})})  # any Mapping, at any depth, is a section
     assert apply_overrides(frozen, ["a.b=1"]) == {"a": {"b": 1}} and frozen["a"]["b"] == 0
+
+
+# non-finite numbers: no knob means anything by them
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", "-inf", "nan", "1e999", 10**400])
+def test_non_finite_numbers_are_refused_naming_the_key(value):
+    from multigpu.train import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^config key 'lr' got .*; valid: a finite number$"):
+        from_dict(TrainConfig, {"lr": value})
+
+
+def test_non_finite_numbers_are_refused_in_yaml_files_and_overrides(tmp_path):
+    from multigpu.infer.config import InferConfig
+    from multigpu.rl import RLConfig
+    from multigpu.train import TrainConfig
+
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: .inf\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(TrainConfig, path)
+    assert str(info.value) == "config key 'lr' got inf; valid: a finite number"
+    path.write_text("lr: 3.0e-4\n")
+    for override, shown in (("lr=nan", "'nan'"), ("lr=-inf", "'-inf'"), ("lr=-.inf", "-inf"), ("lr=.NaN", "nan")):
+        with pytest.raises(ConfigError) as info:
+            load_config(TrainConfig, path, [override])
+        assert str(info.value) == f"config key 'lr' got {shown}; valid: a finite number"
+    assert load_config(TrainConfig, path, ["lr=1e-3"]).lr == 1e-3
+    path.write_text("target_return: .inf\n")  # float | None: null switches it off, inf is still refused
+    with pytest.raises(ConfigError) as info:
+        load_config(RLConfig, path, prefix="rl")
+    assert str(info.value) == "config key 'rl.target_return' got inf; valid: a finite number or null"
+    with pytest.raises(ConfigError, match=r"^config key 'infer.overlap\[1\]' got 'nan'; valid: a finite number$"):
+        from_dict(InferConfig, apply_overrides({}, ["overlap=0.25,nan"]), prefix="infer")
