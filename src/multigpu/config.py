@@ -194,13 +194,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return None
         if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args:
             return None
+        arms = [a for a in args if a is not type(None)]
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        for arm in arms:
             try:
-                return _coerce(value, arg, key)
+                return _coerce(value, arm, key)
             except ConfigError as exc:
                 errors.append(exc)
-        if len(errors) == 1 and not _is_scalar(arg):  # a list or a section: its own message names the item
+        if len(arms) == 1 and not _is_scalar(arms[0]):  # a list or a section: its own message names the item
             raise errors[0]
         raise ConfigError(f"config key '{key}' got {value!r}; valid: {' or '.join(_noun(a) for a in args)}")
     if origin is Literal:
