@@ -9,10 +9,17 @@ The public runtime API (runs inside each rank)::
     out = mg.gather(results)         # in the original order, on rank 0
     mg.shutdown()
 
+The workloads and tools are attributes too, imported on first use so that a rank
+which wants only the runtime never loads them: ``mg.train``, ``mg.sim``,
+``mg.infer``, ``mg.rl``, ``mg.envs``, ``mg.verify``, ``mg.bench``, ``mg.monitor``::
+
+    out = mg.infer.sliding_window(image, model, roi=256, overlap=0.25)
+
 Launch with ``multigpu launch --gpus all script.py`` (see ``multigpu --help``).
 """
 
-from multigpu import verify
+from typing import TYPE_CHECKING
+
 from multigpu.errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -52,18 +59,32 @@ from multigpu.runtime.context import current as run_context
 
 __version__ = "0.1.0"
 
-_LAZY_SUBPACKAGES = ("envs",)
-"""Workload subpackages reachable as ``mg.<name>`` without importing them with ``multigpu``."""
+_LAZY_SUBPACKAGES = ("bench", "envs", "infer", "monitor", "rl", "sim", "train", "verify")
+"""Subpackages reachable as ``mg.<name>`` after ``import multigpu``, imported on first use."""
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports them
+    from multigpu import bench as bench
+    from multigpu import envs as envs
+    from multigpu import infer as infer
+    from multigpu import monitor as monitor
+    from multigpu import rl as rl
+    from multigpu import sim as sim
+    from multigpu import train as train
+    from multigpu import verify as verify
 
 
 def __getattr__(name: str):
-    # `mg.envs.make(...)` works after a plain `import multigpu as mg`; importing it eagerly
-    # would load every workload into every process that only wants the runtime
+    # `mg.infer.sliding_window(...)` works after a plain `import multigpu as mg`; importing the
+    # workloads eagerly would load all of them into every process that only wants the runtime
     if name in _LAZY_SUBPACKAGES:
         import importlib
 
-        return importlib.import_module(f"multigpu.{name}")
+        return importlib.import_module(f"multigpu.{name}")  # also binds it here: later lookups skip this
     raise AttributeError(f"module 'multigpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_SUBPACKAGES})
 
 
 __all__ = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -34,19 +35,152 @@ def _dotted(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
+_LAUNCHER_FLAGS = {
+    "nproc_per_node": "--nproc-per-node N",
+    "nnodes": "--nnodes N",
+    "node_rank": "--node-rank I",
+    "rdzv_endpoint": "--rdzv-endpoint HOST:PORT",
+    "gpus": "--gpus all|N|I,J",
+    "max_restarts": "--max-restarts K",
+    "standalone": "--standalone",
+}
+"""Launcher settings, by the field name they have in ``LaunchConfig``: flags of the command, not keys of a workload."""
+
+_KNOWN_NAMES: dict[str, tuple[str, ...]] = {
+    # training: HF Trainer, accelerate, nanoGPT, Lightning
+    "gradient_accumulation_steps": ("grad_accum",),
+    "accumulate_grad_batches": ("grad_accum",),
+    "mixed_precision": ("precision",),
+    "bf16": ("precision=bf16",),
+    "fp16": ("precision=fp16",),
+    "learning_rate": ("lr",),
+    "max_steps": ("steps",),
+    "max_iters": ("steps",),
+    "num_steps": ("steps",),
+    "per_device_train_batch_size": ("batch_size",),
+    "train_batch_size": ("batch_size",),
+    "train_micro_batch_size_per_gpu": ("batch_size",),
+    "max_grad_norm": ("grad_clip",),
+    "gradient_clip_val": ("grad_clip",),
+    "warmup_iters": ("warmup_steps",),
+    "lr_decay_iters": ("lr_decay_steps",),
+    "eval_interval": ("eval_every",),
+    "eval_steps": ("eval_every",),
+    "eval_iters": ("eval_batches",),
+    "log_interval": ("log_every",),
+    "logging_steps": ("log_every",),
+    "log_every_n_steps": ("log_every",),
+    "save_steps": ("checkpoint_every",),
+    "save_total_limit": ("keep_last",),
+    "dataloader_num_workers": ("num_workers",),
+    "resume_from_checkpoint": ("resume",),
+    "ckpt_path": ("resume",),
+    # reinforcement learning (CleanRL and Stable-Baselines3 names; our rl config keeps CleanRL's)
+    "lr": ("learning_rate",),
+    "grad_clip": ("max_grad_norm",),
+    "n_envs": ("num_envs",),
+    "n_steps": ("num_steps",),
+    "n_epochs": ("update_epochs",),
+    "clip_range": ("clip_coef",),
+    "total_timesteps": ("total_env_steps",),
+    "env": ("env_id",),
+    "env_name": ("env_id",),
+    # simulation: the strategies are values of one key
+    "adaptive_parallel": ("strategy=adaptive",),
+    "data_parallel": ("strategy=data",),
+    "spatial_parallel": ("strategy=spatial",),
+    "num_agents": ("agents",),
+    "n_agents": ("agents",),
+    # the launcher (torchrun, accelerate, Lightning): a LaunchConfig field where there is one, else its flag
+    **{name: (name,) for name in _LAUNCHER_FLAGS},
+    "num_processes": ("nproc_per_node",),
+    "num_machines": ("nnodes",),
+    "num_nodes": ("nnodes",),
+    "machine_rank": ("node_rank",),
+    "master_addr": ("rdzv_endpoint",),
+    "master_port": ("rdzv_endpoint",),
+    "main_process_ip": ("rdzv_endpoint",),
+    "main_process_port": ("rdzv_endpoint",),
+    "gpu_ids": ("gpus",),
+    "devices": ("gpus",),
+}
+"""Other tools' names for our keys, each with our candidates in order (a key, or ``key=value``).
+
+Consulted before difflib, which matches spelling, not meaning
+(``gradient_accumulation_steps`` is closer to ``grad_accum_scope`` than to ``grad_accum``).
+A candidate counts only where it is a key of the section at hand; a launcher setting that
+is not one is named as its flag."""
+
+
+def _known_name(prefix: str, key: str, valid: list[str]) -> str | None:
+    """The hint for another tool's name ``key`` in this section, if it has one."""
+    for target in _KNOWN_NAMES.get(key, ()):
+        if target.split("=", 1)[0] in valid:
+            return f". Did you mean '{_dotted(prefix, target)}'?"
+        if target in _LAUNCHER_FLAGS:
+            return f"; that is a launcher flag: {_LAUNCHER_FLAGS[target]}."
+    return None
+
+
+def _hint(prefix: str, key: str, valid: list[str]) -> str:
+    """What follows "unknown config key 'X'": a sentence ending in '.' or '?'."""
+    known = _known_name(prefix, key, valid)
+    if known:
+        return known
+    # a misspelt key may be closest to another tool's name for one of ours ('lerning_rate' -> 'lr')
+    names = valid + [name for name in _KNOWN_NAMES if _known_name(prefix, name, valid)]
+    close = difflib.get_close_matches(key, names, n=1)
+    if not close:
+        return "."
+    return _known_name(prefix, close[0], valid) or f". Did you mean '{_dotted(prefix, close[0])}'?"
+
+
 def _unknown_key(prefix: str, key: str, valid: Iterable[str]) -> ConfigError:
     valid = sorted(valid)
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" Did you mean '{_dotted(prefix, close[0])}'?" if close else ""
     return ConfigError(
-        f"unknown config key '{_dotted(prefix, key)}'.{hint} Valid keys here: {', '.join(valid)}"
+        f"unknown config key '{_dotted(prefix, key)}'{_hint(prefix, key, valid)} Valid keys here: {', '.join(valid)}"
     )
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+_NOUNS = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _is_scalar(tp: Any) -> bool:
+    return tp in _NOUNS or typing.get_origin(tp) is Literal
+
+
+def _noun(tp: Any) -> str:
+    """What a value of type ``tp`` looks like, for messages: "an integer", "'auto'"."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        return "a list"
+    if dataclasses.is_dataclass(tp) or origin is dict or tp is dict:
+        return "a mapping"
+    return _NOUNS.get(tp, getattr(tp, "__name__", str(tp).replace("typing.", "")))
+
+
+def _finite_float(value: Any, key: str) -> float:
+    """A number from YAML or a string; ``.inf``, ``nan``, ``-inf`` and ``1e999`` are refused."""
+    number: Any = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            pass
+    if number is None:
+        raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
+    try:
+        number = float(number)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        # no knob means anything by inf or nan; they only turn a run's numbers into nan later
+        raise ConfigError(f"config key '{key}' got {value!r}; valid: a finite number")
+    return number
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -60,13 +194,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return None
         if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args:
             return None
+        arms = [a for a in args if a is not type(None)]
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        for arm in arms:
             try:
-                return _coerce(value, arg, key)
+                return _coerce(value, arm, key)
             except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"config key '{key}' got {value!r}; expected {' or '.join(_type_name(a) for a in args)}")
+                errors.append(exc)
+        if len(arms) == 1 and not _is_scalar(arms[0]):  # a list or a section: its own message names the item
+            raise errors[0]
+        raise ConfigError(f"config key '{key}' got {value!r}; valid: {' or '.join(_noun(a) for a in args)}")
     if origin is Literal:
         for choice in args:
             if value == choice or (isinstance(value, str) and str(choice) == value):
@@ -115,16 +252,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                     return int(as_float)
         raise ConfigError(f"config key '{key}' got {value!r}; expected an integer")
     if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"config key '{key}' got {value!r}; expected a number")
+        return _finite_float(value, key)
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -192,9 +320,21 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _copy_tree(value: Any) -> Any:
+    """Mappings (as dicts) and lists copied at every depth; other values, immutable from YAML, shared."""
+    if isinstance(value, Mapping):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(v) for v in value]
+    return value
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``key=value`` / ``a.b=value`` overrides to a nested dict (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    """Apply ``key=value`` / ``a.b=value`` overrides to a copy of a nested dict (values parsed as YAML scalars).
+
+    ``data`` is left as it was, at every depth.
+    """
+    out: dict[str, Any] = _copy_tree(data)
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must look like key=value (e.g. steps=100)")
