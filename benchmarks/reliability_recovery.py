@@ -48,7 +48,7 @@ def _worker_pid(launcher: int, rank: int) -> int | None:
 
     for child in psutil.Process(launcher).children(recursive=True):
         try:
-            if child.environ().get("RANK") == str(rank) and "multigpu.train.worker" in " ".join(child.cmdline()):
+            if child.environ().get("RANK") == str(rank) and "multigpu.jobs.rank" in " ".join(child.cmdline()):
                 return child.pid
         except psutil.Error:
             continue

@@ -2,8 +2,8 @@
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/sim_scaling.py [--agents 4_000_000] [--steps 20]
 
-Strong scaling keeps the global agent count; weak scaling (MULTIGPU_SCALING=weak)
-multiplies it by the rank count through ``problem_scale()``. Every run goes
+Strong scaling keeps the global agent count; weak scaling multiplies it by the
+rank count (what ``multigpu bench --weak`` does through the run context). Every run goes
 through the real command line and reads the StepMeter's summary.json.
 """
 
@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(strategy: str, nproc: int, agents: int, steps: int, weak: bool, config: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="sim_scaling_") as tmp:
-        env = {**os.environ, "MULTIGPU_SCALING": "weak" if weak else "strong"}
+        env = dict(os.environ)
+        agents = agents * (nproc if weak else 1)  # weak scaling: the same agents per rank
         cmd = [sys.executable, "-m", "multigpu", "sim", "-f", config, "--agents", str(agents), "--steps", str(steps),
                "--nproc-per-node", str(nproc), "--strategy", strategy, "--run-dir", tmp, "plot=false"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)

@@ -1,8 +1,8 @@
 """Data-parallel regression with an all-reduce per step, measured by StepMeter (runs inside each rank).
 
 Each step every rank computes the gradient of a small MLP on its shard of a
-fixed global batch (strong scaling; ``problem_scale()`` grows it under weak
-scaling), all-reduces the gradient (that is the communication), and applies
+fixed global batch (strong scaling; the run context's ``problem_scale`` grows it
+under ``multigpu bench --weak``), all-reduces the gradient (that is the communication), and applies
 the same SGD update, so every rank holds the same model.
 
     multigpu launch --nproc-per-node 2 examples/allreduce_dp.py
@@ -17,7 +17,7 @@ import argparse
 import torch
 
 import multigpu as mg
-from multigpu.monitor import StepMeter, problem_scale
+from multigpu.monitor import StepMeter
 
 
 def main() -> None:
@@ -36,12 +36,13 @@ def main() -> None:
     params = [p for p in model.parameters()]
     teacher = torch.randn(args.dim, 1, device=dev) / args.dim**0.5
 
-    global_batch = args.batch * problem_scale()
+    run = mg.run_context()  # what the launcher decided: run directory, scaling, --profile
+    global_batch = args.batch * run.problem_scale(env.world_size)
     mine = mg.shard_range(global_batch)  # this rank's rows of every global batch
     lo, hi = mine.start, mine.stop
     gen = torch.Generator(device=dev).manual_seed(1234)  # data keyed by step, not by rank
 
-    meter = StepMeter("samples", total_steps=args.steps, description="allreduce_dp", log_every=5)
+    meter = StepMeter.from_context("samples", run, total_steps=args.steps, description="allreduce_dp", log_every=5)
     for _ in range(args.steps):
         x_all = torch.randn(global_batch, args.dim, generator=gen, device=dev)
         x = x_all[lo:hi]

@@ -69,7 +69,7 @@ def main() -> int:
     scene.build(n_envs=len(ids))
 
     gen = torch.Generator(device=gs.device).manual_seed(ids.start)  # a stream per rank's first env id
-    meter = StepMeter("env-steps", total_steps=args.steps, description="genesis franka")
+    meter = StepMeter.from_context("env-steps", total_steps=args.steps, description="genesis franka")
     for _ in range(args.steps):
         with meter.step(items=len(ids)):
             targets = 0.3 * torch.randn(len(ids), robot.n_dofs, device=gs.device, generator=gen)

@@ -33,7 +33,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.steps)
     trainer = Trainer(model, optimizer, make_data(4096, seed=1), config=cfg, val_data=make_data(512, seed=2),
-                      scheduler=scheduler, loss_fn=mse, unit="samples")
+                      scheduler=scheduler, loss_fn=mse, unit="samples",
+                      run_dir=mg.run_context().run_dir)  # where `multigpu launch`/`bench` put this run (or None)
     trainer.setup()   # moves the model to this rank's device, wraps it in DDP, prints the effective batch
     trainer.fit()     # grads all-reduced across ranks; metrics reduced; rank 0 logs
     summary = trainer.close()

@@ -83,6 +83,16 @@ def run_file() -> dict:
     return json.loads(Path(os.environ["MULTIGPU_RUN_FILE"]).read_text())
 
 
+def fault_callback(folder: Path, rank: int, step: int) -> tuple[str, dict[str, str]]:
+    """A ``callbacks=[...]`` override that kills ``rank`` after ``step`` (first attempt only), and the environment
+    that lets the ranks import it: a tiny module written into ``folder``."""
+    (folder / "fault_here.py").write_text(
+        "from multigpu.testing.faults import KillAt\n\n\n"
+        f"def hook():\n    return KillAt(rank={rank}, step={step})\n")
+    path = os.pathsep.join([str(folder), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return "callbacks=[fault_here:hook]", {"PYTHONPATH": path}
+
+
 def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m multigpu ARGS`` in a subprocess (tier 3: the real launcher, real ranks)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -20,8 +20,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "b"
-    proc = run_cli("bench", "--nproc", "1,2", "-o", str(out), "examples/allreduce_dp.py", "--steps", "12",
-                   env={"MULTIGPU_SAMPLE_INTERVAL_S": "0.2", "COLUMNS": "200"}, timeout=240)
+    proc = run_cli("bench", "--nproc", "1,2", "--sample-interval-s", "0.2", "-o", str(out), "examples/allreduce_dp.py", "--steps", "12",
+                   env={"COLUMNS": "200"}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
 

@@ -29,7 +29,7 @@ def test_two_ranks_train_with_ddp_and_rank0_writes_reduced_metrics(tmp_path):
                    "num_envs=64", "num_steps=32", "total_env_steps=8192", "target_return=null", "log_every=1")
     assert proc.returncode == 0, proc.stderr
     assert "not solved CartPole-v1" in proc.stdout and "after 8,192 env-steps and 4 updates" in proc.stdout
-    assert json.loads((tmp_path / "resolved_config.json").read_text())["rl"]["num_envs"] == 64
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["num_envs"] == 64
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["unit"] == "env-steps" and summary["world_size"] == 2
     assert summary["items"] == 3 * 64 * 32  # 4 updates, the first is warm-up; both ranks' env-steps
@@ -65,9 +65,8 @@ def test_genesis_style_example_explains_what_is_missing():
 
 
 def test_envs_bench_workload_steps_the_split_on_two_ranks(tmp_path):
-    """`multigpu bench ... envs` runs this module; its meter counts both ranks' env-steps."""
-    proc = run_cli("launch", "--nproc-per-node", "2", "-m", "multigpu.envs.bench", "--num-envs", "1001", "--steps", "20",
-                   env={"MULTIGPU_RUN_DIR": str(tmp_path)})
+    """`multigpu bench ... envs` runs this workload; its meter counts both ranks' env-steps."""
+    proc = run_cli("run", "envs", "--nproc-per-node", "2", "num_envs=1001", "steps=20", "--run-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "CartPole-v1: 1,001 envs on 2 rank(s) (cpu):" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -76,7 +76,7 @@ def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
     resumed = _csv(run_dir / "series.csv")
 
     cfg = SimConfig(model="sir", agents=20000, grid=(40, 50), steps=9,
-                    params={**json.loads((run_dir / "resolved_config.json").read_text())["sim"]["params"]})
+                    params={**json.loads((run_dir / "run.json").read_text())["config"]["params"]})
     series = SimEngine(cfg).run()
     assert resumed[0] == list(series)
     assert resumed[1:] == [[str(v) for v in row] for row in zip(*series.values(), strict=True)]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import fault_callback, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -25,8 +25,8 @@ def _run(run_dir, *extra, env=None):
 def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_path):
     clean, clean_csv = _run(tmp_path / "clean")
     step = random.Random().randint(4, 11)  # any step after the first checkpoint
-    faulty, faulty_csv = _run(tmp_path / "faulty", "--max-restarts", "1",
-                              env={"MULTIGPU_FAULT_KILL_AT": f"1:{step}"})
+    fault, env = fault_callback(tmp_path, rank=1, step=step)
+    faulty, faulty_csv = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty["resumed_from"] is not None, f"killed at step {step} but the run did not resume"
     assert faulty["state_digest"] == clean["state_digest"], f"final agents differ after a kill at step {step}"
     assert faulty_csv == clean_csv  # the whole aggregate time series, to the last digit

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from multigpu.cli import main
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 
 TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=2", "checkpoint_every=2",
         "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "data.max_chars=60000",

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from multigpu.checkpointing import CheckpointFolder
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, fault_callback, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,8 @@ def _final_model(run_dir) -> dict[str, torch.Tensor]:
 
 def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
     kill_at = random.Random().randint(2, STEPS - 1)  # any step: before, at or after a checkpoint (every 3)
-    faulty = _train(tmp_path / "faulty", "--max-restarts", "1", env={"MULTIGPU_FAULT_KILL_AT": f"1:{kill_at}"})
+    fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
+    faulty = _train(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
     last_checkpoint = (kill_at - 1) // 3 * 3  # the kill comes before the checkpoint of its own step
     resumed = f"restart 1: resuming from {tmp_path}/faulty/checkpoints/ckpt_{last_checkpoint:08d}.pt"

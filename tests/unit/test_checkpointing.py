@@ -28,7 +28,6 @@ from multigpu.checkpointing import (
 from multigpu.cli import main
 from multigpu.train import CheckpointManager
 from multigpu.train.checkpoint import check_checkpoint, find_latest
-from tests.conftest import ROOT
 
 
 def _payload(step: int, size: int = 4096) -> bytes:

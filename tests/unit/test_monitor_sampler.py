@@ -12,10 +12,10 @@ import torch
 
 from multigpu.errors import ConfigError
 from multigpu.launch.config import LaunchConfig
-from multigpu.runtime.context import RunContext
 from multigpu.monitor import Sampler, StepMeter
 from multigpu.monitor.profile import parse_window
 from multigpu.monitor.sampler import gpu_samples, register_rank, start_for_rank
+from multigpu.runtime.context import RunContext
 
 
 def test_sampler_writes_host_and_rank_lines_from_a_thread_until_stopped(tmp_path):

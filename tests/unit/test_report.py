@@ -59,9 +59,9 @@ def test_report_of_a_single_run_folder(tmp_path):
     from multigpu.report import build_report
 
     make_bench_dir(tmp_path)
-    (tmp_path / "np2_r0" / "resolved_config.json").write_text(json.dumps({"sim": {"agents": 1000}}))
+    (tmp_path / "np2_r0" / "run.json").write_text(json.dumps({"workload": "sim", "config": {"agents": 1000}}))
     page = build_report(tmp_path / "np2_r0")
-    assert "Scaling" not in page and "resolved_config.json" in page and "&quot;agents&quot;: 1000" in page
+    assert "Scaling" not in page and "run.json" in page and "&quot;agents&quot;: 1000" in page
     assert page.count("<img ") == 2  # throughput over time, utilization
 
 

@@ -10,8 +10,8 @@ from multigpu.config import from_dict
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.train import CheckpointManager, TrainConfig, find_latest
 from multigpu.train.config import lr_scale_factor, per_rank_accum
-from multigpu.train.nano import DataConfig, NanoConfig
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, load_text
+from multigpu.train.nano import DataConfig, NanoConfig
 from multigpu.train.optim import lr_at
 from multigpu.train.precision import PrecisionSupport, check_precision
 from multigpu.train.sync import CommTimer

@@ -67,7 +67,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     return {
         "name": run_dir.name,
         "summary": _read_json(run_dir / "summary.json"),
-        "config": _read_json(run_dir / "resolved_config.json"),
+        "config": _read_json(run_dir / "run.json"),
         "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
         "samples": sorted(samples, key=lambda s: s["time"]),
         "traces": sorted(str(p.relative_to(run_dir)) for p in (run_dir / "profile").glob("*.json")),
@@ -158,7 +158,7 @@ def build_report(run_dir: str | Path) -> str:
         parts.append(f"<pre>{html.escape(json.dumps(cfg, indent=2))}</pre>")
     for run in runs:
         if run["config"] is not None:
-            parts.append(f"<p>{html.escape(run['name'])}: resolved_config.json</p>"
+            parts.append(f"<p>{html.escape(run['name'])}: run.json</p>"
                          f"<pre>{html.escape(json.dumps(run['config'], indent=2))}</pre>")
     if bench is not None:
         parts.append(_scaling_section(bench))

@@ -1,7 +1,7 @@
 """A per-rank watchdog: a rank that makes no progress for ``stall_s`` seconds ends the job, saying where.
 
 Runs inside each rank, in a daemon thread started by :func:`multigpu.init` when
-``MULTIGPU_STALL_S`` (launcher flag ``--stall-timeout-s``) is set. Progress is a
+the run context has ``stall_timeout_s`` (launcher flag ``--stall-timeout-s``). Progress is a
 :func:`heartbeat`: every multigpu collective and every ``StepMeter`` step beats.
 When the silence exceeds ``stall_s``, the watchdog writes every thread's stack
 to ``$MULTIGPU_STACKS_DIR`` (or stderr), records an error naming this rank, the

@@ -185,7 +185,7 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
 
 
 def _profile_text(engine: SimEngine) -> str:
-    """Seconds per phase on rank 0; the torch.profiler traces (``--profile`` sets ``MULTIGPU_PROFILE=1``)
+    """Seconds per phase on rank 0; the torch.profiler traces (``--profile``, through the run context)
     are written per rank by the step meter into ``profile/``."""
     lines = ["phase seconds on rank 0 (whole run):"]
     lines += [f"  {k:<20} {v:8.3f}" for k, v in sorted(engine.timers.items(), key=lambda kv: -kv[1])]

@@ -1,12 +1,19 @@
-"""Fault injection, for tests only (inside each rank): a rank kills itself at a chosen step, once.
+"""Fault injection for tests (inside each rank): a rank kills itself at a chosen step, once.
 
-    MULTIGPU_FAULT_KILL_AT=1:7 multigpu train ... --max-restarts 1
+A test registers the fault as a callback of the workload, through a tiny module
+of its own, so that no production code path reads a fault setting::
+
+    # tmp/fault_here.py
+    from multigpu.testing.faults import KillAt
+    def hook():
+        return KillAt(rank=1, step=7)
+
+    PYTHONPATH=tmp multigpu train ... callbacks=[fault_here:hook] --max-restarts 1
     # rank 1 sends itself SIGKILL right after optimizer step 7, on the first attempt only
 
-The variable is read once, when the trainer is set up; without it the training
-loop pays one ``is None`` check per step. The kill fires only while
-``TORCHELASTIC_RESTART_COUNT`` is 0, so the restarted worker group (which
-resumes from the newest valid checkpoint) runs to the end.
+The kill fires only on the first attempt (``restart_count() == 0``), so the
+restarted worker group (which resumes from the newest valid checkpoint) runs
+to the end.
 """
 
 from __future__ import annotations
@@ -14,24 +21,28 @@ from __future__ import annotations
 import os
 import signal
 
-from multigpu.checkpointing import restart_count
-from multigpu.errors import ConfigError
+from multigpu.runtime import group
+from multigpu.runtime.context import restart_count
 
-__all__ = ["KILL_AT", "kill_step_from_env", "kill_self"]
-
-KILL_AT = "MULTIGPU_FAULT_KILL_AT"
+__all__ = ["KillAt", "kill_self"]
 
 
-def kill_step_from_env(rank: int) -> int | None:
-    """The step at which this rank must kill itself, or None (not asked, another rank, or a restart)."""
-    value = os.environ.get(KILL_AT)
-    if not value or restart_count() > 0:
-        return None
-    try:
-        target, step = (int(part) for part in value.split(":"))
-    except ValueError:
-        raise ConfigError(f"{KILL_AT}={value!r} is invalid; valid: <rank>:<step>, e.g. 1:7") from None
-    return step if target == rank else None
+class KillAt:
+    """A callback (``on_step``) that SIGKILLs rank ``rank`` after step ``step`` of the first attempt.
+
+    Works with the Trainer (its ``step``) and the simulation engine (its ``step_index``).
+    """
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+        self.armed = restart_count() == 0
+
+    def on_step(self, owner) -> None:
+        step = getattr(owner, "step_index", None)
+        if step is None:
+            step = owner.step
+        if self.armed and step == self.step and group.rank() == self.rank:
+            kill_self()
 
 
 def kill_self() -> None:
