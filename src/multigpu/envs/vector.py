@@ -405,7 +405,7 @@ def make(
     if device is None:
         from multigpu.runtime import group
 
-        device = group.device() if group.is_initialized() else "cpu"
+        device = group.current_device()
     if seed is None:
         seed = _shared_seed() if split else secrets.randbits(32)
     env_ids = env_id_range(num_envs) if split else range(num_envs)

@@ -114,7 +114,7 @@ def _model_device(model, device) -> torch.device:
         first = next(iter(params()), None)
         if first is not None:
             return first.device
-    return group.device() if group.is_initialized() else torch.device("cpu")
+    return group.current_device()
 
 
 class _Job:

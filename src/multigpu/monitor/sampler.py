@@ -43,10 +43,8 @@ _GIB = 2**30
 def _placement() -> tuple[int, int, int]:
     """(rank, local_rank, node_rank) of this process, with or without ``mg.init``."""
     from multigpu.runtime import group
-    from multigpu.runtime.env import read_placement
 
-    where = group.get_env() if group.is_initialized() else read_placement()
-    return where.rank, where.local_rank, where.node_rank
+    return group.rank(), group.local_rank(), group.node_rank()
 
 
 def register_rank(run_dir: str | Path) -> Path:

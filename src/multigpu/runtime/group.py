@@ -30,8 +30,10 @@ __all__ = [
     "init",
     "is_initialized",
     "is_main",
+    "current_device",
     "local_rank",
     "monitor_group",
+    "node_rank",
     "rank",
     "shutdown",
     "thread_budget",
@@ -221,6 +223,11 @@ def world_size() -> int:
     return _placement_or_env().world_size
 
 
+def node_rank() -> int:
+    """Index of this process's node."""
+    return _placement_or_env().node_rank
+
+
 def is_main() -> bool:
     """True on rank 0 (the rank that owns logs, checkpoints and reports)."""
     return rank() == 0
@@ -229,6 +236,11 @@ def is_main() -> bool:
 def device() -> torch.device:
     """This rank's device, chosen by :func:`init`."""
     return get_env("device").device
+
+
+def current_device() -> torch.device:
+    """This rank's device after :func:`init`; the CPU before it (code that also runs outside a job)."""
+    return _ENV.device if _ENV is not None else torch.device("cpu")
 
 
 def backend() -> str:

@@ -47,10 +47,10 @@ class SimEngine:
         self.model = MODELS[cfg.model]
         self.params = model_params(cfg.model, cfg.params)
         self.substeps: list[Substep] = [SUBSTEPS[n] for n in cfg.substep_names]
-        self.world = group.world_size() if group.is_initialized() else 1
-        self.rank = group.rank() if group.is_initialized() else 0
+        self.world = group.world_size()
+        self.rank = group.rank()
         cfg.check_world(self.world)
-        self.device = group.device() if group.is_initialized() else torch.device("cpu")
+        self.device = group.current_device()
         self.num_agents = cfg.agents
         self.spatial = cfg.strategy != "data"
         self.radius = max((s.halo(self.params) for s in self.substeps), default=0)

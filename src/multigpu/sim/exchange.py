@@ -23,7 +23,7 @@ __all__ = ["halo", "migrate", "sum_field"]
 
 
 def _world() -> int:
-    return group.world_size() if group.is_initialized() else 1
+    return group.world_size()
 
 
 def sum_field(field: torch.Tensor) -> torch.Tensor:
