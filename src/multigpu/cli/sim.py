@@ -65,9 +65,15 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = resolve(args)
     launch_cfg = config_from_args(args)
-    if args.resume not in (None, "auto", "none") and not (Path(args.resume) / "engine.json").is_file():
-        raise ConfigError(f"--resume {args.resume!r} is not a checkpoint folder (no engine.json); "
-                          "use --resume auto or a checkpoints/step_* folder")
+    if args.resume not in (None, "auto", "none"):
+        from multigpu.checkpointing import CorruptCheckpointError
+        from multigpu.sim.checkpoint import check_checkpoint
+
+        try:  # size and SHA-256 of .metadata only: the launcher unpickles nothing
+            check_checkpoint(args.resume)
+        except CorruptCheckpointError as exc:
+            raise ConfigError(f"--resume {args.resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
+                              "folder written by multigpu sim") from None
     if isinstance(launch_cfg.nproc_per_node, int) and launch_cfg.nnodes == 1:
         cfg.check_world(launch_cfg.nproc_per_node)
     run_dir = Path(args.run_dir or f"runs/sim/{time.strftime('%Y%m%d-%H%M%S')}").resolve()
