@@ -29,9 +29,10 @@ a listed checkpoint must have the recorded size (else "truncated") and SHA-256
 (else "checksum mismatch"); :class:`CorruptCheckpointError` names the file and
 what is wrong, and ``latest_valid`` falls back to the previous checkpoint,
 warning about each one it skips. A checkpoint file the manifest does not list
-(the writer was killed between the rename and the manifest update) has no
-checksum to compare: it is used only if the caller's ``check`` loads it, with a
-warning.
+(the writer was killed between the rename and the manifest update, or someone
+put it there) has no checksum to compare: it is never loaded, only named in a
+warning. Nothing here unpickles a file: checking a checkpoint is reading its
+bytes.
 """
 
 from __future__ import annotations
@@ -300,7 +301,8 @@ class CheckpointFolder:
         if not path.is_file():
             raise CorruptCheckpointError(path, "the file does not exist")
         if entry is None:
-            raise CorruptCheckpointError(path, f"it is not listed in {self.manifest_path}, so it cannot be verified")
+            raise CorruptCheckpointError(path, f"it is not listed in {self.manifest_path}, so it has no checksum "
+                                                "to verify it by and is not loaded")
         size, digest = sha256_file(path)
         if size != entry["bytes"]:
             what = "truncated" if size < entry["bytes"] else "longer than written"
@@ -314,19 +316,17 @@ class CheckpointFolder:
         """The newest checkpoint that verifies (and passes ``check(path)``, if given), else None.
 
         Each checkpoint skipped on the way is reported through ``warn`` with its reason.
-        A file the manifest does not list is accepted only if ``check`` is given and passes.
+        A file the manifest does not list is skipped (warned) before ``check`` sees it:
+        without a recorded checksum it is never loaded.
         """
         entries = self.manifest()
         for path in reversed(self.files()):
             entry = entries.get(path.name)
             try:
                 if entry is None:
-                    if check is None:
-                        raise CorruptCheckpointError(path, f"it is not listed in {self.manifest_path}")
-                    check(path)
-                    self.warn(f"checkpoint {path} is not listed in {MANIFEST} (its writer stopped before recording "
-                              "it); it loads, so it is used without a checksum")
-                    return path
+                    raise CorruptCheckpointError(
+                        path, f"it is not listed in {self.manifest_path} (a writer stopped before recording it, "
+                        "or the file was put there), so it has no checksum and is not loaded")
                 self.verify(path, entry)
                 if check is not None:
                     check(path)

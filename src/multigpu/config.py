@@ -5,7 +5,7 @@ validated in ``__post_init__`` (raise :class:`~multigpu.errors.ConfigError`).
 This module turns YAML files, dictionaries and ``key=value`` overrides into
 such dataclasses, rejecting unknown keys by name with a suggestion::
 
-    cfg = load_config(TrainConfig, "configs/nano.yaml", overrides=["lr=3e-4"])
+    cfg = load_config(TrainConfig, "my_run.yaml", overrides=["lr=3e-4"])
     # ConfigError: unknown config key 'train.lerning_rate'. Did you mean 'train.learning_rate'?
 """
 
@@ -301,10 +301,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, with one-line errors for a missing, unreadable or malformed file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist")
+    """Read a YAML mapping from a file or a packaged preset's name (``nano``, ``sir``: :mod:`multigpu.jobs.presets`),
+    with one-line errors for a missing, unreadable or malformed file."""
+    from multigpu.jobs.presets import find_config
+
+    path = find_config(str(path))
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -163,3 +163,19 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_quickly(tmp_path):
     time.sleep(0.5)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphaned workers: {alive}"
+
+
+def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_directory(tmp_path):
+    """A psutil.py in the working directory ran inside every rank of `multigpu sim` (issue 16): a `-m`
+    worker searches the working directory last, not first as `python -m` does, so installed modules win
+    (also while torch is imported), and a module that exists only there is still found."""
+    for name in ("psutil", "json"):  # each would leave a marker if imported
+        (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / (name + '.imported'))!r}, 'w').close()\n")
+    (tmp_path / "mymod.py").write_text("import json, psutil\nprint('mymod ran', json.dumps([1]), psutil.cpu_count() > 0)\n")
+    # the launcher started as the `multigpu` console script starts it: without the working directory on sys.path
+    entry = "import sys; sys.path.pop(0); from multigpu.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", entry, "launch", "--nproc-per-node", "1", "-m", "mymod"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "mymod ran [1] True" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.imported")) == []

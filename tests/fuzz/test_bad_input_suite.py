@@ -3,10 +3,11 @@
 For each command a *valid* base command line is corrupted in one place, drawn by
 hypothesis: an unknown flag, a typed flag with a malformed value, a choice
 outside its choices, a missing/unreadable/malformed/misspelt config file, a bad
-``key=value`` override, a missing input file, a flag with no value. Every case
-must end with exit code 2, exactly one line on stderr starting ``error:``, no
-traceback, nothing launched (torch's launcher is replaced by a tripwire), and
-nothing written where the command would have written. The count of cases is
+``key=value`` override, a missing input file, a flag with no value, a
+``--resume`` checkpoint crafted to run code when unpickled. Every case must end
+with exit code 2, exactly one line on stderr starting ``error:``, no traceback,
+nothing launched (torch's launcher is replaced by a tripwire), nothing written
+where the command would have written, and no payload run. The count of cases is
 printed at the end of the test session.
 
 A new command must get a base line here: the first test fails until it does.
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 from multigpu.cli import COMMANDS, build_parser, main
 from tests.conftest import ROOT, SCRIPTS
+from tests.payloads import evil_checkpoint, evil_sim_checkpoint
 
 CASES: Counter = Counter()
 """Cases tried per command (read by conftest's terminal summary)."""
@@ -52,14 +54,14 @@ BASES: dict[str, dict] = {
     "info": {"argv": []},
     "doctor": {"argv": ["--skip-bandwidth"]},
     "train": {"argv": ["-f", "nano"], "config": f"{PRESETS}/nano.yaml", "overrides": "positional",
-              "out": "--run-dir"},
+              "out": "--run-dir", "resume": "file"},
     "infer": {"argv": ["--model", "multigpu.infer.models:denoiser", "--input", "@image", "--roi", "16"],
               "overrides": "--set", "out": "--output", "missing_file_flag": "--input"},
     "bench": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "verify": {"argv": ["--nproc", "1,2", SCRIPT], "out": "--run-dir"},
     "report": {"argv": ["@rundir"], "out": "-o"},
     "sim": {"argv": ["-f", "sir"], "config": f"{PRESETS}/sir.yaml",
-            "overrides": "positional", "out": "--run-dir"},
+            "overrides": "positional", "out": "--run-dir", "resume": "folder"},
     "rl": {"argv": ["-f", "ppo-cartpole"], "config": f"{PRESETS}/ppo-cartpole.yaml", "overrides": "positional",
            "out": "--run-dir"},
     # the workload's own flags come after its name, so --run-dir cannot lead; the run dir is made only after checks
@@ -68,6 +70,9 @@ BASES: dict[str, dict] = {
 
 _TAKES_SCRIPT = ("launch", "bench", "verify")
 """Commands whose arguments after the script belong to the script."""
+
+_PAYLOAD_MARKER = "PAYLOAD_RAN"
+"""What a crafted checkpoint's payload would create in the case's folder if anything unpickled it."""
 
 _BAD_NUMBERS = ["", "abc", "1e", "--", "0x1g", "½", "NaN?", "1,5", "two", "-", "1.2.3"]
 
@@ -125,6 +130,8 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
         kinds.append("missing_script")
     if base.get("missing_file_flag"):
         kinds.append("missing_input_file")
+    if base.get("resume"):
+        kinds.append("resume_untrusted")
     kind = draw(st.sampled_from(kinds))
     argv = list(base["argv"])
     token = draw(st.text(string.ascii_lowercase, min_size=3, max_size=10))
@@ -175,6 +182,17 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
         return [], argv + extra, kind
     if kind == "missing_script":
         return [], [f"no_such_{token}.py"], kind
+    if kind == "resume_untrusted":  # never unpickled: not listed in a manifest / no or a stale checksum
+        marker = tmp / _PAYLOAD_MARKER
+        if base["resume"] == "file":
+            folder = tmp / "checkpoints"
+            if draw(st.booleans()):
+                folder.mkdir()
+                (folder / "manifest.json").write_text('{"format": 1, "checkpoints": []}')
+            crafted = evil_checkpoint(folder / draw(st.sampled_from([f"{token}.pt", "ckpt_99999999.pt"])), marker)
+        else:
+            crafted = evil_sim_checkpoint(tmp / f"step_{token}", marker, checksum=draw(st.sampled_from(["none", "stale"])))
+        return [], argv + ["--resume", str(crafted)], kind
     flag = base["missing_file_flag"]  # missing_input_file
     argv[argv.index(flag) + 1] = str(tmp / f"missing_{token}.png")
     return [], argv, kind
@@ -224,6 +242,7 @@ def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch,
         assert err.startswith("error: ") and "\n" not in err, f"{command} ({kind}) printed: {err!r}"
         assert "Traceback" not in err
         assert not target.exists(), f"{command} ({kind}) wrote {target}"
+        assert not (tmp / _PAYLOAD_MARKER).exists(), f"{command} ({kind}) ran a crafted checkpoint's payload"
         tripwire.assert_not_called()
 
     run()

@@ -102,10 +102,8 @@ def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
 def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
                          flags: dict[str, Any] | None = None) -> Any:
     """The workload's config from a file or preset, ``key=value`` overrides, then flag values (later wins)."""
-    from multigpu.jobs.presets import find_config
-
     source = config or workload.preset
-    data = load_yaml(find_config(source)) if source else {}
+    data = load_yaml(source) if source else {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")

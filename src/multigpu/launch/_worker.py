@@ -6,7 +6,14 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 1. under ``--isolate-devices`` (``MULTIGPU_DEVICE_MAP`` set), set ``CUDA_VISIBLE_DEVICES``,
    ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
    worker's physical GPU, so simulators that read them at import see one GPU;
-2. put the script's folder first on ``sys.path``, as ``python script.py`` does;
+2. take its own folder off ``sys.path`` (its ``agent.py``, ``config.py`` would
+   shadow the user's modules), and import torch with neither that folder nor
+   the working directory on ``sys.path``; then, for a script, put the script's
+   folder first, as ``python script.py`` does; for ``-m module``, put the
+   working directory *last*, not first as ``python -m`` does, so a
+   ``psutil.py`` or ``json.py`` lying there cannot stand in for the installed
+   module (a module or package of the working directory is still found when
+   nothing installed has its name; ``-P``/``PYTHONSAFEPATH`` leaves it out);
 3. arrange that ``SIGUSR1`` and ``SIGTERM`` (what torch's agent sends to the
    surviving workers when one fails) first write every thread's Python stack
    to ``$MULTIGPU_STACKS_DIR/rank<R>.txt``, so the launcher can say where
@@ -39,15 +46,21 @@ def worker_device_env(env, local_rank: int) -> dict[str, str]:
     return {name: value for name in DEVICE_VARIABLES}
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 def _run(argv: list[str]) -> None:
     if argv and argv[0] == "-m":
         module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
+        cwd = os.getcwd()
+        if not getattr(sys.flags, "safe_path", False) and all(os.path.abspath(p or ".") != cwd for p in sys.path):
+            sys.path.append(cwd)  # last: installed modules win over same-named files here
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         script, args = argv[0], argv[1:]
         sys.argv = [script, *args]
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         runpy.run_path(script, run_name="__main__")
 
 
@@ -109,8 +122,8 @@ def _timed(target, wall_file: str | None):
 def main(argv: list[str]) -> None:
     if os.environ.get(DEVICE_MAP_VAR):
         os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
-    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-        sys.path[0] = os.getcwd()  # never let this folder shadow modules named config, agent, ...
+    if sys.path and os.path.abspath(sys.path[0]) == _HERE:
+        del sys.path[0]  # never let this folder shadow modules named config, agent, ...; _run adds the right one
     _register_stack_dumps(os.environ.get("MULTIGPU_STACKS_DIR"), os.environ.get("RANK", "0"))
 
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging as _logging
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -12,6 +13,19 @@ __all__ = ["get_logger", "rank_zero_only", "warn_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _WARNED: set[str] = set()
+
+
+class _StderrHandler(_logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record is emitted, not as it was when the logger was
+    first built (a redirected or captured stderr, as under pytest, otherwise misses the warnings)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 class _RankFilter(_logging.Filter):
@@ -27,7 +41,7 @@ def get_logger(name: str = "multigpu") -> _logging.Logger:
     logger = _logging.getLogger(name)
     if not any(isinstance(f, _RankFilter) for f in logger.filters):
         logger.addFilter(_RankFilter())
-        handler = _logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(_logging.Formatter("%(rank_prefix)s %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(_logging.INFO)

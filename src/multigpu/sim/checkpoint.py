@@ -10,31 +10,60 @@ Layout of one checkpoint (written to ``<name>.tmp`` and renamed once complete)::
 
     checkpoints/step_000050/
         .metadata, __0_0.distcp, ...     # torch.distributed.checkpoint
-        engine.json                      # step, global scalars, aggregates so far, partition
+        engine.json                      # step, global scalars, aggregates so far, partition,
+                                         # and the size and SHA-256 of .metadata
+
+DCP's ``.metadata`` is a pickle, and torch's reader unpickles it with
+``pickle.load``: a crafted one runs code. So nothing here lets torch read it:
+
+* ``engine.json`` records its size and SHA-256; a checkpoint whose ``.metadata``
+  does not match (or that records none) is refused by name before it is opened
+  (``--resume DIR`` in the launcher, which reads bytes only), or skipped with a
+  warning by ``resume=auto``;
+* the ranks read ``.metadata`` themselves with an unpickler that builds only
+  DCP's own metadata classes, ``torch.Size``, dtypes and paths, and refuses any
+  other global (a function call, a class from elsewhere) with one line naming it;
+  torch's reader is handed that result and never unpickles the file itself,
+  nor a rank-local ``__<rank>.metadata``;
+* the tensor files are read by torch with ``weights_only=True``, and byte
+  entries (which torch would load with ``weights_only=False``) are refused.
+
+The checksum shows that a checkpoint is the one a known run wrote; it cannot
+show who wrote a folder someone hands you, since they can write engine.json
+too. Resume a simulation only from a checkpoint from a trusted source.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 
+from multigpu.checkpointing import CorruptCheckpointError, sha256_file
 from multigpu.errors import ConfigError
 from multigpu.monitor import write_json_atomic
 from multigpu.runtime import collectives, group
+from multigpu.runtime.logging import get_logger
 from multigpu.sim import exchange
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.state import AgentState
 
-__all__ = ["latest", "load", "save"]
+__all__ = ["check_checkpoint", "latest", "load", "save"]
 
 _PREFIX = "step_"
+_METADATA = ".metadata"  # DCP's file name
 
 
 def _world() -> tuple[int, int]:
@@ -86,7 +115,9 @@ def save(engine: SimEngine, directory: str | Path) -> Path:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, checkpoint_id=str(tmp))
     if rank == 0:
-        write_json_atomic(tmp / "engine.json", _engine_meta(engine))
+        size, digest = sha256_file(tmp / _METADATA)  # DCP wrote it on rank 0, the coordinator
+        write_json_atomic(tmp / "engine.json", {**_engine_meta(engine),
+                                                "checksums": {_METADATA: {"bytes": size, "sha256": digest}}})
     _barrier()
     if rank == 0:
         shutil.rmtree(directory, ignore_errors=True)
@@ -116,14 +147,139 @@ def _barrier() -> None:
         collectives.barrier()
 
 
+def check_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """``directory``'s engine.json, once its ``.metadata`` has the size and SHA-256 recorded there.
+
+    Reads bytes only (nothing is unpickled), so the launcher can call it. Local; no communication.
+
+    Raises:
+        CorruptCheckpointError: naming the folder and what is wrong (no engine.json, no checksum
+            recorded, .metadata missing, truncated or altered).
+    """
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "engine.json").read_text())
+        entry = meta.get("checksums", {}).get(_METADATA) if isinstance(meta, dict) else None
+    except FileNotFoundError:
+        raise CorruptCheckpointError(directory, "it is not a checkpoint folder (no engine.json)") from None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CorruptCheckpointError(directory, f"its engine.json cannot be read ({type(exc).__name__})") from None
+    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+        raise CorruptCheckpointError(directory, f"its engine.json records no SHA-256 of {_METADATA}, so {_METADATA} "
+                                                "(a pickle) cannot be verified and is not loaded")
+    path = directory / _METADATA
+    if not path.is_file():
+        raise CorruptCheckpointError(directory, f"it has no {_METADATA}")
+    size, digest = sha256_file(path)
+    if (size, digest) != (entry["bytes"], entry["sha256"]):
+        raise CorruptCheckpointError(directory, f"{_METADATA} does not match engine.json ({size:,} bytes, SHA-256 "
+                                                f"{digest[:16]}… on disk; {entry['bytes']:,} bytes, "
+                                                f"{entry['sha256'][:16]}… written): it was altered or damaged")
+    return meta
+
+
+# What a DCP .metadata of agent tensors is built from; any other global is refused.
+_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+                 "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # maps a name such as "torch.strided" to the layout
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),  # StorageMeta.checkpoint_id
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """``pickle`` restricted to :data:`_METADATA_CLASSES` and torch dtypes (the Python docs' "restricting
+    globals"), and BUILD to instances of those classes, so that a crafted file can neither call a function
+    nor change a class."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+
+    def _load_build(self) -> None:
+        inst = self.stack[-2]  # under the state, which BUILD pops
+        if isinstance(inst, type) or (type(inst).__module__, type(inst).__qualname__) not in _METADATA_CLASSES:
+            raise pickle.UnpicklingError(f"setting the state of {type(inst).__qualname__} is not allowed")
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = _load_build
+
+
+def _read_metadata(directory: Path) -> dcp_metadata.Metadata:
+    """``.metadata`` through :class:`_MetadataUnpickler`, checked to describe only tensors in this folder."""
+    data = (directory / _METADATA).read_bytes()
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # noqa: BLE001 - a refused global, or a file that is not a pickle at all
+        raise CorruptCheckpointError(directory, f"{_METADATA} is not DCP metadata of tensors ({exc}); "
+                                                "it was not loaded and nothing in it ran") from None
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise CorruptCheckpointError(directory, f"{_METADATA} holds a {type(metadata).__name__}, not DCP metadata")
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not isinstance(md, dcp_metadata.TensorStorageMetadata):
+            raise CorruptCheckpointError(directory, f"{_METADATA} describes {fqn!r} as {type(md).__name__}; "
+                                                    "a simulation checkpoint holds tensors only")
+    names = {p.name for p in directory.iterdir()}
+    for info in (metadata.storage_data or {}).values():
+        relative = getattr(info, "relative_path", None)
+        if not isinstance(relative, str) or relative not in names:  # a plain file of this folder, no ../
+            raise CorruptCheckpointError(directory, f"{_METADATA} points at {relative!r}, not a file of the checkpoint")
+    return metadata
+
+
+class _VerifiedReader(FileSystemReader):
+    """torch's file reader, handed the metadata :func:`_read_metadata` built: it never unpickles .metadata.
+
+    ``read_metadata`` takes no ``rank`` keyword, so DCP does not fall back to a rank-local
+    ``__<rank>.metadata`` either.
+    """
+
+    def __init__(self, directory: Path, metadata: dcp_metadata.Metadata):
+        super().__init__(directory)
+        self._metadata = metadata
+
+    def read_metadata(self) -> dcp_metadata.Metadata:
+        if getattr(self._metadata, "storage_meta", None) is None:
+            self._metadata.storage_meta = dcp_metadata.StorageMeta()
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
+
+
+class _TensorsOnlyPlanner(DefaultLoadPlanner):
+    """DCP's planner, minus byte entries: torch loads those with ``weights_only=False``."""
+
+    def __init__(self, directory: Path):
+        super().__init__()
+        self._directory = directory
+
+    def load_bytes(self, read_item, value) -> None:
+        raise CorruptCheckpointError(self._directory, f"it holds a pickled entry {read_item.dest_index.fqn!r}; "
+                                                      "only tensors are loaded")
+
+
 def load(engine: SimEngine, directory: str | Path) -> None:
     """Fill an engine created with ``populate=False`` from ``directory``. Call on all ranks.
 
+    ``.metadata`` is verified against engine.json's checksum and read by a restricted unpickler
+    before torch sees the folder (see the module docstring).
+
     Raises:
+        CorruptCheckpointError: the checkpoint fails its checksum, or holds more than tensors.
         ConfigError: the checkpoint was written by a different model, seed, grid, agent count or parameters.
     """
     directory = Path(directory)
-    meta = json.loads((directory / "engine.json").read_text())
+    meta = check_checkpoint(directory)
+    metadata = _read_metadata(directory)
     _check_compatible(engine, meta, directory)
     rank, world = _world()
     n = engine.num_agents
@@ -132,7 +288,7 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     state = {f"agents.{k}": _wrap(v, n) for k, v in locals_.items()}
     with warnings.catch_warnings():  # one process: DCP warns that it "assumes the intent" to load locally
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(directory))
+        dcp.load(state, storage_reader=_VerifiedReader(directory, metadata), planner=_TensorsOnlyPlanner(directory))
     loaded = {k: (state[f"agents.{k}"].to_local() if world > 1 else state[f"agents.{k}"]) for k in locals_}
     engine.state.append(loaded)
     if engine.spatial:
@@ -157,12 +313,24 @@ def _check_compatible(engine: SimEngine, meta: dict, directory: Path) -> None:
 
 
 def latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` (``step_*`` folders holding engine.json), or None."""
+    """The newest complete, verified checkpoint under ``root`` (``step_*`` folders), or None.
+
+    A folder without engine.json (a save in progress) is passed over silently; one whose
+    ``.metadata`` fails :func:`check_checkpoint` is skipped with a warning on rank 0.
+    """
     root = Path(root)
     if not root.is_dir():
         return None
-    done = [p for p in root.glob(f"{_PREFIX}*") if p.is_dir() and (p / "engine.json").is_file()]
-    return max(done, key=lambda p: int(p.name[len(_PREFIX):]), default=None)
+    done = [p for p in root.glob(f"{_PREFIX}*")
+            if p.is_dir() and p.name[len(_PREFIX):].isdigit() and (p / "engine.json").is_file()]
+    for path in sorted(done, key=lambda p: int(p.name[len(_PREFIX):]), reverse=True):
+        try:
+            check_checkpoint(path)
+            return path
+        except CorruptCheckpointError as exc:
+            if _world()[0] == 0:
+                get_logger().warning(f"skipping {exc}")
+    return None
 
 
 def path_for(root: str | Path, step: int) -> Path:

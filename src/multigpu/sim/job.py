@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 from multigpu.argtypes import non_negative_int, positive_int
 from multigpu.errors import ConfigError
@@ -26,9 +25,15 @@ __all__ = ["WORKLOAD", "check", "main"]
 
 def check(cfg: SimConfig, plan: JobPlan) -> None:
     resume = plan.run.resume
-    if resume not in (None, "auto") and not (Path(resume) / "engine.json").is_file():
-        raise ConfigError(f"--resume {resume!r} is not a checkpoint folder (no engine.json); "
-                          "use --resume auto or a checkpoints/step_* folder")
+    if resume not in (None, "auto"):
+        from multigpu.checkpointing import CorruptCheckpointError
+        from multigpu.sim.checkpoint import check_checkpoint
+
+        try:  # size and SHA-256 of .metadata only: the launcher unpickles nothing
+            check_checkpoint(resume)
+        except CorruptCheckpointError as exc:
+            raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
+                              "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
 
 

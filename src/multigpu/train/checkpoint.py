@@ -17,11 +17,22 @@ fsync, rename, fsync of the folder, SHA-256 and size in ``manifest.json``.
   is wrong (truncated, checksum mismatch, does not load).
 * ``resume=<path>`` must be valid itself: a damaged file is an error that says
   what is wrong (no silent fallback from a file the user chose).
+
+Loading runs no code from the file. A checkpoint is loaded only if its folder's
+``manifest.json`` records its size and SHA-256 and the file matches them (a
+file the manifest does not list is never loaded), and then with
+``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples and
+dicts, nothing else. What is saved is made of those alone (the NumPy random
+state is stored as a tensor). A file holding anything else (a pickled
+function call, a custom class in a user's optimizer or scheduler state) is
+refused with one line naming the file and the object.
 """
 
 from __future__ import annotations
 
+import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +60,17 @@ _REQUIRED = ("step", "model", "optimizer", "rng")
 
 
 def capture_rng() -> dict[str, Any]:
-    """This process's random state: Python, NumPy, torch CPU and (if present) CUDA."""
+    """This process's random state: Python, NumPy, torch CPU and (if present) CUDA.
+
+    Only tensors and plain values, so that ``torch.load(weights_only=True)`` reads it
+    back: NumPy's MT19937 key array is stored as an int64 tensor.
+    """
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
     except ImportError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -69,16 +85,56 @@ def restore_rng(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        if isinstance(keys, torch.Tensor):  # older checkpoints hold NumPy's own ndarray here, used as it is
+            keys = keys.numpy()
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _legacy_numpy_globals() -> list:
+    """What a NumPy RNG state needs under weights_only: checkpoints written before it was stored as a tensor.
+
+    Allowed for the duration of one load only (never process-wide): an ndarray of plain numbers.
+    """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any failure to unpickle means the file is unusable
-        raise CorruptCheckpointError(path, f"it does not load ({type(exc).__name__}: {exc})") from None
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core  # numpy 2 moved numpy.core to numpy._core
+    return [np.ndarray, np.dtype, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _refused(exc: pickle.UnpicklingError) -> str:
+    """One line for what torch's weights-only unpickler refused (its own message is a page long)."""
+    text = str(exc)
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"unrecognized function (\S+)", text)
+    if found:
+        return (f"it refers to {found[1]}, which is not a tensor or plain value; checkpoints are loaded with "
+                "weights_only=True, so it was not loaded and nothing in it ran")
+    detail = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    return f"it does not load with weights_only=True ({detail[1].strip() if detail else _first_line(exc)})"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``: tensors and plain values only, nothing in the file runs."""
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5; scoped to this one load
+    try:
+        if allow is not None:
+            with allow(_legacy_numpy_globals()):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CorruptCheckpointError(path, _refused(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - any other failure to read it means the file is unusable
+        raise CorruptCheckpointError(path, f"it does not load ({_first_line(exc)})") from None
     if not isinstance(state, dict) or any(k not in state for k in _REQUIRED):
         raise CorruptCheckpointError(path, f"it is not a multigpu checkpoint (it lacks {', '.join(_REQUIRED)})")
     return state
@@ -91,19 +147,13 @@ def _folder(directory: str | Path, keep_last: int = 3) -> CheckpointFolder:
 def check_checkpoint(path: str | Path) -> None:
     """Raise :class:`CorruptCheckpointError` (naming the file and what is wrong) unless ``path`` is usable.
 
-    A file its folder's manifest lists must match the recorded size and SHA-256
-    (it was written by us, so it is not loaded here); one it does not list (or
-    with no manifest at all) must at least load. Local; no communication.
+    Its folder's manifest must list it, and it must have the recorded size and
+    SHA-256. Only its bytes are read: it is not unpickled (the launcher calls
+    this). A file the manifest does not list, or one with no manifest beside it,
+    is refused. Local; no communication.
     """
     path = Path(path)
-    folder = _folder(path.parent)
-    entry = folder.manifest().get(path.name)
-    if entry is not None or not path.is_file():
-        folder.verify(path, entry)
-        return
-    if folder.manifest_path.is_file():
-        mg.get_logger().warning(f"{path} is not listed in {folder.manifest_path}: no checksum to verify it by")
-    _load(path)
+    _folder(path.parent).verify(path)
 
 
 def find_latest(directory: str | Path) -> Path | None:

@@ -12,8 +12,11 @@
 ``multigpu verify --nproc 1,2,3 script.py`` gives each run a verify folder in its
 run context (:mod:`multigpu.runtime.context`); without one ``record`` does
 nothing, so the script runs unchanged.
-Each result is saved as ``<name>.pt`` through a temporary file and a rename.
-:mod:`multigpu.verify.compare` (pure) compares the saved results.
+Each result is saved as ``<name>.pt`` through a temporary file and a rename,
+and read back with ``torch.load(weights_only=True)``: a result is made of
+tensors, numbers, strings, lists, tuples and dicts, so reading a folder of
+results runs no code from it. :mod:`multigpu.verify.compare` (pure) compares
+the saved results.
 """
 
 from __future__ import annotations
@@ -42,6 +45,28 @@ def _as_saved(value: Any) -> Any:
         return value  # strings, dicts: compared with ==
 
 
+_PLAIN = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _check_plain(name: str, value: Any) -> None:
+    """Refuse what ``load_results`` could not read back with weights_only (a custom object, say)."""
+    import torch
+
+    if isinstance(value, (torch.Tensor, *_PLAIN)):
+        return
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _check_plain(name, item)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(name, key)
+            _check_plain(name, item)
+        return
+    raise ValueError(f"verify.record({name!r}) got a {type(value).__name__}; record tensors, numbers, arrays, "
+                     "strings, or lists and dicts of them")
+
+
 def record(name: str, value: Any, *, gather: bool = False) -> None:
     """Save a named result for ``multigpu verify``; rank 0 writes it.
 
@@ -53,7 +78,7 @@ def record(name: str, value: Any, *, gather: bool = False) -> None:
             order first. Then this is a collective: call it on all ranks.
 
     Raises:
-        ValueError: a bad or repeated name.
+        ValueError: a bad or repeated name, or a value that is not made of tensors and plain values.
     """
     from multigpu.runtime import collectives, context, group
 
@@ -69,12 +94,29 @@ def record(name: str, value: Any, *, gather: bool = False) -> None:
         return
     import torch
 
+    saved = _as_saved(value)
+    _check_plain(name, saved)
     with atomic_path(Path(out_dir) / f"{name}.pt") as tmp:
-        torch.save(_as_saved(value), tmp)
+        torch.save(saved, tmp)
 
 
 def load_results(folder: str | Path) -> dict[str, Any]:
-    """Every ``<name>.pt`` that ``record`` wrote into ``folder``."""
+    """Every ``<name>.pt`` that ``record`` wrote into ``folder``, read with ``weights_only=True``.
+
+    Raises:
+        MultigpuError: one line naming a file that holds anything but tensors and plain values.
+    """
+    import pickle
+
     import torch
 
-    return {p.stem: torch.load(p, weights_only=False) for p in sorted(Path(folder).glob("*.pt"))}
+    from multigpu.errors import MultigpuError
+
+    results = {}
+    for path in sorted(Path(folder).glob("*.pt")):
+        try:
+            results[path.stem] = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise MultigpuError(f"verify result {path} holds something other than tensors and plain values; "
+                                "it was not loaded (results are read with weights_only=True)") from None
+    return results

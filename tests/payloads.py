@@ -1,0 +1,63 @@
+"""Crafted pickles for the untrusted-file tests (issue 16): their payload creates a marker file, nothing else.
+
+The payload is a standard-library call (``pathlib.Path.touch``), so it runs in
+any process that unpickles it with plain ``pickle``, as ``torch.load(...,
+weights_only=False)`` and DCP's ``.metadata`` reader do: a test that finds no
+marker has shown that nothing unpickled the file, not merely that an import
+failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from pathlib import Path
+
+import torch
+
+
+class TouchOnLoad:
+    """Unpickling this calls ``Path(marker).touch()``: proof that a load ran code from the file."""
+
+    def __init__(self, marker: str | Path):
+        self.marker = Path(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def evil_checkpoint(path: Path, marker: Path) -> Path:
+    """A ``torch.save`` file shaped like a training checkpoint, with the payload inside."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"step": 1, "model": {"w": TouchOnLoad(marker)}, "optimizer": {}, "rng": []}, path)
+    return path
+
+
+def list_in_manifest(path: Path) -> None:
+    """Forge ``manifest.json`` beside ``path`` so that it lists ``path`` with its true size and SHA-256."""
+    manifest = path.parent / "manifest.json"
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {"format": 1, "checkpoints": []}
+    body = path.read_bytes()
+    data["checkpoints"].append({"file": path.name, "step": 99999999, "bytes": len(body),
+                                "sha256": hashlib.sha256(body).hexdigest(), "time": ""})
+    manifest.write_text(json.dumps(data))
+
+
+def evil_sim_checkpoint(directory: Path, marker: Path, *, checksum: str = "forged") -> Path:
+    """A simulation checkpoint folder whose DCP ``.metadata`` is the payload.
+
+    ``checksum``: "forged" records the evil file's true SHA-256 in engine.json (someone who wrote
+    the whole folder), "stale" keeps a different one (a known run's .metadata replaced), "none"
+    records none (a folder from before checksums, or hand-made).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    body = pickle.dumps(TouchOnLoad(marker))
+    (directory / ".metadata").write_bytes(body)
+    meta = {"step": 4, "num_agents": 1000, "model": "sir", "seed": 0, "grid": [64, 64], "params": {},
+            "env": {}, "history": {}, "rebalances": [], "world_size": 1}
+    if checksum != "none":
+        digest = hashlib.sha256(body if checksum == "forged" else b"what was written").hexdigest()
+        meta["checksums"] = {".metadata": {"bytes": len(body), "sha256": digest}}
+    (directory / "engine.json").write_text(json.dumps(meta))
+    return directory
