@@ -19,18 +19,17 @@ import torch.nn.functional as F
 
 from multigpu.jobs.command import load_workload_config
 from multigpu.jobs.registry import builtin
-from multigpu.train.data import VOCAB, CharDataset, load_text
-from multigpu.train.model import GPT
+from multigpu.train.job import _context
 from multigpu.train.optim import make_optimizer, make_scheduler
 
 WARMUP = 2
 
 
 def build(cfg):
-    text = load_text(cfg.data, min_chars=cfg.model.block_size + 1)
-    data = CharDataset(text.train, cfg.model.block_size)
+    """The same data and model `multigpu train` builds from the config's factories."""
+    data, _ = cfg.data.build("data.factory", _context(cfg))
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model, len(VOCAB))
+    model = cfg.model.build("model.factory", _context(cfg, data.vocab_size))
     optimizer = make_optimizer(model, cfg)
     return data, model, optimizer, make_scheduler(optimizer, cfg)
 
@@ -124,7 +123,7 @@ def timed(step, steps, rank, world_size, cfg):
         step()
         times.append(time.perf_counter() - start)
         first_step_at = first_step_at or time.time()
-    tokens = cfg.batch_size * cfg.model.block_size * world_size * (steps - WARMUP)
+    tokens = cfg.batch_size * cfg.block_size * world_size * (steps - WARMUP)
     return rank, {"throughput": tokens / sum(times[WARMUP:]), "first_step_at": first_step_at,
                   "world_size": world_size, "steps": steps}
 

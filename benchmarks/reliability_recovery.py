@@ -39,7 +39,7 @@ from pathlib import Path
 STEP = re.compile(r"\bstep (\d+)/\d+ \| loss")
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ["batch_size=8", "eval_every=0", "eval_batches=1", "log_every=1", "checkpoint_every=5", "prefetch=0",
-          "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=64", "data.max_chars=200000",
+          "model.kwargs.n_layer=2", "model.kwargs.n_head=2", "model.kwargs.n_embd=64", "block_size=64", "data.kwargs.max_chars=200000",
           "sample_chars=10"]
 
 

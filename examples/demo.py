@@ -49,7 +49,7 @@ PARTS: list[tuple[str, str, list[str]]] = [
       "--strategy", "spatial", "--run-dir", str(RUN_DIR / "sim")]),
     ("train", "a short nano-GPT training on the stdlib's source: falling validation loss, then sample text",
      ["train", "-f", "nano", *device_flags(), "--run-dir", str(RUN_DIR / "train"),
-      "steps=30", "eval_every=10", "log_every=10", "model.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),
+      "steps=30", "eval_every=10", "log_every=10", "model.kwargs.n_embd=128", "checkpoint_every=0", "sample_chars=200"]),
     ("infer", "denoise a noisy sample photo in overlapping windows, each window on one rank, stitched on rank 0",
      ["infer", *device_flags(), "--model", "multigpu.infer.models:denoiser",
       "--run-dir", str(RUN_DIR / "infer"), "--roi", "128", "--overlap", "0.25", "--batch-size", "4", "--blend", "gaussian"]),

@@ -10,12 +10,14 @@ only modules you trust.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["call_factory", "import_object"]
+__all__ = ["Factory", "call_factory", "import_object"]
 
 
 def import_object(spec: str, *, what: str = "factory", callable_only: bool = False) -> Any:
@@ -53,3 +55,54 @@ def call_factory(spec: str, kwargs: Mapping[str, Any] | None = None, *, what: st
     except Exception as exc:  # noqa: BLE001 - the user's factory can fail in any way
         name = spec.partition(":")[2]
         raise ConfigError(f"{what} {spec!r}: calling {name}() failed: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Factory:
+    """A config section naming a factory and its arguments: ``{factory: pkg.module:name, kwargs: {...}}``.
+
+    ``context`` values (e.g. ``block_size``, ``vocab_size``) are passed to a factory whose signature
+    names them, unless ``kwargs`` does. A factory may carry a ``check(**kwargs)`` attribute, a cheap
+    validation the launcher runs before anything starts (the built-in ones do).
+    """
+
+    factory: str
+    """``package.module:name`` of a callable."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for it."""
+
+    def _arguments(self, target: Any, context: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: kwargs only
+            return dict(self.kwargs)
+        given = {k: v for k, v in context.items() if k in params and k not in self.kwargs and v is not None}
+        return {**given, **self.kwargs}
+
+    def check(self, what: str, context: Mapping[str, Any] | None = None) -> None:
+        """In the launcher: the factory imports, takes these keyword arguments, and passes its own ``check``."""
+        target = import_object(self.factory, what=what, callable_only=True)
+        args = self._arguments(target, context or {})
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):
+            signature = None
+        if signature is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            unknown = sorted(set(self.kwargs) - set(signature.parameters))
+            if unknown:
+                valid = ", ".join(n for n, p in signature.parameters.items() if p.kind is not p.VAR_POSITIONAL)
+                raise ConfigError(f"{what} {self.factory!r} takes no argument {', '.join(map(repr, unknown))} "
+                                  f"(from {what.rsplit('.', 1)[0]}.kwargs); valid: {valid or 'none'}")
+        check = getattr(target, "check", None)
+        if callable(check):
+            check(**args)
+
+    def build(self, what: str, context: Mapping[str, Any] | None = None) -> Any:
+        """In a rank: call the factory with its arguments (and the context values it asks for)."""
+        target = import_object(self.factory, what=what, callable_only=True)
+        try:
+            return target(**self._arguments(target, context or {}))
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's factory can fail in any way
+            raise ConfigError(f"{what} {self.factory!r}: calling it failed: {type(exc).__name__}: {exc}") from None

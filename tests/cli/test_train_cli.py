@@ -10,19 +10,19 @@ from multigpu.cli import main
 from tests.conftest import run_cli
 
 TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=2", "checkpoint_every=2",
-        "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "data.max_chars=60000",
+        "model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd=32", "block_size=32", "data.kwargs.max_chars=60000",
         "sample_chars=40"]
 
 
 @pytest.mark.parametrize(("argv", "gpus", "expected"), [
     (["stepz=3"], 0, "unknown config key 'stepz'. Did you mean 'steps'?"),
     (["--dtype", "fp64"], 0, "argument --dtype: invalid choice: 'fp64'"),
-    (["model.n_head=5"], 0, "model.n_embd=192 must be divisible by model.n_head=5"),
+    (["model.kwargs.n_head=5"], 0, "model.kwargs.n_embd=192 must be divisible by model.kwargs.n_head=5"),
     (["--nproc-per-node", "2", "global_batch_size=3"], 0,
      "global_batch_size=3 is not divisible by world_size × grad_accum = 2 × 1 = 2"),
     (["--nproc-per-node", "2", "--grad-accum", "3", "grad_accum_scope=global"], 0,
      "grad_accum=3 is the job's total (grad_accum_scope=global) but is not divisible by world_size=2"),
-    (["data.path=/no/such/folder"], 0, "data.path '/no/such/folder' does not exist"),
+    (["data.kwargs.path=/no/such/folder"], 0, "data.kwargs.path '/no/such/folder' does not exist"),
     (["--resume", "/no/such/ckpt.pt"], 0, "--resume /no/such/ckpt.pt: no such file"),
     (["--sync-backend", "nccl"], 0, "--sync-backend nccl needs GPUs, but this job runs on CPU ranks"),
     (["--precision", "bf16"], 1, "bf16 is not supported on this job's CUDA ranks"),

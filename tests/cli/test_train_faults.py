@@ -30,8 +30,8 @@ from tests.conftest import ROOT, fault_callback, run_cli
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["batch_size=4", "eval_every=0", "eval_batches=1", "log_every=4", "model.n_layer=1", "model.n_head=2",
-        "model.n_embd=32", "model.block_size=32", "data.max_chars=60000", "sample_chars=10", "prefetch=0"]
+TINY = ["batch_size=4", "eval_every=0", "eval_batches=1", "log_every=4", "model.kwargs.n_layer=1", "model.kwargs.n_head=2",
+        "model.kwargs.n_embd=32", "block_size=32", "data.kwargs.max_chars=60000", "sample_chars=10", "prefetch=0"]
 STEPS = 16
 
 

@@ -68,8 +68,8 @@ def test_the_wheel_runs_each_workload_and_bench_and_verify(installed):
     runs = work / "runs"
     cases = {
         "train": ["train", "-f", "nano", "--nproc-per-node", "2", "steps=2", "batch_size=2", "eval_every=0",
-                  "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16",
-                  "data.max_chars=20000", "sample_chars=8", "checkpoint_every=0"],
+                  "model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2", "block_size=16",
+                  "data.kwargs.max_chars=20000", "sample_chars=8", "checkpoint_every=0"],
         "sim": ["sim", "-f", "sir", "--agents", "5000", "--steps", "3", "grid=[20,20]", "plot=false"],
         "infer": ["infer", "--roi", "128", "--batch-size", "8"],
         "rl": ["rl", "-f", "ppo-cartpole", "num_envs=16", "num_steps=8", "total_env_steps=256", "target_return=null"],

@@ -28,7 +28,7 @@ from multigpu import checkpointing
 from multigpu.checkpointing import CheckpointWriteError
 from multigpu.errors import ConfigError
 from multigpu.testing import run_on_ranks
-from multigpu.train import ModelConfig, NanoConfig, Trainer, make_optimizer
+from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer
 from multigpu.train.checkpoint import find_latest
 from multigpu.train.data import VOCAB, CharDataset
 from multigpu.train.model import GPT
@@ -36,8 +36,8 @@ from multigpu.train.model import GPT
 pytestmark = pytest.mark.dist
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)
-BASE = NanoConfig(steps=9, batch_size=4, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0, checkpoint_every=0,
-                   prefetch=0, model=TINY)
+BASE = TrainConfig(steps=9, batch_size=4, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0, checkpoint_every=0,
+                   prefetch=0)
 
 
 def _own_data(num_samples: int, seed: int) -> CharDataset:
@@ -47,9 +47,9 @@ def _own_data(num_samples: int, seed: int) -> CharDataset:
     return CharDataset(tokens, TINY.block_size)
 
 
-def _trainer(cfg: NanoConfig, data, run_dir, **kwargs) -> tuple[Trainer, GPT]:
+def _trainer(cfg: TrainConfig, data, run_dir, **kwargs) -> tuple[Trainer, GPT]:
     torch.manual_seed(0)
-    model = GPT(cfg.model, len(VOCAB))
+    model = GPT(TINY, len(VOCAB))
     return Trainer(model, make_optimizer(model, cfg), data, config=cfg, run_dir=run_dir, **kwargs), model
 
 

@@ -16,15 +16,15 @@ import torch
 
 import multigpu as mg
 from multigpu.testing import run_on_ranks
-from multigpu.train import ModelConfig, NanoConfig, Trainer, make_optimizer, make_scheduler
+from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer, make_scheduler
 from multigpu.train.data import VOCAB, CharDataset
 from multigpu.train.model import GPT
 
 pytestmark = pytest.mark.dist
 
 TINY = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)
-BASE = NanoConfig(steps=4, global_batch_size=8, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0,
-                   checkpoint_every=0, prefetch=0, model=TINY)
+BASE = TrainConfig(steps=4, global_batch_size=8, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0,
+                   checkpoint_every=0, prefetch=0)
 
 
 def _tokens() -> torch.Tensor:
@@ -32,12 +32,12 @@ def _tokens() -> torch.Tensor:
     return torch.randint(0, len(VOCAB), (16 * 64 + 1,), generator=gen, dtype=torch.uint8)
 
 
-def _train(cfg: NanoConfig, run_dir=None, resume=None) -> dict[str, torch.Tensor]:
+def _train(cfg: TrainConfig, run_dir=None, resume=None, shape: ModelConfig = TINY) -> dict[str, torch.Tensor]:
     """Train the tiny GPT with ``cfg`` on every rank of the current job; return rank-local parameters."""
     torch.manual_seed(0)  # identical initial weights on every rank
-    model = GPT(cfg.model, len(VOCAB))
+    model = GPT(shape, len(VOCAB))
     optimizer = make_optimizer(model, cfg)
-    data = CharDataset(_tokens(), cfg.model.block_size)
+    data = CharDataset(_tokens(), shape.block_size)
     trainer = Trainer(model, optimizer, data, config=cfg, val_data=data, scheduler=make_scheduler(optimizer, cfg),
                       run_dir=run_dir, resume=resume)
     torch.manual_seed(100 + mg.rank())  # dropout masks differ per rank, so each rank's RNG must be restored
@@ -116,10 +116,11 @@ def test_every_sync_backend_averages_across_ranks():
 
 def _stop_and_resume(tmp: str) -> dict[str, object]:
     cfg = dataclasses.replace(BASE, steps=6, lr_decay_steps=6, eval_every=3, checkpoint_every=3, keep_last=5,
-                              prefetch=2, model=dataclasses.replace(TINY, dropout=0.2))
-    whole = _train(cfg, run_dir=f"{tmp}/whole")
-    _train(dataclasses.replace(cfg, steps=3), run_dir=f"{tmp}/parts")      # stops after step 3
-    resumed = _train(cfg, run_dir=f"{tmp}/parts", resume="auto")  # continues to 6
+                              prefetch=2)
+    shape = dataclasses.replace(TINY, dropout=0.2)
+    whole = _train(cfg, run_dir=f"{tmp}/whole", shape=shape)
+    _train(dataclasses.replace(cfg, steps=3), run_dir=f"{tmp}/parts", shape=shape)      # stops after step 3
+    resumed = _train(cfg, run_dir=f"{tmp}/parts", resume="auto", shape=shape)  # continues to 6
     return {"same": all(torch.equal(whole[k], resumed[k]) for k in whole),
             "trained": not torch.equal(whole["tok.weight"], GPT(TINY, len(VOCAB)).tok.weight)}
 

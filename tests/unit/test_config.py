@@ -150,7 +150,7 @@ def test_launcher_settings_in_a_workload_config_are_named_as_flags(key, flag):
     from multigpu.train import TrainConfig
 
     assert _unknown_key_message(TrainConfig, key).startswith(
-        f"unknown config key '{key}'; that is a launcher flag: {flag}. Valid keys here: batch_size, ")
+        f"unknown config key '{key}'; that is a launcher flag: {flag}. Valid keys here: activation_checkpointing, ")
     assert f"'sim.{key}'; that is a launcher flag: {flag}. Valid keys here: agents, " in _unknown_key_message(
         SimConfig, key, "sim")
 

@@ -8,10 +8,11 @@ import torch
 import multigpu as mg
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError, DeviceError
+from multigpu.factory import Factory
 from multigpu.train import CheckpointManager, TrainConfig, find_latest
 from multigpu.train.config import lr_scale_factor, per_rank_accum
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, load_text
-from multigpu.train.nano import DataConfig, NanoConfig
+from multigpu.train.nano import DataConfig
 from multigpu.train.optim import lr_at
 from multigpu.train.precision import PrecisionSupport, check_precision
 from multigpu.train.sync import CommTimer
@@ -44,8 +45,14 @@ def test_config_rejects_bad_values_with_the_key():
         from_dict(TrainConfig, {"stepz": 3})
     with pytest.raises(ConfigError, match="'dtype' got 'fp64'; valid choices: 'fp32', 'bf16', 'fp16'"):
         from_dict(TrainConfig, {"dtype": "fp64"})
-    with pytest.raises(ConfigError, match="model.n_embd=30 must be divisible by model.n_head=4"):
-        from_dict(NanoConfig, {"model": {"n_embd": 30, "n_head": 4}})
+    gpt = Factory(factory="multigpu.train.nano:gpt", kwargs={"n_embd": 30, "n_head": 4})
+    with pytest.raises(ConfigError, match="model.kwargs.n_embd=30 must be divisible by model.kwargs.n_head=4"):
+        gpt.check("model.factory", {"block_size": 16})
+    with pytest.raises(ConfigError, match=r"'multigpu.train.nano:gpt' takes no argument 'n_layers' \(from "
+                                          r"model.kwargs\); valid: block_size, vocab_size, n_layer"):
+        Factory(factory="multigpu.train.nano:gpt", kwargs={"n_layers": 2}).check("model.factory")
+    with pytest.raises(ConfigError, match="module 'nowhere' does not import"):
+        Factory(factory="nowhere:net").check("model.factory")
 
 
 def test_precision_rules_on_injected_device_facts():

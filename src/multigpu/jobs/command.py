@@ -3,8 +3,8 @@
     multigpu <workload> [-f FILE|PRESET] [key=value ...] [--set key=value] [--run-dir DIR]
                         [--resume auto|PATH] [workload flags] [launcher flags]
 
-1. the config: the file (or the workload's preset), then the overrides, then the
-   workload's shortcut flags (``--agents N``), into the frozen config class;
+1. the config: the file (or the workload's preset), then the workload's shortcut
+   flags (``--agents N``), then the ``key=value`` overrides, into the frozen config class;
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
    before a folder exists or a process starts;
@@ -101,17 +101,39 @@ def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
 
 def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
                          flags: dict[str, Any] | None = None) -> Any:
-    """The workload's config from a file or preset, ``key=value`` overrides, then flag values (later wins)."""
+    """The workload's config: the file (or preset), then the flag values, then ``key=value`` overrides.
+
+    Naming another factory (``--model pkg.mod:fn`` or ``model.factory=...``) drops the ``kwargs`` the file
+    gave the one it replaces: they belonged to that factory. Overrides of ``model.kwargs.*`` still apply.
+    """
     source = config or workload.preset
     data = load_yaml(source) if source else {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
-    data = apply_overrides(data, overrides)
     for key, value in (flags or {}).items():
         if value is not None:
-            _set_key(data, key, list(value) if isinstance(value, tuple) else value)
+            _set_factory_or_key(data, key, list(value) if isinstance(value, tuple) else value)
+    factories = [o for o in overrides if o.partition("=")[0].strip().endswith(".factory")]
+    for item in factories:
+        key, _, value = item.partition("=")
+        _set_factory_or_key(data, key.strip(), value.strip())
+    data = apply_overrides(data, [o for o in overrides if o not in factories])
     return from_dict(workload.config, data, prefix=workload.prefix)
+
+
+def _set_factory_or_key(data: dict[str, Any], key: str, value: Any) -> None:
+    section, _, leaf = key.rpartition(".")
+    if leaf == "factory" and section:
+        node = data
+        for part in section.split("."):
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        if node.get("factory") != value:
+            node.pop("kwargs", None)
+    _set_key(data, key, value)
 
 
 def _flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:

@@ -33,11 +33,12 @@ chose, ``--profile``, the sampling interval). ``close()`` stops both.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,13 @@ class _Progress:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+@dataclasses.dataclass
+class StepCount:
+    """The items of the step in progress (``StepMeter.step`` yields it)."""
+
+    items: int = 0
 
 
 class StepMeter:
@@ -138,12 +146,15 @@ class StepMeter:
         self._extra_comm += seconds
 
     @contextlib.contextmanager
-    def step(self, items: int) -> Iterator[None]:
-        """Time one step that processes ``items`` items on this rank."""
+    def step(self, items: int = 0) -> Iterator[StepCount]:
+        """Time one step that processes ``items`` items on this rank. When the count is known only
+        inside the step, set it on what the block receives: ``with meter.step() as s: ...; s.items = n``."""
         comm_before = collectives.collective_seconds()
         self._extra_comm = 0.0
+        count = StepCount(items)
         start = time.perf_counter()
-        yield
+        yield count
+        items = count.items
         wall = time.perf_counter() - start
         comm = collectives.collective_seconds() - comm_before + self._extra_comm
         self.steps += 1
@@ -224,14 +235,17 @@ class StepMeter:
             "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
         }
 
-    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Stop the bar, reduce, and have rank 0 write ``summary.json`` (with ``extra``). Call on all ranks."""
+    def close(self, extra: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Stop the bar, reduce, and have rank 0 write ``summary.json`` (with ``extra``, or what ``extra(summary)``
+        returns: figures derived from the reduced ones). Call on all ranks."""
         self._progress.stop()
         if self._profiler is not None:
             self._profiler.stop()
         if self._sampler is not None:
             self._sampler.stop()
         result = self.summary()
+        if callable(extra):
+            extra = extra(result)
         if extra:
             result.update(extra)
         if group.rank() == 0 and self.run_dir is not None:

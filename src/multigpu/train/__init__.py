@@ -8,13 +8,13 @@
     trainer.fit()
     trainer.close()
 
-``multigpu train -f nano`` runs the built-in character-level GPT
-(``multigpu.train.worker``) through the launcher.
+``multigpu train`` runs the built-in character-level GPT, or your model and
+data (factories), through the launcher: see :mod:`multigpu.train.job`.
 """
 
 from multigpu.train.checkpoint import CheckpointManager, find_latest
 from multigpu.train.config import TrainConfig
-from multigpu.train.nano import DataConfig, ModelConfig, NanoConfig
+from multigpu.train.nano import DataConfig, ModelConfig
 from multigpu.train.optim import make_optimizer, make_scheduler
 from multigpu.train.trainer import Trainer, default_loss
 
@@ -22,7 +22,6 @@ __all__ = [
     "CheckpointManager",
     "DataConfig",
     "ModelConfig",
-    "NanoConfig",
     "TrainConfig",
     "Trainer",
     "default_loss",

@@ -75,6 +75,14 @@ class TrainConfig:
     sync_backend: SyncBackend = "auto"
     """Gradient all-reduce: auto (the process group's: nccl on GPUs, gloo on CPU), nccl, gloo,
     or cpu (buckets staged through host memory, all-reduced over a gloo group)."""
+    compile: bool = False
+    """``torch.compile`` the model (after activation checkpointing, before DDP); on a CPU without a C++
+    compiler the trainer says so once and runs eagerly."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (the model's repeated
+    blocks: the largest ModuleList of same-type modules, e.g. GPT's ``blocks``, Hugging Face's ``h``/``layers``)."""
+    peak_tflops: float | None = None
+    """Peak TFLOP/s of one device, for MFU where the built-in table does not know the device (CPUs)."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters (only when some parameters get no gradient)."""
     bucket_cap_mb: float = 25.0
@@ -116,6 +124,7 @@ class TrainConfig:
                  f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
         _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
         _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _require(self.peak_tflops is None or self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be > 0")
 
     def accum_per_rank(self, world_size: int) -> int:
         """Micro-steps each rank runs per optimizer step; see :func:`per_rank_accum`."""

@@ -1,30 +1,43 @@
-"""The ``train`` workload: the nano GPT trained data-parallel (``check`` in the launcher, ``main`` in each rank).
+"""The ``train`` workload: your model and data trained data-parallel (``check`` in the launcher, ``main`` in each rank).
 
-    multigpu train -f nano --nproc-per-node 2                 # 2 CPU ranks where there is no GPU
-    multigpu train --gpus all --precision bf16 --grad-accum 4
+    multigpu train -f nano --nproc-per-node 2                 # the default: a character-level GPT on the stdlib
+    multigpu train --gpus all --precision bf16 --grad-accum 4 --compile
+    multigpu train --model mypkg.nets:make model.kwargs.width=512 --data mypkg.data:load data.kwargs.root=/data
+    multigpu train --data multigpu.train.data:token_files data.kwargs.path=shakespeare/   # nanoGPT's train.bin
+    multigpu train --model multigpu.train.hf:causal_lm model.kwargs.config=gpt2 model.kwargs.n_layer=2
     multigpu train --resume auto steps=400                    # continue the newest run, longer
-    multigpu bench --nproc 1,2 train steps=20                 # the same workload, measured
 
 ``check`` validates everything that needs the job's shape before a rank is
 spawned or a file written: the batch split over the world size, the precision
-on the job's devices, the sync backend, the data path, the resume file (size
-and checksum only: nothing is unpickled in the launcher). ``main`` loads the
-standard library's source as text, builds the GPT, trains it with
-:class:`~multigpu.train.Trainer`, and on rank 0 samples some text at the end
-(``sample.txt`` beside ``metrics.jsonl``, ``summary.json`` and ``checkpoints/``).
+on the job's devices, the sync backend, the factories (they import, take the
+given arguments, and pass their own ``check``), the resume file (size and
+checksum only: nothing is unpickled in the launcher). ``main`` builds the data
+and the model from their factories, trains with :class:`~multigpu.train.Trainer`,
+and on rank 0 samples some text when the model can generate and the data can
+decode (``sample.txt`` beside ``metrics.jsonl``, ``summary.json`` and
+``checkpoints/``), and exports the weights when asked. Importing a factory's
+module runs its code, as ``python -m`` would.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from multigpu.argtypes import non_negative_int, positive_int
 from multigpu.errors import ConfigError
+from multigpu.factory import Factory
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
-from multigpu.train.nano import NanoConfig
+from multigpu.train.config import TrainConfig
 
-__all__ = ["WORKLOAD", "build", "check", "main", "sample"]
+__all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "WORKLOAD", "TrainJobConfig", "build", "check", "export", "main", "sample"]
+
+DEFAULT_MODEL = "multigpu.train.nano:gpt"
+"""nanoGPT's GPT (:func:`multigpu.train.nano.gpt`)."""
+DEFAULT_DATA = "multigpu.train.data:stdlib_text"
+"""Character-level text of the Python standard library (:func:`multigpu.train.data.stdlib_text`)."""
 
 _PRECISIONS = ["fp32", "bf16", "fp16"]
 
@@ -43,9 +56,43 @@ def _check_resume_file(resume: str) -> None:
                           "(the newest valid one)") from None
 
 
-def check(cfg: NanoConfig, plan: JobPlan) -> None:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainJobConfig(TrainConfig):
+    """The trainer's knobs plus what to train: the model, the data, the loss, and what to do at the end."""
+
+    model: Factory = field(default_factory=lambda: Factory(factory=DEFAULT_MODEL))
+    """A model factory (``model.factory``, ``model.kwargs``) returning an ``nn.Module``."""
+    data: Factory = field(default_factory=lambda: Factory(factory=DEFAULT_DATA))
+    """A data factory returning ``(train_dataset, val_dataset | None)`` (or one dataset)."""
+    loss: str | None = None
+    """``pkg.module:fn`` with ``fn(model, batch) -> loss``; None: the trainer's default (cross-entropy, or the
+    model's own ``loss`` for Hugging Face style dict batches with labels)."""
+    block_size: int | None = 128
+    """Context length in tokens, given to the model and data factories that take a ``block_size`` argument."""
+    unit: Literal["tokens", "samples"] = "tokens"
+    """What throughput counts: the batches' real tokens, or samples."""
+    export: Literal["none", "safetensors"] = "none"
+    """At the end, rank 0 writes the trained weights to ``model.safetensors`` in the run directory."""
+    sample_chars: int = 300
+    """Tokens generated at the end when the model can ``generate`` and the data can ``decode`` (0: none)."""
+    sample_prompt: str = "def "
+    """The text the sample continues."""
+
+    def __post_init__(self) -> None:
+        TrainConfig.__post_init__(self)  # zero-argument super() does not work in a slots dataclass
+        if self.sample_chars < 0:
+            raise ConfigError(f"sample_chars={self.sample_chars} must be >= 0")
+        if self.block_size is not None and self.block_size < 1:
+            raise ConfigError(f"block_size={self.block_size} must be >= 1 (or null)")
+
+
+def _context(cfg: TrainJobConfig, vocab_size: int | None = None) -> dict:
+    return {"block_size": cfg.block_size, "vocab_size": vocab_size}
+
+
+def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
-    from multigpu.train.data import find_files
+    from multigpu.factory import import_object
     from multigpu.train.precision import check_precision, probe_support
     from multigpu.train.sync import check_sync_backend
 
@@ -53,51 +100,74 @@ def check(cfg: NanoConfig, plan: JobPlan) -> None:
     for device_type in plan.device_types:
         check_sync_backend(cfg.sync_backend, device_type)
         check_precision(cfg.precision, cfg.dtype, probe_support(device_type))
-    find_files(cfg.data)
+    cfg.model.check("model.factory", _context(cfg))
+    cfg.data.check("data.factory", _context(cfg))
+    if cfg.loss:
+        import_object(cfg.loss, what="loss", callable_only=True)
+    if cfg.export == "safetensors":
+        import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
     if plan.run.resume not in (None, "auto"):
         _check_resume_file(plan.run.resume)
 
 
-def build(cfg: NanoConfig, run_dir: str | Path | None, resume: str | None = None):
-    """Data, model, optimizer, schedule and trainer for the nano GPT (not yet set up). Returns (trainer, model)."""
+def _datasets(cfg: TrainJobConfig):
+    out = cfg.data.build("data.factory", _context(cfg))
+    train, val = out if isinstance(out, tuple) else (out, None)
+    if len(train) == 0:
+        raise ConfigError(f"data.factory {cfg.data.factory!r} returned an empty training set")
+    return train, val
+
+
+def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None):
+    """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
     import multigpu as mg
-    from multigpu.train.data import VOCAB, CharDataset, load_text
-    from multigpu.train.model import GPT
+    from multigpu.factory import import_object
     from multigpu.train.optim import make_optimizer, make_scheduler
-    from multigpu.train.trainer import Trainer
+    from multigpu.train.trainer import Trainer, default_loss
 
-    text = load_text(cfg.data, min_chars=cfg.model.block_size + 1)
-    train_set, val_set = CharDataset(text.train, cfg.model.block_size), CharDataset(text.val, cfg.model.block_size)
+    train_set, val_set = _datasets(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = GPT(cfg.model, len(VOCAB))
+    model = cfg.model.build("model.factory", _context(cfg, getattr(train_set, "vocab_size", None)))
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"model.factory {cfg.model.factory!r} returned {type(model).__name__}, not an nn.Module")
     if mg.is_main():
-        print(f"nano GPT: {model.num_params() / 1e6:.2f}M parameters; data: {text.num_files} files, "
-              f"{len(text.train):,} train / {len(text.val):,} validation characters", flush=True)
+        count = model.num_params() if hasattr(model, "num_params") else sum(p.numel() for p in model.parameters())
+        print(f"model: {cfg.model.factory}, {count / 1e6:.2f}M parameters", flush=True)
+    loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      run_dir=run_dir, unit="tokens", resume=resume)
-    return trainer, model
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume)
+    return trainer, model, train_set
 
 
-def sample(model, cfg: NanoConfig, device) -> str:
-    """``cfg.sample_chars`` characters after ``cfg.sample_prompt`` (a fixed generator: reproducible)."""
+def sample(model, data, cfg: TrainJobConfig, device) -> str:
+    """``cfg.sample_chars`` tokens after ``cfg.sample_prompt`` (a fixed generator: reproducible)."""
     import torch
 
-    from multigpu.train.data import decode, encode
-
     model.eval()
-    prompt = encode(cfg.sample_prompt or "\n").long().unsqueeze(0).to(device)
+    prompt = data.encode(cfg.sample_prompt or "\n").long().unsqueeze(0).to(device)
     out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator().manual_seed(cfg.seed))
-    return decode(out[0].tolist())
+    return data.decode(out[0].tolist())
 
 
-def main(cfg: NanoConfig, ctx: RunContext) -> int:
+def export(model, path: Path) -> Path:
+    """The trained weights as safetensors (shared tensors such as tied embeddings stored once)."""
+    from safetensors.torch import save_model
+
+    from multigpu.files import atomic_path
+
+    with atomic_path(path) as tmp:
+        save_model(model, str(tmp))
+    return path
+
+
+def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     import multigpu as mg
 
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
-    trainer, model = build(cfg, run_dir, ctx.resume)
+    trainer, model, train_set = build(cfg, run_dir, ctx.resume)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C with checkpoint_on_interrupt: the checkpoint of this step is written
@@ -106,25 +176,28 @@ def main(cfg: NanoConfig, ctx: RunContext) -> int:
             print(f"interrupted after step {trainer.step}: checkpoint {trainer.checkpoints.path_for(trainer.step)}; "
                   f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
         return 130
-    summary = trainer.close({"params": model.num_params(), "flops_per_token": model.flops_per_token()})
+    summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
     if mg.is_main():
-        text = sample(model, cfg, mg.device()) if cfg.sample_chars else ""
-        if run_dir is not None and cfg.sample_chars:
+        can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
+        text = sample(model, train_set, cfg, mg.device()) if can_sample else ""
+        if run_dir is not None and text:
             (run_dir / "sample.txt").write_text(text)
-        tput = summary.get("throughput", 0.0)
+        if cfg.export == "safetensors" and run_dir is not None:
+            print(f"exported: {export(model, run_dir / 'model.safetensors')}", flush=True)
         val = f"val_loss {trainer.last_val_loss:.4f}, " if trainer.last_val_loss is not None else ""
-        print(f"done: step {trainer.step}, {val}{tput:,.0f} tokens/s; outputs in {run_dir}"
-              + (f"\n--- sample ---\n{text}\n--------------" if text else ""), flush=True)
+        mfu = f" (MFU {summary['mfu']:.1%})" if summary.get("mfu") is not None else ""
+        print(f"done: step {trainer.step}, {val}{summary.get('throughput', 0.0):,.0f} {cfg.unit}/s{mfu}; "
+              f"outputs in {run_dir}" + (f"\n--- sample ---\n{text}\n--------------" if text else ""), flush=True)
     return 0
 
 
 WORKLOAD = Workload(
     name="train",
-    config=NanoConfig,
+    config=TrainJobConfig,
     check=check,
     main=main,
     init=lambda cfg: {"seed": cfg.seed},
-    help="train the built-in character-level GPT on every selected GPU (or CPU ranks)",
+    help="data-parallel training of your model and data (default: a character-level GPT) on every selected GPU",
     preset="nano",
     flags=(
         Flag("--sync-backend", "sync_backend", choices=["auto", "nccl", "gloo", "cpu"], help="gradient all-reduce backend"),
@@ -134,6 +207,14 @@ WORKLOAD = Workload(
         Flag("--prefetch", "prefetch", type=non_negative_int, metavar="N", help="batches moved to the device ahead of use"),
         Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
              help="on Ctrl-C, finish the current step and write a checkpoint before stopping"),
+        Flag("--model", "model.factory", metavar="PKG.MODULE:FACTORY",
+             help=f"model factory (model.kwargs.NAME=... for its arguments; default {DEFAULT_MODEL})"),
+        Flag("--data", "data.factory", metavar="PKG.MODULE:FACTORY",
+             help=f"data factory returning (train, val) datasets (data.kwargs.NAME=...; default {DEFAULT_DATA}; "
+                  "also multigpu.train.data:token_files, :bytes_file, multigpu.train.hf:saved_dataset)"),
+        Flag("--loss", "loss", metavar="PKG.MODULE:FN", help="loss function fn(model, batch) -> loss"),
+        Flag("--compile", "compile", action="store_true", help="torch.compile the model"),
+        Flag("--export", "export", choices=["none", "safetensors"], help="write the final weights (model.safetensors)"),
     ),
     bench=("steps=20", "eval_every=0", "checkpoint_every=0", "log_every=0", "sample_chars=0"),
 )

@@ -1,19 +1,20 @@
-"""The built-in workload of ``multigpu train``: a character-level GPT on text every machine has (both sides).
+"""The default model of ``multigpu train``: nanoGPT's GPT, as a model factory (both sides).
 
-:class:`NanoConfig` is a :class:`~multigpu.train.TrainConfig` plus what this demo
-trains: the GPT's shape (``model``), the text (``data``) and the sample printed
-at the end. The generic trainer and its config know nothing of these.
+    multigpu train -f nano model.kwargs.n_layer=6 steps=400    # the packaged preset, two overrides
 
-    multigpu train -f nano model.n_layer=6 steps=400     # the packaged preset, two overrides
+:func:`gpt` builds :class:`~multigpu.train.model.GPT` from :class:`ModelConfig`
+(checked in the launcher by ``gpt.check``); :class:`DataConfig` describes the
+default text (:func:`multigpu.train.data.stdlib_text`). The generic trainer and
+its config know nothing of either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from multigpu.train.config import TrainConfig, _require
+from multigpu.train.config import _require
 
-__all__ = ["DataConfig", "ModelConfig", "NanoConfig"]
+__all__ = ["DataConfig", "ModelConfig", "gpt"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,10 +36,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for key in ("n_layer", "n_head", "n_embd", "block_size"):
-            _require(getattr(self, key) >= 1, f"model.{key}={getattr(self, key)} must be >= 1")
+            _require(getattr(self, key) >= 1, f"model.kwargs.{key}={getattr(self, key)} must be >= 1")
         _require(self.n_embd % self.n_head == 0,
-                 f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
-        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+                 f"model.kwargs.n_embd={self.n_embd} must be divisible by model.kwargs.n_head={self.n_head}")
+        _require(0.0 <= self.dropout < 1.0, f"model.kwargs.dropout={self.dropout} must be in [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,21 +56,25 @@ class DataConfig:
     """The last this-many percent of the text is held out for validation."""
 
     def __post_init__(self) -> None:
-        _require(self.max_chars >= 0, f"data.max_chars={self.max_chars} must be >= 0")
-        _require(0.0 < self.val_percent < 100.0, f"data.val_percent={self.val_percent} must be in (0, 100)")
+        _require(self.max_chars >= 0, f"data.kwargs.max_chars={self.max_chars} must be >= 0")
+        _require(0.0 < self.val_percent < 100.0, f"data.kwargs.val_percent={self.val_percent} must be in (0, 100)")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NanoConfig(TrainConfig):
-    """The trainer's knobs plus the nano GPT, its text and its closing sample."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    sample_chars: int = 300
-    """Characters of text generated at the end."""
-    sample_prompt: str = "def "
-    """The text the sample continues."""
 
-    def __post_init__(self) -> None:
-        TrainConfig.__post_init__(self)  # zero-argument super() does not work in a slots dataclass
-        _require(self.sample_chars >= 0, f"sample_chars={self.sample_chars} must be >= 0")
+def gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
+        dropout: float = 0.0, bias: bool = False):
+    """nanoGPT's decoder-only transformer; ``vocab_size`` defaults to the character vocabulary of the default text."""
+    from multigpu.train.data import VOCAB
+    from multigpu.train.model import GPT
+
+    cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout, bias=bias)
+    return GPT(cfg, vocab_size or len(VOCAB))
+
+
+def _check_gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: int = 4, n_head: int = 4,
+               n_embd: int = 128, dropout: float = 0.0, bias: bool = False) -> None:
+    ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout, bias=bias)
+
+
+gpt.check = _check_gpt

@@ -52,14 +52,41 @@ from multigpu.train.metrics import MetricLogger
 from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
 from multigpu.train.sync import wrap_ddp
 
-__all__ = ["Trainer", "default_loss"]
+__all__ = ["Trainer", "count_items", "default_loss"]
 
 
 def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """Cross-entropy of ``model(x)`` against ``y``, for a batch ``(x, y)``."""
-    x, y = batch
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    """The loss of one batch: ``(x, y)`` -> cross-entropy of ``model(x)`` against ``y``; a dict (Hugging Face
+    style: ``input_ids``, ``labels``, ...) -> ``model(**batch)``. An output with a ``loss`` (Hugging Face models
+    given labels) is used as it is; an output with ``logits``, or a tensor, is scored against the targets."""
+    if isinstance(batch, dict):
+        out, target = model(**batch), batch.get("labels")
+    else:
+        x, target = batch
+        out = model(x)
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    logits = getattr(out, "logits", out)
+    if target is None:
+        raise ConfigError("the batch has no targets (no 'labels' key) and the model returned no loss; "
+                          "give labels in the batch, or a loss function (--loss pkg.module:fn)")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+
+def count_items(batch: Any, unit: str) -> int:
+    """Items in a batch: "samples" = its first dimension; "tokens" = the real tokens of its inputs (the
+    ``attention_mask``'s ones when there is one, else every element of ``input_ids`` or of the first tensor)."""
+    first = batch
+    if isinstance(batch, dict):
+        first = batch.get("input_ids", next(iter(batch.values())))
+        if unit == "tokens" and isinstance(batch.get("attention_mask"), torch.Tensor):
+            return int(batch["attention_mask"].sum())
+    elif isinstance(batch, (tuple, list)):
+        first = batch[0]
+    if not isinstance(first, torch.Tensor):
+        return len(first) if unit == "samples" else 1
+    return int(first.numel()) if unit == "tokens" else int(first.shape[0])
 
 
 class Trainer:
@@ -78,7 +105,7 @@ class Trainer:
         resume: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``, if any; or a
             checkpoint file.
         callbacks: Objects whose ``on_step(trainer)`` runs after every optimizer step (see above).
-        unit: "tokens" (items = elements of the batch's first tensor) or "samples" (its first dim).
+        unit: "tokens" (the real tokens of each batch: see :func:`count_items`) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
         shard_data: True: ``train_data`` is the whole dataset, split equally over ranks by
             ``mg.TrainSampler``. False: ``train_data`` is this rank's own shard (the user split it);
@@ -152,9 +179,18 @@ class Trainer:
             raise ConfigError("the optimizer holds tensors that are not parameters of the model; "
                               "build it with the model's own parameters, e.g. AdamW(model.parameters())")
         self.module.to(device=self.env.device, dtype=DTYPES[cfg.dtype])  # in place: the optimizer keeps its params
+        if cfg.activation_checkpointing:
+            from multigpu.train.speed import checkpoint_blocks
+
+            checkpoint_blocks(self.module)
+        self.model = self.module
+        if cfg.compile:
+            from multigpu.train.speed import compiled
+
+            self.model = compiled(self.module, self.env.device)
         self.comm = None
         if self.world_size > 1:
-            self.model, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
+            self.model, self.comm = wrap_ddp(self.model, self.env, cfg.sync_backend,
                                              find_unused_parameters=cfg.find_unused_parameters,
                                              bucket_cap_mb=cfg.bucket_cap_mb)
 
@@ -296,9 +332,10 @@ class Trainer:
         """One optimizer step: ``accum`` micro-steps, then clip and update. Returns this rank's figures."""
         self.model.train()
         loss_sum = torch.zeros((), device=self.env.device)
-        with self.meter.step(items=self.batch_size * self.accum * self.items_per_sample):
+        with self.meter.step() as counted:
             for micro in range(self.accum):
                 batch, self.sampler_state = next(self.batches)
+                counted.items += count_items(batch, self.unit)
                 # grads are all-reduced by DDP in the last micro-step's backward; the others skip sync,
                 # and no_sync must cover the forward too (DDP prepares the reducer there)
                 with self._sync_context(micro == self.accum - 1), autocast(self.config.precision, self.env.device.type):
@@ -350,11 +387,20 @@ class Trainer:
         """Stop the data stream and write the run summary (rank 0). Call on all ranks. Returns the summary."""
         self.batches.close()
         self.logger.close()
-        summary = self.meter.close({
-            "effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
-            "first_step_at": self.logger.first_step_at, **(extra or {}),
-        })
-        return summary
+        fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
+                 "first_step_at": self.logger.first_step_at, **(extra or {})}
+        return self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
+
+    def _utilization(self, items_per_s: float) -> dict[str, Any]:
+        """FLOPs per token and MFU (None where the device's peak is unknown: pass ``peak_tflops``)."""
+        if self.unit != "tokens":
+            return {}
+        from multigpu.train.mfu import flops_per_token, peak_flops
+
+        per_token = flops_per_token(self.module, self.items_per_sample)
+        peak = peak_flops(self.env.device, self.config.precision, self.config.peak_tflops)
+        mfu = items_per_s * per_token / (peak * self.world_size) if peak else None
+        return {"flops_per_token": per_token, "peak_flops": peak, "mfu": mfu}
 
     # ----------------------------------------------------------------- helpers
     def _collate(self, samples: list) -> Any:
@@ -363,11 +409,8 @@ class Trainer:
         return (self.collate_fn or default_collate)(samples)
 
     def _items_per_sample(self) -> int:
-        if self.unit != "tokens":
-            return 1
-        x = self.train_data[0]
-        first = x[0] if isinstance(x, (tuple, list)) else x
-        return int(first.numel()) if isinstance(first, torch.Tensor) else 1
+        """Tokens (or 1 sample) of one sample, for the plan printed at start and the MFU's context length."""
+        return count_items(self._collate([self.train_data[0]]), self.unit)
 
 
 

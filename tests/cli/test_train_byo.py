@@ -1,0 +1,126 @@
+"""Bring your own model, data and loss to `multigpu train`: factories from a test file, nanoGPT token files,
+a Hugging Face causal LM built from a config, safetensors export.
+
+The factories below live in this test file, outside the package: `multigpu train --model
+tests.cli.test_train_byo:make_model` imports them in every rank, as it would a user's module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from tests.conftest import ROOT, run_cli
+
+HERE = "tests.cli.test_train_byo"
+ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+COMMON = ["eval_every=0", "log_every=5", "warmup_steps=1", "prefetch=0", "sample_chars=0"]
+
+
+def make_model(width: int = 32) -> nn.Module:
+    """A small regression MLP (a user's model factory with an argument)."""
+    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 1))
+
+
+def make_data(n: int = 512):
+    """(train, val) of y = sum(x) + noise: the same on every rank; the trainer's sampler splits it."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 8, generator=gen)
+    y = x.sum(dim=1, keepdim=True) + 0.01 * torch.randn(n, 1, generator=gen)
+    return TensorDataset(x, y), TensorDataset(x[:64], y[:64])
+
+
+def mse(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def _final(run_dir, step: int) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / f"ckpt_{step:08d}.pt", weights_only=True)["model"]
+
+
+@pytest.mark.e2e
+def test_a_users_model_data_and_loss_train_on_two_ranks_like_on_one(tmp_path):
+    """Loss falls, and 2 ranks x 16 samples end where 1 rank x 32 samples does (same global batch)."""
+    argv = ["--model", f"{HERE}:make_model", "model.kwargs.width=16", "--data", f"{HERE}:make_data", "--loss",
+            f"{HERE}:mse", "unit=samples", "steps=10", "global_batch_size=32", "lr=0.05", "checkpoint_every=10",
+            *COMMON]
+    two = run_cli("train", *argv, "--nproc-per-node", "2", "--run-dir", str(tmp_path / "two"), env=ENV, timeout=240)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = run_cli("train", *argv, "--nproc-per-node", "1", "--run-dir", str(tmp_path / "one"), env=ENV, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < 0.5 * losses[0], losses
+    a, b = _final(tmp_path / "two", 10), _final(tmp_path / "one", 10)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["unit"] == "samples" and summary["items"] == 32 * (10 - summary["warmup_steps"])
+
+
+@pytest.mark.e2e
+def test_nanogpt_token_files_train_the_default_gpt(tmp_path):
+    """A train.bin/val.bin pair as nanoGPT's prepare.py writes them (uint16), memory-mapped."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tokens"
+    data.mkdir()
+    rng.integers(0, 97, 20_000, dtype=np.uint16).tofile(data / "train.bin")
+    rng.integers(0, 97, 2_000, dtype=np.uint16).tofile(data / "val.bin")
+    proc = run_cli("train", "--data", "multigpu.train.data:token_files", f"data.kwargs.path={data}",
+                   "block_size=32", "model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2",
+                   "steps=4", "batch_size=4", "eval_every=2", "eval_batches=1", "checkpoint_every=0", "log_every=2",
+                   "warmup_steps=1", "sample_chars=0", "--run-dir", str(tmp_path / "run"), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "20,000 train tokens, 2,000 validation (uint16, vocabulary 97)" in proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["unit"] == "tokens" and summary["items"] == 4 * 32 * (4 - summary["warmup_steps"])
+    assert summary["val_loss"] is not None and summary["flops_per_token"] > 0
+
+
+@pytest.mark.e2e
+def test_a_hugging_face_causal_lm_from_a_config_trains_on_two_ranks_and_exports_safetensors(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    pytest.importorskip("safetensors", reason="safetensors is not installed")
+    text = tmp_path / "notes.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    proc = run_cli("train", "--model", "multigpu.train.hf:causal_lm", "model.kwargs.config=gpt2",
+                   "model.kwargs.n_layer=2", "model.kwargs.n_embd=32", "model.kwargs.n_head=2",
+                   "--data", "multigpu.train.data:bytes_file", f"data.kwargs.path={text}", "block_size=32",
+                   "steps=6", "batch_size=4", "lr=3e-3", "eval_every=6", "eval_batches=1", "checkpoint_every=0",
+                   "log_every=3", "warmup_steps=1", "sample_chars=0", "peak_tflops=0.1", "--export", "safetensors",
+                   "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), timeout=300,
+                   env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MFU" in proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and 0 < summary["mfu"] < 1 and summary["val_loss"] < 5.6  # ln 256 = 5.55
+    from safetensors.torch import load_model
+
+    cfg = transformers.AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=1024,
+                                            bos_token_id=None, eos_token_id=None)
+    plain = transformers.AutoModelForCausalLM.from_config(cfg)
+    missing, unexpected = load_model(plain, str(tmp_path / "run" / "model.safetensors"))
+    assert not missing and not unexpected
+
+
+def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake_gpus):
+    from multigpu.cli import main
+
+    fake_gpus(0)
+    cases = [
+        (["--model", f"{HERE}:nothing_here"], "has no callable 'nothing_here'"),
+        (["--model", f"{HERE}:make_model", "model.kwargs.depth=3"], "takes no argument 'depth' (from model.kwargs)"),
+        (["--data", "multigpu.train.data:token_files", f"data.kwargs.path={tmp_path}"], "has no train.bin"),
+        (["--loss", "torch.nn.functional:no_such_loss"], "has no callable 'no_such_loss'"),
+        (["model.kwargs.n_embd=30", "model.kwargs.n_head=4"], "model.kwargs.n_embd=30 must be divisible"),
+    ]
+    for argv, message in cases:
+        code = main(["train", *argv, "--run-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in err and message in err, (argv, err)
+        assert not (tmp_path / "run").exists()
