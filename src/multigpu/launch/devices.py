@@ -6,6 +6,12 @@ the variables they inherit. GPU indices in ``--gpus`` count the GPUs this
 process can see; when ``CUDA_VISIBLE_DEVICES`` is already set they are mapped
 through it, so ``CUDA_VISIBLE_DEVICES=2,3 multigpu launch --gpus 1`` uses
 physical GPU 3.
+
+NCCL allows one rank per GPU. More ranks than selected GPUs is an error that
+names the choices, unless the extra ranks run on the CPU (``--allow-cpu-ranks``)
+or the job's collectives run on gloo (``MULTIGPU_PG_BACKEND=gloo`` in the
+launcher's environment): then the ranks share the GPUs round-robin, each
+worker pinned to its GPU as under ``--isolate-devices``.
 """
 
 from __future__ import annotations
@@ -131,18 +137,26 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                 f"--nproc-per-node {nproc} with --gpus {cfg.gpus} leaves GPUs unused; "
                 f"valid: --nproc-per-node {len(selected)} (one per GPU), or fewer --gpus"
             )
-    if nproc > len(selected) and not cfg.allow_cpu_ranks:
+    shared = nproc > len(selected) and not cfg.allow_cpu_ranks
+    if shared and inherited.get("MULTIGPU_PG_BACKEND") != "gloo":
         raise DeviceError(
-            f"--nproc-per-node {nproc} needs {nproc} GPUs but {len(selected)} are selected; "
-            f"valid: at most {len(selected)}, or add --allow-cpu-ranks to run the extra ranks on CPU (gloo)"
+            f"--nproc-per-node {nproc} needs {nproc} GPUs but {len(selected)} are selected, and NCCL allows one "
+            f"rank per GPU; valid: --nproc-per-node {len(selected)}, --allow-cpu-ranks (the extra ranks on the CPU), "
+            "--cpu (every rank on the CPU), or MULTIGPU_PG_BACKEND=gloo (ranks share the GPUs, collectives over gloo)"
         )
+    if shared:
+        selected = [selected[i % len(selected)] for i in range(nproc)]  # round-robin: rank i on GPU i mod n
     ids = [facts.physical_ids()[i] for i in selected]
     env: dict[str, str] = {}
-    if cfg.isolate_devices:
+    if cfg.isolate_devices or shared:  # a shared GPU is each of its workers' cuda:0
         env["MULTIGPU_ISOLATE_DEVICES"] = "1"
         env["MULTIGPU_DEVICE_MAP"] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    if shared:
+        env["MULTIGPU_PG_BACKEND"] = "gloo"
+        note = (f"{nproc} ranks share {len(set(ids))} GPU(s) round-robin (physical ids {','.join(ids)}), each worker "
+                "pinned to its GPU; collectives over gloo (NCCL allows one rank per GPU)")
     if nproc > len(ids):
         env["MULTIGPU_ALLOW_CPU_RANKS"] = "1"
         env["MULTIGPU_HYBRID"] = "1"
