@@ -12,7 +12,7 @@
 #   TESTS_S TRAIN_S SIM_S INFER_S ENVS_S DOCTOR_S per-step caps; PYTEST_ARGS TRAIN_ARGS SIM_ARGS INFER_ARGS
 #   ENVS_ARGS DOCTOR_ARGS extra arguments; PYTHON (default python3); INSTALL=0 installs nothing (src/ on
 #   PYTHONPATH: for a development machine). A step that no longer fits the budget is
-#   recorded as skipped, with the STEPS= line that runs it.
+#   recorded as skipped, with the STEPS= line that runs it (a step needs half its cap left to start).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${1:-${OUT:-gpu_out}}
@@ -63,7 +63,7 @@ run_step() {  # NAME CAP_S COMMAND...: run if selected and if it fits; record it
   shift 2
   [[ $STEPS == *" $name "* ]] || return 0
   local left=$(( $(remaining) - 20 ))
-  if (( left < 30 )); then
+  if (( left < cap / 2 )); then  # less than half its cap left: better run whole in the next call
     echo "== $name: not run ($(remaining) s left of BUDGET_S=$BUDGET_S); run it with STEPS=\"$name\" bash benchmarks/gpu/run_all.sh"
     "$PY" benchmarks/gpu/collect.py "$RESULTS" --step "$name" --status skipped --note "out of time: run with STEPS=$name"
     return 0
@@ -83,7 +83,7 @@ run_step() {  # NAME CAP_S COMMAND...: run if selected and if it fits; record it
 
 # shellcheck disable=SC2086  # the *_ARGS are word lists on purpose
 {
-run_step tests  "${TESTS_S:-240}"  "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfEs \
+run_step tests  "${TESTS_S:-300}"  "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider -rfEs --timeout 150 \
                                    --junitxml="$OUTDIR/pytest_gpu.xml" ${PYTEST_ARGS:-}
 run_step train  "${TRAIN_S:-220}"  "$PY" benchmarks/gpu/train_mfu.py --json "$TMP/train.json" ${TRAIN_ARGS:-}
 run_step sim    "${SIM_S:-150}"    "$PY" benchmarks/gpu/sim_gpu.py --json "$TMP/sim.json" ${SIM_ARGS:-}
