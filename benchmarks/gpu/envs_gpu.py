@@ -60,14 +60,13 @@ def _gym_worker(args: tuple[int, float]) -> dict:
     return envs_cartpole.gymnasium_vector(*args)
 
 
-def gymnasium_on_cores(num_envs: int, seconds: float, procs: int) -> dict:
+def gymnasium_on_cores(num_envs: int, seconds: float, procs: int, pool) -> dict:
     try:
         import gymnasium  # noqa: F401
     except ImportError as exc:
         return {"skipped": f"gymnasium is not installed ({exc})"}
     share = -(-num_envs // procs)
-    with mp.get_context("spawn").Pool(procs) as pool:
-        rates = pool.map(_gym_worker, [(share, seconds)] * procs)
+    rates = pool.map(_gym_worker, [(share, seconds)] * procs)
     return {"num_envs": share * procs, "procs": procs, "env_steps_per_s": sum(r["wall"] for r in rates),
             "per_process": [r["wall"] for r in rates]}
 
@@ -109,10 +108,11 @@ def main() -> int:
     print(f"CartPole-v1 on {device} vs gymnasium/envpool on {procs} CPU process(es)/thread(s), >= {seconds} s each",
           flush=True)
     rows = []
+    pool = None if args.no_peers else mp.get_context("spawn").Pool(procs)  # started once: every size reuses it
     for n in sizes:
         row = {"num_envs": n, "ours": ours(n, seconds, device)}
-        if not args.no_peers:
-            row["gymnasium"] = gymnasium_on_cores(n, seconds, procs)
+        if pool is not None:
+            row["gymnasium"] = gymnasium_on_cores(n, seconds, procs, pool)
             row["envpool"] = envpool_threads(n, seconds, procs)
         line = f"  {n:>11,} envs: ours {row['ours']['env_steps_per_s']:>16,.0f} env-steps/s"
         for peer in ("gymnasium", "envpool"):
@@ -126,6 +126,9 @@ def main() -> int:
                 line += f"; {peer} {r['env_steps_per_s']:,.0f} ({row[f'ours_vs_{peer}']:.1f}x)"
         print(line, flush=True)
         rows.append(row)
+    if pool is not None:
+        pool.close()
+        pool.join()
     best = max(r["ours"]["env_steps_per_s"] for r in rows)
     ratios = [r["ours_vs_gymnasium"] for r in rows if "ours_vs_gymnasium" in r]
     _common.write_record(args.json, {
