@@ -44,6 +44,8 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="each worker sees only its GPU (CUDA/QD/TI_VISIBLE_DEVICE(S), EGL_DEVICE_ID)")
     add_flag(g, "--allow-cpu-ranks", action="store_true",
              help="ranks beyond the GPU count run on the CPU (hybrid job on gloo)")
+    add_flag(g, "--share-gpus", action="store_true",
+             help="more ranks than GPUs share them round-robin (each pinned to its GPU); collectives over gloo")
     add_flag(g, "--log-dir", default=None, help="folder for each worker's stdout/stderr and error file")
     add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
     add_flag(g, "--stall-timeout-s", type=positive_float, default=None,
@@ -105,6 +107,7 @@ def config_from_args(args: argparse.Namespace):
         max_restarts=args.max_restarts,
         isolate_devices=args.isolate_devices,
         allow_cpu_ranks=args.allow_cpu_ranks,
+        share_gpus=args.share_gpus,
         log_dir=args.log_dir,
         timeout_s=args.timeout_s,
         stall_timeout_s=args.stall_timeout_s,

@@ -75,6 +75,7 @@ def run_context_for(cfg: LaunchConfig, devices: DevicePlan, run: RunContext | No
         run, timeout_s=cfg.timeout_s, stall_timeout_s=cfg.stall_timeout_s, profile=cfg.profile or run.profile,
         profile_steps=cfg.profile_steps, sample_interval_s=cfg.sample_interval_s,
         isolated=devices.isolated, allow_cpu_ranks=cfg.allow_cpu_ranks, hybrid=devices.hybrid,
+        pg_backend="gloo" if devices.shared else run.pg_backend,
     )
 
 

@@ -48,6 +48,9 @@ class LaunchConfig:
     allow_cpu_ranks: bool = False
     """Let ranks beyond the GPU count run on the CPU (hybrid job, gloo everywhere)."""
 
+    share_gpus: bool = False
+    """Let more ranks than GPUs share them round-robin, each pinned to its GPU; collectives over gloo."""
+
     log_dir: str | None = None
     """Where each worker's stdout/stderr and error file go (default: a temporary folder)."""
 

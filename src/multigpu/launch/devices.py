@@ -6,6 +6,12 @@ the variables they inherit. GPU indices in ``--gpus`` count the GPUs this
 process can see; when ``CUDA_VISIBLE_DEVICES`` is already set they are mapped
 through it, so ``CUDA_VISIBLE_DEVICES=2,3 multigpu launch --gpus 1`` uses
 physical GPU 3.
+
+NCCL allows one rank per GPU. More ranks than selected GPUs is an error that
+names the choices, unless the extra ranks run on the CPU (``--allow-cpu-ranks``)
+or the ranks share the GPUs (``--share-gpus``): then they are placed
+round-robin, each worker pinned to its GPU as under ``--isolate-devices``, and
+the job's collectives run on gloo.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class DevicePlan:
     """Each worker sees only its GPU (``--isolate-devices``)."""
     hybrid: bool = False
     """Some ranks run on the CPU beside GPU ranks (``--allow-cpu-ranks``): gloo everywhere."""
+    shared: bool = False
+    """Several ranks share one GPU (``--share-gpus``): gloo everywhere."""
 
     @property
     def device_types(self) -> list[str]:
@@ -137,19 +145,27 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                 f"--nproc-per-node {nproc} with --gpus {cfg.gpus} leaves GPUs unused; "
                 f"valid: --nproc-per-node {len(selected)} (one per GPU), or fewer --gpus"
             )
-    if nproc > len(selected) and not cfg.allow_cpu_ranks:
+    shared = nproc > len(selected) and not cfg.allow_cpu_ranks
+    if shared and not cfg.share_gpus:
         raise DeviceError(
-            f"--nproc-per-node {nproc} needs {nproc} GPUs but {len(selected)} are selected; "
-            f"valid: at most {len(selected)}, or add --allow-cpu-ranks to run the extra ranks on CPU (gloo)"
+            f"--nproc-per-node {nproc} needs {nproc} GPUs but {len(selected)} are selected, and NCCL allows one "
+            f"rank per GPU; valid: --nproc-per-node {len(selected)}, --allow-cpu-ranks (the extra ranks on the CPU), "
+            "--cpu (every rank on the CPU), or --share-gpus (ranks share the GPUs, collectives over gloo)"
         )
+    if shared:
+        selected = [selected[i % len(selected)] for i in range(nproc)]  # round-robin: rank i on GPU i mod n
     ids = [facts.physical_ids()[i] for i in selected]
     env: dict[str, str] = {}
-    if cfg.isolate_devices:
+    isolated = cfg.isolate_devices or shared  # a shared GPU is each of its workers' cuda:0
+    if isolated:
         env[DEVICE_MAP_VAR] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    if shared:
+        note = (f"{nproc} ranks share {len(set(ids))} GPU(s) round-robin (physical ids {','.join(ids)}), each worker "
+                "pinned to its GPU; collectives over gloo (NCCL allows one rank per GPU)")
     hybrid = nproc > len(ids)
     if hybrid:
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
-    return DevicePlan(nproc, ids, env, note, isolated=cfg.isolate_devices, hybrid=hybrid)
+    return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared)

@@ -83,6 +83,8 @@ class RunContext:
     """Ranks beyond the GPU count run on the CPU (``--allow-cpu-ranks``)."""
     hybrid: bool = False
     """Some rank of the job runs on the CPU, so every rank uses gloo."""
+    pg_backend: str | None = None
+    """The process-group backend the launcher chose ("gloo" when ranks share a GPU); None: by the devices."""
     record_wall: bool = False
     """The worker wrapper writes when the script started and ended (``multigpu bench`` on any script)."""
 
@@ -98,6 +100,8 @@ class RunContext:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"run.{name}={value!r} is invalid; valid: a number of seconds > 0")
+        if self.pg_backend not in (None, "gloo", "nccl"):
+            raise ConfigError(f"run.pg_backend={self.pg_backend!r} is invalid; valid: gloo, nccl, or null")
         if not (math.isfinite(self.sample_interval_s) and self.sample_interval_s >= 0):
             raise ConfigError(f"run.sample_interval_s={self.sample_interval_s!r} is invalid; valid: seconds >= 0")
 

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from multigpu.errors import ConfigError, NotInitializedError
+from multigpu.errors import ConfigError, DeviceError, NotInitializedError
 from multigpu.runtime import context, watchdog
 from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
 from multigpu.runtime.env import DistEnv, cpu_count, read_placement
@@ -127,7 +127,7 @@ def init(
     run = context.current()
     facts = DeviceFacts.probe(run)
     dev = select_device(backend, placement.local_rank, facts)
-    pg_backend = choose_backend(dev, placement.world_size, facts)
+    pg_backend = choose_backend(dev, placement.world_size, facts, run.pg_backend)
     _TIMEOUT_S = _resolve_timeout(timeout_s, run)
 
     torch.set_num_threads(thread_budget(placement.local_world_size, threads))
@@ -168,7 +168,24 @@ def _init_process_group(pg_backend: str, placement, dev: torch.device) -> None:
     )
     if pg_backend == "nccl":
         kwargs["device_id"] = dev
-    dist.init_process_group(init_method=init_method or "env://", **kwargs)
+    try:
+        dist.init_process_group(init_method=init_method or "env://", **kwargs)
+        if pg_backend == "nccl":  # create the communicator now, so that a bad placement fails here, said plainly
+            dist.all_reduce(torch.zeros(1, device=dev))
+    except RuntimeError as exc:  # DistBackendError is a RuntimeError
+        advice = nccl_advice(str(exc), placement.rank, dev)
+        if advice is None:
+            raise
+        raise DeviceError(advice) from None
+
+
+def nccl_advice(message: str, rank: int, dev: torch.device) -> str | None:
+    """One line of advice for NCCL's refusal of two ranks on one GPU (None for any other error)."""
+    if "duplicate gpu" not in message.lower():  # NCCL: "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ..."
+        return None
+    return (f"NCCL refused rank {rank} on {dev}: NCCL allows one rank per GPU, and another rank of this job uses "
+            "the same GPU; valid: one rank per GPU (--nproc-per-node at most the GPU count), --allow-cpu-ranks, "
+            "--cpu, or --share-gpus to let ranks share a GPU over gloo")
 
 
 def shutdown(*, barrier: bool = True) -> None:

@@ -8,8 +8,8 @@ Shipped so users test their own distributed code the way multigpu tests its own:
 
     assert run_on_ranks(_check_sum, 3, args=(1,)) == [6, 6, 6]
 
-Each rank is a fresh ``spawn`` process that calls :func:`multigpu.init` on the
-CPU with a ``file://`` rendezvous in a temporary folder: no ports, safe under
+Each rank is a fresh ``spawn`` process that calls :func:`multigpu.init` (on the
+CPU unless ``backend`` says otherwise) with a ``file://`` rendezvous in a temporary folder: no ports, safe under
 parallel test runs. Three timeouts keep a test from hanging: the collective
 timeout inside the ranks, a deadline in the parent (at which every unfinished
 rank dumps its stacks, which the raised ``TimeoutError`` shows), and a
@@ -43,7 +43,8 @@ class RankFailedError(RuntimeError):
         self.trace = trace
 
 
-def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads):
+def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads,
+           backend):
     os.environ.update(
         {
             "RANK": str(rank),
@@ -53,7 +54,7 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
             "GROUP_RANK": "0",
             "MULTIGPU_INIT_METHOD": f"file://{store_dir}/store",
             "OMP_NUM_THREADS": str(threads),
-            "CUDA_VISIBLE_DEVICES": "",
+            **({"CUDA_VISIBLE_DEVICES": ""} if backend == "cpu" else {}),  # CPU ranks never touch a GPU
             **env,
         }
     )
@@ -63,7 +64,7 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
     try:
         import multigpu as mg
 
-        mg.init(backend="cpu", timeout_s=collective_timeout_s, threads=threads)
+        mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads)
         value = fn(*args, **kwargs)
         mg.shutdown(barrier=False)
         # plain pickle copies tensor data; the queue's own pickler would share memory that dies with this process
@@ -94,6 +95,8 @@ def run_on_ranks(
     collective_timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     threads: int = 1,
+    backend: str = "cpu",
+    run=None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; return each rank's result, in rank order.
 
@@ -106,6 +109,11 @@ def run_on_ranks(
             (default: ``timeout_s``).
         env: Extra environment variables for every rank.
         threads: CPU threads per rank.
+        backend: ``multigpu.init(backend=...)`` in each rank: "cpu" (default; the ranks see
+            no GPU), or "auto"/"cuda" for GPU ranks, placed by ``env`` (e.g.
+            ``{"CUDA_VISIBLE_DEVICES": "0,1"}``) and ``run``.
+        run: The :class:`~multigpu.runtime.context.RunContext` the ranks read, as the launcher would
+            give it (e.g. ``RunContext(isolated=True, pg_backend="gloo")`` for ranks sharing one GPU).
 
     Raises:
         RankFailedError: the first rank that raised, with its traceback; the others are stopped.
@@ -114,11 +122,19 @@ def run_on_ranks(
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="multigpu_ranks_") as store_dir:
+        if run is not None:
+            import json
+
+            from multigpu.runtime.context import RUN_FILE_VAR
+
+            run_file = Path(store_dir) / "run.json"
+            run_file.write_text(json.dumps({"workload": None, "config": None, "run": run.to_dict()}))
+            env = {**(env or {}), RUN_FILE_VAR: str(run_file)}
         procs = [
             ctx.Process(
                 target=_child,
                 args=(fn, args, kwargs or {}, r, world_size, store_dir, results, timeout_s,
-                      collective_timeout_s or timeout_s, env or {}, threads),
+                      collective_timeout_s or timeout_s, env or {}, threads, backend),
                 daemon=True,
             )
             for r in range(world_size)

@@ -100,8 +100,8 @@ def wrap_ddp(
     """Wrap ``module`` (already on ``env.device``) in DDP with the chosen sync backend. Call on all ranks."""
     on_gpu = env.device.type == "cuda"
     if sync_backend == "nccl" and env.backend != "nccl":
-        raise DeviceError(f"sync_backend=nccl needs every rank on a GPU, but this job runs on {env.backend}; "
-                          "valid here: auto, gloo, cpu")
+        raise DeviceError(f"sync_backend=nccl needs every rank on its own GPU, but this job's collectives run on "
+                          f"{env.backend} (a hybrid job, or ranks sharing a GPU); valid here: auto, gloo, cpu")
     ddp = DDP(
         module,
         device_ids=[env.device.index] if on_gpu else None,

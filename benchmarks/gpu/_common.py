@@ -1,0 +1,128 @@
+"""Shared parts of the GPU benchmarks: the machine's facts, peak FLOPS, timing, one JSON record per script.
+
+Each script in this folder runs our code and its peer in the same run, prints
+the ratio and, with ``--json PATH``, writes one record::
+
+    {"benchmark": "train_mfu", "machine": {...}, "config": {...}, "ours": {...}, "peer": {...},
+     "ratio": 1.04, "targets": {"mfu >= 0.40": true, "ratio >= 1.0": true}}
+
+``--quick`` shrinks every size so the script runs on a CPU in seconds (tests/unit/test_gpu_benchmarks.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PEAK_BF16_DENSE = [("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12),
+                   ("GH200", 989e12), ("A100", 312e12)]
+"""Dense bf16 tensor-core peak FLOP/s by device name (NVIDIA's data sheets; first match wins: H100 SXM is 989e12)."""
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU from its name, or None when it is not in the table."""
+    for key, flops in PEAK_BF16_DENSE:
+        if key in device_name:
+            return flops
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: GPU, driver, torch, CUDA, cores."""
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+                            "cpu_cores": os.cpu_count(), "host": platform.node()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_count=torch.cuda.device_count(), gpu_memory_gib=props.total_memory / 2**30,
+                    sm_count=props.multi_processor_count)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+            pynvml.nvmlShutdown()
+        except Exception as exc:  # noqa: BLE001 - no NVML: the figure is simply missing
+            info["driver"] = f"unknown ({type(exc).__name__})"
+    else:
+        info["gpu"] = None
+    return info
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The flags every script takes: --quick, --device, --json."""
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: seconds on a CPU (the smoke test)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"], help="default: cuda if available")
+    p.add_argument("--json", metavar="PATH", help="write the record here")
+    return p
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no CUDA device; valid here: auto, cpu", file=sys.stderr)
+        raise SystemExit(2)
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice, 0) if choice == "cuda" else torch.device("cpu")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> tuple[Any, float]:
+    """(fn(), seconds), with the device synchronized before and after."""
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - start
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def write_record(path: str | None, record: dict[str, Any]) -> None:
+    """Print the record and write it to ``path`` (atomically) when given."""
+    text = json.dumps(record, indent=2, default=str)
+    print("RECORD " + json.dumps(record, default=str), flush=True)
+    if path:
+        from multigpu.files import write_text_atomic
+
+        write_text_atomic(Path(path), text + "\n")
+
+
+def child_result(stdout: str) -> dict[str, Any] | None:
+    """The ``RESULT {...}`` line a child process printed, parsed (None when it printed none)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return None
+
+
+def sampler_summary(path: Path) -> dict[str, Any]:
+    """GPU 0's utilization, memory and power over a sampler file (``multigpu.monitor.Sampler``)."""
+    if not path.exists():
+        return {"samples": 0}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    gpu = [r["gpus"][0] for r in records if r.get("gpus")]
+    util = [g["util_percent"] for g in gpu if g.get("util_percent") is not None]
+    mem = [g["memory_used_gib"] for g in gpu if g.get("memory_used_gib") is not None]
+    power = [g["power_w"] for g in gpu if g.get("power_w") is not None]
+    return {"samples": len(records), "gpu_samples": len(gpu),
+            "gpu_util_mean": sum(util) / len(util) if util else None, "gpu_util_max": max(util, default=None),
+            "gpu_memory_max_gib": max(mem, default=None), "gpu_power_max_w": max(power, default=None),
+            "host_cpu_percent_max": max((r["cpu_percent"] for r in records if r.get("cpu_percent") is not None),
+                                        default=None)}

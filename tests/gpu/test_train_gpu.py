@@ -1,0 +1,137 @@
+"""Training on CUDA: the nano GPT in fp32, bf16 and fp16 (grad scaler), DDP over every sync backend, hybrid jobs.
+
+These pin what the CPU tests cannot: autocast and the grad scaler on a GPU make
+the loss fall; the ``cpu`` sync backend, which stages CUDA gradients through
+host memory, gives what NCCL (2 GPUs) or gloo (2 ranks sharing one GPU) gives;
+and a job of GPU and CPU ranks (``--allow-cpu-ranks``), or of CUDA ranks at
+all, ends within float tolerance where 2 CPU ranks end (TF32 off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import multigpu as mg
+from multigpu.runtime.context import RunContext
+from multigpu.testing import requires_gpus, run_on_ranks
+from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer, make_scheduler
+from multigpu.train.data import VOCAB, CharDataset, encode
+from multigpu.train.model import GPT
+
+pytestmark = pytest.mark.gpu
+
+TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32)
+EXACT = TrainConfig(steps=4, global_batch_size=8, lr=3e-3, warmup_steps=1, eval_every=0, log_every=0,
+                    checkpoint_every=0, prefetch=0, tf32=False)
+"""For comparisons: fp32, no TF32, random tokens."""
+LEARN = dataclasses.replace(EXACT, steps=30, lr=1e-2, prefetch=2)
+"""For a falling loss: a repeated text the model learns in a few steps."""
+
+# placements of 2 spawned ranks (run_on_ranks' env and run context, as the launcher would give them):
+# NCCL on 2 GPUs, gloo sharing GPU 0 (--share-gpus), hybrid GPU + CPU (--allow-cpu-ranks)
+NCCL_2 = {"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}
+SHARED_1 = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")}
+HYBRID = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(allow_cpu_ranks=True, hybrid=True)}
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def random_tokens() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    return torch.randint(0, len(VOCAB), (32 * 64 + 1,), generator=gen, dtype=torch.uint8)
+
+
+def text_tokens() -> torch.Tensor:
+    return encode("def add(a, b):\n    return a + b\n\n" * 200)
+
+
+def train(cfg: TrainConfig, tokens: torch.Tensor) -> dict:
+    """Train the tiny GPT with the Trainer on every rank of the current job (or alone); figures on the CPU."""
+    torch.manual_seed(0)  # identical initial weights on every rank
+    model = GPT(TINY, len(VOCAB))
+    optimizer = make_optimizer(model, cfg)
+    trainer = Trainer(model, optimizer, CharDataset(tokens, TINY.block_size), config=cfg,
+                      scheduler=make_scheduler(optimizer, cfg), run_dir=None)
+    trainer.setup()
+    losses = []
+    for _ in range(cfg.steps):
+        losses.append(float(trainer.train_step()["loss"]))  # this rank's loss
+        trainer.step += 1
+    trainer.close()
+    return {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses,
+            "device": str(next(model.parameters()).device), "scaler": trainer.scaler.is_enabled()}
+
+
+def max_diff(a: dict, b: dict) -> tuple[str, float]:
+    """The parameter that differs most between two state dicts, and by how much."""
+    diffs = {k: (a[k].double() - b[k].double()).abs().max().item() for k in a}
+    worst = max(diffs, key=diffs.get)
+    return worst, diffs[worst]
+
+
+def assert_close(a: dict, b: dict, what: str, rtol: float, atol: float) -> None:
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=rtol, atol=atol), f"{what}: {max_diff(a, b)}"
+
+
+def loss_fell(losses: list[float]) -> bool:
+    start, end = losses[0], sum(losses[-5:]) / 5
+    return all(math.isfinite(v) for v in losses) and end < 0.6 * start
+
+
+def variants(syncs: tuple[str, ...], precisions: tuple[str, ...]) -> dict:
+    """Rank body: fp32 training with each sync backend, and a learning run in each mixed precision."""
+    out = {f"fp32-{s}": train(dataclasses.replace(EXACT, sync_backend=s), random_tokens()) for s in syncs}
+    for p in precisions:
+        out[p] = train(dataclasses.replace(LEARN, precision=p), text_tokens())
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_cpu_ranks() -> dict:
+    return run_on_ranks(variants, 2, args=(("auto",), ()), timeout_s=300)[0]
+
+
+@requires_gpus(1)
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_loss_falls_on_cuda_in_each_precision(precision, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    mg.init(backend="cuda")
+    result = train(dataclasses.replace(LEARN, precision=precision), text_tokens())
+    assert result["device"] == "cuda:0" and result["scaler"] == (precision == "fp16")
+    assert loss_fell(result["losses"]), result["losses"]
+
+
+@requires_gpus(1)
+def test_ddp_on_cuda_every_sync_backend_agrees_and_matches_cpu_ranks(two_cpu_ranks):
+    placement, syncs = (NCCL_2, ("auto", "gloo", "cpu")) if _gpus() >= 2 else (SHARED_1, ("auto", "cpu"))
+    r0, r1 = run_on_ranks(variants, 2, args=(syncs, ("bf16", "fp16")), backend="cuda", **placement, timeout_s=300)
+    for name in r0:
+        assert r0[name]["device"].startswith("cuda") and r1[name]["device"].startswith("cuda")
+        for key in r0[name]["state"]:  # DDP keeps replicas identical, bit for bit
+            assert torch.equal(r0[name]["state"][key], r1[name]["state"][key]), f"{name}: ranks disagree on {key}"
+    reference = r0["fp32-auto"]["state"]
+    for sync in syncs[1:]:  # the cpu hook stages CUDA buckets through host memory: same average
+        assert_close(r0[f"fp32-{sync}"]["state"], reference, f"sync {sync} vs auto", rtol=1e-6, atol=1e-7)
+    assert_close(reference, two_cpu_ranks["fp32-auto"]["state"], "2 CUDA ranks vs 2 CPU ranks", rtol=1e-4, atol=1e-5)
+    for precision in ("bf16", "fp16"):
+        assert loss_fell(r0[precision]["losses"]), (precision, r0[precision]["losses"])
+    assert r0["fp16"]["scaler"] and not r0["bf16"]["scaler"]
+
+
+@requires_gpus(1)
+def test_hybrid_gpu_and_cpu_ranks_match_two_cpu_ranks(two_cpu_ranks):
+    r0, r1 = run_on_ranks(variants, 2, args=(("auto", "cpu"), ()), backend="auto", **HYBRID, timeout_s=300)
+    assert r0["fp32-auto"]["device"] == "cuda:0" and r1["fp32-auto"]["device"] == "cpu"
+    reference = two_cpu_ranks["fp32-auto"]["state"]
+    for name in ("fp32-auto", "fp32-cpu"):
+        # the same averaged gradients on both ranks; the optimizer's float ops differ by ulps between devices
+        assert_close(r0[name]["state"], r1[name]["state"], f"{name}: GPU rank vs CPU rank", rtol=1e-5, atol=1e-6)
+        assert_close(r0[name]["state"], reference, f"{name}: hybrid vs 2 CPU ranks", rtol=1e-4, atol=1e-5)
