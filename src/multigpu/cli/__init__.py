@@ -74,6 +74,20 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, except that a workload command's ``key=value`` overrides may stand anywhere, between flags
+    too (``multigpu train steps=9 --nproc-per-node 2 lr=1e-3``): argparse takes one run of positionals only."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list):
+        stray = [e for e in extra if "=" not in e or e.startswith("-")]
+        if not stray:
+            args.overrides += extra
+            return args
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _version() -> str:
     from multigpu import __version__
 
@@ -85,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MULTIGPU_DEBUG") == "1"
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
         if getattr(args, "_run", None) is None:
             build_parser().print_help()
             return 2

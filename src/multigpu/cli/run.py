@@ -34,5 +34,7 @@ def run(args: argparse.Namespace) -> int:
     parser = ArgumentParser(prog="multigpu run")
     sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     add_workload_parser(sub, workload, name=args.workload)
-    inner = parser.parse_args([args.workload, *args.args])
+    from multigpu.cli import parse
+
+    inner = parse(parser, [args.workload, *args.args])
     return run_command(workload, inner, spec=args.workload)
