@@ -35,12 +35,15 @@ def installed(tmp_path_factory):
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
+                              str(wheel)], capture_output=True, text=True, timeout=300, env=clean)
+    assert install.returncode == 0, install.stderr[-3000:]
+    # only now borrow the dependencies: pip would have taken this checkout's editable install for the wheel
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
+    assert (site / "multigpu" / "presets" / "nano.yaml").is_file()
     (site / "_borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-                              str(wheel)], capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, install.stderr[-3000:]
     work = tmp / "work"
     work.mkdir()
     return venv, work
@@ -58,19 +61,27 @@ def test_the_wheel_is_what_runs_and_every_command_has_help(installed):
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import multigpu; print(multigpu.__file__)"],
                            capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": ""})
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
-    for command in COMMANDS:
-        proc = _run(venv, work, command, "--help")
-        assert proc.returncode == 0 and "usage: multigpu" in proc.stdout, (command, proc.stderr[-2000:])
+    top = _run(venv, work, "--help")  # the console script itself
+    assert top.returncode == 0 and all(c in top.stdout for c in COMMANDS), top.stdout + top.stderr
+    every = ("import contextlib, io, sys\nfrom multigpu.cli import main\n"  # one process: one torch import
+             f"for c in {COMMANDS!r}:\n"
+             "    out = io.StringIO()\n"
+             "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+             "        main([c, '--help'])\n"
+             "    assert out.getvalue().startswith('usage: multigpu ' + c), (c, out.getvalue()[:200])\n"
+             "print('help ok')\n")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", every], capture_output=True, text=True, cwd=work,
+                          env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert proc.returncode == 0 and "help ok" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_the_wheel_runs_each_workload_and_bench_and_verify(installed):
     venv, work = installed
     runs = work / "runs"
     cases = {
-        "train": ["train", "-f", "nano", "--nproc-per-node", "2", "steps=2", "batch_size=2", "eval_every=0",
+        "train": ["train", "-f", "nano", "steps=2", "batch_size=2", "eval_every=0",
                   "model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2", "block_size=16",
                   "data.kwargs.max_chars=20000", "sample_chars=8", "checkpoint_every=0"],
-        "sim": ["sim", "-f", "sir", "--agents", "5000", "--steps", "3", "grid=[20,20]", "plot=false"],
         "infer": ["infer", "--roi", "128", "--batch-size", "8"],
         "rl": ["rl", "-f", "ppo-cartpole", "num_envs=16", "num_steps=8", "total_env_steps=256", "target_return=null"],
     }

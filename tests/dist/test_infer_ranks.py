@@ -50,6 +50,9 @@ def _cases():
         # x2 output and overlap 0.75: a voxel is covered by up to 16 windows, across several ranks
         "x2": dict(inputs=torch.rand(1, 3, 45, 61, generator=g), model=upsample2x, roi=(16, 24),
                    overlap=0.75, batch_size=2, blend="gaussian"),
+        # crop: every voxel from exactly one window (x2 output, uneven overlaps at the image's end)
+        "crop": dict(inputs=torch.rand(1, 3, 45, 61, generator=g), model=upsample2x, roi=(16, 24),
+                     overlap=0.5, batch_size=3, blend="crop"),
         # 3-D, batch 1, replicate padding in depth
         "3d": dict(inputs=torch.randn(1, 2, 6, 20, 17, generator=g), model=lambda: _net(2, 3, 3),
                    roi=(8, 8, 8), overlap=(0.0, 0.5, 0.3), batch_size=1, blend="gaussian", pad_mode="replicate"),

@@ -90,8 +90,12 @@ def test_bad_models_and_inputs_raise_config_error():
     x = torch.zeros(1, 3, 16, 16)
     with pytest.raises(ConfigError, match="not a whole multiple"):
         sliding_window(x, lambda t: t[:, :, :5, :5], 8, progress=False)
-    with pytest.raises(ConfigError, match="returned tuple"):
-        sliding_window(x, lambda t: (t,), 8, progress=False)
+    with pytest.raises(ConfigError, match="returned str"):
+        sliding_window(x, lambda t: "not a tensor", 8, progress=False)
+    with pytest.raises(ConfigError, match="parts are not all"):
+        sliding_window(x, lambda t: (t, 3), 8, progress=False)
+    with pytest.raises(ConfigError, match="different spatial sizes"):
+        sliding_window(x, lambda t: (t, t[:, :, ::2, ::2]), 8, progress=False)
     with pytest.raises(ConfigError, match=r"\(N, C, H, W\)"):
         sliding_window(torch.zeros(3, 16, 16), denoiser(), 8, progress=False)
     with pytest.raises(ConfigError, match="same number of channels"):

@@ -14,7 +14,7 @@ fixed filters), ``io`` (PNG/TIFF reading and writing), ``job`` (the
 ``infer`` workload: its launcher-side check and rank-side main).
 """
 
-from multigpu.infer.runner import PAD_MODES, PRECISIONS, sliding_window
+from multigpu.infer.runner import PAD_MODES, PRECISIONS, sliding_window, sliding_window_inference
 from multigpu.infer.stitch import BLENDS, Canvas, importance_map
 from multigpu.infer.windows import WindowGrid, WindowPlan, make_grid
 
@@ -28,4 +28,5 @@ __all__ = [
     "importance_map",
     "make_grid",
     "sliding_window",
+    "sliding_window_inference",
 ]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from multigpu.errors import ConfigError
+from multigpu.factory import Factory
 
 __all__ = ["InferConfig", "MAX_ROI"]
 
@@ -15,14 +16,17 @@ MAX_ROI = 8192
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InferConfig:
-    model: str = ""
-    """The model factory as ``package.module:function``; called with no arguments, it returns an nn.Module."""
+    model: Factory = field(default_factory=lambda: Factory(factory="multigpu.infer.models:denoiser"))
+    """The model factory (``model.factory``: ``package.module:function``, ``model.kwargs``: its arguments);
+    it returns an ``nn.Module`` or any callable taking a window batch."""
+    call_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of every model call (e.g. ``sigma: 0.05`` for a DRUNet taking ``(x, sigma)``)."""
 
     inputs: list[str] = field(default_factory=list)
-    """Image files (PNG, JPEG, BMP, TIFF); sizes may differ."""
+    """Image files (PNG, JPEG, BMP, TIFF); sizes may differ. Empty: the demo photo with noise added."""
 
     output: str = ""
-    """Folder for the outputs (one file per input, same stem)."""
+    """Folder for the outputs (one file per input, same stem). Empty: ``out/`` in the run directory."""
 
     roi: list[int] = field(default_factory=lambda: [256])
     """Window size in pixels: one value, or one per spatial dim."""
@@ -33,8 +37,9 @@ class InferConfig:
     batch_size: int = 8
     """Windows per model call on each rank."""
 
-    blend: Literal["constant", "gaussian"] = "gaussian"
-    """How overlapping outputs are weighted: plain mean, or Gaussian (window edges weigh less)."""
+    blend: Literal["constant", "gaussian", "crop"] = "gaussian"
+    """How overlapping outputs are weighted: plain mean, Gaussian (window edges weigh less), or crop (each
+    window keeps its inner part, up to the middle of each overlap: every pixel from exactly one window)."""
 
     sigma_scale: float = 0.125
     """Gaussian sigma as a fraction of the roi."""
@@ -47,8 +52,8 @@ class InferConfig:
 
 
     def __post_init__(self) -> None:
-        if ":" not in self.model or not all(self.model.partition(":")[::2]):
-            raise ConfigError(f"infer.model={self.model!r} must look like package.module:factory, "
+        if ":" not in self.model.factory or not all(self.model.factory.partition(":")[::2]):
+            raise ConfigError(f"infer.model.factory={self.model.factory!r} must look like package.module:factory, "
                               "e.g. multigpu.infer.models:denoiser")
         if not self.roi or len(self.roi) > 3 or any(not 1 <= r <= MAX_ROI for r in self.roi):
             raise ConfigError(f"infer.roi={self.roi} must be 1 to 3 sizes in [1, {MAX_ROI}], e.g. --roi 256")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from multigpu.argtypes import positive_float, positive_int
 from multigpu.errors import ConfigError
+from multigpu.factory import Factory
 from multigpu.infer.config import InferConfig
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
@@ -34,15 +35,12 @@ DEMO_SIZE = (600, 512)
 """Height and width of the demo photo (matplotlib's sample, or the pattern drawn without matplotlib)."""
 
 
-def load_model(spec: str):
-    """Import ``package.module:factory`` and call the factory; one-line ConfigError on any failure."""
-    from torch import nn
-
-    from multigpu.factory import call_factory
-
-    model = call_factory(spec, what="--model")
-    if not isinstance(model, nn.Module) and not callable(model):
-        raise ConfigError(f"--model {spec!r}: {spec.partition(':')[2]}() returned {type(model).__name__}, not a model")
+def load_model(spec: Factory):
+    """Build the model from its factory and arguments; one-line ConfigError on any failure."""
+    model = spec.build("--model")
+    if not callable(model):
+        raise ConfigError(f"--model {spec.factory!r} returned {type(model).__name__}, not a model (nn.Module or "
+                          "a callable)")
     return model
 
 
@@ -77,18 +75,23 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
     c = infos[0].channels
     model = load_model(cfg.model)
     wanted = _first_in_channels(model)
+    name = cfg.model.factory
     if wanted is not None and wanted != c:
-        raise ConfigError(f"'{infos[0].path}' has {c} channel(s) but the model {cfg.model} takes {wanted}")
+        raise ConfigError(f"'{infos[0].path}' has {c} channel(s) but the model {name} takes {wanted}")
+    from multigpu.infer.runner import _Packed
+
     try:
         with torch.inference_mode():
-            out = model(torch.zeros((1, c, *roi)))
+            out = _Packed(model)(torch.zeros((1, c, *roi)), **cfg.call_kwargs)
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model on a test window
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"the model {cfg.model} failed on a test window of shape (1, {c}, {roi[0]}, {roi[1]}) "
+        raise ConfigError(f"the model {name} failed on a test window of shape (1, {c}, {roi[0]}, {roi[1]}) "
                           f"(the images have {c} channel(s)): {first}") from None
     if not isinstance(out, torch.Tensor) or out.dim() != 4 or any(o % r for o, r in zip(out.shape[2:], roi, strict=True)):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"the model {cfg.model} turned a window (1, {c}, {roi[0]}, {roi[1]}) into {shape}; "
+        raise ConfigError(f"the model {name} turned a window (1, {c}, {roi[0]}, {roi[1]}) into {shape}; "
                           "it must return (1, C_out, H*k, W*k) for a whole number k")
     if out.shape[1] not in (1, 3, 4) and any(io.output_path(cfg.output or ".", p).suffix == ".png" for p in cfg.inputs):
         raise ConfigError(f"the model returns {out.shape[1]} channels, which PNG cannot hold; use TIFF inputs")
@@ -135,12 +138,15 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     output = cfg.output or str(run_dir / "out")
     model = load_model(cfg.model)
     if isinstance(model, nn.Module):
-        model = model.to(mg.device()).eval()
+        model = model.to(mg.device()).eval()  # a plain callable's modules are moved by sliding_window
     images = [io.read_image(p) for p in inputs] * ctx.problem_scale(mg.world_size())
     meter = StepMeter.from_context("windows", ctx, total_steps=None, description="infer")
     start = time.perf_counter()
     outputs = sliding_window(images, model, cfg.roi, cfg.overlap, cfg.batch_size, cfg.blend, cfg.precision,
-                             cfg.pad_mode, sigma_scale=cfg.sigma_scale, meter=meter)
+                             cfg.pad_mode, sigma_scale=cfg.sigma_scale, meter=meter, model_kwargs=cfg.call_kwargs)
+    if outputs is not None and not isinstance(outputs[0], torch.Tensor):
+        raise ConfigError("multigpu infer writes one image per input; this model returns several outputs per window "
+                          "(use sliding_window from Python for those)")
     seconds = time.perf_counter() - start
     written = []
     if mg.is_main():
@@ -170,8 +176,12 @@ WORKLOAD = Workload(
     help="blend a model's output over overlapping windows of large images, on every rank",
     prefix="infer",
     flags=(
-        Flag("--model", "model", metavar="PKG.MODULE:FACTORY",
+        Flag("--model", "model.factory", metavar="PKG.MODULE:FACTORY",
              help="model factory, e.g. multigpu.infer.models:denoiser (or :edges, :upsample2x)"),
+        Flag("--model-arg", "model.kwargs", action="append", metavar="NAME=VALUE",
+             help="an argument of the model factory, repeatable (the same as model.kwargs.NAME=VALUE)"),
+        Flag("--call-arg", "call_kwargs", action="append", metavar="NAME=VALUE",
+             help="an extra argument of every model call, repeatable, e.g. sigma=0.05 for a DRUNet"),
         Flag("--input", "inputs", nargs="+", metavar="IMAGE",
              help="PNG/JPEG/BMP/TIFF images (sizes may differ); default: the noisy demo photo"),
         Flag("--output", "output", metavar="DIR", help="folder for the outputs (default: out/ in the run directory)"),
@@ -179,7 +189,7 @@ WORKLOAD = Workload(
         Flag("--overlap", "overlap", nargs="+", type=float, metavar="F",
              help="overlap fraction in [0, 1): one value or per dim (default 0.25)"),
         Flag("--batch-size", "batch_size", type=positive_int, help="windows per model call (default 8)"),
-        Flag("--blend", "blend", choices=("constant", "gaussian"), help="default gaussian"),
+        Flag("--blend", "blend", choices=("constant", "gaussian", "crop"), help="default gaussian"),
         Flag("--sigma-scale", "sigma_scale", type=positive_float, help="Gaussian sigma / roi (default 0.125)"),
         Flag("--precision", "precision", choices=("fp32", "bf16", "fp16"), help="default fp32"),
         Flag("--pad-mode", "pad_mode", choices=("constant", "reflect", "replicate", "circular"),

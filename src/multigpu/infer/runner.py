@@ -29,6 +29,7 @@ MONAI's order, so it matches ``monai.inferers.sliding_window_inference``
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -39,12 +40,12 @@ import torch
 import torch.nn.functional as F
 
 from multigpu.errors import ConfigError
-from multigpu.infer.stitch import BLENDS, Canvas, importance_map
+from multigpu.infer.stitch import BLENDS, Canvas, crop_mask, importance_map
 from multigpu.infer.windows import Window, WindowPlan, as_tuple
 from multigpu.monitor import StepMeter
 from multigpu.runtime import collectives, group
 
-__all__ = ["PAD_MODES", "PRECISIONS", "sliding_window"]
+__all__ = ["PAD_MODES", "PRECISIONS", "sliding_window", "sliding_window_inference"]
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
@@ -121,8 +122,8 @@ class _Job:
     """One call of ``sliding_window`` on this rank."""
 
     def __init__(self, images, model, roi, overlap, batch_size, blend, precision, pad_mode, *,
-                 sigma_scale, cval, device):
-        self.images, self.model = images, model
+                 sigma_scale, cval, device, model_kwargs=None):
+        self.images, self.model, self.model_kwargs = images, model, dict(model_kwargs or {})
         self.roi, self.blend, self.sigma_scale = roi, blend, sigma_scale
         self.batch_size, self.pad_mode, self.cval = batch_size, pad_mode, cval
         self.autocast_dtype = PRECISIONS[precision]
@@ -187,7 +188,7 @@ class _Job:
         autocast = (torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
                     if self.autocast_dtype is not None else contextlib.nullcontext())
         with autocast:
-            return self.model(x)
+            return self.model(x, **self.model_kwargs)
 
     def _check_output(self, out, x: torch.Tensor) -> _OutMeta:
         if not isinstance(out, torch.Tensor):
@@ -217,12 +218,19 @@ class _Job:
             self.canvases[image] = Canvas(self.meta.channels, box, self.acc_dtype)
         return self.canvases[image]
 
+    def _weights_of(self, w: Window) -> torch.Tensor:
+        """The window's weight map: the same for every window, except under ``blend="crop"``."""
+        if self.blend != "crop":
+            return self.weights
+        grid = self.plan.grids[w.image]
+        return crop_mask(self.weights, grid.starts, self.roi, grid.grid_index(w.local), self.meta.scale)
+
     def _stitch(self, windows: list[Window], out: torch.Tensor) -> None:
         """Add each window's output in window order, and keep the ones other ranks' voxels need."""
         z = self.meta.scale
         for w, y in zip(windows, out, strict=True):
             start = tuple(s * f for s, f in zip(w.start, z, strict=True))
-            self._canvas(w.image).add(y, self.weights, start)
+            self._canvas(w.image).add(y, self._weights_of(w), start)
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
                 for r in owners[owners != self.rank]:
@@ -266,7 +274,7 @@ class _Job:
             for index, y in received:  # rank order, then window order within a rank = window order
                 w = self.plan.window(index)
                 start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
-                self.canvases[w.image].add(y, self.weights, start)
+                self.canvases[w.image].add(y, self._weights_of(w), start)
 
     def _blocks(self, image: int, rows: tuple[int, int, int]) -> list[tuple[tuple[tuple[int, int], ...], int]]:
         """The blocks of one slab (``rows`` = start, stop, grid index along dim 0) and the rank owning each."""
@@ -342,7 +350,8 @@ def sliding_window(
     device: torch.device | str | None = None,
     run_dir=None,
     meter: StepMeter | None = None,
-) -> torch.Tensor | list[torch.Tensor] | None:
+    model_kwargs: dict | None = None,
+):
     """Run ``model`` over overlapping windows of every image and blend the outputs, split over all ranks.
 
     Must be called on all ranks with the same inputs and arguments (or without
@@ -354,12 +363,15 @@ def sliding_window(
         inputs: ``(N, C, H, W)`` or ``(N, C, D, H, W)``, or a list of such tensors
             of different spatial sizes (any dtype; windows are cast to float32).
         model: Maps a window batch ``(B, C, *roi)`` to ``(B, C_out, *(roi * scale))``
-            for an integer ``scale`` per dim (1: same size; 2: x2 super-resolution).
+            for an integer ``scale`` per dim (1: same size; 2: x2 super-resolution); or to a tuple,
+            list or dict of such tensors (same scale), each stitched on its own. An ``nn.Module`` or
+            any callable (a closure, ``functools.partial``): the modules it holds are moved to ``device``.
         roi: Window size, one int or one per spatial dim. An image smaller than
             the roi in a dim is padded there (``pad_mode``) and cropped back after.
         overlap: Fraction of a window shared with its neighbour, in [0, 1), one or per dim.
         batch_size: Windows per model call.
-        blend: ``"constant"`` (plain mean) or ``"gaussian"`` (window edges weigh less).
+        blend: ``"constant"`` (plain mean), ``"gaussian"`` (window edges weigh less) or ``"crop"`` (each
+            window keeps only its inner part, up to the middle of its overlaps: every voxel from one window).
         precision: ``"fp32"``, or ``"bf16"`` / ``"fp16"`` autocast around the model.
         pad_mode: ``"constant"`` (``cval``), ``"reflect"``, ``"replicate"`` or ``"circular"``.
         progress: Progress bar (windows/s) on rank 0 when stderr is a terminal.
@@ -369,10 +381,13 @@ def sliding_window(
         run_dir: Where rank 0 writes the step meter's ``summary.json`` (None: nowhere).
         meter: A ``StepMeter`` to record into (one step per window batch); it is then
             left open for the caller to ``close()``. Default: one made and closed here.
+        model_kwargs: Extra keyword arguments of every model call (e.g. ``{"sigma": 0.05}`` for
+            DeepInverse's DRUNet, which takes ``model(x, sigma)``).
 
     Returns:
         On rank 0, the blended output on the CPU: a tensor ``(N, C_out, *spatial * scale)``
-        for a tensor input, a list of them for a list; float32 (float64 for float64 input).
+        for a tensor input, a list of them for a list; float32 (float64 for float64 input);
+        the model's tuple/list/dict structure around them when it returns one.
         ``None`` on the other ranks.
 
     Example (world_size=2; 121 windows of a 2048x2048 image)::
@@ -384,8 +399,12 @@ def sliding_window(
     EXCHANGE_STATS.clear()
     images, groups = _flatten(inputs)
     roi, overlap = _check_args(roi, overlap, batch_size, blend, precision, pad_mode, images[0].dim() - 1)
-    job = _Job(images, model, roi, overlap, batch_size, blend, precision, pad_mode,
-               sigma_scale=sigma_scale, cval=cval, device=device)
+    packed = _Packed(model)
+    if device is None and not isinstance(model, torch.nn.Module):
+        device = _held_device(model)
+    job = _Job(images, packed, roi, overlap, batch_size, blend, precision, pad_mode,
+               sigma_scale=sigma_scale, cval=cval, device=device, model_kwargs=model_kwargs)
+    _move_held_modules(model, job.device)
     own_meter = meter is None
     if own_meter:
         meter = StepMeter("windows", total_steps=job.num_batches(), description="infer", run_dir=run_dir,
@@ -399,7 +418,119 @@ def sliding_window(
             job.assemble(i, None if outputs is None else outputs[1][i])
     if own_meter:
         meter.close({"num_windows": job.plan.num_windows, "num_images": len(images), "roi": list(roi)})
-    return None if outputs is None else outputs[0]
+    return None if outputs is None else packed.unpack(outputs[0])
+
+
+class _Packed:
+    """The model, its tuple/list/dict outputs concatenated along channels (one stitch), split back after."""
+
+    def __init__(self, model):
+        self.model = model
+        self.structure: tuple[type, list, list[int]] | None = None  # (kind, keys, channels per part)
+
+    def parameters(self):
+        params = getattr(self.model, "parameters", None)
+        return params() if params is not None else iter(())
+
+    def __call__(self, x, **kwargs):
+        out = self.model(x, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return out
+        if isinstance(out, dict):
+            keys, parts = list(out), list(out.values())
+        elif isinstance(out, (tuple, list)):
+            keys, parts = list(range(len(out))), list(out)
+        else:
+            return out  # _check_output names what came back
+        if not parts or not all(isinstance(p, torch.Tensor) and p.dim() == x.dim() for p in parts):
+            raise ConfigError("the model returned a tuple/list/dict whose parts are not all (N, C, *spatial) tensors")
+        if len({tuple(p.shape[2:]) for p in parts}) != 1:
+            raise ConfigError(f"the model's outputs have different spatial sizes {[tuple(p.shape) for p in parts]}; "
+                              "sliding_window stitches outputs of one scale")
+        self.structure = (type(out), keys, [int(p.shape[1]) for p in parts])
+        return torch.cat([p.float() if p.dtype != parts[0].dtype else p for p in parts], dim=1)
+
+    def unpack(self, result):
+        if self.structure is None:
+            return result
+        if isinstance(result, list):
+            return [self.unpack(r) for r in result]
+        kind, keys, channels = self.structure
+        parts = torch.split(result, channels, dim=1)
+        if kind is dict or issubclass(kind, dict):
+            return dict(zip(keys, parts, strict=True))
+        return kind(parts) if kind in (tuple, list) else tuple(parts)
+
+
+def _held_modules(fn, depth: int = 0) -> list[torch.nn.Module]:
+    """The ``nn.Module`` objects a plain callable holds: a partial's function and arguments, a closure's cells,
+    a bound method's object (looked into a few levels deep)."""
+    if isinstance(fn, torch.nn.Module):
+        return [fn]
+    if depth > 3:
+        return []
+    found: list = []
+    if hasattr(fn, "func") and hasattr(fn, "keywords"):  # functools.partial
+        for item in (fn.func, *fn.args, *fn.keywords.values()):
+            found += _held_modules(item, depth + 1)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found += _held_modules(cell.cell_contents, depth + 1)
+        except ValueError:  # an empty cell
+            continue
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        found += _held_modules(owner, depth + 1)
+    return found
+
+
+def _held_device(fn) -> torch.device | None:
+    for module in _held_modules(fn):
+        first = next(iter(module.parameters()), None)
+        if first is not None and first.device.type != "cpu":
+            return first.device
+    return None
+
+
+def _move_held_modules(fn, device: torch.device) -> None:
+    if not isinstance(fn, torch.nn.Module):
+        for module in _held_modules(fn):
+            module.to(device)
+
+
+def sliding_window_inference(inputs, roi_size, sw_batch_size, predictor, overlap=0.25, mode="constant",
+                             sigma_scale=0.125, padding_mode="constant", cval=0.0, sw_device=None, device=None,
+                             progress=False, *args, **kwargs):
+    """MONAI's ``sliding_window_inference``, by its own names and argument order, run over every rank.
+
+    A MONAI user swaps the import; ``*args`` and ``**kwargs`` reach ``predictor`` as MONAI passes them.
+    The output is on ``device`` (default: the input's device) on rank 0, and ``None`` on the other ranks;
+    MONAI's ``roi_weight_map``, ``process_fn``, ``buffer_steps`` and ``with_coord`` are not supported.
+    """
+    for name in ("roi_weight_map", "process_fn", "buffer_steps", "buffer_dim", "with_coord"):
+        if kwargs.pop(name, None) not in (None, -1, False):
+            raise ConfigError(f"sliding_window_inference: MONAI's {name} is not supported here")
+    model = predictor if not args else functools.partial(_with_args, predictor, args)
+    out = sliding_window(inputs, model, roi_size, overlap, sw_batch_size, blend=mode, pad_mode=padding_mode,
+                         progress=progress, sigma_scale=sigma_scale, cval=cval, device=sw_device, model_kwargs=kwargs)
+    if out is None:
+        return None
+    target = device if device is not None else (inputs.device if isinstance(inputs, torch.Tensor) else None)
+    if target is None:
+        return out
+    return _to(out, target)
+
+
+def _with_args(predictor, args, x, **kwargs):
+    return predictor(x, *args, **kwargs)
+
+
+def _to(out, device):
+    if isinstance(out, torch.Tensor):
+        return out.to(device)
+    if isinstance(out, dict):
+        return {k: _to(v, device) for k, v in out.items()}
+    return type(out)(_to(v, device) for v in out)
 
 
 def _allocate(job: _Job, images: list[torch.Tensor], groups: list[int] | None):

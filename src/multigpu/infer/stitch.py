@@ -24,9 +24,21 @@ import torch.nn.functional as F
 
 from multigpu.errors import ConfigError
 
-__all__ = ["BLENDS", "Canvas", "importance_map"]
+__all__ = ["BLENDS", "Canvas", "crop_bounds", "crop_mask", "importance_map"]
 
-BLENDS = ("constant", "gaussian")
+
+def crop_bounds(starts: Sequence[int], roi: int, index: int) -> tuple[int, int]:
+    """The part of window ``index`` (of windows at ``starts`` along one dim) that ``blend="crop"`` keeps, in the
+    window's own coordinates: from the middle of its overlap with the previous window to the middle of its overlap
+    with the next one (its own edge where there is no neighbour; a voxel exactly in the middle goes to the later
+    window). Over all windows these parts tile the axis exactly once: every voxel takes one window's output."""
+    start = starts[index]
+    lo = (starts[index - 1] + roi + start) // 2 if index > 0 else start
+    hi = (start + roi + starts[index + 1]) // 2 if index + 1 < len(starts) else start + roi
+    return lo - start, hi - start
+
+BLENDS = ("constant", "gaussian", "crop")
+"""Plain mean, a Gaussian fading to the window edges, or each window's inner part only (``crop_mask``)."""
 
 
 def importance_map(
@@ -45,7 +57,7 @@ def importance_map(
     ``roi`` and resized to ``out_size`` by nearest-exact interpolation, as MONAI does.
     """
     roi = tuple(int(r) for r in roi)
-    if blend == "constant":
+    if blend in ("constant", "crop"):  # crop: ones, masked per window by crop_mask
         weights = torch.ones(roi, dtype=torch.float)
     elif blend == "gaussian":
         scales = (sigma_scale,) * len(roi) if isinstance(sigma_scale, (int, float)) else tuple(sigma_scale)
@@ -62,6 +74,20 @@ def importance_map(
     if out_size is not None and tuple(out_size) != roi:
         weights = F.interpolate(weights[None, None], size=tuple(out_size), mode="nearest-exact")[0, 0]
     return weights
+
+
+def crop_mask(weights: torch.Tensor, starts: Sequence[Sequence[int]], roi: Sequence[int], grid_index: Sequence[int],
+              scale: Sequence[int]) -> torch.Tensor:
+    """``weights`` (a window's output-sized ones) zeroed outside the part :func:`crop_bounds` keeps, per dim."""
+    mask = weights.clone()
+    for d, (st, r, i, z) in enumerate(zip(starts, roi, grid_index, scale, strict=True)):
+        lo, hi = crop_bounds(st, r, i)
+        index = [slice(None)] * mask.dim()
+        index[d] = slice(0, lo * z)
+        mask[tuple(index)] = 0
+        index[d] = slice(hi * z, None)
+        mask[tuple(index)] = 0
+    return mask
 
 
 class Canvas:

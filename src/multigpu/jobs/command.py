@@ -112,8 +112,12 @@ def load_workload_config(workload: Workload, config: str | None, overrides: list
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
     for key, value in (flags or {}).items():
-        if value is not None:
-            _set_factory_or_key(data, key, list(value) if isinstance(value, tuple) else value)
+        if value is None:
+            continue
+        if key.endswith("kwargs") and isinstance(value, list):  # --model-arg a=1 --model-arg b=x
+            data = apply_overrides(data, [f"{key}.{item}" if "=" in item else item for item in value])
+            continue
+        _set_factory_or_key(data, key, list(value) if isinstance(value, tuple) else value)
     factories = [o for o in overrides if o.partition("=")[0].strip().endswith(".factory")]
     for item in factories:
         key, _, value = item.partition("=")
