@@ -15,7 +15,8 @@ HELP = "run a script on every selected GPU (or CPU ranks) through torchrun's age
 
 
 def _nproc(text: str) -> int | str:
-    if text == "auto":
+    """``N``, ``auto``, or torchrun's ``gpu`` (one per GPU) and ``cpu`` (one per core, on the CPU)."""
+    if text in ("auto", "gpu", "cpu"):
         return text
     from multigpu.cli import positive_int
 
@@ -28,8 +29,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("launch")
     add_flag(g, "--gpus", metavar="all|N|I,J", help="GPUs to use: all, the first N, or indices such as 0,2")
-    add_flag(g, "--nproc-per-node", type=_nproc, default="auto", metavar="N|auto",
-             help="workers on this node (default auto: one per selected GPU, else 1)")
+    add_flag(g, "--nproc-per-node", type=_nproc, default="auto", metavar="N|auto|gpu|cpu",
+             help="workers on this node (default auto: one per selected GPU, else 1; gpu: one per GPU; "
+                  "cpu: one per core, on the CPU)")
     add_flag(g, "--cpu", action="store_true", help="run every rank on the CPU (gloo), even with GPUs")
     add_flag(g, "--nnodes", type=positive_int, default=1, help="number of machines (default 1)")
     add_flag(g, "--node-rank", type=non_negative_int, default=0, help="this machine's index in [0, nnodes)")
@@ -53,6 +55,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
     add_flag(g, "--profile", action="store_true",
              help="torch.profiler trace per rank for a window of steps, into the run directory")
+    from multigpu.cli.aliases import add_alias_flags
+
+    add_alias_flags(g)
     add_flag(g, "--profile-steps", type=_profile_window, default=(1, 1, 3), metavar="WAIT,WARMUP,ACTIVE",
              help="the profiler's window of steps (default 1,1,3)")
     add_flag(g, "--sample-interval-s", type=_seconds_or_zero, default=1.0, metavar="S",
@@ -81,8 +86,22 @@ def _seconds_or_zero(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace):
     """LaunchConfig from the parsed launcher flags."""
+    from multigpu.cli.aliases import translate
     from multigpu.launch.config import LaunchConfig
 
+    translate(args)
+    nproc = args.nproc_per_node
+    if nproc == "cpu":  # torchrun: one worker per core, on the CPU
+        from multigpu.runtime.env import cpu_count
+
+        nproc, args.cpu = cpu_count(), True
+    elif nproc == "gpu":
+        from multigpu.launch.devices import HostFacts
+
+        if HostFacts.probe().gpu_count == 0:
+            raise ConfigError("--nproc-per-node gpu asks for one worker per GPU, but this machine has no visible "
+                              "GPU; valid here: --nproc-per-node N or cpu")
+        nproc = "auto"
     rdzv_conf = {}
     for item in args.rdzv_conf:
         for pair in item.split(","):
@@ -96,7 +115,7 @@ def config_from_args(args: argparse.Namespace):
             raise ConfigError(f"--standalone runs one node, but --nnodes is {args.nnodes}; drop one of them")
         endpoint = "localhost:0"
     return LaunchConfig(
-        nproc_per_node=args.nproc_per_node,
+        nproc_per_node=nproc,
         gpus=args.gpus,
         cpu=args.cpu,
         nnodes=args.nnodes,
@@ -115,6 +134,7 @@ def config_from_args(args: argparse.Namespace):
         profile=args.profile,
         profile_steps=args.profile_steps,
         sample_interval_s=args.sample_interval_s,
+        mixed_precision=getattr(args, "mixed_precision", None),
     )
 
 

@@ -206,9 +206,13 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     """``multigpu <workload> ...``: config, check, run directory, launch."""
     from multigpu.cli.launch import config_from_args
 
-    cfg = load_workload_config(workload, args.config, [*args.overrides, *args.set_overrides],
-                               _flag_values(workload, args))
-    launch_cfg = config_from_args(args)
+    launch_cfg = config_from_args(args)  # also translates other launchers' flags
+    overrides = [*args.overrides, *args.set_overrides]
+    if launch_cfg.mixed_precision is not None:
+        if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
+            raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
+        overrides.append(f"precision={launch_cfg.mixed_precision}")
+    cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args))
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
     run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
     job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet

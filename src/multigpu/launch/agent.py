@@ -111,6 +111,8 @@ def build_plan(
     env = dict(devices.env)
     env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
     env[RUN_FILE_VAR] = str(run_file.resolve())
+    if cfg.mixed_precision is not None and job is None:  # a script: what `accelerate launch` gives it
+        env["ACCELERATE_MIXED_PRECISION"] = {"fp32": "no"}.get(cfg.mixed_precision, cfg.mixed_precision)
     if cfg.max_restarts > 0:
         # torch's agent shares its rendezvous TCPStore with the workers, and a restarted group then reads the
         # previous attempt's keys and connects to dead ports (pytorch/pytorch#135712): give each attempt its own

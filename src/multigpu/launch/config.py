@@ -72,6 +72,9 @@ class LaunchConfig:
     sample_interval_s: float = 1.0
     """Seconds between the device sampler's records in the run directory; 0: no sampler."""
 
+    mixed_precision: str | None = None
+    """accelerate's ``--mixed-precision`` (fp32, fp16, bf16): a script gets ``ACCELERATE_MIXED_PRECISION``."""
+
     monitor_interval_s: float = 0.1
     """How often the agent checks its workers, in seconds."""
 

@@ -1,0 +1,84 @@
+"""torchrun's and accelerate's flags launch the same job as ours (torch's launcher mocked), and say so once."""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import pytest
+
+from multigpu.cli import main
+from tests.conftest import SCRIPTS, run_file
+
+HELLO = str(SCRIPTS / "allreduce_loop.py")
+
+
+def _launched(argv, fake_gpus, capsys, gpus=4):
+    fake_gpus(gpus)
+    seen = []
+
+    def launch(config, entrypoint, args):
+        seen.append((config, {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "ACCELERATE_MIXED_PRECISION")},
+                     run_file()["run"]))
+
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=launch):
+        assert main(["launch", *argv, HELLO]) == 0
+    config, env, run = seen[0]
+    run_id = config.run_id if config.min_nodes > 1 else None  # a fresh random id on one node
+    shape = (config.nproc_per_node, config.min_nodes, config.rdzv_endpoint, run_id,
+             dict(config.rdzv_configs), env["CUDA_VISIBLE_DEVICES"])
+    return shape, env, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("theirs,ours,said", [
+    (["--master-addr", "node0", "--master-port", "29400", "--nnodes", "2", "--node-rank", "1", "--rdzv-id", "job7"],
+     ["--rdzv-endpoint", "node0:29400", "--nnodes", "2", "--node-rank", "1", "--run-id", "job7"],
+     "--master-addr/--master-port is --rdzv-endpoint node0:29400 here"),
+    (["--rdzv-backend", "static", "--master-addr", "node0", "--nnodes", "2"],
+     ["--rdzv-endpoint", "node0:29500", "--nnodes", "2"], "is --rdzv-endpoint node0:29500 here"),
+    (["--nproc-per-node", "gpu"], ["--gpus", "all"], ""),
+    (["--num-processes", "4", "--num-machines", "2", "--machine-rank", "1", "--main-process-ip", "10.0.0.1",
+      "--main-process-port", "6000"],
+     ["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:6000"],
+     "--num-processes 4 is --nproc-per-node 2 here (accelerate counts the processes of all machines)"),
+    (["--gpu-ids", "1,3"], ["--gpus", "1,3"], "--gpu-ids is --gpus 1,3 here"),
+    (["--gpu-ids", "2"], ["--gpus", "2,"], "--gpu-ids is --gpus 2, here"),  # accelerate's 2 is GPU 2, not two GPUs
+])
+def test_other_launchers_flags_launch_the_same_job(theirs, ours, said, fake_gpus, capsys):
+    a, _, err = _launched(theirs, fake_gpus, capsys)
+    b, _, _ = _launched(ours, fake_gpus, capsys)
+    assert a == b
+    if said:
+        assert err.count(said) == 1, err
+
+
+def test_torchrun_nproc_cpu_and_accelerate_mixed_precision(fake_gpus, capsys):
+    (nproc, *_), env, err = _launched(["--nproc-per-node", "cpu", "--mixed-precision", "bf16"], fake_gpus, capsys)
+    assert nproc == os.cpu_count() or nproc >= 1
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["ACCELERATE_MIXED_PRECISION"] == "bf16"  # what accelerate reads
+    assert "--mixed-precision is precision=bf16 here" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
+    (["--num-processes", "3", "--num-machines", "2"], "does not split over --num-machines 2"),
+    (["--mixed-precision", "fp8"], "valid: no, fp16, bf16"),
+    (["--master-port", "http"], "is not a whole number"),
+    (["--rdzv-endpoint", "a:1", "--master-addr", "b"], "give the rendezvous address once"),
+])
+def test_bad_alias_values_are_one_line(argv, message, fake_gpus, capsys):
+    fake_gpus(0)
+    with mock.patch("multigpu.launch.agent._elastic_launch") as seam:
+        assert main(["launch", *argv, HELLO]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err and not seam.called
+
+
+def test_mixed_precision_sets_a_workloads_precision(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    seen = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=lambda *a: seen.append(run_file())):
+        assert main(["train", "--mixed-precision", "bf16", "--run-dir", str(tmp_path / "r"), "steps=1"]) == 0
+    assert seen[0]["config"]["precision"] == "bf16"
+    assert main(["rl", "--mixed-precision", "bf16", "--run-dir", str(tmp_path / "q")]) == 2
+    assert "the rl workload has no precision setting" in capsys.readouterr().err
