@@ -1,0 +1,68 @@
+"""The README's examples run: its Python blocks and the commands that point at examples/ (as a user copies them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli
+
+README = (ROOT / "README.md").read_text()
+
+
+def _python_block(containing: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    found = [b for b in blocks if containing in b]
+    assert len(found) == 1, f"{len(found)} README python blocks contain {containing!r}"
+    return found[0]
+
+
+def _bash_line(starting: str) -> list[str]:
+    """A README command (joined across its backslash continuations), as argv after `multigpu`."""
+    text = README.replace("\\\n", " ")
+    lines = [ln.split("#")[0].strip() for ln in text.splitlines() if ln.strip().startswith(starting)]
+    assert lines, f"no README command starts with {starting!r}"
+    return shlex.split(lines[0])[1:]
+
+
+def test_the_monai_swap_block_gives_monais_output():
+    monai = pytest.importorskip("monai.inferers", reason="monai is not installed")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Tanh()).eval()
+    scope = {"image": torch.rand(1, 1, 300, 280), "net": net}
+    with torch.no_grad():
+        exec(_python_block("from multigpu.infer import sliding_window_inference"), scope)  # noqa: S102
+        theirs = monai.sliding_window_inference(scope["image"], (256, 256), 8, net, 0.25, "gaussian",
+                                                padding_mode="replicate")
+    assert torch.allclose(scope["out"], theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.e2e
+def test_the_workload_block_runs_through_multigpu_run(tmp_path):
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "count.py").write_text(_python_block("WORKLOAD = Workload("))
+    argv = _bash_line("multigpu run mypkg.count:WORKLOAD")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
+    proc = run_cli(*argv, "--run-dir", str(tmp_path / "run"), env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sum of 0..4999 = 12497500 on 2 rank(s)" in proc.stdout
+
+
+@pytest.mark.e2e
+def test_the_bring_your_own_training_command_trains(tmp_path):
+    argv = _bash_line("multigpu train --model examples.byo_train:regressor")
+    proc = run_cli(*argv, "steps=20", "eval_every=10", "checkpoint_every=0", "--run-dir", str(tmp_path / "run"),
+                   env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["unit"] == "samples"
+    val = [r["val_loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+           if "val_loss" in r]
+    assert len(val) == 2 and val[1] < val[0], val
