@@ -76,8 +76,8 @@ def _tokens(size: Size) -> np.ndarray:
 
 
 def _model(size: Size):
-    from multigpu.train.nano import ModelConfig
     from multigpu.train.model import GPT
+    from multigpu.train.nano import ModelConfig
 
     torch.manual_seed(1337)
     cfg = ModelConfig(n_layer=size.n_layer, n_head=size.n_head, n_embd=size.n_embd, block_size=size.block_size,
