@@ -30,8 +30,9 @@ import torch
 from multigpu.runtime import collectives, group
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, partition
+from multigpu.sim.api import Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
-from multigpu.sim.models import FUSED_KERNELS, KERNELS, MODELS, SUBSTEPS, Context, Substep, model_params
+from multigpu.sim.models import FUSED_KERNELS, KERNELS
 from multigpu.sim.state import AgentState
 
 __all__ = ["SimEngine"]
@@ -44,9 +45,9 @@ class SimEngine:
 
     def __init__(self, cfg: SimConfig, *, populate: bool = True):
         self.cfg = cfg
-        self.model = MODELS[cfg.model]
-        self.params = model_params(cfg.model, cfg.params)
-        self.substeps: list[Substep] = [SUBSTEPS[n] for n in cfg.substep_names]
+        self.model = get_model(cfg.model)
+        self.params = model_params(self.model, cfg.params)
+        self.substeps: list[Substep] = [self.model.substep(n) for n in cfg.substep_names]
         self.world = group.world_size()
         self.rank = group.rank()
         cfg.check_world(self.world)
@@ -86,11 +87,31 @@ class SimEngine:
             stop = min(start + per, ids.stop)
             block = torch.arange(start, max(start, stop), dtype=torch.int32, device=self.device)
             first = self.state.n
-            self.state.append(self.model.init(block, self.cfg.seed, self.params, self.cfg.grid))
+            self.state.append(self.initial_agents(block))
             if self.spatial:
                 self._send_strays(first)
         if self.model.spatial and self.cfg.sort_every:
             self.sort_by_row()
+
+    def initial_agents(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's ``init`` for agents ``ids`` (int32), checked: every field, one value per agent, its dtype."""
+        ctx = Context(seed=self.cfg.seed, step=-1, params=self.params, grid=tuple(self.cfg.grid),
+                      num_agents=self.num_agents, env=dict(self.ctx.env))
+        fields = self.model.init(ctx, ids)
+        where = f"sim model {self.model.name!r}: init"
+        if not isinstance(fields, dict):
+            raise TypeError(f"{where} returned a {type(fields).__name__}; it must return {{field: tensor}}")
+        missing = sorted(set(self.model.fields) - set(fields))
+        if missing:
+            raise ValueError(f"{where} returned no {missing}; it must return every field of the model")
+        for name, dtype in self.model.fields.items():
+            value = fields[name]
+            if not isinstance(value, torch.Tensor) or value.shape != ids.shape or value.dtype != dtype:
+                got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"{where} field {name!r} is {got}; want {dtype} {tuple(ids.shape)}")
+        if not torch.equal(fields["id"], ids):
+            raise ValueError(f"{where} changed the 'id' field; return the ids it was given")
+        return fields
 
     # ------------------------------------------------------------------ one step
     def step(self) -> None:
@@ -132,7 +153,7 @@ class SimEngine:
         ctx, total, strays = self.ctx, None, []
         early = None
         if sub.moves and self._wants_cell_field(following):
-            early = self._new_cell_acc()
+            early = self._new_cell_acc(following)
         for start, chunk in self._chunks():
             out = sub.apply(ctx, chunk, prepared)
             if out is not None:
@@ -157,9 +178,11 @@ class SimEngine:
             total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
         return list(total.reshape(-1)), early
 
-    def _new_cell_acc(self) -> torch.Tensor:
+    def _new_cell_acc(self, sub: Substep) -> torch.Tensor:
         # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
-        return torch.zeros(self.ctx.rows * self.cfg.grid[1] + 1, dtype=torch.int32, device=self.device)
+        channels = sub.channels(self.params)
+        shape = (self.ctx.rows * self.cfg.grid[1] + 1, *((channels,) if channels > 1 else ()))
+        return torch.zeros(shape, dtype=torch.int32, device=self.device)
 
     def _field(self, sub: Substep, early: torch.Tensor | None = None) -> torch.Tensor:
         """The field ``sub`` reads, summed over every rank (cell fields padded with halo rows)."""
@@ -175,17 +198,18 @@ class SimEngine:
             return self._stale[sub.name]
         acc = early
         if acc is None:
-            acc = self._new_cell_acc()
+            acc = self._new_cell_acc(sub)
             for _, chunk in self._chunks():
                 sub.contribute(ctx, chunk, acc)
         acc = acc[:-1]
         self.timers[f"{sub.name}.field"] += time.perf_counter() - t
         t = time.perf_counter()
-        rows, r = acc.view(ctx.rows, width), self.radius
+        shape = (ctx.rows, width, *acc.shape[1:])
+        rows, r = acc.view(shape), self.radius
         if self.spatial:
             padded = exchange.halo(rows, r)
         else:
-            rows = exchange.sum_field(acc.contiguous()).view(ctx.rows, width)
+            rows = exchange.sum_field(acc.contiguous()).view(shape)
             padded = torch.cat([rows[ctx.rows - r :], rows, rows[:r]]) if r else rows
         self.timers["exchange"] += time.perf_counter() - t
         self._stale[sub.name] = padded

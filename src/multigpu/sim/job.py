@@ -4,6 +4,7 @@
     multigpu sim -f market params.impact=0.2 --run-dir runs/market
     multigpu sim -f sir --checkpoint-every 10 --resume auto --run-dir runs/sir
     multigpu bench --nproc 1,2 sim agents=2000000
+    multigpu sim --model examples.sim_schelling:MODEL --check-split   # your model: same agents on 1 and 2 ranks?
 
 Rank 0 prints the figures and the output paths (``series.csv``, ``series.png``,
 ``summary.json`` in the run directory); see :func:`multigpu.sim.run`.
@@ -41,6 +42,11 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
     import multigpu as mg
     from multigpu.sim.runner import run
 
+    if cfg.check_split:
+        from multigpu.sim.splitcheck import record
+
+        record(cfg)  # the launcher compares what rank 0 recorded on 1 and 2 ranks
+        return 0
     cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
     if result is not None:
@@ -66,15 +72,29 @@ def _report(result) -> None:
     sys.stdout.flush()
 
 
+def _launch(job) -> int | None:
+    from multigpu.sim.splitcheck import launch_check
+
+    return launch_check(job)
+
+
 WORKLOAD = Workload(
     name="sim",
     config=SimConfig,
     check=check,
     main=main,
     init=lambda cfg: {"backend": cfg.backend},
-    help="run an agent-based simulation (movement, sir, market) split over ranks",
+    launch=_launch,
+    help="run an agent-based simulation (movement, sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(
+        Flag("--model", "model", metavar="NAME|pkg.mod:MODEL",
+             help="movement | sir | market, or your model as pkg.module:MODEL (see multigpu.sim.api)"),
+        Flag("--check-split", "check_split", action="store_true",
+             help="check the model instead: run it on 1 and 2 ranks (every strategy, a small population) "
+                  "and compare every agent"),
+        Flag("--save-agents", "save_agents", metavar="FILE",
+             help="write the final agents by id: .npz, .parquet, or a folder of .npy per field"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),

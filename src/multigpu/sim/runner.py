@@ -169,13 +169,17 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.set_ylabel("price")
         ax.set_title(f"market: {cfg.agents:,} traders")
     else:
-        names = [n for n in series if n in ("S", "E", "I", "R")] if cfg.model == "sir" else ["moved"]
+        if cfg.model == "sir":
+            names, title = [n for n in series if n in ("S", "E", "I", "R")], "epidemic curve"
+        elif cfg.model == "movement":
+            names, title = ["moved"], "agents moved per step"
+        else:  # a user's model: every aggregate
+            names, title = [n for n in series if n != "step"], "aggregates"
         for name in names:
             ax.plot(steps, series[name], label=name)
-        ax.set_ylabel("agents")
+        ax.set_ylabel("agents" if cfg.model in ("sir", "movement") else "value")
         ax.legend()
-        title = "epidemic curve" if cfg.model == "sir" else "agents moved per step"
-        ax.set_title(f"{cfg.model}: {title}, {cfg.agents:,} agents")
+        ax.set_title(f"{cfg.model.rpartition(':')[2]}: {title}, {cfg.agents:,} agents")
     ax.set_xlabel("step")
     fig.tight_layout()
     with atomic_path(path, keep_suffix=True) as tmp:
