@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.sim.network import NetworkConfig
 
 __all__ = ["STRATEGIES", "SimConfig"]
 
@@ -87,6 +88,15 @@ class SimConfig:
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
     ``on_step(engine)`` runs on every rank after each step (importing the module runs its code)."""
 
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
+    households or geometric (see :mod:`multigpu.sim.network`)."""
+
+    population: str = ""
+    """Read the agents from this file instead of the model's generator: ``.npz``, ``.csv``, ``.parquet`` or a
+    folder of ``<field>.npy``; row i is agent i, fields without a column come from the model's ``init``.
+    The number of agents is the file's (``agents`` is ignored). See :mod:`multigpu.sim.population`."""
+
     save_agents: str = ""
     """Write the final agents, ordered by id, to this file: ``.npz``, ``.parquet`` (needs pyarrow) or a folder
     of ``<field>.npy`` (any other name). A relative path is inside the run directory. Empty: not written."""
@@ -98,6 +108,10 @@ class SimConfig:
     def __post_init__(self) -> None:
         from multigpu.sim.api import get_model, model_params
 
+        if isinstance(self.network, dict):  # SimConfig(network={"kind": ...}) in Python
+            from multigpu.config import from_dict
+
+            object.__setattr__(self, "network", from_dict(NetworkConfig, self.network, prefix="sim.network"))
         strategy = _STRATEGY_ALIASES.get(self.strategy, self.strategy)
         object.__setattr__(self, "strategy", strategy)
         if strategy not in STRATEGIES:
@@ -116,6 +130,13 @@ class SimConfig:
             raise ConfigError(f"sim.backend {self.backend!r} is not valid; valid: auto, cuda, cpu")
         for name in self.substeps:
             model.substep(name)  # unknown, or needs fields the model lacks: ConfigError
+        steps = [model.substep(n) for n in self.substeps] if self.substeps else list(model.substeps)
+        if any(s.field == "network" for s in steps):
+            if self.network.kind == "none":
+                raise ConfigError(f"sim.model {self.model!r} interacts along a contact network; set sim.network.kind "
+                                  "to households, geometric or file (with sim.network.path)")
+            if strategy != "data":
+                raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
         if strategy != "data" and not model.spatial:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "
                               "positions; use strategy data")

@@ -24,7 +24,7 @@ from multigpu.sim.config import SimConfig
 __all__ = ["WORKLOAD", "check", "main"]
 
 
-def check(cfg: SimConfig, plan: JobPlan) -> None:
+def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     resume = plan.run.resume
     if resume not in (None, "auto"):
         from multigpu.checkpointing import CorruptCheckpointError
@@ -36,6 +36,38 @@ def check(cfg: SimConfig, plan: JobPlan) -> None:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
+    return _check_files(cfg)
+
+
+def _check_files(cfg: SimConfig) -> SimConfig:
+    """Population and agent-file paths made absolute (the ranks may start elsewhere); the population's
+    columns checked against the model and its row count made the number of agents. Headers only."""
+    from pathlib import Path
+
+    from multigpu.sim import population
+    from multigpu.sim.api import get_model
+
+    if cfg.save_agents:
+        target = Path(cfg.save_agents)
+        if target.suffix in (".csv", ".npy"):
+            raise ConfigError(f"sim.save_agents {cfg.save_agents!r}: {target.suffix} is not written; valid: "
+                              "a .npz or .parquet file, or a folder (one .npy per field)")
+        if target.suffix == ".parquet":
+            population._pyarrow()  # an install hint now, not after the run
+    if cfg.network.kind == "file":
+        edges = Path(cfg.network.path).resolve()
+        try:
+            heads = set(population._headers(edges))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
+        if heads != {"src", "dst"}:
+            raise ConfigError(f"sim.network.path {cfg.network.path!r} has columns {sorted(heads)}; valid: src, dst")
+        cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, path=str(edges)))
+    if not cfg.population:
+        return cfg
+    path = Path(cfg.population).resolve()
+    rows, _ = population.columns(path, get_model(cfg.model).fields)
+    return dataclasses.replace(cfg, population=str(path), agents=rows)
 
 
 def main(cfg: SimConfig, ctx: RunContext) -> int:
@@ -47,7 +79,8 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 
         record(cfg)  # the launcher compares what rank 0 recorded on 1 and 2 ranks
         return 0
-    cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
+    if not cfg.population:  # a population file is as large as it is
+        cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
     if result is not None:
         _report(result)
@@ -65,6 +98,8 @@ def _report(result) -> None:
         print("final: " + ", ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v:,}" for k, v in last.items()))
     for r in s["rebalances"][-1:]:
         print(f"rebalance at step {r['step']}: imbalance {r['imbalance_before']:.3f} -> {r['imbalance_after']:.3f}")
+    if result.agents_path:
+        print(f"agents: {result.agents_path}")
     if result.csv_path:
         print(f"series: {result.csv_path}")
     if result.plot_path:
@@ -95,6 +130,8 @@ WORKLOAD = Workload(
                   "and compare every agent"),
         Flag("--save-agents", "save_agents", metavar="FILE",
              help="write the final agents by id: .npz, .parquet, or a folder of .npy per field"),
+        Flag("--population", "population", metavar="FILE",
+             help="read the agents from .npz, .csv, .parquet or a folder of .npy (row i = agent i)"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),

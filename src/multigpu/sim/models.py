@@ -10,7 +10,8 @@ integers against integer thresholds.
 
 Models: ``movement`` (random walk on a periodic grid), ``sir`` (movement plus
 infection from the infected count in the cell, or within ``radius`` cells;
-``seir: true`` adds an exposed state) and ``market`` (agents trade one asset;
+``seir: true`` adds an exposed state), ``network_sir`` (SIR along the edges of
+a contact network, :mod:`multigpu.sim.network`) and ``market`` (agents trade one asset;
 the price moves with the exactly summed excess demand each step).
 """
 
@@ -238,6 +239,50 @@ SUBSTEPS["sir"] = Substep(
 MODELS["sir"] = Model(
     "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
     ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin,
+)
+
+
+# ----------------------------------------------------------------------------- sir on a contact network
+@dataclass(frozen=True, kw_only=True)
+class NetworkSIRParams:
+    beta: float = 0.05
+    """Probability that one infected neighbour infects a susceptible agent in a step."""
+    gamma: float = 0.1
+    """Recovery probability per step (I -> R)."""
+    initial_infected: float = 0.001
+    """Fraction of agents infected at step 0 (drawn per agent)."""
+
+
+def _net_infected(ctx: Context, agents):
+    return (agents["state"] == I).to(torch.int32)
+
+
+def _net_prepare(ctx: Context, inbox: torch.Tensor):
+    """Per agent: the threshold of being infected by its ``inbox`` infected neighbours."""
+    table = ctx.env.setdefault("_infection_table", infection_table(ctx.params.beta)).to(inbox.device)
+    return table[inbox.clamp(max=table.numel() - 1)]
+
+
+def _net_apply(ctx: Context, agents, thr):
+    p, state = ctx.params, agents["state"]
+    u = rng.low_bits(rng.random_bits(agents["id"], ctx.key(rng.STREAM_TRANSITION)), 24, shift=8)
+    new = torch.where((state == S) & (u < thr), I, torch.where((state == I) & (u < rng.threshold(p.gamma)), R, state))
+    state.copy_(new.to(torch.uint8))
+    return torch.stack([(state == k).sum() for k in (S, I, R)])
+
+
+def _net_init(ctx: Context, ids):
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(ctx.seed, -1, 12)), 24, shift=8)
+    return {"id": ids, "state": torch.where(u < rng.threshold(ctx.params.initial_infected), I, S).to(torch.uint8)}
+
+
+SUBSTEPS["network_sir"] = Substep(
+    "network_sir", ("id", "state"), _net_apply, field="network", contribute=_net_infected, prepare=_net_prepare,
+    series=["S", "I", "R"],
+)
+MODELS["network_sir"] = Model(
+    "network_sir", {"id": torch.int32, "state": torch.uint8}, ("network_sir",), NetworkSIRParams, init=_net_init,
+    check=_check_builtin,
 )
 
 

@@ -47,7 +47,8 @@ def small_config(cfg: SimConfig) -> SimConfig:
     """The check's config: a small, dense population, a few steps, small chunks, nothing written."""
     from multigpu.sim.api import get_model
 
-    grid = tuple(min(g, GRID) for g in cfg.grid) if get_model(cfg.model).spatial else cfg.grid
+    shrink = get_model(cfg.model).spatial and not cfg.population  # a population's positions need its grid
+    grid = tuple(min(g, GRID) for g in cfg.grid) if shrink else cfg.grid
     return dataclasses.replace(cfg, agents=min(cfg.agents, AGENTS), steps=min(cfg.steps, STEPS), grid=grid,
                                chunk_size=1024, rebalance_every=3, sort_every=4, checkpoint_every=0, plot=False,
                                save_agents="")
