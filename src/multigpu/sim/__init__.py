@@ -18,10 +18,11 @@ copied from the neighbouring ranks; *step* = one simulation update.
 """
 
 from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, NoParams, Substep, get_model, register_model
+from multigpu.sim.calibration import calibrate
 from multigpu.sim.config import STRATEGIES, SimConfig
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.models import MODELS as _BUILTIN_MODELS  # noqa: F401 - registers the built-in models
 from multigpu.sim.runner import SimResult, run
 
 __all__ = ["MODELS", "STRATEGIES", "SUBSTEPS", "Context", "Model", "NoParams", "SimConfig", "SimEngine", "SimResult",
-           "Substep", "get_model", "register_model", "run"]
+           "Substep", "calibrate", "get_model", "register_model", "run"]

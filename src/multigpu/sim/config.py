@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.sim.calibration import CalibrateConfig
 from multigpu.sim.network import NetworkConfig
 
 __all__ = ["STRATEGIES", "SimConfig"]
@@ -92,6 +93,14 @@ class SimConfig:
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
     households or geometric (see :mod:`multigpu.sim.network`)."""
 
+    differentiable: bool = False
+    """Relax the stochastic decisions (straight-through Bernoulli) so gradients flow through the steps
+    (model sir, strategy data); see :mod:`multigpu.sim.calibration`. False: the exact model, unchanged."""
+
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    """Learn parameters by gradient descent: ``calibrate.target`` (a CSV series) turns a run into a calibration
+    (implies ``differentiable``); ``calibrate.learn``, ``iterations``, ``lr``, ``truncate``."""
+
     population: str = ""
     """Read the agents from this file instead of the model's generator: ``.npz``, ``.csv``, ``.parquet`` or a
     folder of ``<field>.npy``; row i is agent i, fields without a column come from the model's ``init``.
@@ -106,12 +115,14 @@ class SimConfig:
     and compare every agent (``multigpu sim --check-split``; see :mod:`multigpu.sim.splitcheck`)."""
 
     def __post_init__(self) -> None:
+        from multigpu.config import from_dict
         from multigpu.sim.api import get_model, model_params
 
-        if isinstance(self.network, dict):  # SimConfig(network={"kind": ...}) in Python
-            from multigpu.config import from_dict
-
-            object.__setattr__(self, "network", from_dict(NetworkConfig, self.network, prefix="sim.network"))
+        for key, cls in (("network", NetworkConfig), ("calibrate", CalibrateConfig)):
+            if isinstance(getattr(self, key), dict):  # SimConfig(network={"kind": ...}) in Python
+                object.__setattr__(self, key, from_dict(cls, getattr(self, key), prefix=f"sim.{key}"))
+        if self.calibrate.target:
+            object.__setattr__(self, "differentiable", True)
         strategy = _STRATEGY_ALIASES.get(self.strategy, self.strategy)
         object.__setattr__(self, "strategy", strategy)
         if strategy not in STRATEGIES:
@@ -137,6 +148,9 @@ class SimConfig:
                                   "to households, geometric or file (with sim.network.path)")
             if strategy != "data":
                 raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
+        if self.differentiable and (self.model != "sir" or strategy != "data" or self.params.get("seir")):
+            raise ConfigError("sim.differentiable (and calibrate) supports model sir without seir, strategy data; "
+                              f"got model {self.model!r}, strategy {strategy!r}")
         if strategy != "data" and not model.spatial:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "
                               "positions; use strategy data")

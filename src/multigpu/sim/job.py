@@ -5,6 +5,7 @@
     multigpu sim -f sir --checkpoint-every 10 --resume auto --run-dir runs/sir
     multigpu bench --nproc 1,2 sim agents=2000000
     multigpu sim --model examples.sim_schelling:MODEL --check-split   # your model: same agents on 1 and 2 ranks?
+    multigpu sim -f sir params.beta=0.02 --calibrate runs/target/series.csv   # learn beta by gradient descent
 
 Rank 0 prints the figures and the output paths (``series.csv``, ``series.png``,
 ``summary.json`` in the run directory); see :func:`multigpu.sim.run`.
@@ -54,6 +55,12 @@ def _check_files(cfg: SimConfig) -> SimConfig:
                               "a .npz or .parquet file, or a folder (one .npy per field)")
         if target.suffix == ".parquet":
             population._pyarrow()  # an install hint now, not after the run
+    if cfg.calibrate.target:
+        from multigpu.sim.calibration import read_target
+
+        target = Path(cfg.calibrate.target).resolve()
+        read_target(target, cfg.steps, cfg.calibrate.columns)  # one line now if it cannot serve
+        cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, target=str(target)))
     if cfg.network.kind == "file":
         edges = Path(cfg.network.path).resolve()
         try:
@@ -79,11 +86,35 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 
         record(cfg)  # the launcher compares what rank 0 recorded on 1 and 2 ranks
         return 0
+    if cfg.differentiable:
+        return _differentiable(cfg, ctx)
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
     if result is not None:
         _report(result)
+    return 0
+
+
+def _differentiable(cfg: SimConfig, ctx: RunContext) -> int:
+    """Calibrate against ``calibrate.target``, or run the relaxed model once (no target)."""
+    import multigpu as mg
+    from multigpu.sim.calibration import calibrate, relaxed_run
+
+    if cfg.calibrate.target:
+        result = calibrate(cfg, run_dir=ctx.run_dir)
+        if mg.is_main():
+            learned = ", ".join(f"{k} {result.params[k]:.5f}" for k in cfg.calibrate.learn)
+            print(f"calibrated in {len(result.history)} iterations: {learned} "
+                  f"(loss {result.history[-1]['loss']:.3e}); history: {ctx.run_dir}/calibration.csv", flush=True)
+        return 0
+    series = relaxed_run(cfg)
+    if mg.is_main() and ctx.run_dir:
+        from pathlib import Path
+
+        from multigpu.sim.runner import write_csv
+
+        print(f"series (differentiable model): {write_csv(series, Path(ctx.run_dir) / 'series.csv')}", flush=True)
     return 0
 
 
@@ -132,6 +163,9 @@ WORKLOAD = Workload(
              help="write the final agents by id: .npz, .parquet, or a folder of .npy per field"),
         Flag("--population", "population", metavar="FILE",
              help="read the agents from .npz, .csv, .parquet or a folder of .npy (row i = agent i)"),
+        Flag("--calibrate", "calibrate.target", metavar="SERIES.csv",
+             help="learn calibrate.learn (default [beta]) by gradient descent on the differentiable model "
+                  "so its series matches this CSV"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),
