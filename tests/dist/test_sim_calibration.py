@@ -50,8 +50,8 @@ def test_one_and_two_ranks_give_the_same_series_and_gradients():
         assert got_series == series and got_loss == loss
         for p in ("beta", "gamma"):
             assert got_grads[p] == pytest.approx(grads[p], rel=1e-9, abs=1e-12), p
-    truncated = _gradients(truncate=3)[2]
-    assert truncated["beta"] != grads["beta"] and truncated["beta"] < 0
+    truncated = _gradients(truncate=3)[2]  # the last 3 steps only: by then S is used up, so beta barely matters
+    assert truncated["gamma"] < 0 and abs(truncated["beta"]) < abs(grads["beta"]) / 100
 
 
 @pytest.mark.parametrize(

@@ -300,9 +300,14 @@ def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: st
         run_dir = Path(run_dir)
         names = list(result.history[0])
         write_csv({n: [h[n] for h in result.history] for n in names}, run_dir / "calibration.csv")
-        write_json_atomic(run_dir / "calibration.json", {"params": result.params, "iterations": len(result.history),
-                                                         "final_loss": result.history[-1]["loss"],
-                                                         "learn": list(ccfg.learn), "target": ccfg.target})
+        import resource
+
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        write_json_atomic(run_dir / "calibration.json", {
+            "params": result.params, "iterations": len(result.history), "final_loss": result.history[-1]["loss"],
+            "learn": list(ccfg.learn), "target": ccfg.target, "world_size": group.world_size(),
+            "agents": engine.num_agents, "steps": cfg.steps, "peak_rss_mb_rank0": peak_mb,
+            "seconds_per_iteration": sum(h["seconds"] for h in result.history) / len(result.history)})
     return result
 
 
