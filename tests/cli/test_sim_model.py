@@ -135,7 +135,7 @@ def test_the_model_runs_in_process_and_every_strategy_agrees():
         (["--model", "tests.cli.test_sim_model:MODLE"], "has no 'MODLE'"),
         (["--model", SPEC, "params.qq=0.1"], "Did you mean 'sim.params.q'"),
         (["--model", SPEC, "substeps=[movement,sir]"], "needs agent fields ['state']"),
-        (["--model", "sri"], "valid: market, movement, sir, or pkg.module:MODEL"),
+        (["--model", "sri"], "valid: market, movement, network_sir, sir, or pkg.module:MODEL"),
     ],
 )
 def test_bad_model_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
