@@ -31,6 +31,8 @@ SIR = "sir"
         (["-f", SIR, "--strategy", "spatial", "--nproc-per-node", "4", "grid=[3,100]"], "fewer than the 4 ranks"),
         (["-f", "configs/nope.yaml"], "config file 'configs/nope.yaml' does not exist"),
         (["-f", SIR, "--resume", "/no/such/ckpt"], "is not a checkpoint folder"),
+        (["-f", SIR, "--population", "/no/such/pop.npz"], "sim.population '/no/such/pop.npz' does not exist"),
+        (["-f", SIR, "--save-agents", "out.csv"], "sim.save_agents 'out.csv': .csv is not written"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, monkeypatch, args, message):
@@ -80,3 +82,30 @@ def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
     series = SimEngine(cfg).run()
     assert resumed[0] == list(series)
     assert resumed[1:] == [[str(v) for v in row] for row in zip(*series.values(), strict=True)]
+
+
+@pytest.mark.e2e
+def test_population_file_to_two_ranks_to_saved_agents(tmp_path):
+    """file -> `multigpu sim --population` on 2 ranks (spatial) -> `--save-agents` = a one-process run of the file."""
+    import numpy as np
+
+    start = SimEngine(SimConfig(model="sir", agents=6000, grid=(40, 30), steps=2, params={"beta": 0.3}))
+    start.run()
+    pop = tmp_path / "pop.csv"
+    agents = {k: v.numpy() for k, v in start.state.sorted_by_id().items()}
+    rows = ["x,y,state"] + [f"{x},{y},{s}" for x, y, s in zip(agents["x"], agents["y"], agents["state"], strict=True)]
+    pop.write_text("\n".join(rows) + "\n")
+    proc = run_cli("sim", "-f", SIR, "--population", str(pop), "--steps", "4", "--nproc-per-node", "2",
+                   "--strategy", "spatial", "--save-agents", "final.npz", "--run-dir", str(tmp_path / "run"),
+                   "grid=[40,30]", "params.beta=0.3", "plot=false", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"agents: {tmp_path / 'run' / 'final.npz'}" in proc.stdout
+    resolved = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
+    assert resolved["agents"] == 6000 and resolved["population"] == str(pop)
+    from multigpu.config import from_dict
+
+    ref = SimEngine(from_dict(SimConfig, {**resolved, "strategy": "data", "save_agents": "", "compile": False}))
+    ref.run()
+    saved = np.load(tmp_path / "run" / "final.npz")
+    for k, v in ref.state.sorted_by_id().items():
+        assert np.array_equal(saved[k], v.numpy()), k

@@ -111,7 +111,7 @@ def test_infection_table_and_pressure():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model=sri"], "sim.model 'sri' is not a known model; valid: market, movement, sir"),
+        (["model=sri"], "sim.model 'sri' is not a known model; valid: market, movement, network_sir, sir"),
         (["agents=0"], "sim.agents=0 is invalid"),
         (["agnets=5"], "Did you mean 'sim.agents'"),
         (["params.bata=0.1"], "Did you mean 'sim.params.beta'"),

@@ -221,6 +221,10 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
         print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
     job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
         run, run_dir=str(run_dir.resolve()))))
+    if workload.launch is not None:
+        code = workload.launch(job)
+        if code is not None:
+            return code
     print(f"multigpu {workload.name}: {job.plan.world_size} rank(s), run directory {run_dir}", flush=True)
     launch_job(job)
     return 0

@@ -87,3 +87,7 @@ class Workload:
     """Overrides ``multigpu bench <name>`` adds (shorter runs, no plots), before the user's own."""
     command: bool = True
     """Has its own command (``multigpu <name>``); False: only ``multigpu bench <name>`` runs it."""
+    launch: Callable[[Any], int | None] | None = None
+    """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
+    ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to
+    launch it once as usual."""

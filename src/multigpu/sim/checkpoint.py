@@ -293,7 +293,9 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     engine.state.append(loaded)
     if engine.spatial:
         engine._send_strays(0)
-    if engine.model.spatial and engine.cfg.sort_every:
+    if engine.uses_network:
+        engine.arrange_by_id()
+    elif engine.model.spatial and engine.cfg.sort_every:
         engine.sort_by_row()
     engine.step_index = meta["step"]
     engine.ctx.env.update(meta["env"])

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.sim.calibration import CalibrateConfig
+from multigpu.sim.network import NetworkConfig
 
 __all__ = ["STRATEGIES", "SimConfig"]
 
@@ -29,7 +31,8 @@ _STRATEGY_ALIASES = {"data_parallel": "data", "spatial_parallel": "spatial"}
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimConfig:
     model: str = "sir"
-    """Model name: movement, sir or market (see ``multigpu.sim.models.MODELS``)."""
+    """A built-in model (movement, sir, market), a registered one, or ``pkg.module:MODEL`` (a
+    :class:`multigpu.sim.Model`, or a function returning one; importing the module runs its code)."""
 
     agents: int = 1_000_000
     """Global number of agents (multiplied by world_size under weak scaling)."""
@@ -86,15 +89,45 @@ class SimConfig:
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
     ``on_step(engine)`` runs on every rank after each step (importing the module runs its code)."""
 
-    def __post_init__(self) -> None:
-        from multigpu.sim.models import MODELS, SUBSTEPS, model_params
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
+    households or geometric (see :mod:`multigpu.sim.network`)."""
 
+    differentiable: bool = False
+    """Relax the stochastic decisions (straight-through Bernoulli) so gradients flow through the steps
+    (model sir, strategy data); see :mod:`multigpu.sim.calibration`. False: the exact model, unchanged."""
+
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    """Learn parameters by gradient descent: ``calibrate.target`` (a CSV series) turns a run into a calibration
+    (implies ``differentiable``); ``calibrate.learn``, ``iterations``, ``lr``, ``truncate``."""
+
+    population: str = ""
+    """Read the agents from this file instead of the model's generator: ``.npz``, ``.csv``, ``.parquet`` or a
+    folder of ``<field>.npy``; row i is agent i, fields without a column come from the model's ``init``.
+    The number of agents is the file's (``agents`` is ignored). See :mod:`multigpu.sim.population`."""
+
+    save_agents: str = ""
+    """Write the final agents, ordered by id, to this file: ``.npz``, ``.parquet`` (needs pyarrow) or a folder
+    of ``<field>.npy`` (any other name). A relative path is inside the run directory. Empty: not written."""
+
+    check_split: bool = False
+    """Instead of the run, check the model: run it on 1 and 2 ranks, every strategy, on a small population,
+    and compare every agent (``multigpu sim --check-split``; see :mod:`multigpu.sim.splitcheck`)."""
+
+    def __post_init__(self) -> None:
+        from multigpu.config import from_dict
+        from multigpu.sim.api import get_model, model_params
+
+        for key, cls in (("network", NetworkConfig), ("calibrate", CalibrateConfig)):
+            if isinstance(getattr(self, key), dict):  # SimConfig(network={"kind": ...}) in Python
+                object.__setattr__(self, key, from_dict(cls, getattr(self, key), prefix=f"sim.{key}"))
+        if self.calibrate.target:
+            object.__setattr__(self, "differentiable", True)
         strategy = _STRATEGY_ALIASES.get(self.strategy, self.strategy)
         object.__setattr__(self, "strategy", strategy)
         if strategy not in STRATEGIES:
             raise ConfigError(f"sim.strategy {self.strategy!r} is not valid; valid: {', '.join(STRATEGIES)}")
-        if self.model not in MODELS:
-            raise ConfigError(f"sim.model {self.model!r} is not a known model; valid: {', '.join(sorted(MODELS))}")
+        model = get_model(self.model)
         for name, low in [("agents", 1), ("steps", 0), ("sync_frequency", 1), ("rebalance_every", 1),
                           ("checkpoint_every", 0), ("sort_every", 0), ("chunk_size", 1024), ("log_every", 0)]:
             value = getattr(self, name)
@@ -106,25 +139,29 @@ class SimConfig:
             raise ConfigError(f"sim.seed={self.seed} is invalid; valid: 0 <= seed < 2**62")
         if self.backend not in ("auto", "cuda", "cpu"):
             raise ConfigError(f"sim.backend {self.backend!r} is not valid; valid: auto, cuda, cpu")
-        model = MODELS[self.model]
         for name in self.substeps:
-            if name not in SUBSTEPS:
-                raise ConfigError(f"sim.substeps: unknown substep {name!r}; valid: {', '.join(sorted(SUBSTEPS))}")
-            missing = set(SUBSTEPS[name].needs) - set(model.fields)
-            if missing:
-                raise ConfigError(f"sim.substeps: {name!r} needs agent fields {sorted(missing)} "
-                                  f"that model {self.model!r} does not have")
+            model.substep(name)  # unknown, or needs fields the model lacks: ConfigError
+        steps = [model.substep(n) for n in self.substeps] if self.substeps else list(model.substeps)
+        if any(s.field == "network" for s in steps):
+            if self.network.kind == "none":
+                raise ConfigError(f"sim.model {self.model!r} interacts along a contact network; set sim.network.kind "
+                                  "to households, geometric or file (with sim.network.path)")
+            if strategy != "data":
+                raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
+        if self.differentiable and (self.model != "sir" or strategy != "data" or self.params.get("seir")):
+            raise ConfigError("sim.differentiable (and calibrate) supports model sir without seir, strategy data; "
+                              f"got model {self.model!r}, strategy {strategy!r}")
         if strategy != "data" and not model.spatial:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "
                               "positions; use strategy data")
-        object.__setattr__(self, "params", dataclasses.asdict(model_params(self.model, self.params)))
+        object.__setattr__(self, "params", dataclasses.asdict(model_params(model, self.params)))
 
     @property
     def substep_names(self) -> tuple[str, ...]:
         """The substeps that run, in order (the config's list or the model's default)."""
-        from multigpu.sim.models import MODELS
+        from multigpu.sim.api import get_model
 
-        return self.substeps or MODELS[self.model].substeps
+        return self.substeps or get_model(self.model).substep_names
 
     def check_world(self, world_size: int) -> None:
         """Checks that need the rank count: a spatial split needs at least one grid row per rank."""

@@ -29,9 +29,10 @@ import torch
 
 from multigpu.runtime import collectives, group
 from multigpu.runtime.sharding import shard_bounds
-from multigpu.sim import exchange, partition
+from multigpu.sim import exchange, network, partition, population
+from multigpu.sim.api import Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
-from multigpu.sim.models import FUSED_KERNELS, KERNELS, MODELS, SUBSTEPS, Context, Substep, model_params
+from multigpu.sim.models import FUSED_KERNELS, KERNELS
 from multigpu.sim.state import AgentState
 
 __all__ = ["SimEngine"]
@@ -39,19 +40,30 @@ __all__ = ["SimEngine"]
 _INIT_BLOCK = 1 << 22  # agents created (and, under spatial strategies, sent to their owner) at a time
 
 
+def _rows(prepared, start: int, n: int, total: int):
+    """The rows [start, start + n) of every tensor in ``prepared`` that has one row per agent."""
+    if isinstance(prepared, torch.Tensor):
+        return prepared[start : start + n] if prepared.dim() and prepared.shape[0] == total else prepared
+    if isinstance(prepared, (tuple, list)):
+        return type(prepared)(_rows(p, start, n, total) for p in prepared)
+    return prepared
+
+
 class SimEngine:
     """This rank's agents, partition and aggregates; see the module docstring. Create on all ranks."""
 
     def __init__(self, cfg: SimConfig, *, populate: bool = True):
         self.cfg = cfg
-        self.model = MODELS[cfg.model]
-        self.params = model_params(cfg.model, cfg.params)
-        self.substeps: list[Substep] = [SUBSTEPS[n] for n in cfg.substep_names]
+        self.model = get_model(cfg.model)
+        self.params = model_params(self.model, cfg.params)
+        self.substeps: list[Substep] = [self.model.substep(n) for n in cfg.substep_names]
         self.world = group.world_size()
         self.rank = group.rank()
         cfg.check_world(self.world)
         self.device = group.current_device()
         self.num_agents = cfg.agents
+        if cfg.population:  # the file decides how many agents there are
+            self.num_agents, _ = population.columns(cfg.population, self.model.fields)
         self.spatial = cfg.strategy != "data"
         self.radius = max((s.halo(self.params) for s in self.substeps), default=0)
         height = cfg.grid[0]
@@ -67,6 +79,12 @@ class SimEngine:
         self._stale: dict[str, torch.Tensor] = {}
         self.timers: dict[str, float] = defaultdict(float)
         self.rebalances: list[dict] = []
+        self.uses_network = any(s.field == "network" for s in self.substeps)
+        self.graph = None
+        if self.uses_network:  # agents stay in id order on the rank that owns their id (see sim.network)
+            t = time.perf_counter()
+            self.graph = network.build(cfg.network, self.num_agents, cfg.seed)
+            self.timers["network.build"] += time.perf_counter() - t
         if populate:
             self._populate()
 
@@ -81,16 +99,70 @@ class SimEngine:
         ids = range(*shard_bounds(self.num_agents, self.rank, self.world))
         blocks = max(1, -(-self.num_agents // (_INIT_BLOCK * self.world)))  # same count on every rank
         per = -(-len(ids) // blocks) if len(ids) else 0
+        rows = (population.read_rows(self.cfg.population, self.model.fields, ids.start, ids.stop, per)
+                if self.cfg.population and per else None)
         for b in range(blocks):
             start = ids.start + b * per
             stop = min(start + per, ids.stop)
             block = torch.arange(start, max(start, stop), dtype=torch.int32, device=self.device)
             first = self.state.n
-            self.state.append(self.model.init(block, self.cfg.seed, self.params, self.cfg.grid))
+            if rows is not None and stop > start:
+                self.state.append(self._from_file(block, next(rows)[1]))
+            else:
+                self.state.append(self.initial_agents(block))
             if self.spatial:
                 self._send_strays(first)
-        if self.model.spatial and self.cfg.sort_every:
+        if self._sorts():
             self.sort_by_row()
+
+    def _sorts(self) -> bool:
+        """Whether agents are reordered by row (never under a contact network: agents stay in id order)."""
+        return self.model.spatial and bool(self.cfg.sort_every) and not self.uses_network
+
+    def arrange_by_id(self) -> None:
+        """Send every agent to the rank whose id range (shard_bounds) holds it, in id order. Call on all ranks."""
+        if self.world > 1:
+            dest = network._owner(self.state["id"], self.num_agents, self.world).to(torch.int32)
+            away = torch.nonzero(dest != self.rank).reshape(-1)
+            exchange.migrate(self.state, away, dest[away])
+        self.state.reorder(torch.argsort(self.state["id"]))
+
+    def _from_file(self, ids: torch.Tensor, columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Agents ``ids`` from a population file's rows: its columns, the other fields from ``init``."""
+        where = f"sim.population {self.cfg.population}"
+        if "id" in columns and not torch.equal(columns["id"].to(ids.device), ids):
+            raise ValueError(f"{where}: the id column of rows {int(ids[0])}..{int(ids[-1])} is not the row number; "
+                             "row i must be agent i")
+        fields = {k: v.to(self.device) for k, v in columns.items()}
+        if set(self.model.fields) - set(fields):
+            fields = {**self.initial_agents(ids), **fields}
+        if self.model.spatial:
+            for axis, size in (("x", self.cfg.grid[1]), ("y", self.cfg.grid[0])):
+                v = fields[axis]
+                if v.numel() and (int(v.min()) < 0 or int(v.max()) >= size):
+                    raise ValueError(f"{where}: column {axis!r} has values outside the grid (0..{size - 1}; "
+                                     f"found {int(v.min())}..{int(v.max())}); set grid=[height, width]")
+        return fields
+
+    def initial_agents(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's ``init`` for agents ``ids`` (int32), checked: every field, one value per agent, its dtype."""
+        ctx = Context(seed=self.cfg.seed, step=-1, params=self.params, grid=tuple(self.cfg.grid),
+                      num_agents=self.num_agents, env=dict(self.ctx.env))
+        fields = self.model.init(ctx, ids)
+        where = f"sim model {self.model.name!r}: init"
+        if not isinstance(fields, dict):
+            raise TypeError(f"{where} returned a {type(fields).__name__}; it must return {{field: tensor}}")
+        missing = sorted(set(self.model.fields) - set(fields))
+        if missing:
+            raise ValueError(f"{where} returned no {missing}; it must return every field of the model")
+        for name, dtype in self.model.fields.items():
+            value = fields[name]
+            if not isinstance(value, torch.Tensor) or value.shape != ids.shape or value.dtype != dtype:
+                got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"{where} field {name!r} is {got}; want {dtype} {tuple(ids.shape)}")
+        if not torch.equal(fields["id"], ids):
+            raise ValueError(f"{where} changed the 'id' field; return the ids it was given")
+        return fields
 
     # ------------------------------------------------------------------ one step
     def step(self) -> None:
@@ -109,7 +181,7 @@ class SimEngine:
         local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
         self._pending.append((self.step_index, local.to(torch.int64).cpu(), values))
         self.step_index += 1
-        if self.model.spatial and self.cfg.sort_every and self.step_index % self.cfg.sort_every == 0:
+        if self._sorts() and self.step_index % self.cfg.sort_every == 0:
             self.sort_by_row()
         if self.cfg.strategy == "adaptive" and self.step_index % self.cfg.rebalance_every == 0:
             self.rebalance()
@@ -132,9 +204,13 @@ class SimEngine:
         ctx, total, strays = self.ctx, None, []
         early = None
         if sub.moves and self._wants_cell_field(following):
-            early = self._new_cell_acc()
+            early = self._new_cell_acc(following)
         for start, chunk in self._chunks():
-            out = sub.apply(ctx, chunk, prepared)
+            if sub.field == "network":  # prepared holds one row per agent of this rank: this chunk's rows
+                n = chunk["id"].shape[0]
+                out = sub.apply(ctx, chunk, _rows(prepared, start, n, self.state.n))
+            else:
+                out = sub.apply(ctx, chunk, prepared)
             if out is not None:
                 total = out.to(torch.int64) if total is None else total + out
             if early is not None:
@@ -157,14 +233,24 @@ class SimEngine:
             total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
         return list(total.reshape(-1)), early
 
-    def _new_cell_acc(self) -> torch.Tensor:
+    def _new_cell_acc(self, sub: Substep) -> torch.Tensor:
         # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
-        return torch.zeros(self.ctx.rows * self.cfg.grid[1] + 1, dtype=torch.int32, device=self.device)
+        channels = sub.channels(self.params)
+        shape = (self.ctx.rows * self.cfg.grid[1] + 1, *((channels,) if channels > 1 else ()))
+        return torch.zeros(shape, dtype=torch.int32, device=self.device)
 
     def _field(self, sub: Substep, early: torch.Tensor | None = None) -> torch.Tensor:
         """The field ``sub`` reads, summed over every rank (cell fields padded with halo rows)."""
         t = time.perf_counter()
         ctx, width = self.ctx, self.cfg.grid[1]
+        if sub.field == "network":
+            messages = [sub.contribute(ctx, chunk) for _, chunk in self._chunks()]
+            self.timers[f"{sub.name}.field"] += time.perf_counter() - t
+            t = time.perf_counter()
+            inbox = self.graph.neighbour_sum(torch.cat(messages) if messages else
+                                             torch.zeros(0, dtype=torch.int64, device=self.device))
+            self.timers["exchange"] += time.perf_counter() - t
+            return inbox
         if sub.field == "global":
             acc = torch.zeros(sub.field_size, dtype=torch.int64, device=self.device)
             for _, chunk in self._chunks():
@@ -175,17 +261,18 @@ class SimEngine:
             return self._stale[sub.name]
         acc = early
         if acc is None:
-            acc = self._new_cell_acc()
+            acc = self._new_cell_acc(sub)
             for _, chunk in self._chunks():
                 sub.contribute(ctx, chunk, acc)
         acc = acc[:-1]
         self.timers[f"{sub.name}.field"] += time.perf_counter() - t
         t = time.perf_counter()
-        rows, r = acc.view(ctx.rows, width), self.radius
+        shape = (ctx.rows, width, *acc.shape[1:])
+        rows, r = acc.view(shape), self.radius
         if self.spatial:
             padded = exchange.halo(rows, r)
         else:
-            rows = exchange.sum_field(acc.contiguous()).view(ctx.rows, width)
+            rows = exchange.sum_field(acc.contiguous()).view(shape)
             padded = torch.cat([rows[ctx.rows - r :], rows, rows[:r]]) if r else rows
         self.timers["exchange"] += time.perf_counter() - t
         self._stale[sub.name] = padded

@@ -4,6 +4,8 @@
     multigpu sim -f market params.impact=0.2 --run-dir runs/market
     multigpu sim -f sir --checkpoint-every 10 --resume auto --run-dir runs/sir
     multigpu bench --nproc 1,2 sim agents=2000000
+    multigpu sim --model examples.sim_schelling:MODEL --check-split   # your model: same agents on 1 and 2 ranks?
+    multigpu sim -f sir params.beta=0.02 --calibrate runs/target/series.csv   # learn beta by gradient descent
 
 Rank 0 prints the figures and the output paths (``series.csv``, ``series.png``,
 ``summary.json`` in the run directory); see :func:`multigpu.sim.run`.
@@ -23,7 +25,7 @@ from multigpu.sim.config import SimConfig
 __all__ = ["WORKLOAD", "check", "main"]
 
 
-def check(cfg: SimConfig, plan: JobPlan) -> None:
+def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     resume = plan.run.resume
     if resume not in (None, "auto"):
         from multigpu.checkpointing import CorruptCheckpointError
@@ -35,16 +37,84 @@ def check(cfg: SimConfig, plan: JobPlan) -> None:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
+    return _check_files(cfg)
+
+
+def _check_files(cfg: SimConfig) -> SimConfig:
+    """Population and agent-file paths made absolute (the ranks may start elsewhere); the population's
+    columns checked against the model and its row count made the number of agents. Headers only."""
+    from pathlib import Path
+
+    from multigpu.sim import population
+    from multigpu.sim.api import get_model
+
+    if cfg.save_agents:
+        target = Path(cfg.save_agents)
+        if target.suffix in (".csv", ".npy"):
+            raise ConfigError(f"sim.save_agents {cfg.save_agents!r}: {target.suffix} is not written; valid: "
+                              "a .npz or .parquet file, or a folder (one .npy per field)")
+        if target.suffix == ".parquet":
+            population._pyarrow()  # an install hint now, not after the run
+    if cfg.calibrate.target:
+        from multigpu.sim.calibration import read_target
+
+        target = Path(cfg.calibrate.target).resolve()
+        read_target(target, cfg.steps, cfg.calibrate.columns)  # one line now if it cannot serve
+        cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, target=str(target)))
+    if cfg.network.kind == "file":
+        edges = Path(cfg.network.path).resolve()
+        try:
+            heads = set(population._headers(edges))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
+        if heads != {"src", "dst"}:
+            raise ConfigError(f"sim.network.path {cfg.network.path!r} has columns {sorted(heads)}; valid: src, dst")
+        cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, path=str(edges)))
+    if not cfg.population:
+        return cfg
+    path = Path(cfg.population).resolve()
+    rows, _ = population.columns(path, get_model(cfg.model).fields)
+    return dataclasses.replace(cfg, population=str(path), agents=rows)
 
 
 def main(cfg: SimConfig, ctx: RunContext) -> int:
     import multigpu as mg
     from multigpu.sim.runner import run
 
-    cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
+    if cfg.check_split:
+        from multigpu.sim.splitcheck import record
+
+        record(cfg)  # the launcher compares what rank 0 recorded on 1 and 2 ranks
+        return 0
+    if cfg.differentiable:
+        return _differentiable(cfg, ctx)
+    if not cfg.population:  # a population file is as large as it is
+        cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
     if result is not None:
         _report(result)
+    return 0
+
+
+def _differentiable(cfg: SimConfig, ctx: RunContext) -> int:
+    """Calibrate against ``calibrate.target``, or run the relaxed model once (no target)."""
+    import multigpu as mg
+    from multigpu.sim.calibration import calibrate, relaxed_run
+
+    if cfg.calibrate.target:
+        result = calibrate(cfg, run_dir=ctx.run_dir)
+        if mg.is_main():
+            learned = ", ".join(f"{k} {result.params[k]:.5f}" for k in cfg.calibrate.learn)
+            print(f"calibrated in {len(result.history)} iterations: {learned} "
+                  f"(loss {result.history[-1]['loss']:.3e}); history: {ctx.run_dir}/calibration.csv", flush=True)
+        return 0
+    series = relaxed_run(cfg)
+    if mg.is_main() and ctx.run_dir:
+        from pathlib import Path
+
+        from multigpu.sim.runner import write_csv
+
+        print(f"series (differentiable model): {write_csv(series, Path(ctx.run_dir) / 'series.csv')}", flush=True)
     return 0
 
 
@@ -59,11 +129,19 @@ def _report(result) -> None:
         print("final: " + ", ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v:,}" for k, v in last.items()))
     for r in s["rebalances"][-1:]:
         print(f"rebalance at step {r['step']}: imbalance {r['imbalance_before']:.3f} -> {r['imbalance_after']:.3f}")
+    if result.agents_path:
+        print(f"agents: {result.agents_path}")
     if result.csv_path:
         print(f"series: {result.csv_path}")
     if result.plot_path:
         print(f"plot: {result.plot_path}")
     sys.stdout.flush()
+
+
+def _launch(job) -> int | None:
+    from multigpu.sim.splitcheck import launch_check
+
+    return launch_check(job)
 
 
 WORKLOAD = Workload(
@@ -72,9 +150,22 @@ WORKLOAD = Workload(
     check=check,
     main=main,
     init=lambda cfg: {"backend": cfg.backend},
-    help="run an agent-based simulation (movement, sir, market) split over ranks",
+    launch=_launch,
+    help="run an agent-based simulation (movement, sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(
+        Flag("--model", "model", metavar="NAME|pkg.mod:MODEL",
+             help="movement | sir | market, or your model as pkg.module:MODEL (see multigpu.sim.api)"),
+        Flag("--check-split", "check_split", action="store_true",
+             help="check the model instead: run it on 1 and 2 ranks (every strategy, a small population) "
+                  "and compare every agent"),
+        Flag("--save-agents", "save_agents", metavar="FILE",
+             help="write the final agents by id: .npz, .parquet, or a folder of .npy per field"),
+        Flag("--population", "population", metavar="FILE",
+             help="read the agents from .npz, .csv, .parquet or a folder of .npy (row i = agent i)"),
+        Flag("--calibrate", "calibrate.target", metavar="SERIES.csv",
+             help="learn calibrate.learn (default [beta]) by gradient descent on the differentiable model "
+                  "so its series matches this CSV"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),

@@ -1,25 +1,17 @@
 """Shipped models and their substeps, registered by name (inside each rank).
 
-A *model* is an agent schema, an initial state and an ordered list of
-*substeps*. A substep is three vectorized pieces, each a pure function of
-(agents, fields, counter-based random numbers, parameters):
-
-* ``contribute(ctx, chunk)``: this chunk's share of a field the substep reads,
-  an integer tensor (per-cell counts, or a few global sums);
-* ``prepare(ctx, field)``: once per step, after the field was summed over all
-  ranks (exactly: integer sums do not depend on the split), turn it into what
-  the agents look up (per-cell thresholds, a new price);
-* ``apply(ctx, chunk, prepared)``: update the chunk in place; may return an
-  int64 vector of per-step sums (the aggregate time series).
-
-Because an agent's update depends only on its own state, its own random
-numbers and those exactly reduced fields, the result does not depend on how
-agents are split over ranks. Floats never enter a decision: probabilities are
-compared as 24-bit integers against integer thresholds.
+Written against the same API as a user's model (:mod:`multigpu.sim.api`: a
+model is agent fields, parameters, ``init`` and an ordered list of substeps,
+each ``contribute`` / ``prepare`` / ``apply``). Because an agent's update
+depends only on its own state, its own random numbers and exactly reduced
+integer fields, the result does not depend on how agents are split over
+ranks. Floats never enter a decision: probabilities are compared as 24-bit
+integers against integer thresholds.
 
 Models: ``movement`` (random walk on a periodic grid), ``sir`` (movement plus
 infection from the infected count in the cell, or within ``radius`` cells;
-``seir: true`` adds an exposed state) and ``market`` (agents trade one asset;
+``seir: true`` adds an exposed state), ``network_sir`` (SIR along the edges of
+a contact network, :mod:`multigpu.sim.network`) and ``market`` (agents trade one asset;
 the price moves with the exactly summed excess demand each step).
 """
 
@@ -27,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from multigpu.errors import ConfigError
 from multigpu.sim import rng
+from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, Substep, model_params
 
 __all__ = ["FUSED_KERNELS", "KERNELS", "MODELS", "SUBSTEPS", "Context", "Model", "Substep", "model_params"]
 
@@ -94,79 +86,12 @@ def _check_prob(cls_name: str, p: Any) -> None:
             raise ConfigError(f"sim.params.{f.name}={value} is invalid for {cls_name}; valid: a probability in [0, 1]")
 
 
-# ----------------------------------------------------------------------------- registry types
-@dataclass
-class Context:
-    """What a substep may read besides its chunk: the step, keys, grid and this rank's field rows."""
-
-    seed: int
-    step: int
-    params: Any
-    grid: tuple[int, int]
-    lo: int = 0
-    """First grid row of this rank's field (0 for the data strategy)."""
-    rows: int = 0
-    """Grid rows of this rank's field (all rows for the data strategy)."""
-    kernels: dict[str, Callable] = field(default_factory=dict)
-    """The per-chunk kernels (eager, or torch.compile'd)."""
-    num_agents: int = 0
-    """Agents in the whole simulation (all ranks)."""
-    env: dict[str, Any] = field(default_factory=dict)
-    """Global scalars every rank keeps identical (the market price)."""
-
-    def key(self, stream: int) -> int:
-        return rng.step_key(self.seed, self.step, stream)
-
-
-@dataclass(frozen=True)
-class Substep:
-    name: str
-    needs: tuple[str, ...]
-    """Agent fields the substep reads or writes."""
-    apply: Callable[[Context, dict[str, torch.Tensor], Any], torch.Tensor | None]
-    field: str | None = None
-    """None, "cell" (a per-cell integer field of the grid) or "global" (a few integer sums)."""
-    contribute: Callable[[Context, dict[str, torch.Tensor], torch.Tensor], None] | None = None
-    """Add this chunk's share of the field into the accumulator (in place)."""
-    prepare: Callable[[Context, torch.Tensor], Any] | None = None
-    field_size: int = 0
-    """Length of a "global" field."""
-    moves: bool = False
-    """Agents may change cell (spatial strategies migrate them afterwards)."""
-    series: Callable[[Any], list[str]] = lambda params: []
-    """Names of the int64 sums ``apply`` returns."""
-    globals: Callable[[Any], list[str]] = lambda params: []
-    """Names of the global values ``prepare`` stores in ``ctx.env['series']``."""
-    halo: Callable[[Any], int] = lambda params: 0
-    """Rows of neighbouring cells the field needs (the interaction radius)."""
-
-
-@dataclass(frozen=True)
-class Model:
-    name: str
-    fields: Mapping[str, torch.dtype]
-    substeps: tuple[str, ...]
-    params: type
-    init: Callable[[torch.Tensor, int, Any, tuple[int, int]], dict[str, torch.Tensor]]
-    spatial: bool = True
-    env: Callable[[Any], dict[str, Any]] = lambda params: {}
-
-
-SUBSTEPS: dict[str, Substep] = {}
-MODELS: dict[str, Model] = {}
-
-
-def model_params(model: str, params: Mapping[str, Any]) -> Any:
-    """The model's parameter dataclass from ``params``, rejecting unknown names with a suggestion."""
-    from multigpu.config import from_dict
-
-    p = from_dict(MODELS[model].params, params or {}, prefix="sim.params")
-    _check_prob(MODELS[model].params.__name__, p)
+def _check_builtin(p: Any) -> None:
+    _check_prob(type(p).__name__, p)
     if isinstance(p, SIRParams) and p.radius not in (0, 1):
         raise ConfigError(f"sim.params.radius={p.radius} is invalid; valid: 0 or 1")
     if isinstance(p, MarketParams) and p.fundamentalists + p.chartists > 1.0:
         raise ConfigError("sim.params.fundamentalists + chartists must be <= 1 (the rest are noise traders)")
-    return p
 
 
 # ----------------------------------------------------------------------------- movement
@@ -192,18 +117,20 @@ def _move_apply(ctx: Context, chunk, _prepared):
     return moved.reshape(1)
 
 
-def _spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+def spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """``id``, ``x`` and ``y`` of agents placed uniformly at random on the grid (a function of seed and id)."""
     bx = rng.random_bits(ids, rng.step_key(seed, -1, 10)) & 0x7FFFFFFF
     by = rng.random_bits(ids, rng.step_key(seed, -1, 11)) & 0x7FFFFFFF
     return {"id": ids.to(torch.int32), "x": (bx % grid[1]).to(torch.int16), "y": (by % grid[0]).to(torch.int16)}
 
 
 SUBSTEPS["movement"] = Substep(
-    "movement", ("id", "x", "y"), _move_apply, moves=True, series=lambda p: ["moved"],
+    "movement", ("id", "x", "y"), _move_apply, moves=True, series=["moved"],
 )
+"""Random walk on the periodic grid with probability ``params.move_prob`` (the model's params need it)."""
 MODELS["movement"] = Model(
     "movement", {"id": torch.int32, "x": torch.int16, "y": torch.int16}, ("movement",), MovementParams,
-    init=lambda ids, seed, p, grid: _spawn_on_grid(ids, seed, grid),
+    init=lambda ctx, ids: spawn_on_grid(ids, ctx.seed, ctx.grid), check=_check_builtin,
 )
 
 
@@ -263,14 +190,14 @@ def infection_table(beta: float) -> torch.Tensor:
 
 
 def pressure(counts: torch.Tensor, radius: int) -> torch.Tensor:
-    """Sum of infected counts within ``radius`` cells (periodic in x).
+    """Sum of counts within ``radius`` cells (periodic in x): the 3x3 neighbourhood for radius 1.
 
-    ``counts`` is [rows + 2 * radius, width] (halo rows included); returns [rows, width].
+    ``counts`` is [rows + 2 * radius, width, ...] (halo rows included); returns [rows, width, ...].
     """
     if radius == 0:
         return counts
     rows = counts.shape[0] - 2 * radius
-    total = torch.zeros((rows, counts.shape[1]), dtype=counts.dtype, device=counts.device)
+    total = torch.zeros((rows, *counts.shape[1:]), dtype=counts.dtype, device=counts.device)
     for dy in range(2 * radius + 1):
         band = counts[dy : dy + rows]
         for dx in range(-radius, radius + 1):
@@ -297,10 +224,10 @@ def _sir_apply(ctx: Context, chunk, prepared):
     return counts if ctx.params.seir else counts[[S, I, R]]
 
 
-def _sir_init(ids, seed, p: SIRParams, grid):
-    agents = _spawn_on_grid(ids, seed, grid)
-    u = rng.low_bits(rng.random_bits(ids, rng.step_key(seed, -1, 12)), 24, shift=8)
-    agents["state"] = torch.where(u < rng.threshold(p.initial_infected), I, S).to(torch.uint8)
+def _sir_init(ctx: Context, ids):
+    agents = spawn_on_grid(ids, ctx.seed, ctx.grid)
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(ctx.seed, -1, 12)), 24, shift=8)
+    agents["state"] = torch.where(u < rng.threshold(ctx.params.initial_infected), I, S).to(torch.uint8)
     return agents
 
 
@@ -311,7 +238,51 @@ SUBSTEPS["sir"] = Substep(
 )
 MODELS["sir"] = Model(
     "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
-    ("movement", "sir"), SIRParams, init=_sir_init,
+    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin,
+)
+
+
+# ----------------------------------------------------------------------------- sir on a contact network
+@dataclass(frozen=True, kw_only=True)
+class NetworkSIRParams:
+    beta: float = 0.05
+    """Probability that one infected neighbour infects a susceptible agent in a step."""
+    gamma: float = 0.1
+    """Recovery probability per step (I -> R)."""
+    initial_infected: float = 0.001
+    """Fraction of agents infected at step 0 (drawn per agent)."""
+
+
+def _net_infected(ctx: Context, agents):
+    return (agents["state"] == I).to(torch.int32)
+
+
+def _net_prepare(ctx: Context, inbox: torch.Tensor):
+    """Per agent: the threshold of being infected by its ``inbox`` infected neighbours."""
+    table = ctx.env.setdefault("_infection_table", infection_table(ctx.params.beta)).to(inbox.device)
+    return table[inbox.clamp(max=table.numel() - 1)]
+
+
+def _net_apply(ctx: Context, agents, thr):
+    p, state = ctx.params, agents["state"]
+    u = rng.low_bits(rng.random_bits(agents["id"], ctx.key(rng.STREAM_TRANSITION)), 24, shift=8)
+    new = torch.where((state == S) & (u < thr), I, torch.where((state == I) & (u < rng.threshold(p.gamma)), R, state))
+    state.copy_(new.to(torch.uint8))
+    return torch.stack([(state == k).sum() for k in (S, I, R)])
+
+
+def _net_init(ctx: Context, ids):
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(ctx.seed, -1, 12)), 24, shift=8)
+    return {"id": ids, "state": torch.where(u < rng.threshold(ctx.params.initial_infected), I, S).to(torch.uint8)}
+
+
+SUBSTEPS["network_sir"] = Substep(
+    "network_sir", ("id", "state"), _net_apply, field="network", contribute=_net_infected, prepare=_net_prepare,
+    series=["S", "I", "R"],
+)
+MODELS["network_sir"] = Model(
+    "network_sir", {"id": torch.int32, "state": torch.uint8}, ("network_sir",), NetworkSIRParams, init=_net_init,
+    check=_check_builtin,
 )
 
 
@@ -361,8 +332,9 @@ def _trade_apply(ctx: Context, chunk, ticks: int):
     chunk["cash"].sub_(o.to(torch.int64) * ticks)
 
 
-def _market_init(ids, seed, p: MarketParams, grid):
-    u = rng.low_bits(rng.random_bits(ids, rng.step_key(seed, -1, 13)), 24, shift=8)
+def _market_init(ctx: Context, ids):
+    p = ctx.params
+    u = rng.low_bits(rng.random_bits(ids, rng.step_key(ctx.seed, -1, 13)), 24, shift=8)
     kind = torch.where(u < rng.threshold(p.fundamentalists), FUNDAMENTALIST,
                        torch.where(u < rng.threshold(p.fundamentalists + p.chartists), CHARTIST, NOISE))
     n = ids.shape[0]
@@ -379,7 +351,7 @@ SUBSTEPS["trade"] = Substep(
 MODELS["market"] = Model(
     "market", {"id": torch.int32, "kind": torch.uint8, "order": torch.int8, "position": torch.int32,
                "cash": torch.int64},
-    ("decide", "trade"), MarketParams, init=_market_init, spatial=False,
+    ("decide", "trade"), MarketParams, init=_market_init, spatial=False, check=_check_builtin,
     env=lambda p: {"log_price": math.log(p.initial_price), "prev_log_price": math.log(p.initial_price)},
 )
 

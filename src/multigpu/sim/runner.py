@@ -39,6 +39,10 @@ class SimResult:
     """The StepMeter summary plus simulation figures (bytes_per_agent, peak_rss_mb, phases, ...)."""
     csv_path: Path | None = None
     plot_path: Path | None = None
+    agents_path: Path | None = None
+    """Where ``save_agents`` wrote the final agents (ordered by id)."""
+    agents: dict[str, torch.Tensor] | None = None
+    """With ``run(..., return_agents=True)``: this rank's own final agents, sorted by id."""
 
 
 def _peak_rss_mb() -> float:
@@ -66,6 +70,7 @@ def run(
     profile: bool = False,
     progress: bool = True,
     callbacks: list | None = None,
+    return_agents: bool = False,
 ) -> SimResult | None:
     """Run the simulation ``cfg`` to ``steps`` (default ``cfg.steps``). Call on all ranks.
 
@@ -79,9 +84,11 @@ def run(
             the step meter when the run context asks for ``--profile``.
         callbacks: Objects whose ``on_step(engine)`` runs on every rank after each step (after its
             checkpoint); the config's ``callbacks`` (``pkg.module:factory`` names) are added to them.
+        return_agents: Every rank gets a SimResult whose ``agents`` are its own final agents (sorted by
+            id); the series and summary stay on rank 0 (empty elsewhere).
 
     Returns:
-        On rank 0 a :class:`SimResult`; None on the other ranks.
+        On rank 0 a :class:`SimResult`; None on the other ranks (unless ``return_agents``).
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     ckpt_root = run_dir / "checkpoints" if run_dir is not None else None
@@ -114,10 +121,20 @@ def run(
     digest = torch.tensor([engine.state.digest_sum(), engine.state.n], dtype=torch.int64)
     collectives.all_reduce(digest, "sum", check_shapes=False)
     extra["state_digest"] = f"{int(digest[0]) & (2**64 - 1):016x}-{int(digest[1])}"
+    agents_path = None
+    if cfg.save_agents:
+        from multigpu.sim import population
+
+        agents_path = Path(cfg.save_agents)
+        if not agents_path.is_absolute() and run_dir is not None:
+            agents_path = run_dir / agents_path
+        agents_path = population.save(engine, agents_path)
+        extra["agents_file"] = str(agents_path)
     summary = meter.close(extra)
+    own = engine.state.sorted_by_id() if return_agents else None
     if group.rank() != 0:
-        return None
-    result = SimResult(series=series, summary=summary)
+        return SimResult(series={}, summary={}, agents=own) if return_agents else None
+    result = SimResult(series=series, summary=summary, agents=own, agents_path=agents_path)
     if run_dir is not None:
         result.csv_path = write_csv(series, run_dir / "series.csv")
         result.plot_path = write_plot(series, cfg, run_dir / "series.png") if cfg.plot else None
@@ -169,13 +186,17 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.set_ylabel("price")
         ax.set_title(f"market: {cfg.agents:,} traders")
     else:
-        names = [n for n in series if n in ("S", "E", "I", "R")] if cfg.model == "sir" else ["moved"]
+        if cfg.model == "sir":
+            names, title = [n for n in series if n in ("S", "E", "I", "R")], "epidemic curve"
+        elif cfg.model == "movement":
+            names, title = ["moved"], "agents moved per step"
+        else:  # a user's model: every aggregate
+            names, title = [n for n in series if n != "step"], "aggregates"
         for name in names:
             ax.plot(steps, series[name], label=name)
-        ax.set_ylabel("agents")
+        ax.set_ylabel("agents" if cfg.model in ("sir", "movement") else "value")
         ax.legend()
-        title = "epidemic curve" if cfg.model == "sir" else "agents moved per step"
-        ax.set_title(f"{cfg.model}: {title}, {cfg.agents:,} agents")
+        ax.set_title(f"{cfg.model.rpartition(':')[2]}: {title}, {cfg.agents:,} agents")
     ax.set_xlabel("step")
     fig.tight_layout()
     with atomic_path(path, keep_suffix=True) as tmp:

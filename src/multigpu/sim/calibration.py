@@ -1,0 +1,320 @@
+"""Differentiable SIR and gradient-descent calibration of its parameters (inside each rank).
+
+    multigpu sim -f sir params.beta=0.05 --agents 1_000_000 --steps 40 --run-dir runs/target   # a target
+    multigpu sim -f sir params.beta=0.02 --agents 1_000_000 --steps 40 --nproc-per-node 2 \\
+        --calibrate runs/target/series.csv calibrate.learn=[beta]                          # recovers beta
+
+In ``differentiable: true`` mode the SIR model's stochastic decisions are
+relaxed with the straight-through Bernoulli estimator (AgentTorch's choice):
+the forward pass takes the same hard decisions as the exact model (the same
+counter-based numbers ``u`` per agent, compared as floats: ``u < p``), and the
+backward pass treats ``d decision / d p`` as 1. Agent states are 0/1 floats
+(S, I, R), so per-cell infected counts and the aggregate series are exact
+integers in the forward pass, and the gradient of a loss on the series with
+respect to ``beta`` and ``gamma`` flows through every step.
+
+Memory: the forward pass runs without a graph and keeps, per agent and step,
+the positions and the state (5 bytes: int16 x, y, uint8 state). The backward
+pass goes through the steps in reverse, rebuilding one step's graph at a time
+from what was kept (checkpointed steps), so the graph of only one step is ever
+alive; ``calibrate.truncate`` > 0 backpropagates through the last K steps only.
+
+Across ranks (the data strategy: agents split by id, the grid's infected
+counts summed each step): in the reverse pass the gradient of each step's
+global field is all-reduced (every rank's agents read the summed field), and
+at the end the parameters' gradients are all-reduced, so every rank holds the
+same gradient and takes the same optimizer step. The collectives run in the
+same order on every rank (one per step, then one for the parameters), never
+inside autograd's own scheduling.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.errors import ConfigError
+from multigpu.runtime import group
+from multigpu.sim import exchange, rng
+from multigpu.sim.models import I, R, S, move_kernel, pressure
+
+__all__ = ["LEARNABLE", "CalibrateConfig", "CalibrationResult", "DiffSIR", "calibrate", "descend", "read_target",
+           "relaxed_run"]
+
+LEARNABLE = ("beta", "gamma")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CalibrateConfig:
+    target: str = ""
+    """CSV of the observed series (a ``step`` column and some of S, I, R; e.g. an exact run's series.csv).
+    Set: ``multigpu sim`` calibrates instead of running once."""
+    learn: tuple[str, ...] = ("beta",)
+    """Parameters to learn: beta and/or gamma (their starting values are ``params.*``)."""
+    columns: tuple[str, ...] = ()
+    """Series the loss compares (default: those of I and R the target has)."""
+    iterations: int = 40
+    """Gradient steps at most."""
+    lr: float = 0.1
+    """Adam's learning rate on log(parameter): about the relative change per iteration."""
+    decay: float = 0.95
+    """The learning rate is multiplied by this after every iteration."""
+    tolerance: float = 1e-3
+    """Stop when every learned parameter moved less than this share in an iteration."""
+    truncate: int = 0
+    """Backpropagate through the last K steps only (0: all steps)."""
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.learn if p not in LEARNABLE]
+        if bad or not self.learn:
+            raise ConfigError(f"sim.calibrate.learn={list(self.learn)} is invalid; valid: some of {', '.join(LEARNABLE)}")
+        bad = [c for c in self.columns if c not in ("S", "I", "R")]
+        if bad:
+            raise ConfigError(f"sim.calibrate.columns: {bad} are not series of sir; valid: S, I, R")
+        if self.iterations < 1 or self.truncate < 0 or not self.lr > 0 or not self.tolerance >= 0 \
+                or not 0 < self.decay <= 1:
+            raise ConfigError("sim.calibrate: valid: iterations >= 1, lr > 0, 0 < decay <= 1, tolerance >= 0, "
+                              "truncate >= 0")
+
+
+def read_target(path: str | Path, steps: int, columns: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The target series for steps 1..``steps`` from a CSV (header: step and series names). One-line errors."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise ConfigError(f"sim.calibrate.target '{path}' cannot be read: {exc.strerror}") from None
+    if not rows or "step" not in rows[0]:
+        raise ConfigError(f"sim.calibrate.target '{path}' needs a header with a 'step' column and S, I or R")
+    wanted = list(columns) or [c for c in ("I", "R") if c in rows[0]]
+    missing = [c for c in wanted if c not in rows[0]]
+    if missing or not wanted:
+        raise ConfigError(f"sim.calibrate.target '{path}' has no column {missing or ['I', 'R']}; "
+                          f"it has {', '.join(rows[0])}")
+    try:
+        by_step = {int(float(r["step"])): r for r in rows}
+        series = {c: [float(by_step[s][c]) for s in range(1, steps + 1)] for c in wanted}
+    except KeyError as exc:
+        raise ConfigError(f"sim.calibrate.target '{path}' has no row for step {exc.args[0]}; it must cover steps "
+                          f"1..{steps}") from None
+    except ValueError as exc:
+        raise ConfigError(f"sim.calibrate.target '{path}': {exc}") from None
+    return {c: torch.tensor(v, dtype=torch.float64) for c, v in series.items()}
+
+
+def _straight_through(hard: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``hard`` (0/1) in the forward pass, gradient 1 with respect to ``p`` in the backward pass."""
+    return hard.to(p.dtype) + p - p.detach()
+
+
+class DiffSIR:
+    """SIR on the grid with relaxed decisions, for one rank's agents of a SimEngine (data strategy)."""
+
+    def __init__(self, engine):
+        cfg = engine.cfg
+        if cfg.model != "sir" or engine.spatial or engine.params.seir:
+            raise ConfigError("differentiable mode supports model sir (seir: false) with strategy data")
+        self.engine, self.cfg, self.params = engine, cfg, engine.params
+        self.ids = engine.state["id"].clone()
+        self.x0, self.y0 = engine.state["x"].clone(), engine.state["y"].clone()
+        self.state0 = engine.state["state"].clone()
+        self.height, self.width = cfg.grid
+        self.world = group.world_size()
+
+    # ---------------------------------------------------------------- one step
+    def _move(self, x, y, step):
+        x, y = x.clone(), y.clone()
+        move_kernel(self.ids, x, y, rng.step_key(self.cfg.seed, step, rng.STREAM_MOVE),
+                    rng.threshold(self.params.move_prob, 16), self.height, self.width)
+        return x, y
+
+    def _cells(self, x, y):
+        return y.to(torch.int64) * self.width + x.to(torch.int64)
+
+    def _local_field(self, cell, i):
+        return torch.zeros(self.height * self.width, dtype=i.dtype).index_add(0, cell, i)
+
+    def _global_field(self, local):
+        return exchange.sum_field(local.detach().clone())
+
+    def _transition(self, step, cell, s, i, r, field, beta, gamma):
+        """The relaxed SIR transition of one step; ``field`` is the summed infected count per cell."""
+        radius = self.params.radius
+        grid = field.view(self.height, self.width)
+        if radius:
+            grid = pressure(torch.cat([grid[-radius:], grid, grid[:radius]]), radius)
+        k = grid.reshape(-1)[cell]
+        bits = rng.random_bits(self.ids, rng.step_key(self.cfg.seed, step, rng.STREAM_TRANSITION))
+        u = rng.low_bits(bits, 24, shift=8).to(torch.float64) * (1.0 / (1 << 24))
+        p_inf = 1.0 - torch.pow(1.0 - beta, k)
+        infected = _straight_through(u < p_inf, p_inf) * s
+        recovered = _straight_through(u < gamma, gamma.expand_as(u)) * i
+        return s - infected, i + infected - recovered, r + recovered
+
+    @staticmethod
+    def _onehot(state):
+        return [(state == code).to(torch.float64) for code in (S, I, R)]
+
+    # ---------------------------------------------------------------- forward and backward
+    def forward(self, beta: float, gamma: float) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
+        """Run every step without a graph: (what the backward pass keeps per step, global S, I, R per step)."""
+        b = torch.tensor(beta, dtype=torch.float64)
+        g = torch.tensor(gamma, dtype=torch.float64)
+        x, y, state = self.x0, self.y0, self.state0
+        kept, series = [], {"S": [], "I": [], "R": []}
+        with torch.no_grad():
+            for step in range(self.cfg.steps):
+                x, y = self._move(x, y, step)
+                kept.append((x, y, state))
+                s, i, r = self._onehot(state)
+                cell = self._cells(x, y)
+                field = self._global_field(self._local_field(cell, i))
+                s, i, r = self._transition(step, cell, s, i, r, field, b, g)
+                state = (I * i + R * r).round().to(torch.uint8)  # S=0: the hard state back as a code
+                sums = exchange.sum_field(torch.stack([s.sum(), i.sum(), r.sum()]).round().to(torch.int64))
+                for name, v in zip("SIR", sums.tolist(), strict=True):
+                    series[name].append(v)
+        return kept, series
+
+    def gradient(self, kept, grad_series: dict[str, torch.Tensor], beta: float, gamma: float,
+                 truncate: int = 0) -> dict[str, float]:
+        """d loss / d (beta, gamma), given d loss / d series (one value per step and column). Call on all ranks."""
+        b = torch.tensor(beta, dtype=torch.float64, requires_grad=True)
+        g = torch.tensor(gamma, dtype=torch.float64, requires_grad=True)
+        n = self.ids.numel()
+        carry = [torch.zeros(n, dtype=torch.float64) for _ in range(3)]  # d loss / d (s, i, r) after the step
+        first = max(0, len(kept) - truncate) if truncate else 0
+        for step in reversed(range(first, len(kept))):
+            x, y, state = kept[step]
+            s, i, r = (v.requires_grad_() for v in self._onehot(state))
+            cell = self._cells(x, y)
+            local = self._local_field(cell, i)
+            field = self._global_field(local).requires_grad_()
+            out = self._transition(step, cell, s, i, r, field, b, g)
+            sums = torch.stack([v.sum() for v in out])
+            grad_sums = torch.stack([grad_series[c][step] if c in grad_series else torch.zeros((), dtype=torch.float64)
+                                     for c in "SIR"])
+            torch.autograd.backward([*out, sums], [*carry, grad_sums])
+            # every rank's agents read the summed field: its gradient is the sum of every rank's
+            field_grad = exchange.sum_field(field.grad.clone())
+            torch.autograd.backward(local, field_grad)
+            carry = [v.grad for v in (s, i, r)]
+        grads = torch.stack([b.grad if b.grad is not None else torch.zeros((), dtype=torch.float64),
+                             g.grad if g.grad is not None else torch.zeros((), dtype=torch.float64)])
+        grads = exchange.sum_field(grads)  # each rank holds its own agents' share
+        return {"beta": float(grads[0]), "gamma": float(grads[1])}
+
+
+@dataclass
+class CalibrationResult:
+    """What :func:`calibrate` returns (the same on every rank)."""
+
+    params: dict[str, float]
+    """The learned parameters."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Per iteration: loss, parameters, gradients, seconds."""
+    series: dict[str, list[int]] = field(default_factory=dict)
+    """The last forward pass's S, I, R."""
+
+
+def loss_and_grads(series: dict[str, list[int]], target: dict[str, torch.Tensor], num_agents: int):
+    """Mean squared error of the series as shares of the agents, and d loss / d series."""
+    total, grads = 0.0, {}
+    count = sum(t.numel() for t in target.values())
+    for name, want in target.items():
+        got = torch.tensor(series[name][: want.numel()], dtype=torch.float64)
+        diff = (got - want) / num_agents
+        total += float((diff**2).sum()) / count
+        grads[name] = 2.0 * diff / (num_agents * count)
+    return total, grads
+
+
+def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
+    """Gradient descent (Adam on log-parameters) on the loss of ``target``. Call on all ranks."""
+    model = DiffSIR(engine)
+    values = {"beta": engine.params.beta, "gamma": engine.params.gamma}
+    logs = {p: torch.tensor(math.log(max(values[p], 1e-9)), dtype=torch.float64, requires_grad=True)
+            for p in cfg.learn}
+    opt = torch.optim.Adam(list(logs.values()), lr=cfg.lr, betas=(0.5, 0.9))  # short memory: the loss is noisy
+    decay = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.decay)
+    result = CalibrationResult(params=dict(values))
+    for it in range(cfg.iterations):
+        t = time.perf_counter()
+        kept, series = model.forward(values["beta"], values["gamma"])
+        loss, grad_series = loss_and_grads(series, target, engine.num_agents)
+        grads = model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate)
+        del kept
+        opt.zero_grad()
+        for p, theta in logs.items():
+            theta.grad = torch.tensor(grads[p] * values[p], dtype=torch.float64)  # chain rule through exp
+        opt.step()
+        decay.step()
+        before = dict(values)
+        for p, theta in logs.items():
+            values[p] = min(max(math.exp(float(theta.detach())), 1e-6), 1.0 - 1e-6)
+        record = {"iteration": it, "loss": loss, **{p: before[p] for p in cfg.learn},
+                  **{f"grad_{p}": grads[p] for p in cfg.learn}, "seconds": time.perf_counter() - t}
+        result.history.append(record)
+        result.series = series
+        log(f"iteration {it}: loss {loss:.3e}, " + ", ".join(f"{p} {before[p]:.5f} -> {values[p]:.5f} "
+                                                             f"(grad {grads[p]:+.3e})" for p in cfg.learn))
+        if all(abs(values[p] - before[p]) <= cfg.tolerance * before[p] for p in cfg.learn):
+            break
+    result.params = values
+    return result
+
+
+def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: str | Path | None = None,
+              log=None) -> CalibrationResult:
+    """Learn ``cfg.calibrate.learn`` from ``target`` (default: the CSV ``cfg.calibrate.target``). Call on all ranks.
+
+    Starts from ``cfg.params``. Every rank returns the same result; rank 0 prints each iteration and, with
+    ``run_dir``, writes ``calibration.csv`` (one row per iteration) and ``calibration.json``.
+
+    Example (2 ranks, 1M agents; the target made by an exact run with beta 0.05)::
+
+        cfg = mg.sim.SimConfig(model="sir", agents=1_000_000, steps=40, params={"beta": 0.02},
+                               calibrate={"target": "runs/target/series.csv", "learn": ["beta"]})
+        result = mg.sim.calibrate(cfg)          # result.params["beta"] close to 0.05
+    """
+    from multigpu.monitor import write_json_atomic
+    from multigpu.sim.engine import SimEngine
+
+    ccfg = cfg.calibrate
+    if target is None:
+        target = read_target(ccfg.target, cfg.steps, ccfg.columns)
+    main = group.rank() == 0
+    printer = log or ((lambda line: print(f"calibrate: {line}", flush=True)) if main else (lambda line: None))
+    engine = SimEngine(cfg)
+    result = descend(engine, target, ccfg, log=printer)
+    if run_dir is not None and main:
+        from multigpu.sim.runner import write_csv
+
+        run_dir = Path(run_dir)
+        names = list(result.history[0])
+        write_csv({n: [h[n] for h in result.history] for n in names}, run_dir / "calibration.csv")
+        import resource
+
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        write_json_atomic(run_dir / "calibration.json", {
+            "params": result.params, "iterations": len(result.history), "final_loss": result.history[-1]["loss"],
+            "learn": list(ccfg.learn), "target": ccfg.target, "world_size": group.world_size(),
+            "agents": engine.num_agents, "steps": cfg.steps, "peak_rss_mb_rank0": peak_mb,
+            "seconds_per_iteration": sum(h["seconds"] for h in result.history) / len(result.history)})
+    return result
+
+
+def relaxed_run(cfg) -> dict[str, list[int]]:
+    """The differentiable model's forward pass alone (``differentiable: true`` without a target). Call on all ranks."""
+    from multigpu.sim.engine import SimEngine
+
+    engine = SimEngine(cfg)
+    _, series = DiffSIR(engine).forward(engine.params.beta, engine.params.gamma)
+    return {"step": list(range(1, cfg.steps + 1)), **series}

@@ -1,0 +1,268 @@
+"""Contact networks: agents interact along the edges of a graph, split over ranks (inside each rank).
+
+Rank r owns agents ``shard_bounds(N, r, P)`` (contiguous ids, kept in id
+order) and the edges that point *to* them. A substep with ``field="network"``
+gives each agent an integer message (``contribute(ctx, agents)`` -> ``[n]`` or
+``[n, channels]``); the engine hands ``prepare`` each agent's *inbox*: the sum
+of the messages of its neighbours, exact in any order. Messages of neighbours
+on other ranks come in one all-to-all per step: the *halo of the graph*, the
+states of the remote agents this rank's edges read, agreed once at setup.
+Memory per rank: O((agents + edges) / ranks + halo).
+
+Graphs (``network.kind``), all undirected, the same on any rank count:
+
+* ``file``: an edge list, ``network.path``: ``.npz`` / folder of ``.npy`` /
+  ``.csv`` / ``.parquet`` with columns ``src`` and ``dst`` (agent ids). Each rank
+  reads its share of the rows in chunks and sends every edge to the owners
+  of its two ends. Repeated edges count as many times; self-loops are dropped.
+* ``households``: agents ``[h * size, (h + 1) * size)`` form household ``h`` (every
+  pair linked), plus ``contacts`` random community links per agent
+  (the partner is a hash of (seed, id, k)): households + the wider community.
+* ``geometric``: a random geometric graph: agent i at (x, y) in the unit square,
+  y stratified by id (agent i in the i-th N-th of the height, so an id range is
+  a strip of space) and x uniform, both from counter-based hashes; agents
+  closer than ``radius`` are linked. Integer coordinates: exact everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from multigpu.errors import ConfigError
+from multigpu.runtime import group
+from multigpu.runtime.sharding import shard_bounds
+from multigpu.sim import rng
+
+__all__ = ["KINDS", "Graph", "NetworkConfig", "build"]
+
+KINDS = ("none", "file", "households", "geometric")
+_COORD = 1 << 20  # geometric graph: coordinates are integers in [0, 2**20)
+_EDGE_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkConfig:
+    kind: str = "none"
+    """none, file (an edge list at ``path``), households or geometric."""
+    path: str = ""
+    """file: the edge list (columns src, dst): .npz, .csv, .parquet or a folder of .npy."""
+    household_size: int = 4
+    """households: agents per household (every pair linked)."""
+    contacts: int = 2
+    """households: random community links started by each agent."""
+    radius: float = 0.01
+    """geometric: link agents closer than this (the unit square); mean degree about pi * radius**2 * N."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"sim.network.kind {self.kind!r} is not valid; valid: {', '.join(KINDS)}")
+        if self.kind == "file" and not self.path:
+            raise ConfigError("sim.network.kind=file needs sim.network.path (an edge list with columns src, dst)")
+        if self.household_size < 1 or self.contacts < 0:
+            raise ConfigError("sim.network: household_size must be >= 1 and contacts >= 0")
+        if not 0.0 < self.radius <= 0.5:
+            raise ConfigError(f"sim.network.radius={self.radius} is invalid; valid: 0 < radius <= 0.5")
+
+
+def _world() -> tuple[int, int]:
+    return group.rank(), group.world_size()
+
+
+def _owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
+    """The rank that owns each id under shard_bounds (lower ranks hold one more)."""
+    base, extra = divmod(n, world)
+    cut = extra * (base + 1)
+    ids = ids.to(torch.int64)
+    return torch.where(ids < cut, ids // (base + 1), extra + (ids - cut) // max(base, 1))
+
+
+def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[torch.Tensor, list[int]]:
+    """Rows of ``values`` ([k, w] int64) sent to ranks ``dest``: (the rows received in rank order, rows per rank)."""
+    import torch.distributed as dist
+
+    from multigpu.runtime.collectives import _translate
+
+    if world == 1:
+        return values, [values.shape[0]]
+    order = torch.argsort(dest, stable=True)
+    values = values[order].contiguous()
+    send = torch.bincount(dest.to(torch.int64), minlength=world)
+    recv = torch.empty_like(send)
+    with _translate("network"):
+        dist.all_to_all_single(recv, send)
+    w = values.shape[1]
+    out = torch.empty((int(recv.sum()), w), dtype=values.dtype)
+    with _translate("network"):
+        dist.all_to_all_single(out.view(-1), values.view(-1), (recv * w).tolist(), (send * w).tolist())
+    return out, recv.tolist()
+
+
+class Graph:
+    """This rank's incoming edges (CSR by local agent) and the plan of its per-step halo exchange."""
+
+    def __init__(self, num_agents: int, incoming: torch.Tensor):
+        """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank. Collective."""
+        rank, world = _world()
+        self.num_agents = num_agents
+        self.lo, self.hi = shard_bounds(num_agents, rank, world)
+        src, dst = incoming[:, 0], incoming[:, 1]
+        keep = src != dst  # self-loops do not count
+        src, dst = src[keep], dst[keep]
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+        self.dst = dst - self.lo  # local positions
+        local = (src >= self.lo) & (src < self.hi)
+        remote_ids, inverse = torch.unique(src[~local], return_inverse=True)  # sorted: by owner, then id
+        self.src_slot = torch.empty_like(src)
+        self.src_slot[local] = src[local] - self.lo
+        self.src_slot[~local] = (self.hi - self.lo) + inverse
+        self.num_halo = remote_ids.numel()
+        self.num_edges = src.numel()
+        # tell each owner which of its agents this rank reads; it sends their messages every step
+        owners = _owner(remote_ids, num_agents, world)
+        asked, self.send_counts = _all_to_all(remote_ids[:, None], owners, world)
+        self.recv_counts = torch.bincount(owners, minlength=world).tolist()
+        self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
+
+    def neighbour_sum(self, messages: torch.Tensor) -> torch.Tensor:
+        """Per local agent, the sum of its neighbours' ``messages`` ([n] or [n, C] integers) as int64. Collective."""
+        import torch.distributed as dist
+
+        from multigpu.runtime.collectives import _translate
+
+        msgs = messages.to(torch.int64)
+        flat = msgs.reshape(msgs.shape[0], -1)
+        width = flat.shape[1]
+        table = flat
+        if group.world_size() > 1:
+            out = flat[self.send_index].contiguous()
+            halo = torch.empty((self.num_halo, width), dtype=torch.int64)
+            with _translate("network halo"):
+                dist.all_to_all_single(halo.view(-1), out.view(-1), [c * width for c in self.recv_counts],
+                                       [c * width for c in self.send_counts])
+            table = torch.cat([flat, halo])
+        inbox = torch.zeros_like(flat)
+        for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
+            stop = min(start + _EDGE_CHUNK, self.num_edges)
+            inbox.index_add_(0, self.dst[start:stop], table[self.src_slot[start:stop]])
+        return inbox.reshape(msgs.shape)
+
+
+# ----------------------------------------------------------------------------- graphs
+def _route(edges: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """Undirected edges [k, 2] (any rank) -> this rank's incoming directed edges (src, dst). Collective."""
+    _, world = _world()
+    both = torch.cat([edges, edges.flip(1)])
+    return _all_to_all(both, _owner(both[:, 1], num_agents, world), world)[0]
+
+
+def _from_file(cfg: NetworkConfig, num_agents: int) -> torch.Tensor:
+    from multigpu.sim import population
+
+    fields = {"src": torch.int64, "dst": torch.int64}
+    rank, world = _world()
+    try:
+        total = population.num_rows(cfg.path)
+        heads = set(population._headers(Path(cfg.path)))
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
+    if heads != {"src", "dst"}:
+        raise ConfigError(f"sim.network.path {cfg.path!r} has columns {sorted(heads)}; valid: src, dst")
+    lo, hi = shard_bounds(total, rank, world)
+    blocks = max(1, -(-total // (_EDGE_CHUNK * world)))  # the same number of routing rounds on every rank
+    per = max(1, -(-(hi - lo) // blocks))
+    reader = population.read_rows(cfg.path, fields, lo, hi, per) if hi > lo else iter(())
+    parts = []
+    for _ in range(blocks):
+        got = next(reader, None)
+        edges = torch.stack([got[1]["src"], got[1]["dst"]], 1) if got else torch.zeros((0, 2), dtype=torch.int64)
+        if edges.numel() and (int(edges.min()) < 0 or int(edges.max()) >= num_agents):
+            raise ValueError(f"sim.network.path {cfg.path}: edge ids must be agent ids 0..{num_agents - 1}; "
+                             f"found {int(edges.min())}..{int(edges.max())}")
+        parts.append(_route(edges, num_agents))
+    return torch.cat(parts)
+
+
+def _households(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
+    rank, world = _world()
+    lo, hi = shard_bounds(num_agents, rank, world)
+    ids = torch.arange(lo, hi, dtype=torch.int64)
+    size = cfg.household_size
+    first = (ids // size) * size
+    # household links: this rank's agents' own incoming edges, no routing needed
+    home = [torch.stack([first + j, ids], 1) for j in range(size)]
+    home = torch.cat(home) if home else torch.zeros((0, 2), dtype=torch.int64)
+    home = home[(home[:, 0] < num_agents) & (home[:, 0] != home[:, 1])]
+    community = []
+    for k in range(cfg.contacts):
+        bits = rng.random_bits(ids.to(torch.int32), rng.step_key(seed, -2, 100 + k)).to(torch.int64) & 0x7FFFFFFF
+        community.append(torch.stack([ids, (bits * num_agents) >> 31], 1))
+    routed = _route(torch.cat(community) if community else torch.zeros((0, 2), dtype=torch.int64), num_agents)
+    return torch.cat([home, routed])
+
+
+def _positions(ids: torch.Tensor, num_agents: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer (x, y) in [0, 2**20) of agents ``ids``: y stratified by id (non-decreasing), x uniform."""
+    i32 = ids.to(torch.int32)
+    ux = rng.random_bits(i32, rng.step_key(seed, -2, 200)).to(torch.int64) & (_COORD - 1)
+    uy = rng.random_bits(i32, rng.step_key(seed, -2, 201)).to(torch.int64) & (_COORD - 1)
+    y = (ids * _COORD + uy) // num_agents
+    return ux, y
+
+
+def _geometric(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
+    rank, world = _world()
+    lo, hi = shard_bounds(num_agents, rank, world)
+    if hi == lo:
+        return torch.zeros((0, 2), dtype=torch.int64)
+    r = int(cfg.radius * _COORD)
+    mine = torch.arange(lo, hi, dtype=torch.int64)
+    x, y = _positions(mine, num_agents, seed)
+    # the ids whose y can be within r: agent j has y in [j * C / N, (j + 1) * C / N)
+    a = max(0, (int(y.min()) - r) * num_agents // _COORD - 1)
+    b = min(num_agents, (int(y.max()) + r + 1) * num_agents // _COORD + 2)
+    cand = torch.arange(a, b, dtype=torch.int64)
+    cx, cy = _positions(cand, num_agents, seed)
+    cells = _COORD // r + 1
+    key = (cy // r) * cells + cx // r
+    order = torch.argsort(key)
+    key, cand, cx, cy = key[order], cand[order], cx[order], cy[order]
+    most = int(torch.unique_consecutive(key, return_counts=True)[1].max())
+    edges = []
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            qx, qy = x // r + dx, y // r + dy
+            ok = (qx >= 0) & (qy >= 0)
+            q = qy * cells + qx
+            start = torch.searchsorted(key, q)
+            stop = torch.searchsorted(key, q, right=True)
+            for k in range(most):
+                j = start + k
+                hit = ok & (j < stop)
+                jj = j.clamp(max=cand.numel() - 1)
+                d2 = (cx[jj] - x) ** 2 + (cy[jj] - y) ** 2
+                hit &= (d2 <= r * r) & (cand[jj] != mine)
+                edges.append(torch.stack([cand[jj][hit], mine[hit]], 1))
+    return torch.cat(edges)
+
+
+def build(cfg: NetworkConfig, num_agents: int, seed: int) -> Graph:
+    """This rank's part of the graph ``cfg``. Call on all ranks."""
+    if cfg.kind == "file":
+        incoming = _from_file(cfg, num_agents)
+    elif cfg.kind == "households":
+        incoming = _households(cfg, num_agents, seed)
+    elif cfg.kind == "geometric":
+        incoming = _geometric(cfg, num_agents, seed)
+    else:
+        raise ConfigError("this model reads a contact network; set sim.network.kind to file, households or geometric")
+    return Graph(num_agents, incoming)
+
+
+def degrees(graph: Graph) -> torch.Tensor:
+    """Edges into each of this rank's agents."""
+    return torch.bincount(graph.dst, minlength=graph.hi - graph.lo)
+

@@ -1,0 +1,338 @@
+"""Agent tables in files: populations read in chunks, final agents written by id (both sides of the launch).
+
+A population file holds one column per agent field, one row per agent; row
+``i`` is agent ``i`` (an ``id`` column, if present, must read 0, 1, 2, ... as
+one written by ``--save-agents`` does). Formats, by name:
+
+* ``pop.npz``: one array per field (``np.savez(path, x=..., y=..., state=...)``);
+* ``pop/`` (a folder): ``<field>.npy`` per field;
+* ``pop.csv``: a header line with the field names, then one line per agent;
+* ``pop.parquet``: one column per field (needs ``pip install pyarrow``).
+
+Columns that are not fields of the model are refused by name; fields with
+no column come from the model's ``init``. Each rank reads only its own rows,
+a chunk at a time (``.npy`` memory-mapped, ``.npz`` members and Parquet row
+groups seeked, CSV scanned line by line), and spatial strategies then send
+each agent to the rank that owns its row, so memory per rank stays
+O(agents / ranks).
+
+``save(engine, path)`` writes the final agents ordered by id, independent of
+the split: each rank first sends its agents to the rank owning their id range,
+then a folder of ``.npy`` is written by every rank in place (memory-mapped), and
+``.npz`` / Parquet by rank 0, one rank's slice at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import shutil
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from multigpu.errors import ConfigError
+
+__all__ = ["agents_by_id", "columns", "num_rows", "read_rows", "save"]
+
+_SUFFIXES = (".npz", ".csv", ".parquet")
+
+
+def _kind(path: Path) -> str:
+    if path.suffix in _SUFFIXES:
+        return path.suffix[1:]
+    if path.suffix == ".npy":
+        raise ConfigError(f"sim.population {str(path)!r}: a single .npy is one field; give the folder of "
+                          "<field>.npy files, or an .npz, .csv or .parquet")
+    return "npy"
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise ConfigError("Parquet files need pyarrow: pip install pyarrow (or use .npz, .csv or a folder of .npy)"
+                          ) from None
+    return pyarrow
+
+
+def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
+    version = np.lib.format.read_magic(fp)
+    shape, fortran, dtype = (np.lib.format.read_array_header_1_0(fp) if version == (1, 0)
+                             else np.lib.format.read_array_header_2_0(fp))
+    if fortran and len(shape) > 1:
+        raise ValueError("Fortran-ordered arrays are not supported")
+    return shape, dtype
+
+
+def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
+    """column -> (rows, numpy dtype or None for CSV), reading headers only."""
+    kind = _kind(path)
+    if not path.exists():
+        raise ConfigError(f"sim.population {str(path)!r} does not exist; valid: an .npz, .csv, .parquet file or a "
+                          "folder of <field>.npy")
+    try:
+        if kind == "npz":
+            out = {}
+            with zipfile.ZipFile(path) as zf:
+                for name in zf.namelist():
+                    if name.endswith(".npy"):
+                        with zf.open(name) as fp:
+                            shape, dtype = _npy_header(fp)
+                        out[name[:-4]] = (shape, dtype)
+        elif kind == "npy":
+            out = {}
+            for p in sorted(path.glob("*.npy")):
+                with open(p, "rb") as fp:
+                    out[p.stem] = _npy_header(fp)
+        elif kind == "csv":
+            with open(path, newline="") as fh:
+                header = next(csv.reader(fh), [])
+                rows = sum(1 for line in fh if line.strip())
+            return {name.strip(): (rows, None) for name in header}
+        else:
+            meta = _pyarrow().parquet.ParquetFile(path)
+            return {f.name: (meta.metadata.num_rows, np.dtype(f.type.to_pandas_dtype())) for f in meta.schema_arrow}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"sim.population {str(path)!r} cannot be read as {kind}: {exc}") from None
+    for name, (shape, _) in out.items():
+        if len(shape) != 1:
+            raise ConfigError(f"sim.population {str(path)!r}: column {name!r} has shape {shape}; valid: 1-D")
+    return {name: (shape[0], dtype) for name, (shape, dtype) in out.items()}
+
+
+def columns(path: str | Path, fields: Mapping[str, torch.dtype]) -> tuple[int, list[str]]:
+    """(rows, the file's columns) after checking them against the model's ``fields``. Reads headers only."""
+    path = Path(path)
+    heads = _headers(path)
+    if not heads:
+        raise ConfigError(f"sim.population {str(path)!r} has no columns")
+    unknown = sorted(set(heads) - set(fields))
+    if unknown:
+        raise ConfigError(f"sim.population {str(path)!r}: column(s) {unknown} are not fields of the model; "
+                          f"valid: {', '.join(fields)}")
+    sizes = {n for n, _ in heads.values()}
+    if len(sizes) != 1:
+        raise ConfigError(f"sim.population {str(path)!r}: columns differ in length "
+                          f"({', '.join(f'{k}: {n}' for k, (n, _) in heads.items())})")
+    for name, (_, dtype) in heads.items():
+        if dtype is not None and dtype.kind == "f" and not fields[name].is_floating_point:
+            raise ConfigError(f"sim.population {str(path)!r}: column {name!r} holds floats ({dtype}) but the field "
+                              f"is {str(fields[name]).removeprefix('torch.')}; write it as integers")
+    rows = sizes.pop()
+    if rows < 1:
+        raise ConfigError(f"sim.population {str(path)!r} has no rows")
+    return rows, list(heads)
+
+
+def num_rows(path: str | Path) -> int:
+    """Rows of a population file (headers only; a CSV is counted line by line)."""
+    return next(iter(_headers(Path(path)).values()))[0]
+
+
+# ----------------------------------------------------------------------------- reading
+def _read_npy(fp, lo: int, hi: int, base: int = 0) -> np.ndarray:
+    shape, dtype = _npy_header(fp)
+    start = fp.tell() if base == 0 else base
+    fp.seek(start + lo * dtype.itemsize)
+    data = fp.read((hi - lo) * dtype.itemsize)
+    return np.frombuffer(data, dtype=dtype).copy()
+
+
+def _read_block(path: Path, kind: str, names: list[str], lo: int, hi: int, state: dict) -> dict[str, np.ndarray]:
+    if kind == "npy":
+        return {n: np.array(np.load(path / f"{n}.npy", mmap_mode="r")[lo:hi]) for n in names}
+    if kind == "npz":
+        zf = state.setdefault("zip", zipfile.ZipFile(path))
+        out = {}
+        for n in names:
+            with zf.open(f"{n}.npy") as fp:
+                out[n] = _read_npy(fp, lo, hi)
+        return out
+    if kind == "csv":  # lines are read in order: state keeps the open file and the next row
+        fh, at = state.get("csv", (None, 0))
+        if fh is None or at > lo:
+            fh = open(path, newline="")  # noqa: SIM115 - closed in read_rows
+            header = [h.strip() for h in next(csv.reader([fh.readline()]))]
+            state["header"], at = header, 0
+        lines = list(itertools.islice(fh, lo - at, hi - at))
+        state["csv"] = (fh, hi)
+        header = state["header"]
+        try:
+            table = np.loadtxt(lines, delimiter=",", ndmin=2, dtype=str)
+        except ValueError as exc:
+            raise ValueError(f"population {path}: rows {lo}..{hi}: {exc}") from None
+        if table.shape[0] != hi - lo or (table.size and table.shape[1] != len(header)):
+            raise ValueError(f"population {path}: rows {lo}..{hi} do not have {len(header)} columns each")
+        return {n: table[:, header.index(n)] for n in names}
+    pq = _pyarrow().parquet.ParquetFile(path)
+    parts, start = {n: [] for n in names}, 0
+    for g in range(pq.num_row_groups):
+        count = pq.metadata.row_group(g).num_rows
+        if start < hi and start + count > lo:
+            table = pq.read_row_group(g, columns=names)
+            a, b = max(lo - start, 0), min(hi, start + count) - start
+            for n in names:
+                parts[n].append(table.column(n).to_numpy()[a:b])
+        start += count
+    return {n: np.concatenate(v) if v else np.zeros(0) for n, v in parts.items()}
+
+
+def _to_field(values: np.ndarray, dtype: torch.dtype, name: str, path: Path) -> torch.Tensor:
+    """Column values as the field's dtype; refused when they do not fit (never silently wrapped)."""
+    if values.dtype.kind in "UO":  # CSV text
+        try:
+            values = values.astype(np.float64 if dtype.is_floating_point else np.int64)
+        except ValueError:
+            raise ValueError(f"population {path}: column {name!r} holds text that is not a "
+                             f"{'number' if dtype.is_floating_point else 'whole number'}") from None
+    tensor = torch.from_numpy(np.ascontiguousarray(values))
+    if not dtype.is_floating_point and tensor.numel():
+        info = torch.iinfo(dtype) if dtype is not torch.bool else None
+        low, high = (0, 1) if info is None else (info.min, info.max)
+        if tensor.is_floating_point() or int(tensor.min()) < low or int(tensor.max()) > high:
+            raise ValueError(f"population {path}: column {name!r} has values outside "
+                             f"{str(dtype).removeprefix('torch.')} ({int(tensor.min())}..{int(tensor.max())})")
+    return tensor.to(dtype)
+
+
+def read_rows(path: str | Path, fields: Mapping[str, torch.dtype], lo: int, hi: int,
+              chunk: int) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """Rows ``[lo, hi)`` of the file, ``chunk`` rows at a time: (first row, {column: tensor of the field dtype}).
+
+    Only the file's columns are returned (the caller fills the other fields).
+    """
+    path = Path(path)
+    kind = _kind(path)
+    names = [n for n in _headers(path) if n in fields]
+    state: dict = {}
+    try:
+        for start in range(lo, hi, chunk):
+            stop = min(start + chunk, hi)
+            block = _read_block(path, kind, names, start, stop, state)
+            yield start, {n: _to_field(block[n], fields[n], n, path) for n in names}
+    finally:
+        if "zip" in state:
+            state["zip"].close()
+        if state.get("csv", (None,))[0] is not None:
+            state["csv"][0].close()
+
+
+# ----------------------------------------------------------------------------- writing
+def _id_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    per = -(-n // world)
+    return min(n, rank * per), min(n, (rank + 1) * per)
+
+
+def agents_by_id(engine) -> tuple[dict[str, torch.Tensor], int, int]:
+    """This rank's share of every agent in id order: ids ``[lo, hi)`` with ``ceil(N / P)`` ids per rank.
+
+    A copy: the engine's agents stay where they are. Call on all ranks. Returns (fields, lo, hi).
+    """
+    from multigpu.sim import exchange
+    from multigpu.sim.state import AgentState
+
+    rank, world, n = engine.rank, engine.world, engine.num_agents
+    copy = AgentState(engine.state.schema, engine.state.n, engine.device)
+    copy.append({k: engine.state[k] for k in copy.schema})
+    if world > 1:
+        dest = (copy["id"].to(torch.int64) // -(-n // world)).to(torch.int32)
+        away = torch.nonzero(dest != rank).reshape(-1)
+        exchange.migrate(copy, away, dest[away])
+    fields = copy.sorted_by_id()
+    lo, hi = _id_range(n, rank, world)
+    if fields["id"].numel() != hi - lo:
+        raise RuntimeError(f"rank {rank} holds {fields['id'].numel()} agents of id range {lo}..{hi}")
+    return fields, lo, hi
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iterator[np.ndarray]:
+    """On rank 0: field ``name`` of rank 0, 1, ... in turn (point-to-point from the others). Call on all ranks."""
+    import torch.distributed as dist
+
+    from multigpu.runtime.collectives import _translate
+
+    mine = fields[name].contiguous().view(torch.uint8)
+    if engine.rank != 0:
+        with _translate("save_agents"):
+            dist.send(mine, dst=0)
+        return
+    yield _numpy(fields[name])
+    dtype = fields[name].dtype
+    for r in range(1, engine.world):
+        lo, hi = _id_range(engine.num_agents, r, engine.world)
+        buf = torch.empty((hi - lo) * fields[name].element_size(), dtype=torch.uint8)
+        with _translate("save_agents"):
+            dist.recv(buf, src=r)
+        yield _numpy(buf.view(dtype))
+
+
+def save(engine, path: str | Path) -> Path:
+    """Write the engine's agents, ordered by id, to ``path`` (.npz, .parquet, or a folder of .npy). Collective.
+
+    Written as ``<path>.tmp`` and renamed when complete.
+    """
+    from multigpu.runtime import collectives
+
+    path = Path(path)
+    kind = _kind(path) if path.suffix != ".csv" else "csv"
+    if kind == "csv":
+        raise ConfigError(f"sim.save_agents {str(path)!r}: CSV is read, not written; use .npz, .parquet or a folder")
+    fields, lo, hi = agents_by_id(engine)
+    tmp = path.with_name(path.name + ".tmp")
+    barrier = collectives.barrier if engine.world > 1 else (lambda: None)
+    if engine.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+    n = engine.num_agents
+    if kind == "npy":  # every rank writes its own slice in place
+        if engine.rank == 0:
+            tmp.mkdir()
+            for name, t in fields.items():
+                np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=_numpy(t).dtype, shape=(n,)).flush()
+        barrier()
+        for name, t in fields.items():
+            out = np.load(tmp / f"{name}.npy", mmap_mode="r+")
+            out[lo:hi] = _numpy(t)
+            out.flush()
+            del out
+    elif kind == "npz":
+        zf = zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) if engine.rank == 0 else None
+        for name, t in fields.items():
+            member = zf.open(f"{name}.npy", "w", force_zip64=True) if zf is not None else None
+            if member is not None:
+                np.lib.format.write_array_header_2_0(member, {"descr": np.lib.format.dtype_to_descr(
+                    _numpy(t).dtype), "fortran_order": False, "shape": (n,)})
+            for part in _slices_on_rank0(engine, fields, name):
+                member.write(part.tobytes())
+            if member is not None:
+                member.close()
+        if zf is not None:
+            zf.close()
+    else:
+        pa = _pyarrow() if engine.rank == 0 else None
+        writer = None
+        parts = {name: _slices_on_rank0(engine, fields, name) for name in fields}
+        for _ in range(engine.world):  # one row group per rank's slice
+            table = {name: next(parts[name], None) for name in fields}
+            if engine.rank == 0:
+                t = pa.table({k: v for k, v in table.items()})
+                writer = writer or pa.parquet.ParquetWriter(tmp, t.schema)
+                writer.write_table(t)
+        if writer is not None:
+            writer.close()
+    barrier()
+    if engine.rank == 0:
+        if path.is_dir():
+            shutil.rmtree(path)
+        tmp.replace(path)
+    barrier()
+    return path
