@@ -169,11 +169,14 @@ def test_a_model_that_breaks_the_contract_is_refused_when_defined():
         Substep("s")
     bad_init = Model(name="rumour-bad-init", fields=MODEL.fields, substeps=["movement"], params=RumourParams,
                      init=lambda ctx, ids: {**_init(ctx, ids), "energy": torch.zeros(ids.shape[0], dtype=torch.float64)})
-    from multigpu.sim import register_model
+    from multigpu.sim import MODELS, register_model
 
-    register_model(bad_init)
-    with pytest.raises(ValueError, match=r"field 'energy' is torch.float64 \(10,\); want torch.float32"):
-        SimEngine(SimConfig(model="rumour-bad-init", agents=10, grid=(4, 4)))
+    try:
+        register_model(bad_init)
+        with pytest.raises(ValueError, match=r"field 'energy' is torch.float64 \(10,\); want torch.float32"):
+            SimEngine(SimConfig(model="rumour-bad-init", agents=10, grid=(4, 4)))
+    finally:
+        MODELS.pop("rumour-bad-init", None)  # the registry is global: leave it as the other tests expect
 
 
 @pytest.mark.e2e
