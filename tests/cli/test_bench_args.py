@@ -46,9 +46,10 @@ def test_each_world_size_and_repeat_gets_its_own_run_dir_scaling_and_devices(tmp
         code = main(["bench", "--nproc", "2,1", "--weak", "--repeat", "2", "--gpus", "1,3", "--profile",
                      "-o", str(out), EXAMPLE, "--steps", "7"])
     assert code == 0
-    assert [(s["nproc"], s["run_dir"]) for s in seen] == [(1, "np1_r0"), (1, "np1_r1"), (2, "np2_r0"), (2, "np2_r1")]
+    # repeats alternate the world sizes, so a drift of the machine hits both alike
+    assert [(s["nproc"], s["run_dir"]) for s in seen] == [(1, "np1_r0"), (2, "np2_r0"), (1, "np1_r1"), (2, "np2_r1")]
     assert {s["scaling"] for s in seen} == {"weak"} and {s["profile"] for s in seen} == {True}
-    assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["1", "1", "1,3", "1,3"]  # the first N of --gpus
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["1", "1,3", "1", "1,3"]  # the first N of --gpus
     assert all(s["args"][-3:] == [EXAMPLE, "--steps", "7"] for s in seen)
     assert "MULTIGPU_RUN_FILE" not in os.environ  # restored after each launch
     result = json.loads((out / "bench.json").read_text())

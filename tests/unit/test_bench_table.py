@@ -90,3 +90,30 @@ def test_workload_names_resolve_through_the_registry_and_unknown_ones_list_what_
     script = tmp_path / "job.py"
     script.write_text("")
     assert resolve_target(str(script), ["a"]).args == ["a"] and not resolve_target(str(script), []).module
+
+
+def _noisy_run(n, tput, **summary):
+    run = _run(n, tput)
+    run["summary"].update(summary)
+    return run
+
+
+def test_a_measurement_that_cannot_be_trusted_is_called_noisy_instead_of_a_speedup():
+    """The demo once reported a super-linear 2.26x because the 1-rank run fell from 150k to 25k samples/s midway."""
+    from multigpu.bench.table import doubts
+
+    falling = _noisy_run(1, 1000, quarters=[150_000.0, 140_000.0, 30_000.0, 25_000.0], steps=40)
+    assert doubts(falling)[0].startswith("its rate moved 6.0x during the run (150,000, 140,000, 30,000, 25,000")
+    short = _noisy_run(2, 2000, steps=2)
+    assert doubts(short) == ["only 2 measured step(s) after warm-up"]
+    busy = {**_run(1, 1000), "cpu": {"host_percent": 100.0, "rank_percent": 50.0}}
+    assert doubts(busy, cores=2) == ["the host was busy: 1.5 core(s) of other work beside the job"]
+    assert doubts(_noisy_run(1, 1000, quarters=[100.0, 120.0, 90.0, 110.0], steps=40), cores=2) == []
+
+    runs = [falling, _run(2, 4520)]
+    for run in runs:
+        run["doubts"] = doubts(run)
+    notes = explain(scaling_rows(runs))
+    assert len(notes) == 1 and notes[0].startswith("NOISY: 2 ranks vs 1 rank (4.52x measured) cannot be trusted: "
+                                                   "1 rank: its rate moved 6.0x")
+    assert "Rerun with --repeat 3" in notes[0] and "faster than the ideal" not in notes[0]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.bench.config import BenchConfig
-from multigpu.bench.table import explain, scaling_rows
+from multigpu.bench.table import doubts, explain, scaling_rows
 from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
@@ -151,11 +151,13 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run every world size ``bench.repeat`` times, then write bench.json and bench.png. Returns bench.json's data."""
     from multigpu.runtime.context import RunContext
+    from multigpu.runtime.env import cpu_count
 
     launcher = Launcher(target, configs_for(cfg, bench.nproc))  # bad input fails before any run
+    cores = cpu_count()
     runs = []
-    for n in bench.nproc:
-        for k in range(bench.repeat):
+    for k in range(bench.repeat):  # repeats alternate the world sizes (1, 2, 1, 2): drift hits each alike
+        for n in bench.nproc:
             run_dir = out_dir / f"np{n}_r{k}"
             if on_run:
                 on_run(n, k, run_dir)
@@ -167,8 +169,10 @@ def run_bench(
                       file=sys.stderr)
                 raise
             summary = _read_summary(run_dir, n, run.problem_scale(n * cfg.nnodes))
-            runs.append({"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
-                         "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)})
+            run = {"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
+                   "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)}
+            run["doubts"] = doubts(run, cores)
+            runs.append(run)
     return write_bench(out_dir, bench, runs, command=command, target=target, cpu_only=cfg.cpu)
 
 

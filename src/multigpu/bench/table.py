@@ -38,6 +38,12 @@ EFFICIENCY_GOOD = 0.7
 """Below this efficiency a row gets an explanation even when it was faster."""
 SUPERLINEAR = 1.3
 """Above this efficiency a row is called faster than ideal, and explained."""
+UNSTEADY = 2.0
+"""A run whose items/s moved more than this factor between quarters of its measured steps is called noisy."""
+MIN_STEPS = 5
+"""Fewer measured steps (after warm-up) than this make a run too short to stand behind."""
+BUSY_HOST_CORES = 0.5
+"""Cores the host spent beyond the job's own ranks, on average, from which the host is called busy."""
 STARVED_RANK = 70.0
 """On CPU ranks: a rank using less than this % of one core while it computes (the non-communication
 share of its time) was kept waiting for a core by other processes."""
@@ -78,6 +84,7 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "compute_per_item_s": statistics.median(per_item) if per_item else None,
             "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
             "host_cpu_percent": _median_of(runs, size, "host_percent"),
+            "doubts": _row_doubts([r for r in runs if int(r["world_size"]) == size]),
         })
     base = rows[0]
     for row in rows:
@@ -85,6 +92,34 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row["speedup"] = row["throughput_median"] / base["throughput_median"] if base["throughput_median"] > 0 else 0.0
         row["efficiency"] = row["speedup"] / row["ideal"]
     return rows
+
+
+def doubts(run: dict[str, Any], cores: int | None = None) -> list[str]:
+    """Why one run's figure cannot be trusted (empty: no reason found)."""
+    summary, out = run["summary"], []
+    if summary.get("measure") != "wall" and summary.get("steps", MIN_STEPS) < MIN_STEPS:
+        out.append(f"only {summary.get('steps')} measured step(s) after warm-up")
+    quarters = [q for q in summary.get("quarters") or [] if q > 0]
+    if len(quarters) == 4 and max(quarters) > UNSTEADY * min(quarters):
+        out.append(f"its rate moved {max(quarters) / min(quarters):.1f}x during the run "
+                   f"({', '.join(f'{q:,.0f}' for q in quarters)} {summary.get('unit', 'items')}/s by quarter)")
+    cpu = run.get("cpu")
+    if cpu and cores:
+        others = cpu["host_percent"] / 100 * cores - cpu["rank_percent"] / 100 * int(run["world_size"])
+        if others > BUSY_HOST_CORES:
+            out.append(f"the host was busy: {others:.1f} core(s) of other work beside the job")
+    return out
+
+
+def _row_doubts(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """A world size's doubts: those of every one of its runs (with repeats, one good run is not enough to
+    trust the median: the flags of each are kept, once)."""
+    seen: list[str] = []
+    for run in runs:
+        for d in run.get("doubts", []):
+            if d not in seen:
+                seen.append(d)
+    return seen
 
 
 def _ranks(n: int) -> str:
@@ -125,6 +160,11 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
     notes = []
     for prev, row in zip(rows, rows[1:], strict=False):
         n, m = _ranks(row["world_size"]), _ranks(prev["world_size"])
+        doubtful = [f"{_ranks(r['world_size'])}: {d}" for r in (prev, row) for d in r.get("doubts", [])]
+        if doubtful:
+            notes.append(f"NOISY: {n} vs {m} ({row['speedup'] / prev['speedup']:.2f}x measured) cannot be trusted: "
+                         f"{'; '.join(doubtful)}. Rerun with --repeat 3 (world sizes alternate) on a quieter machine.")
+            continue
         causes = _causes(row, base, cores)
         why = "; ".join(causes) if causes else (
             "no single cause stands out in the measurements: fixed per-step or start-up overheads dominate; "

@@ -86,7 +86,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
         )
     out.print(table)
     for note in result.get("notes", []):
-        out.print(f"[bold red]{escape(note)}[/bold red]" if note.startswith("SLOWER") else escape(note), highlight=False)
+        style = "bold red" if note.startswith("SLOWER") else "bold yellow" if note.startswith("NOISY") else None
+        out.print(f"[{style}]{escape(note)}[/{style}]" if style else escape(note), highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

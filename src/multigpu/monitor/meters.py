@@ -87,6 +87,20 @@ class StepCount:
     items: int = 0
 
 
+def _quarters(step_times: list[float], step_items: list[int]) -> list[float] | None:
+    """Items/s of the job in each quarter of the measured steps (None below 4 steps): a run whose rate moved a
+    lot from quarter to quarter measured something besides the workload (``multigpu bench`` says so)."""
+    n = min(len(step_times), len(step_items))
+    if n < 4:
+        return None
+    out = []
+    for q in range(4):
+        lo, hi = q * n // 4, (q + 1) * n // 4
+        wall = sum(step_times[lo:hi])
+        out.append(sum(step_items[lo:hi]) / wall if wall > 0 else 0.0)
+    return out
+
+
 class StepMeter:
     """Measures a workload's steps on every rank and reduces them; see the module docstring.
 
@@ -210,6 +224,7 @@ class StepMeter:
             "items": sum(self.items[m]),
             "steps": len(self.step_times[m]),
             "step_times": self.step_times[m],
+            "step_items": self.items[m],
         }
         mine["busy_s"] = mine["wall_s"] - mine["comm_s"]
         ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
@@ -233,6 +248,7 @@ class StepMeter:
             "comm_share": statistics.fmean(r["comm_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0 for r in ranks),
             "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0,
             "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
+            "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
         }
 
     def close(self, extra: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
