@@ -76,6 +76,19 @@ def fake_gpus(monkeypatch):
     return install
 
 
+def assert_bad_input(argv: list[str], message: str, capsys, written: Path | None = None) -> str:
+    """The bad-input contract through the real entry point: exit 2, one ``error:`` line holding ``message``,
+    and ``written`` (a run directory, an output) not created. Returns the line."""
+    from multigpu.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, (argv, err)
+    assert err.startswith("error: ") and "\n" not in err and message in err, (argv, err)
+    assert written is None or not written.exists(), f"{argv} wrote {written}"
+    return err
+
+
 def run_file() -> dict:
     """Inside a mocked launch: the run file the launcher wrote for the workers (``MULTIGPU_RUN_FILE``)."""
     import json

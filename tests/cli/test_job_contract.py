@@ -19,7 +19,7 @@ import pytest
 from multigpu.cli import main as cli_main
 from multigpu.errors import ConfigError
 from multigpu.jobs import JobPlan, RunContext, Workload
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_bad_input, run_cli
 
 SPEC = "tests.cli.test_job_contract:WORKLOAD"
 
@@ -68,10 +68,7 @@ def test_a_new_workloads_bad_input_fails_in_its_check_before_anything_is_written
                           (["n=0"], "count.n=0 is invalid"),
                           (["m=3"], "unknown config key 'count.m'"),
                           (["-f", str(tmp_path / "none.yaml")], "does not exist")]:
-        code = cli_main(["run", SPEC, "--run-dir", str(tmp_path / "run"), *argv])
-        err = capsys.readouterr().err.strip()
-        assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
-        assert not (tmp_path / "run").exists()
+        assert_bad_input(["run", SPEC, "--run-dir", str(tmp_path / "run"), *argv], message, capsys, tmp_path / "run")
     assert cli_main(["run", "tests.cli.test_job_contract:main"]) == 2
     assert "is a function, not a multigpu.jobs.Workload" in capsys.readouterr().err
 

@@ -12,10 +12,9 @@ import json
 
 import pytest
 
-from multigpu.cli import main
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_bad_input, run_cli
 
 SIR = "sir"
 
@@ -38,12 +37,7 @@ SIR = "sir"
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, monkeypatch, args, message):
     """In process through the real entry point (main), so each case costs milliseconds, not a Python start."""
     monkeypatch.chdir(ROOT)
-    code = main(["sim", *args, "--run-dir", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
-    assert not (tmp_path / "run").exists()
+    assert_bad_input(["sim", *args, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")
 
 
 def test_bad_input_exit_code_from_a_real_process(tmp_path):

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from multigpu.cli import main
 from multigpu.errors import ConfigError
 from multigpu.sim import Model, Substep
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.models import spawn_on_grid
 from multigpu.sim.rng import threshold
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_bad_input, run_cli
 
 SPEC = "tests.cli.test_sim_model:MODEL"
 
@@ -140,12 +139,7 @@ def test_the_model_runs_in_process_and_every_strategy_agrees():
 )
 def test_bad_model_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(ROOT)
-    code = main(["sim", *args, "--run-dir", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
-    assert not (tmp_path / "run").exists()
+    assert_bad_input(["sim", *args, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")
 
 
 def test_a_model_that_breaks_the_contract_is_refused_when_defined():

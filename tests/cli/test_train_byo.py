@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_bad_input, run_cli
 
 HERE = "tests.cli.test_train_byo"
 ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
@@ -109,8 +109,6 @@ def test_a_hugging_face_causal_lm_from_a_config_trains_on_two_ranks_and_exports_
 
 
 def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake_gpus):
-    from multigpu.cli import main
-
     fake_gpus(0)
     cases = [
         (["--model", f"{HERE}:nothing_here"], "has no callable 'nothing_here'"),
@@ -120,7 +118,4 @@ def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake
         (["model.kwargs.n_embd=30", "model.kwargs.n_head=4"], "model.kwargs.n_embd=30 must be divisible"),
     ]
     for argv, message in cases:
-        code = main(["train", *argv, "--run-dir", str(tmp_path / "run")])
-        err = capsys.readouterr().err.strip()
-        assert code == 2 and "\n" not in err and message in err, (argv, err)
-        assert not (tmp_path / "run").exists()
+        assert_bad_input(["train", *argv, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")

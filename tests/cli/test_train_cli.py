@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from multigpu.cli import main
-from tests.conftest import run_cli
+from tests.conftest import assert_bad_input, run_cli
 
 TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=2", "checkpoint_every=2",
         "model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd=32", "block_size=32", "data.kwargs.max_chars=60000",
@@ -30,12 +29,8 @@ TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, gpus, expected, tmp_path, capsys, fake_gpus):
     fake_gpus(gpus)
-    run_dir = tmp_path / "run"
-    code = main(["train", "-f", "nano", "--run-dir", str(run_dir), *argv])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert err.startswith("error: ") and "\n" not in err and expected in err, err
-    assert not run_dir.exists()
+    assert_bad_input(["train", "-f", "nano", "--run-dir", str(tmp_path / "run"), *argv], expected, capsys,
+                     tmp_path / "run")
 
 
 @pytest.mark.e2e
