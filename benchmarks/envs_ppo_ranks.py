@@ -1,8 +1,9 @@
-"""Distributed PPO on CartPole-v1: wall time to solve (mean return >= 475 over 100 episodes) on 1 vs 2 CPU ranks.
+"""Distributed PPO: wall time to solve (the preset's target_return over 100 episodes) on 1 vs 2 CPU ranks.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/envs_ppo_ranks.py --seeds 1 2 3
+    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/envs_ppo_ranks.py --config ppo-pendulum
 
-Runs ``multigpu rl -f ppo-cartpole --nproc-per-node W seed=S`` for
+Runs ``multigpu rl -f ppo-cartpole --nproc-per-node W seed=S`` (or ``--config``) for
 each seed, alternating 1 and 2 ranks (one thread per rank; the global
 num_envs and every hyperparameter fixed), and reads each run's summary.json:
 wall time from the first rollout to the solving update, updates, env-steps/s,

@@ -50,7 +50,7 @@ def test_actor_critic_shapes():
     ({"num_envs": 0}, "rl.num_envs must be a whole number >= 1, got 0"),
     ({"gamma": 1.5}, r"rl.gamma must be in \[0, 1\], got 1.5"),
     ({"learning_rate": 0.0}, "rl.learning_rate must be > 0"),
-    ({"env_id": "Pendulum-v1"}, "has continuous actions; this PPO needs a discrete action space"),
+    ({"reward_scale": 0.0}, "rl.reward_scale must be > 0, got 0.0"),
     ({"env_id": "CartPol-v1"}, "rl.env_id: unknown environment 'CartPol-v1'. Did you mean 'CartPole-v1'"),
 ])
 def test_config_rejects_bad_values_by_name(change, message):

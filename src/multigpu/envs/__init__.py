@@ -12,13 +12,18 @@ id so results do not depend on the number of ranks::
     obs, info = envs.reset()
     obs, reward, terminated, truncated, info = envs.step(actions)
 
-Modules: ``vector`` (the API, autoreset, registry, NumPy adapter), ``split``
+Your own environments: ``make("pkg.module:factory", ...)`` or ``register(id, factory)``; a factory
+may return any gymnasium 1.x vector environment, NumPy or torch (``adapter``).
+
+Modules: ``vector`` (the API, autoreset, registry, NumPy adapter), ``adapter`` (calling a
+factory, any vector environment as tensors), ``split``
 (env ids per rank, counter-based random streams), ``cartpole``, ``pendulum``,
 ``spaces`` (gymnasium spaces when installed, else stand-ins), ``bench``
 (``python -m multigpu.envs.bench``: env-steps/s on every rank, the ``envs``
 workload of ``multigpu bench``).
 """
 
+from multigpu.envs.adapter import TorchVectorEnv
 from multigpu.envs.cartpole import CartPole
 from multigpu.envs.pendulum import Pendulum
 from multigpu.envs.split import env_id_range
@@ -29,6 +34,7 @@ __all__ = [
     "CartPole",
     "NumpyVectorEnv",
     "Pendulum",
+    "TorchVectorEnv",
     "VectorEnv",
     "env_id_range",
     "make",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from multigpu.errors import ConfigError
+from multigpu.factory import Factory
 
 __all__ = ["RLConfig"]
 
@@ -12,7 +14,14 @@ __all__ = ["RLConfig"]
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RLConfig:
     env_id: str = "CartPole-v1"
-    """A batched environment of ``multigpu.envs`` with a discrete action space."""
+    """A registered batched environment of ``multigpu.envs`` (CartPole-v1, Pendulum-v1, yours from
+    ``mg.envs.register``); ``env`` takes its place when given."""
+
+    env: Factory | None = None
+    """Your own batched environment: ``{factory: pkg.module:make_env, kwargs: {...}}`` (``--env pkg.module:make_env``).
+    Called in every rank with the arguments it names among num_envs (the rank's share), env_ids, seed,
+    device, autoreset_mode (see :mod:`multigpu.envs.adapter`); it returns a gymnasium 1.x vector env,
+    NumPy or torch, with a Discrete or Box action space."""
 
     num_envs: int = 64
     """Environments in the whole job (global), split across ranks; times world_size under weak scaling."""
@@ -62,6 +71,21 @@ class RLConfig:
     hidden_size: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
 
+    action_bounds: Literal["clip", "tanh"] = "clip"
+    """Box actions: the Gaussian's sample, in [-1, 1] units mapped onto each bounded dimension's [low, high],
+    is clipped (CleanRL's ClipAction; unbounded dimensions pass unchanged) or tanh-squashed (needs bounds)."""
+
+    log_std_init: float = 0.0
+    """Box actions: the initial log standard deviation of the Gaussian (in [-1, 1] units), learned from there."""
+
+    obs_norm: bool = False
+    """Normalize observations by running mean and variance, all-reduced across ranks after every rollout,
+    so every rank normalizes identically (the statistics are in summary.json)."""
+
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this for learning (value targets of order 1 train faster); returns are
+    reported unscaled."""
+
     seed: int = 1
     """Seeds the environments (keyed by global env id), the network's initialisation and each rank's sampling."""
 
@@ -86,11 +110,21 @@ class RLConfig:
                 raise ConfigError(f"rl.{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.ent_coef < 0 or self.vf_coef < 0:
             raise ConfigError(f"rl.ent_coef and rl.vf_coef must be >= 0, got {self.ent_coef!r}, {self.vf_coef!r}")
+        if not self.reward_scale > 0:
+            raise ConfigError(f"rl.reward_scale must be > 0, got {self.reward_scale!r}")
+        if self.env is not None:
+            return  # a factory is checked in the launcher (multigpu.rl.job.check), where building one is allowed
         from multigpu.envs import make
+        from multigpu.rl.policy import policy_for
 
         try:
-            space = make(self.env_id, 1, seed=0).single_action_space
+            envs = make(self.env_id, 1, seed=0, device="cpu")
         except ConfigError as exc:
             raise ConfigError(f"rl.env_id: {exc}") from None
-        if not hasattr(space, "n"):
-            raise ConfigError(f"rl.env_id={self.env_id!r} has continuous actions; this PPO needs a discrete action space")
+        policy_for(envs.single_observation_space, envs.single_action_space, action_bounds=self.action_bounds,
+                   what=f"rl.env_id={self.env_id!r}")
+
+    @property
+    def env_name(self) -> str:
+        """What is being trained, for log lines: the factory's name or the registered id."""
+        return self.env.factory if self.env is not None else self.env_id
