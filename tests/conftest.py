@@ -119,22 +119,24 @@ def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path
     )
 
 
-_SESSION_START = time.time()
+SESSION_VAR = "MULTIGPU_TEST_SESSION"
+"""Set for the whole test session, so every process a test starts inherits it (the no-process-left check)."""
+os.environ[SESSION_VAR] = f"{os.getpid()}-{time.time_ns()}"
 LEFT_BEHIND: list[str] = []
-"""Processes of this checkout that outlived the test session (filled at its end; it then fails)."""
+"""Processes started by this session that outlived it (filled at its end; the session then fails)."""
 
 
 def _suite_processes() -> list[psutil.Process]:
-    """Processes started during this session by this checkout's tests (its launchers, workers, their children)."""
+    """Running processes that carry this session's mark: its launchers, workers, their children."""
     me = psutil.Process()
     skip = {me.pid, *(p.pid for p in me.parents())}
     found = []
-    for proc in psutil.process_iter(["create_time", "cmdline", "cwd", "status"]):
-        info = proc.info
-        if proc.pid in skip or (info["create_time"] or 0) < _SESSION_START or info["status"] == psutil.STATUS_ZOMBIE:
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid in skip or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if str(ROOT) in " ".join(info["cmdline"] or []) or info["cwd"] == str(ROOT):
-            found.append(proc)
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_VAR) == os.environ[SESSION_VAR]:
+                found.append(proc)
     return found
 
 
@@ -144,7 +146,8 @@ def pytest_sessionfinish(session, exitstatus):
     while (left := _suite_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
     for proc in left:
-        LEFT_BEHIND.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:160]}")
+        with contextlib.suppress(psutil.Error):
+            LEFT_BEHIND.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
         with contextlib.suppress(psutil.Error):
             proc.kill()
     if left:
