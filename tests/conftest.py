@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,10 +119,53 @@ def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path
     )
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Print the bad-input suite's count of cases (and whether every one was handled)."""
-    import sys
+SESSION_VAR = "MULTIGPU_TEST_SESSION"
+"""Set for the whole test session, so every process a test starts inherits it (the no-process-left check)."""
+os.environ[SESSION_VAR] = f"{os.getpid()}-{time.time_ns()}"
+LEFT_BEHIND: list[str] = []
+"""Processes started by this session that outlived it (filled at its end; the session then fails)."""
 
+
+def _suite_processes() -> list[psutil.Process]:
+    """Running processes that carry this session's mark: its launchers, workers, their children."""
+    me = psutil.Process()
+    skip = {me.pid, *(p.pid for p in me.parents())}
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid in skip or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_VAR) == os.environ[SESSION_VAR]:
+                found.append(proc)
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if any process it started is still running (after 10 s of grace), and stop those."""
+    deadline = time.monotonic() + 10
+    while (left := _suite_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            LEFT_BEHIND.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the fault suite's and the bad-input suite's counts (and whether every case was handled)."""
+    faults = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
+              if r.when == "call" and "fault" in r.keywords]
+    if faults:
+        survived = Counter(Path(r.nodeid.split("::")[0]).stem.removeprefix("test_") for r in faults if r.passed)
+        per = ", ".join(f"{k} {v}" for k, v in sorted(survived.items()))
+        lost = "no process left behind" if not LEFT_BEHIND else f"{len(LEFT_BEHIND)} process(es) LEFT BEHIND"
+        terminalreporter.write_line(
+            f"fault suite: {sum(survived.values())} of {len(faults)} faults survived or ended cleanly ({per}); {lost}")
+    for line in LEFT_BEHIND:
+        terminalreporter.write_line(f"  left behind (now killed): {line}")
     suite = sys.modules.get("tests.fuzz.test_bad_input_suite")
     if suite is None or not suite.CASES:
         return
@@ -127,3 +174,5 @@ def pytest_terminal_summary(terminalreporter):
     per = ", ".join(f"{k} {v}" for k, v in sorted(suite.CASES.items()))
     verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
     terminalreporter.write_line(f"bad-input suite: {total} cases tried ({per}); {verdict}")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(suite.KINDS.items()))
+    terminalreporter.write_line(f"  by kind: {kinds}")

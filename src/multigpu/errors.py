@@ -13,6 +13,7 @@ with the class's ``exit_code``; ``--debug`` shows the traceback instead.
       x LaunchError
         + WorkerFailedError            a worker exited non-zero (rank, exitcode, message, error_file)
         + RendezvousTimeoutError
+        + InterruptedBySignalError     exit 128 + N: the launcher got signal N (SIGTERM: 143)
       x NotInitializedError            a runtime call needing a process group before init()
       x CollectiveError
         + ShapeMismatchError           per-rank shapes listed, instead of a hang
@@ -28,6 +29,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "ConfigError",
     "DeviceError",
+    "InterruptedBySignalError",
     "LaunchError",
     "MultigpuError",
     "NotInitializedError",
@@ -84,6 +86,21 @@ class WorkerFailedError(LaunchError):
 
 class RendezvousTimeoutError(LaunchError):
     """The nodes did not all join the rendezvous in time."""
+
+
+class InterruptedBySignalError(LaunchError):
+    """The launcher got a signal (SIGTERM from ``timeout`` or a scheduler, SIGHUP, SIGQUIT) and stopped the job.
+
+    Its exit code is the shell's for a process ended by that signal: 128 + the signal's number.
+    Ctrl-C (SIGINT) is reported as ``KeyboardInterrupt`` instead (exit 130).
+    """
+
+    def __init__(self, sig: int):
+        import signal
+
+        self.signal = signal.Signals(sig)
+        self.exit_code = 128 + int(self.signal)
+        super().__init__(f"stopped by {self.signal.name}: every worker was stopped")
 
 
 class NotInitializedError(MultigpuError):

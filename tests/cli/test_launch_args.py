@@ -33,7 +33,9 @@ def test_auto_on_a_cpu_box_is_one_rank_on_a_free_port(seam, fake_gpus):
     assert main(["launch", HELLO, "--lr", "3"]) == 0
     config, entrypoint, args = _launched(seam)
     assert config.nproc_per_node == 1 and config.min_nodes == config.max_nodes == 1
-    assert config.rdzv_backend == "c10d" and config.rdzv_endpoint == "localhost:0"
+    # torch's c10d rendezvous on stores bound to the endpoint's address (launch/stores.py): loopback here
+    assert config.rdzv_backend == "multigpu" and config.rdzv_endpoint == "localhost:0"
+    assert config.rdzv_configs["is_host"] is True
     assert args[-3:] == [HELLO, "--lr", "3"] and args[1].endswith("_worker.py")
 
 

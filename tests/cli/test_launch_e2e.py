@@ -24,6 +24,7 @@ def test_two_ranks_print_their_share_and_the_gathered_result_in_order():
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100] (sum 385)" in out
 
 
+@pytest.mark.fault
 def test_a_failing_rank_is_summarised(tmp_path):
     proc = run_cli("launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path), str(SCRIPTS / "fail_rank1.py"))
     assert proc.returncode == 1
@@ -34,6 +35,7 @@ def test_a_failing_rank_is_summarised(tmp_path):
     assert "_worker.py" not in err.split("error: rank 1")[1]  # our wrapper's frames are hidden
 
 
+@pytest.mark.fault
 def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
     start = time.monotonic()
     proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "4", str(SCRIPTS / "stuck_rank1.py"))
@@ -48,6 +50,7 @@ def test_a_rank_stuck_before_a_barrier_ends_the_job_naming_it():
     assert elapsed < 60  # the sleeping rank (120 s) was stopped, not waited for
 
 
+@pytest.mark.fault
 def test_every_rank_stalled_ends_the_job_with_where_each_stood():
     """No collective ever times out when every rank is stuck at once: the stall watchdog ends the job."""
     start = time.monotonic()
@@ -59,6 +62,7 @@ def test_every_rank_stalled_ends_the_job_with_where_each_stood():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("script,needle", [
     ("exit_early.py", "all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer"),
     # both ranks wait (rank 0 in all_reduce, rank 1 in the barrier); whichever times out first is reported
@@ -93,6 +97,7 @@ def test_two_nodes_on_loopback(tmp_path):
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]" in joined
 
 
+@pytest.mark.fault
 def test_a_node_that_disappears_ends_the_other_nodes_job(tmp_path):
     """Two nodes on loopback; node 1 (launcher and worker) is SIGKILLed mid-run: node 0 ends, naming the loss."""
     import os
@@ -138,31 +143,6 @@ def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
         assert seen["CUDA_VISIBLE_DEVICES"] == seen["QD_VISIBLE_DEVICE"] == gpu
         assert seen["TI_VISIBLE_DEVICE"] == seen["EGL_DEVICE_ID"] == gpu
         assert seen["omp"] is not None  # the thread budget reached the worker
-
-
-def test_ctrl_c_on_the_launcher_stops_every_rank_quickly(tmp_path):
-    """SIGINT to the launcher: it exits within seconds and leaves no worker process behind."""
-    import signal
-
-    import psutil
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("pid*"))) < 2:
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
-    start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=30)
-    assert time.monotonic() - start < 15
-    assert proc.returncode != 0
-    time.sleep(0.5)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"orphaned workers: {alive}"
 
 
 def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_directory(tmp_path):

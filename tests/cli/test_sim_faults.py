@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import fault_callback, run_cli
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
 SIR = "sir"
 

@@ -9,7 +9,9 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
   of an uninterrupted run bit for bit;
 * SIGINT to the launcher with ``--checkpoint-on-interrupt``: every rank stops
   after the same step, the checkpoint of that step is written and valid, the
-  launcher exits 130 within seconds, and no worker process is left.
+  launcher exits 130 within seconds, and no worker process is left;
+* SIGTERM (pre-emption, ``timeout``, a scheduler) does the same and exits 143
+  (issue 16: it wrote no checkpoint and exited 1).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from multigpu.checkpointing import CheckpointFolder
 from tests.conftest import ROOT, fault_callback, run_cli
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
 TINY = ["batch_size=4", "eval_every=0", "eval_batches=1", "log_every=4", "model.kwargs.n_layer=1", "model.kwargs.n_head=2",
         "model.kwargs.n_embd=32", "block_size=32", "data.kwargs.max_chars=60000", "sample_chars=10", "prefetch=0"]
@@ -73,7 +75,11 @@ def _lines(stream, sink: list[str]) -> None:
         sink.append(line)
 
 
-def test_ctrl_c_writes_a_last_checkpoint_then_stops_every_rank(tmp_path):
+@pytest.mark.parametrize("sig,code,last_line", [
+    (signal.SIGINT, 130, "error: interrupted"),
+    (signal.SIGTERM, 143, "error: stopped by SIGTERM: every worker was stopped"),
+])
+def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, code, last_line):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", "2",
@@ -94,14 +100,15 @@ def test_ctrl_c_writes_a_last_checkpoint_then_stops_every_rank(tmp_path):
     workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     assert len(workers) >= 2
     start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     proc.wait(timeout=60)
     elapsed = time.monotonic() - start
     for reader in readers:
         reader.join(timeout=5)
     stdout, err = "".join(out), "".join(errs)
-    assert proc.returncode == 130, (stdout[-2000:], err[-3000:])
-    assert err.strip().endswith("error: interrupted"), err[-2000:]
+    assert proc.returncode == code, (stdout[-2000:], err[-3000:])
+    assert err.strip().endswith(last_line), err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]  # one line, not one per rank
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
     assert len(stopped) == 1, stdout[-2000:]
     step = int(stopped[0].split()[3].rstrip(":"))

@@ -119,6 +119,7 @@ def _full_disk(tmp: str) -> dict[str, object]:
         checkpointing._HashingWriter.write, checkpointing.CheckpointFolder.save = real_write, real_save
 
 
+@pytest.mark.fault
 def test_uneven_data_ends_epochs_together_and_a_full_disk_fails_every_rank_cleanly(tmp_path, capfd):
     results = run_on_ranks(_uneven, 2, args=(str(tmp_path),), timeout_s=120)
     for r in results:

@@ -4,7 +4,9 @@ For each command a *valid* base command line is corrupted in one place, drawn by
 hypothesis: an unknown flag, a typed flag with a malformed value, a choice
 outside its choices, a missing/unreadable/malformed/misspelt config file, a bad
 ``key=value`` override, a missing input file, a flag with no value, a
-``--resume`` checkpoint crafted to run code when unpickled. Every case must end
+``--resume`` checkpoint crafted to run code when unpickled, a rendezvous
+endpoint this machine cannot host (not its address, a name that does not
+resolve, a port in use, ``is_host`` neither true nor false). Every case must end
 with exit code 2, exactly one line on stderr starting ``error:``, no traceback,
 nothing launched (torch's launcher is replaced by a tripwire), nothing written
 where the command would have written, and no payload run. The count of cases is
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import socket
 import string
 from collections import Counter
 from pathlib import Path
@@ -33,6 +36,9 @@ from tests.payloads import evil_checkpoint, evil_sim_checkpoint
 
 CASES: Counter = Counter()
 """Cases tried per command (read by conftest's terminal summary)."""
+
+KINDS: Counter = Counter()
+"""Cases tried per kind of corruption (read by conftest's terminal summary)."""
 
 SCRIPT = str(SCRIPTS / "fail_rank1.py")  # exists; never runs here
 _IMAGE = ROOT / "tests" / "fuzz" / "_tiny.png"
@@ -75,6 +81,20 @@ _PAYLOAD_MARKER = "PAYLOAD_RAN"
 """What a crafted checkpoint's payload would create in the case's folder if anything unpickled it."""
 
 _BAD_NUMBERS = ["", "abc", "1e", "--", "0x1g", "½", "NaN?", "1,5", "two", "-", "1.2.3"]
+
+_BUSY = socket.create_server(("127.0.0.1", 0))
+"""A port something already listens on: a rendezvous store cannot bind it."""
+
+
+def _unusable_endpoint(kind: str, token: str) -> list[str]:
+    """Launcher flags whose rendezvous endpoint this machine cannot host (it must: node 0 of the job)."""
+    node0 = ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint"]
+    return {
+        "not_here": [*node0, "203.0.113.7:29400"],  # TEST-NET-3: no machine's own address
+        "unresolvable": [*node0, f"no-such-host-{token}.invalid:29400"],
+        "in_use": ["--rdzv-endpoint", f"127.0.0.1:{_BUSY.getsockname()[1]}"],
+        "is_host": ["--rdzv-conf", f"is_host=zz{token}"],  # neither true nor false
+    }[kind]
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -132,6 +152,8 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
         kinds.append("missing_input_file")
     if base.get("resume"):
         kinds.append("resume_untrusted")
+    if "--rdzv-endpoint" in _all_option_strings(name):
+        kinds.append("unusable_endpoint")
     kind = draw(st.sampled_from(kinds))
     argv = list(base["argv"])
     token = draw(st.text(string.ascii_lowercase, min_size=3, max_size=10))
@@ -171,6 +193,11 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
             cfg.write_text(yaml.safe_dump(data))
         argv[argv.index("-f") + 1] = str(cfg)
         return [], argv, kind
+    if kind == "unusable_endpoint":
+        flags = _unusable_endpoint(draw(st.sampled_from(["not_here", "unresolvable", "in_use", "is_host"])), token)
+        if name in _TAKES_SCRIPT:  # after the script they would be the script's own arguments
+            return flags, argv, kind
+        return [], argv + flags, kind
     if kind == "override_unknown_key":
         item = f"zz{token}=1"
     else:
@@ -238,6 +265,7 @@ def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch,
         code = main(command)
         err = capsys.readouterr().err.strip()
         CASES[name] += 1
+        KINDS[kind] += 1
         assert code == 2, f"{command} ({kind}) exited {code}: {err}"
         assert err.startswith("error: ") and "\n" not in err, f"{command} ({kind}) printed: {err!r}"
         assert "Traceback" not in err

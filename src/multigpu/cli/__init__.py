@@ -2,8 +2,10 @@
 
 ``main()`` builds one subparser per command module (each has ``add_parser``
 and ``run``), and is the single place that maps our errors to one line on
-stderr and the error's exit code (2 for bad input). ``--debug`` (or
-``MULTIGPU_DEBUG=1``) shows the traceback instead.
+stderr and the error's exit code (2 for bad input; 130 for Ctrl-C; 128 + N
+for another signal N, e.g. 143 for SIGTERM). ``--debug`` (or
+``MULTIGPU_DEBUG=1``) shows the traceback instead, in the launcher and in the
+workers (it sets ``MULTIGPU_DEBUG=1`` for them).
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MULTIGPU_DEBUG") == "1"
+    if debug and os.environ.get("MULTIGPU_DEBUG") != "1":
+        os.environ["MULTIGPU_DEBUG"] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
+        try:
+            return main(argv)
+        finally:
+            os.environ.pop("MULTIGPU_DEBUG", None)
     try:
         args = parse(build_parser(), argv)
         if getattr(args, "_run", None) is None:

@@ -114,7 +114,7 @@ def config_from_args(args: argparse.Namespace):
         if args.nnodes != 1:
             raise ConfigError(f"--standalone runs one node, but --nnodes is {args.nnodes}; drop one of them")
         endpoint = "localhost:0"
-    return LaunchConfig(
+    cfg = LaunchConfig(
         nproc_per_node=nproc,
         gpus=args.gpus,
         cpu=args.cpu,
@@ -136,6 +136,10 @@ def config_from_args(args: argparse.Namespace):
         sample_interval_s=args.sample_interval_s,
         mixed_precision=getattr(args, "mixed_precision", None),
     )
+    from multigpu.launch.rendezvous import check_endpoint
+
+    check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    return cfg
 
 
 def add_target_args(parser: argparse.ArgumentParser, *, metavar: str = "script.py",

@@ -3,6 +3,12 @@
 The launcher starts ``python -u <this file> [-m] target args...`` in each
 worker. Run by path, it imports nothing of multigpu or torch before it has:
 
+0. tied its life to the launcher's: ``PR_SET_PDEATHSIG`` (Linux) makes the
+   kernel SIGKILL this worker the moment the launcher dies, whatever killed it
+   (SIGKILL and the OOM killer included); a launcher that died before that
+   line ran is caught by comparing the parent with ``MULTIGPU_LAUNCHER_PID``.
+   Where ``prctl`` is missing, a daemon thread watches the parent pid and
+   kills this worker's process group when it changes;
 1. under ``--isolate-devices`` (``MULTIGPU_DEVICE_MAP`` set), set ``CUDA_VISIBLE_DEVICES``,
    ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
    worker's physical GPU, so simulators that read them at import see one GPU;
@@ -21,9 +27,13 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 
 then it runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
-launcher summarises. When the run context asks for it (``record_wall``:
-``multigpu bench`` on a script that has no step meter), it also writes
-``<run_dir>/wall/rank<R>.json`` with the script's start and end times.
+launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
+the launcher sends SIGINT to every worker) ends the worker with exit code 130
+and no traceback: the launcher says "interrupted" once for the whole job
+(``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks).
+When the run context asks for it (``record_wall``: ``multigpu bench`` on a
+script that has no step meter), it also writes ``<run_dir>/wall/rank<R>.json``
+with the script's start and end times.
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ import sys
 
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
 """Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
+
+LAUNCHER_PID_VAR = "MULTIGPU_LAUNCHER_PID"
+"""The launcher's pid: the parent every worker must have (set by the launcher)."""
 
 DEVICE_MAP_VAR = "MULTIGPU_DEVICE_MAP"
 """``--isolate-devices``: the physical GPU of each local rank, comma-separated (set by the launcher)."""
@@ -47,6 +60,45 @@ def worker_device_env(env, local_rank: int) -> dict[str, str]:
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_POLL_S = 0.5
+
+
+def _die_with_launcher(launcher_pid: int | None) -> None:
+    """Never outlive the launcher: the kernel's parent-death signal, or a thread that watches the parent."""
+    import signal
+
+    if launcher_pid is None:
+        return  # started by hand (tests, debugging): there is no launcher to follow
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != launcher_pid:  # the launcher died before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    if not armed:
+        import threading
+        import time
+
+        def watch() -> None:
+            while os.getppid() == launcher_pid:
+                time.sleep(_PARENT_POLL_S)
+            if os.getpgrp() == os.getpid():  # the agent starts each worker as the leader of its own group
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and every process it started
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="multigpu-parent-watch", daemon=True).start()
+
+
+def _launcher_pid() -> int | None:
+    text = os.environ.get(LAUNCHER_PID_VAR, "")
+    return int(text) if text.isdigit() else None
 
 
 def _run(argv: list[str]) -> None:
@@ -120,6 +172,7 @@ def _timed(target, wall_file: str | None):
 
 
 def main(argv: list[str]) -> None:
+    _die_with_launcher(_launcher_pid())
     if os.environ.get(DEVICE_MAP_VAR):
         os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
     if sys.path and os.path.abspath(sys.path[0]) == _HERE:
@@ -128,7 +181,12 @@ def main(argv: list[str]) -> None:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(_timed(_run, _wall_file()))(argv)
+    try:
+        record(_timed(_run, _wall_file()))(argv)
+    except KeyboardInterrupt:
+        if os.environ.get("MULTIGPU_DEBUG") == "1":
+            raise
+        sys.exit(130)  # the launcher reports the interrupt once, for the whole job
 
 
 if __name__ == "__main__":

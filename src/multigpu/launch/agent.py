@@ -7,7 +7,10 @@ ranks read through :mod:`multigpu.runtime.context`), builds torch's
 ``LaunchConfig`` (c10d rendezvous; ``localhost:0`` on one node) and calls
 ``elastic_launch`` through :func:`_elastic_launch`, the one seam tests replace
 with a mock. Nothing here spawns, rendezvous or restarts by itself: torch's
-agent does all three.
+agent does all three, with the rendezvous backend of :mod:`multigpu.launch.stores`
+(torch's c10d handler on stores that listen on the endpoint's address, not on
+every interface). :mod:`multigpu.launch.processes` sees that no process of the
+job outlives the launch and that a signal ends it the same way at any moment.
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
 
-from multigpu.errors import ConfigError, LaunchError, RendezvousTimeoutError, WorkerFailedError
-from multigpu.launch import _worker
+from multigpu.errors import (
+    ConfigError,
+    InterruptedBySignalError,
+    LaunchError,
+    MultigpuError,
+    RendezvousTimeoutError,
+    WorkerFailedError,
+)
+from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
-from multigpu.launch.rendezvous import parse_endpoint
+from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RUN_FILE_VAR, RunContext
 
@@ -113,22 +123,23 @@ def build_plan(
     env[RUN_FILE_VAR] = str(run_file.resolve())
     if cfg.mixed_precision is not None and job is None:  # a script: what `accelerate launch` gives it
         env["ACCELERATE_MIXED_PRECISION"] = {"fp32": "no"}.get(cfg.mixed_precision, cfg.mixed_precision)
-    if cfg.max_restarts > 0:
-        # torch's agent shares its rendezvous TCPStore with the workers, and a restarted group then reads the
-        # previous attempt's keys and connects to dead ports (pytorch/pytorch#135712): give each attempt its own
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    rdzv_configs: dict[str, object] = {}
-    if cfg.nnodes > 1:
-        rdzv_configs["is_host"] = cfg.node_rank == 0
-    for key, value in cfg.rdzv_conf.items():
-        rdzv_configs[key] = value
+    env[_worker.LAUNCHER_PID_VAR] = str(os.getpid())  # every worker dies with this process (PR_SET_PDEATHSIG)
+    # torch's handler would open a store of its own for the workers, on every interface; the `multigpu`
+    # rendezvous backend gives them one per round on the endpoint's address instead (launch/stores.py)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if cfg.nnodes == 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
+        loopback = loopback_interface()
+        if loopback:  # gloo listens on the host name's address otherwise; one node needs no other
+            env["GLOO_SOCKET_IFNAME"] = loopback
+    rdzv_configs: dict[str, object] = dict(cfg.rdzv_conf)
+    rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
     run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
     torch_config = TorchLaunchConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
         nproc_per_node=devices.nproc_per_node,
         run_id=run_id,
-        rdzv_backend="c10d",
+        rdzv_backend=stores.BACKEND,
         rdzv_endpoint=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         rdzv_configs=rdzv_configs,
         max_restarts=cfg.max_restarts,
@@ -147,6 +158,26 @@ def build_plan(
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
     """The one call into torch's agent (tests replace this with a mock)."""
     return elastic_launch(config, entrypoint)(*args)
+
+
+@contextlib.contextmanager
+def _quiet_agent_logs() -> Iterator[None]:
+    """torch's agent logs every worker exit and signal; our summary says it once, readably (``--debug``: all)."""
+    if os.environ.get("MULTIGPU_DEBUG") == "1":
+        yield
+        return
+    loggers = [logging.getLogger("torch.distributed.elastic")] + [
+        logger for name, logger in list(logging.root.manager.loggerDict.items())
+        if name.startswith("torch.distributed.elastic.") and isinstance(logger, logging.Logger)
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -250,6 +281,7 @@ def launch(
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
         RendezvousTimeoutError: the other nodes did not join in time.
     """
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
@@ -259,24 +291,27 @@ def launch(
     if plan.devices.note:
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
-    if os.environ.get("MULTIGPU_DEBUG") != "1":
-        # torch's agent logs every worker exit; the summary below says it once, readably.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    with _environment(plan.env):
+    stores.register()
+    with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
         try:
             _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
         except ChildFailedError as exc:
             raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None) from None
-        except SignalException as exc:  # the agent has already stopped the workers with the same signal
+        except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
             if exc.sigval == signal.SIGINT:
                 raise KeyboardInterrupt from None
-            raise LaunchError(f"the launcher got {exc.sigval.name}; every worker was sent it too and stopped") from None
+            raise InterruptedBySignalError(exc.sigval) from None
         except TorchRdzvTimeout as exc:
+            reason = f": {exc}" if str(exc).strip() else ""
             raise RendezvousTimeoutError(
-                f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s): {exc}. "
+                f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
                 "Start every node with the same --rdzv-endpoint and --nnodes."
             ) from None
-        except (RuntimeError, ValueError) as exc:
+        except MultigpuError:
+            raise
+        except (RuntimeError, ValueError, RendezvousError) as exc:
             raise LaunchError(f"the launcher could not start the job: {exc}") from None
+    if stopped:
+        print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
     return plan
 

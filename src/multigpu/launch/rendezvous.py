@@ -1,10 +1,21 @@
-"""Rendezvous endpoint parsing and multi-node checks (pure; runs in the launcher)."""
+"""The rendezvous endpoint: parsing, multi-node checks, and the address the store binds (runs in the launcher).
+
+:func:`check_endpoint` runs before anything is written or started: the node that
+hosts the rendezvous store (the only node of a single-node job; node 0 of a
+multi-node job) must be able to listen on the endpoint's own address, since
+the store listens there and nowhere else (:mod:`multigpu.launch.stores`).
+"""
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import socket
+
 from multigpu.errors import ConfigError
 
-__all__ = ["parse_endpoint"]
+__all__ = ["addresses", "bind_address", "check_endpoint", "hosts_store", "is_loopback", "loopback_interface",
+           "parse_endpoint"]
 
 
 def parse_endpoint(endpoint: str, *, nnodes: int) -> tuple[str, int]:
@@ -33,3 +44,96 @@ def parse_endpoint(endpoint: str, *, nnodes: int) -> tuple[str, int]:
             "give every node the same host:port, e.g. node0:29400"
         )
     return host, port
+
+
+def addresses(host: str, port: int, kind: int = socket.SOCK_STREAM) -> list[tuple]:
+    """``getaddrinfo`` results for ``host``, IPv4 first (``localhost`` is 127.0.0.1 before ::1)."""
+    infos = socket.getaddrinfo(host, port, type=kind)
+    return sorted(infos, key=lambda info: info[0] != socket.AF_INET)
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_address(host: str, port: int) -> tuple[socket.socket, str]:
+    """A listening socket on ``host``'s own address (never ``*`` unless ``host`` says so) and that address.
+
+    Raises:
+        ConfigError: ``host`` does not resolve, is not an address of this machine, or the port is taken.
+    """
+    try:
+        infos = addresses(host, port)
+    except socket.gaierror as exc:
+        raise ConfigError(f"'{host}' does not resolve on this machine ({exc.strerror})") from None
+    error: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server does
+            sock.bind(address)
+            sock.listen(socket.SOMAXCONN)
+            return sock, address[0]
+        except OSError as exc:
+            sock.close()
+            error = error or exc
+    address = infos[0][4][0] if infos else host
+    if error is not None and error.errno == errno.EADDRINUSE:
+        raise ConfigError(f"port {port} on {address} is already in use") from None
+    reason = error.strerror if error is not None else "no address"
+    raise ConfigError(f"cannot listen on {address} ({reason}): it is not an address of this machine") from None
+
+
+def _as_bool(key: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "y", "on"):
+        return True
+    if value in ("0", "false", "no", "n", "off"):
+        return False
+    raise ConfigError(f"--rdzv-conf {key}={text} is invalid; valid: true or false")
+
+
+def hosts_store(nnodes: int, node_rank: int, rdzv_conf: dict[str, str]) -> bool:
+    """Whether this node's launcher hosts the rendezvous store: node 0 (the only node of a single-node job),
+    unless ``--rdzv-conf is_host=...`` says otherwise."""
+    if "is_host" in rdzv_conf:
+        return _as_bool("is_host", str(rdzv_conf["is_host"]))
+    return nnodes == 1 or node_rank == 0
+
+
+def check_endpoint(endpoint: str, *, nnodes: int, node_rank: int, rdzv_conf: dict[str, str]) -> None:
+    """Bad endpoints end here, before anything is written or started (one line, exit 2).
+
+    The node that hosts the store must resolve the endpoint's host to an address of its own and
+    be able to listen on its port. On several nodes, a name that resolves to loopback on the host
+    (``/etc/hosts`` often maps the machine's own name to 127.0.1.1) would leave the other nodes
+    unable to connect: a literal loopback address or ``localhost`` is taken as meant (nodes on one
+    machine). Other nodes are not checked: node 0's name may resolve, and its store open, only later.
+    """
+    host, port = parse_endpoint(endpoint, nnodes=nnodes)
+    if not hosts_store(nnodes, node_rank, rdzv_conf):
+        return
+    try:
+        sock, address = bind_address(host, port)
+    except ConfigError as exc:
+        where = "this machine hosts the rendezvous store" if nnodes == 1 else f"node {node_rank} hosts the rendezvous store"
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {exc}; {where}, so give an address of this machine"
+                          + (", or a free port" if "in use" in str(exc) else "")) from None
+    sock.close()
+    if nnodes > 1 and is_loopback(address) and not (is_loopback(host) or host == "localhost"):
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r} resolves to {address} (loopback) on this machine, so the other "
+            f"{nnodes - 1} node(s) could not reach the store; give this machine's network address, e.g. its IP")
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback interface (``lo`` on Linux), or None where none is found."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and is_loopback(a.address) for a in addrs):
+            return name
+    return None

@@ -104,8 +104,9 @@ class TrainConfig:
     keep_last: int = 3
     """Checkpoints to keep (older ones are deleted)."""
     checkpoint_on_interrupt: bool = False
-    """On Ctrl-C (SIGINT from the launcher), finish the current step on every rank, write a checkpoint,
-    then exit (code 130); False: stop at once, keeping only the periodic checkpoints."""
+    """On Ctrl-C or SIGTERM (from the launcher, ``timeout`` or a scheduler), finish the current step on every
+    rank, write a checkpoint, then exit (130 for SIGINT, 143 for SIGTERM); False: stop at once, keeping only
+    the periodic checkpoints."""
 
     seed: int = 1337
     callbacks: list[str] = field(default_factory=list)

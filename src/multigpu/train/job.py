@@ -170,12 +170,12 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     trainer, model, train_set = build(cfg, run_dir, ctx.resume)
     trainer.setup()
     result = trainer.fit()
-    if result["interrupted"]:  # Ctrl-C with checkpoint_on_interrupt: the checkpoint of this step is written
+    if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
         trainer.close()
         if mg.is_main():
             print(f"interrupted after step {trainer.step}: checkpoint {trainer.checkpoints.path_for(trainer.step)}; "
                   f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
-        return 130
+        return 128 + result["signal"]  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
     if mg.is_main():
         can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
@@ -206,7 +206,7 @@ WORKLOAD = Workload(
         Flag("--grad-accum", "grad_accum", type=positive_int, metavar="N", help="gradient accumulation steps (see grad_accum_scope)"),
         Flag("--prefetch", "prefetch", type=non_negative_int, metavar="N", help="batches moved to the device ahead of use"),
         Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
-             help="on Ctrl-C, finish the current step and write a checkpoint before stopping"),
+             help="on Ctrl-C or SIGTERM, finish the current step and write a checkpoint before stopping"),
         Flag("--model", "model.factory", metavar="PKG.MODULE:FACTORY",
              help=f"model factory (model.kwargs.NAME=... for its arguments; default {DEFAULT_MODEL})"),
         Flag("--data", "data.factory", metavar="PKG.MODULE:FACTORY",

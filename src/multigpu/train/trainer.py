@@ -16,9 +16,10 @@ Callbacks: objects with an ``on_step(trainer)`` method, called on every rank
 after each optimizer step (and its metrics) and before its checkpoint; given
 as objects (``callbacks=[...]``) or, in the config, as ``pkg.module:factory``
 names (``TrainConfig.callbacks``) that the trainer calls with no arguments. With
-``checkpoint_on_interrupt``, Ctrl-C on the launcher ends ``fit()`` after the
-current step with a checkpoint on every rank's agreement (see
-:mod:`multigpu.train.interrupt`); ``fit()`` then returns ``interrupted: True``.
+``checkpoint_on_interrupt``, Ctrl-C or SIGTERM on the launcher (or on the ranks)
+ends ``fit()`` after the current step with a checkpoint on every rank's agreement
+(see :mod:`multigpu.train.interrupt`); ``fit()`` then returns ``interrupted: True``
+and the agreed ``signal`` (2 or 15).
 
 The model is moved to the device in place, so an optimizer built on
 ``model.parameters()`` before ``setup()`` keeps working. ``loss_fn(model, batch)``
@@ -138,6 +139,7 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
         self.interrupted = False
+        self.interrupt_signal = 0
         self.step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
@@ -322,11 +324,13 @@ class Trainer:
                     callback.on_step(self)
                 # Ctrl-C reached some rank: all agree (one tiny all-reduce) and stop after this same step
                 self.interrupted = interrupt.agreed(self.env.device)
+                self.interrupt_signal = interrupt.signum
                 if last or self.interrupted or _due(self.step, cfg.checkpoint_every):
                     self.save_checkpoint()
                 if self.interrupted:
                     break
-        return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted}
+        return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted,
+                "signal": self.interrupt_signal}
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step: ``accum`` micro-steps, then clip and update. Returns this rank's figures."""

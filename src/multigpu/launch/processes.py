@@ -1,0 +1,191 @@
+"""No process of a job outlives it, and signals end the launcher the same way at any moment (runs in the launcher).
+
+torch's agent starts every worker in a session of its own (``start_new_session``),
+signals the ones still running when the job ends, and waits for them. Three
+things escape it:
+
+* a signal that arrives while the agent is starting the workers interrupts its
+  start-up loop, and the agent forgets the workers it had started so far: they
+  ran on with parent 1;
+* a process that a worker started (a fork, a subprocess, a daemon that called
+  ``setsid``) is left when its worker has already exited, after a successful
+  run too: the agent signals only workers still running;
+* the launcher's own death (SIGKILL, the OOM killer): nothing in the launcher
+  runs then, so the workers see to it themselves (``_worker.py``:
+  ``PR_SET_PDEATHSIG``).
+
+:func:`job_processes` wraps one launch against the first two. On Linux the
+launcher is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``) for the launch, so
+a process whose worker exited is re-parented to the launcher, not to init, and
+stays findable. At the end, every descendant that was not there before and
+that lives in another session than the launcher's (only the agent's workers
+and what they started do) gets SIGTERM, then SIGKILL after ``grace_s``, and is
+reaped; its process group is signalled too, which takes a child forked in the
+meantime.
+
+It also raises torch's ``SignalException`` on SIGTERM, SIGHUP and SIGQUIT from
+the start (torch registers its handlers only when it starts the workers, so a
+SIGTERM during rendezvous used to end the launcher without a word), and puts
+the previous handlers back afterwards (torch never does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+__all__ = ["HANDLED_SIGNALS", "job_processes", "leftover_processes", "stop_processes"]
+
+HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+"""The signals torch's agent turns into a ``SignalException`` (its ``signals_to_handle`` default)."""
+
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _set_subreaper(on: bool) -> bool | None:
+    """Make this process a child subreaper (Linux); returns what it was before, None where unsupported."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    import ctypes
+
+    before = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:
+        return None
+    prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+    return bool(before.value)
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def leftover_processes(before: set[int]) -> list[psutil.Process]:
+    """Descendants not in ``before`` that live in another session than this process: what the workers left."""
+    own_session = os.getsid(0)
+    out = []
+    for proc in _descendants():
+        if proc.pid in before:
+            continue
+        try:
+            if os.getsid(proc.pid) != own_session:
+                out.append(proc)
+        except OSError:
+            continue  # gone already
+    return out
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _reap(procs: list[psutil.Process]) -> None:
+    """Collect the exit status of those that are (now) this process's children, so no zombie stays."""
+    for proc in procs:
+        try:
+            os.waitpid(proc.pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    groups = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            groups.add(os.getpgid(proc.pid))
+            proc.send_signal(sig)  # psutil checks that the pid still names the same process
+    own_group = os.getpgrp()
+    for group in groups - {own_group}:
+        with contextlib.suppress(OSError):
+            os.killpg(group, sig)  # a group of a worker's session: only the job's processes are in it
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _reap(procs)
+        alive = [p for p in procs if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns those still alive after that (none, normally)."""
+    if not procs:
+        return []
+    _signal_all(procs, signal.SIGTERM)
+    alive = _wait_gone(procs, grace_s)
+    if alive:
+        _signal_all(alive, signal.SIGKILL)
+        alive = _wait_gone(alive, 10.0)
+    return alive
+
+
+def _raise_signal(signum: int, frame) -> None:
+    sig = signal.Signals(signum)
+    raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+
+def _ignore(signum: int, frame) -> None:
+    """A second signal while the leftovers are stopped: the job is ending anyway; let the stop finish."""
+
+
+def _set_handlers(handlers: dict) -> dict:
+    """Install ``{signal: handler}`` (main thread only); returns the handlers they replace."""
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for sig, handler in handlers.items():
+        with contextlib.suppress(OSError, ValueError):
+            previous[sig] = signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    return previous
+
+
+@contextlib.contextmanager
+def job_processes(grace_s: float = 3.0) -> Iterator[list[int]]:
+    """Wrap one launch; see the module docstring. Yields a list that ends holding the pids stopped at the end."""
+    before = {p.pid for p in _descendants()}
+    stopped: list[int] = []
+    was_subreaper = _set_subreaper(True)
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}  # torch replaces them all and restores none
+    # SIGINT stays Python's KeyboardInterrupt until torch takes it over
+    _set_handlers({sig: _raise_signal for sig in HANDLED_SIGNALS if sig != signal.SIGINT})
+    try:
+        yield stopped
+    finally:
+        _set_handlers({sig: _ignore for sig in HANDLED_SIGNALS})
+        try:
+            leftovers = leftover_processes(before)
+            stopped.extend(p.pid for p in leftovers)
+            stop_processes(leftovers, grace_s)
+        finally:
+            _set_handlers(saved)
+            if was_subreaper is False:
+                _set_subreaper(False)
