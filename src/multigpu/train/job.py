@@ -208,24 +208,40 @@ def export(model, path: Path) -> Path:
 def full_state(model) -> dict | None:
     """The whole state dict of a sharded (fsdp) model, gathered to rank 0's CPU memory (None elsewhere).
 
-    Call on all ranks. Tied parameters appear under each of their names, as in ``model.state_dict()``.
+    Call on all ranks. Tied parameters (GPT's embedding and head) are one tensor under each of their
+    names, as in the plain model's ``state_dict()``, so the export stores them once.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     import multigpu as mg
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.contiguous() for k, v in state.items()} if mg.is_main() else None
+    if not mg.is_main():
+        return None
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        state[name] = state[first.setdefault(id(param), name)]
+    return state
+
+
+class _StateOnly:
+    """What ``safetensors.torch.save_model`` reads of a model: its ``state_dict()``."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return dict(self._state)
 
 
 def export_state(state: dict, path: Path) -> Path:
-    """``state`` (from :func:`full_state`) as one safetensors file, loadable into the plain model."""
-    from safetensors.torch import save_file
+    """``state`` (from :func:`full_state`) as one safetensors file that ``load_model`` reads into the plain model."""
+    from safetensors.torch import save_model
 
     from multigpu.files import atomic_path
 
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp))
+        save_model(_StateOnly(state), str(tmp))  # drops the duplicate names of tied tensors, as for a plain model
     return path
 
 

@@ -155,6 +155,8 @@ class Trainer:
         self._setup_precision()
         self._setup_model()
         state = self._resume_state()
+        if state is not None:
+            state["sampler"] = self._sampler_for_this_job(state)
         self._setup_data(state)
         self._setup_lr()
         if state is not None:
@@ -283,6 +285,21 @@ class Trainer:
         if mg.is_main():
             print(f"resuming from {path}", flush=True)
         return manager.load(path)
+
+    def _sampler_for_this_job(self, state: dict) -> dict:
+        """The saved sampler position, moved to this job's world size.
+
+        Ranks take strided slices of one permutation, so ``offset`` samples on each of W ranks are the
+        first ``offset × W`` samples of the epoch; on W' ranks that is ``offset × W / W'`` each."""
+        saved, sampler = len(state["rng"]), dict(state["sampler"])
+        if saved == self.world_size:
+            return sampler
+        consumed = sampler["offset"] * saved
+        if consumed % self.world_size:
+            raise ConfigError(f"the checkpoint was written by {saved} ranks at sample {consumed} of its epoch, which "
+                              f"does not split over {self.world_size} ranks; valid: a world size dividing {consumed}")
+        sampler["offset"] = consumed // self.world_size
+        return sampler
 
     def _checkpoint_manager(self, directory: Path):
         """ddp: one file per checkpoint, written by rank 0; fsdp (on any world size): sharded DCP folders."""
