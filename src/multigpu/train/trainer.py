@@ -25,6 +25,11 @@ The model is moved to the device in place, so an optimizer built on
 defaults to cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``
 (logits ``(..., classes)``, targets ``(...)``). With world_size 1 there is no DDP;
 everything else is the same code.
+
+``strategy="fsdp"`` shards parameters, gradients and optimizer state instead of
+replicating them (:mod:`multigpu.train.fsdp`): the optimizer is re-pointed at the
+sharded parameters in ``setup()``, accumulation uses ``set_requires_gradient_sync``,
+and checkpoints are sharded folders (:mod:`multigpu.train.sharded`) on any world size.
 """
 
 from __future__ import annotations
