@@ -33,7 +33,7 @@ def test_doctor_json_answers_every_check_on_this_machine():
     proc = run_cli("doctor", "--json", timeout=180)
     report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
     checks = {c["name"]: c for c in report["checks"]}
-    assert len(checks) == 11 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
+    assert len(checks) == 12 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
     assert proc.returncode == (0 if report["ok"] else 1)
     assert all(c["hint"] for c in checks.values() if c["status"] != "pass")
     bw = checks["all-reduce bandwidth"]

@@ -36,7 +36,7 @@ def _status(results):
 
 def test_a_healthy_gpu_machine_passes_every_check():
     results = run_checks(HEALTHY_GPU)
-    assert len(results) == 11 and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+    assert len(results) == 12 and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
     assert "2x NVIDIA H100" in check_gpus(HEALTHY_GPU).detail and "NCCL 2.27.3" in check_nccl(HEALTHY_GPU).detail
 
 
@@ -103,3 +103,11 @@ def test_bus_bandwidth_follows_nccl_tests():
     algbw, busbw = bus_bandwidth(size_bytes=8 * 10**9, seconds=2.0, world_size=4)
     assert algbw == pytest.approx(4.0) and busbw == pytest.approx(4.0 * 2 * 3 / 4)
     assert bus_bandwidth(10**9, 1.0, 2) == pytest.approx((1.0, 1.0))
+
+
+def test_training_memory_says_where_fsdp_is_needed():
+    from multigpu.doctor.checks import check_training_memory
+
+    h100 = check_training_memory(dataclasses.replace(HEALTHY_GPU, device_memory_bytes=80 * 2**30))
+    assert "up to ~5.4B parameters on one NVIDIA H100 (80 GiB)" in h100.detail and "--strategy fsdp" in h100.hint
+    assert check_training_memory(dataclasses.replace(HEALTHY_GPU, device_memory_bytes=None)).status == "pass"

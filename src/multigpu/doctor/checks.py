@@ -220,9 +220,28 @@ def check_bandwidth(f: Facts) -> CheckResult:
     return CheckResult(name, "pass", detail)
 
 
+TRAINING_BYTES_PER_PARAM = 16
+"""fp32 weights, gradients and Adam's two moments: what data parallelism keeps on every rank, per parameter."""
+
+
+def check_training_memory(f: Facts) -> CheckResult:
+    """The largest model whose data-parallel training state fits one device; beyond it FSDP is needed."""
+    name = "training memory"
+    if not f.device_memory_bytes:
+        return CheckResult(name, "pass", "device memory unknown")
+    gib = f"{f.device_memory_bytes / 2**30:.0f} GiB"
+    where = f"one {f.gpus[0]} ({gib})" if f.gpus else f"this host ({gib}, shared by its CPU ranks)"
+    largest = f.device_memory_bytes / TRAINING_BYTES_PER_PARAM
+    return CheckResult(name, "pass", f"data-parallel training fits models up to ~{largest / 1e9:.2g}B parameters on "
+                       f"{where}: {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights, gradients, Adam), "
+                       "before activations",
+                       "a larger model needs `multigpu train --strategy fsdp`, which shards that state over the "
+                       "ranks (1/N each)")
+
+
 CHECKS: list[Callable[[Facts], CheckResult]] = [
     check_torch, check_gpus, check_driver, check_nccl, check_gloo, check_device_vars,
-    check_shm, check_open_files, check_port, check_network, check_bandwidth,
+    check_shm, check_open_files, check_port, check_network, check_bandwidth, check_training_memory,
 ]
 
 

@@ -61,6 +61,8 @@ class Facts:
     """All-reduce result: world_size, backend, size_bytes, seconds, algbw_gbps, busbw_gbps."""
     bandwidth_error: str | None = None
     bandwidth_skipped: bool = False
+    device_memory_bytes: int | None = None
+    """Memory of the smallest GPU torch sees, or of the host when there is none; None when unknown."""
 
 
 def free_port() -> tuple[int | None, str | None]:
@@ -117,6 +119,19 @@ def _nofile() -> tuple[int, int] | None:
     return (soft if soft >= 0 else big, hard if hard >= 0 else big)
 
 
+def _device_memory(gpu_count: int) -> int | None:
+    import torch
+
+    try:
+        if gpu_count:
+            return min(torch.cuda.get_device_properties(i).total_memory for i in range(gpu_count))
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - the check says the figure is unknown
+        return None
+
+
 def gather_facts(*, bandwidth: bool = True) -> Facts:
     """Read every fact from this machine; ``bandwidth`` runs the short all-reduce test (seconds)."""
     import torch
@@ -149,6 +164,7 @@ def gather_facts(*, bandwidth: bool = True) -> Facts:
         free_port=port,
         port_error=port_error,
         interfaces=_interfaces(),
+        device_memory_bytes=_device_memory(len(gpus)),
         **_nvml(),
     )
     if bandwidth:

@@ -83,6 +83,18 @@ class TrainConfig:
     blocks: the largest ModuleList of same-type modules, e.g. GPT's ``blocks``, Hugging Face's ``h``/``layers``)."""
     peak_tflops: float | None = None
     """Peak TFLOP/s of one device, for MFU where the built-in table does not know the device (CPUs)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
+    fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
+    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device."""
+    fsdp_blocks: list[str] = field(default_factory=list)
+    """Module class names sharded one by one under fsdp (default: the model's repeated blocks, as for
+    ``activation_checkpointing``)."""
+    fsdp_reshard_after_forward: bool = True
+    """fsdp: free each block's gathered parameters after its forward (gathered again in backward)."""
+    fsdp_cpu_offload: bool = False
+    """fsdp on GPUs: keep sharded parameters, gradients and optimizer state in host memory (the
+    optimizer steps on the CPU)."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters (only when some parameters get no gradient)."""
     bucket_cap_mb: float = 25.0
@@ -125,6 +137,9 @@ class TrainConfig:
                  f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
         _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
         _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _require(self.strategy == "ddp" or self.precision != "fp16",
+                 "strategy=fsdp with precision=fp16: FSDP's mixed precision here is bf16 (parameters in bf16, "
+                 "gradients reduced in fp32); valid: precision bf16 or fp32")
         _require(self.peak_tflops is None or self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be > 0")
 
     def accum_per_rank(self, world_size: int) -> int:

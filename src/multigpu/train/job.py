@@ -32,7 +32,8 @@ from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
 from multigpu.train.config import TrainConfig
 
-__all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "WORKLOAD", "TrainJobConfig", "build", "check", "export", "main", "sample"]
+__all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "WORKLOAD", "TrainJobConfig", "build", "check", "export", "export_state",
+           "full_state", "main", "sample"]
 
 DEFAULT_MODEL = "multigpu.train.nano:gpt"
 """nanoGPT's GPT (:func:`multigpu.train.nano.gpt`)."""
@@ -106,8 +107,49 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
         import_object(cfg.loss, what="loss", callable_only=True)
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
+    if cfg.strategy == "fsdp":
+        _check_fsdp(cfg, plan)
     if plan.run.resume not in (None, "auto"):
-        _check_resume_file(plan.run.resume)
+        if cfg.strategy == "fsdp":
+            _check_sharded_resume(plan.run.resume)
+        else:
+            _check_resume_file(plan.run.resume)
+
+
+def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
+    """The model shards over the job: it has parameters, the named block classes exist, no rank is left empty.
+
+    The model is built on the ``meta`` device (shapes only, no memory); a factory that cannot build
+    there is checked by the ranks instead (:func:`multigpu.train.fsdp.shard_model` runs the same checks).
+    """
+    import torch
+
+    from multigpu.train.fsdp import check_sharding
+
+    if cfg.fsdp_cpu_offload and "cuda" not in plan.device_types:
+        raise ConfigError("fsdp_cpu_offload=true needs GPU ranks (CPU ranks keep everything in host memory already); "
+                          "valid here: fsdp_cpu_offload=false")
+    try:
+        with torch.device("meta"):
+            model = cfg.model.build("model.factory", _context(cfg))
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - the factory needs real tensors or data: the ranks check it
+        return
+    if isinstance(model, torch.nn.Module):
+        check_sharding(model, plan.world_size, cfg.fsdp_blocks)
+
+
+def _check_sharded_resume(resume: str) -> None:
+    """``--resume DIR`` under fsdp: a step_* folder whose files all match its manifest (bytes only)."""
+    from multigpu.checkpointing import CorruptCheckpointError
+    from multigpu.train.sharded import check_checkpoint
+
+    try:
+        check_checkpoint(resume)
+    except CorruptCheckpointError as exc:
+        raise ConfigError(f"--resume {resume}: {exc.reason}; valid: a checkpoints/step_* folder written with "
+                          "strategy=fsdp, or auto") from None
 
 
 def _datasets(cfg: TrainJobConfig):
@@ -153,13 +195,53 @@ def sample(model, data, cfg: TrainJobConfig, device) -> str:
 
 
 def export(model, path: Path) -> Path:
-    """The trained weights as safetensors (shared tensors such as tied embeddings stored once)."""
+    """The trained weights as safetensors (shared tensors such as tied embeddings stored once). Rank 0 only."""
     from safetensors.torch import save_model
 
     from multigpu.files import atomic_path
 
     with atomic_path(path) as tmp:
         save_model(model, str(tmp))
+    return path
+
+
+def full_state(model) -> dict | None:
+    """The whole state dict of a sharded (fsdp) model, gathered to rank 0's CPU memory (None elsewhere).
+
+    Call on all ranks. Tied parameters (GPT's embedding and head) are one tensor under each of their
+    names, as in the plain model's ``state_dict()``, so the export stores them once.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    import multigpu as mg
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not mg.is_main():
+        return None
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        state[name] = state[first.setdefault(id(param), name)]
+    return state
+
+
+class _StateOnly:
+    """What ``safetensors.torch.save_model`` reads of a model: its ``state_dict()``."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return dict(self._state)
+
+
+def export_state(state: dict, path: Path) -> Path:
+    """``state`` (from :func:`full_state`) as one safetensors file that ``load_model`` reads into the plain model."""
+    from safetensors.torch import save_model
+
+    from multigpu.files import atomic_path
+
+    with atomic_path(path) as tmp:
+        save_model(_StateOnly(state), str(tmp))  # drops the duplicate names of tied tensors, as for a plain model
     return path
 
 
@@ -177,13 +259,17 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
                   f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
         return 128 + result["signal"]  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
+    sharded = trainer.sharded  # fsdp: every forward all-gathers, so all ranks sample; the export is gathered
+    can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
+    text = sample(model, train_set, cfg, mg.device()) if can_sample and (sharded or mg.is_main()) else ""
+    exporting = cfg.export == "safetensors" and run_dir is not None
+    state = full_state(model) if exporting and sharded else None
     if mg.is_main():
-        can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
-        text = sample(model, train_set, cfg, mg.device()) if can_sample else ""
         if run_dir is not None and text:
             (run_dir / "sample.txt").write_text(text)
-        if cfg.export == "safetensors" and run_dir is not None:
-            print(f"exported: {export(model, run_dir / 'model.safetensors')}", flush=True)
+        if exporting:
+            out = run_dir / "model.safetensors"
+            print(f"exported: {export_state(state, out) if sharded else export(model, out)}", flush=True)
         val = f"val_loss {trainer.last_val_loss:.4f}, " if trainer.last_val_loss is not None else ""
         mfu = f" (MFU {summary['mfu']:.1%})" if summary.get("mfu") is not None else ""
         print(f"done: step {trainer.step}, {val}{summary.get('throughput', 0.0):,.0f} {cfg.unit}/s{mfu}; "
@@ -213,6 +299,8 @@ WORKLOAD = Workload(
              help=f"data factory returning (train, val) datasets (data.kwargs.NAME=...; default {DEFAULT_DATA}; "
                   "also multigpu.train.data:token_files, :bytes_file, multigpu.train.hf:saved_dataset)"),
         Flag("--loss", "loss", metavar="PKG.MODULE:FN", help="loss function fn(model, batch) -> loss"),
+        Flag("--strategy", "strategy", choices=["ddp", "fsdp"],
+             help="ddp: a whole replica per rank; fsdp: parameters, gradients and optimizer state sharded"),
         Flag("--compile", "compile", action="store_true", help="torch.compile the model"),
         Flag("--export", "export", choices=["none", "safetensors"], help="write the final weights (model.safetensors)"),
     ),

@@ -26,6 +26,11 @@ The model is moved to the device in place, so an optimizer built on
 defaults to cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``
 (logits ``(..., classes)``, targets ``(...)``). With world_size 1 there is no DDP;
 everything else is the same code.
+
+``strategy="fsdp"`` shards parameters, gradients and optimizer state instead of
+replicating them (:mod:`multigpu.train.fsdp`): the optimizer is re-pointed at the
+sharded parameters in ``setup()``, accumulation uses ``set_requires_gradient_sync``,
+and checkpoints are sharded folders (:mod:`multigpu.train.sharded`) on any world size.
 """
 
 from __future__ import annotations
@@ -157,6 +162,8 @@ class Trainer:
         self._setup_precision()
         self._setup_model()
         state = self._resume_state()
+        if state is not None:
+            state["sampler"] = self._sampler_for_this_job(state)
         self._setup_data(state)
         self._setup_lr()
         if state is not None:
@@ -191,7 +198,15 @@ class Trainer:
 
             self.model = compiled(self.module, self.env.device)
         self.comm = None
-        if self.world_size > 1:
+        self.sharded = cfg.strategy == "fsdp" and self.world_size > 1
+        self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
+        if self.sharded:  # fully_shard changes self.module in place; the optimizer gets the sharded parameters
+            from multigpu.train.fsdp import shard_model
+
+            param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
+            shard_model(self.module, self.optimizer, class_names=cfg.fsdp_blocks, param_dtype=param_dtype,
+                        reshard_after_forward=cfg.fsdp_reshard_after_forward, cpu_offload=cfg.fsdp_cpu_offload)
+        elif self.world_size > 1:
             self.model, self.comm = wrap_ddp(self.model, self.env, cfg.sync_backend,
                                              find_unused_parameters=cfg.find_unused_parameters,
                                              bucket_cap_mb=cfg.bucket_cap_mb)
@@ -219,7 +234,7 @@ class Trainer:
 
     def _setup_logging(self) -> None:
         cfg = self.config
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.keep_last) if self.run_dir else None
+        self.checkpoints = self._checkpoint_manager(self.run_dir / "checkpoints") if self.run_dir else None
         self.meter = StepMeter.from_context(
             self.unit, replace(context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
             total_steps=cfg.steps - self.step, description="train", log_every=0,
@@ -244,6 +259,13 @@ class Trainer:
         sync = cfg.sync_backend if self.world_size > 1 else "none (world_size 1)"
         print(f"device {self.env.device}, precision {cfg.precision}, dtype {cfg.dtype}, gradient sync {sync}"
               + (f"; resumed at step {self.step}" if self.step else ""), flush=True)
+        from multigpu.train.fsdp import training_state_bytes
+
+        plan = training_state_bytes(self.module, self.world_size, self.sharded)
+        how = f"sharded over {self.world_size} ranks" if self.sharded else "a whole replica"
+        print(f"training state per rank (planned, strategy {cfg.strategy}: {how}): parameters "
+              f"{_mib(plan['params'])}, gradients {_mib(plan['grads'])}, optimizer (Adam) {_mib(plan['optimizer'])}"
+              f" = {_mib(sum(plan.values()))}", flush=True)
 
     # ----------------------------------------------------------------- resume
     def _resume_state(self) -> dict | None:
@@ -251,7 +273,7 @@ class Trainer:
         restarts = restart_count()
         if restarts > 0 and self.run_dir is not None:
             # the agent restarted the worker group after a failure: continue from this run's newest valid checkpoint
-            manager = CheckpointManager(self.run_dir / "checkpoints", self.config.keep_last)
+            manager = self._checkpoint_manager(self.run_dir / "checkpoints")
             path = manager.resolve("auto")
             if path is not None:
                 if mg.is_main():
@@ -261,7 +283,7 @@ class Trainer:
             return None
         if self.run_dir is None and resume == "auto":
             return None
-        manager = CheckpointManager((self.run_dir or Path(".")) / "checkpoints", self.config.keep_last)
+        manager = self._checkpoint_manager((self.run_dir or Path(".")) / "checkpoints")
         path = manager.resolve(resume)
         if path is None:
             if mg.is_main():
@@ -271,9 +293,37 @@ class Trainer:
             print(f"resuming from {path}", flush=True)
         return manager.load(path)
 
+    def _sampler_for_this_job(self, state: dict) -> dict:
+        """The saved sampler position, moved to this job's world size.
+
+        Ranks take strided slices of one permutation, so ``offset`` samples on each of W ranks are the
+        first ``offset × W`` samples of the epoch; on W' ranks that is ``offset × W / W'`` each."""
+        saved, sampler = len(state["rng"]), dict(state["sampler"])
+        if saved == self.world_size:
+            return sampler
+        consumed = sampler["offset"] * saved
+        if consumed % self.world_size:
+            raise ConfigError(f"the checkpoint was written by {saved} ranks at sample {consumed} of its epoch, which "
+                              f"does not split over {self.world_size} ranks; valid: a world size dividing {consumed}")
+        sampler["offset"] = consumed // self.world_size
+        return sampler
+
+    def _checkpoint_manager(self, directory: Path):
+        """ddp: one file per checkpoint, written by rank 0; fsdp (on any world size): sharded DCP folders."""
+        if self.config.strategy == "fsdp":
+            from multigpu.train.sharded import ShardedCheckpoints
+
+            return ShardedCheckpoints(directory, self.config.keep_last)
+        return CheckpointManager(directory, self.config.keep_last)
+
     def _load_state(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "sharded_dir" in state:  # each rank reads its own shards, resharded from the saving job's layout
+            from multigpu.train.sharded import load_tensors
+
+            load_tensors(Path(state["sharded_dir"]), self.module, self.optimizer, state["param_groups"])
+        else:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler") is not None:
@@ -287,11 +337,14 @@ class Trainer:
         restore_rng(rngs[mg.rank() % len(rngs)])
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the RNG states (which ``CheckpointManager.save`` gathers from every rank)."""
+        """Everything but the RNG states (which ``CheckpointManager.save`` gathers from every rank).
+
+        Under fsdp ``model`` and ``optimizer`` hold this rank's shards (DTensors)."""
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **self._run_state()}
+
+    def _run_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "sampler": self.sampler_state,
@@ -302,6 +355,8 @@ class Trainer:
         """Rank 0 writes ``ckpt_<step>.pt`` atomically; the others wait. Call on all ranks."""
         if self.checkpoints is None:
             return None
+        if self.config.strategy == "fsdp":
+            return self.checkpoints.save(self._run_state(), self.module, self.optimizer)
         return self.checkpoints.save(self.state_dict())
 
     # ----------------------------------------------------------------- the loop
@@ -342,7 +397,7 @@ class Trainer:
                 counted.items += count_items(batch, self.unit)
                 # grads are all-reduced by DDP in the last micro-step's backward; the others skip sync,
                 # and no_sync must cover the forward too (DDP prepares the reducer there)
-                with self._sync_context(micro == self.accum - 1), autocast(self.config.precision, self.env.device.type):
+                with self._sync_context(micro == self.accum - 1), autocast(self.autocast_precision, self.env.device.type):
                     loss = self.loss_fn(self.model, batch) / self.accum
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
@@ -358,15 +413,21 @@ class Trainer:
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _sync_context(self, sync: bool):
+        if self.sharded:  # FSDP2's no_sync: keep unsharded gradients until the last micro-step's reduce-scatter
+            self.model.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
         if sync or self.model is self.module:
             return contextlib.nullcontext()
         return self.model.no_sync()
 
     def _clip_gradients(self) -> torch.Tensor:
-        """Unscale (fp16) and clip to ``grad_clip``; returns the global norm (grads are already averaged)."""
+        """Unscale (fp16) and clip to ``grad_clip``; returns the global norm (grads are already averaged).
+
+        Under fsdp the gradients are DTensor shards: the norm is reduced over all ranks (the whole gradient's)."""
         self.scaler.unscale_(self.optimizer)
         limit = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), limit).detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), limit).detach()
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -378,10 +439,18 @@ class Trainer:
         picks = [int(i * len(self.val_data) / n) for i in range(n)]  # evenly spread over the val set
         mine = list(mg.shard(picks))
         total = torch.zeros(2, dtype=torch.float64)
-        for start in range(0, len(mine), self.batch_size):
+        starts = list(range(0, len(mine), self.batch_size))
+        if self.sharded:  # every forward all-gathers parameters: all ranks run as many batches (extra ones count 0)
+            most = mg.all_reduce(torch.tensor([len(starts)]), "max", check_shapes=False).item()
+            starts += [None] * (int(most) - len(starts))
+        for start in starts:
+            if start is None:
+                with autocast(self.autocast_precision, self.env.device.type):
+                    self.loss_fn(self.module, to_device(self._collate([self.val_data[picks[0]]]), self.env.device))
+                continue
             chunk = [self.val_data[i] for i in mine[start : start + self.batch_size]]
             batch = to_device(self._collate(chunk), self.env.device)
-            with autocast(self.config.precision, self.env.device.type):
+            with autocast(self.autocast_precision, self.env.device.type):
                 loss = self.loss_fn(self.module, batch)
             total += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
         mg.all_reduce(total, "sum", check_shapes=False)
@@ -391,8 +460,13 @@ class Trainer:
         """Stop the data stream and write the run summary (rank 0). Call on all ranks. Returns the summary."""
         self.batches.close()
         self.logger.close()
+        peaks = mg.gather([_peak_memory(self.env.device)], dst=0)  # one entry per rank
+        if mg.is_main():
+            kind = "max_memory_allocated" if self.env.device.type == "cuda" else "peak RSS"
+            print(f"peak memory per rank ({kind}): " + ", ".join(_mib(b) for b in peaks), flush=True)
         fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
-                 "first_step_at": self.logger.first_step_at, **(extra or {})}
+                 "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
+                 "peak_memory_bytes": peaks, **(extra or {})}
         return self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
 
     def _utilization(self, items_per_s: float) -> dict[str, Any]:
@@ -416,6 +490,19 @@ class Trainer:
         """Tokens (or 1 sample) of one sample, for the plan printed at start and the MFU's context length."""
         return count_items(self._collate([self.train_data[0]]), self.unit)
 
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak bytes of this rank: allocated on its GPU, or the process's peak resident set on CPU ranks."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def _due(step: int, every: int) -> bool:

@@ -1,0 +1,133 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state sharded (inside each rank).
+
+``strategy: fsdp`` in :class:`~multigpu.train.config.TrainConfig`. Each rank keeps
+``1/world_size`` of every parameter (a ``Shard(0)`` DTensor), of its gradient and of
+the optimizer state built on it; a block's full parameters exist only while the
+block runs (all-gathered before its forward and backward, freed after).
+
+* :func:`shard_model` applies ``fully_shard`` per block (the model's repeated
+  blocks, :func:`multigpu.train.speed.find_blocks`, or the classes named in
+  ``fsdp_blocks``), then to the root, and points the optimizer at the new
+  (sharded) parameters.
+* :func:`check_sharding` (pure; the launcher runs it on a model built on the
+  ``meta`` device) refuses a model without parameters, an unknown block class,
+  and a world size that would leave a rank holding nothing.
+* :func:`training_state_bytes` is the planned per-rank memory of parameters,
+  gradients and Adam's two moments.
+
+Gradient accumulation skips the reduce-scatter on all but the last micro-step
+(``set_requires_gradient_sync``, FSDP2's ``no_sync``); ``clip_grad_norm_`` over
+the DTensor gradients returns the norm of the whole (global) gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from multigpu.errors import ConfigError
+
+__all__ = ["block_modules", "check_sharding", "shard_model", "training_state_bytes"]
+
+_ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, the size of the parameters each
+
+
+def block_modules(model: nn.Module, class_names: Iterable[str] = ()) -> list[nn.Module]:
+    """The modules sharded one by one: those whose class is named in ``class_names``, else the repeated blocks.
+
+    Raises:
+        ConfigError: a named class is not in the model (the message lists the classes that are).
+    """
+    from multigpu.train.speed import find_blocks
+
+    names = list(class_names)
+    if not names:
+        return find_blocks(model)
+    present = {type(m).__name__ for m in model.modules()}
+    unknown = [n for n in names if n not in present]
+    if unknown:
+        choices = ", ".join(sorted(present - {"ModuleList", "ModuleDict", "Sequential"}))
+        raise ConfigError(f"fsdp_blocks: {', '.join(unknown)} is not a module class of this model; valid: {choices}")
+    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+
+
+def _rows_by_rank(shape: torch.Size, world_size: int) -> list[int]:
+    """Rows of dim 0 each rank holds under FSDP2's ``Shard(0)`` (torch.chunk layout: ceil(rows / N) each)."""
+    rows = shape[0] if len(shape) else 1
+    per = math.ceil(rows / world_size)
+    return [max(0, min(rows, (r + 1) * per) - r * per) for r in range(world_size)]
+
+
+def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str] = ()) -> None:
+    """Raise a one-line ConfigError when ``model`` cannot be sharded usefully over ``world_size`` ranks.
+
+    Pure: reads parameter shapes only (a model on the ``meta`` device will do).
+    """
+    params = list(model.parameters())
+    if not params:
+        raise ConfigError(f"strategy=fsdp: the model ({type(model).__name__}) has no parameters to shard; "
+                          "valid: a model with parameters, or strategy=ddp")
+    block_modules(model, class_names)
+    held = [0] * world_size
+    for p in params:
+        for r, rows in enumerate(_rows_by_rank(p.shape, world_size)):
+            held[r] += rows
+    empty = [r for r, n in enumerate(held) if n == 0]
+    if empty:
+        largest = max((p.shape[0] if p.dim() else 1) for p in params)
+        raise ConfigError(f"strategy=fsdp on {world_size} ranks leaves rank {empty[0]} with no parameters "
+                          f"(the largest parameter has {largest} rows); valid: at most {largest} ranks, "
+                          "or strategy=ddp")
+
+
+def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> dict[str, int]:
+    """Planned bytes of parameters, gradients and Adam state on one rank (the largest shard when sharded)."""
+    total = 0
+    for p in {id(p): p for p in model.parameters()}.values():
+        share = max(_rows_by_rank(p.shape, world_size)) if sharded else (p.shape[0] if p.dim() else 1)
+        row = p.numel() // max(p.shape[0] if p.dim() else 1, 1)
+        total += share * row * p.element_size()
+    grads = total
+    return {"params": total, "grads": grads, "optimizer": _ADAM_MOMENTS * total}
+
+
+def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, class_names: Iterable[str] = (),
+                reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
+                cpu_offload: bool = False) -> int:
+    """``fully_shard`` each block, then the root; the optimizer is pointed at the sharded parameters.
+
+    Call on all ranks, before the optimizer's first step. Returns the number of blocks sharded.
+
+    Args:
+        module: The model, already on this rank's device; it is changed in place.
+        optimizer: Built on ``module``'s parameters (its state must still be empty).
+        class_names: Block classes to shard one by one (default: the model's repeated blocks).
+        reshard_after_forward: Free each block's gathered parameters after its forward (less memory,
+            one more all-gather in backward).
+        param_dtype: Compute dtype of the gathered parameters (bf16 mixed precision); gradients are
+            reduced in fp32 and the sharded parameters stay in their own dtype.
+        cpu_offload: Keep the sharded parameters, gradients and optimizer state in host memory (GPUs).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if any(optimizer.state.values()):
+        raise ConfigError("strategy=fsdp: the optimizer has already stepped; shard before training starts")
+    import torch.distributed as dist
+
+    check_sharding(module, dist.get_world_size(), class_names)
+    names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
+    options = {
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    blocks = block_modules(module, class_names)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
+    fully_shard(module, **options)
+    new = dict(module.named_parameters(remove_duplicate=False))
+    for group in optimizer.param_groups:
+        group["params"] = [new[names[id(p)]] for p in group["params"]]
+    return len(blocks)

@@ -1,0 +1,47 @@
+"""strategy=fsdp's checks (no processes): what cannot be sharded is refused with one line and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multigpu.cli import main as cli_main
+from multigpu.errors import ConfigError
+from multigpu.train.fsdp import check_sharding, training_state_bytes
+
+
+def no_params():
+    """A model factory whose model has nothing to shard."""
+    return torch.nn.Identity()
+
+
+def test_check_sharding_refuses_what_cannot_be_sharded():
+    with pytest.raises(ConfigError, match="has no parameters"):
+        check_sharding(torch.nn.ReLU(), 2)
+    with pytest.raises(ConfigError, match=r"Nope is not a module class of this model; valid: .*Linear"):
+        check_sharding(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2, ["Nope"])
+    with pytest.raises(ConfigError, match="leaves rank 2 with no parameters .* at most 2 ranks"):
+        check_sharding(torch.nn.Linear(3, 2), 3)  # 2 rows of weight and bias: ceil(2/3) = 1 row each, rank 2 none
+    check_sharding(torch.nn.Linear(3, 2), 2)
+
+
+def test_planned_training_state_falls_with_the_ranks():
+    net = torch.nn.Linear(10, 6, bias=False)  # 60 fp32 numbers = 240 bytes
+    assert training_state_bytes(net, 1, sharded=False) == {"params": 240, "grads": 240, "optimizer": 480}
+    assert training_state_bytes(net, 3, sharded=False)["params"] == 240  # DDP: a whole replica on every rank
+    assert training_state_bytes(net, 3, sharded=True) == {"params": 80, "grads": 80, "optimizer": 160}
+    assert training_state_bytes(net, 4, sharded=True)["params"] == 80  # ceil(6/4) = 2 rows on the largest shard
+
+
+def test_bad_fsdp_input_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):
+    fake_gpus(0)
+    for argv, message in [
+        (["strategy=fsdp", "fsdp_blocks=[Nope]"], "fsdp_blocks: Nope is not a module class of this model"),
+        (["strategy=fsdp", "--model", "tests.unit.test_fsdp_checks:no_params"], "has no parameters"),
+        (["--strategy", "fsdp", "fsdp_cpu_offload=true"], "fsdp_cpu_offload=true needs GPU ranks"),
+        (["--strategy", "fsdp", "--precision", "fp16"], "strategy=fsdp with precision=fp16"),
+    ]:
+        code = cli_main(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", *argv])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
+        assert not (tmp_path / "run").exists()
