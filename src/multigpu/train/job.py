@@ -259,6 +259,8 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
                   f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
         return 128 + result["signal"]  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
+    if trainer.last_val_loss is not None:  # what `multigpu verify --nproc 1,2 train` compares across world sizes
+        mg.verify.record("val_loss", trainer.last_val_loss)
     sharded = trainer.sharded  # fsdp: every forward all-gathers, so all ranks sample; the export is gathered
     can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
     text = sample(model, train_set, cfg, mg.device()) if can_sample and (sharded or mg.is_main()) else ""
