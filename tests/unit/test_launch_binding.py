@@ -88,6 +88,8 @@ def test_endpoints_this_node_cannot_host_are_bad_input(monkeypatch):
     with pytest.raises(ConfigError, match="is_host=maybe is invalid"):
         check_endpoint("localhost:0", nnodes=1, node_rank=0, rdzv_conf={"is_host": "maybe"})
     check_endpoint("203.0.113.7:29400", nnodes=2, node_rank=0, rdzv_conf={"is_host": "false"})  # hosted elsewhere
+    with pytest.raises(ConfigError, match="0.0.0.0 is no address the other nodes can reach"):
+        check_endpoint("0.0.0.0:29400", nnodes=2, node_rank=1, rdzv_conf={})
     # /etc/hosts often maps the machine's own name to 127.0.1.1: the other nodes could not reach the store
     real = rendezvous.addresses
     monkeypatch.setattr(rendezvous, "addresses", lambda host, port, kind=socket.SOCK_STREAM:

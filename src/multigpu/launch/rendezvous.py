@@ -52,6 +52,13 @@ def addresses(host: str, port: int, kind: int = socket.SOCK_STREAM) -> list[tupl
     return sorted(infos, key=lambda info: info[0] != socket.AF_INET)
 
 
+def _is_unspecified(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_unspecified
+    except ValueError:
+        return False
+
+
 def is_loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address.split("%")[0]).is_loopback
@@ -114,14 +121,17 @@ def check_endpoint(endpoint: str, *, nnodes: int, node_rank: int, rdzv_conf: dic
     machine). Other nodes are not checked: node 0's name may resolve, and its store open, only later.
     """
     host, port = parse_endpoint(endpoint, nnodes=nnodes)
+    if nnodes > 1 and _is_unspecified(host):
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {host} is no address the other nodes can reach; give "
+                          "node 0's address, the same on every node, e.g. 10.0.0.5:29400")
     if not hosts_store(nnodes, node_rank, rdzv_conf):
         return
     try:
         sock, address = bind_address(host, port)
     except ConfigError as exc:
         where = "this machine hosts the rendezvous store" if nnodes == 1 else f"node {node_rank} hosts the rendezvous store"
-        raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {exc}; {where}, so give an address of this machine"
-                          + (", or a free port" if "in use" in str(exc) else "")) from None
+        hint = "a free port" if "in use" in str(exc) else "an address of this machine"
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {exc}; {where}, so give {hint}") from None
     sock.close()
     if nnodes > 1 and is_loopback(address) and not (is_loopback(host) or host == "localhost"):
         raise ConfigError(
