@@ -126,13 +126,19 @@ LEFT_BEHIND: list[str] = []
 """Processes started by this session that outlived it (filled at its end; the session then fails)."""
 
 
+_OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Helpers of this pytest process itself (``run_on_ranks`` spawns): they end when it ends."""
+
+
 def _suite_processes() -> list[psutil.Process]:
     """Running processes that carry this session's mark: its launchers, workers, their children."""
     me = psutil.Process()
     skip = {me.pid, *(p.pid for p in me.parents())}
     found = []
-    for proc in psutil.process_iter(["status"]):
+    for proc in psutil.process_iter(["status", "ppid", "cmdline"]):
         if proc.pid in skip or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if proc.info["ppid"] == me.pid and any(h in " ".join(proc.info["cmdline"] or []) for h in _OWN_HELPERS):
             continue
         with contextlib.suppress(psutil.Error):
             if proc.environ().get(SESSION_VAR) == os.environ[SESSION_VAR]:
