@@ -37,7 +37,6 @@ bytes.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from multigpu.errors import MultigpuError
-from multigpu.files import atomic_path
+from multigpu.files import atomic_path, describe_os_error
 
 __all__ = [
     "CheckpointError",
@@ -175,12 +174,6 @@ def _os_error_in(exc: BaseException) -> OSError | None:
     return None
 
 
-def _describe_oserror(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
-    text = exc.strerror or str(exc)
-    return f"{text} ({name})" if name else text
-
-
 class CheckpointFolder:
     """Checkpoints named ``<prefix><step:08d><suffix>`` in ``directory``, listed in ``manifest.json``.
 
@@ -272,7 +265,7 @@ class CheckpointFolder:
             previous = [e["file"] for e in sorted(entries.values(), key=lambda e: e["step"]) if e["file"] != path.name]
             intact = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
             raise CheckpointWriteError(
-                f"could not write checkpoint {path}: {_describe_oserror(cause)}; {intact}"
+                f"could not write checkpoint {path}: {describe_os_error(cause)}; {intact}"
             ) from exc
         self._prune({e["file"] for e in kept})
         return path
