@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -275,5 +276,7 @@ def launch(
             ) from None
         except (RuntimeError, ValueError) as exc:
             raise LaunchError(f"the launcher could not start the job: {exc}") from None
+    if cfg.log_dir is None and not plan.run_data["run"].get("run_dir"):  # build_plan's mkdtemp: kept only on failure
+        shutil.rmtree(plan.log_dir, ignore_errors=True)
     return plan
 
