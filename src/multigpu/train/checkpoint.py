@@ -17,6 +17,10 @@ fsync, rename, fsync of the folder, SHA-256 and size in ``manifest.json``.
   is wrong (truncated, checksum mismatch, does not load).
 * ``resume=<path>`` must be valid itself: a damaged file is an error that says
   what is wrong (no silent fallback from a file the user chose).
+* Before anything is loaded into the model, the checkpoint's parameter names
+  and shapes are compared with the model's (:func:`check_model_fits`): a
+  checkpoint of another model is one line naming the first difference and the
+  model settings that differ, not ``load_state_dict``'s page of size mismatches.
 
 Loading runs no code from the file. A checkpoint is loaded only if its folder's
 ``manifest.json`` records its size and SHA-256 and the file matches them (a
@@ -52,6 +56,7 @@ __all__ = [
     "CorruptCheckpointError",
     "capture_rng",
     "check_checkpoint",
+    "check_model_fits",
     "find_latest",
     "restore_rng",
 ]
@@ -154,6 +159,48 @@ def check_checkpoint(path: str | Path) -> None:
     """
     path = Path(path)
     _folder(path.parent).verify(path)
+
+
+def _settings_differ(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """``model.n_embd 64 -> 32``: the config entries (nested dicts) whose values differ."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [d for k in sorted(set(saved) & set(current), key=str)
+                for d in _settings_differ(saved[k], current[k], f"{prefix}{k}.")]
+    return [] if saved == current else [f"{prefix.rstrip('.')} {saved!r} -> {current!r}"]
+
+
+def check_model_fits(path: str | Path, state: dict[str, Any], model: torch.nn.Module,
+                     config: dict[str, Any] | None = None) -> None:
+    """Raise a one-line ConfigError unless the checkpoint's parameters match ``model``'s by name and shape.
+
+    Args:
+        path: The checkpoint, for the message.
+        state: What :meth:`CheckpointManager.load` returned (``state["model"]`` is compared).
+        model: The model about to receive it.
+        config: This run's config as a dict; the message names the model settings that differ from the
+            checkpoint's own ``config`` (what the run that wrote it used).
+    """
+    saved, own = state.get("model"), model.state_dict()
+    if not isinstance(saved, dict):
+        raise CorruptCheckpointError(path, "its 'model' entry is not a state dict")
+    shapes = [(k, tuple(saved[k].shape), tuple(v.shape)) for k, v in own.items()
+              if k in saved and isinstance(saved[k], torch.Tensor) and tuple(saved[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    count = len(shapes) + len(missing) + len(unexpected)
+    if not count:
+        return
+    if shapes:
+        first = f"{shapes[0][0]} is {shapes[0][1]} in the checkpoint and {shapes[0][2]} in the model"
+    elif missing:
+        first = f"the model's {missing[0]} is not in the checkpoint"
+    else:
+        first = f"the checkpoint's {unexpected[0]} is not in the model"
+    more = f" (and {count - 1} more difference(s))" if count > 1 else ""
+    differ = _settings_differ(state.get("config"), config)[:4] if config is not None else []
+    settings = f" (its settings -> this run's: {', '.join(differ)})" if differ else ""
+    raise ConfigError(f"checkpoint {path} does not fit this model: {first}{more}; valid: resume with the model "
+                      f"settings it was written with{settings}, or start without --resume in a new --run-dir")
 
 
 def find_latest(directory: str | Path) -> Path | None:

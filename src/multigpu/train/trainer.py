@@ -44,7 +44,7 @@ from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.runtime import context
 from multigpu.runtime.context import restart_count
-from multigpu.train.checkpoint import CheckpointManager, restore_rng
+from multigpu.train.checkpoint import CheckpointManager, check_model_fits, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
@@ -115,6 +115,7 @@ class Trainer:
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
         self._is_setup = False
+        self._resumed_from: Path | None = None
 
     # ----------------------------------------------------------------- setup
     def setup(self) -> Trainer:
@@ -128,6 +129,8 @@ class Trainer:
         self._setup_precision()
         self._setup_model()
         state = self._resume_state()
+        if state is not None:  # another model's checkpoint: one line, not load_state_dict's page of mismatches
+            check_model_fits(self._resumed_from, state, self.module, _plain(self.config))
         self._setup_data(state)
         self._setup_lr()
         if state is not None:
@@ -218,6 +221,7 @@ class Trainer:
             if path is not None:
                 if mg.is_main():
                     print(f"restart {restarts}: resuming from {path}", flush=True)
+                self._resumed_from = path
                 return manager.load(path)
         if not resume:
             return None
@@ -231,6 +235,7 @@ class Trainer:
             return None
         if mg.is_main():
             print(f"resuming from {path}", flush=True)
+        self._resumed_from = path
         return manager.load(path)
 
     def _load_state(self, state: dict) -> None:
