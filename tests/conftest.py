@@ -65,11 +65,12 @@ def single_rank_group(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam."""
+    """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam;
+    ``available_bytes`` makes up this node's free memory (None: unknown, so no memory check)."""
     from multigpu.launch.devices import HostFacts
 
-    def install(count: int, visible: str | None = None, cores: int = 2) -> HostFacts:
-        facts = HostFacts(gpu_count=count, visible=visible, cores=cores)
+    def install(count: int, visible: str | None = None, cores: int = 2, available_bytes: int | None = None) -> HostFacts:
+        facts = HostFacts(gpu_count=count, visible=visible, cores=cores, available_bytes=available_bytes)
         monkeypatch.setattr(HostFacts, "probe", classmethod(lambda cls: facts))
         return facts
 
@@ -103,14 +104,18 @@ def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the bad-input suite's count of cases (and whether every one was handled)."""
+    """Print the bad-input and fault suites' counts of cases (and whether every one was handled)."""
     import sys
 
-    suite = sys.modules.get("tests.fuzz.test_bad_input_suite")
-    if suite is None or not suite.CASES:
-        return
-    failed = [r for r in terminalreporter.stats.get("failed", []) if "test_bad_input_suite" in r.nodeid]
-    total = sum(suite.CASES.values())
-    per = ", ".join(f"{k} {v}" for k, v in sorted(suite.CASES.items()))
-    verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
-    terminalreporter.write_line(f"bad-input suite: {total} cases tried ({per}); {verdict}")
+    for module, counter, name, handled in [
+        ("tests.fuzz.test_bad_input_suite", "CASES", "bad-input suite", "exit 2, one line, nothing written"),
+        ("tests.faults.test_fault_suite", "FAULTS", "fault suite", "one line naming the file or variables"),
+    ]:
+        suite = sys.modules.get(module)
+        cases = getattr(suite, counter, None)
+        if not cases:
+            continue
+        failed = [r for r in terminalreporter.stats.get("failed", []) if module.rsplit(".", 1)[1] in r.nodeid]
+        per = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
+        verdict = f"all handled ({handled})" if not failed else f"{len(failed)} test(s) FAILED"
+        terminalreporter.write_line(f"{name}: {sum(cases.values())} cases tried ({per}); {verdict}")
