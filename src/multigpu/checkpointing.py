@@ -235,8 +235,11 @@ class CheckpointFolder:
         atomic_write(self.manifest_path, lambda fh: fh.write(text))
 
     # ------------------------------------------------------------------ saving
-    def save(self, step: int, write: Callable[[BinaryIO], Any]) -> Path:
+    def save(self, step: int, write: Callable[[BinaryIO], Any], *, meta: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` through ``write(fh)``, record it, prune old ones; see the module docstring.
+
+        ``meta``: plain JSON values recorded in its manifest entry (read without opening the checkpoint:
+        training records its parameters' shapes, so the launcher can check a resume without unpickling).
 
         Raises:
             CheckpointWriteError: the file or the manifest could not be written (disk full,
@@ -253,7 +256,7 @@ class CheckpointFolder:
             size, digest = atomic_write(path, write)
             written = True
             entries[path.name] = {"file": path.name, "step": step, "bytes": size, "sha256": digest,
-                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(meta or {})}
             kept = sorted(entries.values(), key=lambda e: e["step"])[-self.keep_last:]
             self._write_manifest(kept)
         except Exception as exc:

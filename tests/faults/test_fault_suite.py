@@ -313,7 +313,17 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     assert "\n" not in message and message.startswith(f"checkpoint {run_dir}/checkpoints/ckpt_00000001.pt does "
                                                       "not fit this model: ")
     assert "in the checkpoint and" in message and "model.n_embd 16 -> 32" in message and "size mismatch" not in message
-    FAULTS["resume"] += 1
+    # the launcher makes the same comparison from the manifest entry alone, with a meta-device model
+    from multigpu.train.checkpoint import check_resume_fits, recorded_params
+
+    path = run_dir / "checkpoints" / "ckpt_00000001.pt"
+    assert recorded_params(path) == {k: list(v.shape) for k, v in model.state_dict().items()}
+    with torch.device("meta"):
+        meta = GPT(wide.model, len(VOCAB))
+    with pytest.raises(ConfigError, match=r"does not fit this model: .*model\.n_embd 16 -> 32"):
+        check_resume_fits(path, meta, dataclasses.asdict(wide), dataclasses.asdict(small))
+    check_resume_fits(path, model)  # the model that wrote it fits
+    FAULTS["resume"] += 2
 
 
 # ----------------------------------------------------------------------------- leftover rank variables

@@ -282,6 +282,18 @@ def _busy(tmp: Path) -> Path:
     return run
 
 
+def _other_models_run(tmp: Path) -> Path:
+    """A train run whose checkpoint (never opened: the launcher reads its manifest entry) holds a narrower model."""
+    run = tmp / "narrow"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"not opened")
+    entry = {"file": "ckpt_00000004.pt", "step": 4, "bytes": 10, "sha256": "0" * 64,
+             "params": {"tok.weight": [98, 32], "pos.weight": [256, 32]}}
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps({"format": 1, "checkpoints": [entry]}))
+    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {"model": {"n_embd": 32}}}))
+    return run
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -319,6 +331,8 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
      "is in use by another run: pid"),
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
+     "ckpt_00000004.pt does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
     ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],

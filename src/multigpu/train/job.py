@@ -16,6 +16,7 @@ standard library's source as text, builds the GPT, trains it with
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from multigpu.argtypes import non_negative_int, positive_int
@@ -56,6 +57,42 @@ def check(cfg: NanoConfig, plan: JobPlan) -> None:
     find_files(cfg.data)
     if plan.run.resume not in (None, "auto"):
         _check_resume_file(plan.run.resume)
+    _check_resume_fits(cfg, plan)
+
+
+def _check_resume_fits(cfg: NanoConfig, plan: JobPlan) -> None:
+    """The checkpoint a resume would load must hold this model's parameters (shapes from its manifest entry,
+    compared with the model built on the meta device: no memory, nothing unpickled)."""
+    import json
+
+    import torch
+
+    from multigpu.checkpointing import CheckpointFolder
+    from multigpu.config import to_dict
+    from multigpu.train.checkpoint import check_resume_fits
+    from multigpu.train.data import VOCAB
+    from multigpu.train.model import GPT
+
+    resume = plan.run.resume
+    if resume is None or (resume == "auto" and not plan.run.run_dir):
+        return
+    if resume == "auto":
+        folder = CheckpointFolder(Path(plan.run.run_dir) / "checkpoints", warn=lambda _: None)
+        entries = [e for e in folder.manifest().values() if isinstance(e.get("file"), str)]
+        listed = [folder.directory / e["file"] for e in sorted(entries, key=lambda e: e.get("step", 0))]
+        listed = [p for p in listed if p.is_file()]
+        if not listed:
+            return
+        path = listed[-1]
+    else:
+        path = Path(resume)
+    written_by = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data = json.loads((path.parent.parent / "run.json").read_text())
+        written_by = data.get("config") if data.get("workload") == "train" else None
+    with torch.device("meta"):
+        model = GPT(cfg.model, len(VOCAB))
+    check_resume_fits(path, model, to_dict(cfg), written_by)
 
 
 def build(cfg: NanoConfig, run_dir: str | Path | None, resume: str | None = None):
