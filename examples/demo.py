@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_DIR = ROOT / "runs" / "demo"
+RUN_DIR = ROOT / "runs" / "demo" / time.strftime("%Y%m%d-%H%M%S")
+"""A fresh folder per demo run: a run directory that already holds a run is refused without --resume."""
 
 
 def _gpu_count() -> int:
@@ -31,8 +32,7 @@ def device_flags() -> list[str]:
     return ["--gpus", "all"] if _gpu_count() else ["--nproc-per-node", "2"]
 
 
-BENCH_DIR = RUN_DIR / time.strftime("bench-%Y%m%d-%H%M%S")
-"""A fresh folder per demo run: `multigpu bench` refuses to mix two benches in one folder."""
+BENCH_DIR = RUN_DIR / "bench"
 
 
 def bench_flags() -> list[str]:

@@ -69,11 +69,12 @@ def single_rank_group(tmp_path, monkeypatch):
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam."""
+    """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam;
+    ``available_bytes`` makes up this node's free memory (None: unknown, so no memory check)."""
     from multigpu.launch.devices import HostFacts
 
-    def install(count: int, visible: str | None = None, cores: int = 2) -> HostFacts:
-        facts = HostFacts(gpu_count=count, visible=visible, cores=cores)
+    def install(count: int, visible: str | None = None, cores: int = 2, available_bytes: int | None = None) -> HostFacts:
+        facts = HostFacts(gpu_count=count, visible=visible, cores=cores, available_bytes=available_bytes)
         monkeypatch.setattr(HostFacts, "probe", classmethod(lambda cls: facts))
         return facts
 
@@ -172,6 +173,14 @@ def pytest_terminal_summary(terminalreporter):
             f"fault suite: {sum(survived.values())} of {len(faults)} faults survived or ended cleanly ({per}); {lost}")
     for line in LEFT_BEHIND:
         terminalreporter.write_line(f"  left behind (now killed): {line}")
+    files = sys.modules.get("tests.faults.test_fault_suite")
+    if files is not None and getattr(files, "FAULTS", None):
+        failed = [r for r in terminalreporter.stats.get("failed", []) if "test_fault_suite" in r.nodeid]
+        per = ", ".join(f"{k} {v}" for k, v in sorted(files.FAULTS.items()))
+        verdict = ("all handled (one line naming the file or variables)" if not failed
+                   else f"{len(failed)} test(s) FAILED")
+        terminalreporter.write_line(f"fault suite (files, variables): {sum(files.FAULTS.values())} cases tried "
+                                    f"({per}); {verdict}")
     suite = sys.modules.get("tests.fuzz.test_bad_input_suite")
     if suite is None or not suite.CASES:
         return
@@ -180,5 +189,6 @@ def pytest_terminal_summary(terminalreporter):
     per = ", ".join(f"{k} {v}" for k, v in sorted(suite.CASES.items()))
     verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
     terminalreporter.write_line(f"bad-input suite: {total} cases tried ({per}); {verdict}")
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(suite.KINDS.items()))
-    terminalreporter.write_line(f"  by kind: {kinds}")
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(getattr(suite, "KINDS", {}).items()))
+    if kinds:
+        terminalreporter.write_line(f"  by kind: {kinds}")

@@ -27,6 +27,7 @@ from multigpu.errors import (
     DeviceError,
     MultigpuError,
     NotInitializedError,
+    OutputError,
     ShapeMismatchError,
 )
 from multigpu.runtime import (
@@ -96,6 +97,7 @@ __all__ = [
     "MultigpuError",
     "RunContext",
     "NotInitializedError",
+    "OutputError",
     "ShapeMismatchError",
     "ShardSampler",
     "TrainSampler",

@@ -37,7 +37,6 @@ bytes.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from multigpu.errors import MultigpuError
-from multigpu.files import atomic_path
+from multigpu.files import atomic_path, describe_os_error
 
 __all__ = [
     "CheckpointError",
@@ -175,12 +174,6 @@ def _os_error_in(exc: BaseException) -> OSError | None:
     return None
 
 
-def _describe_oserror(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
-    text = exc.strerror or str(exc)
-    return f"{text} ({name})" if name else text
-
-
 class CheckpointFolder:
     """Checkpoints named ``<prefix><step:08d><suffix>`` in ``directory``, listed in ``manifest.json``.
 
@@ -242,8 +235,11 @@ class CheckpointFolder:
         atomic_write(self.manifest_path, lambda fh: fh.write(text))
 
     # ------------------------------------------------------------------ saving
-    def save(self, step: int, write: Callable[[BinaryIO], Any]) -> Path:
+    def save(self, step: int, write: Callable[[BinaryIO], Any], *, meta: dict[str, Any] | None = None) -> Path:
         """Write checkpoint ``step`` through ``write(fh)``, record it, prune old ones; see the module docstring.
+
+        ``meta``: plain JSON values recorded in its manifest entry (read without opening the checkpoint:
+        training records its parameters' shapes, so the launcher can check a resume without unpickling).
 
         Raises:
             CheckpointWriteError: the file or the manifest could not be written (disk full,
@@ -260,7 +256,7 @@ class CheckpointFolder:
             size, digest = atomic_write(path, write)
             written = True
             entries[path.name] = {"file": path.name, "step": step, "bytes": size, "sha256": digest,
-                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(meta or {})}
             kept = sorted(entries.values(), key=lambda e: e["step"])[-self.keep_last:]
             self._write_manifest(kept)
         except Exception as exc:
@@ -272,7 +268,7 @@ class CheckpointFolder:
             previous = [e["file"] for e in sorted(entries.values(), key=lambda e: e["step"]) if e["file"] != path.name]
             intact = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
             raise CheckpointWriteError(
-                f"could not write checkpoint {path}: {_describe_oserror(cause)}; {intact}"
+                f"could not write checkpoint {path}: {describe_os_error(cause)}; {intact}"
             ) from exc
         self._prune({e["file"] for e in kept})
         return path

@@ -10,6 +10,7 @@ with the class's ``exit_code``; ``--debug`` shows the traceback instead.
       x ConfigError (ValueError)       exit 2: bad input (flags, config files, arguments)
       x DeviceError                    exit 2: a device request this machine cannot meet
       x UsageError (ConfigError)       exit 2: a malformed command line
+      x OutputError (OSError)          exit 2: a file cannot be written (disk full, read-only, no permission)
       x LaunchError
         + WorkerFailedError            a worker exited non-zero (rank, exitcode, message, error_file)
         + RendezvousTimeoutError
@@ -33,6 +34,7 @@ __all__ = [
     "LaunchError",
     "MultigpuError",
     "NotInitializedError",
+    "OutputError",
     "RendezvousTimeoutError",
     "ShapeMismatchError",
     "UsageError",
@@ -60,6 +62,20 @@ class DeviceError(MultigpuError):
     """A device request this machine cannot meet (e.g. ``--gpus 5`` with 2 GPUs). Exit code 2."""
 
     exit_code = 2
+
+
+class OutputError(MultigpuError, OSError):
+    """A file cannot be written: the disk is full, the folder is read-only, no permission. Exit code 2.
+
+    The message names the file and the cause (``could not write runs/x/summary.json: No space left on
+    device (ENOSPC)``). Raised before anything starts where the launcher can tell, else where it happens.
+    Also an ``OSError`` with the cause's ``errno``, so code that handles ``OSError`` still does.
+    """
+
+    exit_code = 2
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno 28] ...: 'file'"
+        return str(self.args[0]) if self.args else ""
 
 
 class LaunchError(MultigpuError):

@@ -1,20 +1,52 @@
-"""Atomic file writes: readers see the old file or the whole new one, never half (both sides of the launch).
+"""Writing files so that readers never see half of one (both sides of the launch).
 
-Standard library only. Every output multigpu writes (summaries, CSVs, plots,
-images, reports, checkpoints) goes through :func:`atomic_path`: a temporary
-file beside the target, renamed over it once complete, removed if writing fails.
+Standard library only. Two kinds of output:
+
+* whole files (summaries, CSVs, plots, images, reports, checkpoints) go through
+  :func:`atomic_path`: a temporary file beside the target, renamed over it once
+  complete, removed if writing fails;
+* line logs (``metrics.jsonl``, ``samples_node<k>.jsonl``) go through
+  :func:`append_line` / :class:`JsonlLog`: a line is appended whole or not at
+  all (a write that fails half-way is cut back off), so a reader sees only whole
+  lines, except after a process was killed mid-write, which readers skip as a
+  torn last line.
+
+A write that fails for a reason of the disk (full, read-only, no permission)
+raises :class:`~multigpu.errors.OutputError`, one line naming the file and the
+cause: ``could not write runs/x/summary.json: No space left on device (ENOSPC)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "write_json_atomic", "write_text_atomic"]
+from multigpu.errors import OutputError
+
+__all__ = ["JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "read_jsonl",
+           "write_json_atomic", "write_text_atomic"]
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the system's text and the errno's name."""
+    name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
+
+
+def cannot_write(path: str | Path, exc: OSError) -> OutputError:
+    """The one-line error for a file that could not be written (with the cause's errno and strerror)."""
+    if isinstance(exc, OutputError):
+        return exc
+    error = OutputError(f"could not write {path}: {describe_os_error(exc)}")
+    error.errno, error.strerror, error.filename = exc.errno, exc.strerror, str(path)
+    return error
 
 
 @contextlib.contextmanager
@@ -25,16 +57,25 @@ def atomic_path(path: str | Path, *, keep_suffix: bool = False) -> Iterator[Path
         path: The file to write (its folder is created).
         keep_suffix: End the temporary name with ``path``'s suffix, for writers that pick the
             format from it (``savefig``, image libraries): ``.x.tmp<pid>.png`` instead of ``.x.png.tmp<pid>``.
+
+    Raises:
+        OutputError: the folder or the file could not be written (an ``OSError``: disk full,
+            read-only, no permission), naming ``path``; the original error is its ``__cause__``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     name = f".{path.stem}.tmp{os.getpid()}{path.suffix}" if keep_suffix else f".{path.name}.tmp{os.getpid()}"
     tmp = path.with_name(name)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise cannot_write(path, exc) from exc
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -48,3 +89,78 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def write_json_atomic(path: str | Path, data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` atomically (numbers torch or NumPy hand back become floats)."""
     return write_text_atomic(path, json.dumps(data, indent=2, default=float))
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path``, whole or not at all.
+
+    One ``O_APPEND`` descriptor; if a write fails part-way (the disk filled up), the file is cut
+    back to its length before, so no torn line stays behind.
+
+    Raises:
+        OutputError: naming the file and the cause.
+    """
+    path = Path(path)
+    data = memoryview((line.rstrip("\n") + "\n").encode())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise cannot_write(path, exc) from exc
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # a half-written line would be a torn record for every reader
+            raise cannot_write(path, exc) from exc
+    finally:
+        os.close(fd)
+
+
+class JsonlLog:
+    """A JSON-lines file that monitoring appends to, one whole record per line.
+
+    Monitoring does not stop a run: a record that cannot be written is dropped and
+    the first such failure is said once, on stderr, naming the file and the cause;
+    later records are tried again (space may have been freed).
+
+    Args:
+        path: The ``.jsonl`` file.
+        what: What the lines are, for the warning (``metrics records``).
+    """
+
+    def __init__(self, path: str | Path, what: str = "records"):
+        self.path = Path(path)
+        self.what = what
+        self.failures = 0
+
+    def append(self, record: dict[str, Any]) -> bool:
+        """Write ``record`` as one line. Returns False (after warning, the first time) when it could not."""
+        try:
+            append_line(self.path, json.dumps(record, default=float))
+        except OutputError as exc:
+            if not self.failures:
+                print(f"warning: {exc}; {self.what} are dropped until it can be written again (the run goes on)",
+                      file=sys.stderr, flush=True)
+            self.failures += 1
+            return False
+        return True
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a line that does not parse (a writer killed mid-line) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out

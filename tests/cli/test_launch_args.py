@@ -79,6 +79,25 @@ def test_gpu_selection_and_isolation_plans():
     assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("2", 3) == [0, 1] and parse_gpus("0,", 3) == [0]
 
 
+def test_ranks_beyond_memory_are_refused_and_beyond_cores_are_said():
+    """Issue 16 item 3, on made-up figures: 100000 CPU ranks filled the machine; 4 ranks on 2 cores share them."""
+    from multigpu.errors import DeviceError
+    from multigpu.launch.devices import RANK_RESIDENT_BYTES
+
+    facts = HostFacts(gpu_count=0, cores=2, available_bytes=4 << 30)
+    with pytest.raises(DeviceError, match="valid: --nproc-per-node at most 20 on this machine"):
+        plan_devices(LaunchConfig(nproc_per_node=100000), facts, inherited={})
+    plan = plan_devices(LaunchConfig(nproc_per_node=4), facts, inherited={})
+    assert "4 CPU ranks on 2 core(s): 1 thread(s) per rank, so ranks share cores" in plan.note
+    assert plan.memory_per_rank("cpu") == (4 << 30) // 4 - RANK_RESIDENT_BYTES and plan.memory_per_rank("cuda") is None
+    assert "core" not in (plan_devices(LaunchConfig(nproc_per_node=2), facts, inherited={}).note or "")
+    gpus = HostFacts(gpu_count=2, cores=2, available_bytes=4 << 30, gpu_memory_bytes=80 << 30)
+    hybrid = plan_devices(LaunchConfig(nproc_per_node=5, allow_cpu_ranks=True), gpus, inherited={})
+    assert "3 CPU ranks on 2 core(s)" in hybrid.note and hybrid.memory_per_rank("cuda") == 80 << 30
+    unknown = plan_devices(LaunchConfig(nproc_per_node=64), HostFacts(gpu_count=0, cores=64), inherited={})
+    assert unknown.memory_per_rank() is None  # no figure: nothing refused
+
+
 @pytest.mark.parametrize(
     "argv,gpus,needle",
     [

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import socket
 import string
 from collections import Counter
@@ -274,3 +275,125 @@ def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch,
         tripwire.assert_not_called()
 
     run()
+
+
+# ----------------------------------------------------------------------------- what cannot fit, folders in use
+def _png(path: Path, side: int) -> str:
+    from PIL import Image
+
+    if not path.exists():
+        Image.new("RGB", (side, side), (90, 120, 200)).save(path)
+    return str(path)
+
+
+def _used(tmp: Path) -> Path:
+    """A run directory that already holds a run."""
+    run = tmp / "used"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "manifest.json").write_text('{"format": 1, "checkpoints": []}')
+    (run / "logs").mkdir()  # an empty folder holds nothing: not named
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    return run
+
+
+def _busy(tmp: Path) -> Path:
+    """A run directory whose lock a live process holds (this one: same pid and start time)."""
+    import os
+    import socket
+
+    import psutil
+
+    run = tmp / "busy"
+    run.mkdir()
+    (run / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "started": psutil.Process().create_time(), "since": "12:00:00"}))
+    return run
+
+
+def _other_models_run(tmp: Path) -> Path:
+    """A train run whose checkpoint (never opened: the launcher reads its manifest entry) holds a narrower model."""
+    run = tmp / "narrow"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"not opened")
+    entry = {"file": "ckpt_00000004.pt", "step": 4, "bytes": 10, "sha256": "0" * 64,
+             "params": {"tok.weight": [98, 32], "pos.weight": [256, 32]}}
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps({"format": 1, "checkpoints": [entry]}))
+    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {"model": {"n_embd": 32}}}))
+    return run
+
+
+def _report_dir(tmp: Path, files: dict[str, str]) -> str:
+    folder = tmp / "report_in"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return str(folder)
+
+
+GIB = 1 << 30
+_SUMMARY_WITHOUT_STEPS = json.dumps({"unit": "items", "world_size": 1, "throughput": 1.0})
+_BENCH_OUTSIDE = json.dumps({"rows": [], "runs": [{"run_dir": "../elsewhere"}]})
+
+# (kind, made-up free memory, argv builder over the case's folder, what the line must say)
+LIMIT_CASES = [
+    ("limits", 4 * GIB, lambda t: ["launch", "--nproc-per-node", "100000", SCRIPT],
+     "--nproc-per-node 100000: 100,000 ranks need at least 19.1 TiB"),
+    ("limits", 4 * GIB, lambda t: ["train", "-f", "nano", "--nproc-per-node", "100000", "--run-dir", str(t / "r")],
+     "valid: --nproc-per-node at most 20 on this machine"),
+    ("limits", 8 * GIB, lambda t: ["sim", "-f", "sir", "--agents", "2_000_000_000", "--nproc-per-node", "2",
+                                   "--run-dir", str(t / "r")],
+     "sim.agents=2_000_000_000 does not fit: 1,000,000,000 agents per rank need about 33.5 GiB"),
+    ("limits", None, lambda t: ["sim", "-f", "sir", "--agents", str(10**12), "--run-dir", str(t / "r")],
+     "sim.agents=1_000_000_000_000 is more than the 2_147_483_647 agent ids (int32) allow"),
+    ("limits", None, lambda t: ["bench", "--weak", "--nproc", "1,2", "--run-dir", str(t / "r"), "sim",
+                                "agents=1_500_000_000"],
+     "sim.agents=1_500_000_000 × 2 ranks (weak scaling) = 3_000_000_000 is more than"),
+    ("limits", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                _png(t / "big.png", 1024), "--roi", "256", "--overlap", "0.999999",
+                                "--run-dir", str(t / "r")],
+     "--overlap 0.999999 with --roi 256 makes 591,361 windows for the 1024x1024 image"),
+    ("limits", 250 << 20, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                     _png(t / "huge.png", 2048), "--roi", "64", "--run-dir", str(t / "r")],
+     "the output of 1 image(s) does not fit on rank 0: it needs about 160 MiB"),
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_used(t))],
+     "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
+    ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
+     "is in use by another run: pid"),
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
+     "ckpt_00000004.pt does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
+    ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
+     "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
+    ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
+     "already exists and is not empty"),
+    ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
+     "summary.json has no 'steps' entry"),
+    ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
+     "summary.json is not valid JSON"),
+    ("report files", None, lambda t: ["report", _report_dir(t, {"bench.json": _BENCH_OUTSIDE})],
+     "names the run folder '../elsewhere', which is not a folder inside"),
+]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("kind", "memory", "argv", "expected"), LIMIT_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(LIMIT_CASES)])
+def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, argv, expected, tmp_path, monkeypatch,
+                                                                 capsys, fake_gpus):
+    """Issue 16: nothing starts that cannot fit (made-up memory figures), run folders are never shared or reused
+    without --resume, and report files that multigpu did not write are named, not a KeyError."""
+    fake_gpus(0, available_bytes=memory)
+    tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+    command = argv(tmp_path)
+    before = _snapshot(tmp_path)
+    code = main(command)
+    err = capsys.readouterr().err.strip()
+    CASES[kind] += 1
+    assert code == 2, f"{command} exited {code}: {err}"
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert expected in err, err
+    assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
+    tripwire.assert_not_called()

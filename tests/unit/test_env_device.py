@@ -75,3 +75,15 @@ def test_thread_budget(monkeypatch):
     assert thread_budget(2, threads=5, env={"OMP_NUM_THREADS": "3"}) == 5
     with pytest.raises(ConfigError):
         thread_budget(1, threads=0, env={})
+
+
+def test_rank_variables_without_a_launcher_are_told_apart():
+    """Issue 16 item 8: torchrun, multigpu launch, the test harness and srun mark themselves; leftovers do not."""
+    from multigpu.runtime.env import found_variables, launcher_variable
+
+    leftover = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "PATH": "/bin"}
+    assert launcher_variable(leftover) is None
+    assert found_variables("torchrun", leftover) == "RANK=0 WORLD_SIZE=2 MASTER_ADDR=h"
+    assert found_variables("slurm", {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}) == "SLURM_PROCID=1 SLURM_NTASKS=2"
+    for marker in ("TORCHELASTIC_RUN_ID", "MULTIGPU_RUN_FILE", "MULTIGPU_INIT_METHOD", "SLURM_STEP_ID"):
+        assert launcher_variable({**leftover, marker: "x"}) == marker

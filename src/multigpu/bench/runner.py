@@ -35,17 +35,23 @@ class Launcher:
     """Launches one target at any world size with a given run context: a script or module as it is, a workload
     through the job contract, its config checked for every world size up front (bad input fails before any run)."""
 
-    def __init__(self, target: Target, configs: dict[int, LaunchConfig]):
+    def __init__(self, target: Target, configs: dict[int, LaunchConfig], *, scaling: str = "strong"):
+        from multigpu.launch.devices import HostFacts, plan_devices
+        from multigpu.runtime.context import RunContext
+
         self.target = target
         self.jobs = {}
+        facts = HostFacts.probe()
         if target.workload:
             from multigpu.jobs.command import load_workload_config, prepare
             from multigpu.jobs.registry import get_workload
-            from multigpu.runtime.context import RunContext
 
             workload = get_workload(target.target)
             cfg = load_workload_config(workload, None, [*workload.bench, *target.args])
-            self.jobs = {n: prepare(workload, cfg, c, RunContext(), spec=target.target) for n, c in configs.items()}
+            self.jobs = {n: prepare(workload, cfg, c, RunContext(scaling=scaling), spec=target.target, facts=facts)
+                         for n, c in configs.items()}
+        # every world size's devices are planned now: one that cannot fit fails before the first run
+        self.devices = {n: plan_devices(c, facts) for n, c in configs.items()} if not target.workload else {}
         self.configs = configs
 
     def __call__(self, n: int, run) -> None:
@@ -57,7 +63,8 @@ class Launcher:
         else:
             from multigpu.launch import launch
 
-            launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run)
+            launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run,
+                   devices=self.devices[n])
 
 
 def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:
@@ -150,30 +157,34 @@ def run_bench(
     on_run: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Run every world size ``bench.repeat`` times, then write bench.json and bench.png. Returns bench.json's data."""
+    from multigpu.jobs import rundir
     from multigpu.runtime.context import RunContext
     from multigpu.runtime.env import cpu_count
 
-    launcher = Launcher(target, configs_for(cfg, bench.nproc))  # bad input fails before any run
+    launcher = Launcher(target, configs_for(cfg, bench.nproc), scaling=bench.scaling)  # bad input fails here
+    rundir.check_free_space(out_dir)
     cores = cpu_count()
     runs = []
-    for k in range(bench.repeat):  # repeats alternate the world sizes (1, 2, 1, 2): drift hits each alike
-        for n in bench.nproc:
-            run_dir = out_dir / f"np{n}_r{k}"
-            if on_run:
-                on_run(n, k, run_dir)
-            run = RunContext(run_dir=str(run_dir.resolve()), scaling=bench.scaling, record_wall=not target.workload)
-            try:
-                launcher(n, run)
-            except MultigpuError:
-                print(f"multigpu bench: the run at {n} rank(s) (repeat {k + 1}) failed; its folder: {run_dir}",
-                      file=sys.stderr)
-                raise
-            summary = _read_summary(run_dir, n, run.problem_scale(n * cfg.nnodes))
-            run = {"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
-                   "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)}
-            run["doubts"] = doubts(run, cores)
-            runs.append(run)
-    return write_bench(out_dir, bench, runs, command=command, target=target, cpu_only=cfg.cpu)
+    with rundir.hold(out_dir, fresh_only=True, hint="give a new folder"):  # one bench per folder
+        for k in range(bench.repeat):  # repeats alternate the world sizes (1, 2, 1, 2): drift hits each alike
+            for n in bench.nproc:
+                run_dir = out_dir / f"np{n}_r{k}"
+                if on_run:
+                    on_run(n, k, run_dir)
+                run = RunContext(run_dir=str(run_dir.resolve()), scaling=bench.scaling,
+                                 record_wall=not target.workload)
+                try:
+                    launcher(n, run)
+                except MultigpuError:
+                    print(f"multigpu bench: the run at {n} rank(s) (repeat {k + 1}) failed; its folder: {run_dir}",
+                          file=sys.stderr)
+                    raise
+                summary = _read_summary(run_dir, n, run.problem_scale(n * cfg.nnodes))
+                result = {"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
+                          "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)}
+                result["doubts"] = doubts(result, cores)
+                runs.append(result)
+        return write_bench(out_dir, bench, runs, command=command, target=target, cpu_only=cfg.cpu)
 
 
 def _measure_notes(runs: list[dict[str, Any]]) -> list[str]:

@@ -44,14 +44,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
-    from multigpu.errors import ConfigError
+    from multigpu.jobs.rundir import refuse_used
 
     if args.run_dir is None:
         return Path("runs") / "bench" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.run_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
-    return out
+    refuse_used(args.run_dir, hint="give a new folder")
+    return Path(args.run_dir)
 
 
 def console():

@@ -54,13 +54,16 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_nproc(args.nproc)
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
+    from multigpu.jobs import rundir
     from multigpu.runtime.context import RunContext
 
     target = resolve_target(args.target, list(args.args), module=args.module)
     launcher = Launcher(target, configs_for(config_from_args(args), sizes))
-    if args.run_dir and Path(args.run_dir).exists() and any(Path(args.run_dir).iterdir()):
-        raise ConfigError(f"--run-dir {args.run_dir} already exists and is not empty; give a new folder")
-    with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp:
+    if args.run_dir:
+        rundir.refuse_used(args.run_dir, hint="give a new folder")
+        rundir.check_free_space(args.run_dir)
+    with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp, \
+            rundir.hold(args.run_dir or tmp, fresh_only=True, hint="give a new folder"):
         root = Path(args.run_dir) if args.run_dir else Path(tmp)
         results = {}
         for n in sizes:

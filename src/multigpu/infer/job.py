@@ -8,8 +8,10 @@
 
 ``check`` (in the launcher, before a rank starts or a file is written): the
 images (exist, readable, channels), the roi (no larger than the largest image),
-the overlap, and the model (imports, takes the images' channels, returns an
-integer multiple of the roi). ``main`` (every rank) reads every image, builds
+the overlap, the model (imports, takes the images' channels, returns an
+integer multiple of the roi), and what cannot fit: a window count that would
+put every pixel through the model more than :data:`MAX_PASSES` times, and
+rank 0's images, output and canvas beyond its share of the memory. ``main`` (every rank) reads every image, builds
 the model and calls :func:`~multigpu.infer.sliding_window`; rank 0 writes one
 output per input (atomically), ``outputs.json`` and the step meter's
 ``summary.json`` (windows/s). Under weak scaling the list of images is
@@ -33,6 +35,10 @@ __all__ = ["WORKLOAD", "check", "load_model", "main"]
 
 DEMO_SIZE = (600, 512)
 """Height and width of the demo photo (matplotlib's sample, or the pattern drawn without matplotlib)."""
+
+MAX_PASSES = 256
+"""Most times the windows may cover each pixel on average (windows × roi pixels / image pixels). An overlap
+of 0.5 in 2-D is about 4, 0.75 about 16; 0.999999 with a 256 roi on a 1024² image is about 38,000."""
 
 
 def load_model(spec: Factory):
@@ -100,9 +106,66 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
     return infos, c, tuple(out.shape[1:])
 
 
+def _passes(sizes: list[tuple[int, ...]], roi: tuple[int, ...], overlap: tuple[float, ...]) -> tuple[int, float]:
+    """(window count, average times each pixel goes through the model) for these images."""
+    import math
+
+    from multigpu.infer.windows import WindowPlan
+
+    windows = WindowPlan(sizes, roi, overlap).num_windows
+    return windows, windows * math.prod(roi) / sum(math.prod(s) for s in sizes)
+
+
+def check_windows(cfg: InferConfig, infos: list) -> None:
+    """Refuse an overlap that makes far more windows than the images have pixels to cover."""
+    from multigpu.infer.windows import as_tuple
+
+    roi, overlap = as_tuple(cfg.roi, 2, "roi"), as_tuple(cfg.overlap, 2, "overlap")
+    sizes = [tuple(i.size) for i in infos]
+    windows, passes = _passes(sizes, roi, overlap)
+    if passes <= MAX_PASSES:
+        return
+    step = max(-(-r // round(MAX_PASSES ** 0.5)) for r in roi)  # the smallest window step that keeps to the limit
+    candidates = [1 - step / max(roi), 0.875, 0.75, 0.5, 0.25, 0.0]
+    valid = next(o for o in candidates if _passes(sizes, roi, (o, o))[1] <= MAX_PASSES)
+    image = f"{sizes[0][0]}x{sizes[0][1]} image" if len(sizes) == 1 else f"{len(sizes)} images"
+    raise ConfigError(
+        f"--overlap {' '.join(f'{o:g}' for o in cfg.overlap)} with --roi {' '.join(map(str, cfg.roi))} makes "
+        f"{windows:,} windows for the {image}: every pixel would go through the model about {passes:,.0f} times "
+        f"(limit {MAX_PASSES}); valid: --overlap at most {valid:.4g} for this roi (0.25 to 0.5 is usual)")
+
+
+def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan) -> None:
+    """Rank 0 holds every input, the stitched outputs and its canvas (host memory): refuse what cannot fit."""
+    import math
+
+    from multigpu.launch.devices import format_bytes
+
+    memory = plan.devices.memory_per_rank("cpu")
+    if memory is None:
+        return
+    roi = cfg.roi * 2 if len(cfg.roi) == 1 else cfg.roi
+    zoom = math.prod(o // r for o, r in zip(out_shape[1:], roi, strict=True))
+    copies = plan.run.problem_scale(plan.world_size)  # weak scaling repeats the image list
+    inputs = sum(i.channels * math.prod(i.size) for i in infos) * 4  # float32 on every rank
+    outputs = sum(out_shape[0] * math.prod(i.size) * zoom for i in infos) * 4 * copies
+    canvas = outputs * (out_shape[0] + 1) // out_shape[0] // plan.world_size  # rank 0's band: sums and weights
+    need = inputs + outputs + canvas
+    if need <= memory:
+        return
+    what = f"{len(infos)} image(s)" + (f" × {copies} (weak scaling)" if copies > 1 else "")
+    raise ConfigError(
+        f"the output of {what} does not fit on rank 0: it needs about {format_bytes(need)} (inputs "
+        f"{format_bytes(inputs)}, stitched output {format_bytes(outputs)}, its canvas {format_bytes(canvas)}) "
+        f"but a rank has about {format_bytes(memory)} of this machine's available memory; valid: fewer or "
+        f"smaller images per run, fewer ranks on this machine, or a machine with more memory")
+
+
 def check(cfg: InferConfig, plan: JobPlan) -> InferConfig:
     """The inputs and the model are usable; returns the config with absolute paths (the ranks may run elsewhere)."""
-    check_inputs(cfg)
+    infos, _channels, out_shape = check_inputs(cfg)
+    check_windows(cfg, infos)
+    check_memory(cfg, infos, out_shape, plan)
     return dataclasses.replace(cfg, inputs=[str(Path(p).resolve()) for p in cfg.inputs],
                                output=str(Path(cfg.output).resolve()) if cfg.output else "")
 

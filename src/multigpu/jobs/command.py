@@ -8,9 +8,13 @@
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
    before a folder exists or a process starts;
-3. the run directory (:func:`choose_run_dir`); the launcher writes ``run.json``
-   there (workload, resolved config, run context) and starts
-   ``multigpu.jobs.rank`` on every worker, which calls the workload's ``main``.
+3. the run directory (:func:`choose_run_dir`): one already used is refused
+   unless ``--resume`` continues it, and the launcher holds its lock for the
+   whole run (:mod:`multigpu.jobs.rundir`: two runs never share a folder; a
+   full disk or a read-only folder is one line, exit 2, before anything starts);
+   the launcher writes ``run.json`` there (workload, resolved config, run
+   context) and starts ``multigpu.jobs.rank`` on every worker, which calls the
+   workload's ``main``.
 
 ``multigpu bench`` and ``multigpu verify`` call :func:`prepare` and
 :func:`launch_job` with another run context; nothing else differs.
@@ -168,11 +172,17 @@ def choose_run_dir(workload: str, run_dir: str | None, resume: str | None, root:
 
 def create_run_dir(path: Path, fresh: bool) -> Path:
     """Create the run directory. A fresh one never reuses a folder: two runs started in the same second get
-    ``<time>``, ``<time>-2``, ... (``mkdir`` is atomic, so this holds across processes)."""
+    ``<time>``, ``<time>-2``, ... (``mkdir`` is atomic, so this holds across processes).
+
+    Raises:
+        OutputError: the folder cannot be created (read-only file system, permission), naming it.
+    """
+    from multigpu.jobs import rundir
+
     if not fresh:
-        path.mkdir(parents=True, exist_ok=True)
+        rundir.create(path)
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    rundir.create(path.parent)
     candidate, n = path, 1
     while True:
         try:
@@ -181,6 +191,8 @@ def create_run_dir(path: Path, fresh: bool) -> Path:
         except FileExistsError:
             n += 1
             candidate = path.with_name(f"{path.name}-{n}")
+        except OSError as exc:
+            raise rundir.cannot_create(candidate, exc) from exc
 
 
 # ----------------------------------------------------------------------------- the job
@@ -205,6 +217,7 @@ def launch_job(job: Job, run: RunContext | None = None) -> None:
 def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | None = None) -> int:
     """``multigpu <workload> ...``: config, check, run directory, launch."""
     from multigpu.cli.launch import config_from_args
+    from multigpu.jobs import rundir
 
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
     overrides = [*args.overrides, *args.set_overrides]
@@ -214,17 +227,26 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
         overrides.append(f"precision={launch_cfg.mixed_precision}")
     cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args))
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    # a used folder is continued (--resume) or refused; on several nodes each writes there, so only the lock counts
+    fresh_only = args.resume is None and launch_cfg.nnodes == 1
+    if fresh_only:
+        rundir.refuse_used(run_dir, hint=_USED_HINT)
     run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
     job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet
+    rundir.check_free_space(run_dir)
     run_dir = create_run_dir(run_dir, fresh)
-    if not fresh and args.run_dir is None:
-        print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
-    job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
-        run, run_dir=str(run_dir.resolve()))))
-    if workload.launch is not None:
-        code = workload.launch(job)
-        if code is not None:
-            return code
-    print(f"multigpu {workload.name}: {job.plan.world_size} rank(s), run directory {run_dir}", flush=True)
-    launch_job(job)
+    with rundir.hold(run_dir, node_rank=launch_cfg.node_rank, fresh_only=fresh_only, hint=_USED_HINT):
+        if not fresh and args.run_dir is None:
+            print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
+        job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
+            run, run_dir=str(run_dir.resolve()))))
+        if workload.launch is not None:
+            code = workload.launch(job)
+            if code is not None:
+                return code
+        print(f"multigpu {workload.name}: {job.plan.world_size} rank(s), run directory {run_dir}", flush=True)
+        launch_job(job)
     return 0
+
+
+_USED_HINT = "valid: --resume auto to continue that run, or a new --run-dir (or none: a fresh runs/<workload>/<time>)"

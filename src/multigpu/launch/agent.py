@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -313,5 +314,7 @@ def launch(
             raise LaunchError(f"the launcher could not start the job: {exc}") from None
     if stopped:
         print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
+    if cfg.log_dir is None and not plan.run_data["run"].get("run_dir"):  # build_plan's mkdtemp: kept only on failure
+        shutil.rmtree(plan.log_dir, ignore_errors=True)
     return plan
 

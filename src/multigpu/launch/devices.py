@@ -12,6 +12,11 @@ names the choices, unless the extra ranks run on the CPU (``--allow-cpu-ranks``)
 or the ranks share the GPUs (``--share-gpus``): then they are placed
 round-robin, each worker pinned to its GPU as under ``--isolate-devices``, and
 the job's collectives run on gloo.
+
+It also refuses what cannot fit before anything starts: more ranks than this
+node's memory holds at :data:`RANK_RESIDENT_BYTES` each (one line, exit 2, with
+the largest count that fits), and it warns when CPU ranks outnumber the cores.
+Workloads check their own data against :meth:`DevicePlan.memory_per_rank`.
 """
 
 from __future__ import annotations
@@ -23,27 +28,55 @@ from multigpu.errors import ConfigError, DeviceError
 from multigpu.launch._worker import DEVICE_MAP_VAR, DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
 
-__all__ = ["DEVICE_VARIABLES", "DevicePlan", "HostFacts", "parse_gpus", "plan_devices"]
+__all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
+           "plan_devices"]
 
+RANK_RESIDENT_BYTES = 200 << 20
+"""Memory a rank holds before it holds any data: a Python process with torch imported and a gloo group
+(measured: 150-200 MiB of its own pages, USS, on CPU; a CUDA context adds more). A lower bound, so
+the check below never refuses a job that would fit."""
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``: binary units, three significant digits."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the launcher can see: GPU count, the inherited CUDA_VISIBLE_DEVICES, cores."""
+    """What the launcher can see: GPU count, the inherited CUDA_VISIBLE_DEVICES, cores, memory.
+
+    Tests inject their own (``HostFacts(gpu_count=0, cores=2, available_bytes=1 << 30)``): a memory
+    limit is tested with a made-up figure, never by filling the machine. None: not known, not checked.
+    """
 
     gpu_count: int
     visible: str | None = None
     cores: int = 1
+    memory_bytes: int | None = None
+    """Total memory of this node."""
+    available_bytes: int | None = None
+    """Memory available to new processes now (psutil's ``available``: free plus reclaimable cache)."""
+    gpu_memory_bytes: int | None = None
+    """Memory of the smallest GPU of this node (NVML, when installed), for data that lives on the GPU."""
 
     @classmethod
     def probe(cls) -> HostFacts:
         """The real host (tests pass their own ``HostFacts`` instead, or replace this method)."""
+        import psutil
         import torch
 
         from multigpu.runtime.env import cpu_count
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count())
+        vm = psutil.virtual_memory()
+        return cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
+                   memory_bytes=vm.total, available_bytes=vm.available,
+                   gpu_memory_bytes=_gpu_memory() if count else None)
 
     def physical_ids(self) -> list[str]:
         """The id to write into CUDA_VISIBLE_DEVICES for each visible GPU index."""
@@ -70,10 +103,44 @@ class DevicePlan:
     shared: bool = False
     """Several ranks share one GPU (``--share-gpus``): gloo everywhere."""
 
+    available_bytes: int | None = None
+    """Memory available on this node when the job was planned (None: unknown)."""
+    gpu_memory_bytes: int | None = None
+    """Memory of this node's smallest GPU (None: unknown, or no GPU)."""
+
     @property
     def device_types(self) -> list[str]:
         """The device types this node's ranks compute on: ["cuda"], ["cpu"] or both (hybrid)."""
         return (["cuda"] if self.gpu_ids else []) + (["cpu"] if len(self.gpu_ids) < self.nproc_per_node else [])
+
+    def memory_per_rank(self, device_type: str = "cpu") -> int | None:
+        """Bytes one rank of this node may fill with data: host memory beyond a rank's own
+        (``available / nproc - RANK_RESIDENT_BYTES``) for ``"cpu"``, the smallest GPU for ``"cuda"``."""
+        if device_type == "cuda":
+            return self.gpu_memory_bytes
+        if self.available_bytes is None:
+            return None
+        return max(self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES, 0)
+
+
+def _gpu_memory() -> int | None:
+    """The smallest GPU's memory through NVML (``nvidia-ml-py``, optional); None without it.
+
+    NVML, not torch: asking torch would create a CUDA context in the launcher."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no device: unknown, so not checked
+        return None
+    return min(sizes) if sizes else None
 
 
 def parse_gpus(spec: str, available: int) -> list[int]:
@@ -117,6 +184,26 @@ def _threads_env(cfg: LaunchConfig, nproc: int, facts: HostFacts, inherited: dic
     return {"OMP_NUM_THREADS": str(max(1, facts.cores // nproc))}
 
 
+def _check_fits(nproc: int, cpu_ranks: int, facts: HostFacts, threads: str | None) -> str | None:
+    """Refuse more ranks than this node's memory holds; a note when CPU ranks outnumber the cores."""
+    if facts.available_bytes is not None and nproc * RANK_RESIDENT_BYTES > facts.available_bytes:
+        fits = facts.available_bytes // RANK_RESIDENT_BYTES
+        valid = f"--nproc-per-node at most {fits} on this machine" if fits else "free some memory first"
+        raise DeviceError(
+            f"--nproc-per-node {nproc}: {nproc:,} ranks need at least {format_bytes(nproc * RANK_RESIDENT_BYTES)} "
+            f"(each torch process holds about {format_bytes(RANK_RESIDENT_BYTES)}) but this machine has "
+            f"{format_bytes(facts.available_bytes)} of memory available; valid: {valid}")
+    if cpu_ranks > facts.cores:
+        per = threads or "?"
+        return (f"{cpu_ranks} CPU ranks on {facts.cores} core(s): {per} thread(s) per rank, so ranks share cores "
+                f"and each runs slower than alone (--nproc-per-node {facts.cores} gives each rank a core)")
+    return None
+
+
+def _join(*notes: str | None) -> str | None:
+    return "; ".join(n for n in notes if n) or None
+
+
 def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
     """Resolve the worker count and device variables for this node."""
     inherited = dict(os.environ) if inherited is None else inherited
@@ -131,7 +218,9 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
             note = f"no GPU visible: running {nproc} CPU rank(s) on gloo"
         env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.cpu else {}
         env |= _threads_env(cfg, nproc, facts, inherited)
-        return DevicePlan(nproc, [], env, note)
+        threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
+        note = _join(note, _check_fits(nproc, nproc, facts, threads))
+        return DevicePlan(nproc, [], env, note, available_bytes=facts.available_bytes)
 
     selected = parse_gpus(cfg.gpus, facts.gpu_count) if cfg.gpus is not None else list(range(facts.gpu_count))
     if cfg.nproc_per_node == "auto":
@@ -168,4 +257,7 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
     if hybrid:
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
-    return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared)
+    threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
+    note = _join(note, _check_fits(nproc, nproc - len(ids), facts, threads))
+    return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared,
+                      available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes)

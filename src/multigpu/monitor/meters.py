@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ from typing import Any
 
 import torch
 
-from multigpu.files import write_json_atomic
+from multigpu.files import JsonlLog, write_json_atomic
 from multigpu.monitor import profile
 from multigpu.monitor import sampler as _sampler
 from multigpu.runtime import collectives, context, group, watchdog
@@ -145,6 +144,7 @@ class StepMeter:
         """Workload figures to carry into the log lines (loss, infected count, ...); set by the caller."""
         self._sampler = sampler
         self._profiler = profiler
+        self._log: JsonlLog | None = None
 
     @classmethod
     def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
@@ -211,9 +211,9 @@ class StepMeter:
             "comm_share": summed[1].item() / summed[0].item() if summed[0].item() > 0 else 0.0,
             **self.extras,
         }
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self._log is None:
+            self._log = JsonlLog(self.run_dir / "metrics.jsonl", "metrics records")
+        self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
 
     def summary(self) -> dict[str, Any]:
         """The reduced figures over the measured steps, on every rank. Call on all ranks."""

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multigpu.files import write_text_atomic
+from multigpu.errors import OutputError
+from multigpu.files import JsonlLog, write_text_atomic
 
 __all__ = ["Sampler", "gpu_samples", "register_rank", "start_for_rank"]
 
@@ -119,6 +120,7 @@ class Sampler:
         self.interval_s = interval_s
         self.node_rank = _placement()[2] if node_rank is None else node_rank
         self.path = self.run_dir / f"samples_node{self.node_rank}.jsonl"
+        self._log = JsonlLog(self.path, "device samples")
         self.host = socket.gethostname()
         self._want_gpus = gpus
         self._nvml: tuple[Any, list[Any]] | None = None
@@ -133,7 +135,6 @@ class Sampler:
         psutil.cpu_percent(None)  # the first call only sets the reference point
         if self._want_gpus:
             self._nvml = _open_nvml()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._write(self.sample(first=True))
         self._thread = threading.Thread(target=self._loop, name="multigpu-sampler", daemon=True)
         self._thread.start()
@@ -169,8 +170,7 @@ class Sampler:
                 return
 
     def _write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        self._log.append(record)  # a whole line or none; a full disk is said once, sampling goes on
 
     def _follow_ranks(self) -> set[int]:
         """Pick up ranks of this node that registered since the last sample; returns their pids."""
@@ -238,7 +238,11 @@ def start_for_rank(run_dir: str | Path, interval_s: float = 1.0) -> Sampler | No
     """
     if interval_s <= 0:
         return None
-    register_rank(run_dir)
+    try:
+        register_rank(run_dir)
+    except OutputError as exc:  # a full or read-only disk: say so once, run without samples
+        print(f"warning: {exc}; no device samples for this run (the run goes on)", file=sys.stderr, flush=True)
+        return None
     if _placement()[1] != 0:
         return None
     return Sampler(run_dir, interval_s).start()

@@ -11,14 +11,16 @@ of every run (``summary.json``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import html
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError
-from multigpu.files import write_text_atomic
+from multigpu.files import read_jsonl, write_text_atomic
 
 __all__ = ["build_report", "load_run", "write_report"]
 
@@ -45,33 +47,73 @@ window.addEventListener("load", function () {
 """
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+_VALID = "give a folder written by `multigpu bench` or by a workload run"
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A file that does not hold what multigpu writes: one line naming it and what is wrong, not a KeyError."""
+    try:
+        yield
+    except KeyError as exc:
+        raise ConfigError(f"report: {path} has no {exc} entry, so it was not written by multigpu (or was edited); "
+                          f"{_VALID}") from None
+    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"report: {path} holds a value of the wrong kind ({type(exc).__name__}: {first}); "
+                          f"{_VALID}") from None
+
+
+def _read_json(path: Path, kind: type = dict) -> Any:
+    """The JSON in ``path`` (None when there is no such file); one line when it is not JSON or not a ``kind``."""
     if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a killed run
-    return out
+        return None
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except ValueError as exc:
+        raise ConfigError(f"report: {path} is not valid JSON ({exc}); {_VALID}") from None
+    except OSError as exc:
+        raise ConfigError(f"report: {path} cannot be read: {exc.strerror or exc}") from None
+    if not isinstance(data, kind):
+        raise ConfigError(f"report: {path} holds a {type(data).__name__}, not a JSON object; {_VALID}")
+    return data
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else None
+def _samples(run_dir: Path) -> list[dict[str, Any]]:
+    records = [s for p in sorted(run_dir.glob("samples_node*.jsonl")) for s in read_jsonl(p)]
+    return sorted((s for s in records if isinstance(s.get("time"), (int, float))), key=lambda s: s["time"])
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
-    """What one run folder holds: summary, config, metrics lines, samples (all nodes, by time), profile traces."""
-    samples = [s for p in sorted(run_dir.glob("samples_node*.jsonl")) for s in _read_jsonl(p)]
+    """What one run folder holds: summary, config, metrics lines, samples (all nodes, by time), profile traces.
+
+    A torn last line in a ``.jsonl`` file (a writer killed mid-line) is skipped.
+    """
     return {
         "name": run_dir.name,
+        "path": run_dir,
         "summary": _read_json(run_dir / "summary.json"),
         "config": _read_json(run_dir / "run.json"),
-        "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
-        "samples": sorted(samples, key=lambda s: s["time"]),
+        "metrics": read_jsonl(run_dir / "metrics.jsonl"),
+        "samples": _samples(run_dir),
         "traces": sorted(str(p.relative_to(run_dir)) for p in (run_dir / "profile").glob("*.json")),
     }
+
+
+def _bench_runs(root: Path, bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run folders ``bench.json`` lists, each a plain sub-folder of ``root`` (never a path outside it)."""
+    path = root / "bench.json"
+    with _reading(path):
+        names = [r["run_dir"] for r in bench["runs"]]
+    inside = root.resolve()
+    folders = []
+    for name in names:
+        folder = (root / str(name)).resolve()
+        if not isinstance(name, str) or folder.parent != inside:
+            raise ConfigError(f"report: {path} names the run folder {name!r}, which is not a folder inside "
+                              f"{root}; a bench folder holds its runs itself (np<N>_r<k>); {_VALID}")
+        folders.append(folder)
+    return [load_run(f) for f in folders]
 
 
 def _img(fig, alt: str) -> str:
@@ -115,16 +157,18 @@ def _run_section(run: dict[str, Any]) -> str:
     parts = [f"<h3>{html.escape(run['name'])}</h3>"]
     s = run["summary"]
     if s:
-        parts.append(_table(
-            ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
-            [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
-              f"{s['step_time_s']['median'] * 1000:.1f}", f"{s['comm_share']:.1%}", f"{s['imbalance']:.2f}"]]))
-        parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
-                            [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}", str(r["items"])]
-                             for i, r in enumerate(s.get("per_rank", []))]))
+        with _reading(run["path"] / "summary.json"):
+            parts.append(_table(
+                ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
+                [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
+                  f"{s['step_time_s']['median'] * 1000:.1f}", f"{s['comm_share']:.1%}", f"{s['imbalance']:.2f}"]]))
+            parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
+                                [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}",
+                                  str(r["items"])] for i, r in enumerate(s.get("per_rank", []))]))
     if run["samples"]:
-        parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),
-                          f"utilization per device over time, {run['name']}"))
+        with _reading(run["path"] / "samples_node*.jsonl"):
+            parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),
+                              f"utilization per device over time, {run['name']}"))
     else:
         parts.append('<p class="meta">no device samples (samples_node*.jsonl) in this run</p>')
     if run["traces"]:
@@ -142,7 +186,7 @@ def build_report(run_dir: str | Path) -> str:
         raise ConfigError(f"report: {run_dir} is not a folder; give a run or bench folder such as runs/bench/<time>")
     bench = _read_json(root / "bench.json")
     if bench is not None:
-        runs = [load_run(root / r["run_dir"]) for r in bench["runs"]]
+        runs = _bench_runs(root, bench)
     elif (root / "summary.json").is_file() or list(root.glob("samples_node*.jsonl")):
         runs = [load_run(root)]
     else:
@@ -161,12 +205,14 @@ def build_report(run_dir: str | Path) -> str:
             parts.append(f"<p>{html.escape(run['name'])}: run.json</p>"
                          f"<pre>{html.escape(json.dumps(run['config'], indent=2))}</pre>")
     if bench is not None:
-        parts.append(_scaling_section(bench))
+        with _reading(root / "bench.json"):
+            parts.append(_scaling_section(bench))
     with_metrics = [(r["name"], r["metrics"]) for r in runs if r["metrics"]]
     parts.append("<h2>Throughput over time</h2>")
     if with_metrics:
-        unit = next((r["summary"]["unit"] for r in runs if r["summary"]), "items")
-        parts.append(_img(throughput_figure(with_metrics, unit), "throughput over time"))
+        unit = next((str(r["summary"].get("unit", "items")) for r in runs if r["summary"]), "items")
+        with _reading(root / "metrics.jsonl" if bench is None else root / "np*" / "metrics.jsonl"):
+            parts.append(_img(throughput_figure(with_metrics, unit), "throughput over time"))
     else:
         parts.append('<p class="meta">no metrics.jsonl (the workload\'s StepMeter had log_every=0)</p>')
     parts.append("<h2>Runs: communication, imbalance, utilization</h2>")

@@ -5,6 +5,12 @@ Read from the variables torchrun's agent sets (``RANK``, ``LOCAL_RANK``,
 (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ...), else the process
 runs alone as ``world_size == 1``. Pure functions of the environment mapping,
 so tests pass dictionaries.
+
+Rank variables can also be leftovers: ``WORLD_SIZE=2 RANK=0`` exported in a
+shell, ``SLURM_PROCID`` inside an ``sbatch`` script run without ``srun``.
+:func:`launcher_variable` names the variable that shows a launcher is really
+there (torchrun's agent, ``multigpu launch``, the test harness, ``srun``);
+without one, ``mg.init`` says what it found and waits only briefly.
 """
 
 from __future__ import annotations
@@ -19,7 +25,18 @@ import torch
 
 from multigpu.errors import ConfigError
 
-__all__ = ["DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist", "read_placement", "slurm_master_port"]
+__all__ = ["LAUNCHER_VARIABLES", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist", "found_variables",
+           "launcher_variable", "read_placement", "slurm_master_port"]
+
+LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "MULTIGPU_RUN_FILE", "MULTIGPU_INIT_METHOD", "SLURM_STEP_ID",
+                      "SLURM_STEPID")
+"""Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch``, the in-process test
+harness (:func:`multigpu.testing.run_on_ranks`), and ``srun`` (a job step)."""
+
+_RANK_VARIABLES = {
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT"),
+}
 
 Source = Literal["torchrun", "slurm", "single"]
 
@@ -150,6 +167,18 @@ def read_placement(env: Mapping[str, str] | None = None) -> Placement:
             f"local_rank {placement.local_rank} is outside [0, {placement.local_world_size}) (local_world_size)"
         )
     return placement
+
+
+def launcher_variable(env: Mapping[str, str] | None = None) -> str | None:
+    """The first of :data:`LAUNCHER_VARIABLES` that is set (a launcher started this process), else None."""
+    env = os.environ if env is None else env
+    return next((name for name in LAUNCHER_VARIABLES if env.get(name)), None)
+
+
+def found_variables(source: Source, env: Mapping[str, str] | None = None) -> str:
+    """``RANK=0 WORLD_SIZE=2 MASTER_ADDR=host``: the rank variables of ``source`` that are set, for messages."""
+    env = os.environ if env is None else env
+    return " ".join(f"{name}={env[name]}" for name in _RANK_VARIABLES.get(source, ()) if name in env)
 
 
 def cpu_count() -> int:

@@ -5,6 +5,14 @@ its device and the process-group backend, sets the thread budget and the
 seeds, and creates the process group with a timeout so that no collective
 waits forever. A single process is ``world_size == 1`` of the same code: no
 process group is created and every collective is the identity.
+
+Rank variables without a launcher (``WORLD_SIZE=2 RANK=0`` left in a shell,
+``SLURM_PROCID`` in an ``sbatch`` script run without ``srun``) would make
+``init`` wait the whole timeout for ranks that never come. So: torchrun-style
+variables without ``MASTER_ADDR``/``MASTER_PORT`` are refused at once, in one
+line naming what was found; with them, and for SLURM's, ``init`` says in one
+line what it found and waits at most :data:`NO_LAUNCHER_WAIT_S` (or
+``timeout_s`` when given) for the other ranks, then stops with one line.
 """
 
 from __future__ import annotations
@@ -17,10 +25,17 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from multigpu.errors import ConfigError, DeviceError, NotInitializedError
+from multigpu.errors import CollectiveTimeoutError, ConfigError, DeviceError, NotInitializedError
 from multigpu.runtime import context, watchdog
 from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
-from multigpu.runtime.env import DistEnv, cpu_count, read_placement
+from multigpu.runtime.env import (
+    LAUNCHER_VARIABLES,
+    DistEnv,
+    cpu_count,
+    found_variables,
+    launcher_variable,
+    read_placement,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -43,6 +58,10 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 600.0
 """Collective timeout when neither ``init(timeout_s=...)`` nor the launcher's ``--timeout-s`` says otherwise."""
+
+NO_LAUNCHER_WAIT_S = 60.0
+"""How long ``init`` waits for the other ranks when rank variables are set but no launcher is there
+(:func:`multigpu.runtime.env.launcher_variable`); ``init(timeout_s=...)`` sets another wait."""
 
 _ENV: DistEnv | None = None
 _INIT_ARGS: dict | None = None
@@ -137,7 +156,7 @@ def init(
         _seed_all(seed + placement.rank if seed_per_rank else seed)
 
     if pg_backend != "none" and not dist.is_initialized():
-        _init_process_group(pg_backend, placement, dev)
+        _init_process_group(pg_backend, placement, dev, wait_s=timeout_s or NO_LAUNCHER_WAIT_S)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
     if run.stall_timeout_s is not None:
@@ -156,10 +175,14 @@ def init(
     return _ENV
 
 
-def _init_process_group(pg_backend: str, placement, dev: torch.device) -> None:
+def _init_process_group(pg_backend: str, placement, dev: torch.device, *, wait_s: float) -> None:
     init_method = os.environ.get("MULTIGPU_INIT_METHOD")  # e.g. file:///tmp/x/store (the test harness)
-    if init_method is None and placement.source == "slurm":
-        init_method = f"tcp://{placement.master_addr}:{placement.master_port}"
+    found = found_variables(placement.source)
+    if init_method is None and (placement.master_addr is None or placement.master_port is None):
+        raise ConfigError(f"multigpu.init(): {found} say this is one of {placement.world_size} ranks, but MASTER_ADDR "
+                          "and MASTER_PORT are not both set, so the ranks cannot meet (leftover variables?); valid: "
+                          "unset RANK and WORLD_SIZE to run as one process, or start the script with `multigpu "
+                          "launch` or torchrun")
     kwargs = dict(
         backend="cpu:gloo,cuda:nccl" if pg_backend == "nccl" else "gloo",
         timeout=timedelta(seconds=_TIMEOUT_S),
@@ -168,6 +191,11 @@ def _init_process_group(pg_backend: str, placement, dev: torch.device) -> None:
     )
     if pg_backend == "nccl":
         kwargs["device_id"] = dev
+    if init_method is None and launcher_variable() is None:
+        dist.init_process_group(store=_store_without_launcher(placement, found, wait_s), **kwargs)
+        return
+    if init_method is None and placement.source == "slurm":
+        init_method = f"tcp://{placement.master_addr}:{placement.master_port}"
     try:
         dist.init_process_group(init_method=init_method or "env://", **kwargs)
         if pg_backend == "nccl":  # create the communicator now, so that a bad placement fails here, said plainly
@@ -186,6 +214,46 @@ def nccl_advice(message: str, rank: int, dev: torch.device) -> str | None:
     return (f"NCCL refused rank {rank} on {dev}: NCCL allows one rank per GPU, and another rank of this job uses "
             "the same GPU; valid: one rank per GPU (--nproc-per-node at most the GPU count), --allow-cpu-ranks, "
             "--cpu, or --share-gpus to let ranks share a GPU over gloo")
+
+
+def _store_without_launcher(placement, found: str, wait_s: float) -> dist.Store:
+    """The rendezvous store when rank variables are set but no launcher is there: say so, wait ``wait_s`` at most.
+
+    Rank 0 serves the store and waits for every rank to connect; the others knock on its port quietly
+    (a plain socket, so torch's client does not log each retry) until it opens.
+    """
+    import socket
+    import sys
+    import time
+
+    host, port = placement.master_addr, placement.master_port
+    print(f"multigpu.init(): {found} are set but no launcher is ({', '.join(LAUNCHER_VARIABLES[:3])} and "
+          f"SLURM_STEP_ID are not); waiting at most {wait_s:g} s for the other {placement.world_size - 1} rank(s) at "
+          f"{host}:{port}", file=sys.stderr, flush=True)
+    late = (f"multigpu.init(): the other rank(s) did not join at {host}:{port} within {wait_s:g} s; {found} look "
+            "like leftover variables: unset them to run as one process, or start every rank with `multigpu "
+            "launch` or torchrun (mg.init(timeout_s=...) waits longer)")
+    deadline = time.monotonic() + wait_s
+    if placement.rank != 0:
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise CollectiveTimeoutError(late) from None
+                time.sleep(0.2)
+    left = max(deadline - time.monotonic(), 1.0)
+    try:
+        store = dist.TCPStore(host, port, placement.world_size, placement.rank == 0,
+                              timeout=timedelta(seconds=left), wait_for_workers=True)
+    except dist.DistError as exc:
+        if placement.rank == 0 and "waiting for clients" not in str(exc):
+            raise ConfigError(f"multigpu.init(): cannot serve the rendezvous at {host}:{port} ({found}): "
+                              f"{str(exc).strip().splitlines()[0]}") from None
+        raise CollectiveTimeoutError(late) from None
+    store.set_timeout(timedelta(seconds=_TIMEOUT_S))  # from here on, the collective timeout
+    return store
 
 
 def shutdown(*, barrier: bool = True) -> None:

@@ -37,7 +37,9 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
-    return _check_files(cfg)
+    cfg = _check_files(cfg)
+    _check_fits(cfg, plan)
+    return cfg
 
 
 def _check_files(cfg: SimConfig) -> SimConfig:
@@ -75,6 +77,36 @@ def _check_files(cfg: SimConfig) -> SimConfig:
     path = Path(cfg.population).resolve()
     rows, _ = population.columns(path, get_model(cfg.model).fields)
     return dataclasses.replace(cfg, population=str(path), agents=rows)
+
+
+def _check_fits(cfg: SimConfig, plan: JobPlan) -> None:
+    """The agents (times the weak-scaling factor) have ids, and each rank's share fits its memory."""
+    from multigpu.launch.devices import format_bytes
+    from multigpu.sim.config import MAX_AGENTS, WORKING_BYTES_FACTOR
+
+    scale = plan.run.problem_scale(plan.world_size)
+    agents = cfg.agents * scale
+    weak = f" × {scale} ranks (weak scaling) = {agents:_}" if scale > 1 else ""
+    if agents > MAX_AGENTS:
+        raise ConfigError(f"sim.agents={cfg.agents:_}{weak} is more than the {MAX_AGENTS:_} agent ids (int32) allow; "
+                          f"valid: sim.agents <= {MAX_AGENTS // scale:_}")
+    types = ["cpu"] if cfg.backend == "cpu" else plan.device_types
+    limits = [(m, t) for t in types if (m := plan.devices.memory_per_rank(t)) is not None]
+    if not limits:
+        return
+    memory, device = min(limits)
+    need = cfg.bytes_per_rank(agents, plan.world_size)
+    if need <= memory:
+        return
+    per_agent = cfg.bytes_per_agent * WORKING_BYTES_FACTOR
+    cells = cfg.bytes_per_rank(0, plan.world_size)
+    fits = max(memory - cells, 0) // per_agent * plan.world_size // scale
+    where = "GPU" if device == "cuda" else "rank (this machine's available memory over its ranks)"
+    raise ConfigError(
+        f"sim.agents={cfg.agents:_}{weak} does not fit: {-(-agents // plan.world_size):,} agents per rank need about "
+        f"{format_bytes(need)} ({cfg.bytes_per_agent} bytes of state per agent, about {per_agent} with working "
+        f"copies) but there is about {format_bytes(memory)} per {where}; valid: sim.agents at most {fits:_} "
+        f"on {plan.world_size} rank(s), or more ranks or nodes")
 
 
 def main(cfg: SimConfig, ctx: RunContext) -> int:

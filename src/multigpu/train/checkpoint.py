@@ -17,6 +17,13 @@ fsync, rename, fsync of the folder, SHA-256 and size in ``manifest.json``.
   is wrong (truncated, checksum mismatch, does not load).
 * ``resume=<path>`` must be valid itself: a damaged file is an error that says
   what is wrong (no silent fallback from a file the user chose).
+* Before anything is loaded into the model, the checkpoint's parameter names
+  and shapes are compared with the model's (:func:`check_model_fits`): a
+  checkpoint of another model is one line naming the first difference and the
+  model settings that differ, not ``load_state_dict``'s page of size mismatches.
+  The manifest entry records the shapes too (``params``), so the launcher makes
+  the same comparison before anything starts, without opening the file
+  (:func:`recorded_params`).
 
 Loading runs no code from the file. A checkpoint is loaded only if its folder's
 ``manifest.json`` records its size and SHA-256 and the file matches them (a
@@ -52,7 +59,10 @@ __all__ = [
     "CorruptCheckpointError",
     "capture_rng",
     "check_checkpoint",
+    "check_model_fits",
+    "check_resume_fits",
     "find_latest",
+    "recorded_params",
     "restore_rng",
 ]
 
@@ -156,6 +166,88 @@ def check_checkpoint(path: str | Path) -> None:
     _folder(path.parent).verify(path)
 
 
+def _settings_differ(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """``model.n_embd 64 -> 32``: the config entries (nested dicts) whose values differ; only the ``model``
+    part when both configs have one (steps or checkpoint_every may change on a resume)."""
+    if not prefix and isinstance(saved, dict) and isinstance(current, dict) and "model" in saved and "model" in current:
+        return _settings_differ(saved["model"], current["model"], "model.")
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [d for k in sorted(set(saved) & set(current), key=str)
+                for d in _settings_differ(saved[k], current[k], f"{prefix}{k}.")]
+    return [] if saved == current else [f"{prefix.rstrip('.')} {saved!r} -> {current!r}"]
+
+
+def param_shapes(state_dict: dict[str, Any]) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in a state dict (what a manifest entry records as ``params``)."""
+    return {k: list(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+
+
+def shape_mismatch(saved: dict[str, Any], own: dict[str, Any]) -> str | None:
+    """The first difference between two ``name -> shape`` maps, with a count of the others; None if they match."""
+    shapes = [(k, tuple(saved[k]), tuple(v)) for k, v in own.items() if k in saved and tuple(saved[k]) != tuple(v)]
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    count = len(shapes) + len(missing) + len(unexpected)
+    if not count:
+        return None
+    if shapes:
+        first = f"{shapes[0][0]} is {shapes[0][1]} in the checkpoint and {shapes[0][2]} in the model"
+    elif missing:
+        first = f"the model's {missing[0]} is not in the checkpoint"
+    else:
+        first = f"the checkpoint's {unexpected[0]} is not in the model"
+    return first + (f" (and {count - 1} more difference(s))" if count > 1 else "")
+
+
+def _does_not_fit(path: str | Path, mismatch: str, differ: list[str]) -> ConfigError:
+    settings = f" ({', '.join(differ[:4])}: the checkpoint's settings -> this run's)" if differ else ""
+    return ConfigError(f"checkpoint {path} does not fit this model: {mismatch}; valid: resume with the model "
+                       f"settings it was written with{settings}, or start without --resume in a new --run-dir")
+
+
+def check_model_fits(path: str | Path, state: dict[str, Any], model: torch.nn.Module,
+                     config: dict[str, Any] | None = None) -> None:
+    """Raise a one-line ConfigError unless the checkpoint's parameters match ``model``'s by name and shape.
+
+    Args:
+        path: The checkpoint, for the message.
+        state: What :meth:`CheckpointManager.load` returned (``state["model"]`` is compared).
+        model: The model about to receive it.
+        config: This run's config as a dict; the message names the model settings that differ from the
+            checkpoint's own ``config`` (what the run that wrote it used).
+    """
+    saved = state.get("model")
+    if not isinstance(saved, dict):
+        raise CorruptCheckpointError(path, "its 'model' entry is not a state dict")
+    mismatch = shape_mismatch(param_shapes(saved), param_shapes(model.state_dict()))
+    if mismatch is not None:
+        raise _does_not_fit(path, mismatch, _settings_differ(state.get("config"), config) if config else [])
+
+
+def recorded_params(path: str | Path) -> dict[str, list[int]] | None:
+    """The parameter shapes the manifest records for checkpoint ``path`` (None: not recorded). Reads only
+    the manifest, never the checkpoint (the launcher calls this)."""
+    path = Path(path)
+    entry = _folder(path.parent).manifest().get(path.name) or {}
+    params = entry.get("params")
+    return params if isinstance(params, dict) else None
+
+
+def check_resume_fits(path: str | Path, model: torch.nn.Module, config: dict[str, Any] | None = None,
+                      written_by: dict[str, Any] | None = None) -> None:
+    """In the launcher: the shapes ``path``'s manifest entry records must be ``model``'s (a meta-device model
+    will do). One-line ConfigError otherwise; nothing is checked for a checkpoint that records none.
+
+    ``written_by``: the config of the run that wrote it (its run.json), to name the settings that differ.
+    """
+    saved = recorded_params(path)
+    if saved is None:
+        return
+    mismatch = shape_mismatch(saved, param_shapes(model.state_dict()))
+    if mismatch is not None:
+        raise _does_not_fit(path, mismatch, _settings_differ(written_by, config) if written_by and config else [])
+
+
 def find_latest(directory: str | Path) -> Path | None:
     """The newest usable checkpoint in ``directory``, or None (local; no communication). Skips are warned."""
     return _folder(directory).latest_valid(check=_load)
@@ -187,7 +279,8 @@ class CheckpointManager:
         if mg.is_main():
             full = {**state, "rng": rngs, "world_size": mg.world_size()}
             try:
-                self.folder.save(int(state["step"]), lambda fh: torch.save(full, fh))
+                self.folder.save(int(state["step"]), lambda fh: torch.save(full, fh),
+                                 meta={"params": param_shapes(state["model"])})
             except CheckpointWriteError as exc:
                 failure = str(exc)
         # a sync point: no rank goes on (or exits) before the file is in place, and all learn whether it is

@@ -21,6 +21,7 @@ module runs its code, as ``python -m`` would.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -114,6 +115,44 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
             _check_sharded_resume(plan.run.resume)
         else:
             _check_resume_file(plan.run.resume)
+    _check_resume_fits(cfg, plan)
+
+
+def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
+    """The checkpoint a resume would load must hold this model's parameters (shapes from its manifest entry,
+    compared with the model built on the meta device: no memory, nothing unpickled). Only where the launcher
+    knows the model's shape: the default data (another data factory may set the vocabulary; the ranks then
+    check the same before loading)."""
+    import json
+
+    import torch
+
+    from multigpu.checkpointing import CheckpointFolder
+    from multigpu.config import to_dict
+    from multigpu.train.checkpoint import check_resume_fits
+
+    resume = plan.run.resume
+    if resume is None or (resume == "auto" and not plan.run.run_dir) or cfg.data.factory != DEFAULT_DATA:
+        return
+    if cfg.strategy == "fsdp":
+        return  # sharded checkpoints: their shapes are DCP's, checked when loading
+    if resume == "auto":
+        folder = CheckpointFolder(Path(plan.run.run_dir) / "checkpoints", warn=lambda _: None)
+        entries = [e for e in folder.manifest().values() if isinstance(e.get("file"), str)]
+        listed = [folder.directory / e["file"] for e in sorted(entries, key=lambda e: e.get("step", 0))]
+        listed = [p for p in listed if p.is_file()]
+        if not listed:
+            return
+        path = listed[-1]
+    else:
+        path = Path(resume)
+    written_by = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data = json.loads((path.parent.parent / "run.json").read_text())
+        written_by = data.get("config") if data.get("workload") == "train" else None
+    with torch.device("meta"):
+        model = cfg.model.build("model.factory", _context(cfg))
+    check_resume_fits(path, model, to_dict(cfg), written_by)
 
 
 def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:

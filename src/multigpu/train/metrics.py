@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import multigpu as mg
+from multigpu.files import JsonlLog, read_jsonl, write_text_atomic
 from multigpu.monitor import StepMeter
 
 __all__ = ["MetricLogger"]
@@ -35,15 +36,14 @@ def _tensorboard(run_dir: Path | None):
 
 
 def _drop_records_after(path: Path, step: int) -> None:
-    """A resumed run repeats the steps after its checkpoint: drop their old records (a killed attempt's)."""
+    """A resumed run repeats the steps after its checkpoint: drop their old records (a killed attempt's),
+    and a torn last line (a writer killed mid-line)."""
     if not path.is_file():
         return
-    lines = path.read_text().splitlines()
-    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    if len(kept) != len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(ln + "\n" for ln in kept))
-        tmp.replace(path)
+    records = read_jsonl(path)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    if len(kept) != len(path.read_text(errors="replace").splitlines()):
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricLogger:
@@ -61,6 +61,7 @@ class MetricLogger:
         self.start = time.time()
         self.history: list[dict[str, Any]] = []
         self._tb = _tensorboard(run_dir) if mg.is_main() else None
+        self._log = JsonlLog(run_dir / "metrics.jsonl", "metrics records") if run_dir is not None else None
         if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         elif run_dir is not None and mg.is_main():
@@ -115,10 +116,8 @@ class MetricLogger:
             parts.append(f"{rate:,.0f} {self.meter.unit}/s")
         parts.append(f"comm {100 * record['comm_share']:.0f}%")
         print(" | ".join(parts), flush=True)
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+        if self._log is not None:
+            self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
         if self._tb is not None:
             for key in ("loss", "val_loss", "grad_norm", "lr", f"{self.meter.unit}_per_s", "comm_share"):
                 if record.get(key) is not None:

@@ -50,7 +50,7 @@ from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.runtime import context
 from multigpu.runtime.context import restart_count
-from multigpu.train.checkpoint import CheckpointManager, restore_rng
+from multigpu.train.checkpoint import CheckpointManager, check_model_fits, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
@@ -149,6 +149,7 @@ class Trainer:
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
         self._is_setup = False
+        self._resumed_from: Path | None = None
 
     # ----------------------------------------------------------------- setup
     def setup(self) -> Trainer:
@@ -162,6 +163,9 @@ class Trainer:
         self._setup_precision()
         self._setup_model()
         state = self._resume_state()
+        if state is not None and self.config.strategy != "fsdp":  # (sharded states are checked by DCP)
+            # another model's checkpoint: one line, not load_state_dict's page of mismatches
+            check_model_fits(self._resumed_from, state, self.module, _plain(self.config))
         if state is not None:
             state["sampler"] = self._sampler_for_this_job(state)
         self._setup_data(state)
@@ -278,6 +282,7 @@ class Trainer:
             if path is not None:
                 if mg.is_main():
                     print(f"restart {restarts}: resuming from {path}", flush=True)
+                self._resumed_from = path
                 return manager.load(path)
         if not resume:
             return None
@@ -291,6 +296,7 @@ class Trainer:
             return None
         if mg.is_main():
             print(f"resuming from {path}", flush=True)
+        self._resumed_from = path
         return manager.load(path)
 
     def _sampler_for_this_job(self, state: dict) -> dict:
