@@ -293,18 +293,21 @@ def test_the_launchers_temporary_log_folder_goes_on_success_and_stays_named_on_f
 
 # ----------------------------------------------------------------------------- resume: the checkpoint must fit the model
 def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
-    from multigpu.train import CheckpointManager, ModelConfig, NanoConfig, Trainer, make_optimizer
+    from multigpu.factory import Factory
+    from multigpu.train import CheckpointManager, ModelConfig, Trainer, make_optimizer
     from multigpu.train.data import VOCAB, CharDataset
+    from multigpu.train.job import DEFAULT_MODEL, TrainJobConfig
     from multigpu.train.model import GPT
 
-    small = NanoConfig(steps=2, global_batch_size=2, eval_every=0, log_every=0, prefetch=0,
-                       model=ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
-    wide = dataclasses.replace(small, model=dataclasses.replace(small.model, n_embd=32))
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 16}
+    small = TrainJobConfig(steps=2, global_batch_size=2, eval_every=0, log_every=0, prefetch=0, block_size=8,
+                           model=Factory(factory=DEFAULT_MODEL, kwargs=shape))
+    wide = dataclasses.replace(small, model=Factory(factory=DEFAULT_MODEL, kwargs={**shape, "n_embd": 32}))
     run_dir = tmp_path / "run"
-    model = GPT(small.model, len(VOCAB))
+    model = GPT(ModelConfig(**shape, block_size=8), len(VOCAB))
     CheckpointManager(run_dir / "checkpoints").save({"step": 1, "model": model.state_dict(), "optimizer": {},
                                                      "sampler": {}, "config": dataclasses.asdict(small)})
-    other = GPT(wide.model, len(VOCAB))
+    other = GPT(ModelConfig(**{**shape, "n_embd": 32}, block_size=8), len(VOCAB))
     data = CharDataset(torch.zeros(200, dtype=torch.uint8), 8)
     trainer = Trainer(other, make_optimizer(other, wide), data, config=wide, run_dir=run_dir, resume="auto")
     with pytest.raises(ConfigError) as info:
@@ -312,15 +315,16 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"checkpoint {run_dir}/checkpoints/ckpt_00000001.pt does "
                                                       "not fit this model: ")
-    assert "in the checkpoint and" in message and "model.n_embd 16 -> 32" in message and "size mismatch" not in message
+    assert "in the checkpoint and" in message and "model.kwargs.n_embd 16 -> 32" in message
+    assert "size mismatch" not in message
     # the launcher makes the same comparison from the manifest entry alone, with a meta-device model
     from multigpu.train.checkpoint import check_resume_fits, recorded_params
 
     path = run_dir / "checkpoints" / "ckpt_00000001.pt"
     assert recorded_params(path) == {k: list(v.shape) for k, v in model.state_dict().items()}
     with torch.device("meta"):
-        meta = GPT(wide.model, len(VOCAB))
-    with pytest.raises(ConfigError, match=r"does not fit this model: .*model\.n_embd 16 -> 32"):
+        meta = GPT(ModelConfig(**{**shape, "n_embd": 32}, block_size=8), len(VOCAB))
+    with pytest.raises(ConfigError, match=r"does not fit this model: .*model\.kwargs\.n_embd 16 -> 32"):
         check_resume_fits(path, meta, dataclasses.asdict(wide), dataclasses.asdict(small))
     check_resume_fits(path, model)  # the model that wrote it fits
     FAULTS["resume"] += 2
