@@ -176,6 +176,7 @@ def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id
     (f"{HERE}:make_counting", {"lenght": 2}, "calling make_counting\\(\\) failed: TypeError: .*'lenght'"),
     (f"{HERE}:_no_size", None, "takes neither num_envs nor env_ids"),
     (f"{HERE}:_not_an_env", None, "returned int, which has no 'reset'"),
+    (f"{HERE}:_too_many", None, "returned 5 environments; it was asked for num_envs=2"),
     ("Pendulm-v1", None, "unknown environment 'Pendulm-v1'. Did you mean 'Pendulum-v1'?"),
 ])
 def test_bad_factories_are_one_line_errors(spec, kwargs, message):
@@ -189,6 +190,10 @@ def _no_size(seed: int):
 
 def _not_an_env(num_envs: int):
     return 3
+
+
+def _too_many(num_envs: int, seed: int):
+    return CountingNumpyEnv(5, seed)
 
 
 def test_obs_normalizer_on_one_process_tracks_the_data_and_clips():
