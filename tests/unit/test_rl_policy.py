@@ -152,7 +152,7 @@ def test_gymnasium_final_obs_object_arrays_become_one_tensor():
     assert torch.equal(info["final_obs"][~mask], obs[~mask]) and info["final_obs"][mask].abs().max() > 0
 
 
-def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id():
+def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id(monkeypatch):
     envs = mg.envs.make(f"{HERE}:make_counting", num_envs=3, seed=100, kwargs={"length": 2})
     assert isinstance(envs, TorchVectorEnv) and envs.num_envs == 3 and envs.env.length == 2
     # a factory without env_ids, on rank 1 of 2 of 7 envs (ids 4..6): seed + 4, gymnasium's seed + i convention
@@ -161,6 +161,10 @@ def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id
     share = build(make_counting, range(4, 7), seed=100, device="cpu")
     assert share.env.seed == 104 and share.reset(seed=100)[0][:, 1].tolist() == [104.0] * 3
     # a registered factory: the same convention (the built-ins take env_ids and keep the seed as it is)
+    from multigpu.envs import vector
+
+    vector.registered_ids()  # the built-ins registered first, then a copy: the registration ends with the test
+    monkeypatch.setattr(vector, "_REGISTRY", dict(vector._REGISTRY))
     mg.envs.register("Counting-v0", make_counting)
     assert mg.envs.make("Counting-v0", num_envs=2, seed=1).env.seed == 1
     assert mg.envs.make("CartPole-v1", num_envs=2, seed=1).seed == 1
@@ -172,6 +176,7 @@ def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id
     (f"{HERE}:make_counting", {"lenght": 2}, "calling make_counting\\(\\) failed: TypeError: .*'lenght'"),
     (f"{HERE}:_no_size", None, "takes neither num_envs nor env_ids"),
     (f"{HERE}:_not_an_env", None, "returned int, which has no 'reset'"),
+    (f"{HERE}:_too_many", None, "returned 5 environments; it was asked for num_envs=2"),
     ("Pendulm-v1", None, "unknown environment 'Pendulm-v1'. Did you mean 'Pendulum-v1'?"),
 ])
 def test_bad_factories_are_one_line_errors(spec, kwargs, message):
@@ -185,6 +190,10 @@ def _no_size(seed: int):
 
 def _not_an_env(num_envs: int):
     return 3
+
+
+def _too_many(num_envs: int, seed: int):
+    return CountingNumpyEnv(5, seed)
 
 
 def test_obs_normalizer_on_one_process_tracks_the_data_and_clips():

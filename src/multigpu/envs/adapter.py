@@ -88,10 +88,13 @@ def build(factory: Callable, env_ids: range, *, seed: int, device: torch.device 
     except Exception as exc:  # noqa: BLE001 - the user's factory can fail in any way
         raise ConfigError(f"{what}: calling {getattr(factory, '__name__', 'it')}() failed: "
                           f"{type(exc).__name__}: {exc}") from None
-    for attr in ("reset", "step", "single_observation_space", "single_action_space"):
+    for attr in ("reset", "step", "num_envs", "single_observation_space", "single_action_space"):
         if not hasattr(env, attr):
             raise ConfigError(f"{what} returned {type(env).__name__}, which has no {attr!r}; an environment "
                               "factory returns a batched environment with gymnasium 1.x's vector API")
+    if int(getattr(env, "num_envs", -1)) != len(env_ids):
+        raise ConfigError(f"{what} returned {getattr(env, 'num_envs', 'no num_envs')!r} environments; "
+                          f"it was asked for num_envs={len(env_ids)}")
     if isinstance(env, VectorEnv):
         return env
     return TorchVectorEnv(env, device, seed_offset=offset, autoreset_mode=extra.get("autoreset_mode"))
