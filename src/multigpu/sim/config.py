@@ -180,17 +180,17 @@ class SimConfig:
     @property
     def bytes_per_agent(self) -> int:
         """Bytes of one agent's state (its fields, the id included)."""
-        from multigpu.sim.models import MODELS
+        from multigpu.sim.api import get_model
 
-        return sum(dtype.itemsize for dtype in MODELS[self.model].fields.values())
+        return sum(dtype.itemsize for dtype in get_model(self.model).fields.values())
 
     def bytes_per_rank(self, agents: int, world_size: int) -> int:
         """About the peak memory of one rank's agents and grid cells (a rank's own process not included)."""
-        from multigpu.sim.models import MODELS
+        from multigpu.sim.api import get_model
 
         per_rank = -(-agents // world_size)
         rows = self.grid[0] if self.strategy == "data" else -(-self.grid[0] // world_size) + 2
-        cells = rows * self.grid[1] if MODELS[self.model].spatial else 0
+        cells = rows * self.grid[1] if get_model(self.model).spatial else 0
         return per_rank * self.bytes_per_agent * WORKING_BYTES_FACTOR + cells * CELL_BYTES
 
     def check_world(self, world_size: int) -> None:
