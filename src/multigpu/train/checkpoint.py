@@ -312,12 +312,18 @@ class CheckpointManager:
                     choice = resume
                 except CorruptCheckpointError as exc:
                     error = ("corrupt", (str(exc.path), exc.reason))
-        choice, error = mg.broadcast_object((choice, error))
-        if error is not None:
-            kind, detail = error
-            raise ConfigError(detail) if kind == "config" else CorruptCheckpointError(*detail)
-        return Path(choice) if choice else None
+        return agree_on_choice(choice, error)
 
     def load(self, path: Path) -> dict[str, Any]:
         """Load ``path`` on this rank (to CPU); the caller restores each part."""
         return _load(path)
+
+
+def agree_on_choice(choice: str | None, error: tuple | None) -> Path | None:
+    """Rank 0's resume choice (or its one-line error) on every rank: ``error`` is ("config", message) or
+    ("corrupt", (path, reason)). Call on all ranks."""
+    choice, error = mg.broadcast_object((choice, error))
+    if error is not None:
+        kind, detail = error
+        raise ConfigError(detail) if kind == "config" else CorruptCheckpointError(*detail)
+    return Path(choice) if choice else None

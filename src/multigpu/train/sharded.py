@@ -39,7 +39,7 @@ from multigpu.checkpointing import (
     fsync_dir,
     sha256_file,
 )
-from multigpu.errors import ConfigError
+from multigpu.train.checkpoint import agree_on_choice
 
 __all__ = ["ShardedCheckpoints", "check_checkpoint", "is_sharded_checkpoint", "load_tensors"]
 
@@ -197,11 +197,7 @@ class ShardedCheckpoints:
                     choice = resume
                 except CorruptCheckpointError as exc:
                     error = ("corrupt", (str(exc.path), exc.reason))
-        choice, error = mg.broadcast_object((choice, error))
-        if error is not None:
-            kind, detail = error
-            raise ConfigError(detail) if kind == "config" else CorruptCheckpointError(*detail)
-        return Path(choice) if choice else None
+        return agree_on_choice(choice, error)
 
     def load(self, path: Path) -> dict[str, Any]:
         """``trainer.pt`` of ``path`` (verified by :meth:`resolve`), with ``sharded_dir`` set to ``path``."""
