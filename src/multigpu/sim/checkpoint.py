@@ -14,7 +14,8 @@ Layout of one checkpoint (written to ``<name>.tmp`` and renamed once complete)::
                                          # and the size and SHA-256 of .metadata
 
 DCP's ``.metadata`` is a pickle, and torch's reader unpickles it with
-``pickle.load``: a crafted one runs code. So nothing here lets torch read it:
+``pickle.load``: a crafted one runs code. So nothing here lets torch read it
+(:mod:`multigpu.dcp_safe`, shared with the trainer's sharded checkpoints):
 
 * ``engine.json`` records its size and SHA-256; a checkpoint whose ``.metadata``
   does not match (or that records none) is refused by name before it is opened
@@ -35,10 +36,8 @@ too. Resume a simulation only from a checkpoint from a trusted source.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -47,10 +46,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 
+from multigpu import dcp_safe
 from multigpu.checkpointing import CorruptCheckpointError, sha256_file
 from multigpu.errors import ConfigError
 from multigpu.monitor import write_json_atomic
@@ -63,7 +60,7 @@ from multigpu.sim.state import AgentState
 __all__ = ["check_checkpoint", "latest", "load", "save"]
 
 _PREFIX = "step_"
-_METADATA = ".metadata"  # DCP's file name
+_METADATA = dcp_safe.METADATA
 
 
 def _world() -> tuple[int, int]:
@@ -178,95 +175,6 @@ def check_checkpoint(directory: str | Path) -> dict[str, Any]:
     return meta
 
 
-# What a DCP .metadata of agent tensors is built from; any other global is refused.
-_METADATA_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-                 "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # maps a name such as "torch.strided" to the layout
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),  # StorageMeta.checkpoint_id
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle._Unpickler):
-    """``pickle`` restricted to :data:`_METADATA_CLASSES` and torch dtypes (the Python docs' "restricting
-    globals"), and BUILD to instances of those classes, so that a crafted file can neither call a function
-    nor change a class."""
-
-    dispatch = dict(pickle._Unpickler.dispatch)
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_CLASSES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
-
-    def _load_build(self) -> None:
-        inst = self.stack[-2]  # under the state, which BUILD pops
-        if isinstance(inst, type) or (type(inst).__module__, type(inst).__qualname__) not in _METADATA_CLASSES:
-            raise pickle.UnpicklingError(f"setting the state of {type(inst).__qualname__} is not allowed")
-        pickle._Unpickler.load_build(self)
-
-    dispatch[pickle.BUILD[0]] = _load_build
-
-
-def _read_metadata(directory: Path) -> dcp_metadata.Metadata:
-    """``.metadata`` through :class:`_MetadataUnpickler`, checked to describe only tensors in this folder."""
-    data = (directory / _METADATA).read_bytes()
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - a refused global, or a file that is not a pickle at all
-        raise CorruptCheckpointError(directory, f"{_METADATA} is not DCP metadata of tensors ({exc}); "
-                                                "it was not loaded and nothing in it ran") from None
-    if not isinstance(metadata, dcp_metadata.Metadata):
-        raise CorruptCheckpointError(directory, f"{_METADATA} holds a {type(metadata).__name__}, not DCP metadata")
-    for fqn, md in metadata.state_dict_metadata.items():
-        if not isinstance(md, dcp_metadata.TensorStorageMetadata):
-            raise CorruptCheckpointError(directory, f"{_METADATA} describes {fqn!r} as {type(md).__name__}; "
-                                                    "a simulation checkpoint holds tensors only")
-    names = {p.name for p in directory.iterdir()}
-    for info in (metadata.storage_data or {}).values():
-        relative = getattr(info, "relative_path", None)
-        if not isinstance(relative, str) or relative not in names:  # a plain file of this folder, no ../
-            raise CorruptCheckpointError(directory, f"{_METADATA} points at {relative!r}, not a file of the checkpoint")
-    return metadata
-
-
-class _VerifiedReader(FileSystemReader):
-    """torch's file reader, handed the metadata :func:`_read_metadata` built: it never unpickles .metadata.
-
-    ``read_metadata`` takes no ``rank`` keyword, so DCP does not fall back to a rank-local
-    ``__<rank>.metadata`` either.
-    """
-
-    def __init__(self, directory: Path, metadata: dcp_metadata.Metadata):
-        super().__init__(directory)
-        self._metadata = metadata
-
-    def read_metadata(self) -> dcp_metadata.Metadata:
-        if getattr(self._metadata, "storage_meta", None) is None:
-            self._metadata.storage_meta = dcp_metadata.StorageMeta()
-        self._metadata.storage_meta.load_id = self.load_id
-        return self._metadata
-
-
-class _TensorsOnlyPlanner(DefaultLoadPlanner):
-    """DCP's planner, minus byte entries: torch loads those with ``weights_only=False``."""
-
-    def __init__(self, directory: Path):
-        super().__init__()
-        self._directory = directory
-
-    def load_bytes(self, read_item, value) -> None:
-        raise CorruptCheckpointError(self._directory, f"it holds a pickled entry {read_item.dest_index.fqn!r}; "
-                                                      "only tensors are loaded")
-
-
 def load(engine: SimEngine, directory: str | Path) -> None:
     """Fill an engine created with ``populate=False`` from ``directory``. Call on all ranks.
 
@@ -279,16 +187,14 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     """
     directory = Path(directory)
     meta = check_checkpoint(directory)
-    metadata = _read_metadata(directory)
+    metadata = dcp_safe.read_metadata(directory)
     _check_compatible(engine, meta, directory)
     rank, world = _world()
     n = engine.num_agents
     lo, hi = _id_range(n, rank, world)
     locals_ = {k: torch.empty(hi - lo, dtype=dt, device=engine.device) for k, dt in engine.state.schema.items()}
     state = {f"agents.{k}": _wrap(v, n) for k, v in locals_.items()}
-    with warnings.catch_warnings():  # one process: DCP warns that it "assumes the intent" to load locally
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=_VerifiedReader(directory, metadata), planner=_TensorsOnlyPlanner(directory))
+    dcp_safe.load(state, directory, metadata)
     loaded = {k: (state[f"agents.{k}"].to_local() if world > 1 else state[f"agents.{k}"]) for k in locals_}
     engine.state.append(loaded)
     if engine.spatial:

@@ -12,8 +12,8 @@ A checkpoint is written to ``step_<n>.tmp`` and renamed when complete, so a
 folder without ``manifest.json`` is never looked at. Loading verifies every file
 against ``manifest.json`` first (:func:`check_checkpoint`, bytes only: the
 launcher runs it for ``--resume DIR``), then reads DCP's ``.metadata`` (a
-pickle) with the simulation checkpoints' restricted unpickler
-(:mod:`multigpu.sim.checkpoint`: DCP's metadata classes only, tensor entries
+pickle) with the restricted unpickler shared with the simulation checkpoints
+(:mod:`multigpu.dcp_safe`: DCP's metadata classes only, tensor entries
 only, files of this folder only; torch never unpickles it), the tensor files
 with ``weights_only=True``, and ``trainer.pt`` with ``torch.load(weights_only=True)``.
 The checksums show that a checkpoint is the one a run wrote, not who wrote it:
@@ -208,16 +208,13 @@ class ShardedCheckpoints:
 def load_tensors(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  param_groups: list) -> None:
     """Fill ``module`` and ``optimizer`` (sharded or not) from ``path``, resharded to this job. Call on all ranks."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from multigpu.sim.checkpoint import _read_metadata, _TensorsOnlyPlanner, _VerifiedReader
+    from multigpu import dcp_safe
 
     path = Path(path)
-    metadata = _read_metadata(path)
+    metadata = dcp_safe.read_metadata(path)  # before anything is built: a refused file changes nothing
     model_sd, optim_sd = get_state_dict(module, optimizer)  # this job's layout; initializes the optimizer state
-    with _quiet():
-        dcp.load({"model": model_sd, "optim": optim_sd["state"]},
-                 storage_reader=_VerifiedReader(path, metadata), planner=_TensorsOnlyPlanner(path))
+    dcp_safe.load({"model": model_sd, "optim": optim_sd["state"]}, path, metadata)
     set_state_dict(module, optimizer, model_state_dict=model_sd,
                    optim_state_dict={"state": optim_sd["state"], "param_groups": param_groups})
