@@ -97,6 +97,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     from multigpu.factory import import_object
     from multigpu.train.precision import check_precision, probe_support
     from multigpu.train.sync import check_sync_backend
+    from multigpu.train.trackers import check_trackers
 
     cfg.validate_for(plan.world_size)
     for device_type in plan.device_types:
@@ -106,6 +107,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     cfg.data.check("data.factory", _context(cfg))
     if cfg.loss:
         import_object(cfg.loss, what="loss", callable_only=True)
+    check_trackers(cfg.logger)  # logger: wandb without wandb installed: one line, before anything spawns
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
     if cfg.strategy == "fsdp":
@@ -343,6 +345,8 @@ WORKLOAD = Workload(
         Flag("--strategy", "strategy", choices=["ddp", "fsdp"],
              help="ddp: a whole replica per rank; fsdp: parameters, gradients and optimizer state sharded"),
         Flag("--compile", "compile", action="store_true", help="torch.compile the model"),
+        Flag("--logger", "logger", metavar="NAME[,NAME]",
+             help="trackers beside metrics.jsonl: tensorboard, wandb (wandb.project=..., wandb.mode=offline)"),
         Flag("--export", "export", choices=["none", "safetensors"], help="write the final weights (model.safetensors)"),
     ),
     bench=("steps=20", "eval_every=0", "checkpoint_every=0", "log_every=0", "sample_chars=0"),
