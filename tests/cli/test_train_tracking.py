@@ -201,3 +201,41 @@ def test_logger_values_parse_to_the_tracker_list():
     assert parsed("logger=[]") == []
     cfg = from_dict(TrainConfig, apply_overrides({}, ["wandb.project=p", "wandb.mode=offline", "wandb.tags=a,b"]))
     assert (cfg.wandb.project, cfg.wandb.mode, cfg.wandb.tags, cfg.wandb.name) == ("p", "offline", ["a", "b"], None)
+
+
+class _Recorder:
+    """A tracker that records what it was given."""
+
+    def __init__(self):
+        self.records, self.closed = [], []
+
+    def log(self, record, unit):
+        self.records.append((record["step"], unit))
+
+    def close(self, summary=None, exit_code=0):
+        self.closed.append((summary, exit_code))
+
+
+def test_trackers_are_closed_once_with_the_runs_exit_code(monkeypatch):
+    """An exception in the loop closes them with 1, Ctrl-C with 130 (W&B then marks the run failed, not running);
+    a normal close passes the summary; a second close does nothing."""
+    import multigpu as mg
+    from multigpu.monitor import StepMeter
+    from multigpu.train.metrics import MetricLogger
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    mg.init()
+    for error, code in ((RuntimeError("boom"), 1), (KeyboardInterrupt(), 130)):
+        tracker = _Recorder()
+        logger = MetricLogger(None, StepMeter("samples", progress=False), 4, trackers=lambda t=tracker: [t])
+        with pytest.raises(type(error)), logger.closed_on_error():
+            raise error
+        logger.close({"final_step": 4})
+        assert tracker.closed == [(None, code)]
+    tracker = _Recorder()
+    logger = MetricLogger(None, StepMeter("samples", progress=False), 4, trackers=lambda: [tracker])
+    with logger.closed_on_error():
+        logger.log(1, {"loss": torch.tensor(2.0), "grad_norm": 1.0, "lr": 0.1}, flush=True)
+    logger.close({"final_step": 1}, exit_code=143)
+    assert tracker.records == [(1, "samples")] and tracker.closed == [({"final_step": 1}, 143)]

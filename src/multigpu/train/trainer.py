@@ -484,7 +484,8 @@ class Trainer:
                  "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
                  "peak_memory_bytes": peaks, **(extra or {})}
         summary = self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
-        self.logger.close(summary)  # the trackers get the summary, then finish
+        # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
+        self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
         return summary
 
     def _utilization(self, items_per_s: float) -> dict[str, Any]:
