@@ -6,6 +6,7 @@
     multigpu train --data multigpu.train.data:token_files data.kwargs.path=shakespeare/   # nanoGPT's train.bin
     multigpu train --model multigpu.train.hf:causal_lm model.kwargs.config=gpt2 model.kwargs.n_layer=2
     multigpu train --resume auto steps=400                    # continue the newest run, longer
+    multigpu train --logger wandb wandb.project=mine          # W&B on rank 0 beside metrics.jsonl (multigpu[tracking])
 
 ``check`` validates everything that needs the job's shape before a rank is
 spawned or a file written: the batch split over the world size, the precision
