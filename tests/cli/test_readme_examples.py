@@ -87,3 +87,16 @@ def test_the_bring_your_own_training_command_trains(tmp_path):
     val = [r["val_loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
            if "val_loss" in r]
     assert len(val) == 2 and val[1] < val[0], val
+
+
+def test_the_accelerate_line_launches_the_same_job_as_our_spelling(fake_gpus, capsys):
+    """The README's ``multigpu launch --num-processes 2 --mixed-precision bf16 train.py`` (torch's launcher mocked)
+    is ``--nproc-per-node 2`` with accelerate's precision variable set, and says its translation once."""
+    from tests.cli.test_launch_aliases import _launched
+
+    argv = _bash_line("multigpu launch --num-processes 2 --mixed-precision bf16")
+    assert argv[0] == "launch" and argv[-1] == "train.py"
+    theirs, env, said = _launched(argv[1:-1], fake_gpus, capsys)
+    ours, _, _ = _launched(["--nproc-per-node", "2"], fake_gpus, capsys)
+    assert theirs == ours and theirs[0] == 2
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and said.count("--mixed-precision is precision=bf16 here") == 1
