@@ -56,6 +56,27 @@ def test_the_workload_block_runs_through_multigpu_run(tmp_path):
 
 
 @pytest.mark.e2e
+def test_the_env_factory_block_trains_through_multigpu_rl(tmp_path):
+    """The README's ``mypkg/envs.py`` (gymnasium's own vector env) and its ``multigpu rl --env`` command, on its
+    2 ranks, with its env.kwargs and --obs-norm; shortened to 4 updates (its target needs 2M env-steps)."""
+    pytest.importorskip("gymnasium")
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "envs.py").write_text(_python_block("def make_env(num_envs, seed, device, autoreset_mode"))
+    argv = _bash_line("multigpu rl --env mypkg.envs:make_env")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
+    proc = run_cli(*argv, "total_env_steps=2048", "num_envs=8", "num_steps=64", "num_minibatches=2", "update_epochs=1",
+                   "--run-dir", str(tmp_path / "run"), env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
+    assert config["env"] == {"factory": "mypkg.envs:make_env", "kwargs": {"name": "MountainCarContinuous-v0"}}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["rl"]["updates"] == 4
+    assert summary["rl"]["obs_norm"]["count"] == 8 * (1 + 4 * 64)  # all-reduced over both ranks' 4 envs
+
+
+@pytest.mark.e2e
 def test_the_bring_your_own_training_command_trains(tmp_path):
     argv = _bash_line("multigpu train --model examples.byo_train:regressor")
     proc = run_cli(*argv, "steps=20", "eval_every=10", "checkpoint_every=0", "--run-dir", str(tmp_path / "run"),
@@ -66,3 +87,16 @@ def test_the_bring_your_own_training_command_trains(tmp_path):
     val = [r["val_loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
            if "val_loss" in r]
     assert len(val) == 2 and val[1] < val[0], val
+
+
+def test_the_accelerate_line_launches_the_same_job_as_our_spelling(fake_gpus, capsys):
+    """The README's ``multigpu launch --num-processes 2 --mixed-precision bf16 train.py`` (torch's launcher mocked)
+    is ``--nproc-per-node 2`` with accelerate's precision variable set, and says its translation once."""
+    from tests.cli.test_launch_aliases import _launched
+
+    argv = _bash_line("multigpu launch --num-processes 2 --mixed-precision bf16")
+    assert argv[0] == "launch" and argv[-1] == "train.py"
+    theirs, env, said = _launched(argv[1:-1], fake_gpus, capsys)
+    ours, _, _ = _launched(["--nproc-per-node", "2"], fake_gpus, capsys)
+    assert theirs == ours and theirs[0] == 2
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and said.count("--mixed-precision is precision=bf16 here") == 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from multigpu.errors import ConfigError
+from multigpu.train.trackers import TrackerName, WandbConfig
 
 __all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum"]
 
@@ -119,6 +120,14 @@ class TrainConfig:
     """On Ctrl-C or SIGTERM (from the launcher, ``timeout`` or a scheduler), finish the current step on every
     rank, write a checkpoint, then exit (130 for SIGINT, 143 for SIGTERM); False: stop at once, keeping only
     the periodic checkpoints."""
+
+    logger: list[TrackerName] | None = None
+    """Trackers beside the console and ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb``
+    (``logger=tensorboard,wandb``; ``[]``: none); rank 0 only. None: TensorBoard when it is installed.
+    See :mod:`multigpu.train.trackers`; ``pip install "multigpu[tracking]"`` installs both."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """``logger: wandb``'s run: ``wandb.project`` (multigpu), ``wandb.name`` (the run directory's name),
+    ``wandb.entity``, ``wandb.mode`` (online/offline/disabled), ``wandb.dir`` (the run directory), ``wandb.tags``."""
 
     seed: int = 1337
     callbacks: list[str] = field(default_factory=list)

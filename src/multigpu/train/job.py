@@ -6,6 +6,7 @@
     multigpu train --data multigpu.train.data:token_files data.kwargs.path=shakespeare/   # nanoGPT's train.bin
     multigpu train --model multigpu.train.hf:causal_lm model.kwargs.config=gpt2 model.kwargs.n_layer=2
     multigpu train --resume auto steps=400                    # continue the newest run, longer
+    multigpu train --logger wandb wandb.project=mine          # W&B on rank 0 beside metrics.jsonl (multigpu[tracking])
 
 ``check`` validates everything that needs the job's shape before a rank is
 spawned or a file written: the batch split over the world size, the precision
@@ -97,6 +98,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     from multigpu.factory import import_object
     from multigpu.train.precision import check_precision, probe_support
     from multigpu.train.sync import check_sync_backend
+    from multigpu.train.trackers import check_trackers
 
     cfg.validate_for(plan.world_size)
     for device_type in plan.device_types:
@@ -106,6 +108,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     cfg.data.check("data.factory", _context(cfg))
     if cfg.loss:
         import_object(cfg.loss, what="loss", callable_only=True)
+    check_trackers(cfg.logger)  # logger: wandb without wandb installed: one line, before anything spawns
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
     if cfg.strategy == "fsdp":
@@ -343,6 +346,8 @@ WORKLOAD = Workload(
         Flag("--strategy", "strategy", choices=["ddp", "fsdp"],
              help="ddp: a whole replica per rank; fsdp: parameters, gradients and optimizer state sharded"),
         Flag("--compile", "compile", action="store_true", help="torch.compile the model"),
+        Flag("--logger", "logger", metavar="NAME[,NAME]",
+             help="trackers beside metrics.jsonl: tensorboard, wandb (wandb.project=..., wandb.mode=offline)"),
         Flag("--export", "export", choices=["none", "safetensors"], help="write the final weights (model.safetensors)"),
     ),
     bench=("steps=20", "eval_every=0", "checkpoint_every=0", "log_every=0", "sample_chars=0"),

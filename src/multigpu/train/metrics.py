@@ -4,14 +4,17 @@ Every step adds its loss to a running sum on the device (no sync). At a log
 point one small all-reduce (sum) and one (max) combine the window of every
 rank: mean loss, tokens/s (all ranks' items over the slowest rank's time),
 step time and the share of it spent in gradient communication. Rank 0 then
-prints a line, appends it to ``metrics.jsonl`` in the run directory and, when
-the ``tensorboard`` package is installed, to TensorBoard (``<run_dir>/tb``).
+prints a line, appends it to ``metrics.jsonl`` in the run directory and hands
+it to the trackers the ``logger`` key names (TensorBoard, W&B: see
+:mod:`multigpu.train.trackers`); they get the run's summary when it closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +23,9 @@ import torch
 import multigpu as mg
 from multigpu.files import JsonlLog, read_jsonl, write_text_atomic
 from multigpu.monitor import StepMeter
+from multigpu.train.trackers import close_all
 
 __all__ = ["MetricLogger"]
-
-
-def _tensorboard(run_dir: Path | None):
-    """A SummaryWriter when tensorboard is installed (optional: ``pip install tensorboard``), else None."""
-    if run_dir is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # optional
-        return None
-    return SummaryWriter(str(run_dir / "tb"))
 
 
 def _drop_records_after(path: Path, step: int) -> None:
@@ -50,7 +43,7 @@ class MetricLogger:
     """Accumulates per-step figures and logs the reduced window; see the module docstring."""
 
     def __init__(self, run_dir: Path | None, meter: StepMeter, total_steps: int, *, fresh: bool = True,
-                 resumed_at: int = 0):
+                 resumed_at: int = 0, trackers: Callable[[], list] | None = None):
         self.run_dir = run_dir
         self.meter = meter
         self.total_steps = total_steps
@@ -60,7 +53,7 @@ class MetricLogger:
         self.first_step_at: float | None = None
         self.start = time.time()
         self.history: list[dict[str, Any]] = []
-        self._tb = _tensorboard(run_dir) if mg.is_main() else None
+        self._trackers = trackers() if trackers is not None and mg.is_main() else []  # rank 0 only
         self._log = JsonlLog(run_dir / "metrics.jsonl", "metrics records") if run_dir is not None else None
         if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -118,11 +111,19 @@ class MetricLogger:
         print(" | ".join(parts), flush=True)
         if self._log is not None:
             self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
-        if self._tb is not None:
-            for key in ("loss", "val_loss", "grad_norm", "lr", f"{self.meter.unit}_per_s", "comm_share"):
-                if record.get(key) is not None:
-                    self._tb.add_scalar(f"train/{key}", record[key], record["step"])
+        for tracker in self._trackers:
+            tracker.log(record, self.meter.unit)
 
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+    @contextlib.contextmanager
+    def closed_on_error(self) -> Iterator[None]:
+        """Around the training loop: an exception (or Ctrl-C) closes the trackers as failed, then goes on."""
+        try:
+            yield
+        except BaseException as exc:
+            self.close(exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1)
+            raise
+
+    def close(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
+        """Close the trackers (with the run's summary); closing again does nothing."""
+        trackers, self._trackers = self._trackers, []
+        close_all(trackers, summary, exit_code)

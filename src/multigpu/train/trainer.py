@@ -243,13 +243,23 @@ class Trainer:
             self.unit, replace(context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
             total_steps=cfg.steps - self.step, description="train", log_every=0,
             warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
-        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step)
+        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step,
+                                   trackers=self._open_trackers)
         if cfg.callbacks:
             from multigpu.factory import call_factory
 
             self.callbacks += [call_factory(spec, what="callbacks") for spec in cfg.callbacks]
         if mg.is_main():
             self._print_plan()
+
+    def _open_trackers(self) -> list:
+        """TensorBoard, W&B (``config.logger``) on rank 0; W&B gets the resolved config and the job's shape."""
+        from multigpu.train.trackers import open_trackers
+
+        cfg = self.config
+        shape = {"world_size": self.world_size, "effective_batch": self.effective_batch}
+        return open_trackers(cfg.logger, self.run_dir, wandb=cfg.wandb, config={**_plain(cfg), **shape},
+                             fresh=self.step == 0)
 
     def _print_plan(self) -> None:
         cfg = self.config
@@ -371,7 +381,8 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg = self.config
-        with InterruptFlag(cfg.checkpoint_on_interrupt) as interrupt:
+        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever)
+        with InterruptFlag(cfg.checkpoint_on_interrupt) as interrupt, self.logger.closed_on_error():
             while self.step < cfg.steps:
                 metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
                 self.step += 1
@@ -465,7 +476,6 @@ class Trainer:
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Stop the data stream and write the run summary (rank 0). Call on all ranks. Returns the summary."""
         self.batches.close()
-        self.logger.close()
         peaks = mg.gather([_peak_memory(self.env.device)], dst=0)  # one entry per rank
         if mg.is_main():
             kind = "max_memory_allocated" if self.env.device.type == "cuda" else "peak RSS"
@@ -473,7 +483,10 @@ class Trainer:
         fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
                  "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
                  "peak_memory_bytes": peaks, **(extra or {})}
-        return self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
+        summary = self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
+        # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
+        self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
+        return summary
 
     def _utilization(self, items_per_s: float) -> dict[str, Any]:
         """FLOPs per token and MFU (None where the device's peak is unknown: pass ``peak_tflops``)."""
