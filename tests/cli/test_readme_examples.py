@@ -100,3 +100,40 @@ def test_the_accelerate_line_launches_the_same_job_as_our_spelling(fake_gpus, ca
     ours, _, _ = _launched(["--nproc-per-node", "2"], fake_gpus, capsys)
     assert theirs == ours and theirs[0] == 2
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and said.count("--mixed-precision is precision=bf16 here") == 1
+
+
+@pytest.mark.e2e
+def test_the_token_files_and_hugging_face_commands_run_as_written(tmp_path):
+    """The README's nanoGPT token-file command, in a folder holding data/shakespeare/{train,val}.bin as nanoGPT's
+    prepare.py writes them, and its Hugging Face command (skipped without transformers) on notes.txt; both on
+    one rank for a few steps; the Hugging Face model shrunk in width and compiled eagerly (compiling GPT-2 on a
+    CPU takes minutes), everything else as the README says, the safetensors export included."""
+    import numpy as np
+
+    data = tmp_path / "data" / "shakespeare"
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 65, 30_000, dtype=np.uint16).tofile(data / "train.bin")
+    rng.integers(0, 65, 3_000, dtype=np.uint16).tofile(data / "val.bin")
+    env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    short = ["--nproc-per-node", "1", "steps=2", "batch_size=2", "eval_every=0", "log_every=1"]
+    argv = _bash_line("multigpu train --data multigpu.train.data:token_files")
+    proc = run_cli(*argv, *short, "--run-dir", str(tmp_path / "tokens"), env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "30,000 train tokens, 3,000 validation (uint16" in proc.stdout, proc.stdout[-2000:]
+    assert json.loads((tmp_path / "tokens" / "summary.json").read_text())["final_step"] == 2
+
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    (tmp_path / "notes.txt").write_text(README)
+    argv = _bash_line("multigpu train --model multigpu.train.hf:causal_lm")
+    proc = run_cli(*argv, *short, "compile=false", "block_size=32", "model.kwargs.n_embd=32", "model.kwargs.n_head=2",
+                   "--run-dir", str(tmp_path / "hf"), env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "hf" / "summary.json").read_text())["final_step"] == 2
+    exported = list((tmp_path / "hf").rglob("*.safetensors"))
+    assert len(exported) == 1, exported
+    from safetensors.torch import load_file
+
+    weights = load_file(exported[0])
+    assert weights["lm_head.weight"].shape[1] == 32  # tied with the token embedding: stored once
+    assert {name.split(".")[2] for name in weights if name.startswith("transformer.h.")} == {"0", "1"}  # n_layer=2

@@ -232,7 +232,12 @@ def sample(model, data, cfg: TrainJobConfig, device) -> str:
 
     model.eval()
     prompt = data.encode(cfg.sample_prompt or "\n").long().unsqueeze(0).to(device)
-    out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator().manual_seed(cfg.seed))
+    if getattr(model, "generation_config", None) is not None:  # a Hugging Face model: its own generate()
+        torch.manual_seed(cfg.seed)
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=cfg.sample_chars,
+                             do_sample=True, pad_token_id=0)
+    else:  # the nano protocol: generate(idx, max_new_tokens, generator=)
+        out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator().manual_seed(cfg.seed))
     return data.decode(out[0].tolist())
 
 
