@@ -35,12 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0"]
 
 
-def run_ours(steps: int, tmp: Path, prefetch: int, nproc: int = 2) -> dict:
+def run_ours(steps: int, tmp: Path, prefetch: int, nproc: int = 2, src: str | None = None) -> dict:
+    """`multigpu train` from this checkout, or from the source tree ``src`` (e.g. an older commit's src/)."""
     run_dir = tmp / f"ours-{time.monotonic_ns()}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))} if src else None
     cmd = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", str(nproc),
            "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", *BENCH]
     start = time.time()
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"throughput": summary["throughput"], "startup_s": summary["first_step_at"] - start}
 
@@ -76,6 +78,9 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=2, help="our trainer's prefetch (the peers have none)")
     parser.add_argument("--only", default=None, help="comma-separated contenders, e.g. ours,raw")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per contender")
+    parser.add_argument("--before-src", default=None, metavar="DIR",
+                        help="also run `multigpu train` from this source tree as contender 'before' "
+                             "(e.g. `git archive BASE src | tar -x -C /tmp/base`: before/after in one run)")
     args = _record.add_flags(parser).parse_args()
     if args.quick:
         args.steps, args.rounds = 12, 2
@@ -83,13 +88,19 @@ def main() -> int:
         args.steps, args.rounds, args.only, args.nproc = 3, 1, "ours,raw", 1
     notes: list[str] = []
     names = [n for n in available(notes) if args.only is None or n in args.only.split(",")]
+    if args.before_src:
+        names.insert(1, "before")
+        notes.append(f"before = multigpu train from {args.before_src}")
     results: dict[str, list[dict]] = {n: [] for n in names}
     rows, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         for r in range(args.rounds):
             for name in names:
-                res = (run_ours(args.steps, Path(tmp), args.prefetch, args.nproc) if name == "ours"
-                       else run_peer(name, args.steps, Path(tmp), args.nproc))
+                if name in ("ours", "before"):
+                    src = args.before_src if name == "before" else None
+                    res = run_ours(args.steps, Path(tmp), args.prefetch, args.nproc, src)
+                else:
+                    res = run_peer(name, args.steps, Path(tmp), args.nproc)
                 results[name].append(res)
                 rows.append({"round": r + 1, "contender": name, "tokens/s": res["throughput"],
                              "launch to first step (s)": res["startup_s"], "load": os.getloadavg()[0]})

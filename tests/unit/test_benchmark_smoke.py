@@ -50,6 +50,7 @@ def _smoke(script: str, tmp_path) -> dict:
     return record
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_train_peers_smoke(tmp_path):
     r = _smoke("train_peers", tmp_path)
     assert {row["contender"] for row in r["rows"]} == {"ours", "raw"}
@@ -57,16 +58,26 @@ def test_train_peers_smoke(tmp_path):
     assert [x["name"] for x in r["ratios"]] == ["ours / raw tokens/s", "ours - raw launch to first step (s)"]
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
+def test_launch_overhead_smoke(tmp_path):
+    r = _smoke("launch_overhead", tmp_path)
+    assert [row["contender"] for row in r["rows"]] == ["ours", "torchrun"]
+    assert all(row["wall to spawn (s)"] > 0 and row["CPU to spawn (s)"] > 0 for row in r["rows"])
+    assert [x["name"] for x in r["ratios"]] == ["ours - torchrun, wall to spawn (s)", "ours - torchrun, cpu to spawn (s)"]
+
+
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_train_scaling_smoke(tmp_path):
     r = _smoke("train_scaling", tmp_path)
     assert [(row["round"], row["ranks"], row["speedup"]) for row in r["rows"]] == [(1, 1, 1.0)]
     assert r["rows"][0]["tokens/s"] > 0
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_infer_vs_monai_smoke(tmp_path):
     r = _smoke("infer_vs_monai", tmp_path)
     names = {row["contender"] for row in r["rows"]}
-    assert names >= {"ours, 1 rank", "ours, 2 ranks", "gather, 2 ranks"}
+    assert names >= {"ours, 1 rank", "ours, 2 ranks"}
     assert r["config"]["2 ranks bitwise equal to 1 rank"] is True
     expected = {"ours 2 ranks / ours 1 rank windows/s"}
     if importlib.util.find_spec("monai"):
@@ -75,6 +86,7 @@ def test_infer_vs_monai_smoke(tmp_path):
     assert {x["name"] for x in r["ratios"]} == expected and all(x["round"] == 1 for x in r["ratios"])
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_sim_throughput_smoke(tmp_path):
     r = _smoke("sim_throughput", tmp_path)
     assert {(row["impl"], row["agents"]) for row in r["rows"]} == {("ours", 10_000), ("hand", 10_000)}
@@ -82,6 +94,7 @@ def test_sim_throughput_smoke(tmp_path):
     assert [x["name"] for x in r["ratios"]] == ["ours / hand, sir 10,000 agents"]
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_sim_scaling_smoke(tmp_path):
     r = _smoke("sim_scaling", tmp_path)
     assert [(row["strategy"], row["mode"], row["ranks"]) for row in r["rows"]] == [("spatial", "strong", 1),
@@ -89,11 +102,13 @@ def test_sim_scaling_smoke(tmp_path):
     assert r["ratios"][0]["name"] == "2 ranks / 1 rank agent-steps/s, spatial strong"
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_envs_ppo_ranks_smoke(tmp_path):
     r = _smoke("envs_ppo_ranks", tmp_path)
     assert [row["ranks"] for row in r["rows"]] == [1, 2] and all(row["env_steps"] > 0 for row in r["rows"])
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_envs_cartpole_smoke(tmp_path):
     help_text = subprocess.run([sys.executable, str(BENCH / "envs_cartpole.py"), "--help"], capture_output=True,
                                text=True, timeout=60, cwd=ROOT).stdout
