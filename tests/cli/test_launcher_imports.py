@@ -22,7 +22,8 @@ import multigpu.launch.agent as agent
 agent._elastic_launch = lambda config, entrypoint, args: {}
 from multigpu.cli import main
 code = main(sys.argv[2:])
-names = ("multigpu.sim", "multigpu.infer", "multigpu.rl", "torch.distributed.checkpoint", "sympy")
+names = ("multigpu.sim", "multigpu.infer", "multigpu.rl", "multigpu.train.trainer", "multigpu.monitor",
+         "torch.distributed.checkpoint", "sympy")
 json.dump({"code": code, "loaded": [n for n in names if n in sys.modules]}, open(sys.argv[1], "w"))
 """
 
