@@ -97,15 +97,14 @@ def test_sim_throughput_smoke(tmp_path):
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_sim_scaling_smoke(tmp_path):
     r = _smoke("sim_scaling", tmp_path)
-    assert [(row["strategy"], row["mode"], row["ranks"]) for row in r["rows"]] == [("spatial", "strong", 1),
-                                                                                   ("spatial", "strong", 2)]
-    assert r["ratios"][0]["name"] == "2 ranks / 1 rank agent-steps/s, spatial strong"
+    assert [(row["strategy"], row["ranks"], row["agents"]) for row in r["rows"]] == [("spatial", 1, 10_000)]
+    assert r["rows"][0]["throughput"] > 0 and r["ratios"] == []  # the 2-rank runs are left to --quick
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_envs_ppo_ranks_smoke(tmp_path):
     r = _smoke("envs_ppo_ranks", tmp_path)
-    assert [row["ranks"] for row in r["rows"]] == [1, 2] and all(row["env_steps"] > 0 for row in r["rows"])
+    assert [row["ranks"] for row in r["rows"]] == [1] and r["rows"][0]["env_steps"] > 0  # 2 ranks: --quick
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
