@@ -123,7 +123,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: one pass of ours and of MONAI in this process under cProfile (1 thread), "
+                             "their top functions by own time: where each spends time outside the model")
     args = _record.add_flags(parser).parse_args()
+    if args.profile:
+        return _profile(args.size)
     if args.smoke:  # a few windows, one repeat: checks the script, not the speed
         args.size, args.repeats = 384, 1
     n = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).num_windows
@@ -155,6 +160,27 @@ def main() -> int:
               f"time ours / gather {ours2['s'] / gather2['s']:.2f}x")
     _write(args, n, {"ours, 1 rank": ours1, "MONAI, 1 rank": monai1, "ours, 2 ranks": ours2,
                      "gather, 2 ranks": gather2})
+    return 0
+
+
+def _profile(size: int, top: int = 12) -> int:
+    import cProfile
+    import io
+    import pstats
+
+    torch.set_num_threads(1)
+    model, x = _setup(size)
+    for name, run in (("ours", _ours), ("MONAI", _monai)):
+        run(x[:, :, :ROI, :ROI], model)  # warm-up, as in the timed runs
+        profile = cProfile.Profile()
+        profile.enable()
+        run(x, model)
+        profile.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text)
+        stats.sort_stats("tottime").print_stats(top)
+        print(f"== {name}: {stats.total_tt:.3f} s in all (profiled), top {top} by own time")
+        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
     return 0
 
 
