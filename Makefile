@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick lint setup clean
+.PHONY: demo test test-quick lint setup clean bench
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
+
+# Every side-by-side benchmark in quick mode (takes /tmp/multigpu-bench.lock itself), into one JSON;
+# then the Markdown table and the generated block of benchmarks/RESULTS.md are rendered from it.
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py --out benchmarks/results/bench.json; rc=$$?; \
+	$(PY) benchmarks/render.py benchmarks/results/bench.json --results benchmarks/RESULTS.md && exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks

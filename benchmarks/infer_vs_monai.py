@@ -1,6 +1,7 @@
 """Sliding-window inference, measured side by side in one run (CPU ranks here; any device the ranks get).
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/infer_vs_monai.py [--size 2048] [--repeats 3]
+    .venv/bin/python benchmarks/infer_vs_monai.py --quick --json out.json     # what `make bench` runs
 
 Same model (a small conv net, 3 -> 16 -> 3 channels, fixed seed), same 1x3xSxS input,
 roi 256, overlap 0.25, batch 8, Gaussian blending. Every measurement runs in its
@@ -21,6 +22,7 @@ import resource
 import statistics
 import time
 
+import _record
 import psutil
 import torch
 
@@ -108,7 +110,7 @@ def _summary(results: list[dict], num_windows: int) -> dict:
     slowest = [max(r["times"][i] for r in results) for i in range(len(results[0]["times"]))]
     s = statistics.median(slowest)
     r0 = results[0]
-    return {"s": s, "wps": num_windows / s, "rank0_mb": r0["peak_mb"] - r0["baseline_mb"], "rank0_peak_mb": r0["peak_mb"],
+    return {"s": s, "times": slowest, "wps": num_windows / s, "rank0_mb": r0["peak_mb"] - r0["baseline_mb"], "rank0_peak_mb": r0["peak_mb"],
             "checksum": r0["checksum"], "sent": [r["sent"] for r in results]}
 
 
@@ -121,12 +123,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: one pass of ours and of MONAI in this process under cProfile (1 thread), "
+                             "their top functions by own time: where each spends time outside the model")
+    args = _record.add_flags(parser).parse_args()
+    if args.profile:
+        return _profile(args.size)
+    if args.smoke:  # a few windows, one repeat: checks the script, not the speed
+        args.size, args.repeats = 384, 1
     n = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).num_windows
     print(f"input 1x3x{args.size}x{args.size}, roi {ROI}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows; "
           f"median of {args.repeats} runs, 1 thread per rank, torch {torch.__version__}")
     ours1 = _summary(_run("ours", 1, args.size, args.repeats), n)
     print(_line("ours, 1 rank", ours1))
+    monai1 = None
     try:
         import monai  # noqa: F401
 
@@ -140,13 +150,60 @@ def main() -> int:
     print(_line("ours, 2 ranks", ours2))
     print(f"  speedup 2 ranks vs 1: {ours1['s'] / ours2['s']:.2f}x (checksum {ours2['checksum']:.6f}, "
           f"bitwise equal to 1 rank: {ours2['checksum'] == ours1['checksum']})")
-    gather2 = _summary(_run("gather", 2, args.size, args.repeats), n)
-    print(_line("gather window outputs, 2 ranks", gather2))
-    ours_bytes = sum(v for s in ours2["sent"][1:] for v in s.values())
-    print(f"  bytes rank 1 sent to the others: ours (canvas + owners) {ours_bytes / 2**20:.1f} MiB "
-          f"{ours2['sent'][1]}, gather {gather2['sent'][0].get('received_by_rank0', 0) / 2**20:.1f} MiB; "
-          f"time ours / gather {ours2['s'] / gather2['s']:.2f}x")
+    gather2 = None
+    if not args.smoke:  # the stitching alternative: a third spawn the smoke test does without
+        gather2 = _summary(_run("gather", 2, args.size, args.repeats), n)
+        print(_line("gather window outputs, 2 ranks", gather2))
+        ours_bytes = sum(v for s in ours2["sent"][1:] for v in s.values())
+        print(f"  bytes rank 1 sent to the others: ours (canvas + owners) {ours_bytes / 2**20:.1f} MiB "
+              f"{ours2['sent'][1]}, gather {gather2['sent'][0].get('received_by_rank0', 0) / 2**20:.1f} MiB; "
+              f"time ours / gather {ours2['s'] / gather2['s']:.2f}x")
+    _write(args, n, {"ours, 1 rank": ours1, "MONAI, 1 rank": monai1, "ours, 2 ranks": ours2,
+                     "gather, 2 ranks": gather2})
     return 0
+
+
+def _profile(size: int, top: int = 12) -> int:
+    import cProfile
+    import io
+    import pstats
+
+    torch.set_num_threads(1)
+    model, x = _setup(size)
+    for name, run in (("ours", _ours), ("MONAI", _monai)):
+        run(x[:, :, :ROI, :ROI], model)  # warm-up, as in the timed runs
+        profile = cProfile.Profile()
+        profile.enable()
+        run(x, model)
+        profile.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text)
+        stats.sort_stats("tottime").print_stats(top)
+        print(f"== {name}: {stats.total_tt:.3f} s in all (profiled), top {top} by own time")
+        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+    return 0
+
+
+def _write(args, num_windows: int, runs: dict) -> None:
+    """The per-round figures (round i = every contender's i-th timed pass) and the ratios per round."""
+    rows, ratios = [], []
+    for i in range(args.repeats):
+        for name, s in runs.items():
+            if s is not None:
+                rows.append({"round": i + 1, "contender": name, "seconds": s["times"][i],
+                             "windows/s": num_windows / s["times"][i], "rank 0 peak RSS (MiB)": s["rank0_peak_mb"]})
+        one, two, monai = runs["ours, 1 rank"]["times"][i], runs["ours, 2 ranks"]["times"][i], runs["MONAI, 1 rank"]
+        if monai is not None:
+            ratios.append(_record.ratio("ours 1 rank / MONAI windows/s", monai["times"][i] / one, i + 1))
+        ratios.append(_record.ratio("ours 2 ranks / ours 1 rank windows/s", one / two, i + 1))
+    ours1, monai1 = runs["ours, 1 rank"], runs["MONAI, 1 rank"]
+    checks = {"2 ranks bitwise equal to 1 rank": runs["ours, 2 ranks"]["checksum"] == ours1["checksum"]}
+    if monai1 is not None:
+        checks["checksum ours - MONAI"] = ours1["checksum"] - monai1["checksum"]
+    notes = [f"MONAI {_record.version('monai')}" if monai1 else "MONAI not installed: skipped (pip install monai)"]
+    _record.write(args, "infer_vs_monai", {"size": args.size, "roi": ROI, "overlap": OVERLAP, "batch": BATCH,
+                                           "blend": BLEND, "windows": num_windows, "repeats": args.repeats,
+                                           **checks}, rows, ratios, notes)
 
 
 if __name__ == "__main__":

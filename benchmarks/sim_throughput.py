@@ -1,6 +1,7 @@
 """Agent-steps/s and bytes/agent: multigpu.sim vs the hand-written torch loop vs AgentTorch (one process).
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/sim_throughput.py [--sizes 1e6,1e7,1e8] [--models movement,sir]
+    .venv/bin/python benchmarks/sim_throughput.py --quick --json out.json     # what `make bench` runs
 
 Each (implementation, model, size) runs in its own subprocess with one thread,
 so its peak RSS is its own. The same run measures every implementation on the
@@ -16,6 +17,8 @@ import resource
 import subprocess
 import sys
 import time
+
+import _record
 
 STEPS = {1_000_000: 10, 10_000_000: 5, 100_000_000: 3}
 GRID = (1000, 1000)
@@ -162,29 +165,44 @@ def main() -> int:
     parser.add_argument("--models", default="movement,sir")
     parser.add_argument("--impls", default="ours-compiled,ours,hand,agenttorch")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=1, help="measure every implementation this many times, in turn")
+    args = _record.add_flags(parser).parse_args()
     if args.child:
         impl, model, n, steps = args.child
         _child(impl, model, int(n), int(steps))
         return 0
+    if args.quick:  # compiled kernels take minutes to build on CPU: the quick set leaves them out
+        args.sizes, args.impls, args.rounds = "1e7", "ours,hand,agenttorch", 2
+    if args.smoke:
+        args.sizes, args.models, args.impls, args.rounds = "1e4", "sir", "ours,hand", 1
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     rows = []
     print(f"{'model':<9} {'agents':>12} {'implementation':<14} {'agent-steps/s':>14} {'bytes/agent':>11} "
           f"{'peak RSS MB':>11} {'vs hand':>8}")
-    for model in args.models.split(","):
-        for n in sizes:
-            steps = STEPS.get(n, 5)
-            results = {impl: _measure(impl, model, n, steps) for impl in args.impls.split(",")}
-            hand = results.get("hand", {}).get("agent_steps_per_s")
-            for impl, r in results.items():
-                if "skipped" in r:
-                    print(f"{model:<9} {n:>12,} {impl:<14} skipped: {r['skipped']}")
-                    continue
-                ratio = f"{r['agent_steps_per_s'] / hand:.2f}x" if hand else "-"
-                print(f"{model:<9} {n:>12,} {impl:<14} {r['agent_steps_per_s']:>14,.0f} {r['bytes_per_agent']:>11} "
-                      f"{r['peak_rss_mb']:>11,.0f} {ratio:>8}", flush=True)
-                rows.append({"model": model, "agents": n, "impl": impl, "steps": steps, **r})
+    ratios, notes = [], []
+    for round_ in range(1, args.rounds + 1):
+        for model in args.models.split(","):
+            for n in sizes:
+                steps = STEPS.get(n, 5)
+                results = {impl: _measure(impl, model, n, steps) for impl in args.impls.split(",")}
+                hand = results.get("hand", {}).get("agent_steps_per_s")
+                for impl, r in results.items():
+                    if "skipped" in r:
+                        print(f"{model:<9} {n:>12,} {impl:<14} skipped: {r['skipped']}")
+                        if round_ == 1:
+                            notes.append(f"{impl} {model} {n:,}: skipped: {r['skipped']}")
+                        continue
+                    ratio = f"{r['agent_steps_per_s'] / hand:.2f}x" if hand else "-"
+                    print(f"{model:<9} {n:>12,} {impl:<14} {r['agent_steps_per_s']:>14,.0f} {r['bytes_per_agent']:>11} "
+                          f"{r['peak_rss_mb']:>11,.0f} {ratio:>8}", flush=True)
+                    rows.append({"round": round_, "model": model, "agents": n, "impl": impl, "steps": steps, **r})
+                    if hand and impl != "hand":
+                        ratios.append(_record.ratio(f"{impl} / hand, {model} {n:,} agents",
+                                                    r["agent_steps_per_s"] / hand, round_))
     print("JSON " + json.dumps(rows))
+    _record.write(args, "sim_throughput", {"sizes": sizes, "models": args.models.split(","),
+                                           "impls": args.impls.split(","), "rounds": args.rounds, "grid": GRID},
+                  [{k: v for k, v in r.items() if k != "note"} for r in rows], ratios, notes)
     return 0
 
 

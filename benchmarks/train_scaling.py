@@ -1,6 +1,7 @@
 """Benchmark: nano GPT scaling from 1 to 2 ranks (CPU here), with the communication share.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/train_scaling.py [--steps 30] [--nproc 1,2]
+    .venv/bin/python benchmarks/train_scaling.py --quick --json out.json     # what `make bench` runs
 
 Strong scaling: the global batch stays 32 samples of 128 characters
 (``global_batch_size=32``), split over the ranks; each rank gets cores / ranks
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import _record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,10 +38,27 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--nproc", default="1,2")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. sync_backend=cpu")
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the world sizes in turn (1, 2, 1, 2, ...)")
+    args = _record.add_flags(parser).parse_args()
+    if args.quick:
+        args.steps, args.rounds = 12, 2
+    if args.smoke:  # one tiny 1-rank run: checks the script, not the speed
+        args.steps, args.nproc, args.rounds = 3, "1", 1
     counts = [int(n) for n in args.nproc.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench_scaling_") as tmp:
-        rows = [(n, run(n, args.steps, Path(tmp), args.overrides)) for n in counts]
+        runs = [(r + 1, n, run(n, args.steps, Path(tmp) / f"r{r}", args.overrides))
+                for r in range(args.rounds) for n in counts]
+    record_rows, ratios = [], []
+    for r, n, s in runs:
+        base = next(x for rr, nn, x in runs if rr == r and nn == counts[0])["throughput"]
+        record_rows.append({"round": r, "ranks": n, "tokens/s": s["throughput"], "speedup": s["throughput"] / base,
+                            "comm share": s["comm_share"], "median step (s)": s["step_time_s"]["median"]})
+        if n != counts[0]:
+            ratios.append(_record.ratio(f"{n} ranks / {counts[0]} tokens/s", s["throughput"] / base, r))
+    _record.write(args, "train_scaling", {"steps": args.steps, "nproc": counts, "rounds": args.rounds,
+                                          "global_batch_size": 32, "overrides": args.overrides},
+                  record_rows, ratios)
+    rows = [(n, s) for r, n, s in runs if r == args.rounds]
     base = rows[0][1]["throughput"]
     print(f"nano GPT, global batch 32 × 128 tokens, {args.steps} steps {' '.join(args.overrides)}")
     print(f"{'ranks':>5}{'tokens/s':>11}{'speedup':>9}{'efficiency':>12}{'comm share':>12}{'step (s)':>10}")

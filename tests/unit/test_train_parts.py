@@ -99,6 +99,27 @@ def test_data_vocab_split_and_errors(tmp_path):
         load_text(DataConfig(path=str(tmp_path)), min_chars=1000)
 
 
+def test_the_launchers_data_check_stops_at_the_first_file_and_keeps_its_errors(tmp_path):
+    """The check before spawning used to walk the whole standard library (issue 15); now the first match is enough,
+    and a missing folder or a folder without matching files is still refused there."""
+    from multigpu.train.data import _check_stdlib_text
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "notes.txt").write_text("x")
+    (tmp_path / "b").mkdir()
+    for i in range(3):
+        (tmp_path / "b" / f"m{i}.py").write_text("x = 1\n")
+    root, files = find_files(DataConfig(path=str(tmp_path)), first_only=True)
+    assert root == tmp_path and len(files) >= 1 and all(f.suffix == ".py" for f in files)
+    assert len(find_files(DataConfig(path=str(tmp_path)))[1]) == 3
+    _check_stdlib_text(path=str(tmp_path))
+    _check_stdlib_text(path=str(tmp_path / "b" / "m0.py"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        _check_stdlib_text(path=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match=r"has no \*\.rs files"):
+        _check_stdlib_text(path=str(tmp_path), pattern="*.rs")
+
+
 def test_default_data_is_the_standard_library():
     root, files = find_files(DataConfig())
     assert len(files) > 50 and all(f.suffix == ".py" for f in files)

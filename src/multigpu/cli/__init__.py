@@ -52,7 +52,13 @@ def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse
     return parser.add_argument(*aliases, **kwargs)
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(only: str | None = None) -> ArgumentParser:
+    """The whole command line; with ``only`` (a command name) just that command's subparser.
+
+    Building a workload's subparser imports the workload's module (its config class gives the flags), so
+    building all of them imports every workload (the simulation's pulls in torch.distributed.checkpoint and
+    DTensor: seconds of start-up). ``main`` builds only the command it was given (``_command_of``).
+    """
     parser = ArgumentParser(
         prog="multigpu",
         description="Run a PyTorch workload on every GPU of one machine or many, and measure what it gained.",
@@ -61,6 +67,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for name in COMMANDS:
+        if only is not None and name != only:
+            continue
         if name in WORKLOAD_COMMANDS:
             from multigpu.jobs.command import add_workload_parser, run_command
             from multigpu.jobs.registry import builtin
@@ -90,6 +98,17 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word not starting with "-"), when it is one; else None.
+
+    The top-level options (--debug, --version, --help) take no value, so the first other word is the command.
+    None (a typo, no command, --help) makes ``main`` build every subparser, so the usage and the list of
+    valid commands are complete.
+    """
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def _version() -> str:
     from multigpu import __version__
 
@@ -107,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             os.environ.pop("MULTIGPU_DEBUG", None)
     try:
-        args = parse(build_parser(), argv)
+        args = parse(build_parser(_command_of(argv)), argv)
         if getattr(args, "_run", None) is None:
             build_parser().print_help()
             return 2

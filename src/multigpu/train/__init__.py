@@ -10,13 +10,29 @@
 
 ``multigpu train`` runs the built-in character-level GPT, or your model and
 data (factories), through the launcher: see :mod:`multigpu.train.job`.
+
+The names below are imported on first use: the launcher imports
+``multigpu.train.job`` (hence this package) to check a job before spawning,
+and needs none of the Trainer's modules (trainer, loader, monitor, ...) for it.
 """
 
-from multigpu.train.checkpoint import CheckpointManager, find_latest
-from multigpu.train.config import TrainConfig
-from multigpu.train.nano import DataConfig, ModelConfig
-from multigpu.train.optim import make_optimizer, make_scheduler
-from multigpu.train.trainer import Trainer, default_loss
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "CheckpointManager": "multigpu.train.checkpoint",
+    "find_latest": "multigpu.train.checkpoint",
+    "TrainConfig": "multigpu.train.config",
+    "DataConfig": "multigpu.train.nano",
+    "ModelConfig": "multigpu.train.nano",
+    "make_optimizer": "multigpu.train.optim",
+    "make_scheduler": "multigpu.train.optim",
+    "Trainer": "multigpu.train.trainer",
+    "default_loss": "multigpu.train.trainer",
+}
+"""Public name -> the module that defines it."""
 
 __all__ = [
     "CheckpointManager",
@@ -29,3 +45,22 @@ __all__ = [
     "make_optimizer",
     "make_scheduler",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports them
+    from multigpu.train.checkpoint import CheckpointManager, find_latest
+    from multigpu.train.config import TrainConfig
+    from multigpu.train.nano import DataConfig, ModelConfig
+    from multigpu.train.optim import make_optimizer, make_scheduler
+    from multigpu.train.trainer import Trainer, default_loss
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # once: later lookups do not come here
+        return value
+    raise AttributeError(f"module 'multigpu.train' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
