@@ -74,6 +74,7 @@ LEFT_OUT = {
     "train_fsdp_memory": "memory of ddp vs fsdp on a 12-layer GPT, minutes per run; not in the quick set",
     "reliability_recovery": "recovery after a SIGKILL, ours vs torchrun: minutes per round; not in the quick set",
     "reliability_orphans": "processes that outlive the launcher: 15 s waits per scenario; not in the quick set",
+    "train_tracking": "the cost of logger=wandb (needs wandb, offline): not a peer comparison",
     "gpu/": "skipped: no GPU here (GPU machine only: bash benchmarks/gpu/run_all.sh)",
 }
 
