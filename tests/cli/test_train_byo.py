@@ -108,6 +108,29 @@ def test_a_hugging_face_causal_lm_from_a_config_trains_on_two_ranks_and_exports_
     assert not missing and not unexpected
 
 
+def test_a_saved_hugging_face_dataset_trains_a_causal_lm(tmp_path):
+    """``multigpu.train.hf:saved_dataset``: a DatasetDict written with ``save_to_disk`` (token rows), dict batches
+    into a tiny causal LM; tokens counted per real token (rows of 32)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    datasets = pytest.importorskip("datasets", reason="datasets is not installed")
+    rng = np.random.default_rng(0)
+    rows = lambda n: {"input_ids": rng.integers(0, 50, (n, 32)).tolist()}  # noqa: E731
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows(64)),
+                          "validation": datasets.Dataset.from_dict(rows(8))}).save_to_disk(str(tmp_path / "ds"))
+    proc = run_cli("train", "--model", "multigpu.train.hf:causal_lm", "model.kwargs.config=gpt2",
+                   "model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2",
+                   "model.kwargs.vocab_size=50",
+                   "--data", "multigpu.train.hf:saved_dataset", f"data.kwargs.path={tmp_path / 'ds'}", "block_size=32",
+                   "steps=3", "batch_size=4", "eval_every=3", "eval_batches=1", "checkpoint_every=0", "log_every=1",
+                   "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), timeout=300,
+                   env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_step"] == 3 and summary["unit"] == "tokens"
+    assert summary["items"] == summary["steps"] * 4 * 32  # real tokens: batch 4 x 32 per measured step
+    assert 0 < summary["val_loss"] < 5.0  # ln 50 = 3.9 at random weights
+
+
 def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake_gpus):
     fake_gpus(0)
     cases = [
