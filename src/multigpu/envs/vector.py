@@ -110,7 +110,7 @@ class VectorEnv:
         """Views of the state's rows (it is only ever updated in place)."""
         self._elapsed_bound = 0  # >= every elapsed step count (CPU): below the limit, nothing can be truncated
         self._resets = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
-        self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)  # updated in place
         self._spaces: dict[str, Any] = {}
         self._k = self._constants()
         self._one = torch.tensor(1, dtype=torch.int32, device=self.device)
@@ -123,10 +123,17 @@ class VectorEnv:
             np_dtype = np.float32 if dtype == torch.float32 else np.float64
             self._low, self._scale = low.astype(np_dtype)[:, None], scale.astype(np_dtype)[:, None]
             self._views = (self.state.numpy(), self.elapsed_steps.numpy(), self._resets.numpy())
+            self._prev_done_np = self._prev_done.numpy()
+            self._ahead = np.empty((self.state_dim, self.num_envs), dtype=np_dtype)  # see _draw_ahead
+            self._stale = np.ones(self.num_envs, dtype=bool)
+            self._scratch_mask = np.empty(self.num_envs, dtype=bool)
         else:
             self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
             self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
         self._seed(seed)
+        self._host = self._on_cpu and self.host_step
+        if self._host:
+            self._host_setup()
 
     # -- subclass hooks --------------------------------------------------------------------------
 
@@ -144,6 +151,20 @@ class VectorEnv:
 
     def _make_single_spaces(self) -> tuple[Any, Any]:
         """``(single_observation_space, single_action_space)``."""
+        raise NotImplementedError
+
+    host_step: bool = False
+    """Step CPU environments through :meth:`_dynamics_host` and :meth:`_observe_host` (see ``_step_host``)."""
+
+    def _host_setup(self) -> None:
+        """Make the scratch buffers the host step writes into (once, when ``host_step`` is on)."""
+
+    def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_dynamics`` on the CPU, the same bits: return fresh ``(reward, terminated)`` arrays."""
+        raise NotImplementedError
+
+    def _observe_host(self) -> torch.Tensor:
+        """``_observe`` on the CPU, the same bits and layout."""
         raise NotImplementedError
 
     # -- spaces --------------------------------------------------------------------------------
@@ -186,6 +207,7 @@ class VectorEnv:
         self._keys = stream_keys(self.seed, self.env_ids)
         if self._on_cpu:
             self._keys = self._keys.numpy().astype(np.uint32)
+            self._stale[:] = True  # new keys: every drawn-ahead state is out of date
         self._resets.zero_()
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[torch.Tensor, dict]:
@@ -208,11 +230,13 @@ class VectorEnv:
         which = self._which(mask)
         if which is not None:
             self._reset_which(which)
-        self._prev_done = self._prev_done & ~mask
-        return self._observe(), {}
+        self._prev_done &= ~mask
+        return (self._observe_host() if self._host else self._observe()), {}
 
     def step(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Advance every environment by one step; see the module docstring for autoreset."""
+        if self._host:
+            return self._step_host(actions)
         actions = self._check_actions(actions)
         reward, terminated = self._dynamics(actions)
         self.elapsed_steps.add_(self._one)
@@ -227,7 +251,7 @@ class VectorEnv:
             if which is not None:  # these ended last step: reset now, as gymnasium's next-step autoreset
                 self._reset_which(which)
                 self._fill(which, (reward, 0.0), (terminated, False), (truncated, False))
-            self._prev_done = terminated | truncated
+            torch.logical_or(terminated, truncated, out=self._prev_done)
             obs = self._observe()
         elif self.autoreset_mode == "same_step":
             done = terminated | truncated
@@ -242,6 +266,60 @@ class VectorEnv:
         if self._on_cpu and self._elapsed_bound >= self.max_episode_steps:
             self._elapsed_bound = int(self.elapsed_steps.max())  # after this step's resets
         return obs, reward, terminated, truncated, info
+
+    # -- the host step: CPU environments stepped as NumPy views of the same memory -----------------
+    #
+    # At 64 to a few thousand environments a step is bound by the count of operations, and
+    # a NumPy ufunc on preallocated memory costs about a third of a torch eager call. So on
+    # the CPU the arithmetic that is exact in IEEE (+, -, *, /, abs, comparisons, clamp,
+    # remainder) runs in NumPy, while the operations whose bits belong to torch's kernels
+    # stay torch calls on views of the same buffers: sin and cos (SLEEF) and the fused
+    # multiply-adds of addcmul and add(alpha=). The result is bit for bit what the torch
+    # formulation (``_dynamics``, used on accelerators) gives;
+    # tests/unit/test_envs_host_step.py checks that on every path.
+
+    def _host_actions(self, actions) -> np.ndarray:
+        """The actions as a NumPy array on the host (a view where they already are), shape-checked."""
+        if isinstance(actions, torch.Tensor) and actions.is_cpu and not actions.requires_grad:
+            actions = actions.numpy()
+        elif not isinstance(actions, np.ndarray):
+            actions = self._check_actions(actions).detach().cpu().numpy()
+        if actions.shape[:1] != (self.num_envs,):
+            self._check_actions(actions)  # raises: says what was expected
+        return actions
+
+    def _step_host(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """:meth:`step` on the CPU, with NumPy bookkeeping: the same results as the torch path."""
+        reward, terminated = self._dynamics_host(self._host_actions(actions))
+        elapsed = self._views[1]
+        elapsed += 1
+        self._elapsed_bound += 1
+        if self._elapsed_bound < self.max_episode_steps:
+            truncated = np.zeros(self.num_envs, dtype=bool)  # below the limit: nothing can be truncated
+        else:
+            truncated = elapsed >= self.max_episode_steps
+        info: dict[str, Any] = {}
+        if self.autoreset_mode == "next_step":
+            prev_done = self._prev_done_np
+            if np.count_nonzero(prev_done):  # these ended last step: reset now (gymnasium's next-step autoreset)
+                self._reset_which(prev_done)
+                np.copyto(reward, 0.0, where=prev_done)
+                np.greater(terminated, prev_done, out=terminated)  # a > b for bools is a and not b
+                np.greater(truncated, prev_done, out=truncated)
+            np.logical_or(terminated, truncated, out=prev_done)
+            obs = self._observe_host()
+        elif self.autoreset_mode == "same_step":
+            done = terminated | truncated
+            obs = self._observe_host()
+            if np.count_nonzero(done):
+                info = {"final_obs": obs, "_final_obs": torch.from_numpy(done)}
+                self._reset_which(done)
+                obs = self._observe_host()
+        else:
+            obs = self._observe_host()
+        if self._elapsed_bound >= self.max_episode_steps:
+            self._elapsed_bound = int(elapsed.max())  # after this step's resets
+        return obs, torch.from_numpy(reward), torch.from_numpy(terminated), torch.from_numpy(truncated), info
 
     def close(self) -> None:
         """Nothing to release (the state is a tensor); kept for gymnasium compatibility."""
@@ -265,16 +343,16 @@ class VectorEnv:
     # Both paths draw the same bits (tests/unit/test_envs_vector.py checks the two hashes).
 
     def _which(self, mask: torch.Tensor):
-        """What to reset: an index array (CPU; None when empty) or the mask itself."""
+        """What to reset: the mask (a NumPy view on the CPU, None when it is empty)."""
         if not self._on_cpu:
             return mask
-        idx = np.flatnonzero(mask.numpy())
-        return idx if idx.size else None
+        mask = mask.numpy()
+        return mask if np.count_nonzero(mask) else None
 
     def _fill(self, which, *pairs: tuple[torch.Tensor, Any]) -> None:
         for tensor, value in pairs:
             if self._on_cpu:
-                tensor.numpy()[which] = value
+                np.copyto(tensor.numpy(), value, where=which)
             else:
                 tensor.masked_fill_(which, value)
 
@@ -286,11 +364,25 @@ class VectorEnv:
             self.elapsed_steps.masked_fill_(which, 0)
             return
         state, elapsed, resets = self._views  # writes land in the tensors
-        counts = resets[which]
-        u = uniforms_np(self._keys[which], counts, self.state_dim).astype(self._low.dtype, copy=False)
-        state[:, which] = u * self._scale + self._low  # uniform(low, high), one number per state row
-        resets[which] = counts + 1
-        elapsed[which] = 0
+        stale = self._stale
+        if np.count_nonzero(np.logical_and(stale, which, out=self._scratch_mask)):
+            self._draw_ahead()
+        np.copyto(state, self._ahead, where=which)  # masked copies: a few us at any size, where fancy indexing is not
+        np.add(resets, which, out=resets)
+        np.copyto(elapsed, 0, where=which)
+        np.logical_or(stale, which, out=stale)
+
+    def _draw_ahead(self) -> None:
+        """Draw the next initial state of every environment whose drawn-ahead one is used up (CPU).
+
+        A reset's state is a pure function of (key, reset count), so it can be drawn before
+        the reset happens: in one batch for many environments, where drawing at each
+        reset would pay the hash's ~30 small NumPy calls for the few that end in a step.
+        """
+        idx = self._stale.nonzero()[0]
+        u = uniforms_np(self._keys[idx], self._views[2][idx], self.state_dim).astype(self._low.dtype, copy=False)
+        self._ahead[:, idx] = u * self._scale + self._low  # uniform(low, high), one number per state row
+        self._stale[idx] = False
 
     def __repr__(self) -> str:
         ids = self.env_ids
