@@ -99,29 +99,31 @@ class CartPole(VectorEnv):
 
     def _host_setup(self) -> None:
         # scratch rows, paired so that one torch call does two of _dynamics's:
-        # 0 force, 1 den0 | 2 pml*theta_dot^2, 3 c*cos | 4 sin, 5 cos | 6 temp, 7 denom | 8 xacc, 9 thetaacc
-        # | 10 g*sin, 11 v*thetaacc, 12-13 |x|, |theta|
-        t = torch.empty(14, self.num_envs, dtype=self.dtype)
+        # 0 force, 1 den0 | 2 pml*theta_dot^2, 3 c*cos | 4 sin, 5 cos | 6 temp, 7 denom | 8 g*sin, 9 v*thetaacc
+        # | 10-13 the Euler increments (x_dot, xacc, theta_dot, thetaacc) | 14-15 |x|, |theta|
+        t = torch.empty(16, self.num_envs, dtype=self.dtype)
         t[1] = self.length * 4.0 / 3.0  # den0, as _constants rounds it
-        s = self.state
-        self._ht = (t[0:2], t[2:4], t[4:6], t[6:8], t[4], t[5], t[6], t[9], t[10], t[11], t[8:10], t[8],
-                    s[2], s[0::2], s[1::2])
-        self._hn = tuple(t.numpy()) + (t.numpy()[12:14], s.numpy()[3], s.numpy()[0::2])
+        n = t.numpy()
+        self._ht = (t[0:2], t[2:4], t[4:6], t[6:8], t[4], t[5], t[6], t[13], t[8], t[9], t[11], t[10:14],
+                    self.state[2], self.state)
+        s = self._views[0]
+        self._hn = (n[0], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[13], n[10:14:2], n[14:16], s[3],
+                    s[1::2], s[0::2])
         self._hb = np.empty((2, self.num_envs), dtype=bool)
         self._ones = np.ones(self.num_envs, dtype=np.float32)  # reward: 1 per step
 
         def c(value):  # the Python constants _dynamics hands torch, rounded to the state's dtype as torch does
-            return np.array(value, dtype=self._hn[0].dtype)
+            return np.array(value, dtype=n.dtype)
 
         self._hk = (c(self.polemass_length), c(-self.length * self.masspole / self.total_mass),
                     c(1.0 / self.total_mass), c(self.gravity), c(-self.polemass_length / self.total_mass),
                     c(2 * self.force_mag), c(self.force_mag), c(0), c(1),
-                    np.array([[self.x_threshold], [self.theta_threshold_radians]], dtype=self._hn[0].dtype))
+                    np.array([[self.x_threshold], [self.theta_threshold_radians]], dtype=n.dtype))
 
     def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        (pair_bias, pair_a, pair_b, pair_out, sin_t, cos_t, temp_t, thetaacc_t, gsin_t, vth_t, acc_t, xacc_t,
-         theta_t, pos_t, vel_t) = self._ht
-        force, _, pml_thd2, c_cos, sin, cos, temp, denom, _, thetaacc, gsin, vth, _, _, absxt, theta_dot, xt = self._hn
+        (pair_bias, pair_a, pair_b, pair_out, sin_t, cos_t, temp_t, thetaacc_t, gsin_t, vth_t, xacc_t, step_t,
+         theta_t, state_t) = self._ht
+        force, pml_thd2, c_cos, sin, cos, temp, denom, gsin, vth, thetaacc, old_vel, absxt, theta_dot, vel, xt = self._hn
         pml, den, inv_total_mass, gravity, xacc_c, two_force, force_mag, zero, one, thresholds = self._hk
         hb = self._hb
         if actions.dtype.kind in "biu":  # clamp(0, 1) of a whole number is (a > 0): force = 20 (a > 0) - 10
@@ -147,8 +149,9 @@ class CartPole(VectorEnv):
         np.divide(thetaacc, denom, out=thetaacc)
         np.multiply(thetaacc, xacc_c, out=vth)
         torch.addcmul(temp_t, vth_t, cos_t, out=xacc_t)
-        pos_t.add_(vel_t, alpha=self.tau)  # Euler, positions with the old velocities
-        vel_t.add_(acc_t, alpha=self.tau)
+        # Euler in one call: (x, x_dot, theta, theta_dot) += tau (x_dot, xacc, theta_dot, thetaacc), the old velocities
+        np.copyto(old_vel, vel)
+        state_t.add_(step_t, alpha=self.tau)
         # terminated = not (|x| <= 2.4 and |theta| <= 12 deg): _dynamics's max(|x| - 2.4, ...) > 0, NaN included
         np.abs(xt, out=absxt)
         np.less_equal(absxt, thresholds, out=hb)

@@ -73,11 +73,12 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def mix32_np(x: np.ndarray) -> np.ndarray:
     """:func:`mix32` on a ``np.uint32`` array, in place (uint32 wraps by itself): the same bits."""
-    x ^= x >> np.uint32(16)
-    x *= np.uint32(_M1)
-    x ^= x >> np.uint32(15)
-    x *= np.uint32(_M2)
-    x ^= x >> np.uint32(16)
+    shifted = np.empty_like(x)  # one scratch array for the three shifts
+    for shift, multiplier in ((16, _M1), (15, _M2), (16, None)):
+        np.right_shift(x, shift, out=shifted)
+        np.bitwise_xor(x, shifted, out=x)
+        if multiplier is not None:
+            np.multiply(x, np.uint32(multiplier), out=x)
     return x
 
 

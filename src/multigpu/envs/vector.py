@@ -51,6 +51,9 @@ from multigpu.errors import ConfigError
 __all__ = ["AUTORESET_MODES", "NumpyVectorEnv", "VectorEnv", "make", "register", "registered_ids"]
 
 AUTORESET_MODES = ("next_step", "same_step", "disabled")
+# CPU resets up to this many environments use masked copies, above it index arrays: measured
+# crossover of np.copyto(where=) and fancy indexing of a (4, n) state (benchmarks/RESULTS.md)
+_MASKED_RESETS_UP_TO = 2048
 _GYMNASIUM_MODES = {"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"}  # AutoresetMode values
 
 
@@ -127,6 +130,7 @@ class VectorEnv:
             self._ahead = np.empty((self.state_dim, self.num_envs), dtype=np_dtype)  # see _draw_ahead
             self._stale = np.ones(self.num_envs, dtype=bool)
             self._scratch_mask = np.empty(self.num_envs, dtype=bool)
+            self._row_offsets = np.arange(self.state_dim)[:, None] * self.num_envs
         else:
             self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
             self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
@@ -302,10 +306,13 @@ class VectorEnv:
         if self.autoreset_mode == "next_step":
             prev_done = self._prev_done_np
             if np.count_nonzero(prev_done):  # these ended last step: reset now (gymnasium's next-step autoreset)
-                self._reset_which(prev_done)
-                np.copyto(reward, 0.0, where=prev_done)
-                np.greater(terminated, prev_done, out=terminated)  # a > b for bools is a and not b
-                np.greater(truncated, prev_done, out=truncated)
+                which = self._reset_which(prev_done)
+                if which is prev_done:  # a mask: masked writes
+                    np.copyto(reward, 0.0, where=which)
+                    np.greater(terminated, which, out=terminated)  # a > b for bools is a and not b
+                    np.greater(truncated, which, out=truncated)
+                else:  # an index array
+                    reward[which], terminated[which], truncated[which] = 0.0, False, False
             np.logical_or(terminated, truncated, out=prev_done)
             obs = self._observe_host()
         elif self.autoreset_mode == "same_step":
@@ -356,7 +363,8 @@ class VectorEnv:
             else:
                 tensor.masked_fill_(which, value)
 
-    def _reset_which(self, which) -> None:
+    def _reset_which(self, which):
+        """Reset the environments in ``which`` (a mask); on the CPU return them as a mask or an index array."""
         if not self._on_cpu:
             u = uniforms(self._keys, self._resets, self.state_dim, self.dtype)
             self.state.copy_(torch.where(which, u * self._scale + self._low, self.state))
@@ -367,10 +375,18 @@ class VectorEnv:
         stale = self._stale
         if np.count_nonzero(np.logical_and(stale, which, out=self._scratch_mask)):
             self._draw_ahead()
-        np.copyto(state, self._ahead, where=which)  # masked copies: a few us at any size, where fancy indexing is not
-        np.add(resets, which, out=resets)
-        np.copyto(elapsed, 0, where=which)
         np.logical_or(stale, which, out=stale)
+        if self.num_envs <= _MASKED_RESETS_UP_TO:  # masked copies: no index array to build
+            np.copyto(state, self._ahead, where=which)
+            np.add(resets, which, out=resets)
+            np.copyto(elapsed, 0, where=which)
+            return which
+        idx = which.nonzero()[0]  # the few that reset, by index: a masked copy would visit every element
+        flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat (state_dim * n) state
+        state.reshape(-1)[flat] = self._ahead.reshape(-1)[flat]
+        resets[idx] += 1
+        elapsed[idx] = 0
+        return idx
 
     def _draw_ahead(self) -> None:
         """Draw the next initial state of every environment whose drawn-ahead one is used up (CPU).
