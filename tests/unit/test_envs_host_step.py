@@ -1,6 +1,6 @@
 """The CPU host step (NumPy views plus a few torch calls) gives the torch formulation's results bit for bit.
 
-On the CPU, CartPole-v1 steps through ``_dynamics_host`` (NumPy for the exact
+On the CPU, CartPole-v1 and Pendulum-v1 (up to its measured crossover) step through ``_dynamics_host`` (NumPy for the exact
 arithmetic, torch for sin/cos and the fused multiply-adds) and NumPy
 bookkeeping for autoreset, with initial states drawn ahead of the resets.
 ``_dynamics`` (the torch formulation that accelerators run, and what the CPU
@@ -20,18 +20,25 @@ import torch
 import multigpu as mg
 from multigpu.envs import vector
 from multigpu.envs.cartpole import CartPole
+from multigpu.envs.pendulum import Pendulum
 
 
-def _trajectory(num_envs: int, mode: str, dtype: torch.dtype, host: bool, monkeypatch) -> list[torch.Tensor]:
-    monkeypatch.setattr(CartPole, "host_step", host)
-    envs = mg.envs.make("CartPole-v1", num_envs=num_envs, seed=5, autoreset_mode=mode, dtype=dtype,
-                        max_episode_steps=40)
-    assert envs._host is host
+def _trajectory(env_id: str, num_envs: int, mode: str, dtype: torch.dtype, host: bool, monkeypatch) -> list:
+    cls = CartPole if env_id == "CartPole-v1" else Pendulum
+    monkeypatch.setattr(cls, "host_step_max_envs", num_envs if host else 0)
+    envs = mg.envs.make(env_id, num_envs=num_envs, seed=5, autoreset_mode=mode, dtype=dtype, max_episode_steps=40)
+    assert envs._host is host and envs.cpu_step.startswith("host step" if host else "torch step")
     rng = np.random.default_rng(num_envs)
     out = list(envs.reset())[:1]
-    for step in range(120):
+    for step in range(90):
         kind = step % 4
-        if kind == 0:
+        if env_id == "Pendulum-v1":  # torques beyond [-2, 2] clamp; int and (n,) shapes convert as before
+            actions = rng.random((num_envs, 1)) * 5 - 2.5 if kind < 2 else rng.integers(-3, 4, num_envs)
+            if kind == 0:
+                actions = torch.from_numpy(actions.astype(np.float32))
+            if step == 61:  # float64 NumPy actions (kind 1)
+                actions[::7] = float("nan")
+        elif kind == 0:
             actions = torch.from_numpy(rng.integers(0, 2, num_envs))  # int64 tensor
         elif kind == 1:
             actions = rng.integers(-3, 4, num_envs).astype(np.int32)  # NumPy, out-of-range ints clamp
@@ -64,10 +71,11 @@ def one_thread():
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("num_envs", [1, 37, vector._MASKED_RESETS_UP_TO + 61])
 @pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
-def test_host_step_is_the_torch_step_bit_for_bit(num_envs, mode, monkeypatch):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_host_step_is_the_torch_step_bit_for_bit(env_id, num_envs, mode, monkeypatch):
     for dtype in (torch.float32, torch.float64):
-        host = _trajectory(num_envs, mode, dtype, True, monkeypatch)
-        ref = _trajectory(num_envs, mode, dtype, False, monkeypatch)
+        host = _trajectory(env_id, num_envs, mode, dtype, True, monkeypatch)
+        ref = _trajectory(env_id, num_envs, mode, dtype, False, monkeypatch)
         assert len(host) == len(ref)
         for i, (a, b) in enumerate(zip(host, ref, strict=True)):
             strides = [(sa, sb) for sa, sb, size in zip(a.stride(), b.stride(), a.shape, strict=True) if size > 1]

@@ -135,7 +135,7 @@ class VectorEnv:
             self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
             self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
         self._seed(seed)
-        self._host = self._on_cpu and self.host_step
+        self._host = self._on_cpu and self.num_envs <= self.host_step_max_envs
         if self._host:
             self._host_setup()
 
@@ -157,8 +157,16 @@ class VectorEnv:
         """``(single_observation_space, single_action_space)``."""
         raise NotImplementedError
 
-    host_step: bool = False
-    """Step CPU environments through :meth:`_dynamics_host` and :meth:`_observe_host` (see ``_step_host``)."""
+    host_step_max_envs: float = 0
+    """Up to this many environments, CPU ones step through :meth:`_dynamics_host` and :meth:`_observe_host`
+    (see ``_step_host``); above it, through the torch formulation. The same results either way."""
+
+    @property
+    def cpu_step(self) -> str:
+        """Which formulation steps these environments, for reports: the host step (NumPy views) or torch."""
+        if not self._host:
+            return "torch step"
+        return "host step, masked resets" if self.num_envs <= _MASKED_RESETS_UP_TO else "host step, indexed resets"
 
     def _host_setup(self) -> None:
         """Make the scratch buffers the host step writes into (once, when ``host_step`` is on)."""
