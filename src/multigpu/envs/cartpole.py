@@ -11,6 +11,10 @@ same actions and checks that the transitions agree.
 
 The state is stored feature-major, ``(4, num_envs)``, so each variable is a
 contiguous row and the update is a handful of in-place vector operations.
+On the CPU the same operations run as ``_dynamics_host``: NumPy on views of
+the state for the exact arithmetic, torch for sin, cos and the fused
+multiply-adds, with the same bits (``tests/unit/test_envs_host_step.py``);
+elsewhere ``_dynamics`` runs as torch code.
 """
 
 from __future__ import annotations

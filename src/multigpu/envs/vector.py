@@ -405,7 +405,8 @@ class VectorEnv:
         """
         idx = self._stale.nonzero()[0]
         u = uniforms_np(self._keys[idx], self._views[2][idx], self.state_dim).astype(self._low.dtype, copy=False)
-        self._ahead[:, idx] = u * self._scale + self._low  # uniform(low, high), one number per state row
+        flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat state: 2x a 2-D scatter
+        self._ahead.reshape(-1)[flat] = (u * self._scale + self._low).reshape(-1)  # uniform(low, high) per row
         self._stale[idx] = False
 
     def __repr__(self) -> str:
