@@ -1,22 +1,35 @@
-"""CartPole-v1 env-steps/s: ours against gymnasium and envpool, in the same run, one CPU thread each.
+"""CartPole-v1 and Pendulum-v1 env-steps/s: ours against gymnasium's vector envs, in the same run, one CPU thread.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/envs_cartpole.py
-    .venv/bin/python benchmarks/envs_cartpole.py --quick        # shorter runs, fewer sizes
+    .venv/bin/python benchmarks/envs_cartpole.py --quick --json out.json   # short runs (make bench)
 
-Every contender steps the same pre-drawn random actions (16 batches, cycled),
-after a warm-up, for at least ``--seconds`` per measurement. Autoreset is on
-everywhere (next-step: gymnasium's default, ours, envpool's own). Reported:
-env-steps/s on the wall clock and per CPU-second of this process (the second
-is steadier on a shared machine), and each peer's ratio to ours at the same
-size. "ours on N ranks" spawns N gloo ranks (one thread each) that step their
-share of the same global batch; its rate is all ranks' steps / the slowest
-rank's wall time. Missing peers are skipped with a message.
+Side by side, per environment and size (64 ... 65,536 environments): ours
+(``mg.envs.make``) and gymnasium's own vector environment are built in this
+process and measured in alternating rounds (ours, peer, ours, peer, ...), each
+for at least ``--seconds``; every round's ratio (ours / peer env-steps/s) is
+printed, on the wall clock and per CPU-second of this process (the second is
+steadier on a shared machine), not only the best. Peers: CartPole-v1's
+``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``
+(``CartPoleVectorEnv``, NumPy over the whole batch); Pendulum-v1 has no vector
+entry point in gymnasium, so ``make_vec`` gives a ``SyncVectorEnv`` (one
+Python environment per slot). Both step the same pre-drawn random actions (16
+batches, cycled) with next-step autoreset, after a warm-up.
+
+Without ``--quick`` a second table adds one-round figures for gymnasium's
+SyncVectorEnv CartPole, envpool (if installed) and ours split over 1 and 2
+gloo ranks. ``--json PATH`` writes every round as JSON (machine-readable, for
+``make bench``). Targets (issue 15): ours >= 1.0x the peer at every size in
+every round, >= 3x at 16,384 environments.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import statistics
+import sys
 import time
 
 import numpy as np
@@ -24,52 +37,87 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+SIZES = (64, 256, 1024, 4096, 16384, 65536)
+ENV_IDS = ("CartPole-v1", "Pendulum-v1")
+QUICK_PEER_LIMIT = {"Pendulum-v1": 4096}  # --quick: gymnasium's SyncVectorEnv takes ~1 ms per environment to build
+TARGETS = {16384: 3.0}  # ours / peer in every round; 1.0 elsewhere
 
-def _measure(step, actions, seconds: float, num_envs: int) -> dict:
-    for i in range(20):  # warm-up: allocator, caches
-        step(actions[i % len(actions)])
+
+def _measure(step, actions, seconds: float, num_envs: int, min_steps: int = 20) -> dict:
     steps, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
     while True:
-        for _ in range(10):
-            step(actions[steps % len(actions)])
-            steps += 1
+        step(actions[steps % len(actions)])
+        steps += 1
         wall = time.perf_counter() - wall0
-        if wall >= seconds and steps >= 50:
+        if wall >= seconds and steps >= min_steps:
             break
     cpu = time.process_time() - cpu0
-    return {"wall": num_envs * steps / wall, "cpu": num_envs * steps / cpu}
+    return {"steps": steps, "wall_s": wall, "cpu_s": cpu, "wall": num_envs * steps / wall, "cpu": num_envs * steps / cpu}
 
 
-def _random_actions(num_envs: int) -> list[np.ndarray]:
+def _random_actions(env_id: str, num_envs: int) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
-    return [rng.integers(0, 2, num_envs) for _ in range(16)]
+    if env_id == "CartPole-v1":
+        return [rng.integers(0, 2, num_envs) for _ in range(16)]
+    return [(rng.random((num_envs, 1)) * 4 - 2).astype(np.float32) for _ in range(16)]
 
 
-def ours(num_envs: int, seconds: float) -> dict:
+def _ours(env_id: str, num_envs: int):
     import multigpu as mg
 
-    envs = mg.envs.make("CartPole-v1", num_envs=num_envs, seed=0)
+    envs = mg.envs.make(env_id, num_envs=num_envs, seed=0)
     envs.reset()
-    actions = [torch.from_numpy(a) for a in _random_actions(num_envs)]
-    return _measure(envs.step, actions, seconds, num_envs)
+    return envs.step, [torch.from_numpy(a) for a in _random_actions(env_id, num_envs)]
+
+
+def _gymnasium(env_id: str, num_envs: int):
+    import gymnasium as gym
+
+    gym.logger.min_level = 40  # its float32-precision warnings say nothing about speed
+    mode = "vector_entry_point" if env_id == "CartPole-v1" else "sync"  # Pendulum-v1 has no vector entry point
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+    envs.reset(seed=0)
+    return envs.step, _random_actions(env_id, num_envs)
+
+
+def _peer_name(env_id: str) -> str:
+    return "gymnasium CartPoleVectorEnv" if env_id == "CartPole-v1" else "gymnasium SyncVectorEnv (make_vec)"
+
+
+def side_by_side(env_id: str, num_envs: int, seconds: float, rounds: int) -> dict:
+    """Alternating rounds of ours and gymnasium's vector env at one size."""
+    ours_step, ours_actions = _ours(env_id, num_envs)
+    peer_step, peer_actions = _gymnasium(env_id, num_envs)
+    peer_min = 20 if num_envs * (1 if env_id == "CartPole-v1" else 100) <= 100_000 else 2  # SyncVectorEnv: ~10 us/env
+    _measure(ours_step, ours_actions, 0.0, num_envs, min_steps=20)  # warm-up: allocator, caches, drawn-ahead states
+    _measure(peer_step, peer_actions, 0.0, num_envs, min_steps=min(peer_min, 5))
+    out = []
+    for _ in range(rounds):
+        ours = _measure(ours_step, ours_actions, seconds, num_envs)
+        peer = _measure(peer_step, peer_actions, seconds, num_envs, min_steps=peer_min)
+        out.append({"ours": ours, "peer": peer, "ratio_wall": ours["wall"] / peer["wall"],
+                    "ratio_cpu": ours["cpu"] / peer["cpu"]})
+    target = TARGETS.get(num_envs, 1.0)
+    ratios = [r["ratio_wall"] for r in out]
+    return {
+        "env_id": env_id, "num_envs": num_envs, "peer": _peer_name(env_id), "rounds": out, "target": target,
+        "ratio_wall_min": min(ratios), "ratio_wall_median": statistics.median(ratios),
+        "ratio_cpu_min": min(r["ratio_cpu"] for r in out),
+        "met_every_round_wall": all(x >= target for x in ratios),
+        "met_every_round_cpu": all(r["ratio_cpu"] >= target for r in out),
+    }
+
+
+# -- the one-round extras (full mode) --------------------------------------------------------------------
 
 
 def gymnasium_sync(num_envs: int, seconds: float) -> dict:
     import gymnasium as gym
 
-    gym.logger.min_level = 40  # its float32-precision warnings say nothing about speed
-
+    gym.logger.min_level = 40
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)])
     envs.reset(seed=0)
-    return _measure(envs.step, _random_actions(num_envs), seconds, num_envs)
-
-
-def gymnasium_vector(num_envs: int, seconds: float) -> dict:
-    import gymnasium as gym
-
-    envs = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="vector_entry_point")
-    envs.reset(seed=0)
-    return _measure(envs.step, _random_actions(num_envs), seconds, num_envs)
+    return _measure(envs.step, _random_actions("CartPole-v1", num_envs), seconds, num_envs)
 
 
 def envpool_cartpole(num_envs: int, seconds: float) -> dict:
@@ -81,7 +129,7 @@ def envpool_cartpole(num_envs: int, seconds: float) -> dict:
         warnings.simplefilter("ignore")
         envs = envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, num_threads=1, seed=0)
     envs.reset()
-    actions = [a.astype(np.int32) for a in _random_actions(num_envs)]
+    actions = [a.astype(np.int32) for a in _random_actions("CartPole-v1", num_envs)]
     return _measure(envs.step, actions, seconds, num_envs)
 
 
@@ -90,7 +138,7 @@ def _rank_body(num_envs: int, seconds: float) -> dict:
 
     envs = mg.envs.make("CartPole-v1", num_envs=num_envs, seed=0, split=True)
     envs.reset()
-    actions = [torch.from_numpy(a)[envs.env_ids] for a in _random_actions(num_envs)]
+    actions = [torch.from_numpy(a)[envs.env_ids] for a in _random_actions("CartPole-v1", num_envs)]
     for i in range(20):
         envs.step(actions[i % 16])
     mg.barrier()
@@ -114,38 +162,94 @@ def ours_on_ranks(num_envs: int, seconds: float, world_size: int) -> dict:
     return {"wall": steps / max(p["wall"] for p in parts), "cpu": steps / sum(p["cpu"] for p in parts)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per measurement")
-    parser.add_argument("--quick", action="store_true", help="0.5 s per measurement")
-    args = parser.parse_args()
-    seconds = 0.5 if args.quick else args.seconds
-    torch.set_num_threads(1)
-    plan = [
-        ("gymnasium SyncVectorEnv", gymnasium_sync, 64),
-        ("envpool (1 thread)", envpool_cartpole, 64),
-        ("gymnasium built-in vector", gymnasium_vector, 1024),
-        ("envpool (1 thread)", envpool_cartpole, 1024),
-        ("gymnasium built-in vector", gymnasium_vector, 16384),
-    ]
-    rows, ours_rate = [], {}
+def extras(seconds: float) -> list[tuple[str, int, dict]]:
+    rows = []
     for n in (64, 1024, 16384):
-        ours_rate[n] = ours(n, seconds)
-        rows.append(("multigpu.envs (ours)", n, ours_rate[n]))
-    for name, fn, n in plan:
+        step, actions = _ours("CartPole-v1", n)
+        _measure(step, actions, 0.0, n)
+        rows.append(("multigpu.envs (ours)", n, _measure(step, actions, seconds, n)))
+    for name, fn, n in [("gymnasium SyncVectorEnv", gymnasium_sync, 64), ("envpool (1 thread)", envpool_cartpole, 64),
+                        ("envpool (1 thread)", envpool_cartpole, 1024)]:
         try:
             rows.append((name, n, fn(n, seconds)))
         except ImportError as exc:
             print(f"skipped {name} at {n} envs: {exc} (pip install gymnasium envpool)")
     for world_size in (1, 2):
         rows.append((f"ours, split on {world_size} gloo rank(s)", 16384, ours_on_ranks(16384, seconds, world_size)))
+    return rows
 
-    print(f"\nCartPole-v1 env-steps/s, one CPU thread per process (torch {torch.__version__})")
-    print(f"{'contender':<34} {'envs':>6} {'wall M/s':>9} {'cpu M/s':>9} {'ours / it (wall)':>17} {'(cpu)':>7}")
-    for name, n, rate in rows:
-        mine = ours_rate[n]
-        ratio = "" if name.startswith("multigpu") else f"{mine['wall'] / rate['wall']:>17.2f} {mine['cpu'] / rate['cpu']:>7.2f}"
-        print(f"{name:<34} {n:>6} {rate['wall'] / 1e6:>9.3f} {rate['cpu'] / 1e6:>9.3f} {ratio}")
+
+# -- output ----------------------------------------------------------------------------------------------
+
+
+def _print_side_by_side(result: dict) -> None:
+    cells = "  ".join(f"{r['ratio_wall']:.2f} ({r['ratio_cpu']:.2f})" for r in result["rounds"])
+    ours = statistics.median(r["ours"]["wall"] for r in result["rounds"])
+    peer = statistics.median(r["peer"]["wall"] for r in result["rounds"])
+    verdict = "ok" if result["met_every_round_wall"] else f"BELOW {result['target']:.1f}x"
+    print(f"{result['env_id']:<12} {result['num_envs']:>6} {ours / 1e6:>9.3f} {peer / 1e6:>9.3f}   {cells}   {verdict}",
+          flush=True)
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; give whole numbers >= 1 separated by commas, "
+                                         "e.g. 64,1024")
+    return sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per measurement")
+    parser.add_argument("--quick", action="store_true", help="0.25 s per measurement, no extras table")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size (default 3)")
+    parser.add_argument("--sizes", type=_parse_sizes, default=SIZES, help="comma-separated environment counts")
+    parser.add_argument("--envs", default=",".join(ENV_IDS), help=f"comma-separated, of {', '.join(ENV_IDS)}")
+    parser.add_argument("--json", metavar="PATH", help="write every round's figures here as JSON")
+    args = parser.parse_args()
+    env_ids = args.envs.split(",")
+    if any(e not in ENV_IDS for e in env_ids) or args.rounds < 1:
+        parser.exit(2, f"error: --envs {args.envs!r} / --rounds {args.rounds}: valid are {', '.join(ENV_IDS)} "
+                       "and rounds >= 1\n")
+    seconds = 0.25 if args.quick else args.seconds
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    print(f"env-steps/s, one CPU thread, {args.rounds} alternating rounds of >= {seconds} s "
+          f"(torch {torch.__version__}); load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"{'env':<12} {'envs':>6} {'ours M/s':>9} {'peer M/s':>9}   ours / peer per round: wall (cpu)")
+    results = []
+    for env_id in env_ids:
+        for n in args.sizes:
+            if args.quick and n > QUICK_PEER_LIMIT.get(env_id, n):
+                continue
+            results.append(side_by_side(env_id, n, seconds, args.rounds))
+            _print_side_by_side(results[-1])
+    extra_rows = [] if args.quick else extras(seconds)
+    if extra_rows:
+        print(f"\nCartPole-v1, one round each\n{'contender':<34} {'envs':>6} {'wall M/s':>9} {'cpu M/s':>9}")
+        for name, n, rate in extra_rows:
+            print(f"{name:<34} {n:>6} {rate['wall'] / 1e6:>9.3f} {rate['cpu'] / 1e6:>9.3f}")
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    if args.json:
+        import gymnasium
+
+        doc = {
+            "benchmark": "envs_cartpole", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv), "quick": args.quick, "seconds_per_measurement": seconds,
+            "rounds": args.rounds, "threads": 1, "torch": torch.__version__, "numpy": np.__version__,
+            "gymnasium": gymnasium.__version__, "cpu_count": os.cpu_count(),
+            "load_average_before": load_before, "load_average_after": load_after,
+            "unit": "env-steps/s; ratio = ours / peer", "results": results,
+            "extras": [{"contender": name, "num_envs": n, **rate} for name, n, rate in extra_rows],
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

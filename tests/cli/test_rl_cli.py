@@ -68,7 +68,8 @@ def test_envs_bench_workload_steps_the_split_on_two_ranks(tmp_path):
     """`multigpu bench ... envs` runs this workload; its meter counts both ranks' env-steps."""
     proc = run_cli("run", "envs", "--nproc-per-node", "2", "num_envs=1001", "steps=20", "--run-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "CartPole-v1: 1,001 envs on 2 rank(s) (cpu):" in proc.stdout
+    # which step ran (the host step, at every size for CartPole) is part of the line
+    assert "CartPole-v1: 1,001 envs on 2 rank(s) (cpu: host step, masked resets; host step at every size):" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["items"] == 1001 * 20 and [r["items"] for r in summary["per_rank"]] == [501 * 20, 500 * 20]
-    assert summary["envs"] == {"env_id": "CartPole-v1", "num_envs": 1001}
+    assert summary["envs"] == {"env_id": "CartPole-v1", "num_envs": 1001, "step": "host step, masked resets"}

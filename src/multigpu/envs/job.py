@@ -65,10 +65,16 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
     for step in range(cfg.steps + 5):
         with meter.step(items=envs.num_envs):
             envs.step(actions[step % len(actions)])
-    summary = meter.close({"envs": {"env_id": cfg.env_id, "num_envs": num_envs}})
+    step_path = getattr(envs, "cpu_step", "torch step") if envs.device.type == "cpu" else "torch step"
+    summary = meter.close({"envs": {"env_id": cfg.env_id, "num_envs": num_envs, "step": step_path}})
     if mg.is_main():
-        print(f"{cfg.env_id}: {num_envs:,} envs on {summary['world_size']} rank(s) ({envs.device.type}): "
-              f"{summary['throughput']:,.0f} env-steps/s, comm share {summary['comm_share']:.1%}", flush=True)
+        limit = getattr(envs, "host_step_max_envs", 0)  # a factory's environment has no host step
+        crossover = "" if envs.device.type != "cpu" else (
+            f"; host step up to {limit:,} envs per rank, torch above" if 0 < limit < float("inf")
+            else "; host step at every size" if limit else "")
+        print(f"{cfg.env_id}: {num_envs:,} envs on {summary['world_size']} rank(s) ({envs.device.type}: "
+              f"{step_path}{crossover}): {summary['throughput']:,.0f} env-steps/s, "
+              f"comm share {summary['comm_share']:.1%}", flush=True)
     return 0
 
 

@@ -66,5 +66,68 @@ class Pendulum(VectorEnv):
         th, thdot = self.rows
         return torch.stack((torch.cos(th), torch.sin(th), thdot), dim=1)
 
+    # -- the host step (CPU): _dynamics's operations in NumPy, sin and cos in torch ------------------------
+
+    # measured crossover: NumPy's remainder and the extra passes lose to torch above ~8k (benchmarks/RESULTS.md)
+    host_step_max_envs = 8192
+
+    def _host_setup(self) -> None:
+        # scratch rows: 0 u, 1 sin(theta), 2 angle then the cost, 3 a product, 4 new theta_dot | 5-7 the observation
+        t = torch.empty(8, self.num_envs, dtype=self.dtype)
+        self._ht = (t[1], t[5], t[6], self.state[0])
+        self._hn = tuple(t.numpy()[:5]) + (t.numpy()[5:8],)
+
+        def c(value):  # the Python constants _dynamics hands torch, rounded to the state's dtype as torch does
+            return np.array(value, dtype=self._hn[0].dtype)
+
+        self._hk = (c(math.pi), c(2 * math.pi), c(0.1), c(0.001), c(3 * self.g / (2 * self.l)),
+                    c(3.0 / (self.m * self.l**2)), c(self.dt), c(self.max_speed), c(-self.max_speed),
+                    c(self.max_torque), c(-self.max_torque))
+
+    def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sin_t, _, _, th_t = self._ht
+        u, sin, cost, product, new_thdot, _ = self._hn
+        pi, two_pi, c_speed, c_torque, c_gravity, c_inertia, dt, max_speed, min_speed, max_torque, min_torque = self._hk
+        th, thdot = self._views[0]
+        if actions.size != self.num_envs:
+            self._check_actions(torch.as_tensor(actions))  # raises what the torch path raises
+        np.copyto(u, actions.reshape(self.num_envs), casting="unsafe")  # actions.reshape(n).to(dtype)
+        np.maximum(u, min_torque, out=u)  # clamp(-2, 2)
+        np.minimum(u, max_torque, out=u)
+        torch.sin(th_t, out=sin_t)
+        # costs = angle^2 + 0.1 theta_dot^2 + 0.001 u^2, angle = remainder(theta + pi, 2 pi) - pi
+        np.add(th, pi, out=cost)
+        np.remainder(cost, two_pi, out=cost)
+        np.subtract(cost, pi, out=cost)
+        np.multiply(cost, cost, out=cost)
+        np.multiply(thdot, thdot, out=product)
+        np.multiply(product, c_speed, out=product)
+        np.add(cost, product, out=cost)
+        np.multiply(u, u, out=product)
+        np.multiply(product, c_torque, out=product)
+        np.add(cost, product, out=cost)
+        # new theta_dot = clamp(theta_dot + (15 sin(theta) + 3 u) dt, -8, 8); theta += new theta_dot dt
+        np.multiply(sin, c_gravity, out=new_thdot)
+        np.multiply(u, c_inertia, out=product)
+        np.add(new_thdot, product, out=new_thdot)
+        np.multiply(new_thdot, dt, out=new_thdot)
+        np.add(thdot, new_thdot, out=new_thdot)
+        np.maximum(new_thdot, min_speed, out=new_thdot)
+        np.minimum(new_thdot, max_speed, out=new_thdot)
+        np.multiply(new_thdot, dt, out=product)
+        np.add(th, product, out=th)
+        np.copyto(thdot, new_thdot)
+        reward = np.negative(cost, dtype=np.float32) if cost.dtype == np.float32 else np.negative(cost).astype(
+            np.float32)
+        return reward, np.zeros(self.num_envs, dtype=bool)
+
+    def _observe_host(self) -> torch.Tensor:
+        _, cos_t, sin_t, th_t = self._ht
+        obs = self._hn[5]  # rows cos, sin, theta_dot; returned as a (num_envs, 3) row-major copy
+        torch.cos(th_t, out=cos_t)
+        torch.sin(th_t, out=sin_t)
+        np.copyto(obs[2], self._views[0][1])
+        return torch.from_numpy(obs.T.copy())
+
 
 register("Pendulum-v1", Pendulum)

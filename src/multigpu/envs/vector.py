@@ -51,6 +51,9 @@ from multigpu.errors import ConfigError
 __all__ = ["AUTORESET_MODES", "NumpyVectorEnv", "VectorEnv", "make", "register", "registered_ids"]
 
 AUTORESET_MODES = ("next_step", "same_step", "disabled")
+# CPU resets up to this many environments use masked copies, above it index arrays: measured
+# crossover of whole CartPole steps with either (benchmarks/RESULTS.md: masked faster at 4,096, indexed at 8,192)
+_MASKED_RESETS_UP_TO = 4096
 _GYMNASIUM_MODES = {"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"}  # AutoresetMode values
 
 
@@ -110,7 +113,7 @@ class VectorEnv:
         """Views of the state's rows (it is only ever updated in place)."""
         self._elapsed_bound = 0  # >= every elapsed step count (CPU): below the limit, nothing can be truncated
         self._resets = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
-        self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self._prev_done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)  # updated in place
         self._spaces: dict[str, Any] = {}
         self._k = self._constants()
         self._one = torch.tensor(1, dtype=torch.int32, device=self.device)
@@ -123,10 +126,18 @@ class VectorEnv:
             np_dtype = np.float32 if dtype == torch.float32 else np.float64
             self._low, self._scale = low.astype(np_dtype)[:, None], scale.astype(np_dtype)[:, None]
             self._views = (self.state.numpy(), self.elapsed_steps.numpy(), self._resets.numpy())
+            self._prev_done_np = self._prev_done.numpy()
+            self._ahead = np.empty((self.state_dim, self.num_envs), dtype=np_dtype)  # see _draw_ahead
+            self._stale = np.ones(self.num_envs, dtype=bool)
+            self._scratch_mask = np.empty(self.num_envs, dtype=bool)
+            self._row_offsets = np.arange(self.state_dim)[:, None] * self.num_envs
         else:
             self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
             self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
         self._seed(seed)
+        self._host = self._on_cpu and self.num_envs <= self.host_step_max_envs
+        if self._host:
+            self._host_setup()
 
     # -- subclass hooks --------------------------------------------------------------------------
 
@@ -144,6 +155,28 @@ class VectorEnv:
 
     def _make_single_spaces(self) -> tuple[Any, Any]:
         """``(single_observation_space, single_action_space)``."""
+        raise NotImplementedError
+
+    host_step_max_envs: float = 0
+    """Up to this many environments, CPU ones step through :meth:`_dynamics_host` and :meth:`_observe_host`
+    (see ``_step_host``); above it, through the torch formulation. The same results either way."""
+
+    @property
+    def cpu_step(self) -> str:
+        """Which formulation steps these environments, for reports: the host step (NumPy views) or torch."""
+        if not self._host:
+            return "torch step"
+        return "host step, masked resets" if self.num_envs <= _MASKED_RESETS_UP_TO else "host step, indexed resets"
+
+    def _host_setup(self) -> None:
+        """Make the scratch buffers the host step writes into (once, when ``host_step`` is on)."""
+
+    def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_dynamics`` on the CPU, the same bits: return fresh ``(reward, terminated)`` arrays."""
+        raise NotImplementedError
+
+    def _observe_host(self) -> torch.Tensor:
+        """``_observe`` on the CPU, the same bits and layout."""
         raise NotImplementedError
 
     # -- spaces --------------------------------------------------------------------------------
@@ -186,6 +219,7 @@ class VectorEnv:
         self._keys = stream_keys(self.seed, self.env_ids)
         if self._on_cpu:
             self._keys = self._keys.numpy().astype(np.uint32)
+            self._stale[:] = True  # new keys: every drawn-ahead state is out of date
         self._resets.zero_()
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[torch.Tensor, dict]:
@@ -208,11 +242,13 @@ class VectorEnv:
         which = self._which(mask)
         if which is not None:
             self._reset_which(which)
-        self._prev_done = self._prev_done & ~mask
-        return self._observe(), {}
+        self._prev_done &= ~mask
+        return (self._observe_host() if self._host else self._observe()), {}
 
     def step(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Advance every environment by one step; see the module docstring for autoreset."""
+        if self._host:
+            return self._step_host(actions)
         actions = self._check_actions(actions)
         reward, terminated = self._dynamics(actions)
         self.elapsed_steps.add_(self._one)
@@ -227,7 +263,7 @@ class VectorEnv:
             if which is not None:  # these ended last step: reset now, as gymnasium's next-step autoreset
                 self._reset_which(which)
                 self._fill(which, (reward, 0.0), (terminated, False), (truncated, False))
-            self._prev_done = terminated | truncated
+            torch.logical_or(terminated, truncated, out=self._prev_done)
             obs = self._observe()
         elif self.autoreset_mode == "same_step":
             done = terminated | truncated
@@ -242,6 +278,63 @@ class VectorEnv:
         if self._on_cpu and self._elapsed_bound >= self.max_episode_steps:
             self._elapsed_bound = int(self.elapsed_steps.max())  # after this step's resets
         return obs, reward, terminated, truncated, info
+
+    # -- the host step: CPU environments stepped as NumPy views of the same memory -----------------
+    #
+    # At 64 to a few thousand environments a step is bound by the count of operations, and
+    # a NumPy ufunc on preallocated memory costs about a third of a torch eager call. So on
+    # the CPU the arithmetic that is exact in IEEE (+, -, *, /, abs, comparisons, clamp,
+    # remainder) runs in NumPy, while the operations whose bits belong to torch's kernels
+    # stay torch calls on views of the same buffers: sin and cos (SLEEF) and the fused
+    # multiply-adds of addcmul and add(alpha=). The result is bit for bit what the torch
+    # formulation (``_dynamics``, used on accelerators) gives;
+    # tests/unit/test_envs_host_step.py checks that on every path.
+
+    def _host_actions(self, actions) -> np.ndarray:
+        """The actions as a NumPy array on the host (a view where they already are), shape-checked."""
+        if isinstance(actions, torch.Tensor) and actions.is_cpu and not actions.requires_grad:
+            actions = actions.numpy()
+        elif not isinstance(actions, np.ndarray):
+            actions = self._check_actions(actions).detach().cpu().numpy()
+        if actions.shape[:1] != (self.num_envs,):
+            self._check_actions(actions)  # raises: says what was expected
+        return actions
+
+    def _step_host(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """:meth:`step` on the CPU, with NumPy bookkeeping: the same results as the torch path."""
+        reward, terminated = self._dynamics_host(self._host_actions(actions))
+        elapsed = self._views[1]
+        elapsed += 1
+        self._elapsed_bound += 1
+        if self._elapsed_bound < self.max_episode_steps:
+            truncated = np.zeros(self.num_envs, dtype=bool)  # below the limit: nothing can be truncated
+        else:
+            truncated = elapsed >= self.max_episode_steps
+        info: dict[str, Any] = {}
+        if self.autoreset_mode == "next_step":
+            prev_done = self._prev_done_np
+            if np.count_nonzero(prev_done):  # these ended last step: reset now (gymnasium's next-step autoreset)
+                which = self._reset_which(prev_done)
+                if which is prev_done:  # a mask: masked writes
+                    np.copyto(reward, 0.0, where=which)
+                    np.greater(terminated, which, out=terminated)  # a > b for bools is a and not b
+                    np.greater(truncated, which, out=truncated)
+                else:  # an index array
+                    reward[which], terminated[which], truncated[which] = 0.0, False, False
+            np.logical_or(terminated, truncated, out=prev_done)
+            obs = self._observe_host()
+        elif self.autoreset_mode == "same_step":
+            done = terminated | truncated
+            obs = self._observe_host()
+            if np.count_nonzero(done):
+                info = {"final_obs": obs, "_final_obs": torch.from_numpy(done)}
+                self._reset_which(done)
+                obs = self._observe_host()
+        else:
+            obs = self._observe_host()
+        if self._elapsed_bound >= self.max_episode_steps:
+            self._elapsed_bound = int(elapsed.max())  # after this step's resets
+        return obs, torch.from_numpy(reward), torch.from_numpy(terminated), torch.from_numpy(truncated), info
 
     def close(self) -> None:
         """Nothing to release (the state is a tensor); kept for gymnasium compatibility."""
@@ -265,20 +358,21 @@ class VectorEnv:
     # Both paths draw the same bits (tests/unit/test_envs_vector.py checks the two hashes).
 
     def _which(self, mask: torch.Tensor):
-        """What to reset: an index array (CPU; None when empty) or the mask itself."""
+        """What to reset: the mask (a NumPy view on the CPU, None when it is empty)."""
         if not self._on_cpu:
             return mask
-        idx = np.flatnonzero(mask.numpy())
-        return idx if idx.size else None
+        mask = mask.numpy()
+        return mask if np.count_nonzero(mask) else None
 
     def _fill(self, which, *pairs: tuple[torch.Tensor, Any]) -> None:
         for tensor, value in pairs:
             if self._on_cpu:
-                tensor.numpy()[which] = value
+                np.copyto(tensor.numpy(), value, where=which)
             else:
                 tensor.masked_fill_(which, value)
 
-    def _reset_which(self, which) -> None:
+    def _reset_which(self, which):
+        """Reset the environments in ``which`` (a mask); on the CPU return them as a mask or an index array."""
         if not self._on_cpu:
             u = uniforms(self._keys, self._resets, self.state_dim, self.dtype)
             self.state.copy_(torch.where(which, u * self._scale + self._low, self.state))
@@ -286,11 +380,34 @@ class VectorEnv:
             self.elapsed_steps.masked_fill_(which, 0)
             return
         state, elapsed, resets = self._views  # writes land in the tensors
-        counts = resets[which]
-        u = uniforms_np(self._keys[which], counts, self.state_dim).astype(self._low.dtype, copy=False)
-        state[:, which] = u * self._scale + self._low  # uniform(low, high), one number per state row
-        resets[which] = counts + 1
-        elapsed[which] = 0
+        stale = self._stale
+        if np.count_nonzero(np.logical_and(stale, which, out=self._scratch_mask)):
+            self._draw_ahead()
+        np.logical_or(stale, which, out=stale)
+        if self.num_envs <= _MASKED_RESETS_UP_TO:  # masked copies: no index array to build
+            np.copyto(state, self._ahead, where=which)
+            np.add(resets, which, out=resets)
+            np.copyto(elapsed, 0, where=which)
+            return which
+        idx = which.nonzero()[0]  # the few that reset, by index: a masked copy would visit every element
+        flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat (state_dim * n) state
+        state.reshape(-1)[flat] = self._ahead.reshape(-1)[flat]
+        resets[idx] += 1
+        elapsed[idx] = 0
+        return idx
+
+    def _draw_ahead(self) -> None:
+        """Draw the next initial state of every environment whose drawn-ahead one is used up (CPU).
+
+        A reset's state is a pure function of (key, reset count), so it can be drawn before
+        the reset happens: in one batch for many environments, where drawing at each
+        reset would pay the hash's ~30 small NumPy calls for the few that end in a step.
+        """
+        idx = self._stale.nonzero()[0]
+        u = uniforms_np(self._keys[idx], self._views[2][idx], self.state_dim).astype(self._low.dtype, copy=False)
+        flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat state: 2x a 2-D scatter
+        self._ahead.reshape(-1)[flat] = (u * self._scale + self._low).reshape(-1)  # uniform(low, high) per row
+        self._stale[idx] = False
 
     def __repr__(self) -> str:
         ids = self.env_ids

@@ -1,0 +1,98 @@
+"""The CPU host step (NumPy views plus a few torch calls) gives the torch formulation's results bit for bit.
+
+On the CPU, CartPole-v1 and Pendulum-v1 (up to its measured crossover) step through ``_dynamics_host`` (NumPy for the exact
+arithmetic, torch for sin/cos and the fused multiply-adds) and NumPy
+bookkeeping for autoreset, with initial states drawn ahead of the resets.
+``_dynamics`` (the torch formulation that accelerators run, and what the CPU
+ran before) is the reference: every observation, reward, flag and info entry
+must be equal, bit for bit, in every autoreset mode, in float32 and float64,
+with integer, bool and float actions (NaN included: it must terminate the
+same way), on both sides of the masked/indexed reset crossover, and across
+``reset(seed=...)`` and ``reset(options={"reset_mask": ...})``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import multigpu as mg
+from multigpu.envs import vector
+from multigpu.envs.cartpole import CartPole
+from multigpu.envs.pendulum import Pendulum
+
+
+def _trajectory(env_id: str, num_envs: int, mode: str, dtype: torch.dtype, host: bool, monkeypatch) -> list:
+    cls = CartPole if env_id == "CartPole-v1" else Pendulum
+    monkeypatch.setattr(cls, "host_step_max_envs", num_envs if host else 0)
+    envs = mg.envs.make(env_id, num_envs=num_envs, seed=5, autoreset_mode=mode, dtype=dtype, max_episode_steps=40)
+    assert envs._host is host and envs.cpu_step.startswith("host step" if host else "torch step")
+    rng = np.random.default_rng(num_envs)
+    out = list(envs.reset())[:1]
+    for step in range(90):
+        kind = step % 4
+        if env_id == "Pendulum-v1":  # torques beyond [-2, 2] clamp; int and (n,) shapes convert as before
+            actions = rng.random((num_envs, 1)) * 5 - 2.5 if kind < 2 else rng.integers(-3, 4, num_envs)
+            if kind == 0:
+                actions = torch.from_numpy(actions.astype(np.float32))
+            if step == 61:  # float64 NumPy actions (kind 1)
+                actions[::7] = float("nan")
+        elif kind == 0:
+            actions = torch.from_numpy(rng.integers(0, 2, num_envs))  # int64 tensor
+        elif kind == 1:
+            actions = rng.integers(-3, 4, num_envs).astype(np.int32)  # NumPy, out-of-range ints clamp
+        elif kind == 2:
+            actions = torch.from_numpy(rng.random(num_envs) < 0.5)  # bool
+        else:
+            actions = torch.from_numpy(rng.random(num_envs).astype(np.float32) * 1.4 - 0.2)  # floats clamp to [0, 1]
+            if step == 63:
+                actions[::7] = float("nan")  # NaN states terminate (as _dynamics's max(...) > 0 does)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        out += [obs, reward, terminated, truncated]
+        out += [info[k] for k in sorted(info)]
+        if mode == "disabled" and step % 9 == 8:
+            out.append(envs.reset(options={"reset_mask": terminated | truncated | (torch.arange(num_envs) % 5 == 0)})[0])
+        if step == 70:
+            out.append(envs.reset(seed=9)[0])
+    out.append(envs.elapsed_steps.clone())
+    return out
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: above 2048 elements torch's sin/cos would wake a second one (ms each on a busy box)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("num_envs", [1, 37, vector._MASKED_RESETS_UP_TO + 61])
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_host_step_is_the_torch_step_bit_for_bit(env_id, num_envs, mode, monkeypatch):
+    for dtype in (torch.float32, torch.float64):
+        host = _trajectory(env_id, num_envs, mode, dtype, True, monkeypatch)
+        ref = _trajectory(env_id, num_envs, mode, dtype, False, monkeypatch)
+        assert len(host) == len(ref)
+        for i, (a, b) in enumerate(zip(host, ref, strict=True)):
+            strides = [(sa, sb) for sa, sb, size in zip(a.stride(), b.stride(), a.shape, strict=True) if size > 1]
+            assert a.dtype == b.dtype and a.shape == b.shape and all(sa == sb for sa, sb in strides), (i, a, b)
+            # rtol = atol = 0: equal values, NaN where the reference has NaN
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True,
+                                       msg=lambda m, i=i, d=dtype: f"entry {i} ({num_envs} envs, {mode}, {d}): {m}")
+
+def test_host_step_keeps_gymnasium_vector_api_errors():
+    envs = mg.envs.make("CartPole-v1", num_envs=4, seed=0)
+    assert envs._host
+    envs.reset()
+    with pytest.raises(mg.errors.ConfigError, match=r"step\(\) got actions of shape \(3,\); expected \(4, ...\)"):
+        envs.step(np.zeros(3, dtype=np.int64))
+    obs, reward, terminated, truncated, info = envs.step([0, 1, 0, 1])  # a list works as before
+    assert obs.shape == (4, 4) and reward.dtype == torch.float32 and terminated.dtype == torch.bool and info == {}
+    # outputs are fresh tensors: the next step does not overwrite what the caller kept
+    kept = (obs.clone(), reward.clone(), terminated.clone(), truncated.clone())
+    envs.step(torch.ones(4, dtype=torch.int64))
+    assert all(torch.equal(a, b) for a, b in zip(kept, (obs, reward, terminated, truncated), strict=True))
