@@ -25,13 +25,11 @@ every round, >= 3x at 16,384 environments.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
-import sys
 import time
 
+import _record
 import numpy as np
 import torch
 
@@ -205,12 +203,12 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per measurement")
-    parser.add_argument("--quick", action="store_true", help="0.25 s per measurement, no extras table")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size (default 3)")
     parser.add_argument("--sizes", type=_parse_sizes, default=SIZES, help="comma-separated environment counts")
     parser.add_argument("--envs", default=",".join(ENV_IDS), help=f"comma-separated, of {', '.join(ENV_IDS)}")
-    parser.add_argument("--json", metavar="PATH", help="write every round's figures here as JSON")
-    args = parser.parse_args()
+    args = _record.add_flags(parser).parse_args()  # --quick: 0.25 s per measurement, no extras; --smoke; --json
+    if args.smoke:  # the test suite's size: every code path once, figures meaningless
+        args.sizes, args.rounds, args.seconds = (64,), 1, 0.02
     env_ids = args.envs.split(",")
     if any(e not in ENV_IDS for e in env_ids) or args.rounds < 1:
         parser.exit(2, f"error: --envs {args.envs!r} / --rounds {args.rounds}: valid are {', '.join(ENV_IDS)} "
@@ -228,27 +226,29 @@ def main() -> None:
                 continue
             results.append(side_by_side(env_id, n, seconds, args.rounds))
             _print_side_by_side(results[-1])
-    extra_rows = [] if args.quick else extras(seconds)
+    extra_rows = [] if args.quick or args.smoke else extras(seconds)
     if extra_rows:
         print(f"\nCartPole-v1, one round each\n{'contender':<34} {'envs':>6} {'wall M/s':>9} {'cpu M/s':>9}")
         for name, n, rate in extra_rows:
             print(f"{name:<34} {n:>6} {rate['wall'] / 1e6:>9.3f} {rate['cpu'] / 1e6:>9.3f}")
     load_after = os.getloadavg()
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    rows, ratios = [], []
+    for res in results:
+        for i, r in enumerate(res["rounds"], 1):
+            rows.append({"round": i, "env": res["env_id"], "envs": res["num_envs"], "peer": res["peer"],
+                         "ours M env-steps/s": r["ours"]["wall"] / 1e6, "peer M env-steps/s": r["peer"]["wall"] / 1e6,
+                         "ours / peer (wall)": r["ratio_wall"], "ours / peer (cpu)": r["ratio_cpu"]})
+            ratios.append(_record.ratio(f"ours / {res['peer']}, {res['env_id']} {res['num_envs']:,} envs",
+                                        r["ratio_wall"], i, target=res["target"]))
+    config = {"seconds_per_measurement": seconds, "rounds": args.rounds, "threads": 1, "numpy": np.__version__,
+              "gymnasium": _record.version("gymnasium"), "load_average_before": load_before,
+              "load_average_after": load_after, "unit": "env-steps/s on the wall clock; ratio = ours / peer",
+              "extras": [{"contender": name, "num_envs": n, **rate} for name, n, rate in extra_rows]}
+    _record.write(args, "envs_cartpole", config, rows, ratios,
+                  notes=[f"{res['env_id']} {res['num_envs']:,} envs: target {res['target']:g}x "
+                         f"{'met' if res['met_every_round_wall'] else 'NOT met'} in every round" for res in results])
     if args.json:
-        import gymnasium
-
-        doc = {
-            "benchmark": "envs_cartpole", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv), "quick": args.quick, "seconds_per_measurement": seconds,
-            "rounds": args.rounds, "threads": 1, "torch": torch.__version__, "numpy": np.__version__,
-            "gymnasium": gymnasium.__version__, "cpu_count": os.cpu_count(),
-            "load_average_before": load_before, "load_average_after": load_after,
-            "unit": "env-steps/s; ratio = ours / peer", "results": results,
-            "extras": [{"contender": name, "num_envs": n, **rate} for name, n, rate in extra_rows],
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")
 
 
