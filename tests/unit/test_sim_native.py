@@ -103,3 +103,5 @@ def test_native_and_overlap_options_are_checked():
         SimConfig(native="yes")
     with pytest.raises(ConfigError, match="sim.overlap 'maybe' is not valid; valid: auto, on, off"):
         SimConfig(overlap="maybe")
+    # YAML reads on / off as booleans: they mean on / off here
+    assert SimConfig(native=False).native == "off" and SimConfig(overlap=True).overlap == "on"
