@@ -185,5 +185,5 @@ def test_tiles_cut_the_halo_of_a_square_grid_only_from_six_ranks():
     assert partition.best_tiles(grid, 6, r) in ((2, 3), (3, 2))
     assert partition.best_tiles(grid, 9, r) == (3, 3)
     assert partition.halo_cells(grid, 3, 3, r) * 10 < partition.halo_cells(grid, 9, 1, r) * 7  # 1340 vs 2000
-    assert partition.best_tiles((40, 1000), 4, r) == (4, 1)  # a wide grid keeps its strips
-    assert partition.best_tiles((1000, 40), 4, r) == (1, 4)  # a tall one is cut across
+    assert partition.best_tiles((1000, 40), 4, r) == (4, 1)  # a tall grid keeps its row strips
+    assert partition.best_tiles((40, 1000), 4, r) == (1, 4)  # a wide one is better cut into columns
