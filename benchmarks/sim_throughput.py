@@ -25,10 +25,10 @@ GRID = (1000, 1000)
 
 
 # ---------------------------------------------------------------------------- implementations
-def _ours(model: str, n: int, steps: int, compile_: bool) -> dict:
+def _ours(model: str, n: int, steps: int, compile_: bool, native: str = "off") -> dict:
     from multigpu.sim import SimConfig, SimEngine
 
-    cfg = SimConfig(model=model, agents=n, grid=GRID, steps=steps + 1, compile=compile_,
+    cfg = SimConfig(model=model, agents=n, grid=GRID, steps=steps + 1, compile=compile_, native=native,
                     params={"beta": 0.05, "gamma": 0.05} if model == "sir" else {})
     engine = SimEngine(cfg)
     engine.step()  # warm-up (compilation)
@@ -136,7 +136,9 @@ def _child(impl: str, model: str, n: int, steps: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    if impl == "ours":
+    if impl == "ours-native":
+        out = _ours(model, n, steps, compile_=False, native="on")
+    elif impl == "ours":
         out = _ours(model, n, steps, compile_=False)
     elif impl == "ours-compiled":
         out = _ours(model, n, steps, compile_=True)
@@ -163,7 +165,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1e6,1e7,1e8")
     parser.add_argument("--models", default="movement,sir")
-    parser.add_argument("--impls", default="ours-compiled,ours,hand,agenttorch")
+    parser.add_argument("--impls", default="ours-native,ours-compiled,ours,hand,agenttorch")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=1, help="measure every implementation this many times, in turn")
     args = _record.add_flags(parser).parse_args()

@@ -172,3 +172,18 @@ def test_compiled_kernels_give_the_same_agents():
         assert series == eager_series
         for k in eager_state:
             assert torch.equal(state[k], eager_state[k]), k
+
+
+def test_tiles_cut_the_halo_of_a_square_grid_only_from_six_ranks():
+    grid, r = (1000, 1000), 1
+    assert partition.halo_cells(grid, 1, 1, r) == 0
+    assert partition.halo_cells(grid, 2, 1, r) == 2 * 1000  # a strip: a row above and one below
+    assert partition.halo_cells(grid, 2, 2, r) == 2 * 500 + 2 * 500 + 4  # 2 x 2: corners make it worse
+    assert partition.halo_cells(grid, 2, 3, r) == 2 * 334 + 2 * 500 + 4
+    for world in (1, 2, 3, 4, 5):
+        assert partition.best_tiles(grid, world, r) == (world, 1), world
+    assert partition.best_tiles(grid, 6, r) in ((2, 3), (3, 2))
+    assert partition.best_tiles(grid, 9, r) == (3, 3)
+    assert partition.halo_cells(grid, 3, 3, r) * 10 < partition.halo_cells(grid, 9, 1, r) * 7  # 1340 vs 2000
+    assert partition.best_tiles((1000, 40), 4, r) == (4, 1)  # a tall grid keeps its row strips
+    assert partition.best_tiles((40, 1000), 4, r) == (1, 4)  # a wide one is better cut into columns

@@ -87,6 +87,15 @@ class SimConfig:
     compile: bool = False
     """Fuse the per-chunk kernels with torch.compile (measure before keeping it on)."""
 
+    overlap: str | bool = "auto"
+    """Start the migration all-to-alls and the series all-reduce asynchronously and do the local work that
+    does not need them meanwhile (the same results): auto (off: measured no gain on gloo CPU ranks; see
+    benchmarks/RESULTS.md), on, off."""
+
+    native: str | bool = "auto"
+    """The built-in movement / SIR kernels as C loops compiled on first use (:mod:`multigpu.sim.native`; the
+    same results as the torch kernels): auto (where a C compiler works, else the torch kernels), on, off."""
+
     backend: str = "auto"
     """Device backend for the ranks: auto, cuda or cpu."""
 
@@ -151,6 +160,13 @@ class SimConfig:
             raise ConfigError(f"sim.grid={list(self.grid)} is invalid; valid: [height, width], each in 1..32767")
         if self.seed < 0 or self.seed >= 2**62:
             raise ConfigError(f"sim.seed={self.seed} is invalid; valid: 0 <= seed < 2**62")
+        for name in ("overlap", "native"):  # YAML reads on/off as true/false
+            if isinstance(getattr(self, name), bool):
+                object.__setattr__(self, name, "on" if getattr(self, name) else "off")
+        if self.overlap not in ("auto", "on", "off"):
+            raise ConfigError(f"sim.overlap {self.overlap!r} is not valid; valid: auto, on, off")
+        if self.native not in ("auto", "on", "off"):
+            raise ConfigError(f"sim.native {self.native!r} is not valid; valid: auto, on, off")
         if self.backend not in ("auto", "cuda", "cpu"):
             raise ConfigError(f"sim.backend {self.backend!r} is not valid; valid: auto, cuda, cpu")
         for name in self.substeps:

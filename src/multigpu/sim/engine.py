@@ -27,9 +27,10 @@ from collections.abc import Iterator
 
 import torch
 
+from multigpu.errors import ConfigError
 from multigpu.runtime import collectives, group
 from multigpu.runtime.sharding import shard_bounds
-from multigpu.sim import exchange, network, partition, population
+from multigpu.sim import exchange, native, network, partition, population
 from multigpu.sim.api import Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
 from multigpu.sim.models import FUSED_KERNELS, KERNELS
@@ -71,6 +72,8 @@ class SimEngine:
         self.ctx = Context(seed=cfg.seed, step=0, params=self.params, grid=tuple(cfg.grid),
                            num_agents=self.num_agents, env=self.model.env(self.params), kernels=self._kernels())
         self.state = AgentState(self.model.fields, 0, self.device)
+        self.overlap = cfg.overlap == "on"  # auto: off (measured: no gain on gloo CPU ranks, benchmarks/RESULTS.md)
+        self._inflight = None  # with overlap: (work, sums, pending) of the series all-reduce started by flush
         self.step_index = 0
         self.series_names = [n for s in self.substeps for n in s.series(self.params)]
         self.global_names = [n for s in self.substeps for n in s.globals(self.params)]
@@ -90,9 +93,22 @@ class SimEngine:
 
     # ------------------------------------------------------------------ setup
     def _kernels(self) -> dict:
-        if not self.cfg.compile:
-            return dict(KERNELS)
-        return {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
+        kernels = dict(KERNELS)
+        if self.cfg.compile:
+            kernels = {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
+        self.use_native = self._native()
+        if self.use_native:
+            kernels.update(native.kernels())  # one C loop per kernel: the same results (sim.native)
+        return kernels
+
+    def _native(self) -> bool:
+        """Whether the C kernels of :mod:`multigpu.sim.native` run (``native: auto`` where they build, ``on``)."""
+        if self.cfg.native == "off" or self.device.type != "cpu":
+            return False
+        if self.cfg.native == "on" and not native.available():
+            raise ConfigError("sim.native=on, but the C kernels could not be built (no working C compiler: cc, "
+                              "or $CC); valid: native=auto (torch kernels where they cannot be built) or off")
+        return native.available()
 
     def _populate(self) -> None:
         """Create this rank's share of agent ids; spatial strategies then send each to its row's owner."""
@@ -217,7 +233,9 @@ class SimEngine:
                 following.contribute(ctx, chunk, early)
             if sub.moves and self.spatial:
                 y = chunk["y"]
-                away = torch.nonzero((y < ctx.lo) | (y >= ctx.lo + ctx.rows)).reshape(-1)
+                away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
+                if away is None:
+                    away = torch.nonzero((y < ctx.lo) | (y >= ctx.lo + ctx.rows)).reshape(-1)
                 strays.append(away + start)
         self.timers[sub.name] += time.perf_counter() - start_t
         if sub.moves and self.spatial:
@@ -286,7 +304,8 @@ class SimEngine:
     def sort_by_row(self) -> None:
         """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
         t = time.perf_counter()
-        self.state.reorder(torch.argsort(self.state["y"], stable=True))
+        order = native.row_order(self.state["y"], self.cfg.grid[0]) if self.use_native else None
+        self.state.reorder(torch.argsort(self.state["y"], stable=True) if order is None else order)
         self.timers["sort"] += time.perf_counter() - t
 
     # ------------------------------------------------------------------ spatial strategies
@@ -305,7 +324,7 @@ class SimEngine:
             return
         if dest is None:
             dest = self._owner(self.state["y"][index])
-        exchange.migrate(self.state, index, dest)
+        exchange.migrate(self.state, index, dest, overlap=self.overlap)
 
     def rebalance(self) -> dict:
         """Move the strip borders so each rank holds about the same number of agents. Call on all ranks."""
@@ -331,19 +350,34 @@ class SimEngine:
         return collectives.all_gather(mine).tolist() if self.world > 1 else [self.state.n]
 
     # ------------------------------------------------------------------ results
-    def flush(self) -> None:
-        """Sum the pending per-step aggregates over ranks into ``history``. Call on all ranks."""
+    def flush(self, *, wait: bool = True) -> None:
+        """Sum the pending per-step aggregates over ranks into ``history``. Call on all ranks.
+
+        ``wait=False`` (``overlap``) starts the sum and returns; it lands in ``history`` at the next
+        flush, while the next steps run.
+        """
+        self._land()
         if not self._pending:
             return
-        local = torch.stack([s for _, s, _ in self._pending])
-        total = exchange.sum_field(local.clone()) if local.numel() else local
-        for (step, _, values), row in zip(self._pending, total.tolist(), strict=True):
+        pending, self._pending = self._pending, []
+        total = torch.stack([s for _, s, _ in pending])
+        self._inflight = (exchange.start_sum(total) if total.numel() else None, total, pending)
+        if wait:
+            self._land()
+
+    def _land(self) -> None:
+        """Wait for the series sum in flight (if any) and append it to ``history``."""
+        if self._inflight is None:
+            return
+        work, total, pending = self._inflight
+        self._inflight = None
+        exchange.finish(work)
+        for (step, _, values), row in zip(pending, total.tolist(), strict=True):
             self.history["step"].append(step + 1)
             for name, v in zip(self.series_names, row, strict=True):
                 self.history[name].append(int(v))
             for name, v in zip(self.global_names, values, strict=True):
                 self.history[name].append(v)
-        self._pending.clear()
 
     def series(self) -> dict[str, list]:
         """The per-step aggregates so far (step 1 is the state after the first step). Call on all ranks."""
@@ -364,7 +398,7 @@ class SimEngine:
                 with meter.step(items=self.state.n):
                     self.step()  # comm inside: field all-reduce / halo, agent migration
             if self.cfg.log_every and self.step_index % self.cfg.log_every == 0:
-                self.flush()
+                self.flush(wait=not self.overlap)  # overlap: the sum travels during the next steps
             if on_step is not None:
                 on_step(self)
         return self.series()

@@ -7,10 +7,16 @@ Every function is a collective: call it on all ranks, in the same order. With
 * :func:`halo` - the ``radius`` rows above and below this rank's strip, from its neighbours
   (periodic), gathered with one all-gather of every rank's border rows;
 * :func:`migrate` - all-to-all of agent records: counts first, then one ``uint8``
-  matrix of packed records (every field at once).
+  matrix of packed records (every field at once). With ``overlap=True`` both
+  all-to-alls are started asynchronously and the local work that does not need
+  them (packing the leaving agents while the counts travel, removing them while
+  the records travel) runs meanwhile; the result is the same agents in the same
+  order. Each wait is bounded by the job's collective timeout.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -19,7 +25,7 @@ from multigpu.runtime import collectives, group
 from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.sim.state import AgentState
 
-__all__ = ["halo", "migrate", "sum_field"]
+__all__ = ["finish", "halo", "migrate", "start_sum", "sum_field"]
 
 
 def _world() -> int:
@@ -51,12 +57,34 @@ def halo(rows: torch.Tensor, radius: int) -> torch.Tensor:
     return torch.cat([above, rows, below])
 
 
-def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor) -> int:
+def start_sum(field: torch.Tensor):
+    """Start summing an integer field over all ranks, in place; :func:`finish` the handle. Call on all ranks."""
+    if _world() == 1:
+        return None
+    with _translate("all_reduce"):
+        return dist.all_reduce(field, op=dist.ReduceOp.SUM, async_op=True)
+
+
+def finish(work, op: str = "all_reduce") -> None:
+    """Wait for an async collective (None: nothing to wait for), at most the job's collective timeout;
+    a timeout or a lost peer raises multigpu's error naming this rank and ``op``."""
+    if work is None:
+        return
+    with _translate(op):
+        work.wait(timedelta(seconds=group.timeout_s()))
+
+
+def _wait(work) -> None:
+    finish(work, "migrate")
+
+
+def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overlap: bool = False) -> int:
     """Send the agents at positions ``index`` to ranks ``dest`` and take in the agents sent here.
 
     Removes the senders from ``state`` and appends the received agents (their
     order is rank order, then the senders' order). Call on all ranks, even with
-    nothing to send. Returns the number of agents received.
+    nothing to send. ``overlap``: run the local work while the all-to-alls travel
+    (same result). Returns the number of agents received.
     """
     world = _world()
     if world == 1:
@@ -66,15 +94,19 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor) -> int:
     order = torch.argsort(dest, stable=True)
     index, dest = index[order], dest[order]
     send_counts = torch.bincount(dest.to(torch.int64), minlength=world)
-    records = state.pack(state.take(index))
     recv_counts = torch.empty_like(send_counts)
     with _translate("migrate"):
-        dist.all_to_all_single(recv_counts, send_counts)
+        work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)
+    records = state.pack(state.take(index))  # with overlap: while the counts travel
+    if overlap:
+        _wait(work)
     width = state.bytes_per_agent
     received = torch.empty((int(recv_counts.sum()), width), dtype=torch.uint8, device=records.device)
     with _translate("migrate"):
-        dist.all_to_all_single(received.view(-1), records.view(-1),
-                               (recv_counts * width).tolist(), (send_counts * width).tolist())
-    state.remove(torch.sort(index).values)
+        work = dist.all_to_all_single(received.view(-1), records.view(-1), (recv_counts * width).tolist(),
+                                      (send_counts * width).tolist(), async_op=overlap)
+    state.remove(torch.sort(index).values)  # with overlap: while the records travel (records is a copy)
+    if overlap:
+        _wait(work)
     state.append(state.unpack(received))
     return received.shape[0]

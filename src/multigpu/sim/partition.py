@@ -18,7 +18,7 @@ import torch
 
 from multigpu.runtime.sharding import shard_bounds
 
-__all__ = ["balanced_borders", "even_borders", "imbalance", "row_owner", "rows_of"]
+__all__ = ["balanced_borders", "best_tiles", "even_borders", "halo_cells", "imbalance", "row_owner", "rows_of"]
 
 
 def even_borders(rows: int, world_size: int) -> list[int]:
@@ -87,3 +87,27 @@ def imbalance(agent_counts: Sequence[int]) -> float:
     counts = list(agent_counts)
     mean = sum(counts) / len(counts) if counts else 0
     return max(counts) / mean if mean > 0 else 1.0
+
+
+def halo_cells(grid: Sequence[int], px: int, py: int, radius: int) -> int:
+    """Cells one rank receives per halo exchange when the periodic grid is cut into ``px`` x ``py`` tiles.
+
+    ``px`` tiles down (rows), ``py`` across (columns); strips are ``(world_size, 1)``. A rank needs
+    ``radius`` rows from above and below (when ``px > 1``), ``radius`` columns from left and right (when
+    ``py > 1``) and the four ``radius x radius`` corners (when both). The largest tile counts
+    (the slowest rank sets the pace).
+    """
+    h, w = -(-grid[0] // px), -(-grid[1] // py)
+    rows, cols = px > 1, py > 1
+    return 2 * radius * (w * rows + h * cols) + 4 * radius * radius * (rows and cols)
+
+
+def best_tiles(grid: Sequence[int], world_size: int, radius: int) -> tuple[int, int]:
+    """The ``(px, py)`` with ``px * py == world_size`` whose :func:`halo_cells` is least; strips win ties.
+
+    On a square grid, tiles beat strips only from 6 ranks on (2 x 3: 5/3 r W against 2 r W): at 4 ranks
+    2 x 2 needs the strips' 2 r W plus 4 r^2 corner cells, and 2 and 3 ranks have no layout but strips.
+    """
+    layouts = [(world_size // py, py) for py in range(1, world_size + 1) if world_size % py == 0]
+    layouts = [(px, py) for px, py in layouts if px <= grid[0] and py <= grid[1]]
+    return min(layouts, key=lambda t: (halo_cells(grid, *t, radius), t[1]))

@@ -1,0 +1,258 @@
+"""The built-in SIR / movement kernels as one C loop each, compiled on first use (pure; inside each rank).
+
+Why: torch.compile's CPU code generator (torch 2.13) does not vectorize int16,
+and agent positions are int16, so the compiled movement and transition kernels
+run one agent at a time. These loops compute exactly what the torch kernels in
+:mod:`multigpu.sim.models` compute (the same hash, thresholds, wrap-around and
+counts; the torch kernels stay the specification and the fallback, and the
+tests compare the two bit for bit), in one pass per chunk, and the C compiler
+vectorizes them (``-O3 -march=native``).
+
+The library is built with the C compiler that torch.compile uses (``cc``, or
+``$CC``) into ``$XDG_CACHE_HOME/multigpu/native`` (default ``~/.cache``), keyed
+by the source, the flags and the CPU, and loaded with :mod:`ctypes` (which
+releases the GIL during a call). Where no compiler works, :func:`kernels`
+returns ``{}`` and the engine keeps the torch kernels.
+
+    ks = native.kernels()            # {"move": ..., "infected": ..., "transition": ...} or {}
+    order = native.row_order(y, 1000)  # stable argsort of int16 rows by counting (None without the library)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["available", "kernels", "outside", "row_order"]
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t bits_of(int32_t id, uint32_t key) {
+    uint32_t x = ((uint32_t)id * 0x9E3779B1u) ^ key;   /* rng.random_bits: lowbias32 of id * golden ^ key */
+    x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
+    return x;
+}
+
+/* models.move_kernel: returns the number of agents that moved. */
+int64_t mg_move(const int32_t *restrict ids, int16_t *restrict x, int16_t *restrict y, int64_t n, uint32_t key, int32_t move_thr,
+                int32_t height, int32_t width) {
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b = bits_of(ids[i], key);
+        int32_t m = (int32_t)(b & 0xFFFFu) < move_thr;
+        int32_t d = (int32_t)((b >> 16) & 3u);
+        int32_t nx = x[i] + m * ((d == 0) - (d == 1));
+        int32_t ny = y[i] + m * ((d == 2) - (d == 3));
+        nx += (nx < 0) * width - (nx >= width) * width;
+        ny += (ny < 0) * height - (ny >= height) * height;
+        x[i] = (int16_t)nx; y[i] = (int16_t)ny;
+        moved += m;
+    }
+    return moved;
+}
+
+/* models.infected_kernel: acc[cell] += 1 for infected agents (state 2) on this rank's cells. */
+void mg_infected(int32_t *restrict acc, int64_t ncells, const int16_t *restrict x, const int16_t *restrict y,
+                 const uint8_t *restrict state,
+                 int64_t n, int64_t lo, int64_t width) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t cell = ((int64_t)y[i] - lo) * width + x[i];
+        int64_t ok = (state[i] == 2) & (cell >= 0) & (cell < ncells);
+        acc[ok ? cell : ncells] += 1;   /* acc[ncells] is the drop slot: no branch to mispredict */
+    }
+    acc[ncells] = 0;
+}
+
+/* The positions i with y[i] outside [lo, hi) (agents that leave this rank's rows), in order; returns their count. */
+int64_t mg_outside(const int16_t *restrict y, int64_t n, int64_t lo, int64_t hi, int64_t *restrict index) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        index[k] = i;
+        k += (y[i] < lo) | (y[i] >= hi);
+    }
+    return k;
+}
+
+/* models.transition_kernel: counts[k] = agents in state k afterwards; returns -1 on an index out of range.
+   Branch-free (every load unconditional, in range) so that the compiler vectorizes it. */
+int64_t mg_transition(const int32_t *restrict ids, const int16_t *restrict x, const int16_t *restrict y, uint8_t *restrict state, int64_t n,
+                      uint32_t key, const int32_t *restrict cell_thr, int64_t ncells, int64_t lo, int64_t width,
+                      const int32_t *state_thr, const uint8_t *next_state, int64_t *restrict counts) {
+    const int32_t t0 = state_thr[0], t1 = state_thr[1], t2 = state_thr[2], t3 = state_thr[3];
+    const int32_t n0 = next_state[0], n1 = next_state[1], n2 = next_state[2], n3 = next_state[3];
+    const int32_t lo32 = (int32_t)lo, w32 = (int32_t)width;
+    int64_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+    int32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t u = (int32_t)((bits_of(ids[i], key) >> 8) & 0xFFFFFFu);
+        int32_t cell = ((int32_t)y[i] - lo32) * w32 + (int32_t)x[i];   /* |cell| < 2^31: grid <= 32767^2 */
+        int32_t s = state[i];
+        int32_t ok = (uint32_t)cell < (uint32_t)ncells;
+        bad |= (!ok) | (s > 3);
+        int32_t tc = cell_thr[cell & -ok];
+        int32_t ts = s == 0 ? t0 : s == 1 ? t1 : s == 2 ? t2 : t3;
+        int32_t nx = s == 0 ? n0 : s == 1 ? n1 : s == 2 ? n2 : n3;
+        int32_t thr = s == 0 ? tc : ts;
+        int32_t nw = u < thr ? nx : s;
+        state[i] = (uint8_t)nw;
+        c0 += nw == 0; c1 += nw == 1; c2 += nw == 2; c3 += nw == 3;
+    }
+    counts[0] = c0; counts[1] = c1; counts[2] = c2; counts[3] = c3;
+    return bad ? -1 : 0;
+}
+
+/* A stable argsort of rows y in [0, rows) by counting: order[k] = the position of the k-th agent. */
+int64_t mg_row_order(const int16_t *restrict y, int64_t n, int64_t rows, int64_t *restrict offsets,
+                     int64_t *restrict order) {
+    memset(offsets, 0, (size_t)(rows + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = y[i];
+        if (r < 0 || r >= rows) return -1;
+        offsets[r + 1] += 1;
+    }
+    for (int64_t r = 0; r < rows; r++) offsets[r + 1] += offsets[r];
+    for (int64_t i = 0; i < n; i++) order[offsets[y[i]]++] = i;
+    return 0;
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing"]
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None | bool = None  # None: not tried; False: no library here
+
+
+def _cpu_tag() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = []
+    return "|".join([platform.machine(), *lines])
+
+
+def _build() -> ctypes.CDLL | bool:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None or os.environ.get("MULTIGPU_NATIVE", "1") == "0":
+        return False
+    digest = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multigpu" / "native"
+    path = root / f"sim_{digest}.so"
+    try:
+        if not path.exists():  # ranks may build at once: each writes its own file, then renames it in place
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=root) as tmp:
+                src, out = Path(tmp) / "sim.c", Path(tmp) / "sim.so"
+                src.write_text(_SOURCE)
+                subprocess.run([cc, *_FLAGS, str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
+                os.replace(out, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    i64, u32, i32, p = ctypes.c_int64, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p
+    lib.mg_move.argtypes = [p, p, p, i64, u32, i32, i32, i32]
+    lib.mg_move.restype = i64
+    lib.mg_infected.argtypes = [p, i64, p, p, p, i64, i64, i64]
+    lib.mg_infected.restype = None
+    lib.mg_transition.argtypes = [p, p, p, p, i64, u32, p, i64, i64, i64, p, p, p]
+    lib.mg_transition.restype = i64
+    lib.mg_outside.argtypes = [p, i64, i64, i64, p]
+    lib.mg_outside.restype = i64
+    lib.mg_row_order.argtypes = [p, i64, i64, p, p]
+    lib.mg_row_order.restype = i64
+    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    global _LIB
+    with _LOCK:
+        if _LIB is None:
+            _LIB = _build()
+    return _LIB or None
+
+
+def available() -> bool:
+    """Whether the C kernels could be built and loaded on this machine."""
+    return _lib() is not None
+
+
+def _ok(*pairs: tuple[torch.Tensor, torch.dtype]) -> bool:
+    return all(t.dtype == dt and t.device.type == "cpu" and t.is_contiguous() for t, dt in pairs)
+
+
+def _key(key: int) -> int:
+    return key & 0xFFFFFFFF
+
+
+def kernels() -> dict:
+    """Native versions of ``models.KERNELS`` (same signatures and results), or ``{}`` where none can be built.
+
+    Each falls back to the torch kernel for inputs it does not handle (another dtype or device,
+    non-contiguous views, a multi-channel accumulator).
+    """
+    lib = _lib()
+    if lib is None:
+        return {}
+    from multigpu.sim import models
+
+    def move(ids, x, y, key, move_thr, height, width):
+        if not _ok((ids, torch.int32), (x, torch.int16), (y, torch.int16)):
+            return models.move_kernel(ids, x, y, key, move_thr, height, width)
+        moved = lib.mg_move(ids.data_ptr(), x.data_ptr(), y.data_ptr(), ids.numel(), _key(key), move_thr,
+                            height, width)
+        return torch.tensor(moved, dtype=torch.int64)
+
+    def infected(acc, x, y, state, lo, width):
+        if acc.dim() != 1 or not _ok((acc, torch.int32), (x, torch.int16), (y, torch.int16), (state, torch.uint8)):
+            return models.infected_kernel(acc, x, y, state, lo, width)
+        lib.mg_infected(acc.data_ptr(), acc.numel() - 1, x.data_ptr(), y.data_ptr(), state.data_ptr(), x.numel(),
+                        lo, width)
+        return None
+
+    def transition(ids, x, y, state, key, cell_thr, lo, width, state_thr, next_state):
+        if not (_ok((ids, torch.int32), (x, torch.int16), (y, torch.int16), (state, torch.uint8),
+                    (cell_thr, torch.int32), (state_thr, torch.int32), (next_state, torch.uint8))
+                and state_thr.numel() == 4 and next_state.numel() == 4):
+            return models.transition_kernel(ids, x, y, state, key, cell_thr, lo, width, state_thr, next_state)
+        counts = torch.zeros(4, dtype=torch.int64)
+        rc = lib.mg_transition(ids.data_ptr(), x.data_ptr(), y.data_ptr(), state.data_ptr(), ids.numel(), _key(key),
+                               cell_thr.data_ptr(), cell_thr.numel(), lo, width, state_thr.data_ptr(),
+                               next_state.data_ptr(), counts.data_ptr())
+        if rc != 0:
+            raise IndexError("sim transition: an agent's cell is outside this rank's rows, or its state is not "
+                             "0..3 (S, E, I, R)")
+        return counts
+
+    return {"move": move, "infected": infected, "transition": transition}
+
+
+def row_order(y: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """``torch.argsort(y, stable=True)`` for int16 rows in ``[0, rows)``, by counting; None without the library."""
+    lib = _lib()
+    if lib is None or not _ok((y, torch.int16)):
+        return None
+    offsets = torch.empty(rows + 1, dtype=torch.int64)
+    order = torch.empty(y.numel(), dtype=torch.int64)
+    if lib.mg_row_order(y.data_ptr(), y.numel(), rows, offsets.data_ptr(), order.data_ptr()) != 0:
+        raise IndexError(f"sim sort: a row outside 0..{rows - 1}")
+    return order
+
+
+def outside(y: torch.Tensor, lo: int, hi: int) -> torch.Tensor | None:
+    """``torch.nonzero((y < lo) | (y >= hi)).reshape(-1)`` for int16 ``y``; None without the library."""
+    lib = _lib()
+    if lib is None or not _ok((y, torch.int16)):
+        return None
+    index = torch.empty(y.numel(), dtype=torch.int64)
+    k = lib.mg_outside(y.data_ptr(), y.numel(), lo, hi, index.data_ptr())
+    return index[:k]

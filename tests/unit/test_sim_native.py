@@ -1,0 +1,107 @@
+"""The C kernels of multigpu.sim.native compute exactly what the torch kernels compute (the specification).
+
+Skipped where no C compiler works (the engine then keeps the torch kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from multigpu.errors import ConfigError
+from multigpu.sim import native, rng
+from multigpu.sim.config import SimConfig
+from multigpu.sim.engine import SimEngine
+from multigpu.sim.models import KERNELS, infection_table
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: the torch kernels run instead")
+
+
+def _agents(n: int, height: int, width: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(4 * n, generator=g)[:n].to(torch.int32)
+    ids[:2] = torch.tensor([0, 2**31 - 1], dtype=torch.int32)
+    x = torch.randint(0, width, (n,), generator=g).to(torch.int16)
+    y = torch.randint(0, height, (n,), generator=g).to(torch.int16)
+    x[:4] = torch.tensor([0, width - 1, 0, width - 1], dtype=torch.int16)  # the wrap-around edges
+    y[:4] = torch.tensor([0, 0, height - 1, height - 1], dtype=torch.int16)
+    state = torch.randint(0, 4, (n,), generator=g).to(torch.uint8)
+    return ids, x, y, state
+
+
+@pytest.mark.parametrize("move_prob", [0.0, 0.37, 1.0])
+def test_move_matches_the_torch_kernel(move_prob):
+    ids, x, y, _ = _agents(50_003, 7, 11)
+    ours = native.kernels()
+    for step in range(3):
+        key, thr = rng.step_key(5, step, rng.STREAM_MOVE), rng.threshold(move_prob, 16)
+        ax, ay, bx, by = x.clone(), y.clone(), x.clone(), y.clone()
+        want = KERNELS["move"](ids, ax, ay, key, thr, 7, 11)
+        got = ours["move"](ids, bx, by, key, thr, 7, 11)
+        assert int(got) == int(want) and torch.equal(ax, bx) and torch.equal(ay, by)
+        x, y = ax, ay
+
+
+@pytest.mark.parametrize("lo, rows", [(0, 9), (3, 4)])
+def test_infected_and_transition_match_the_torch_kernels(lo, rows):
+    height, width = 9, 13
+    ids, x, y, state = _agents(40_009, height, width, seed=1)
+    ours = native.kernels()
+    acc_t = torch.zeros(rows * width + 1, dtype=torch.int32)
+    acc_n = acc_t.clone()
+    KERNELS["infected"](acc_t, x, y, state, lo, width)
+    ours["infected"](acc_n, x, y, state, lo, width)
+    assert torch.equal(acc_t[:-1], acc_n[:-1]) and int(acc_t[:-1].sum()) > 0
+    inside = (y >= lo) & (y < lo + rows)  # the transition sees only this rank's agents
+    ids, x, y, state = ids[inside], x[inside], y[inside], state[inside]
+    cell_thr = infection_table(0.2)[acc_t[:-1].clamp(max=30).to(torch.int64)]
+    for seir in (False, True):
+        state_thr = torch.tensor([0, rng.threshold(0.3), rng.threshold(0.1), 0], dtype=torch.int32)
+        next_state = torch.tensor([1 if seir else 2, 2, 3, 3], dtype=torch.uint8)
+        key = rng.step_key(9, 4, rng.STREAM_TRANSITION)
+        s_t, s_n = state.clone(), state.clone()
+        want = KERNELS["transition"](ids, x, y, s_t, key, cell_thr, lo, width, state_thr, next_state)
+        got = ours["transition"](ids, x, y, s_n, key, cell_thr, lo, width, state_thr, next_state)
+        assert torch.equal(s_t, s_n) and torch.equal(want, got)
+        assert not torch.equal(s_t, state)  # something happened
+
+
+def test_transition_refuses_an_agent_outside_the_rows():
+    ids, x, y, state = _agents(100, 9, 13)
+    thr = torch.zeros(2 * 13, dtype=torch.int32)  # rows [0, 2) only, but agents sit on rows up to 8
+    with pytest.raises(IndexError, match="outside this rank's rows"):
+        native.kernels()["transition"](ids, x, y, state, 1, thr, 0, 13, torch.zeros(4, dtype=torch.int32),
+                                       torch.zeros(4, dtype=torch.uint8))
+
+
+def test_row_order_and_outside_match_torch():
+    _, _, y, _ = _agents(30_011, 17, 5, seed=2)
+    assert torch.equal(native.row_order(y, 17), torch.argsort(y, stable=True))
+    for lo, hi in [(0, 17), (4, 9), (16, 17)]:
+        assert torch.equal(native.outside(y, lo, hi), torch.nonzero((y < lo) | (y >= hi)).reshape(-1))
+    with pytest.raises(IndexError, match="a row outside 0..9"):
+        native.row_order(y, 10)
+
+
+def test_the_engine_gives_the_same_agents_with_and_without_the_c_kernels():
+    base = SimConfig(model="sir", agents=20_011, grid=(23, 19), steps=12, chunk_size=4096, sort_every=5,
+                     params={"beta": 0.3, "seir": True, "initial_infected": 0.02, "move_prob": 0.7})
+    runs = {}
+    for native_opt in ("off", "on"):
+        engine = SimEngine(dataclasses.replace(base, native=native_opt))
+        assert engine.use_native == (native_opt == "on")
+        runs[native_opt] = (engine.run(), engine.state.sorted_by_id())
+    (s_off, a_off), (s_on, a_on) = runs["off"], runs["on"]
+    assert s_off == s_on
+    assert all(torch.equal(a_off[k], a_on[k]) for k in a_off)
+
+
+def test_native_and_overlap_options_are_checked():
+    with pytest.raises(ConfigError, match="sim.native 'yes' is not valid; valid: auto, on, off"):
+        SimConfig(native="yes")
+    with pytest.raises(ConfigError, match="sim.overlap 'maybe' is not valid; valid: auto, on, off"):
+        SimConfig(overlap="maybe")
+    # YAML reads on / off as booleans: they mean on / off here
+    assert SimConfig(native=False).native == "off" and SimConfig(overlap=True).overlap == "on"
