@@ -30,6 +30,15 @@ def _bash_line(starting: str) -> list[str]:
     return shlex.split(lines[0])[1:]
 
 
+def _user_package(tmp_path, module: str, block_containing: str) -> dict[str, str]:
+    """``tmp_path/mypkg/<module>.py`` holding the README block, as a user copies it; the env that imports it."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / f"{module}.py").write_text(_python_block(block_containing))
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
+
+
 def test_the_monai_swap_block_gives_monais_output():
     monai = pytest.importorskip("monai.inferers", reason="monai is not installed")
     torch.manual_seed(0)
@@ -44,12 +53,8 @@ def test_the_monai_swap_block_gives_monais_output():
 
 @pytest.mark.e2e
 def test_the_workload_block_runs_through_multigpu_run(tmp_path):
-    package = tmp_path / "mypkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "count.py").write_text(_python_block("WORKLOAD = Workload("))
+    env = _user_package(tmp_path, "count", "WORKLOAD = Workload(")
     argv = _bash_line("multigpu run mypkg.count:WORKLOAD")
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
     proc = run_cli(*argv, "--run-dir", str(tmp_path / "run"), env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sum of 0..4999 = 12497500 on 2 rank(s)" in proc.stdout
@@ -60,12 +65,8 @@ def test_the_env_factory_block_trains_through_multigpu_rl(tmp_path):
     """The README's ``mypkg/envs.py`` (gymnasium's own vector env) and its ``multigpu rl --env`` command, on its
     2 ranks, with its env.kwargs and --obs-norm; shortened to 4 updates (its target needs 2M env-steps)."""
     pytest.importorskip("gymnasium")
-    package = tmp_path / "mypkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "envs.py").write_text(_python_block("def make_env(num_envs, seed, device, autoreset_mode"))
+    env = _user_package(tmp_path, "envs", "def make_env(num_envs, seed, device, autoreset_mode")
     argv = _bash_line("multigpu rl --env mypkg.envs:make_env")
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
     proc = run_cli(*argv, "total_env_steps=2048", "num_envs=8", "num_steps=64", "num_minibatches=2", "update_epochs=1",
                    "--run-dir", str(tmp_path / "run"), env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
