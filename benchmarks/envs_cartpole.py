@@ -78,6 +78,12 @@ def _gymnasium(env_id: str, num_envs: int):
     return envs.step, _random_actions(env_id, num_envs)
 
 
+def gymnasium_vector(num_envs: int, seconds: float, env_id: str = "CartPole-v1") -> dict:
+    """gymnasium's vector env alone for ``seconds`` (benchmarks/gpu/envs_gpu.py runs one per CPU core)."""
+    step, actions = _gymnasium(env_id, num_envs)
+    return _measure(step, actions, seconds, num_envs)
+
+
 def _peer_name(env_id: str) -> str:
     return "gymnasium CartPoleVectorEnv" if env_id == "CartPole-v1" else "gymnasium SyncVectorEnv (make_vec)"
 

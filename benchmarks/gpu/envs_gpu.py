@@ -81,7 +81,7 @@ def envpool_threads(num_envs: int, seconds: float, threads: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - not installed, or its optional asset packages missing
         return {"skipped": f"envpool unavailable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"}
     envs.reset()
-    actions = [a.astype(np.int32) for a in envs_cartpole._random_actions(num_envs)]
+    actions = [a.astype(np.int32) for a in envs_cartpole._random_actions("CartPole-v1", num_envs)]
     rate = envs_cartpole._measure(envs.step, actions, seconds, num_envs)
     return {"num_envs": num_envs, "threads": threads, "env_steps_per_s": rate["wall"]}
 
