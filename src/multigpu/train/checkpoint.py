@@ -40,6 +40,7 @@ from __future__ import annotations
 import pickle
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -307,16 +308,22 @@ class CheckpointManager:
                 error = ("config", f"resume={resume!r}: no such checkpoint file; valid: auto, "
                                    "or the path of a ckpt_*.pt")
             else:
-                try:
-                    check_checkpoint(resume)
-                    choice = resume
-                except CorruptCheckpointError as exc:
-                    error = ("corrupt", (str(exc.path), exc.reason))
+                choice, error = checked_choice(resume, check_checkpoint)
         return agree_on_choice(choice, error)
 
     def load(self, path: Path) -> dict[str, Any]:
         """Load ``path`` on this rank (to CPU); the caller restores each part."""
         return _load(path)
+
+
+def checked_choice(resume: str, check: Callable[[str], Any]) -> tuple[str | None, tuple | None]:
+    """``(resume, None)`` when ``check(resume)`` passes, else ``(None, ("corrupt", (path, reason)))``: what
+    :func:`agree_on_choice` takes. Rank 0 only (the checks read files, they load nothing)."""
+    try:
+        check(resume)
+        return resume, None
+    except CorruptCheckpointError as exc:
+        return None, ("corrupt", (str(exc.path), exc.reason))
 
 
 def agree_on_choice(choice: str | None, error: tuple | None) -> Path | None:

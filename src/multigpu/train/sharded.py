@@ -39,7 +39,7 @@ from multigpu.checkpointing import (
     fsync_dir,
     sha256_file,
 )
-from multigpu.train.checkpoint import agree_on_choice
+from multigpu.train.checkpoint import agree_on_choice, checked_choice
 
 __all__ = ["ShardedCheckpoints", "check_checkpoint", "is_sharded_checkpoint", "load_tensors"]
 
@@ -192,11 +192,7 @@ class ShardedCheckpoints:
                 error = ("config", f"resume={resume!r}: not a sharded checkpoint folder (strategy=fsdp writes "
                                    "checkpoints/step_*/); valid: auto, or such a folder")
             else:
-                try:
-                    check_checkpoint(resume)
-                    choice = resume
-                except CorruptCheckpointError as exc:
-                    error = ("corrupt", (str(exc.path), exc.reason))
+                choice, error = checked_choice(resume, check_checkpoint)
         return agree_on_choice(choice, error)
 
     def load(self, path: Path) -> dict[str, Any]:
