@@ -74,10 +74,6 @@ def finish(work, op: str = "all_reduce") -> None:
         work.wait(timedelta(seconds=group.timeout_s()))
 
 
-def _wait(work) -> None:
-    finish(work, "migrate")
-
-
 def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overlap: bool = False) -> int:
     """Send the agents at positions ``index`` to ranks ``dest`` and take in the agents sent here.
 
@@ -98,15 +94,13 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overl
     with _translate("migrate"):
         work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)
     records = state.pack(state.take(index))  # with overlap: while the counts travel
-    if overlap:
-        _wait(work)
+    finish(work, "migrate")  # synchronous: work is None
     width = state.bytes_per_agent
     received = torch.empty((int(recv_counts.sum()), width), dtype=torch.uint8, device=records.device)
     with _translate("migrate"):
         work = dist.all_to_all_single(received.view(-1), records.view(-1), (recv_counts * width).tolist(),
                                       (send_counts * width).tolist(), async_op=overlap)
     state.remove(torch.sort(index).values)  # with overlap: while the records travel (records is a copy)
-    if overlap:
-        _wait(work)
+    finish(work, "migrate")
     state.append(state.unpack(received))
     return received.shape[0]
