@@ -22,6 +22,25 @@ _WATCHED_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MA
                      "EGL_DEVICE_ID", "OMP_NUM_THREADS", "TORCHELASTIC_")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_tmpdir(tmp_path_factory):
+    """Temporary files of this session and of every process it starts go under pytest's own base folder
+    (``TMPDIR``), which pytest prunes to the last three sessions: the folders a failed launch keeps on
+    purpose (``multigpu_logs_*``, named in its message) do not pile up in /tmp across runs."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    before_env, before_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = str(folder)
+    yield folder
+    tempfile.tempdir = before_dir
+    if before_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before_env
+
+
 @pytest.fixture(autouse=True)
 def _clean_runtime():
     """Destroy any process group a test left behind and reset multigpu's runtime state."""

@@ -103,3 +103,32 @@ def test_harness_deadline_dumps_the_stuck_ranks_stack():
     with pytest.raises(TimeoutError, match=r"ranks \[0\] did not finish within 15s") as info:
         run_on_ranks(_rank0_sleeps, 2, timeout_s=15)
     assert "--- rank 0 stack ---" in str(info.value) and "_rank0_sleeps" in str(info.value)
+
+
+def _what_a_rank_sees(name: str) -> dict:
+    import os
+    import sys
+
+    os.write(1, f"rank {mg.rank()} prints\n".encode())  # one write each, so the two ranks' lines do not interleave
+    os.write(2, f"rank {mg.rank()} warns\n".encode())
+    return {"var": os.environ.get(name), "path": sys.path[0], "cwd": os.getcwd()}
+
+
+@pytest.fixture(scope="module")
+def _server_started_elsewhere():
+    """A first call outside the test, so the forkserver starts with other stdout/stderr than the test's capfd."""
+    run_on_ranks(_what_a_rank_sees, 2, args=("MULTIGPU_TEST_SEEN",))
+
+
+def test_ranks_get_the_callers_environment_path_and_output_at_each_call(_server_started_elsewhere, tmp_path,
+                                                                         monkeypatch, capfd):
+    """Ranks fork from a long-lived forkserver: each call still hands them the caller's current environment,
+    ``sys.path`` and working folder, and their stdout/stderr go where the caller's go (here: capfd)."""
+    monkeypatch.setenv("MULTIGPU_TEST_SEEN", "set after the first call")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    results = run_on_ranks(_what_a_rank_sees, 2, args=("MULTIGPU_TEST_SEEN",))
+    assert results == [{"var": "set after the first call", "path": str(tmp_path), "cwd": str(tmp_path)}] * 2
+    out, err = capfd.readouterr()
+    assert sorted(line for line in out.splitlines() if line.startswith("rank ")) == ["rank 0 prints", "rank 1 prints"]
+    assert sorted(line for line in err.splitlines() if line.startswith("rank ")) == ["rank 0 warns", "rank 1 warns"]
