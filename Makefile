@@ -23,8 +23,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# Two pytest workers (pytest-xdist): the end-to-end tests mostly wait on process start-up and deadlines,
+# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not dist and not e2e and not slow"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,8 +29,6 @@ def _session_tmpdir(tmp_path_factory):
     """Temporary files of this session and of every process it starts go under pytest's own base folder
     (``TMPDIR``), which pytest prunes to the last three sessions: the folders a failed launch keeps on
     purpose (``multigpu_logs_*``, named in its message) do not pile up in /tmp across runs."""
-    import tempfile
-
     folder = tmp_path_factory.mktemp("tmp")
     before_env, before_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"] = str(folder)
@@ -140,10 +140,16 @@ def run_cli(*args: str, timeout: float = 180, env: dict | None = None, cwd: Path
 
 
 SESSION_VAR = "MULTIGPU_TEST_SESSION"
-"""Set for the whole test session, so every process a test starts inherits it (the no-process-left check)."""
+"""Set for the whole test session, so every process a test starts inherits it (the no-process-left check).
+Each pytest process (under pytest-xdist: each worker) marks its own, so each checks only what it started."""
 os.environ[SESSION_VAR] = f"{os.getpid()}-{time.time_ns()}"
+_SHARED_VAR = "MULTIGPU_TEST_SHARED"
+"""A folder the main pytest process makes and its xdist workers inherit: each worker leaves its findings there."""
 LEFT_BEHIND: list[str] = []
 """Processes started by this session that outlived it (filled at its end; the session then fails)."""
+COUNTED = {"tests.fuzz.test_bad_input_suite": ("CASES", "KINDS"), "tests.faults.test_fault_suite": ("FAULTS",)}
+"""Module-level counters of the two suites; each test's share travels in its report (``user_properties``), so
+the summary adds them up from reports alike in one process and across xdist workers."""
 
 
 _OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -166,8 +172,34 @@ def _suite_processes() -> list[psutil.Process]:
     return found
 
 
+def _xdist_controller(config) -> bool:
+    """The main process of a ``pytest -n N`` run: its workers carry its mark, and the tests ran in them."""
+    return getattr(config.option, "dist", "no") != "no" and not os.environ.get("PYTEST_XDIST_WORKER")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Put what this test added to its suite's counters into its report."""
+    names = COUNTED.get(getattr(item.module, "__name__", ""), ())
+    before = {n: Counter(getattr(item.module, n)) for n in names}
+    yield
+    for n in names:
+        added = getattr(item.module, n) - before[n]
+        if added:
+            item.user_properties.append((f"{item.module.__name__}.{n}", dict(added)))
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the session if any process it started is still running (after 10 s of grace), and stop those."""
+    """Fail the session if any process it started is still running (after 10 s of grace), and stop those.
+
+    An xdist worker checks its own and leaves its findings in the shared folder; the main process reads them."""
+    shared = Path(os.environ[_SHARED_VAR])
+    if _xdist_controller(session.config):
+        for path in sorted(shared.glob("left_*.txt")):
+            LEFT_BEHIND.extend(line for line in path.read_text().splitlines() if line)
+        if LEFT_BEHIND:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
     deadline = time.monotonic() + 10
     while (left := _suite_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -176,8 +208,37 @@ def pytest_sessionfinish(session, exitstatus):
             LEFT_BEHIND.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    if LEFT_BEHIND and os.environ.get("PYTEST_XDIST_WORKER"):
+        (shared / f"left_{os.getpid()}.txt").write_text("\n".join(LEFT_BEHIND) + "\n")
     if left:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    if _SHARED_VAR not in os.environ:  # the main pytest process (not a rank that imports this module)
+        os.environ[_SHARED_VAR] = tempfile.mkdtemp(prefix="multigpu_test_shared_")
+
+
+def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(os.environ[_SHARED_VAR], ignore_errors=True)
+
+
+def _counted(terminalreporter, name: str) -> tuple[Counter, list]:
+    """The suite counter ``name`` summed over every report that holds it, and the failed reports of its module."""
+    total: Counter = Counter()
+    failed = []
+    module = name.rsplit(".", 1)[0]
+    for key in ("passed", "failed"):
+        for r in terminalreporter.stats.get(key, []):
+            if getattr(r, "when", None) != "call":
+                continue
+            for prop, value in r.user_properties:
+                if prop == name:
+                    total.update(value)
+            if key == "failed" and r.nodeid.split("::")[0].replace("/", ".").removesuffix(".py") == module:
+                failed.append(r)
+    return total, failed
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -192,22 +253,19 @@ def pytest_terminal_summary(terminalreporter):
             f"fault suite: {sum(survived.values())} of {len(faults)} faults survived or ended cleanly ({per}); {lost}")
     for line in LEFT_BEHIND:
         terminalreporter.write_line(f"  left behind (now killed): {line}")
-    files = sys.modules.get("tests.faults.test_fault_suite")
-    if files is not None and getattr(files, "FAULTS", None):
-        failed = [r for r in terminalreporter.stats.get("failed", []) if "test_fault_suite" in r.nodeid]
-        per = ", ".join(f"{k} {v}" for k, v in sorted(files.FAULTS.items()))
+    files, failed = _counted(terminalreporter, "tests.faults.test_fault_suite.FAULTS")
+    if files:
+        per = ", ".join(f"{k} {v}" for k, v in sorted(files.items()))
         verdict = ("all handled (one line naming the file or variables)" if not failed
                    else f"{len(failed)} test(s) FAILED")
-        terminalreporter.write_line(f"fault suite (files, variables): {sum(files.FAULTS.values())} cases tried "
+        terminalreporter.write_line(f"fault suite (files, variables): {sum(files.values())} cases tried "
                                     f"({per}); {verdict}")
-    suite = sys.modules.get("tests.fuzz.test_bad_input_suite")
-    if suite is None or not suite.CASES:
+    cases, failed = _counted(terminalreporter, "tests.fuzz.test_bad_input_suite.CASES")
+    if not cases:
         return
-    failed = [r for r in terminalreporter.stats.get("failed", []) if "test_bad_input_suite" in r.nodeid]
-    total = sum(suite.CASES.values())
-    per = ", ".join(f"{k} {v}" for k, v in sorted(suite.CASES.items()))
+    per = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
     verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
-    terminalreporter.write_line(f"bad-input suite: {total} cases tried ({per}); {verdict}")
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(getattr(suite, "KINDS", {}).items()))
+    terminalreporter.write_line(f"bad-input suite: {sum(cases.values())} cases tried ({per}); {verdict}")
+    kinds, _ = _counted(terminalreporter, "tests.fuzz.test_bad_input_suite.KINDS")
     if kinds:
-        terminalreporter.write_line(f"  by kind: {kinds}")
+        terminalreporter.write_line(f"  by kind: {', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}")
