@@ -50,7 +50,8 @@ def _rank(agents: int, steps: int, overlap: str, native_opt: str, sort_every: in
     import torch.distributed as dist
 
     from multigpu.runtime import collectives
-    from multigpu.sim import SimConfig, SimEngine, engine as engine_mod, exchange, native
+    from multigpu.sim import SimConfig, SimEngine, exchange, native
+    from multigpu.sim import engine as engine_mod
 
     collectives.barrier()
     bw = _copy_bandwidth()  # both ranks copy at once
