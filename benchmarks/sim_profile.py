@@ -8,7 +8,8 @@ Two real gloo ranks (``multigpu.testing.run_on_ranks``, one thread each) run the
 other copies too (``dst.copy_(src)`` of 128 MiB, read + write bytes/s: the bandwidth a rank has when both
 work), then one warm-up step, then ``--steps`` timed steps with every kernel call, the migration's parts
 (pack, the two all-to-alls, remove, unpack + append), the sort and the series all-reduce timed on their own;
-"python" is the rest of the step. Bytes/agent-step is the least traffic of a phase (the agent fields it
+"python" is the rest of the step (Python and the small torch ops around the kernels). "step, CPU time" is the
+rank's process CPU time per step: on a shared machine the wall time above it is time the rank did not run. Bytes/agent-step is the least traffic of a phase (the agent fields it
 must read and write, per agent and step; the sort's reorder and the migration amortized over the steps);
 "of bw" = bytes moved per second of that phase / the copy bandwidth.
 """
@@ -60,7 +61,7 @@ def _rank(agents: int, steps: int, overlap: str, native_opt: str, sort_every: in
     engine = SimEngine(cfg)
     timers: dict[str, float] = defaultdict(float)
     ctx = engine.ctx
-    for name in ("move", "infected", "transition", "move_count"):
+    for name in ("move", "infected", "transition", "move_count", "thresholds"):
         ctx.kernels[name] = _timed(timers, name, ctx.kernels[name])
     engine_mod.native.outside = _timed(timers, "strays", native.outside)
     state = engine.state
@@ -88,25 +89,27 @@ def _rank(agents: int, steps: int, overlap: str, native_opt: str, sort_every: in
         migrated.clear()
         engine.timers.clear()
         collectives.barrier()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         engine.run(steps)
-        total = time.perf_counter() - t
+        total, cpu = time.perf_counter() - t, time.process_time() - cpu
     finally:
         exchange.dist.all_to_all_single, exchange.finish = a2a, fin
         engine_mod.exchange.migrate = real_migrate
         engine_mod.native.outside = native.outside
     timers["sort"] = engine.timers.get("sort", 0.0)
     timers["python"] = total - sum(timers.values())  # the rest of the step
-    return {"agents": engine.state.n, "bandwidth": bw, "seconds": total, "phases": dict(timers),
+    return {"agents": engine.state.n, "bandwidth": bw, "seconds": total, "cpu_seconds": cpu, "phases": dict(timers),
             "migrated_per_step": sum(migrated) / steps, "bytes_per_agent": engine.state.bytes_per_agent,
             "infected": engine.series()["I"][-1]}
 
 
 def _bytes(phase: str, n: int, migrated: float, rec: int, sort_every: int) -> float:
     """The least traffic of a phase, bytes per agent-step (see the module docstring)."""
-    per_agent = {"move": 12, "infected": 5, "transition": 10, "strays": 2, "move_count": 13}
+    per_agent = {"move": 12, "transition": 10, "strays": 2, "move_count": 13}
     if phase in per_agent:
         return per_agent[phase]
+    if phase == "infected":  # move_count counts the agents that stay; this kernel the ones that arrived
+        return migrated * 5 / n
     if phase == "sort":  # rows read + order written, then each field gathered and written back
         return (2 + 8 + 2 * rec + 8) / sort_every
     if phase.startswith("migrate"):
@@ -147,6 +150,9 @@ def main() -> int:
         print(f"{p:<20} " + " ".join(cells))
     steps_ms = [r["seconds"] / args.steps * 1e3 for r in ranks]
     print(f"{'step':<20} " + " ".join(f"{ms:>15.1f} {'':>12} {'':>6}" for ms in steps_ms))
+    cpu_ms = [r["cpu_seconds"] / args.steps * 1e3 for r in ranks]
+    print(f"{'step, CPU time':<20} " + " ".join(f"{ms:>15.1f} {'':>12} {'':>6}" for ms in cpu_ms)
+          + "  (wall above CPU: the rank waited, or another process had its core)")
     print("JSON " + json.dumps({"agents": args.agents, "steps": args.steps, "rate": total_rate, "rows": rows,
                                 "ranks": ranks}))
     return 0

@@ -135,3 +135,15 @@ def test_thresholds_match_the_torch_kernel():
     got = native.kernels()["thresholds"](table, counts)
     assert want.dtype == got.dtype == torch.int32 and torch.equal(want, got)
     assert int((counts >= table.numel()).sum()) > 0
+
+
+def test_permute_matches_index_select():
+    g = torch.Generator().manual_seed(5)
+    n = 10_007
+    order = torch.argsort(torch.randint(0, 50, (n,), generator=g), stable=True)
+    fields = [torch.randint(-2**31, 2**31 - 1, (n,), generator=g, dtype=dt) for dt in (torch.int32, torch.int64)]
+    fields += [torch.randint(0, 255, (n,), generator=g).to(torch.uint8), torch.randint(-300, 300, (n,), generator=g).to(torch.int16)]
+    want = [torch.index_select(f, 0, order) for f in fields]
+    assert native.permute(fields, order)
+    assert all(torch.equal(a, b) for a, b in zip(fields, want, strict=True))
+    assert not native.permute([torch.zeros(n, dtype=torch.complex128)], order)  # 16-byte elements: not taken

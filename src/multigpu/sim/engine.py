@@ -317,7 +317,10 @@ class SimEngine:
         """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
         t = time.perf_counter()
         order = native.row_order(self.state["y"], self.cfg.grid[0]) if self.use_native else None
-        self.state.reorder(torch.argsort(self.state["y"], stable=True) if order is None else order)
+        if order is None:
+            order = torch.argsort(self.state["y"], stable=True)
+        if not (self.use_native and native.permute([self.state[k] for k in self.state.schema], order)):
+            self.state.reorder(order)
         self.timers["sort"] += time.perf_counter() - t
 
     # ------------------------------------------------------------------ spatial strategies

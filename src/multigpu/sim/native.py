@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "kernels", "outside", "row_order"]
+__all__ = ["available", "kernels", "outside", "permute", "row_order"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -172,6 +172,22 @@ int64_t mg_thresholds(const int32_t *restrict table, int64_t ntable, const int32
     return bad ? -1 : 0;
 }
 
+/* data[k] = data[order[k]] for k < n (a permutation of 1-, 2-, 4- or 8-byte elements), through scratch:
+   the gather torch's index_select does, as one typed loop (the agents are nearly sorted when it runs, so
+   order[k] stays near k and the reads stay in cache). Returns -1 on an element size it does not know. */
+int64_t mg_permute(void *restrict data, int64_t n, int64_t elsize, const int64_t *restrict order,
+                   void *restrict scratch) {
+    switch (elsize) {
+    case 1: { const uint8_t *s = data; uint8_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 2: { const uint16_t *s = data; uint16_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 4: { const uint32_t *s = data; uint32_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 8: { const uint64_t *s = data; uint64_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    default: return -1;
+    }
+    memcpy(data, scratch, (size_t)(n * elsize));
+    return 0;
+}
+
 /* A stable argsort of rows y in [0, rows) by counting: order[k] = the position of the k-th agent. */
 int64_t mg_row_order(const int16_t *restrict y, int64_t n, int64_t rows, int64_t *restrict offsets,
                      int64_t *restrict order) {
@@ -232,6 +248,8 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_move_count.restype = i64
     lib.mg_thresholds.argtypes = [p, i64, p, i64, p]
     lib.mg_thresholds.restype = i64
+    lib.mg_permute.argtypes = [p, i64, i64, p, p]
+    lib.mg_permute.restype = i64
     lib.mg_row_order.argtypes = [p, i64, i64, p, p]
     lib.mg_row_order.restype = i64
     return lib
@@ -330,6 +348,20 @@ def row_order(y: torch.Tensor, rows: int) -> torch.Tensor | None:
     if lib.mg_row_order(y.data_ptr(), y.numel(), rows, offsets.data_ptr(), order.data_ptr()) != 0:
         raise IndexError(f"sim sort: a row outside 0..{rows - 1}")
     return order
+
+
+def permute(fields: list[torch.Tensor], order: torch.Tensor) -> bool:
+    """``f.copy_(torch.index_select(f, 0, order))`` for each 1-D field, in C; False (nothing done) without the library
+    or for a field it does not take (not contiguous CPU, elements not of 1, 2, 4 or 8 bytes)."""
+    lib = _lib()
+    sizes = {f.element_size() for f in fields}
+    if (lib is None or not _ok((order, torch.int64)) or not sizes <= {1, 2, 4, 8}
+            or any(f.dim() != 1 or f.numel() != order.numel() or not _ok((f, f.dtype)) for f in fields)):
+        return False
+    scratch = torch.empty(order.numel() * max(sizes, default=1), dtype=torch.uint8)
+    for f in fields:
+        lib.mg_permute(f.data_ptr(), f.numel(), f.element_size(), order.data_ptr(), scratch.data_ptr())
+    return True
 
 
 def outside(y: torch.Tensor, lo: int, hi: int) -> torch.Tensor | None:
