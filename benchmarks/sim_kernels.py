@@ -55,7 +55,7 @@ def main() -> int:
     acc = torch.zeros(h * w + 1, dtype=torch.int32)
     impls = {"compiled": {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()},
              "native": native.kernels()}
-    prep = _sir_prepare(SimpleNamespace(params=SIRParams(), env={}), acc[:-1].view(h, w))
+    prep = _sir_prepare(SimpleNamespace(params=SIRParams(), env={}, kernels={}), acc[:-1].view(h, w))
     move_thr = rng.threshold(0.5, 16)
 
     def chunked(body):
