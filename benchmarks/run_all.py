@@ -75,6 +75,7 @@ LEFT_OUT = {
     "reliability_recovery": "recovery after a SIGKILL, ours vs torchrun: minutes per round; not in the quick set",
     "reliability_orphans": "processes that outlive the launcher: 15 s waits per scenario; not in the quick set",
     "sim_kernels": "a profile of our kernels (C vs torch.compile) against the copy bandwidth, not a peer comparison",
+    "sim_profile": "where one 10M-agent SIR step's time goes per rank (per phase, vs the copy bandwidth): a profile",
     "sim_overlap": "variants of ours (torch/C kernels, overlap on/off) at 10M agents: minutes per round",
     "train_tracking": "the cost of logger=wandb (needs wandb, offline): not a peer comparison",
     "gpu/": "skipped: no GPU here (GPU machine only: bash benchmarks/gpu/run_all.sh)",

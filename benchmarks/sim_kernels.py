@@ -6,7 +6,8 @@ One process, one thread, one rank's share of agents (5M = 10M on 2 ranks), sorte
 engine keeps them. The same run measures the memory bandwidth (``dst.copy_(src)`` of 256 MiB, read
 + write bytes per second), then each kernel over 2^18-agent chunks, in rounds that alternate the
 implementations ("sort order" is the stable order by row, once per sort_every steps;
-the reorder of the fields after it is not included). Bytes/agent is the least traffic a kernel needs (agent fields read + written; the
+the reorder of the fields after it is not included; "move_count" is move + infected + strays in one pass,
+what the engine runs for the built-in sir model). Bytes/agent is the least traffic a kernel needs (agent fields read + written; the
 per-cell tables stay in cache); "of bw" = (agents/s x bytes/agent) / copy bandwidth.
 """
 
@@ -20,7 +21,7 @@ import torch
 
 CHUNK = 1 << 18
 GRID = (1000, 1000)
-BYTES = {"move": 12, "infected": 5, "transition": 10, "strays": 2, "sort order": 2 + 8}
+BYTES = {"move": 12, "infected": 5, "transition": 10, "strays": 2, "move_count": 13, "sort order": 2 + 8}
 
 
 def _best(fn, reps: int = 3) -> float:
@@ -54,7 +55,7 @@ def main() -> int:
     acc = torch.zeros(h * w + 1, dtype=torch.int32)
     impls = {"compiled": {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()},
              "native": native.kernels()}
-    prep = _sir_prepare(SimpleNamespace(params=SIRParams(), env={}), acc[:-1].view(h, w))
+    prep = _sir_prepare(SimpleNamespace(params=SIRParams(), env={}, kernels={}), acc[:-1].view(h, w))
     move_thr = rng.threshold(0.5, 16)
 
     def chunked(body):
@@ -69,6 +70,8 @@ def main() -> int:
             "infected": chunked(lambda a, b: k["infected"](acc, x[a:b], y[a:b], state[a:b], 0, w)),
             "transition": chunked(lambda a, b: k["transition"](ids[a:b], x[a:b], y[a:b], state[a:b], 7, prep[0], 0,
                                                                 w, prep[1], prep[2])),
+            "move_count": chunked(lambda a, b: k["move_count"](ids[a:b], x[a:b], y[a:b], state[a:b], 5, move_thr, h,
+                                                                w, acc, 0)),
             "strays": chunked((lambda a, b: native.outside(y[a:b], 400, 600)) if impl == "native" else
                               (lambda a, b: torch.nonzero((y[a:b] < 400) | (y[a:b] >= 600)).reshape(-1))),
             "sort order": (lambda: native.row_order(y, h)) if impl == "native" else

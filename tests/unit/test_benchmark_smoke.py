@@ -116,6 +116,22 @@ def test_envs_cartpole_smoke(tmp_path):
                                                  "ours / gymnasium SyncVectorEnv (make_vec), Pendulum-v1 64 envs"]
 
 
+@pytest.mark.e2e  # two ranks in subprocesses
+def test_sim_profile_accounts_for_every_phase_of_the_step():
+    """The profile (not in make bench: a profile, not a comparison) at a tiny size: the phases it times,
+    none counted twice (the rest, called python, is not negative), on each rank."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(BENCH / "sim_profile.py"), "--agents", "40000", "--steps", "3"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    record = json.loads(proc.stdout.split("JSON ", 1)[1])
+    for rank in record["ranks"]:
+        phases = rank["phases"]
+        assert {"move_count", "transition", "sort", "python", "migrate: exchange"} <= set(phases)
+        assert phases["python"] >= 0 and rank["bandwidth"] > 0  # no time counted twice
+    assert record["rate"] > 0 and {row["rank"] for row in record["rows"]} == {0, 1}
+
+
 def test_every_benchmark_is_run_or_left_out_with_a_reason():
     run_all = _module("run_all")
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem not in ("run_all", "render")}

@@ -105,3 +105,45 @@ def test_native_and_overlap_options_are_checked():
         SimConfig(overlap="maybe")
     # YAML reads on / off as booleans: they mean on / off here
     assert SimConfig(native=False).native == "off" and SimConfig(overlap=True).overlap == "on"
+
+
+@pytest.mark.parametrize("lo, rows", [(0, 9), (3, 4), (8, 1)])
+def test_move_count_matches_the_torch_kernels(lo, rows):
+    """The fused pass: the same positions, moved count, infected counts per cell and strays as the three kernels."""
+    height, width = 9, 13
+    ids, x, y, state = _agents(30_011, height, width, seed=3)
+    state[::3] = 2  # plenty of infected agents, some of them in the same cell one after another
+    ours = native.kernels()
+    key, thr = rng.step_key(2, 7, rng.STREAM_MOVE), rng.threshold(0.6, 16)
+    results = []
+    for move_count in (KERNELS["move_count"], ours["move_count"]):
+        ax, ay = x.clone(), y.clone()
+        acc = torch.zeros(rows * width + 1, dtype=torch.int32)
+        moved, away = move_count(ids, ax, ay, state, key, thr, height, width, acc, lo)
+        results.append((int(moved), ax, ay, acc[:-1], away))
+    (m_t, x_t, y_t, acc_t, away_t), (m_n, x_n, y_n, acc_n, away_n) = results
+    assert m_t == m_n > 0 and torch.equal(x_t, x_n) and torch.equal(y_t, y_n)
+    assert torch.equal(acc_t, acc_n) and int(acc_t.sum()) > 0
+    assert torch.equal(away_t, away_n) and (away_t.numel() > 0) == (rows < height)
+
+
+def test_thresholds_match_the_torch_kernel():
+    table = infection_table(0.05)
+    g = torch.Generator().manual_seed(4)
+    counts = torch.randint(0, table.numel() + 50, (7, 311), generator=g, dtype=torch.int32)  # some past the end
+    want = KERNELS["thresholds"](table, counts)
+    got = native.kernels()["thresholds"](table, counts)
+    assert want.dtype == got.dtype == torch.int32 and torch.equal(want, got)
+    assert int((counts >= table.numel()).sum()) > 0
+
+
+def test_permute_matches_index_select():
+    g = torch.Generator().manual_seed(5)
+    n = 10_007
+    order = torch.argsort(torch.randint(0, 50, (n,), generator=g), stable=True)
+    fields = [torch.randint(-2**31, 2**31 - 1, (n,), generator=g, dtype=dt) for dt in (torch.int32, torch.int64)]
+    fields += [torch.randint(0, 255, (n,), generator=g).to(torch.uint8), torch.randint(-300, 300, (n,), generator=g).to(torch.int16)]
+    want = [torch.index_select(f, 0, order) for f in fields]
+    assert native.permute(fields, order)
+    assert all(torch.equal(a, b) for a, b in zip(fields, want, strict=True))
+    assert not native.permute([torch.zeros(n, dtype=torch.complex128)], order)  # 16-byte elements: not taken

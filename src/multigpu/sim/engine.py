@@ -30,7 +30,7 @@ import torch
 from multigpu.errors import ConfigError
 from multigpu.runtime import collectives, group
 from multigpu.runtime.sharding import shard_bounds
-from multigpu.sim import exchange, native, network, partition, population
+from multigpu.sim import exchange, models, native, network, partition, population
 from multigpu.sim.api import Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
 from multigpu.sim.models import FUSED_KERNELS, KERNELS
@@ -221,7 +221,14 @@ class SimEngine:
         early = None
         if sub.moves and self._wants_cell_field(following):
             early = self._new_cell_acc(following)
+        fused = self._fuses(sub, following, early)
         for start, chunk in self._chunks():
+            if fused:  # move, count the infected, find the strays: one C pass per chunk
+                out, away = models.move_and_count(ctx, chunk, early)
+                total = out if total is None else total + out
+                if self.spatial:
+                    strays.append(away + start)
+                continue
             if sub.field == "network":  # prepared holds one row per agent of this rank: this chunk's rows
                 n = chunk["id"].shape[0]
                 out = sub.apply(ctx, chunk, _rows(prepared, start, n, self.state.n))
@@ -250,6 +257,11 @@ class SimEngine:
         if total is None:
             total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
         return list(total.reshape(-1)), early
+
+    def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
+        """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
+        return (self.use_native and early is not None and early.dim() == 1
+                and sub.apply is models._move_apply and following.contribute is models._sir_contribute)
 
     def _new_cell_acc(self, sub: Substep) -> torch.Tensor:
         # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
@@ -305,7 +317,10 @@ class SimEngine:
         """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
         t = time.perf_counter()
         order = native.row_order(self.state["y"], self.cfg.grid[0]) if self.use_native else None
-        self.state.reorder(torch.argsort(self.state["y"], stable=True) if order is None else order)
+        if order is None:
+            order = torch.argsort(self.state["y"], stable=True)
+        if not (self.use_native and native.permute([self.state[k] for k in self.state.schema], order)):
+            self.state.reorder(order)
         self.timers["sort"] += time.perf_counter() - t
 
     # ------------------------------------------------------------------ spatial strategies

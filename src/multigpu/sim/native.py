@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "kernels", "outside", "row_order"]
+__all__ = ["available", "kernels", "outside", "permute", "row_order"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -62,6 +62,46 @@ int64_t mg_move(const int32_t *restrict ids, int16_t *restrict x, int16_t *restr
     return moved;
 }
 
+/* models.move_count_kernel: move a block of agents (vectorized), then, while the block is in L1, add its
+   infected agents (state 2) to their cells of rows [lo, lo + rows) and note the positions of the agents
+   outside those rows (about to migrate) in away; *naway = their count. Returns the number that moved.
+   Each agent's cell (or the drop slot) and 0/1 are computed in a vectorized loop, then added in a scalar one
+   (every agent adds 0 or 1 to its own cell: no branch, no chain through one slot); agents are sorted by row,
+   so most blocks have no agent outside the rows and skip the search (1.3x the one-loop form, measured). */
+int64_t mg_move_count(const int32_t *restrict ids, int16_t *restrict x, int16_t *restrict y,
+                      const uint8_t *restrict state, int64_t n, uint32_t key, int32_t move_thr, int32_t height,
+                      int32_t width, int32_t *restrict acc, int64_t lo, int64_t rows, int64_t *restrict away,
+                      int64_t *restrict naway) {
+    const int32_t lo32 = (int32_t)lo, rows32 = (int32_t)rows, ncells = rows32 * width;
+    int64_t moved = 0, k = 0;
+    int32_t cells[2048], inc[2048];
+    for (int64_t a = 0; a < n; a += 2048) {
+        int64_t m = n - a < 2048 ? n - a : 2048;
+        moved += mg_move(ids + a, x + a, y + a, m, key, move_thr, height, width);
+        const int16_t *restrict yb = y + a, *restrict xb = x + a;
+        const uint8_t *restrict sb = state + a;
+        int32_t out = 0;
+        for (int64_t j = 0; j < m; j++) {
+            int32_t r = (int32_t)yb[j] - lo32;
+            int32_t in = (uint32_t)r < (uint32_t)rows32;
+            int32_t c = r * width + (int32_t)xb[j];
+            cells[j] = c ^ ((c ^ ncells) & (in - 1));   /* in ? c : ncells, without a branch */
+            inc[j] = sb[j] == 2;
+            out |= in ^ 1;
+        }
+        for (int64_t j = 0; j < m; j++) acc[cells[j]] += inc[j];
+        if (out) {
+            for (int64_t j = 0; j < m; j++) {
+                away[k] = a + j;
+                k += (uint32_t)((int32_t)yb[j] - lo32) >= (uint32_t)rows32;
+            }
+        }
+    }
+    acc[ncells] = 0;
+    *naway = k;
+    return moved;
+}
+
 /* models.infected_kernel: acc[cell] += 1 for infected agents (state 2) on this rank's cells. */
 void mg_infected(int32_t *restrict acc, int64_t ncells, const int16_t *restrict x, const int16_t *restrict y,
                  const uint8_t *restrict state,
@@ -85,31 +125,67 @@ int64_t mg_outside(const int16_t *restrict y, int64_t n, int64_t lo, int64_t hi,
 }
 
 /* models.transition_kernel: counts[k] = agents in state k afterwards; returns -1 on an index out of range.
-   Branch-free (every load unconditional, in range) so that the compiler vectorizes it. */
+   Branch-free (every load unconditional, in range) so that the compiler vectorizes it; the next states are
+   packed in one word (a variable shift instead of a chain of selects) and counted in int32 per block of
+   4096 agents (about 1.15x and 1.35x faster than selects and int64 counters, measured here). */
 int64_t mg_transition(const int32_t *restrict ids, const int16_t *restrict x, const int16_t *restrict y, uint8_t *restrict state, int64_t n,
                       uint32_t key, const int32_t *restrict cell_thr, int64_t ncells, int64_t lo, int64_t width,
                       const int32_t *state_thr, const uint8_t *next_state, int64_t *restrict counts) {
-    const int32_t t0 = state_thr[0], t1 = state_thr[1], t2 = state_thr[2], t3 = state_thr[3];
-    const int32_t n0 = next_state[0], n1 = next_state[1], n2 = next_state[2], n3 = next_state[3];
+    const int32_t t1 = state_thr[1], t2 = state_thr[2], t3 = state_thr[3];   /* S uses its cell's threshold */
+    const uint32_t packed = (uint32_t)next_state[0] | (uint32_t)next_state[1] << 8 | (uint32_t)next_state[2] << 16
+                            | (uint32_t)next_state[3] << 24;
     const int32_t lo32 = (int32_t)lo, w32 = (int32_t)width;
-    int64_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+    int64_t c0 = 0, c1 = 0, c2 = 0;
     int32_t bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int32_t u = (int32_t)((bits_of(ids[i], key) >> 8) & 0xFFFFFFu);
-        int32_t cell = ((int32_t)y[i] - lo32) * w32 + (int32_t)x[i];   /* |cell| < 2^31: grid <= 32767^2 */
-        int32_t s = state[i];
-        int32_t ok = (uint32_t)cell < (uint32_t)ncells;
-        bad |= (!ok) | (s > 3);
-        int32_t tc = cell_thr[cell & -ok];
-        int32_t ts = s == 0 ? t0 : s == 1 ? t1 : s == 2 ? t2 : t3;
-        int32_t nx = s == 0 ? n0 : s == 1 ? n1 : s == 2 ? n2 : n3;
-        int32_t thr = s == 0 ? tc : ts;
-        int32_t nw = u < thr ? nx : s;
-        state[i] = (uint8_t)nw;
-        c0 += nw == 0; c1 += nw == 1; c2 += nw == 2; c3 += nw == 3;
+    for (int64_t a = 0; a < n; a += 4096) {
+        int64_t b = n - a < 4096 ? n : a + 4096;
+        int32_t d0 = 0, d1 = 0, d2 = 0;
+        for (int64_t i = a; i < b; i++) {
+            int32_t u = (int32_t)((bits_of(ids[i], key) >> 8) & 0xFFFFFFu);
+            int32_t cell = ((int32_t)y[i] - lo32) * w32 + (int32_t)x[i];   /* |cell| < 2^31: grid <= 32767^2 */
+            uint32_t s = state[i];
+            int32_t ok = (uint32_t)cell < (uint32_t)ncells;
+            bad |= (!ok) | (s > 3);
+            int32_t tc = cell_thr[cell & -ok];
+            int32_t thr = s == 0 ? tc : s == 1 ? t1 : s == 2 ? t2 : t3;
+            int32_t nx = (int32_t)((packed >> ((s & 3) * 8)) & 0xFFu);
+            int32_t nw = u < thr ? nx : (int32_t)s;
+            state[i] = (uint8_t)nw;
+            d0 += nw == 0; d1 += nw == 1; d2 += nw == 2;
+        }
+        c0 += d0; c1 += d1; c2 += d2;
     }
-    counts[0] = c0; counts[1] = c1; counts[2] = c2; counts[3] = c3;
+    counts[0] = c0; counts[1] = c1; counts[2] = c2; counts[3] = n - c0 - c1 - c2;
     return bad ? -1 : 0;
+}
+
+/* models.thresholds_kernel: out[c] = table[min(counts[c], ntable - 1)] (counts >= 0); returns -1 on a negative count. */
+int64_t mg_thresholds(const int32_t *restrict table, int64_t ntable, const int32_t *restrict counts, int64_t n,
+                      int32_t *restrict out) {
+    const int32_t top = (int32_t)(ntable - 1);
+    int32_t bad = 0;
+    for (int64_t c = 0; c < n; c++) {
+        int32_t k = counts[c];
+        bad |= k < 0;
+        out[c] = table[k < 0 ? 0 : k > top ? top : k];
+    }
+    return bad ? -1 : 0;
+}
+
+/* data[k] = data[order[k]] for k < n (a permutation of 1-, 2-, 4- or 8-byte elements), through scratch:
+   the gather torch's index_select does, as one typed loop (the agents are nearly sorted when it runs, so
+   order[k] stays near k and the reads stay in cache). Returns -1 on an element size it does not know. */
+int64_t mg_permute(void *restrict data, int64_t n, int64_t elsize, const int64_t *restrict order,
+                   void *restrict scratch) {
+    switch (elsize) {
+    case 1: { const uint8_t *s = data; uint8_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 2: { const uint16_t *s = data; uint16_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 4: { const uint32_t *s = data; uint32_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    case 8: { const uint64_t *s = data; uint64_t *d = scratch; for (int64_t k = 0; k < n; k++) d[k] = s[order[k]]; break; }
+    default: return -1;
+    }
+    memcpy(data, scratch, (size_t)(n * elsize));
+    return 0;
 }
 
 /* A stable argsort of rows y in [0, rows) by counting: order[k] = the position of the k-th agent. */
@@ -168,6 +244,12 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_transition.restype = i64
     lib.mg_outside.argtypes = [p, i64, i64, i64, p]
     lib.mg_outside.restype = i64
+    lib.mg_move_count.argtypes = [p, p, p, p, i64, u32, i32, i32, i32, p, i64, i64, p, p]
+    lib.mg_move_count.restype = i64
+    lib.mg_thresholds.argtypes = [p, i64, p, i64, p]
+    lib.mg_thresholds.restype = i64
+    lib.mg_permute.argtypes = [p, i64, i64, p, p]
+    lib.mg_permute.restype = i64
     lib.mg_row_order.argtypes = [p, i64, i64, p, p]
     lib.mg_row_order.restype = i64
     return lib
@@ -233,7 +315,27 @@ def kernels() -> dict:
                              "0..3 (S, E, I, R)")
         return counts
 
-    return {"move": move, "infected": infected, "transition": transition}
+    def move_count(ids, x, y, state, key, move_thr, height, width, acc, lo):
+        if acc.dim() != 1 or not _ok((ids, torch.int32), (x, torch.int16), (y, torch.int16), (state, torch.uint8),
+                                     (acc, torch.int32)):
+            return models.move_count_kernel(ids, x, y, state, key, move_thr, height, width, acc, lo)
+        away = torch.empty(ids.numel(), dtype=torch.int64)
+        naway = torch.zeros(1, dtype=torch.int64)
+        moved = lib.mg_move_count(ids.data_ptr(), x.data_ptr(), y.data_ptr(), state.data_ptr(), ids.numel(),
+                                  _key(key), move_thr, height, width, acc.data_ptr(), lo,
+                                  (acc.numel() - 1) // width, away.data_ptr(), naway.data_ptr())
+        return torch.tensor(moved, dtype=torch.int64), away[: int(naway)]
+
+    def thresholds(table, counts):
+        if not _ok((table, torch.int32), (counts, torch.int32)) or table.numel() == 0:
+            return models.thresholds_kernel(table, counts)
+        out = torch.empty(counts.numel(), dtype=torch.int32)
+        if lib.mg_thresholds(table.data_ptr(), table.numel(), counts.data_ptr(), counts.numel(), out.data_ptr()):
+            raise IndexError("sim thresholds: a negative infected count")
+        return out
+
+    return {"move": move, "infected": infected, "transition": transition, "move_count": move_count,
+            "thresholds": thresholds}
 
 
 def row_order(y: torch.Tensor, rows: int) -> torch.Tensor | None:
@@ -246,6 +348,20 @@ def row_order(y: torch.Tensor, rows: int) -> torch.Tensor | None:
     if lib.mg_row_order(y.data_ptr(), y.numel(), rows, offsets.data_ptr(), order.data_ptr()) != 0:
         raise IndexError(f"sim sort: a row outside 0..{rows - 1}")
     return order
+
+
+def permute(fields: list[torch.Tensor], order: torch.Tensor) -> bool:
+    """``f.copy_(torch.index_select(f, 0, order))`` for each 1-D field, in C; False (nothing done) without the library
+    or for a field it does not take (not contiguous CPU, elements not of 1, 2, 4 or 8 bytes)."""
+    lib = _lib()
+    sizes = {f.element_size() for f in fields}
+    if (lib is None or not _ok((order, torch.int64)) or not sizes <= {1, 2, 4, 8}
+            or any(f.dim() != 1 or f.numel() != order.numel() or not _ok((f, f.dtype)) for f in fields)):
+        return False
+    scratch = torch.empty(order.numel() * max(sizes, default=1), dtype=torch.uint8)
+    for f in fields:
+        lib.mg_permute(f.data_ptr(), f.numel(), f.element_size(), order.data_ptr(), scratch.data_ptr())
+    return True
 
 
 def outside(y: torch.Tensor, lo: int, hi: int) -> torch.Tensor | None:
