@@ -2,6 +2,10 @@
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/sim_overlap.py [--agents 10_000_000] [--steps 30]
         [--variants native=off:overlap=off,native=on:overlap=off,native=on:overlap=on] [--rounds 2]
+        [--quick | --smoke] [--json PATH]
+
+``--quick`` (what `make bench` runs: issue 15's "10M SIR agents on 2 ranks, target 1.5e8 agent-steps/s"):
+10M agents, 20 steps, the torch kernels (the specification) vs the C kernels, 3 rounds.
 
 Every variant runs through the real command line (``multigpu sim -f sir --nproc-per-node 2 --strategy ...``)
 in rounds that alternate the variants, and reads the StepMeter's summary.json (throughput after one
@@ -19,7 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _record
+
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 1.5e8
+"""Issue 15's target for 10M SIR agents on 2 ranks of the 2-core machine (agent-steps/s)."""
 
 
 def _run(agents: int, steps: int, strategy: str, overrides: list[str]) -> dict:
@@ -39,7 +47,13 @@ def main() -> int:
     parser.add_argument("--strategy", default="spatial")
     parser.add_argument("--variants", default="native=off:overlap=off,native=on:overlap=off,native=on:overlap=on")
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = _record.add_flags(parser).parse_args()
+    if args.quick:
+        args.agents, args.steps, args.rounds = 10_000_000, 20, 3
+        args.variants = "native=off:overlap=off,native=on:overlap=off"
+    if args.smoke:  # checks the script, not the speed
+        args.agents, args.steps, args.rounds = 20_000, 3, 1
+        args.variants = "native=off:overlap=off,native=on:overlap=off"
     variants = args.variants.split(",")
     base = None
     rows, digests = [], set()
@@ -58,8 +72,26 @@ def main() -> int:
                          "peak_rss_mb": s["peak_rss_mb"]})
     if len(digests) != 1:
         raise SystemExit(f"the variants ended in different states: {sorted(digests)}")
-    print(f"same final state in every run: digest {digests.pop()}")
+    digest = digests.pop()
+    print(f"same final state in every run: digest {digest}")
     print("JSON " + json.dumps(rows))
+    first = variants[0]
+    ratios, notes = [], [f"same final state digest in every run: {digest}"]
+    for row in rows:
+        if row["variant"] != first:
+            base = next(b for b in rows if b["round"] == row["round"] and b["variant"] == first)
+            ratios.append(_record.ratio(f"{row['variant']} / {first} agent-steps/s", row["throughput"] / base["throughput"],
+                                        row["round"]))
+    if args.agents == 10_000_000:
+        for variant in variants:
+            got = [r["throughput"] for r in rows if r["variant"] == variant]
+            met = "met" if all(g >= TARGET for g in got) else "NOT met"
+            notes.append(f"{variant}: target {TARGET:.1e} agent-steps/s (10M agents, 2 ranks) {met} in every round "
+                         f"({', '.join(f'{g:.3g}' for g in got)})")
+    _record.write(args, "sim_overlap", {"agents": args.agents, "steps": args.steps, "strategy": args.strategy,
+                                        "variants": variants, "rounds": args.rounds, "ranks": 2,
+                                        "unit": "agent-steps/s after one warm-up step"},
+                  [{k: v for k, v in r.items() if k != "phases_s"} for r in rows], ratios, notes)
     return 0
 
 

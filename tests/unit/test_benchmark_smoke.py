@@ -102,6 +102,15 @@ def test_sim_scaling_smoke(tmp_path):
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
+def test_sim_overlap_smoke(tmp_path):
+    r = _smoke("sim_overlap", tmp_path)
+    assert [(row["round"], row["variant"], row["agents"]) for row in r["rows"]] == [
+        (1, "native=off:overlap=off", 20_000), (1, "native=on:overlap=off", 20_000)]
+    assert [x["name"] for x in r["ratios"]] == ["native=on:overlap=off / native=off:overlap=off agent-steps/s"]
+    assert r["notes"][0].startswith("same final state digest in every run: ")  # the C kernels ended where torch did
+
+
+@pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_envs_ppo_ranks_smoke(tmp_path):
     r = _smoke("envs_ppo_ranks", tmp_path)
     assert [row["ranks"] for row in r["rows"]] == [1] and r["rows"][0]["env_steps"] > 0  # 2 ranks: --quick
