@@ -1,6 +1,6 @@
 """Collectives with timeouts, shape checks and order-preserving gather (inside each rank).
 
-Every function here must be called on all ranks. With ``world_size == 1`` each
+Every function here but ``send``/``recv`` (one sender, one receiver) must be called on all ranks. With ``world_size == 1`` each
 one is the identity (no process group exists). Errors from torch are rewritten
 into :class:`~multigpu.errors.CollectiveTimeoutError` (naming this rank, the
 call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
@@ -30,6 +30,8 @@ __all__ = [
     "broadcast_object",
     "collective_seconds",
     "gather",
+    "recv",
+    "send",
 ]
 
 _MAX_DIMS = 8
@@ -270,3 +272,39 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     with _translate("broadcast_object"):
         dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def send(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
+    """Send ``tensor`` (any shape and dtype) to rank ``dst``, which calls ``recv(src=<this rank>)``.
+
+    Point to point: only the two ranks take part. A small header (shape, dtype)
+    goes first, so the receiver needs to know nothing in advance. Blocks until
+    the data is handed to the transport; the group's timeout applies. CPU
+    tensors only on gloo; on nccl the tensor is moved to this rank's device.
+    """
+    env = group.get_env("send")
+    if env.backend == "nccl":
+        tensor = tensor.to(group.device())
+    limit = timedelta(seconds=group.timeout_s())
+    with _translate("send"):
+        dist.isend(_meta(tensor).to(tensor.device), dst=dst, tag=tag).wait(limit)
+        if tensor.numel():
+            dist.isend(tensor.contiguous(), dst=dst, tag=tag).wait(limit)
+
+
+def recv(src: int, *, tag: int = 0) -> torch.Tensor:
+    """Receive the tensor that rank ``src`` sends with ``send(..., dst=<this rank>)``; returned on the CPU."""
+    env = group.get_env("recv")
+    device = group.device() if env.backend == "nccl" else torch.device("cpu")
+    header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device)
+    limit = timedelta(seconds=group.timeout_s())
+    with _translate("recv"):
+        dist.irecv(header, src=src, tag=tag).wait(limit)
+        fields = header.cpu().tolist()
+        ndim, code = fields[0], fields[1]
+        if code < 0:
+            raise CollectiveError(f"recv() from rank {src}: the sender's dtype is not one of {_DTYPES}")
+        out = torch.empty(fields[2:2 + ndim], dtype=_DTYPES[code], device=device)
+        if out.numel():
+            dist.irecv(out, src=src, tag=tag).wait(limit)
+    return out.cpu()
