@@ -1,18 +1,24 @@
 """Sliding-window inference, measured side by side in one run (CPU ranks here; any device the ranks get).
 
-    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/infer_vs_monai.py [--size 2048] [--repeats 3]
+    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/infer_vs_monai.py [--size 2048] [--rounds 3]
     .venv/bin/python benchmarks/infer_vs_monai.py --quick --json out.json     # what `make bench` runs
 
 Same model (a small conv net, 3 -> 16 -> 3 channels, fixed seed), same 1x3xSxS input,
 roi 256, overlap 0.25, batch 8, Gaussian blending. Every measurement runs in its
-own spawned process (one thread per rank), so its peak RSS is its own:
+own spawned process (one thread per rank), so its peak RSS is its own. A round
+runs every contender once (a warm-up on one window, then one timed pass), the
+order reversed every other round, so each ratio compares passes seconds apart:
 
 1. ours on 1 rank vs MONAI's ``sliding_window_inference`` (skipped without MONAI):
    windows/s and peak memory above the process's baseline;
-2. ours on 2 ranks vs ours on 1 rank: speedup;
+2. ours on 2 ranks vs ours on 1 rank: speedup, with each rank's seconds per phase
+   (``runner.PHASE_SECONDS``: cut, model, blend, idle, spill, assemble, gather,
+   and the wait at the closing barrier);
 3. the stitching strategy: ours (partial canvases + owners, see runner.py) vs
-   gathering every window output to rank 0 each batch and stitching there, on
-   2 ranks: time, rank 0's peak memory and the bytes rank 0 receives.
+   gathering every window output to rank 0 each batch and stitching there, on 2 ranks;
+4. the ceiling: the model alone over each rank's share of the windows, on 1 and on
+   2 processes at once, and a 64 MiB copy per process (memory bandwidth each gets
+   while the other copies too): what 2 processes on this host can give at best.
 """
 
 from __future__ import annotations

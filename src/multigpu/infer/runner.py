@@ -17,6 +17,14 @@ How the work and the output are split (windows.py numbers the windows):
 3. **Rank 0 assembles** the blended voxels slab by slab (``gather`` of each
    rank's owned voxels in a slab), so its memory holds the output plus its own
    canvas and one slab per rank, never a number of windows.
+4. **The last rank goes first.** Its voxels need no other rank's windows (every
+   window covering them is its own), so as soon as it has evaluated it sends
+   rank 0 its blended voxels, slab by slab, point to point; and it sends each
+   window that an earlier rank's voxels need right after evaluating it. A
+   receiver thread on ranks 0..last-1 takes these while they still evaluate
+   their own windows, so on 2 ranks nothing is exchanged after rank 0's last
+   window but the wait for that thread. Rank 0 has the most windows (shards
+   give lower ranks the extra batch), so the exchange leaves its critical path.
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
