@@ -169,6 +169,7 @@ class _Job:
         self.outputs = None  # rank 0: (result, views), allocated by the receiver thread or after the exchange
         self._receiver: threading.Thread | None = None
         self._receiver_error: BaseException | None = None
+        self._sending: list[collectives.Pending] = []  # the last rank's sends under way
 
     # ---- evaluating this rank's windows ---------------------------------------------------------------
 
@@ -265,8 +266,8 @@ class _Job:
                 for r in owners[owners != self.rank]:
                     if self.rank == self.last:  # point to point now: the owner's receiver thread takes it
                         EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
-                        collectives.send(torch.tensor([w.index]), int(r))
-                        collectives.send(y, int(r))
+                        self._sending += [collectives.isend(torch.tensor([w.index]), int(r)),
+                                          collectives.isend(y, int(r))]
                     else:
                         self.spill[int(r)].append((w.index, y.clone()))
 
@@ -425,18 +426,27 @@ class _Job:
         its own), so they are final now, while rank 0 may still be evaluating.
         """
         for r in range(self.last):
-            collectives.send(torch.tensor([-1]), r)
+            self._sending.append(collectives.isend(torch.tensor([-1]), r))
         z = self.meta.scale if self.meta is not None else ()
         header = [self.meta.channels, *z] if self.meta is not None else []
-        collectives.send(torch.tensor(header, dtype=torch.int64), 0)
+        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0))
+        for pending in self._sending:  # the window outputs they hold are freed as they arrive
+            pending.wait()
+        self._sending = []
         if self.meta is None:
             return  # no windows here: it owns no voxel
+        previous = None  # at most two slabs in flight: one blended while the other travels
         for image in range(len(self.images)):
             canvas = self.canvases.get(image)
             for rows in self._slabs(image, z):
                 blocks = self._blocks(image, rows, z)
                 if any(o == self.rank for _, o in blocks):
-                    collectives.send(self._flat_blocks(blocks, canvas, self.rank), 0)
+                    pending = collectives.isend(self._flat_blocks(blocks, canvas, self.rank), 0)
+                    if previous is not None:
+                        previous.wait()
+                    previous = pending
+        if previous is not None:
+            previous.wait()
 
     def start_receiving(self, allocate: Callable[[_OutMeta], tuple]) -> None:
         """On ranks 0..last-1: a thread takes the last rank's spill (and, on rank 0, its voxels) while this rank

@@ -30,6 +30,7 @@ __all__ = [
     "broadcast_object",
     "collective_seconds",
     "gather",
+    "isend",
     "recv",
     "send",
 ]
@@ -274,22 +275,43 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def send(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
-    """Send ``tensor`` (any shape and dtype) to rank ``dst``, which calls ``recv(src=<this rank>)``.
+class Pending:
+    """A send under way (:func:`isend`): ``wait()`` returns once the receiver has it, or raises at the timeout."""
+
+    def __init__(self, works: list, keep: list[torch.Tensor]):
+        self._works, self._keep = works, keep  # the tensors stay alive until the transport is done with them
+
+    def wait(self) -> None:
+        limit = timedelta(seconds=group.timeout_s())
+        with _translate("send"):
+            for work in self._works:
+                work.wait(limit)
+        self._works, self._keep = [], []
+
+
+def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> Pending:
+    """Start sending ``tensor`` (any shape and dtype) to rank ``dst``, which calls ``recv(src=<this rank>)``.
 
     Point to point: only the two ranks take part. A small header (shape, dtype)
-    goes first, so the receiver needs to know nothing in advance. Blocks until
-    the data is handed to the transport; the group's timeout applies. CPU
-    tensors only on gloo; on nccl the tensor is moved to this rank's device.
+    goes first, so the receiver needs to know nothing in advance. Returns at
+    once; call ``wait()`` on the result before the process leaves the group
+    (messages to one receiver arrive in the order sent). CPU tensors only on
+    gloo; on nccl the tensor is moved to this rank's device.
     """
     env = group.get_env("send")
     if env.backend == "nccl":
         tensor = tensor.to(group.device())
-    limit = timedelta(seconds=group.timeout_s())
+    header, data = _meta(tensor).to(tensor.device), tensor.contiguous()
     with _translate("send"):
-        dist.isend(_meta(tensor).to(tensor.device), dst=dst, tag=tag).wait(limit)
-        if tensor.numel():
-            dist.isend(tensor.contiguous(), dst=dst, tag=tag).wait(limit)
+        works = [dist.isend(header, dst=dst, tag=tag)]
+        if data.numel():
+            works.append(dist.isend(data, dst=dst, tag=tag))
+    return Pending(works, [header, data])
+
+
+def send(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
+    """:func:`isend` and wait: returns once rank ``dst`` has received ``tensor``; the group's timeout applies."""
+    isend(tensor, dst, tag=tag).wait()
 
 
 def recv(src: int, *, tag: int = 0) -> torch.Tensor:
