@@ -5,9 +5,11 @@
 
 Same model (a small conv net, 3 -> 16 -> 3 channels, fixed seed), same 1x3xSxS input,
 roi 256, overlap 0.25, batch 8, Gaussian blending. Every measurement runs in its
-own spawned process (one thread per rank), so its peak RSS is its own. A round
-runs every contender once (a warm-up on one window, then one timed pass), the
-order reversed every other round, so each ratio compares passes seconds apart:
+round spawns one process for the 1-rank contenders and one 2-rank group for the
+others (one thread per rank); each runs its contenders' passes back to back
+(warm-ups on one window first), the order reversed every other round, so ours
+and MONAI are timed seconds apart in the same process. Each pass's peak RSS is
+its own (freed heap trimmed and the peak count reset before it, Linux):
 
 1. ours on 1 rank vs MONAI's ``sliding_window_inference`` (skipped without MONAI):
    windows/s and peak memory above the process's baseline;
@@ -24,10 +26,13 @@ order reversed every other round, so each ratio compares passes seconds apart:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import resource
 import statistics
 import time
+from pathlib import Path
 
 import _record
 import psutil
@@ -50,23 +55,39 @@ def _setup(size: int):
     return model, x
 
 
-def _measure(run, size: int, repeats: int) -> dict:
-    model, x = _setup(size)
-    baseline = psutil.Process().memory_info().rss
-    times, checksum, phases = [], None, []
-    run(x[:, :, :ROI, :ROI], model)  # warm-up on one window: imports, kernel selection
-    for _ in range(repeats):
-        mg.barrier()
-        start = time.perf_counter()
-        out = run(x, model)
-        end = time.perf_counter()
-        mg.barrier()
-        times.append(time.perf_counter() - start)
-        phases.append({**PHASE_SECONDS, "end barrier": time.perf_counter() - end, "total": times[-1]})
-        if out is not None:
-            checksum = float(out.double().sum())
-    return {"times": times, "baseline_mb": baseline / 2**20, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "checksum": checksum, "sent": dict(EXCHANGE_STATS), "rank": mg.rank(), "phases": phases}
+def _rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS since the last reset) of this process, MiB (Linux /proc; else ru_maxrss)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return psutil.Process().memory_info().rss / 2**20, peak
+
+
+def _reset_peak() -> None:
+    """Give freed heap back to the OS and restart the peak-RSS count, so each pass's peak is its own."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _measure(run, model, x) -> dict:
+    """One timed pass of ``run`` on every rank, with this rank's phases and its own peak RSS."""
+    _reset_peak()
+    baseline, _ = _rss_mb()
+    mg.barrier()
+    start = time.perf_counter()
+    out = run(x, model)
+    end = time.perf_counter()
+    mg.barrier()
+    seconds = time.perf_counter() - start
+    phases = {**PHASE_SECONDS, "end barrier": time.perf_counter() - end, "total": seconds}
+    checksum = float(out.double().sum()) if out is not None else None
+    return {"times": [seconds], "baseline_mb": baseline, "peak_mb": _rss_mb()[1], "checksum": checksum,
+            "sent": dict(EXCHANGE_STATS), "rank": mg.rank(), "phases": [phases]}
 
 
 def _ceiling(x, model):
@@ -129,14 +150,23 @@ def _gather_windows(x, model):
     return None if canvas is None else canvas.blended(canvas.box)[None]
 
 
-def _body(kind: str, size: int, repeats: int) -> dict:
-    PHASE_SECONDS.clear()
-    return _measure({"ours": _ours, "monai": _monai, "gather": _gather_windows, "ceiling": _ceiling}[kind],
-                    size, repeats)
+def _body(kinds: list[str], size: int) -> dict:
+    """Every kind in this one process (group), in the order given, each pass right after the previous one."""
+    funcs = {"ours": _ours, "monai": _monai, "gather": _gather_windows, "ceiling": _ceiling}
+    model, x = _setup(size)
+    for kind in kinds:
+        funcs[kind](x[:, :, :ROI, :ROI], model)  # warm-up on one window: imports, kernel selection
+    out = {}
+    for kind in kinds:
+        PHASE_SECONDS.clear()
+        out[kind] = _measure(funcs[kind], model, x)
+    return out
 
 
-def _run(kind: str, world_size: int, size: int, repeats: int) -> list[dict]:
-    return run_on_ranks(_body, world_size, args=(kind, size, repeats), timeout_s=1800)
+def _run(kinds: list[str], world_size: int, size: int) -> dict[str, list[dict]]:
+    """Per kind, every rank's measurement."""
+    results = run_on_ranks(_body, world_size, args=(kinds, size), timeout_s=1800)
+    return {kind: [r[kind] for r in results] for kind in kinds}
 
 
 def _summary(results: list[dict], num_windows: int) -> dict:
@@ -193,12 +223,16 @@ def main() -> int:
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for i in range(args.rounds):
         print(f"round {i + 1} (load average {os.getloadavg()[0]:.2f})")
-        for name in names if i % 2 == 0 else names[::-1]:
-            kind, world_size = CONTENDERS[name]
-            runs[name].append(_summary(_run(kind, world_size, args.size, 1), n))
-            r = runs[name][-1]
-            print(_line(name, r) if kind != "ceiling" else f"  {name:<34} {r['s']:7.2f} s")
-            print(f"    {_phases(r)}")
+        for world_size in (1, 2) if i % 2 == 0 else (2, 1):  # one process group per size, its passes back to back
+            group = [k for k in names if CONTENDERS[k][1] == world_size]
+            group = group if i % 2 == 0 else group[::-1]
+            results = _run([CONTENDERS[k][0] for k in group], world_size, args.size)
+            for name in group:
+                kind = CONTENDERS[name][0]
+                runs[name].append(_summary(results[kind], n))
+                r = runs[name][-1]
+                print(_line(name, r) if kind != "ceiling" else f"  {name:<34} {r['s']:7.2f} s")
+                print(f"    {_phases(r)}")
         one, two = runs["ours, 1 rank"][-1]["s"], runs["ours, 2 ranks"][-1]["s"]
         line = f"  round {i + 1}: 2 ranks / 1 rank {one / two:.2f}x"
         if monai is not None:
