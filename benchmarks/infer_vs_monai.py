@@ -1,26 +1,38 @@
 """Sliding-window inference, measured side by side in one run (CPU ranks here; any device the ranks get).
 
-    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/infer_vs_monai.py [--size 2048] [--repeats 3]
+    flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/infer_vs_monai.py [--size 2048] [--rounds 3]
     .venv/bin/python benchmarks/infer_vs_monai.py --quick --json out.json     # what `make bench` runs
 
 Same model (a small conv net, 3 -> 16 -> 3 channels, fixed seed), same 1x3xSxS input,
 roi 256, overlap 0.25, batch 8, Gaussian blending. Every measurement runs in its
-own spawned process (one thread per rank), so its peak RSS is its own:
+round spawns one process for the 1-rank contenders and one 2-rank group for the
+others (one thread per rank); each runs its contenders' passes back to back
+(warm-ups on one window first), the order reversed every other round, so ours
+and MONAI are timed seconds apart in the same process. Each pass's peak RSS is
+its own (freed heap trimmed and the peak count reset before it, Linux):
 
 1. ours on 1 rank vs MONAI's ``sliding_window_inference`` (skipped without MONAI):
    windows/s and peak memory above the process's baseline;
-2. ours on 2 ranks vs ours on 1 rank: speedup;
+2. ours on 2 ranks vs ours on 1 rank: speedup, with each rank's seconds per phase
+   (``runner.PHASE_SECONDS``: cut, model, blend, idle, spill, assemble, gather,
+   and the wait at the closing barrier);
 3. the stitching strategy: ours (partial canvases + owners, see runner.py) vs
-   gathering every window output to rank 0 each batch and stitching there, on
-   2 ranks: time, rank 0's peak memory and the bytes rank 0 receives.
+   gathering every window output to rank 0 each batch and stitching there, on 2 ranks;
+4. the ceiling: the model alone over each rank's share of the windows, on 1 and on
+   2 processes at once, and a 64 MiB copy per process (memory bandwidth each gets
+   while the other copies too): what 2 processes on this host can give at best.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import os
 import resource
 import statistics
 import time
+from pathlib import Path
 
 import _record
 import psutil
@@ -28,7 +40,7 @@ import torch
 
 import multigpu as mg
 from multigpu.infer import WindowPlan, importance_map, sliding_window
-from multigpu.infer.runner import EXCHANGE_STATS
+from multigpu.infer.runner import EXCHANGE_STATS, PHASE_SECONDS
 from multigpu.infer.stitch import Canvas
 from multigpu.testing import run_on_ranks
 
@@ -43,21 +55,61 @@ def _setup(size: int):
     return model, x
 
 
-def _measure(run, size: int, repeats: int) -> dict:
-    model, x = _setup(size)
-    baseline = psutil.Process().memory_info().rss
-    times, checksum = [], None
-    run(x[:, :, :ROI, :ROI], model)  # warm-up on one window: imports, kernel selection
-    for _ in range(repeats):
-        mg.barrier()
-        start = time.perf_counter()
-        out = run(x, model)
-        mg.barrier()
-        times.append(time.perf_counter() - start)
-        if out is not None:
-            checksum = float(out.double().sum())
-    return {"times": times, "baseline_mb": baseline / 2**20, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "checksum": checksum, "sent": dict(EXCHANGE_STATS), "rank": mg.rank()}
+def _rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS since the last reset) of this process, MiB (Linux /proc; else ru_maxrss)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return psutil.Process().memory_info().rss / 2**20, peak
+
+
+def _reset_peak() -> None:
+    """Give freed heap back to the OS and restart the peak-RSS count, so each pass's peak is its own."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _measure(run, model, x) -> dict:
+    """One timed pass of ``run`` on every rank, with this rank's phases and its own peak RSS."""
+    _reset_peak()
+    baseline, _ = _rss_mb()
+    mg.barrier()
+    start = time.perf_counter()
+    out = run(x, model)
+    end = time.perf_counter()
+    mg.barrier()
+    seconds = time.perf_counter() - start
+    phases = {**PHASE_SECONDS, "end barrier": time.perf_counter() - end, "total": seconds}
+    checksum = float(out.double().sum()) if out is not None else None
+    return {"times": [seconds], "baseline_mb": baseline, "peak_mb": _rss_mb()[1], "checksum": checksum,
+            "sent": dict(EXCHANGE_STATS), "rank": mg.rank(), "phases": [phases]}
+
+
+def _ceiling(x, model):
+    """What two processes on this host can give at best: each rank runs only the model over its share of the
+    windows (the same batches as ``sliding_window``), nothing cut out of an image, blended or sent; and a copy
+    of a 64 MiB buffer, for the memory bandwidth each rank gets while the others copy too."""
+    plan = WindowPlan([x.shape[2:]], (ROI, ROI), (OVERLAP, OVERLAP))
+    start, stop = plan.rank_bounds(BATCH, mg.world_size())[mg.rank()]
+    batch = torch.rand(BATCH, 3, ROI, ROI)
+    src, dst = torch.rand(16 << 20), torch.empty(16 << 20)  # 64 MiB each, far beyond any cache
+    mg.barrier()
+    begin = time.perf_counter()
+    for _ in range(8):
+        dst.copy_(src)
+    PHASE_SECONDS["copy GB/s"] = 8 * 2 * src.numel() * 4 / (time.perf_counter() - begin) / 1e9  # read + write
+    mg.barrier()
+    begin = time.perf_counter()
+    with torch.inference_mode():
+        for lo in range(start, stop, BATCH):
+            model(batch[:min(BATCH, stop - lo)])
+    PHASE_SECONDS["model"] = time.perf_counter() - begin
+    return None
 
 
 def _ours(x, model):
@@ -98,12 +150,23 @@ def _gather_windows(x, model):
     return None if canvas is None else canvas.blended(canvas.box)[None]
 
 
-def _body(kind: str, size: int, repeats: int) -> dict:
-    return _measure({"ours": _ours, "monai": _monai, "gather": _gather_windows}[kind], size, repeats)
+def _body(kinds: list[str], size: int) -> dict:
+    """Every kind in this one process (group), in the order given, each pass right after the previous one."""
+    funcs = {"ours": _ours, "monai": _monai, "gather": _gather_windows, "ceiling": _ceiling}
+    model, x = _setup(size)
+    for kind in kinds:
+        funcs[kind](x[:, :, :ROI, :ROI], model)  # warm-up on one window: imports, kernel selection
+    out = {}
+    for kind in kinds:
+        PHASE_SECONDS.clear()
+        out[kind] = _measure(funcs[kind], model, x)
+    return out
 
 
-def _run(kind: str, world_size: int, size: int, repeats: int) -> list[dict]:
-    return run_on_ranks(_body, world_size, args=(kind, size, repeats), timeout_s=1800)
+def _run(kinds: list[str], world_size: int, size: int) -> dict[str, list[dict]]:
+    """Per kind, every rank's measurement."""
+    results = run_on_ranks(_body, world_size, args=(kinds, size), timeout_s=1800)
+    return {kind: [r[kind] for r in results] for kind in kinds}
 
 
 def _summary(results: list[dict], num_windows: int) -> dict:
@@ -111,7 +174,15 @@ def _summary(results: list[dict], num_windows: int) -> dict:
     s = statistics.median(slowest)
     r0 = results[0]
     return {"s": s, "times": slowest, "wps": num_windows / s, "rank0_mb": r0["peak_mb"] - r0["baseline_mb"], "rank0_peak_mb": r0["peak_mb"],
-            "checksum": r0["checksum"], "sent": [r["sent"] for r in results]}
+            "checksum": r0["checksum"], "sent": [r["sent"] for r in results],
+            "phases": [r["phases"][-1] for r in results]}
+
+
+def _phases(s: dict) -> str:
+    """Per rank, seconds per phase of the last pass (runner.PHASE_SECONDS, plus the wait at the end barrier)."""
+    order = ("cut", "model", "blend", "idle", "spill", "assemble", "gather", "end barrier", "total")
+    return "; ".join(f"rank {r}: " + ", ".join(f"{k} {p[k]:.3f}" for k in order if k in p)
+                     for r, p in enumerate(s["phases"]))
 
 
 def _line(name: str, s: dict) -> str:
@@ -119,47 +190,60 @@ def _line(name: str, s: dict) -> str:
             f"(+{s['rank0_mb']:.0f} MiB over its baseline)")
 
 
+CONTENDERS = {"ours, 1 rank": ("ours", 1), "MONAI, 1 rank": ("monai", 1), "ours, 2 ranks": ("ours", 2),
+              "gather, 2 ranks": ("gather", 2), "model only, 1 rank": ("ceiling", 1),
+              "model only, 2 ranks": ("ceiling", 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
+                        help="rounds; each runs every contender once, in a fresh process, the order reversed every "
+                             "other round, so a ratio compares passes taken seconds apart")
     parser.add_argument("--profile", action="store_true",
                         help="instead: one pass of ours and of MONAI in this process under cProfile (1 thread), "
                              "their top functions by own time: where each spends time outside the model")
     args = _record.add_flags(parser).parse_args()
     if args.profile:
         return _profile(args.size)
-    if args.smoke:  # a few windows, one repeat: checks the script, not the speed
-        args.size, args.repeats = 384, 1
+    if args.smoke:  # a few windows, one round: checks the script, not the speed
+        args.size, args.rounds = 384, 1
     n = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).num_windows
-    print(f"input 1x3x{args.size}x{args.size}, roi {ROI}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows; "
-          f"median of {args.repeats} runs, 1 thread per rank, torch {torch.__version__}")
-    ours1 = _summary(_run("ours", 1, args.size, args.repeats), n)
-    print(_line("ours, 1 rank", ours1))
-    monai1 = None
+    bounds = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).rank_bounds(BATCH, 2)
+    print(f"input 1x3x{args.size}x{args.size}, roi {ROI}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows "
+          f"(2 ranks: {[b - a for a, b in bounds]}); {args.rounds} rounds, 1 thread per rank, torch {torch.__version__}")
     try:
         import monai  # noqa: F401
-
-        monai1 = _summary(_run("monai", 1, args.size, args.repeats), n)
-        print(_line("MONAI sliding_window_inference", monai1))
-        print(f"  ours / MONAI windows/s: {ours1['wps'] / monai1['wps']:.2f}x; extra memory ours / MONAI: "
-              f"{ours1['rank0_mb'] / max(monai1['rank0_mb'], 1):.2f}x; checksums {ours1['checksum']:.6f} vs {monai1['checksum']:.6f}")
     except ImportError:
+        monai = None
         print("  MONAI not installed: skipped (pip install monai)")
-    ours2 = _summary(_run("ours", 2, args.size, args.repeats), n)
-    print(_line("ours, 2 ranks", ours2))
-    print(f"  speedup 2 ranks vs 1: {ours1['s'] / ours2['s']:.2f}x (checksum {ours2['checksum']:.6f}, "
-          f"bitwise equal to 1 rank: {ours2['checksum'] == ours1['checksum']})")
-    gather2 = None
-    if not args.smoke:  # the stitching alternative: a third spawn the smoke test does without
-        gather2 = _summary(_run("gather", 2, args.size, args.repeats), n)
-        print(_line("gather window outputs, 2 ranks", gather2))
-        ours_bytes = sum(v for s in ours2["sent"][1:] for v in s.values())
-        print(f"  bytes rank 1 sent to the others: ours (canvas + owners) {ours_bytes / 2**20:.1f} MiB "
-              f"{ours2['sent'][1]}, gather {gather2['sent'][0].get('received_by_rank0', 0) / 2**20:.1f} MiB; "
-              f"time ours / gather {ours2['s'] / gather2['s']:.2f}x")
-    _write(args, n, {"ours, 1 rank": ours1, "MONAI, 1 rank": monai1, "ours, 2 ranks": ours2,
-                     "gather, 2 ranks": gather2})
+    names = [k for k in CONTENDERS if (monai is not None or k != "MONAI, 1 rank")
+             and (not args.smoke or k in ("ours, 1 rank", "MONAI, 1 rank", "ours, 2 ranks"))]
+    runs: dict[str, list[dict]] = {k: [] for k in names}
+    for i in range(args.rounds):
+        print(f"round {i + 1} (load average {os.getloadavg()[0]:.2f})")
+        for world_size in (1, 2) if i % 2 == 0 else (2, 1):  # one process group per size, its passes back to back
+            group = [k for k in names if CONTENDERS[k][1] == world_size]
+            group = group if i % 2 == 0 else group[::-1]
+            results = _run([CONTENDERS[k][0] for k in group], world_size, args.size)
+            for name in group:
+                kind = CONTENDERS[name][0]
+                runs[name].append(_summary(results[kind], n))
+                r = runs[name][-1]
+                print(_line(name, r) if kind != "ceiling" else f"  {name:<34} {r['s']:7.2f} s")
+                print(f"    {_phases(r)}")
+        one, two = runs["ours, 1 rank"][-1]["s"], runs["ours, 2 ranks"][-1]["s"]
+        line = f"  round {i + 1}: 2 ranks / 1 rank {one / two:.2f}x"
+        if monai is not None:
+            line += f"; ours / MONAI {runs['MONAI, 1 rank'][-1]['s'] / one:.2f}x"
+        if "model only, 2 ranks" in runs:
+            line += (f"; model only, 2 processes / 1: "
+                     f"{runs['model only, 1 rank'][-1]['s'] / runs['model only, 2 ranks'][-1]['s']:.2f}x")
+        print(line)
+    checksums = {name: {r["checksum"] for r in rs} for name, rs in runs.items() if CONTENDERS[name][0] != "ceiling"}
+    print(f"checksums: {checksums}")
+    _write(args, n, runs)
     return 0
 
 
@@ -185,24 +269,34 @@ def _profile(size: int, top: int = 12) -> int:
 
 
 def _write(args, num_windows: int, runs: dict) -> None:
-    """The per-round figures (round i = every contender's i-th timed pass) and the ratios per round."""
+    """The per-round figures (round i = every contender's i-th pass, taken in one sweep) and the ratios per round."""
     rows, ratios = [], []
-    for i in range(args.repeats):
-        for name, s in runs.items():
-            if s is not None:
-                rows.append({"round": i + 1, "contender": name, "seconds": s["times"][i],
-                             "windows/s": num_windows / s["times"][i], "rank 0 peak RSS (MiB)": s["rank0_peak_mb"]})
-        one, two, monai = runs["ours, 1 rank"]["times"][i], runs["ours, 2 ranks"]["times"][i], runs["MONAI, 1 rank"]
-        if monai is not None:
-            ratios.append(_record.ratio("ours 1 rank / MONAI windows/s", monai["times"][i] / one, i + 1))
+    for i in range(args.rounds):
+        for name, rs in runs.items():
+            s = rs[i]
+            row = {"round": i + 1, "contender": name, "seconds": s["times"][0]}
+            if CONTENDERS[name][0] == "ceiling":
+                row["copy GB/s per rank"] = [round(p["copy GB/s"], 2) for p in s["phases"]]
+            else:
+                row |= {"windows/s": num_windows / s["times"][0], "rank 0 peak RSS (MiB)": s["rank0_peak_mb"]}
+            if CONTENDERS[name][0] in ("ours", "ceiling"):
+                row["seconds per phase, per rank"] = _phases(s)
+            rows.append(row)
+        one, two = runs["ours, 1 rank"][i]["s"], runs["ours, 2 ranks"][i]["s"]
+        if "MONAI, 1 rank" in runs:
+            ratios.append(_record.ratio("ours 1 rank / MONAI windows/s", runs["MONAI, 1 rank"][i]["s"] / one, i + 1))
         ratios.append(_record.ratio("ours 2 ranks / ours 1 rank windows/s", one / two, i + 1))
-    ours1, monai1 = runs["ours, 1 rank"], runs["MONAI, 1 rank"]
-    checks = {"2 ranks bitwise equal to 1 rank": runs["ours, 2 ranks"]["checksum"] == ours1["checksum"]}
-    if monai1 is not None:
-        checks["checksum ours - MONAI"] = ours1["checksum"] - monai1["checksum"]
-    notes = [f"MONAI {_record.version('monai')}" if monai1 else "MONAI not installed: skipped (pip install monai)"]
+        if "model only, 2 ranks" in runs:
+            ratios.append(_record.ratio("model only: 2 processes / 1 process", runs["model only, 1 rank"][i]["s"]
+                                        / runs["model only, 2 ranks"][i]["s"], i + 1))
+    one = {r["checksum"] for r in runs["ours, 1 rank"]}
+    checks = {"2 ranks bitwise equal to 1 rank": one == {r["checksum"] for r in runs["ours, 2 ranks"]}}
+    if "MONAI, 1 rank" in runs:
+        checks["checksum ours - MONAI"] = runs["ours, 1 rank"][0]["checksum"] - runs["MONAI, 1 rank"][0]["checksum"]
+    notes = [f"MONAI {_record.version('monai')}" if "MONAI, 1 rank" in runs
+             else "MONAI not installed: skipped (pip install monai)"]
     _record.write(args, "infer_vs_monai", {"size": args.size, "roi": ROI, "overlap": OVERLAP, "batch": BATCH,
-                                           "blend": BLEND, "windows": num_windows, "repeats": args.repeats,
+                                           "blend": BLEND, "windows": num_windows, "rounds": args.rounds,
                                            **checks}, rows, ratios, notes)
 
 

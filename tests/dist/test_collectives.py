@@ -41,6 +41,17 @@ def _collectives_body(n_items: int) -> dict:
         out["reduce_mismatch"] = None
     except ShapeMismatchError as exc:
         out["reduce_mismatch"] = str(exc)
+    # point to point: any shape and dtype arrive as sent, the receiver knowing nothing in advance
+    from multigpu.runtime import collectives
+
+    if env.rank == 0:
+        out["received"] = [(collectives.recv(r), collectives.recv(r, tag=3)) for r in range(1, env.world_size)]
+        collectives.send(torch.arange(4, dtype=torch.bfloat16).reshape(2, 2), env.world_size - 1)
+    else:
+        collectives.send(torch.full((env.rank, 3), float(env.rank)).t(), 0)  # not contiguous
+        collectives.send(torch.empty(0, dtype=torch.int64), 0, tag=3)
+        if env.rank == env.world_size - 1:
+            out["from_rank0"] = collectives.recv(0)
     mg.barrier()
     return out
 
@@ -64,6 +75,10 @@ def test_gather_order_reduce_broadcast_and_shape_errors(world_size, n_items):
     assert all(out["tensor_gather"] is None for out in results[1:])
     assert results[-1]["dict_gather"] == [{"rank": r} for r in range(world_size)]
     assert all(out["dict_gather"] is None for out in results[:-1])
+    for r, (full, empty) in enumerate(results[0]["received"], start=1):
+        assert torch.equal(full, torch.full((r, 3), float(r)).t()) and full.dtype == torch.float32
+        assert empty.shape == (0,) and empty.dtype == torch.int64
+    assert torch.equal(results[-1]["from_rank0"], torch.arange(4, dtype=torch.bfloat16).reshape(2, 2))
 
 
 def _raise_on_rank1() -> None:

@@ -56,6 +56,9 @@ def _cases():
         # 3-D, batch 1, replicate padding in depth
         "3d": dict(inputs=torch.randn(1, 2, 6, 20, 17, generator=g), model=lambda: _net(2, 3, 3),
                    roi=(8, 8, 8), overlap=(0.0, 0.5, 0.3), batch_size=1, blend="gaussian", pad_mode="replicate"),
+        # two batches: on 3 ranks the last one has no window (it sends no voxel and spills nothing)
+        "few": dict(inputs=torch.rand(1, 1, 40, 30, generator=g), model=lambda: _net(1, 2, 2), roi=16,
+                    overlap=0.25, batch_size=5, blend="gaussian"),
     }
 
 

@@ -100,3 +100,21 @@ def test_bad_models_and_inputs_raise_config_error():
         sliding_window(torch.zeros(3, 16, 16), denoiser(), 8, progress=False)
     with pytest.raises(ConfigError, match="same number of channels"):
         sliding_window([x, torch.zeros(1, 1, 8, 8)], denoiser(), 8, progress=False)
+
+
+def test_blended_into_a_view_is_the_quotient_and_phases_are_timed():
+    """The output is divided straight into rank 0's tensor (no temporary): the same bits as ``acc / weight``;
+    and every call records its seconds per phase for the benchmark's per-rank breakdown."""
+    from multigpu.infer.runner import PHASE_SECONDS
+    from multigpu.infer.stitch import Canvas
+
+    canvas = Canvas(2, ((3, 13), (0, 8)))
+    g = torch.Generator().manual_seed(4)
+    canvas.add(torch.rand(2, 6, 8, generator=g), torch.rand(6, 8, generator=g) + 0.1, (3, 0))
+    canvas.add(torch.rand(2, 6, 8, generator=g), torch.rand(6, 8, generator=g) + 0.1, (7, 0))
+    out = torch.full((2, 20, 8), -1.0)
+    box = ((5, 11), (2, 8))
+    canvas.blended(box, out=out[:, 5:11, 2:8])
+    assert torch.equal(out[:, 5:11, 2:8], canvas.blended(box)) and (out[:, :5] == -1).all()
+    sliding_window(torch.rand(1, 3, 40, 40, generator=g), denoiser(), 16, 0.25, 4, progress=False)
+    assert {"cut", "model", "blend", "assemble"} <= set(PHASE_SECONDS) and PHASE_SECONDS["model"] > 0

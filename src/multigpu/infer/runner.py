@@ -17,6 +17,14 @@ How the work and the output are split (windows.py numbers the windows):
 3. **Rank 0 assembles** the blended voxels slab by slab (``gather`` of each
    rank's owned voxels in a slab), so its memory holds the output plus its own
    canvas and one slab per rank, never a number of windows.
+4. **The last rank goes first.** Its voxels need no other rank's windows (every
+   window covering them is its own), so as soon as it has evaluated it sends
+   rank 0 its blended voxels, slab by slab, point to point; and it sends each
+   window that an earlier rank's voxels need right after evaluating it. A
+   receiver thread on ranks 0..last-1 takes these while they still evaluate
+   their own windows, so on 2 ranks nothing is exchanged after rank 0's last
+   window but the wait for that thread. Rank 0 has the most windows (shards
+   give lower ranks the extra batch), so the exchange leaves its critical path.
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
@@ -32,6 +40,8 @@ import contextlib
 import functools
 import itertools
 import math
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +62,20 @@ PAD_MODES = ("constant", "reflect", "replicate", "circular")
 _SLAB_VOXELS = 1 << 22  # voxels per assembly slab: bounds rank 0's receive buffers (x world_size x channels)
 EXCHANGE_STATS: dict[str, int] = {}
 """Bytes this rank sent in the last ``sliding_window`` call: ``spill`` (window outputs), ``owned`` (voxels to rank 0)."""
+PHASE_SECONDS: dict[str, float] = {}
+"""Wall seconds this rank spent per phase of the last ``sliding_window`` call: ``cut`` (windows cut and stacked),
+``model``, ``blend`` (window outputs added into the canvas), ``idle`` (waiting for the slowest rank to finish its
+windows), ``spill`` (the exchange of window outputs), ``assemble`` (rank 0 writing its own voxels into the
+output), ``gather`` (the owned voxels sent to rank 0 and placed there; includes waiting). For benchmarks."""
+
+
+@contextlib.contextmanager
+def _phase(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        PHASE_SECONDS[name] = PHASE_SECONDS.get(name, 0.0) + time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,12 @@ class _Job:
         self.canvases: dict[int, Canvas] = {}
         self.spill: dict[int, list[tuple[int, torch.Tensor]]] = {r: [] for r in range(self.world_size)}
         self._padded: tuple[int, torch.Tensor] | None = None
+        self.last = self.world_size - 1
+        self.late_spill: list[tuple[int, torch.Tensor]] = []  # the last rank's windows, received point to point
+        self.outputs = None  # rank 0: (result, views), allocated by the receiver thread or after the exchange
+        self._receiver: threading.Thread | None = None
+        self._receiver_error: BaseException | None = None
+        self._sending: list[collectives.Pending] = []  # the last rank's sends under way
 
     # ---- evaluating this rank's windows ---------------------------------------------------------------
 
@@ -234,20 +264,29 @@ class _Job:
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
                 for r in owners[owners != self.rank]:
-                    self.spill[int(r)].append((w.index, y.clone()))
+                    if self.rank == self.last:  # point to point now: the owner's receiver thread takes it
+                        EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
+                        self._sending += [collectives.isend(torch.tensor([w.index]), int(r)),
+                                          collectives.isend(y, int(r))]
+                    else:
+                        self.spill[int(r)].append((w.index, y.clone()))
 
     def evaluate(self, meter: StepMeter) -> None:
         batches = iter(self._host_batches())
-        current = self._to_device(next(batches, None))
+        with _phase("cut"):
+            current = self._to_device(next(batches, None))
         while current is not None:
             windows, x = current
             with meter.step(items=len(windows)):
-                out = self._forward(x)  # queued on a GPU; the next batch is cut and copied meanwhile
-                current = self._to_device(next(batches, None))
+                with _phase("model"):  # on a GPU: the time to queue it, the wait shows in "blend"
+                    out = self._forward(x)
+                with _phase("cut"):  # queued on a GPU; the next batch is cut and copied meanwhile
+                    current = self._to_device(next(batches, None))
                 meta = self._check_output(out, x)
                 if self.meta is None or meta != self.meta:
                     self._setup_output(meta)
-                self._stitch(windows, out.detach().to("cpu", self.acc_dtype))
+                with _phase("blend"):
+                    self._stitch(windows, out.detach().to("cpu", self.acc_dtype))
 
     # ---- exchanging and assembling --------------------------------------------------------------------
 
@@ -266,19 +305,31 @@ class _Job:
         """Send each owner the later windows that touch its voxels; it adds them in window order."""
         if not self.distributed:
             return
-        EXCHANGE_STATS["spill"] = sum(y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
-        for dst in range(self.world_size):
+        with _phase("spill"):
+            self._exchange_spill()
+
+    def _exchange_spill(self) -> None:
+        EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + sum(
+            y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
+        for dst in range(self.world_size - 2):  # ranks 1..last-1 spill through gathers (none on 2 ranks)
             received = collectives.gather(self.spill.pop(dst), dst=dst)
             if received is None:
                 continue
-            for index, y in received:  # rank order, then window order within a rank = window order
-                w = self.plan.window(index)
-                start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
-                self.canvases[w.image].add(y, self._weights_of(w), start)
+            self._add_spill(received)
+        # the last rank's windows are the latest of all: added after the others keeps window order
+        self._add_spill(self.late_spill)
+        self.late_spill = []
 
-    def _blocks(self, image: int, rows: tuple[int, int, int]) -> list[tuple[tuple[tuple[int, int], ...], int]]:
+    def _add_spill(self, received: list[tuple[int, torch.Tensor]]) -> None:
+        for index, y in received:  # rank order, then window order within a rank = window order
+            w = self.plan.window(index)
+            start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
+            self.canvases[w.image].add(y, self._weights_of(w), start)
+
+    def _blocks(self, image: int, rows: tuple[int, int, int], z: tuple[int, ...]
+                ) -> list[tuple[tuple[tuple[int, int], ...], int]]:
         """The blocks of one slab (``rows`` = start, stop, grid index along dim 0) and the rank owning each."""
-        grid, z = self.plan.grids[image], self.meta.scale
+        grid = self.plan.grids[image]
         crop = self.plan.crop_box(image, z)
         runs = [self.plan.segments(image, d, a, b, z[d]) for d, (a, b) in enumerate(crop) if d > 0]
         out = []
@@ -288,50 +339,154 @@ class _Job:
             out.append((((rows[0], rows[1]), *((a, b) for a, b, _ in combo)), owner))
         return out
 
-    def _slabs(self, image: int) -> Iterator[tuple[int, int, int]]:
+    def _slabs(self, image: int, z: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
         """Runs of output rows with one lowest covering window row, cut to at most ``_SLAB_VOXELS`` voxels."""
-        crop = self.plan.crop_box(image, self.meta.scale)
+        crop = self.plan.crop_box(image, z)
         step = max(1, _SLAB_VOXELS // max(math.prod(b - a for a, b in crop[1:]), 1))
-        for a, b, i in self.plan.segments(image, 0, *crop[0], self.meta.scale[0]):
+        for a, b, i in self.plan.segments(image, 0, *crop[0], z[0]):
             for y in range(a, b, step):
                 yield y, min(y + step, b), i
+
+    def _view(self, image: int, out: torch.Tensor, z: tuple[int, ...]):
+        crop = self.plan.crop_box(image, z)
+
+        def view(box):
+            return out[(slice(None), *(slice(a - c, b - c) for (a, b), (c, _) in zip(box, crop, strict=True)))]
+        return view
+
+    def _early(self, owner: int) -> bool:
+        """Whether ``owner``'s voxels reach rank 0 point to point, right after its windows (the last rank's do)."""
+        return self.distributed and owner == self.last
 
     def assemble(self, image: int, out: torch.Tensor | None) -> None:
         """Fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab.
 
         A slab is cut into blocks, each owned by one rank (``_blocks``); rank 0
-        copies its own blocks, and receives every other rank's, flattened and
-        concatenated in rank order then block order, with one ``gather``.
+        copies its own blocks, and receives the blocks of ranks 1..last-1,
+        flattened and concatenated in rank order then block order, with one
+        ``gather`` (none where they own nothing). The last rank's blocks are
+        already there (``send_owned`` / ``receive_early``).
         """
-        crop = self.plan.crop_box(image, self.meta.scale)
-
-        def view(box):
-            return out[(slice(None), *(slice(a - c, b - c) for (a, b), (c, _) in zip(box, crop, strict=True)))]
-
+        z = self.meta.scale
+        view = self._view(image, out, z) if out is not None else None
         canvas = self.canvases.get(image)
-        for rows in self._slabs(image):
-            blocks = self._blocks(image, rows)
+        for rows in self._slabs(image, z):
+            blocks = self._blocks(image, rows, z)
             if self.rank == 0:
-                for box, owner in blocks:
-                    if owner == 0:
-                        view(box).copy_(canvas.blended(box))
-            if not self.distributed:
-                continue
-            mine = [canvas.blended(box).reshape(-1) for box, owner in blocks if owner == self.rank and owner != 0]
-            sent = torch.cat(mine) if mine else torch.empty(0, dtype=self.acc_dtype)
-            EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + sent.numel() * sent.element_size()
-            parts = collectives.gather(sent, dst=0)
-            if parts is None:
-                continue
-            offset = 0
-            for box, _ in sorted((b for b in blocks if b[1] != 0), key=lambda b: b[1]):  # stable: block order kept
-                target = view(box)
-                target.copy_(parts[offset:offset + target.numel()].reshape(target.shape))
-                offset += target.numel()
-            if offset != parts.numel():
-                raise RuntimeError(f"image {image}: ranks sent {parts.numel()} values for {offset}; "
-                                   "every voxel must have exactly one owner")
+                with _phase("assemble"):
+                    for box, owner in blocks:
+                        if owner == 0:
+                            canvas.blended(box, out=view(box))  # divided straight into the output
+            if any(owner > 0 and not self._early(owner) for _, owner in blocks):  # the same answer on every rank
+                with _phase("gather"):
+                    self._gather_slab(image, blocks, canvas, view)
         self.canvases.pop(image, None)
+
+    def _gather_slab(self, image: int, blocks, canvas: Canvas | None, view) -> None:
+        """Rank 0 receives ranks 1..last-1's blocks of one slab, flattened in rank order then block order."""
+        if self.rank != 0 and not self._early(self.rank):
+            sent = self._flat_blocks(blocks, canvas, self.rank)
+        else:
+            sent = torch.empty(0, dtype=self.acc_dtype)
+        parts = collectives.gather(sent, dst=0)
+        if parts is None:
+            return
+        wanted = sorted((b for b in blocks if b[1] != 0 and not self._early(b[1])), key=lambda b: b[1])  # stable
+        self._place(image, parts, [box for box, _ in wanted], view)
+
+    def _flat_blocks(self, blocks, canvas: Canvas | None, owner: int) -> torch.Tensor:
+        """``owner``'s blended blocks of one slab, flattened and concatenated, divided straight into one buffer."""
+        boxes = [box for box, o in blocks if o == owner]
+        sizes = [math.prod(b - a for a, b in box) * self.meta.channels for box in boxes]
+        flat = torch.empty(sum(sizes), dtype=self.acc_dtype)
+        offset = 0
+        for box, n in zip(boxes, sizes, strict=True):
+            canvas.blended(box, out=flat[offset:offset + n].view(self.meta.channels, *(b - a for a, b in box)))
+            offset += n
+        EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + flat.numel() * flat.element_size()
+        return flat
+
+    @staticmethod
+    def _place(image: int, parts: torch.Tensor, boxes, view) -> None:
+        offset = 0
+        for box in boxes:
+            target = view(box)
+            target.copy_(parts[offset:offset + target.numel()].reshape(target.shape))
+            offset += target.numel()
+        if offset != parts.numel():
+            raise RuntimeError(f"image {image}: ranks sent {parts.numel()} values for {offset}; "
+                               "every voxel must have exactly one owner")
+
+    # ---- the last rank, point to point: its spill and its voxels go out as soon as it has them ------------
+
+    def send_owned(self) -> None:
+        """On the last rank: end every owner's spill, then send rank 0 its own blended voxels, slab by slab.
+
+        Its voxels need nothing from any other rank (every window covering them is
+        its own), so they are final now, while rank 0 may still be evaluating.
+        """
+        for r in range(self.last):
+            self._sending.append(collectives.isend(torch.tensor([-1]), r))
+        z = self.meta.scale if self.meta is not None else ()
+        header = [self.meta.channels, *z] if self.meta is not None else []
+        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0))
+        for pending in self._sending:  # the window outputs they hold are freed as they arrive
+            pending.wait()
+        self._sending = []
+        if self.meta is None:
+            return  # no windows here: it owns no voxel
+        previous = None  # at most two slabs in flight: one blended while the other travels
+        for image in range(len(self.images)):
+            canvas = self.canvases.get(image)
+            for rows in self._slabs(image, z):
+                blocks = self._blocks(image, rows, z)
+                if any(o == self.rank for _, o in blocks):
+                    pending = collectives.isend(self._flat_blocks(blocks, canvas, self.rank), 0)
+                    if previous is not None:
+                        previous.wait()
+                    previous = pending
+        if previous is not None:
+            previous.wait()
+
+    def start_receiving(self, allocate: Callable[[_OutMeta], tuple]) -> None:
+        """On ranks 0..last-1: a thread takes the last rank's spill (and, on rank 0, its voxels) while this rank
+        evaluates its own windows. ``allocate(meta)`` gives rank 0's output (result, per-image views)."""
+        def run():
+            try:
+                with torch.inference_mode():
+                    self._receive_early(allocate)
+            except BaseException as exc:  # re-raised by finish_receiving on the main thread
+                self._receiver_error = exc
+
+        self._receiver = threading.Thread(target=run, name="multigpu-infer-receive", daemon=True)
+        self._receiver.start()
+
+    def _receive_early(self, allocate) -> None:
+        while True:
+            index = int(collectives.recv(self.last).item())
+            if index < 0:
+                break
+            self.late_spill.append((index, collectives.recv(self.last)))
+        if self.rank != 0:
+            return
+        header = collectives.recv(self.last).tolist()
+        if not header:
+            return
+        meta = _OutMeta(header[0], tuple(header[1:]), self.acc_dtype)
+        self.outputs = allocate(meta)
+        for image, out in enumerate(self.outputs[1]):
+            view = self._view(image, out, meta.scale)
+            for rows in self._slabs(image, meta.scale):
+                boxes = [box for box, o in self._blocks(image, rows, meta.scale) if o == self.last]
+                if boxes:
+                    self._place(image, collectives.recv(self.last), boxes, view)
+
+    def finish_receiving(self) -> None:
+        if self._receiver is not None:
+            self._receiver.join()
+            self._receiver = None
+        if self._receiver_error is not None:
+            raise self._receiver_error
 
 
 def sliding_window(
@@ -397,6 +552,7 @@ def sliding_window(
         # rank 0 -> tensor (1, C_out, 2048, 2048); rank 1 -> None
     """
     EXCHANGE_STATS.clear()
+    PHASE_SECONDS.clear()
     images, groups = _flatten(inputs)
     roi, overlap = _check_args(roi, overlap, batch_size, blend, precision, pad_mode, images[0].dim() - 1)
     packed = _Packed(model)
@@ -410,10 +566,18 @@ def sliding_window(
         meter = StepMeter("windows", total_steps=job.num_batches(), description="infer", run_dir=run_dir,
                           progress=progress)
     with torch.inference_mode():  # canvases too: in-place adds into inference tensors need it
-        job.evaluate(meter)
-        job.agree_on_output()
+        if job.distributed and job.rank < job.last:
+            job.start_receiving(functools.partial(_allocate, images, groups))
+        job.evaluate(meter)  # on an error here the receiver (a daemon thread) is left to the process's end
+        if job.distributed and job.rank == job.last:
+            with _phase("gather"):
+                job.send_owned()
+        with _phase("idle"):  # the last rank's data (received meanwhile), then the slowest rank's windows
+            job.finish_receiving()
+            job.agree_on_output()
         job.exchange_spill()
-        outputs = _allocate(job, images, groups) if job.rank == 0 else None
+        with _phase("assemble"):
+            outputs = job.outputs or (_allocate(images, groups, job.meta) if job.rank == 0 else None)
         for i in range(len(images)):
             job.assemble(i, None if outputs is None else outputs[1][i])
     if own_meter:
@@ -533,9 +697,8 @@ def _to(out, device):
     return type(out)(_to(v, device) for v in out)
 
 
-def _allocate(job: _Job, images: list[torch.Tensor], groups: list[int] | None):
+def _allocate(images: list[torch.Tensor], groups: list[int] | None, meta: _OutMeta):
     """Rank 0's output tensors and a ``(C_out, *size)`` view per image to fill."""
-    meta = job.meta
 
     def size(image: int) -> tuple[int, ...]:
         return tuple(s * z for s, z in zip(images[image].shape[1:], meta.scale, strict=True))

@@ -129,7 +129,10 @@ class Canvas:
         self.acc[(slice(None), *mine)] += (output * weights)[(slice(None), *theirs)]
         self.weight[(slice(None), *mine)] += weights[None][(slice(None), *theirs)]
 
-    def blended(self, box: Sequence[tuple[int, int]]) -> torch.Tensor:
-        """``sum(w * y) / sum(w)`` over ``box`` (which must lie inside this canvas), shape ``(C, *box size)``."""
+    def blended(self, box: Sequence[tuple[int, int]], out: torch.Tensor | None = None) -> torch.Tensor:
+        """``sum(w * y) / sum(w)`` over ``box`` (which must lie inside this canvas), shape ``(C, *box size)``.
+
+        With ``out`` (a tensor, or a view, of that shape) the quotient is written there: no temporary.
+        """
         index = tuple(slice(a - o, b - o) for (a, b), o in zip(box, self.origin, strict=True))
-        return self.acc[(slice(None), *index)] / self.weight[(slice(None), *index)]
+        return torch.div(self.acc[(slice(None), *index)], self.weight[(slice(None), *index)], out=out)

@@ -1,6 +1,6 @@
 """Collectives with timeouts, shape checks and order-preserving gather (inside each rank).
 
-Every function here must be called on all ranks. With ``world_size == 1`` each
+Every function here but ``send``/``recv`` (one sender, one receiver) must be called on all ranks. With ``world_size == 1`` each
 one is the identity (no process group exists). Errors from torch are rewritten
 into :class:`~multigpu.errors.CollectiveTimeoutError` (naming this rank, the
 call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
@@ -30,6 +30,9 @@ __all__ = [
     "broadcast_object",
     "collective_seconds",
     "gather",
+    "isend",
+    "recv",
+    "send",
 ]
 
 _MAX_DIMS = 8
@@ -270,3 +273,60 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     with _translate("broadcast_object"):
         dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+class Pending:
+    """A send under way (:func:`isend`): ``wait()`` returns once the receiver has it, or raises at the timeout."""
+
+    def __init__(self, works: list, keep: list[torch.Tensor]):
+        self._works, self._keep = works, keep  # the tensors stay alive until the transport is done with them
+
+    def wait(self) -> None:
+        limit = timedelta(seconds=group.timeout_s())
+        with _translate("send"):
+            for work in self._works:
+                work.wait(limit)
+        self._works, self._keep = [], []
+
+
+def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> Pending:
+    """Start sending ``tensor`` (any shape and dtype) to rank ``dst``, which calls ``recv(src=<this rank>)``.
+
+    Point to point: only the two ranks take part. A small header (shape, dtype)
+    goes first, so the receiver needs to know nothing in advance. Returns at
+    once; call ``wait()`` on the result before the process leaves the group
+    (messages to one receiver arrive in the order sent). CPU tensors only on
+    gloo; on nccl the tensor is moved to this rank's device.
+    """
+    env = group.get_env("send")
+    if env.backend == "nccl":
+        tensor = tensor.to(group.device())
+    header, data = _meta(tensor).to(tensor.device), tensor.contiguous()
+    with _translate("send"):
+        works = [dist.isend(header, dst=dst, tag=tag)]
+        if data.numel():
+            works.append(dist.isend(data, dst=dst, tag=tag))
+    return Pending(works, [header, data])
+
+
+def send(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
+    """:func:`isend` and wait: returns once rank ``dst`` has received ``tensor``; the group's timeout applies."""
+    isend(tensor, dst, tag=tag).wait()
+
+
+def recv(src: int, *, tag: int = 0) -> torch.Tensor:
+    """Receive the tensor that rank ``src`` sends with ``send(..., dst=<this rank>)``; returned on the CPU."""
+    env = group.get_env("recv")
+    device = group.device() if env.backend == "nccl" else torch.device("cpu")
+    header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device)
+    limit = timedelta(seconds=group.timeout_s())
+    with _translate("recv"):
+        dist.irecv(header, src=src, tag=tag).wait(limit)
+        fields = header.cpu().tolist()
+        ndim, code = fields[0], fields[1]
+        if code < 0:
+            raise CollectiveError(f"recv() from rank {src}: the sender's dtype is not one of {_DTYPES}")
+        out = torch.empty(fields[2:2 + ndim], dtype=_DTYPES[code], device=device)
+        if out.numel():
+            dist.irecv(out, src=src, tag=tag).wait(limit)
+    return out.cpu()
