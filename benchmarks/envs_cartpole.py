@@ -5,10 +5,15 @@
 
 Side by side, per environment and size (64 ... 65,536 environments): ours
 (``mg.envs.make``) and gymnasium's own vector environment are built in this
-process and measured in alternating rounds (ours, peer, ours, peer, ...), each
-for at least ``--seconds``; every round's ratio (ours / peer env-steps/s) is
-printed, on the wall clock and per CPU-second of this process (the second is
-steadier on a shared machine), not only the best. Peers: CartPole-v1's
+process, both warmed up alike (a thrown-away round), and measured in rounds of
+at least ``--seconds`` per side; inside a round the two alternate in
+``--slices`` slices each (ours, peer, ours, peer, ...), every slice at least
+20 steps, and a side's rate is its best slice (timeit's minimum, the same for
+both), so a burst of load from another process costs a slice, not a side's
+round. Every round's ratio (ours / peer env-steps/s) is printed, on the wall
+clock and per CPU-second of this process (the second is steadier on a shared
+machine), not only the best; the JSON also keeps each side's mean over all
+its slices. Peers: CartPole-v1's
 ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``
 (``CartPoleVectorEnv``, NumPy over the whole batch); Pendulum-v1 has no vector
 entry point in gymnasium, so ``make_vec`` gives a ``SyncVectorEnv`` (one
@@ -39,6 +44,8 @@ SIZES = (64, 256, 1024, 4096, 16384, 65536)
 ENV_IDS = ("CartPole-v1", "Pendulum-v1")
 QUICK_PEER_LIMIT = {"Pendulum-v1": 4096}  # --quick: gymnasium's SyncVectorEnv takes ~1 ms per environment to build
 TARGETS = {16384: 3.0}  # ours / peer in every round; 1.0 elsewhere
+SLICES = 5  # alternating slices per side in a round; a side's rate is its best slice
+WARMUP_S = 0.25  # at most this long, a thrown-away round of the same shape before round 1
 
 
 def _measure(step, actions, seconds: float, num_envs: int, min_steps: int = 20) -> dict:
@@ -88,24 +95,49 @@ def _peer_name(env_id: str) -> str:
     return "gymnasium CartPoleVectorEnv" if env_id == "CartPole-v1" else "gymnasium SyncVectorEnv (make_vec)"
 
 
-def side_by_side(env_id: str, num_envs: int, seconds: float, rounds: int) -> dict:
-    """Alternating rounds of ours and gymnasium's vector env at one size."""
+def _best_of_slices(num_envs: int, slices: list[dict]) -> dict:
+    """One side's figures from its slices of a round: the best slice's rates (timeit's min), and the totals."""
+    best_wall = max(slices, key=lambda s: s["wall"])
+    best_cpu = max(slices, key=lambda s: s["cpu"])
+    steps, wall_s, cpu_s = (sum(s[k] for s in slices) for k in ("steps", "wall_s", "cpu_s"))
+    return {"steps": steps, "wall_s": wall_s, "cpu_s": cpu_s, "wall": best_wall["wall"], "cpu": best_cpu["cpu"],
+            "wall_mean": num_envs * steps / wall_s, "cpu_mean": num_envs * steps / cpu_s,
+            "wall_slices": [s["wall"] for s in slices]}
+
+
+def _round(sides, seconds: float, num_envs: int, slices: int) -> list[dict]:
+    """One round: ``slices`` alternating slices per side (ours, peer, ours, peer, ...), each >= seconds / slices.
+
+    Both sides get the same treatment: the same slice length, a step floor that
+    covers timer resolution, and the best slice as the side's rate, so a burst
+    of load from another process costs one slice rather than one side's whole round.
+    """
+    parts: list[list[dict]] = [[] for _ in sides]
+    for _ in range(slices):
+        for i, (step, actions, min_steps) in enumerate(sides):
+            parts[i].append(_measure(step, actions, seconds / slices, num_envs, min_steps=min_steps))
+    return [_best_of_slices(num_envs, p) for p in parts]
+
+
+def side_by_side(env_id: str, num_envs: int, seconds: float, rounds: int, slices: int = SLICES) -> dict:
+    """Alternating rounds of ours and gymnasium's vector env at one size (both warmed up first, alike)."""
     ours_step, ours_actions = _ours(env_id, num_envs)
     peer_step, peer_actions = _gymnasium(env_id, num_envs)
     peer_min = 20 if num_envs * (1 if env_id == "CartPole-v1" else 100) <= 100_000 else 2  # SyncVectorEnv: ~10 us/env
-    _measure(ours_step, ours_actions, 0.0, num_envs, min_steps=20)  # warm-up: allocator, caches, drawn-ahead states
-    _measure(peer_step, peer_actions, 0.0, num_envs, min_steps=min(peer_min, 5))
+    sides = [(ours_step, ours_actions, 20), (peer_step, peer_actions, peer_min)]
+    # warm-up: a round of the same shape, thrown away: allocator, caches, lazy imports and
+    # drawn-ahead states on both sides before the first measured round
+    _round(sides, min(seconds, WARMUP_S), num_envs, slices)
     out = []
     for _ in range(rounds):
-        ours = _measure(ours_step, ours_actions, seconds, num_envs)
-        peer = _measure(peer_step, peer_actions, seconds, num_envs, min_steps=peer_min)
+        ours, peer = _round(sides, seconds, num_envs, slices)
         out.append({"ours": ours, "peer": peer, "ratio_wall": ours["wall"] / peer["wall"],
-                    "ratio_cpu": ours["cpu"] / peer["cpu"]})
+                    "ratio_cpu": ours["cpu"] / peer["cpu"], "ratio_wall_mean": ours["wall_mean"] / peer["wall_mean"]})
     target = TARGETS.get(num_envs, 1.0)
     ratios = [r["ratio_wall"] for r in out]
     return {
         "env_id": env_id, "num_envs": num_envs, "peer": _peer_name(env_id), "rounds": out, "target": target,
-        "ratio_wall_min": min(ratios), "ratio_wall_median": statistics.median(ratios),
+        "slices": slices, "ratio_wall_min": min(ratios), "ratio_wall_median": statistics.median(ratios),
         "ratio_cpu_min": min(r["ratio_cpu"] for r in out),
         "met_every_round_wall": all(x >= target for x in ratios),
         "met_every_round_cpu": all(r["ratio_cpu"] >= target for r in out),
@@ -211,26 +243,29 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size (default 3)")
     parser.add_argument("--sizes", type=_parse_sizes, default=SIZES, help="comma-separated environment counts")
+    parser.add_argument("--slices", type=int, default=SLICES, help="alternating slices per side in a round "
+                        f"(default {SLICES}); a side's rate is its best slice")
     parser.add_argument("--envs", default=",".join(ENV_IDS), help=f"comma-separated, of {', '.join(ENV_IDS)}")
     args = _record.add_flags(parser).parse_args()  # --quick: 0.25 s per measurement, no extras; --smoke; --json
     if args.smoke:  # the test suite's size: every code path once, figures meaningless
         args.sizes, args.rounds, args.seconds = (64,), 1, 0.02
     env_ids = args.envs.split(",")
-    if any(e not in ENV_IDS for e in env_ids) or args.rounds < 1:
-        parser.exit(2, f"error: --envs {args.envs!r} / --rounds {args.rounds}: valid are {', '.join(ENV_IDS)} "
-                       "and rounds >= 1\n")
+    if any(e not in ENV_IDS for e in env_ids) or args.rounds < 1 or args.slices < 1:
+        parser.exit(2, f"error: --envs {args.envs!r} / --rounds {args.rounds} / --slices {args.slices}: valid are "
+                       f"{', '.join(ENV_IDS)}, rounds >= 1 and slices >= 1\n")
     seconds = 0.25 if args.quick else args.seconds
     torch.set_num_threads(1)
     load_before = os.getloadavg()
-    print(f"env-steps/s, one CPU thread, {args.rounds} alternating rounds of >= {seconds} s "
-          f"(torch {torch.__version__}); load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"env-steps/s, one CPU thread, {args.rounds} rounds of >= {seconds} s per side, each {args.slices} "
+          f"alternating slices per side (ours, peer, ...), a side's rate = its best slice, the same for both; "
+          f"a thrown-away warm-up round first (torch {torch.__version__}); load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     print(f"{'env':<12} {'envs':>6} {'ours M/s':>9} {'peer M/s':>9}   ours / peer per round: wall (cpu)")
     results = []
     for env_id in env_ids:
         for n in args.sizes:
             if args.quick and n > QUICK_PEER_LIMIT.get(env_id, n):
                 continue
-            results.append(side_by_side(env_id, n, seconds, args.rounds))
+            results.append(side_by_side(env_id, n, seconds, args.rounds, args.slices))
             _print_side_by_side(results[-1])
     extra_rows = [] if args.quick or args.smoke else extras(seconds)
     if extra_rows:
@@ -244,10 +279,12 @@ def main() -> None:
         for i, r in enumerate(res["rounds"], 1):
             rows.append({"round": i, "env": res["env_id"], "envs": res["num_envs"], "peer": res["peer"],
                          "ours M env-steps/s": r["ours"]["wall"] / 1e6, "peer M env-steps/s": r["peer"]["wall"] / 1e6,
-                         "ours / peer (wall)": r["ratio_wall"], "ours / peer (cpu)": r["ratio_cpu"]})
+                         "ours / peer (wall)": r["ratio_wall"], "ours / peer (cpu)": r["ratio_cpu"],
+                         "ours / peer (wall, mean of slices)": r["ratio_wall_mean"]})
             ratios.append(_record.ratio(f"ours / {res['peer']}, {res['env_id']} {res['num_envs']:,} envs",
                                         r["ratio_wall"], i, target=res["target"]))
-    config = {"seconds_per_measurement": seconds, "rounds": args.rounds, "threads": 1, "numpy": np.__version__,
+    config = {"seconds_per_measurement": seconds, "rounds": args.rounds, "slices_per_side": args.slices,
+              "rate": "a side's best slice (wall and cpu separately); the mean over slices is in the rows too", "threads": 1, "numpy": np.__version__,
               "gymnasium": _record.version("gymnasium"), "load_average_before": load_before,
               "load_average_after": load_after, "unit": "env-steps/s on the wall clock; ratio = ours / peer",
               "extras": [{"contender": name, "num_envs": n, **rate} for name, n, rate in extra_rows]}

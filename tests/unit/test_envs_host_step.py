@@ -96,3 +96,43 @@ def test_host_step_keeps_gymnasium_vector_api_errors():
     kept = (obs.clone(), reward.clone(), terminated.clone(), truncated.clone())
     envs.step(torch.ones(4, dtype=torch.int64))
     assert all(torch.equal(a, b) for a, b in zip(kept, (obs, reward, terminated, truncated), strict=True))
+
+
+# Digests of trajectories taken with the host step as it was before the reset and Euler rework
+# (commit 717697d: masked resets with a stale pass, Euler as one add_ over a copy of the velocities).
+# The rework must give the same bits; sin/cos bits are torch's kernels', so the pin holds for the
+# torch build and CPU capability it was taken with, and the test says so rather than fail elsewhere.
+_PINNED_ON = ("2.13.0+cpu", "AVX2")
+_PINNED = {
+    ("CartPole-v1", 64, "next_step", 600): "2df0d9abf0f19e99",
+    ("CartPole-v1", 64, "same_step", 600): "36bb6ffc09d7dbc5",
+    ("CartPole-v1", 8192, "next_step", 520): "d73d7ba9266778f8",  # indexed resets, past the 500-step time limit
+    ("Pendulum-v1", 64, "next_step", 210): "827b8c3a5ac6cf32",
+}
+
+
+def _trajectory_digest(env_id: str, num_envs: int, mode: str, steps: int) -> str:
+    import hashlib
+
+    envs = mg.envs.make(env_id, num_envs=num_envs, seed=3, autoreset_mode=mode)
+    rng = np.random.default_rng(num_envs)
+    digest = hashlib.sha256(envs.reset()[0].numpy().tobytes())
+    for _ in range(steps):
+        if env_id == "CartPole-v1":
+            actions = torch.from_numpy(rng.integers(0, 2, num_envs))
+        else:
+            actions = torch.from_numpy((rng.random((num_envs, 1)) * 4 - 2).astype(np.float32))
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        for value in (obs, reward, terminated, truncated, *(info[k] for k in sorted(info))):
+            digest.update(value.numpy().tobytes())
+    digest.update(envs.elapsed_steps.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("case", sorted(_PINNED))
+def test_host_step_gives_the_bits_it_gave_before_the_rework(case):
+    here = (torch.__version__, torch.backends.cpu.get_cpu_capability())
+    if here != _PINNED_ON:
+        pytest.skip(f"digests pinned on torch {_PINNED_ON[0]} with {_PINNED_ON[1]} kernels; this is {here}")
+    assert _trajectory_digest(*case) == _PINNED[case]

@@ -30,6 +30,10 @@ from multigpu.envs.vector import VectorEnv, register
 
 __all__ = ["CartPole"]
 
+# up to this many environments, int64 actions take their force from a 2-entry table in one call
+# (3 calls otherwise); above it the three streaming passes are faster (measured crossover 8-16k)
+_TAKE_FORCE_UP_TO = 8192
+
 
 class CartPole(VectorEnv):
     """A pole on a cart; action 0 pushes left, 1 pushes right (gymnasium's ``CartPole-v1``)."""
@@ -101,18 +105,25 @@ class CartPole(VectorEnv):
 
     host_step_max_envs = math.inf  # measured faster than the torch formulation at 64 to 65,536 (benchmarks/RESULTS.md)
 
+    def _make_state(self) -> torch.Tensor:
+        if not self._host:
+            return super()._make_state()
+        # the state is rows 4-7 of an (8, num_envs) buffer whose even rows (0 force, 2 den0, 4 x, 6 theta) and
+        # odd rows (1, 3, 5 x_dot, 7 theta_dot) are two evenly strided (4, num_envs) views: one addcmul
+        # does temp and denom and, with tau as its third operand, the positions' Euler step (see _dynamics_host)
+        self._host_rows = torch.zeros(8, self.num_envs, dtype=self.dtype)
+        return self._host_rows[4:]
+
     def _host_setup(self) -> None:
-        # scratch rows, paired so that one torch call does two of _dynamics's:
-        # 0 force, 1 den0 | 2 pml*theta_dot^2, 3 c*cos | 4 sin, 5 cos | 6 temp, 7 denom | 8 g*sin, 9 v*thetaacc
-        # | 10-13 the Euler increments (x_dot, xacc, theta_dot, thetaacc) | 14-15 |x|, |theta|
-        t = torch.empty(16, self.num_envs, dtype=self.dtype)
-        t[1] = self.length * 4.0 / 3.0  # den0, as _constants rounds it
-        n = t.numpy()
-        self._ht = (t[0:2], t[2:4], t[4:6], t[6:8], t[4], t[5], t[6], t[13], t[8], t[9], t[11], t[10:14],
-                    self.state[2], self.state)
-        s = self._views[0]
-        self._hn = (n[0], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9], n[13], n[10:14:2], n[14:16], s[3],
-                    s[1::2], s[0::2])
+        # scratch rows: 0 sin, 1 cos, 2-3 tau | 4 temp | 5 g*sin | 6 v*thetaacc | 7 xacc, 8 thetaacc | 9-10 |x|, |theta|
+        t = torch.empty(11, self.num_envs, dtype=self.dtype)
+        t[2:4] = self.tau  # as _dynamics's add_(alpha=tau), rounded to the state's dtype
+        self._den0 = np.array(self.length * 4.0 / 3.0, dtype=t.numpy().dtype)  # den0, as _constants rounds it
+        rows = self._host_rows
+        n, r = t.numpy(), rows.numpy()
+        self._ht = (rows[0::2], rows[1::2], t[0:4], t[0], t[1], rows[0], t[8], t[5], t[6], t[7], t[7:9],
+                    self.state[2], self.state[1::2])
+        self._hn = (r[0], r[1], r[2], r[3], n[0], n[1], n[5], n[6], n[8], n[9:11], r[7], r[4::2])
         self._hb = np.empty((2, self.num_envs), dtype=bool)
         self._ones = np.ones(self.num_envs, dtype=np.float32)  # reward: 1 per step
 
@@ -123,39 +134,46 @@ class CartPole(VectorEnv):
                     c(1.0 / self.total_mass), c(self.gravity), c(-self.polemass_length / self.total_mass),
                     c(2 * self.force_mag), c(self.force_mag), c(0), c(1),
                     np.array([[self.x_threshold], [self.theta_threshold_radians]], dtype=n.dtype))
+        self._force_table = np.array([0, 1], dtype=n.dtype) * self._hk[5] - self._hk[6]  # 20 a - 10 for a = 0, 1
 
     def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        (pair_bias, pair_a, pair_b, pair_out, sin_t, cos_t, temp_t, thetaacc_t, gsin_t, vth_t, xacc_t, step_t,
-         theta_t, state_t) = self._ht
-        force, pml_thd2, c_cos, sin, cos, temp, denom, gsin, vth, thetaacc, old_vel, absxt, theta_dot, vel, xt = self._hn
+        (even_t, odd_t, third_t, sin_t, cos_t, temp_t, thetaacc_t, gsin_t, vth_t, xacc_t, acc_t, theta_t,
+         vel_t) = self._ht
+        force, pml_thd2, den0, c_cos, sin, cos, gsin, vth, thetaacc, absxt, theta_dot, xt = self._hn
         pml, den, inv_total_mass, gravity, xacc_c, two_force, force_mag, zero, one, thresholds = self._hk
         hb = self._hb
-        if actions.dtype.kind in "biu":  # clamp(0, 1) of a whole number is (a > 0): force = 20 (a > 0) - 10
-            np.greater(actions, 0, out=hb[0])
-            np.multiply(hb[0], two_force, out=force)
-        else:  # as _dynamics: actions.to(dtype).clamp_(0, 1).mul_(2 force)
-            np.copyto(force, actions, casting="unsafe")
-            np.maximum(force, zero, out=force)
-            np.minimum(force, one, out=force)
-            np.multiply(force, two_force, out=force)
-        np.subtract(force, force_mag, out=force)
+        if actions.dtype == np.intp and self.num_envs <= _TAKE_FORCE_UP_TO:
+            # force = 20 clamp(a, 0, 1) - 10 is -10 or 10: a table lookup whose index clip is the clamp (one call)
+            np.take(self._force_table, actions, mode="clip", out=force)
+        else:
+            if actions.dtype.kind in "biu":  # clamp(0, 1) of a whole number is (a > 0): force = 20 (a > 0) - 10
+                np.greater(actions, 0, out=hb[0])
+                np.multiply(hb[0], two_force, out=force)
+            else:  # as _dynamics: actions.to(dtype).clamp_(0, 1).mul_(2 force)
+                np.copyto(force, actions, casting="unsafe")
+                np.maximum(force, zero, out=force)
+                np.minimum(force, one, out=force)
+                np.multiply(force, two_force, out=force)
+            np.subtract(force, force_mag, out=force)
+        np.copyto(den0, self._den0)  # the last step's addcmul wrote denom over it
         torch.cos(theta_t, out=cos_t)
         torch.sin(theta_t, out=sin_t)
-        # addcmul(self, t1, t2, value=v) is fma(v * t1, t2, self): v * t1 is formed here, and one call does
-        # temp = addcmul(force, theta_dot^2, sin, pml) and denom = addcmul(den0, cos, cos, den)
+        # addcmul(self, t1, t2, value=v) is fma(v * t1, t2, self): v * t1 is formed here, and one in-place call
+        # does temp = addcmul(force, theta_dot^2, sin, pml), denom = addcmul(den0, cos, cos, den) and, with the
+        # old velocities and tau, Euler's (x, theta) += tau (x_dot, theta_dot): add_(alpha=tau) is fma(v, tau, x)
         np.multiply(theta_dot, theta_dot, out=pml_thd2)
         np.multiply(pml_thd2, pml, out=pml_thd2)
         np.multiply(cos, den, out=c_cos)
-        torch.addcmul(pair_bias, pair_a, pair_b, out=pair_out)
+        even_t.addcmul_(odd_t, third_t)
+        temp = force  # rows 0 and 2 now hold temp and denom
         np.multiply(temp, inv_total_mass, out=temp)
         np.multiply(sin, gravity, out=gsin)
         torch.addcmul(gsin_t, cos_t, temp_t, value=-1.0, out=thetaacc_t)
-        np.divide(thetaacc, denom, out=thetaacc)
+        np.divide(thetaacc, den0, out=thetaacc)
         np.multiply(thetaacc, xacc_c, out=vth)
         torch.addcmul(temp_t, vth_t, cos_t, out=xacc_t)
-        # Euler in one call: (x, x_dot, theta, theta_dot) += tau (x_dot, xacc, theta_dot, thetaacc), the old velocities
-        np.copyto(old_vel, vel)
-        state_t.add_(step_t, alpha=self.tau)
+        # Euler's (x_dot, theta_dot) += tau (xacc, thetaacc), in one call
+        vel_t.add_(acc_t, alpha=self.tau)
         # terminated = not (|x| <= 2.4 and |theta| <= 12 deg): _dynamics's max(|x| - 2.4, ...) > 0, NaN included
         np.abs(xt, out=absxt)
         np.less_equal(absxt, thresholds, out=hb)

@@ -28,7 +28,7 @@ import torch
 
 from multigpu.runtime.sharding import shard_bounds
 
-__all__ = ["env_id_range", "mix32", "mix32_np", "stream_keys", "uniforms", "uniforms_np"]
+__all__ = ["env_id_range", "mix32", "mix32_np", "stream_keys", "uniform_bits_np", "uniforms", "uniforms_np"]
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # 2**32 / phi: spreads consecutive counters apart before mixing
@@ -115,9 +115,28 @@ def uniforms_np(keys: np.ndarray, counts: np.ndarray, num: int) -> np.ndarray:
     a fraction of torch's eager kernels', which matters for the few
     environments that reset in one step.
     """
+    return uniform_bits_np(keys, counts, num).astype(np.float32) * np.float32(1.0 / (1 << 24))
+
+
+def uniform_bits_np(keys: np.ndarray, counts: np.ndarray, num: int) -> np.ndarray:
+    """The 24-bit integers behind :func:`uniforms_np` (``uniforms = bits / 2**24``), as an int32 array ``(num, len(keys))``.
+
+    Every value is exact in float32 and float64, and so is ``bits * (scale / 2**24)``
+    against ``(bits / 2**24) * scale`` (a power of two changes no significand):
+    a caller that scales the draws folds the ``2**-24`` into its scale and saves a pass.
+    """
     base = mix32_np(keys ^ counts.astype(np.uint32) * np.uint32(_GOLDEN))
-    k = np.arange(1, num + 1, dtype=np.uint32) * np.uint32(_DRAW)
-    bits = mix32_np(base[None, :] ^ k[:, None])
+    bits = mix32_np(base[None, :] ^ _draw_spread(num))
     bits >>= np.uint32(8)
     # values < 2**24: the int32 view converts with one SIMD instruction, uint32 does not; both are exact
-    return bits.view(np.int32).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    return bits.view(np.int32)
+
+
+_SPREADS: dict[int, np.ndarray] = {}
+
+
+def _draw_spread(num: int) -> np.ndarray:
+    """``k * D`` for draws k = 1..num, as a ``(num, 1)`` uint32 column (made once per num)."""
+    if num not in _SPREADS:
+        _SPREADS[num] = (np.arange(1, num + 1, dtype=np.uint32) * np.uint32(_DRAW))[:, None]
+    return _SPREADS[num]

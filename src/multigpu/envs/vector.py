@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from multigpu.envs import spaces
-from multigpu.envs.split import env_id_range, stream_keys, uniforms, uniforms_np
+from multigpu.envs.split import env_id_range, stream_keys, uniform_bits_np, uniforms
 from multigpu.errors import ConfigError
 
 __all__ = ["AUTORESET_MODES", "NumpyVectorEnv", "VectorEnv", "make", "register", "registered_ids"]
@@ -106,7 +106,9 @@ class VectorEnv:
         self.env_ids = torch.as_tensor(list(env_ids), dtype=torch.int64, device=self.device)
         self.num_envs = int(self.env_ids.numel())
         self.metadata = {"autoreset_mode": autoreset_mode}
-        self.state = torch.zeros(self.state_dim, self.num_envs, dtype=dtype, device=self.device)
+        self._on_cpu = self.device.type == "cpu"
+        self._host = self._on_cpu and self.num_envs <= self.host_step_max_envs
+        self.state = self._make_state()
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
         """Steps into the current episode, per environment."""
         self.rows = self.state.unbind(0)
@@ -121,10 +123,10 @@ class VectorEnv:
         low = np.asarray(self.reset_low, dtype=np.float64)
         scale = np.asarray(self.reset_high, dtype=np.float64) - low
         # On the CPU, resets go through NumPy views of the same memory (see _reset_which)
-        self._on_cpu = self.device.type == "cpu"
         if self._on_cpu:
             np_dtype = np.float32 if dtype == torch.float32 else np.float64
             self._low, self._scale = low.astype(np_dtype)[:, None], scale.astype(np_dtype)[:, None]
+            self._scale_bits = self._scale * np_dtype(2.0**-24)  # draws are bits / 2**24: see uniform_bits_np
             self._views = (self.state.numpy(), self.elapsed_steps.numpy(), self._resets.numpy())
             self._prev_done_np = self._prev_done.numpy()
             self._ahead = np.empty((self.state_dim, self.num_envs), dtype=np_dtype)  # see _draw_ahead
@@ -135,11 +137,14 @@ class VectorEnv:
             self._low = torch.tensor(low, dtype=dtype, device=self.device)[:, None]
             self._scale = torch.tensor(scale, dtype=dtype, device=self.device)[:, None]
         self._seed(seed)
-        self._host = self._on_cpu and self.num_envs <= self.host_step_max_envs
         if self._host:
             self._host_setup()
 
     # -- subclass hooks --------------------------------------------------------------------------
+
+    def _make_state(self) -> torch.Tensor:
+        """The zeroed ``(state_dim, num_envs)`` state tensor (a subclass's host step may lay it inside a larger buffer)."""
+        return torch.zeros(self.state_dim, self.num_envs, dtype=self.dtype, device=self.device)
 
     def _constants(self) -> Any:
         """Constants the dynamics use, made once (available as ``self._k``)."""
@@ -315,12 +320,16 @@ class VectorEnv:
             prev_done = self._prev_done_np
             if np.count_nonzero(prev_done):  # these ended last step: reset now (gymnasium's next-step autoreset)
                 which = self._reset_which(prev_done)
+                below_limit = self._elapsed_bound < self.max_episode_steps  # truncated is all False: leave it
                 if which is prev_done:  # a mask: masked writes
                     np.copyto(reward, 0.0, where=which)
                     np.greater(terminated, which, out=terminated)  # a > b for bools is a and not b
-                    np.greater(truncated, which, out=truncated)
+                    if not below_limit:
+                        np.greater(truncated, which, out=truncated)
                 else:  # an index array
-                    reward[which], terminated[which], truncated[which] = 0.0, False, False
+                    reward[which], terminated[which] = 0.0, False
+                    if not below_limit:
+                        truncated[which] = False
             np.logical_or(terminated, truncated, out=prev_done)
             obs = self._observe_host()
         elif self.autoreset_mode == "same_step":
@@ -381,15 +390,18 @@ class VectorEnv:
             return
         state, elapsed, resets = self._views  # writes land in the tensors
         stale = self._stale
-        if np.count_nonzero(np.logical_and(stale, which, out=self._scratch_mask)):
-            self._draw_ahead()
-        np.logical_or(stale, which, out=stale)
         if self.num_envs <= _MASKED_RESETS_UP_TO:  # masked copies: no index array to build
+            if np.count_nonzero(np.logical_and(stale, which, out=self._scratch_mask)):
+                self._draw_ahead()
+            np.logical_or(stale, which, out=stale)
             np.copyto(state, self._ahead, where=which)
             np.add(resets, which, out=resets)
             np.copyto(elapsed, 0, where=which)
             return which
         idx = which.nonzero()[0]  # the few that reset, by index: a masked copy would visit every element
+        if stale[idx].any():  # the few, not a pass over every environment's flag
+            self._draw_ahead()
+        stale[idx] = True
         flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat (state_dim * n) state
         state.reshape(-1)[flat] = self._ahead.reshape(-1)[flat]
         resets[idx] += 1
@@ -404,9 +416,12 @@ class VectorEnv:
         reset would pay the hash's ~30 small NumPy calls for the few that end in a step.
         """
         idx = self._stale.nonzero()[0]
-        u = uniforms_np(self._keys[idx], self._views[2][idx], self.state_dim).astype(self._low.dtype, copy=False)
+        # uniform(low, high) per row as (bits / 2**24) * scale + low, the 2**-24 folded into the scale (exact)
+        drawn = uniform_bits_np(self._keys[idx], self._views[2][idx], self.state_dim).astype(self._low.dtype)
+        drawn *= self._scale_bits
+        drawn += self._low
         flat = (idx + self._row_offsets).reshape(-1)  # (row, env) -> index into the flat state: 2x a 2-D scatter
-        self._ahead.reshape(-1)[flat] = (u * self._scale + self._low).reshape(-1)  # uniform(low, high) per row
+        self._ahead.reshape(-1)[flat] = drawn.reshape(-1)
         self._stale[idx] = False
 
     def __repr__(self) -> str:
