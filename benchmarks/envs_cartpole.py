@@ -45,7 +45,8 @@ ENV_IDS = ("CartPole-v1", "Pendulum-v1")
 QUICK_PEER_LIMIT = {"Pendulum-v1": 4096}  # --quick: gymnasium's SyncVectorEnv takes ~1 ms per environment to build
 TARGETS = {16384: 3.0}  # ours / peer in every round; 1.0 elsewhere
 SLICES = 5  # alternating slices per side in a round; a side's rate is its best slice
-WARMUP_S = 0.25  # at most this long, a thrown-away round of the same shape before round 1
+WARMUP_S = 1.0  # at most this long, a thrown-away round of the same shape before round 1
+QUICK_S = 1.0  # --quick: seconds per side per round (0.25 s let one lucky 50 ms slice decide a round)
 
 
 def _measure(step, actions, seconds: float, num_envs: int, min_steps: int = 20) -> dict:
@@ -246,14 +247,14 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=SLICES, help="alternating slices per side in a round "
                         f"(default {SLICES}); a side's rate is its best slice")
     parser.add_argument("--envs", default=",".join(ENV_IDS), help=f"comma-separated, of {', '.join(ENV_IDS)}")
-    args = _record.add_flags(parser).parse_args()  # --quick: 0.25 s per measurement, no extras; --smoke; --json
+    args = _record.add_flags(parser).parse_args()  # --quick: QUICK_S per side per round, no extras; --smoke; --json
     if args.smoke:  # the test suite's size: every code path once, figures meaningless
         args.sizes, args.rounds, args.seconds = (64,), 1, 0.02
     env_ids = args.envs.split(",")
     if any(e not in ENV_IDS for e in env_ids) or args.rounds < 1 or args.slices < 1:
         parser.exit(2, f"error: --envs {args.envs!r} / --rounds {args.rounds} / --slices {args.slices}: valid are "
                        f"{', '.join(ENV_IDS)}, rounds >= 1 and slices >= 1\n")
-    seconds = 0.25 if args.quick else args.seconds
+    seconds = QUICK_S if args.quick else args.seconds
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     print(f"env-steps/s, one CPU thread, {args.rounds} rounds of >= {seconds} s per side, each {args.slices} "
