@@ -12,16 +12,24 @@ loop is written out (benchmarks/_train_peer.py's). Also reported, in the same
 run: backward under ``no_sync()`` (compute only), so backward minus it is the
 all-reduce time that the backward pass did not hide, and a bare all-reduce of
 the model's gradient size (one flat buffer, and DDP's bucket sizes) over gloo.
+The ``cpu`` column is the process's CPU time per step (all its threads): on a
+shared host, where wall times swing with other jobs, it is the steadier figure
+of how much work a loop does per step.
+
+``--only`` picks contenders, alternating in every round: ``raw``, ``raw-view``
+(DDP with ``gradient_as_bucket_view``), ``nosync``, ``ours``, ``ours:k=v:...``
+(our trainer with config overrides, e.g. ``ours:prefetch=0``) and
+``ours-nohook`` (DDP's built-in all-reduce instead of our timed hook).
 """
 
 from __future__ import annotations
 
 import argparse
-import warnings
 import contextlib
 import os
 import statistics
 import time
+import warnings
 from collections import defaultdict
 
 import torch
@@ -153,7 +161,7 @@ def fit_ours(cfg, steps):
     finally:
         torch.Tensor.backward = backward
     trainer.close()
-    gaps = [b - a for a, b in zip(loop, loop[1:])]
+    gaps = [b - a for a, b in zip(loop, loop[1:], strict=False)]
     return tm, gaps
 
 
@@ -191,7 +199,7 @@ def main():
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     # wrapping optimizer.step from outside hides it from the scheduler's "step() before optimizer.step()" check
-    warnings.filterwarnings("ignore", message="Seems like `optimizer.step\(\)` has been overridden")
+    warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
     import multigpu as mg
 
     mg.init()  # gloo on CPU; OMP_NUM_THREADS from torchrun's environment
