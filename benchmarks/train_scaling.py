@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(nproc: int, steps: int, tmp: Path, extra: list[str], threads: int = 1) -> dict:
     run_dir = tmp / f"n{nproc}"
     cmd = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", str(nproc),
-           *(["--threads", str(threads)] if threads else []), "--run-dir", str(run_dir), f"steps={steps}", "global_batch_size=32", "log_every=0", "eval_every=0",
-           "checkpoint_every=0", "sample_chars=0", *extra]
+           *(["--threads", str(threads)] if threads else []), "--run-dir", str(run_dir), f"steps={steps}",
+           "global_batch_size=32", "log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0", *extra]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
-    return json.loads((run_dir / "summary.json").read_text())
+    return {**json.loads((run_dir / "summary.json").read_text()), "load": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -55,8 +56,10 @@ def main() -> int:
     record_rows, ratios = [], []
     for r, n, s in runs:
         base = next(x for rr, nn, x in runs if rr == r and nn == counts[0])["throughput"]
-        record_rows.append({"round": r, "ranks": n, "threads per rank": args.threads or "default", "tokens/s": s["throughput"], "speedup": s["throughput"] / base,
-                            "comm share": s["comm_share"], "median step (s)": s["step_time_s"]["median"]})
+        record_rows.append({"round": r, "ranks": n, "threads per rank": args.threads or "default",
+                            "tokens/s": s["throughput"], "speedup": s["throughput"] / base,
+                            "comm share": s["comm_share"], "median step (s)": s["step_time_s"]["median"],
+                            "load": s["load"]})
         if n != counts[0]:
             ratios.append(_record.ratio(f"{n} ranks / {counts[0]} tokens/s", s["throughput"] / base, r))
     _record.write(args, "train_scaling", {"steps": args.steps, "nproc": counts, "rounds": args.rounds,
