@@ -63,7 +63,7 @@ BENCHMARKS = (
     Benchmark("train_peers", "nano GPT, 2 ranks: ours vs raw torchrun+DDP vs Accelerate vs Fabric",
               ("accelerate", "lightning")),
     Benchmark("launch_overhead", "launcher start to spawn: `multigpu train -f nano` vs torchrun, same loop"),
-    Benchmark("train_scaling", "nano GPT: 1 vs 2 ranks, global batch 32"),
+    Benchmark("train_scaling", "nano GPT: 1 vs 2 ranks, global batch 32, 1 thread per rank"),
     Benchmark("sim_throughput", "agent-steps/s, 1 thread: ours vs hand-written torch vs AgentTorch", ("agent_torch",)),
     Benchmark("sim_scaling", "SIR: 1 vs 2 ranks per strategy, strong and weak"),
     Benchmark("sim_overlap", "SIR 10M agents, 2 ranks: C kernels vs the torch kernels (target 1.5e8 agent-steps/s)"),

@@ -70,6 +70,7 @@ def test_launch_overhead_smoke(tmp_path):
 def test_train_scaling_smoke(tmp_path):
     r = _smoke("train_scaling", tmp_path)
     assert [(row["round"], row["ranks"], row["speedup"]) for row in r["rows"]] == [(1, 1, 1.0)]
+    assert r["rows"][0]["threads per rank"] == 1 == r["config"]["threads"]  # the same budget at every world size
     assert r["rows"][0]["tokens/s"] > 0
 
 

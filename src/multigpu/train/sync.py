@@ -107,6 +107,7 @@ def wrap_ddp(
         device_ids=[env.device.index] if on_gpu else None,
         find_unused_parameters=find_unused_parameters,
         bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=True,  # gradients live in the buckets: no copy in before, or out after, the all-reduce
         process_group=_gloo_group(env) if sync_backend == "gloo" else None,
     )
     if sync_backend == "cpu":

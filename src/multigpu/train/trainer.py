@@ -381,6 +381,7 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg = self.config
+        self.model.train()  # every submodule; train_step() calls it again only when the root was put in eval mode
         # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever)
         with InterruptFlag(cfg.checkpoint_on_interrupt) as interrupt, self.logger.closed_on_error():
             while self.step < cfg.steps:
@@ -406,7 +407,8 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step: ``accum`` micro-steps, then clip and update. Returns this rank's figures."""
-        self.model.train()
+        if not self.module.training:  # after evaluate() or a callback's eval(); train() walks every submodule
+            self.model.train()
         loss_sum = torch.zeros((), device=self.env.device)
         with self.meter.step() as counted:
             for micro in range(self.accum):
