@@ -77,6 +77,7 @@ LEFT_OUT = {
     "reliability_orphans": "processes that outlive the launcher: 15 s waits per scenario; not in the quick set",
     "sim_kernels": "a profile of our kernels (C vs torch.compile) against the copy bandwidth, not a peer comparison",
     "sim_profile": "where one 10M-agent SIR step's time goes per rank (per phase, vs the copy bandwidth): a profile",
+    "train_step_profile": "per-phase step times of ours vs raw DDP (a profile, run under torchrun), not a peer ratio",
     "train_tracking": "the cost of logger=wandb (needs wandb, offline): not a peer comparison",
     "gpu/": "skipped: no GPU here (GPU machine only: bash benchmarks/gpu/run_all.sh)",
 }
