@@ -60,7 +60,8 @@ def main() -> int:
     print(f"{'round':>5} {'variant':<28} {'agent-steps/s':>14} {'vs first':>8} {'comm':>6} {'step phases (rank 0, s)'}")
     for r in range(1, args.rounds + 1):
         for i, variant in enumerate(variants):
-            s = _run(args.agents, args.steps, args.strategy, variant.split(":"))
+            # smoke: no torch.compile for the torch kernels (its build takes longer than the run)
+            s = _run(args.agents, args.steps, args.strategy, variant.split(":") + (["compile=false"] if args.smoke else []))
             digests.add(s["state_digest"])
             if i == 0:
                 base = s["throughput"]
