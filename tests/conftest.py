@@ -241,13 +241,18 @@ def _counted(terminalreporter, name: str) -> tuple[Counter, list]:
     return total, failed
 
 
+def _per(counts) -> str:
+    """``a 3, b 1``: a counter's entries in name order, for the summary lines."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print the fault suite's and the bad-input suite's counts (and whether every case was handled)."""
     faults = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
               if r.when == "call" and "fault" in r.keywords]
     if faults:
         survived = Counter(Path(r.nodeid.split("::")[0]).stem.removeprefix("test_") for r in faults if r.passed)
-        per = ", ".join(f"{k} {v}" for k, v in sorted(survived.items()))
+        per = _per(survived)
         lost = "no process left behind" if not LEFT_BEHIND else f"{len(LEFT_BEHIND)} process(es) LEFT BEHIND"
         terminalreporter.write_line(
             f"fault suite: {sum(survived.values())} of {len(faults)} faults survived or ended cleanly ({per}); {lost}")
@@ -255,17 +260,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"  left behind (now killed): {line}")
     files, failed = _counted(terminalreporter, "tests.faults.test_fault_suite.FAULTS")
     if files:
-        per = ", ".join(f"{k} {v}" for k, v in sorted(files.items()))
         verdict = ("all handled (one line naming the file or variables)" if not failed
                    else f"{len(failed)} test(s) FAILED")
         terminalreporter.write_line(f"fault suite (files, variables): {sum(files.values())} cases tried "
-                                    f"({per}); {verdict}")
+                                    f"({_per(files)}); {verdict}")
     cases, failed = _counted(terminalreporter, "tests.fuzz.test_bad_input_suite.CASES")
     if not cases:
         return
-    per = ", ".join(f"{k} {v}" for k, v in sorted(cases.items()))
     verdict = "all handled (exit 2, one line, nothing written)" if not failed else f"{len(failed)} command(s) FAILED"
-    terminalreporter.write_line(f"bad-input suite: {sum(cases.values())} cases tried ({per}); {verdict}")
+    terminalreporter.write_line(f"bad-input suite: {sum(cases.values())} cases tried ({_per(cases)}); {verdict}")
     kinds, _ = _counted(terminalreporter, "tests.fuzz.test_bad_input_suite.KINDS")
     if kinds:
-        terminalreporter.write_line(f"  by kind: {', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}")
+        terminalreporter.write_line(f"  by kind: {_per(kinds)}")
