@@ -62,3 +62,44 @@ def test_record_writes_on_rank_0_only_when_verify_dir_is_set(tmp_path, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     mg.verify.record("not_rank0", 1.0)
     assert not (tmp_path / "not_rank0.pt").exists()
+
+
+def test_lists_tuples_and_dicts_of_tensors_are_compared_item_by_item():
+    """verify/compare.py once called bool(list == list) on lists of tensors ("Boolean value of Tensor ... is
+    ambiguous") after both runs had finished: a record of ``[t1, t2]``, which the docstring allows."""
+    base = {"pair": [torch.zeros(3), torch.ones(2)], "named": {"w": torch.ones(2), "n": (torch.tensor(1.0), 2)}}
+    same = {"pair": [torch.zeros(3), torch.ones(2)], "named": {"w": torch.ones(2), "n": (torch.tensor(1.0), 2)}}
+    assert all(c.passed for c in compare({1: base, 2: same}))
+    off = {"pair": [torch.zeros(3), torch.ones(2) + 1e-7], "named": {"w": torch.ones(2), "n": (torch.tensor(1.0), 3)}}
+    by_name = {c.name: c for c in compare({1: base, 2: off})}
+    assert not by_name["pair"].passed and by_name["pair"].max_abs == pytest.approx(1.19e-7, rel=0.01)
+    assert not by_name["named"].passed and by_name["named"].max_abs == 1.0
+    assert {c.name: c.passed for c in compare({1: base, 2: off}, atol=1e-6)} == {"named": False, "pair": True}
+    short = compare({1: base, 2: {"pair": [torch.zeros(3)], "named": {"w": torch.ones(2)}}})
+    assert [c.problem for c in short] == ["keys ['w'] vs ['n', 'w']", "length 1 vs 2"]
+    inner = compare({1: {"x": [torch.zeros(2)]}, 2: {"x": [torch.zeros(3)]}})[0]
+    assert inner.problem == "[0]: shape (3,) vs (2,)"
+
+
+def test_a_failure_within_float_noise_names_the_tolerance_that_would_pass():
+    from multigpu.verify.compare import tolerance_hint
+
+    base = {"loss": torch.tensor([2.5]), "w": torch.tensor([1.0, 4.0])}
+    off = {"loss": torch.tensor([2.5 + 3.6e-7]), "w": torch.tensor([1.0, 4.0 + 4.8e-7])}
+    failed = [c for c in compare({1: base, 2: off}) if not c.passed]
+    hint = tolerance_hint(failed)
+    atol, rtol = float(hint.split()[1]), float(hint.split()[-1])
+    assert hint.startswith("--atol ") and " or --rtol " in hint
+    assert all(c.passed for c in compare({1: base, 2: off}, atol=atol))
+    assert all(c.passed for c in compare({1: base, 2: off}, rtol=rtol))
+    assert not all(c.passed for c in compare({1: base, 2: off}, atol=atol / 2))
+    assert tolerance_hint([c for c in compare({1: base, 2: {"loss": torch.zeros(2)}}) if not c.passed]) is None
+    far = {"loss": torch.tensor([2.6]), "w": base["w"]}  # 4% off: a real difference, no tolerance offered
+    assert tolerance_hint([c for c in compare({1: base, 2: far}) if not c.passed]) is None
+
+
+def test_record_saves_nested_results_as_tensors_on_the_cpu(tmp_path):
+    saved = verify._as_saved({"a": [torch.ones(2, requires_grad=True), 3], "b": (1.5, torch.tensor([1, 2]))})
+    assert isinstance(saved["a"], list) and not saved["a"][0].requires_grad
+    assert isinstance(saved["b"], tuple) and saved["b"][1].tolist() == [1, 2]
+    verify._check_plain("nested", saved)

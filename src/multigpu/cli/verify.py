@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from multigpu.cli.launch import config_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.verify import load_results
-    from multigpu.verify.compare import compare
+    from multigpu.verify.compare import compare, tolerance_hint
 
     if args.nproc_per_node != "auto":
         raise ConfigError("verify sets the world size itself: use --nproc 1,2,3 instead of --nproc-per-node")
@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         first = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise MultigpuError(f"verify failed: {first.describe()} (atol {args.atol:g}, rtol {args.rtol:g}){more}")
+        hint = tolerance_hint(failed)
+        hint = f"; it would pass with {hint}" if hint else ""
+        raise MultigpuError(f"verify failed: {first.describe()} (atol {args.atol:g}, rtol {args.rtol:g}){more}{hint}")
     names = sorted({c.name for c in comparisons})
     print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
           f"(atol {args.atol:g}, rtol {args.rtol:g})")

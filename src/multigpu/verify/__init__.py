@@ -34,15 +34,27 @@ _RECORDED: set[str] = set()
 
 
 def _as_saved(value: Any) -> Any:
-    """Tensors (moved to the CPU) as they are; numbers, arrays and lists as tensors; anything else as is."""
+    """Tensors (moved to the CPU) as they are; numbers, arrays and lists of numbers as tensors; lists,
+    tuples and dicts holding tensors item by item; anything else as is."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _as_saved(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and _holds_tensor_or_dict(value):
+        return type(value)(_as_saved(item) for item in value)
     try:
         return torch.as_tensor(value).cpu()
     except (TypeError, ValueError, RuntimeError):
         return value  # strings, dicts: compared with ==
+
+
+def _holds_tensor_or_dict(value: list | tuple) -> bool:
+    import torch
+
+    return any(isinstance(item, (torch.Tensor, dict))
+               or (isinstance(item, (list, tuple)) and _holds_tensor_or_dict(item)) for item in value)
 
 
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))
