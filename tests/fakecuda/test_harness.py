@@ -49,7 +49,7 @@ def test_fake_group_runs_collectives_at_any_world_size():
 
 
 def test_rng_state_of_faked_devices_is_per_device():
-    with fake_cuda(devices=2, tensors=False) as cuda:
+    with fake_cuda(devices=2, tensors=False):
         assert len(torch.cuda.get_rng_state_all()) == 2
         with pytest.raises(IndexError, match="not visible"):
             torch.cuda.set_rng_state_all([torch.zeros(16, dtype=torch.uint8)] * 3)
