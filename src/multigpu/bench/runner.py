@@ -64,7 +64,7 @@ class Launcher:
             from multigpu.launch import launch
 
             launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run,
-                   devices=self.devices[n])
+                   devices=self.devices[n], require_group=True)  # N copies of a script measure nothing
 
 
 def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:

@@ -31,6 +31,9 @@ launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
 and no traceback: the launcher says "interrupted" once for the whole job
 (``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks).
+Before the script runs it also notes, in ``<stacks dir>/joined/rank<R>``, the first time this rank joins a
+process group (``torch.distributed.init_process_group``, which ``mg.init``, accelerate, Lightning and
+``init_device_mesh`` all reach), so the launcher can tell a job from N independent copies of a script.
 When the run context asks for it (``record_wall``: ``multigpu bench`` on a
 script that has no step meter), it also writes ``<run_dir>/wall/rank<R>.json``
 with the script's start and end times.
@@ -133,6 +136,70 @@ def _register_stack_dumps(folder: str | None, rank: str) -> None:
     faulthandler.register(signal.SIGTERM, file=_STACK_FILE, all_threads=True, chain=True)
 
 
+def _note_group_joins(folder: str | None, rank: str) -> None:
+    """Write ``<folder>/joined/rank<R>`` when this rank first joins a process group (see the module docstring)."""
+    if not folder:
+        return
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        marker = os.path.join(folder, "joined", f"rank{rank}")
+        if not os.path.exists(marker):
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "w").close()  # noqa: SIM115
+        return result
+
+    init_process_group.__wrapped__ = original
+    init_process_group.__doc__ = original.__doc__
+    # every name a caller may have bound it under (torch.distributed re-exports it; device_mesh imports it)
+    for namespace in (distributed_c10d, dist, sys.modules.get("torch.distributed.device_mesh")):
+        if namespace is not None and getattr(namespace, "init_process_group", None) is original:
+            namespace.init_process_group = init_process_group
+
+
+def _accelerate_on_cpu_ranks() -> None:
+    """On CPU ranks (``ACCELERATE_USE_CPU`` set by the launcher), make accelerate's ``PartialState()`` join
+    the job too.
+
+    accelerate's ``Accelerator`` reads ``ACCELERATE_USE_CPU``; its ``PartialState`` does not, and with
+    ``cpu=False`` on a machine without a GPU it settles on ``DistributedType.NO``: every rank a separate
+    single-process copy (under ``accelerate launch --cpu`` too). Where every rank is a CPU rank, ``cpu=False``
+    cannot mean anything else, so ``PartialState``'s default becomes ``cpu=True`` when accelerate is imported
+    (nothing is imported here otherwise). ``ACCELERATE_USE_CPU=false`` in the environment turns this off.
+    """
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes"):
+        return
+    import importlib.abc
+    import importlib.machinery
+
+    class _PatchAfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != "accelerate.state":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None:
+                return spec
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                init = module.PartialState.__init__
+
+                def __init__(self, cpu: bool = True, **kwargs):
+                    init(self, cpu, **kwargs)
+
+                module.PartialState.__init__ = __init__
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _PatchAfterImport())
+
+
 def _wall_file() -> str | None:
     """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
     import json
@@ -180,6 +247,9 @@ def main(argv: list[str]) -> None:
     _register_stack_dumps(os.environ.get("MULTIGPU_STACKS_DIR"), os.environ.get("RANK", "0"))
 
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    _note_group_joins(os.environ.get("MULTIGPU_STACKS_DIR"), os.environ.get("RANK", "0"))
+    _accelerate_on_cpu_ranks()
 
     try:
         record(_timed(_run, _wall_file()))(argv)

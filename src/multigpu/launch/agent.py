@@ -122,8 +122,13 @@ def build_plan(
     env = dict(devices.env)
     env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
     env[RUN_FILE_VAR] = str(run_file.resolve())
-    if cfg.mixed_precision is not None and job is None:  # a script: what `accelerate launch` gives it
-        env["ACCELERATE_MIXED_PRECISION"] = {"fp32": "no"}.get(cfg.mixed_precision, cfg.mixed_precision)
+    if job is None:  # a script: what `accelerate launch` gives it
+        if cfg.mixed_precision is not None:
+            env["ACCELERATE_MIXED_PRECISION"] = {"fp32": "no"}.get(cfg.mixed_precision, cfg.mixed_precision)
+        if devices.device_types == ["cpu"]:
+            # accelerate's Accelerator forms one job of CPU ranks only with this (its launcher's --cpu); without
+            # it every rank is a single-process "DistributedType.NO" copy that trains on all the data
+            env.setdefault("ACCELERATE_USE_CPU", "true")
     env[_worker.LAUNCHER_PID_VAR] = str(os.getpid())  # every worker dies with this process (PR_SET_PDEATHSIG)
     # torch's handler would open a store of its own for the workers, on every interface; the `multigpu`
     # rendezvous backend gives them one per round on the endpoint's address instead (launch/stores.py)
@@ -154,6 +159,24 @@ def build_plan(
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
+
+
+def independent_copies(stacks_dir: Path, local_world_size: int, nnodes: int) -> str | None:
+    """One line when no rank of this node joined a process group in a job of several ranks, else None.
+
+    The worker wrapper marks ``<stacks dir>/joined/rank<R>`` when a rank joins one (``_worker.py``).
+    """
+    if local_world_size * nnodes < 2 or any((stacks_dir / "joined").glob("rank*")):
+        return None
+    ranks = sorted(int(p.stem[4:]) for p in stacks_dir.glob("rank*.txt") if p.stem[4:].isdigit())
+    if not ranks:
+        return None  # no worker wrapper ran here (nothing is known)
+    named = " and ".join(f"rank {r}" for r in ranks[:2]) + (f" and {len(ranks) - 2} more" if len(ranks) > 2 else "")
+    where = "" if nnodes == 1 else " on this node"
+    return (f"{named}{where} never joined a process group: your script ran as "
+            f"{local_world_size * nnodes if nnodes == 1 else local_world_size} independent copies. Call "
+            "mg.init() (or torch.distributed.init_process_group) in the script; an accelerate script on CPU "
+            "ranks needs Accelerator(cpu=True) or PartialState(cpu=True)")
 
 
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
@@ -273,10 +296,13 @@ def launch(
     devices: DevicePlan | None = None,
     run: RunContext | None = None,
     job: dict | None = None,
+    require_group: bool = False,
 ) -> LaunchPlan:
     """Run ``target`` on every worker of this node and wait. Returns the plan it ran.
 
-    ``devices``, ``run`` and ``job`` as in :func:`build_plan`.
+    ``devices``, ``run`` and ``job`` as in :func:`build_plan`. A job of several ranks none of which joined
+    a process group ran as independent copies of the script: one line says so at the end, and with
+    ``require_group`` (``bench``, ``verify``: their figures would be meaningless) it is an error.
 
     Raises:
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
@@ -314,6 +340,11 @@ def launch(
             raise LaunchError(f"the launcher could not start the job: {exc}") from None
     if stopped:
         print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
+    copies = independent_copies(Path(plan.log_dir) / "stacks", plan.devices.nproc_per_node, cfg.nnodes)
+    if copies and require_group:
+        raise LaunchError(copies)
+    if copies:
+        print(f"multigpu: warning: {copies}", file=sys.stderr)
     if cfg.log_dir is None and not plan.run_data["run"].get("run_dir"):  # build_plan's mkdtemp: kept only on failure
         shutil.rmtree(plan.log_dir, ignore_errors=True)
     return plan
