@@ -15,7 +15,9 @@ gpu|cpu|auto|N`` (``--standalone`` and ``--node-rank`` are ours too).
 accelerate: ``--num-processes``, ``--num-machines``, ``--machine-rank``,
 ``--main-process-ip``, ``--main-process-port``, ``--gpu-ids``,
 ``--mixed-precision no|fp16|bf16`` (the workload's ``precision``; for a script,
-``ACCELERATE_MIXED_PRECISION`` as ``accelerate launch`` sets it).
+``ACCELERATE_MIXED_PRECISION`` as ``accelerate launch`` sets it), ``--multi-gpu`` (accepted; it is the
+default here). torchrun's ``--tee``, ``--redirects`` and ``--local-ranks-filter`` are real flags of ours
+(:mod:`multigpu.cli.launch`) with torchrun's meaning.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def add_alias_flags(group) -> None:
                        ("--main-process-port", "alias_main_port"), ("--gpu-ids", "alias_gpu_ids"),
                        ("--mixed-precision", "alias_mixed_precision")]:
         add_flag(group, name, dest=dest, default=None, help=_SUPPRESS)
+    add_flag(group, "--multi-gpu", dest="alias_multi_gpu", action="store_true", help=_SUPPRESS)
 
 
 def _whole(flag: str, text: str, minimum: int) -> int:
@@ -96,6 +99,8 @@ def translate(args: argparse.Namespace, *, say=None) -> list[str]:
             raise ConfigError(f"--mixed-precision {get('alias_mixed_precision')!r} is invalid; valid: no, fp16, bf16")
         args.mixed_precision = choice
         said.append(f"--mixed-precision is precision={choice} here")
+    if get("alias_multi_gpu"):
+        said.append("--multi-gpu is what multigpu does anyway (one worker per selected GPU); it changes nothing")
     for line in said:
         (say or _say)(line)
     return said

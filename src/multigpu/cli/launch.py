@@ -49,6 +49,14 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--share-gpus", action="store_true",
              help="more ranks than GPUs share them round-robin (each pinned to its GPU); collectives over gloo")
     add_flag(g, "--log-dir", default=None, help="folder for each worker's stdout/stderr and error file")
+    add_flag(g, "--tee", default=None, metavar="0-3|R:S,...",
+             help="torchrun's --tee: streams also written to log files (1 stdout, 2 stderr, 3 both; per rank 0:3,1:0)")
+    add_flag(g, "--redirects", default=None, metavar="0-3|R:S,...",
+             help="torchrun's --redirects: streams written to log files only (same values as --tee)")
+    add_flag(g, "--local-ranks-filter", type=_ranks, default=None, metavar="R,R",
+             help="show only these local ranks' output here (the others: log files only)")
+    add_flag(g, "--rank-prefix", action="store_true",
+             help="prefix each line a worker prints with [rank<R>]: (as with --log-dir)")
     add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
     add_flag(g, "--stall-timeout-s", type=positive_float, default=None,
              help="end the job when a rank makes no progress (no collective, no step) for this long")
@@ -62,6 +70,16 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="the profiler's window of steps (default 1,1,3)")
     add_flag(g, "--sample-interval-s", type=_seconds_or_zero, default=1.0, metavar="S",
              help="seconds between device samples (CPU, memory, GPUs) in the run directory; 0: off (default 1)")
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: local ranks such as 0 or 0,1") from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: local ranks >= 0 such as 0 or 0,1")
+    return ranks
 
 
 def _profile_window(text: str) -> tuple[int, int, int]:
@@ -135,6 +153,10 @@ def config_from_args(args: argparse.Namespace):
         profile_steps=args.profile_steps,
         sample_interval_s=args.sample_interval_s,
         mixed_precision=getattr(args, "mixed_precision", None),
+        tee=args.tee,
+        redirects=args.redirects,
+        local_ranks_filter=args.local_ranks_filter,
+        rank_prefix=args.rank_prefix,
     )
     from multigpu.launch.rendezvous import check_endpoint
 

@@ -151,14 +151,28 @@ def build_plan(
         max_restarts=cfg.max_restarts,
         monitor_interval=cfg.monitor_interval_s,
         start_method="spawn",
-        # With --log-dir, every worker's output is also written there, prefixed by rank.
-        # Without it, workers write straight to this terminal, so rank 0's progress bars work.
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if cfg.log_dir else Std.NONE),
-        log_line_prefix_template="[rank${rank}]: " if cfg.log_dir else None,
+        logs_specs=logs_specs(cfg, log_dir),
+        log_line_prefix_template="[rank${rank}]: " if cfg.log_dir or cfg.rank_prefix else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
+
+
+def logs_specs(cfg: LaunchConfig, log_dir: str) -> DefaultLogsSpecs:
+    """Where each worker's output goes: torchrun's ``--tee``/``--redirects``/``--local-ranks-filter``.
+
+    By default, with ``--log-dir`` (or ``--rank-prefix``) every worker's output is also written there, each
+    line prefixed by its rank; otherwise workers write straight to this terminal, so rank 0's progress bars
+    work.
+    """
+    default = Std.ALL if cfg.log_dir or cfg.rank_prefix else Std.NONE
+    return DefaultLogsSpecs(
+        log_dir=log_dir,
+        tee=Std.from_str(cfg.tee) if cfg.tee is not None else default,
+        redirects=Std.from_str(cfg.redirects) if cfg.redirects is not None else Std.NONE,
+        local_ranks_filter=set(cfg.local_ranks_filter) if cfg.local_ranks_filter else None,
+    )
 
 
 def independent_copies(stacks_dir: Path, local_world_size: int, nnodes: int) -> str | None:

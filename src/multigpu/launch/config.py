@@ -5,12 +5,16 @@ Note: torch has a class of the same name; we import it as ``TorchLaunchConfig``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from multigpu.errors import ConfigError
 
 __all__ = ["LaunchConfig"]
+
+_STREAMS = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
+"""torchrun's stream choice: one value, or local_rank:value pairs (torch's ``Std.from_str``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +82,19 @@ class LaunchConfig:
     monitor_interval_s: float = 0.1
     """How often the agent checks its workers, in seconds."""
 
+    tee: str | None = None
+    """torchrun's ``--tee``: which streams of each rank also go to log files while shown here (0 none, 1 stdout,
+    2 stderr, 3 both; or per local rank, ``0:3,1:0``). Default: 3 with ``--log-dir`` or ``--rank-prefix``, else 0."""
+
+    redirects: str | None = None
+    """torchrun's ``--redirects``: which streams of each rank go to log files only (same values as ``tee``)."""
+
+    local_ranks_filter: tuple[int, ...] | None = None
+    """torchrun's ``--local-ranks-filter``: show only these local ranks' output here (the rest: log files only)."""
+
+    rank_prefix: bool = False
+    """Prefix every line a rank prints with ``[rank<R>]: `` (torchrun's form); needs the output teed."""
+
     def __post_init__(self) -> None:
         if self.nproc_per_node != "auto" and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
             raise ConfigError(
@@ -99,6 +116,14 @@ class LaunchConfig:
             raise ConfigError(f"--sample-interval-s {self.sample_interval_s} is invalid; valid: seconds >= 0 (0: off)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} is invalid; valid: 1 or more")
+        for flag, value in (("--tee", self.tee), ("--redirects", self.redirects)):
+            if value is not None and not _STREAMS.match(value):
+                raise ConfigError(f"{flag} {value!r} is invalid; valid: 0 (none), 1 (stdout), 2 (stderr), 3 (both), "
+                                  "or per local rank such as 0:3,1:0")
+        if self.local_ranks_filter is not None and (not self.local_ranks_filter
+                                                    or any(r < 0 for r in self.local_ranks_filter)):
+            raise ConfigError(f"--local-ranks-filter {self.local_ranks_filter} is invalid; valid: local ranks "
+                              "such as 0 or 0,1")
         if self.cpu and self.gpus is not None:
             raise ConfigError(f"--cpu and --gpus {self.gpus} contradict each other; pass one of them")
         if self.cpu and self.isolate_devices:
