@@ -83,6 +83,7 @@ def translate(args: argparse.Namespace, *, say=None) -> list[str]:
         said.append(f"--machine-rank is --node-rank {args.node_rank} here")
     if get("alias_num_processes"):
         total = _whole("--num-processes", get("alias_num_processes"), 1)
+        args.nnodes = args.nnodes or 1
         if total % args.nnodes:
             raise ConfigError(f"--num-processes {total} (all machines) does not split over --num-machines "
                               f"{args.nnodes}; valid: a multiple of {args.nnodes}")

@@ -33,10 +33,13 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="workers on this node (default auto: one per selected GPU, else 1; gpu: one per GPU; "
                   "cpu: one per core, on the CPU)")
     add_flag(g, "--cpu", action="store_true", help="run every rank on the CPU (gloo), even with GPUs")
-    add_flag(g, "--nnodes", type=positive_int, default=1, help="number of machines (default 1)")
-    add_flag(g, "--node-rank", type=non_negative_int, default=0, help="this machine's index in [0, nnodes)")
-    add_flag(g, "--rdzv-endpoint", default="localhost:0", metavar="HOST:PORT",
-             help="rendezvous store address, the same on every node (default localhost:0: a free port, one node)")
+    add_flag(g, "--nnodes", type=positive_int, default=None,
+             help="number of machines (default 1, or what SLURM/PET_*/LSF/mpirun says)")
+    add_flag(g, "--node-rank", type=non_negative_int, default=None,
+             help="this machine's index in [0, nnodes) (default 0, or the scheduler's)")
+    add_flag(g, "--rdzv-endpoint", default=None, metavar="HOST:PORT",
+             help="rendezvous store address, the same on every node (default localhost:0: a free port, one node; "
+                  "under a scheduler, its first node)")
     add_flag(g, "--rdzv-conf", action="append", default=[], metavar="KEY=VALUE",
              help="extra c10d rendezvous setting, repeatable (e.g. is_host=false)")
     add_flag(g, "--run-id", default=None, help="job id shared by all nodes")
@@ -107,7 +110,9 @@ def config_from_args(args: argparse.Namespace):
     from multigpu.cli.aliases import translate
     from multigpu.launch.config import LaunchConfig
 
+    placement = _scheduler_placement(args)
     translate(args)
+    _apply_placement(args, placement)
     nproc = args.nproc_per_node
     if nproc == "cpu":  # torchrun: one worker per core, on the CPU
         from multigpu.runtime.env import cpu_count
@@ -162,6 +167,42 @@ def config_from_args(args: argparse.Namespace):
 
     check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
     return cfg
+
+
+def _scheduler_placement(args: argparse.Namespace):
+    """The scheduler's word on this node (SLURM, PET_*, LSF, Open MPI), or None; its node count also divides
+    accelerate's --num-processes (translate) when --nnodes is not given."""
+    import os
+
+    from multigpu.launch.schedulers import from_environment
+
+    placement = from_environment(os.environ)
+    if args.nnodes is None and placement is not None and getattr(args, "alias_num_machines", None) is None:
+        args.nnodes = placement.nnodes
+    return placement
+
+
+def _apply_placement(args: argparse.Namespace, placement) -> None:
+    """Fill the flags not given by hand from the scheduler; a flag that contradicts it is one line."""
+    defaults = {"nnodes": 1, "node_rank": 0, "rdzv_endpoint": "localhost:0"}
+    if placement is None:
+        for name, value in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return
+    said = {"nnodes": placement.nnodes, "node_rank": placement.node_rank, "rdzv_endpoint": placement.rdzv_endpoint}
+    for name, value in said.items():
+        given = getattr(args, name)
+        if value is None:
+            setattr(args, name, defaults[name] if given is None else given)
+        elif given is None:
+            setattr(args, name, value)
+        elif given != value:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {given} contradicts {placement.scheduler}, which says {value} for this node; "
+                              f"drop {flag} or run outside the scheduler's step")
+    if placement.nproc_per_node is not None and args.nproc_per_node == "auto":
+        args.nproc_per_node = placement.nproc_per_node
 
 
 def add_target_args(parser: argparse.ArgumentParser, *, metavar: str = "script.py",

@@ -1,0 +1,126 @@
+"""The node's place in a job, read from the scheduler that started the launcher (runs in the launcher).
+
+``multigpu launch`` (and every workload command) started once per node by a scheduler takes the node
+count, this node's rank, the rendezvous endpoint and the workers per node from the scheduler's
+environment, the same set Lightning Fabric reads (``lightning.fabric.plugins.environments``):
+
+| scheduler | recognised by | nnodes | node_rank | endpoint | nproc_per_node |
+|---|---|---|---|---|---|
+| SLURM (``srun``, one task per node) | ``SLURM_STEP_ID`` | ``SLURM_NNODES`` | ``SLURM_NODEID`` | first host of ``SLURM_JOB_NODELIST``, ``MASTER_PORT`` or a port derived from ``SLURM_JOB_ID`` | ``SLURM_GPUS_ON_NODE`` / ``SLURM_GPUS_PER_NODE`` |
+| Kubeflow PyTorchJob, torchrun's ``PET_*`` | ``PET_NNODES`` | ``PET_NNODES`` | ``PET_NODE_RANK`` | ``PET_RDZV_ENDPOINT``, else ``PET_MASTER_ADDR:PET_MASTER_PORT`` | ``PET_NPROC_PER_NODE`` |
+| LSF (``jsrun``/``blaunch``) | ``LSB_JOBID`` + ``LSB_DJOB_RANKFILE`` | hosts in the rank file | this host's place in it | first host, ``MASTER_PORT`` or one derived from ``LSB_JOBID`` | — |
+| Open MPI (``mpirun -N 1``) | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_RANK`` | ``MASTER_ADDR:MASTER_PORT`` (required) | — |
+
+Flags given by hand win; a flag that contradicts the scheduler (``--nnodes 4`` in a 2-node SLURM step)
+is one line naming both. Pure: everything is read from the mapping passed in.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from multigpu.errors import ConfigError
+
+__all__ = ["SchedulerPlacement", "from_environment"]
+
+
+@dataclass(frozen=True)
+class SchedulerPlacement:
+    """What a scheduler says about this node; None where it says nothing."""
+
+    scheduler: str
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str | None
+    nproc_per_node: int | None = None
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        return int(raw.split("(")[0])  # SLURM writes "4(x2)" for 4 on each of 2 nodes
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} must be a whole number") from None
+
+
+def _derived_port(job_id: str | None) -> int:
+    from multigpu.runtime.env import slurm_master_port
+
+    return slurm_master_port(job_id)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _slurm(env: Mapping[str, str]) -> SchedulerPlacement:
+    from multigpu.runtime.env import expand_slurm_nodelist
+
+    tasks = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE") or "1"
+    if tasks.split("(")[0] not in ("", "1"):
+        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {tasks} tasks per node "
+                          "(SLURM_NTASKS_PER_NODE); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
+                          "your script under srun directly without the launcher (mg.init reads SLURM)")
+    hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("SLURM_JOB_ID"))
+    host = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
+    gpus = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
+    return SchedulerPlacement(
+        "SLURM", _int(env, "SLURM_NNODES") if "SLURM_NNODES" in env else max(len(hosts), 1),
+        _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
+        _host_port(host, port) if host else None,
+        int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
+    )
+
+
+def _pet(env: Mapping[str, str]) -> SchedulerPlacement:
+    endpoint = env.get("PET_RDZV_ENDPOINT")
+    if not endpoint and env.get("PET_MASTER_ADDR"):
+        endpoint = _host_port(env["PET_MASTER_ADDR"], _int(env, "PET_MASTER_PORT") if "PET_MASTER_PORT" in env
+                              else 29500)
+    nproc = env.get("PET_NPROC_PER_NODE")
+    return SchedulerPlacement("PET_* (Kubeflow PyTorchJob / torchrun)", _int(env, "PET_NNODES"),
+                              _int(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else 0, endpoint,
+                              int(nproc) if nproc and nproc.isdigit() else None)
+
+
+def _lsf(env: Mapping[str, str], hostname: str) -> SchedulerPlacement:
+    try:
+        with open(env["LSB_DJOB_RANKFILE"], encoding="utf-8") as fh:
+            lines = [line.strip() for line in fh if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"LSB_DJOB_RANKFILE={env['LSB_DJOB_RANKFILE']} cannot be read: {exc.strerror}") from None
+    hosts = list(dict.fromkeys(lines[1:] or lines))  # the first line is LSF's launch node, not a compute node
+    if hostname not in hosts:
+        raise ConfigError(f"this host ({hostname}) is not in LSF's rank file {env['LSB_DJOB_RANKFILE']} "
+                          f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})")
+    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("LSB_JOBID"))
+    return SchedulerPlacement("LSF", len(hosts), hosts.index(hostname), _host_port(hosts[0], port))
+
+
+def _openmpi(env: Mapping[str, str]) -> SchedulerPlacement:
+    if not env.get("MASTER_ADDR"):
+        raise ConfigError("started by mpirun (OMPI_COMM_WORLD_SIZE is set) but MASTER_ADDR is not: MPI names no "
+                          "rendezvous host; set MASTER_ADDR (and MASTER_PORT) or pass --rdzv-endpoint HOST:PORT")
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+    return SchedulerPlacement("Open MPI", _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_RANK"),
+                              _host_port(env["MASTER_ADDR"], port))
+
+
+def from_environment(env: Mapping[str, str], hostname: str | None = None) -> SchedulerPlacement | None:
+    """The scheduler's placement of this node, or None when no scheduler started this launcher.
+
+    SLURM counts only inside an ``srun`` step (``SLURM_STEP_ID``): an ``sbatch`` script's own shell also
+    carries ``SLURM_NNODES``, but there only one launcher runs.
+    """
+    if "PET_NNODES" in env:
+        return _pet(env)
+    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
+        return _slurm(env)
+    if env.get("LSB_JOBID") and env.get("LSB_DJOB_RANKFILE"):
+        return _lsf(env, hostname or socket.gethostname())
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        return _openmpi(env)
+    return None
