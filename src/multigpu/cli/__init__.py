@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from multigpu import envvars
 from multigpu.cmdline import ArgumentParser, parse
 from multigpu.errors import MultigpuError
 
@@ -92,13 +93,13 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("MULTIGPU_DEBUG") == "1"
-    if debug and os.environ.get("MULTIGPU_DEBUG") != "1":
-        os.environ["MULTIGPU_DEBUG"] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
+    debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
+    if debug and os.environ.get(envvars.DEBUG) != "1":
+        os.environ[envvars.DEBUG] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
         try:
             return main(argv)
         finally:
-            os.environ.pop("MULTIGPU_DEBUG", None)
+            os.environ.pop(envvars.DEBUG, None)
     try:
         args = parse(build_parser(_command_of(argv)), argv)
         if getattr(args, "_run", None) is None:

@@ -93,8 +93,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from multigpu.bench import BenchConfig, parse_nproc, resolve_target, run_bench
-    from multigpu.launch.flags import config_from_args
     from multigpu.errors import ConfigError
+    from multigpu.launch.flags import config_from_args
 
     # everything that can be wrong with the input fails here, before any folder or process exists
     if args.nproc_per_node != "auto":

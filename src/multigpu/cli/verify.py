@@ -49,8 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from multigpu.bench import Launcher, configs_for, parse_nproc, resolve_target
-    from multigpu.launch.flags import config_from_args
     from multigpu.errors import ConfigError, MultigpuError
+    from multigpu.launch.flags import config_from_args
     from multigpu.verify import load_results
     from multigpu.verify.compare import compare
 
