@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 from multigpu.errors import ConfigError
+from multigpu.presets import find_config
 
 __all__ = ["apply_overrides", "from_dict", "load_config", "load_yaml", "to_dict"]
 
@@ -301,10 +302,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping from a file or a packaged preset's name (``nano``, ``sir``: :mod:`multigpu.jobs.presets`),
+    """Read a YAML mapping from a file or a packaged preset's name (``nano``, ``sir``: :mod:`multigpu.presets`),
     with one-line errors for a missing, unreadable or malformed file."""
-    from multigpu.jobs.presets import find_config
-
     path = find_config(str(path))
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -94,3 +94,32 @@ def test_a_workload_defined_in_a_test_file_runs_and_benches_on_two_ranks(tmp_pat
     result = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert [r["summary"]["total"] for r in result["runs"]] == [sum(i * i for i in range(500 * w)) for w in (1, 2)]
     assert result["unit"] == "numbers" and [r["world_size"] for r in result["rows"]] == [1, 2]
+
+
+def test_a_built_in_workload_is_one_entry_that_the_commands_and_the_help_derive_from(tmp_path, capsys, monkeypatch,
+                                                                                      fake_gpus):
+    """One line in the registry makes a workload built in: ``multigpu <name>``, ``--help``'s command list and
+    the ``bench``/``verify``/``run`` help follow from it; a ``Workload(command=False)`` stays out of the commands."""
+    import dataclasses
+
+    from multigpu.cli import commands
+    from multigpu.jobs import registry
+
+    fake_gpus(0)
+    hidden = dataclasses.replace(WORKLOAD, name="hidden", command=False)
+    monkeypatch.setitem(registry.BUILTIN, "count", SPEC)
+    monkeypatch.setitem(registry.BUILTIN, "hidden", "tests.cli.test_job_contract:HIDDEN")
+    monkeypatch.setitem(globals(), "HIDDEN", hidden)
+    assert commands()[-6:] == ["count", "run", "bench", "verify", "doctor", "report"]
+    assert "hidden" not in commands()
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    assert "sum of squares" in capsys.readouterr().out  # the entry's help, in the command list
+    assert_bad_input(["count", "n=1", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run")],
+                     "count.n=1 leaves a rank empty on 2 ranks", capsys, tmp_path / "run")
+    for command in ("bench", "verify", "run"):
+        with pytest.raises(SystemExit):
+            cli_main([command, "--help"])
+        assert "envs, count, hidden)" in " ".join(capsys.readouterr().out.split()), command
+    assert cli_main(["hidden", "n=5"]) == 2
+    assert "invalid choice: 'hidden'" in capsys.readouterr().err

@@ -348,7 +348,7 @@ def test_leftover_rank_variables_say_what_was_found_and_do_not_wait_long(variabl
     import time
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "MULTIGPU_RUN_FILE", "MULTIGPU_INIT_METHOD", "SLURM_STEP_ID", "SLURM_STEPID"):
+                 "TORCHELASTIC_RUN_ID", "MULTIGPU_RUN_FILE", "SLURM_STEP_ID", "SLURM_STEPID"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, str(_closed_port()) if value == "@closed" else value)

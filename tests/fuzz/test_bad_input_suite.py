@@ -31,9 +31,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multigpu.cli import COMMANDS, build_parser, main
+from multigpu.cli import build_parser, commands, main
 from tests.conftest import ROOT, SCRIPTS
 from tests.payloads import evil_checkpoint, evil_sim_checkpoint
+
+COMMANDS = commands()
+"""Every command of ``multigpu --help`` (the tools and the built-in workloads that are commands)."""
 
 CASES: Counter = Counter()
 """Cases tried per command (read by conftest's terminal summary)."""

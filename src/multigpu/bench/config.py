@@ -29,7 +29,7 @@ class BenchConfig:
     """World sizes (processes per node) to run, ascending; the first is the baseline."""
 
     scaling: Literal["strong", "weak"] = "strong"
-    """strong: the global problem stays fixed; weak: it grows with the world size (MULTIGPU_SCALING)."""
+    """strong: the global problem stays fixed; weak: it grows with the world size (the run context's ``scaling``)."""
 
     repeat: int = 1
     """Runs per world size; the table shows min and median."""

@@ -1,7 +1,8 @@
 """The ``multigpu`` command line (runs outside the ranks, once per node).
 
-``main()`` builds one subparser per command module (each has ``add_parser``
-and ``run``), and is the single place that maps our errors to one line on
+``main()`` builds one subparser per command: a tool module of :data:`TOOLS`
+(each has ``add_parser`` and ``run``), or a built-in workload, whose parser
+the job contract builds from its ``Workload`` entry (:mod:`multigpu.jobs`). It is the single place that maps our errors to one line on
 stderr and the error's exit code (2 for bad input; 130 for Ctrl-C; 128 + N
 for another signal N, e.g. 143 for SIGTERM). ``--debug`` (or
 ``MULTIGPU_DEBUG=1``) shows the traceback instead, in the launcher and in the
@@ -17,39 +18,25 @@ import os
 import sys
 from collections.abc import Sequence
 
-from multigpu.argtypes import non_negative_int, positive_float, positive_int
-from multigpu.errors import MultigpuError, UsageError
+from multigpu import envvars
+from multigpu.cmdline import ArgumentParser, parse
+from multigpu.errors import MultigpuError
 
-__all__ = ["COMMANDS", "ArgumentParser", "main", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["TOOLS", "build_parser", "commands", "main"]
 
-COMMANDS = ["launch", "info", "train", "sim", "infer", "rl", "run", "bench", "verify", "doctor", "report"]
-"""Commands in ``--help`` order: a module under ``multigpu.cli``, or a workload of :data:`WORKLOAD_COMMANDS`."""
-
-WORKLOAD_COMMANDS = ("train", "sim", "infer", "rl")
-"""Built-in workloads that are commands; each goes through the one job contract (:mod:`multigpu.jobs.command`)."""
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing usage."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-    def _get_values(self, action, arg_strings):  # type: ignore[override]
-        # Python 3.10/3.11 argparse drops a lone "--" value ("--node-rank=--") and returns [] for a
-        # single-valued option, which then reaches our configs as a list: reject it here instead.
-        if action.nargs is None and action.option_strings and arg_strings == ["--"]:
-            raise argparse.ArgumentError(action, "expected one value, got '--'")
-        return super()._get_values(action, arg_strings)
+TOOLS = ("launch", "info", "run", "bench", "verify", "doctor", "report")
+"""The commands that are modules under ``multigpu.cli`` (each has ``add_parser`` and ``run``); the others are the
+built-in workloads that are commands (:func:`multigpu.jobs.registry.commands`: their ``Workload`` entries say so)."""
 
 
-def add_flag(parser: argparse.ArgumentParser, *names: str, **kwargs) -> argparse.Action:
-    """Add a dashed flag with its underscore alias (``--nproc-per-node`` and ``--nproc_per_node``)."""
-    aliases = list(names)
-    for name in names:
-        if name.startswith("--") and "-" in name[2:]:
-            aliases.append("--" + name[2:].replace("-", "_"))
-    return parser.add_argument(*aliases, **kwargs)
+def commands() -> list[str]:
+    """Every command, in ``--help`` order: launch, info, the built-in workloads, then the other tools.
+
+    Imports every built-in workload (each ``Workload`` entry says whether it is a command and gives its help).
+    """
+    from multigpu.jobs.registry import commands as workload_commands
+
+    return [*TOOLS[:2], *workload_commands(), *TOOLS[2:]]
 
 
 def build_parser(only: str | None = None) -> ArgumentParser:
@@ -66,36 +53,20 @@ def build_parser(only: str | None = None) -> ArgumentParser:
     parser.add_argument("--debug", action="store_true", default=False, help="show Python tracebacks on errors")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for name in COMMANDS:
-        if only is not None and name != only:
-            continue
-        if name in WORKLOAD_COMMANDS:
+    for name in commands() if only is None else [only]:
+        if name in TOOLS:
+            module = importlib.import_module(f"multigpu.cli.{name}")
+            command = module.add_parser(sub)
+            command.set_defaults(_run=module.run)
+        else:
             from multigpu.jobs.command import add_workload_parser, run_command
             from multigpu.jobs.registry import builtin
 
             workload = builtin(name)
             command = add_workload_parser(sub, workload)
             command.set_defaults(_run=functools.partial(run_command, workload))
-        else:
-            module = importlib.import_module(f"multigpu.cli.{name}")
-            command = module.add_parser(sub)
-            command.set_defaults(_run=module.run)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
-
-
-def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """``parse_args``, except that a workload command's ``key=value`` overrides may stand anywhere, between flags
-    too (``multigpu train steps=9 --nproc-per-node 2 lr=1e-3``): argparse takes one run of positionals only."""
-    args, extra = parser.parse_known_args(argv)
-    if extra and isinstance(getattr(args, "overrides", None), list):
-        stray = [e for e in extra if "=" not in e or e.startswith("-")]
-        if not stray:
-            args.overrides += extra
-            return args
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -103,10 +74,14 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
     The top-level options (--debug, --version, --help) take no value, so the first other word is the command.
     None (a typo, no command, --help) makes ``main`` build every subparser, so the usage and the list of
-    valid commands are complete.
+    valid commands are complete. Only a built-in workload's name imports that one workload (to ask its entry).
     """
     first = next((a for a in argv if not a.startswith("-")), None)
-    return first if first in COMMANDS else None
+    if first is None or first in TOOLS:
+        return first
+    from multigpu.jobs.registry import is_command
+
+    return first if is_command(first) else None
 
 
 def _version() -> str:
@@ -118,13 +93,13 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("MULTIGPU_DEBUG") == "1"
-    if debug and os.environ.get("MULTIGPU_DEBUG") != "1":
-        os.environ["MULTIGPU_DEBUG"] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
+    debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
+    if debug and os.environ.get(envvars.DEBUG) != "1":
+        os.environ[envvars.DEBUG] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
         try:
             return main(argv)
         finally:
-            os.environ.pop("MULTIGPU_DEBUG", None)
+            os.environ.pop(envvars.DEBUG, None)
     try:
         args = parse(build_parser(_command_of(argv)), argv)
         if getattr(args, "_run", None) is None:

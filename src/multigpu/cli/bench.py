@@ -22,8 +22,11 @@ HELP = "run a workload at several world sizes: speedup, efficiency, communicatio
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from multigpu.cli import add_flag, positive_int
-    from multigpu.cli.launch import add_launch_flags, add_target_args
+    from multigpu.argtypes import positive_int
+    from multigpu.cli.launch import add_target_args
+    from multigpu.cmdline import add_flag
+    from multigpu.jobs.registry import BUILTIN
+    from multigpu.launch.flags import add_launch_flags
 
     parser = subparsers.add_parser("bench", help=HELP, description=HELP)
     parser.add_argument("--nproc", required=True, metavar="N,M,...",
@@ -39,7 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_launch_flags(parser)
     add_target_args(parser, metavar="script.py|workload",
                     help="a script (measured by its StepMeter, else by wall clock), a built-in workload "
-                         "(train, sim, infer, rl, envs) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
+                         f"({', '.join(BUILTIN)}) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
     return parser
 
 
@@ -90,8 +93,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from multigpu.bench import BenchConfig, parse_nproc, resolve_target, run_bench
-    from multigpu.cli.launch import config_from_args
     from multigpu.errors import ConfigError
+    from multigpu.launch.flags import config_from_args
 
     # everything that can be wrong with the input fails here, before any folder or process exists
     if args.nproc_per_node != "auto":

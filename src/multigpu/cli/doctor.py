@@ -17,7 +17,7 @@ HELP = "check drivers, backends, device variables, shared memory, ports, network
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from multigpu.cli import add_flag
+    from multigpu.cmdline import add_flag
 
     parser = subparsers.add_parser("doctor", help=HELP, description=HELP)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

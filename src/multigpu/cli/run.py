@@ -18,15 +18,17 @@ HELP = "run a workload defined anywhere (pkg.module:WORKLOAD) on every selected 
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from multigpu.jobs.registry import BUILTIN
+
     parser = subparsers.add_parser("run", help=HELP, description=HELP, add_help=True)
     parser.add_argument("workload", metavar="pkg.module:WORKLOAD",
-                        help="a multigpu.jobs.Workload object, or a built-in name (train, sim, infer, rl, envs)")
+                        help=f"a multigpu.jobs.Workload object, or a built-in name ({', '.join(BUILTIN)})")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the workload's config, overrides and launcher flags")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from multigpu.cli import ArgumentParser
+    from multigpu.cmdline import ArgumentParser, parse
     from multigpu.jobs.command import add_workload_parser, run_command
     from multigpu.jobs.registry import get_workload
 
@@ -34,7 +36,5 @@ def run(args: argparse.Namespace) -> int:
     parser = ArgumentParser(prog="multigpu run")
     sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     add_workload_parser(sub, workload, name=args.workload)
-    from multigpu.cli import parse
-
     inner = parse(parser, [args.workload, *args.args])
     return run_command(workload, inner, spec=args.workload)

@@ -2,6 +2,7 @@
 
     multigpu verify --nproc 1,2,3 examples/verify_independent.py            # passes
     multigpu verify --nproc 1,2,3 --rtol 1e-6 train.py
+    multigpu verify --nproc 1,2 --rtol 0.01 train eval_every=20   # a workload: train records val_loss when it evaluates
 
 The script names its results with ``mg.verify.record(name, value)``; each run
 gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
@@ -27,8 +28,10 @@ def _tolerance(text: str) -> float:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from multigpu.cli import add_flag
-    from multigpu.cli.launch import add_launch_flags, add_target_args
+    from multigpu.cli.launch import add_target_args
+    from multigpu.cmdline import add_flag
+    from multigpu.jobs.registry import BUILTIN
+    from multigpu.launch.flags import add_launch_flags
 
     parser = subparsers.add_parser("verify", help=HELP, description=HELP)
     parser.add_argument("--nproc", required=True, metavar="N,M,...",
@@ -38,14 +41,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flag(parser, "--run-dir", "-o", default=None,
              help="keep the recorded results here (default: a temporary folder, removed afterwards)")
     add_launch_flags(parser)
-    add_target_args(parser, metavar="script.py", help="the script that calls mg.verify.record")
+    add_target_args(parser, metavar="script.py|workload",
+                    help="a script that calls mg.verify.record, a built-in workload "
+                         f"({', '.join(BUILTIN)}) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from multigpu.bench import Launcher, configs_for, parse_nproc, resolve_target
-    from multigpu.cli.launch import config_from_args
     from multigpu.errors import ConfigError, MultigpuError
+    from multigpu.launch.flags import config_from_args
     from multigpu.verify import load_results
     from multigpu.verify.compare import compare, tolerance_hint
 

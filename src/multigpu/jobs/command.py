@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multigpu.cmdline import add_flag
 from multigpu.config import apply_overrides, from_dict, load_yaml, to_dict
 from multigpu.errors import ConfigError
 from multigpu.jobs.workload import JobPlan, Workload
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import HostFacts, plan_devices
+from multigpu.launch.flags import add_launch_flags, config_from_args
 from multigpu.runtime.context import RunContext
 
 __all__ = ["Job", "add_workload_parser", "choose_run_dir", "launch_job", "load_workload_config", "prepare",
@@ -64,9 +66,6 @@ def _flag_dest(key: str) -> str:
 def add_workload_parser(subparsers, workload: Workload, *, name: str | None = None,
                         help: str | None = None) -> argparse.ArgumentParser:
     """The parser of ``multigpu <workload>``: config, overrides, run directory, resume, shortcuts, launcher flags."""
-    from multigpu.cli import add_flag
-    from multigpu.cli.launch import add_launch_flags
-
     text = help or workload.help
     parser = subparsers.add_parser(name or workload.name, help=text, description=text)
     default = f"the preset '{workload.preset}'" if workload.preset else "the built-in defaults"
@@ -85,8 +84,6 @@ def add_workload_parser(subparsers, workload: Workload, *, name: str | None = No
 
 def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
     """``--set``, ``--run-dir`` and ``--resume``: the same on every workload command."""
-    from multigpu.cli import add_flag
-
     parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override, repeatable (the same as a positional key=value)")
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
@@ -216,7 +213,6 @@ def launch_job(job: Job, run: RunContext | None = None) -> None:
 
 def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | None = None) -> int:
     """``multigpu <workload> ...``: config, check, run directory, launch."""
-    from multigpu.cli.launch import config_from_args
     from multigpu.jobs import rundir
 
     launch_cfg = config_from_args(args)  # also translates other launchers' flags

@@ -10,7 +10,7 @@ import importlib
 from multigpu.errors import ConfigError
 from multigpu.jobs.workload import Workload
 
-__all__ = ["BUILTIN", "get_workload", "is_workload_spec"]
+__all__ = ["BUILTIN", "builtin", "commands", "get_workload", "is_command", "is_workload_spec"]
 
 BUILTIN: dict[str, str] = {
     "train": "multigpu.train.job:WORKLOAD",
@@ -19,7 +19,8 @@ BUILTIN: dict[str, str] = {
     "rl": "multigpu.rl.job:WORKLOAD",
     "envs": "multigpu.envs.job:WORKLOAD",
 }
-"""name -> where its :class:`Workload` object lives."""
+"""name -> where its :class:`Workload` entry lives: the one line that makes a workload built in. Everything
+else about it (whether it is a command, its help, its preset, its ``bench`` overrides) is in that entry."""
 
 
 def is_workload_spec(text: str) -> bool:
@@ -43,4 +44,15 @@ def get_workload(spec: str) -> Workload:
 
 def builtin(name: str) -> Workload:
     """A built-in workload by name (imports its module)."""
-    return importlib.import_module(BUILTIN[name].partition(":")[0]).WORKLOAD
+    module, _, attr = BUILTIN[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def commands() -> list[str]:
+    """The built-ins that are commands (``multigpu <name>``), in :data:`BUILTIN`'s order; imports each."""
+    return [name for name in BUILTIN if builtin(name).command]
+
+
+def is_command(name: str) -> bool:
+    """True for a built-in workload whose entry makes it a command; imports that one only."""
+    return name in BUILTIN and builtin(name).command

@@ -48,11 +48,13 @@ import sys
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
 """Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
 
+# Copies of multigpu.envvars (which documents them): this file runs before anything of multigpu may be imported
+# (multigpu's package imports torch); tests/unit/test_envvars.py holds them equal.
 LAUNCHER_PID_VAR = "MULTIGPU_LAUNCHER_PID"
-"""The launcher's pid: the parent every worker must have (set by the launcher)."""
-
 DEVICE_MAP_VAR = "MULTIGPU_DEVICE_MAP"
-"""``--isolate-devices``: the physical GPU of each local rank, comma-separated (set by the launcher)."""
+RUN_FILE_VAR = "MULTIGPU_RUN_FILE"
+STACKS_DIR_VAR = "MULTIGPU_STACKS_DIR"
+DEBUG_VAR = "MULTIGPU_DEBUG"
 
 
 def worker_device_env(env, local_rank: int) -> dict[str, str]:
@@ -204,7 +206,7 @@ def _wall_file() -> str | None:
     """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
     import json
 
-    path = os.environ.get("MULTIGPU_RUN_FILE")
+    path = os.environ.get(RUN_FILE_VAR)
     if not path:
         return None
     try:
@@ -244,7 +246,7 @@ def main(argv: list[str]) -> None:
         os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
     if sys.path and os.path.abspath(sys.path[0]) == _HERE:
         del sys.path[0]  # never let this folder shadow modules named config, agent, ...; _run adds the right one
-    _register_stack_dumps(os.environ.get("MULTIGPU_STACKS_DIR"), os.environ.get("RANK", "0"))
+    _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -254,7 +256,7 @@ def main(argv: list[str]) -> None:
     try:
         record(_timed(_run, _wall_file()))(argv)
     except KeyboardInterrupt:
-        if os.environ.get("MULTIGPU_DEBUG") == "1":
+        if os.environ.get(DEBUG_VAR) == "1":
             raise
         sys.exit(130)  # the launcher reports the interrupt once, for the whole job
 

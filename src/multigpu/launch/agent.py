@@ -34,6 +34,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig as TorchLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
 
+from multigpu import envvars
 from multigpu.errors import (
     ConfigError,
     InterruptedBySignalError,
@@ -47,7 +48,7 @@ from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
-from multigpu.runtime.context import RUN_FILE_VAR, RunContext
+from multigpu.runtime.context import RunContext
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
@@ -120,8 +121,8 @@ def build_plan(
         log_dir = tempfile.mkdtemp(prefix="multigpu_logs_")
     run_file = Path(run.run_dir or log_dir) / "run.json"
     env = dict(devices.env)
-    env["MULTIGPU_STACKS_DIR"] = str(Path(log_dir) / "stacks")
-    env[RUN_FILE_VAR] = str(run_file.resolve())
+    env[envvars.STACKS_DIR] = str(Path(log_dir) / "stacks")
+    env[envvars.RUN_FILE] = str(run_file.resolve())
     if job is None:  # a script: what `accelerate launch` gives it
         if cfg.mixed_precision is not None:
             env["ACCELERATE_MIXED_PRECISION"] = {"fp32": "no"}.get(cfg.mixed_precision, cfg.mixed_precision)
@@ -129,7 +130,7 @@ def build_plan(
             # accelerate's Accelerator forms one job of CPU ranks only with this (its launcher's --cpu); without
             # it every rank is a single-process "DistributedType.NO" copy that trains on all the data
             env.setdefault("ACCELERATE_USE_CPU", "true")
-    env[_worker.LAUNCHER_PID_VAR] = str(os.getpid())  # every worker dies with this process (PR_SET_PDEATHSIG)
+    env[envvars.LAUNCHER_PID] = str(os.getpid())  # every worker dies with this process (PR_SET_PDEATHSIG)
     # torch's handler would open a store of its own for the workers, on every interface; the `multigpu`
     # rendezvous backend gives them one per round on the endpoint's address instead (launch/stores.py)
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -201,7 +202,7 @@ def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[s
 @contextlib.contextmanager
 def _quiet_agent_logs() -> Iterator[None]:
     """torch's agent logs every worker exit and signal; our summary says it once, readably (``--debug``: all)."""
-    if os.environ.get("MULTIGPU_DEBUG") == "1":
+    if os.environ.get(envvars.DEBUG) == "1":
         yield
         return
     loggers = [logging.getLogger("torch.distributed.elastic")] + [

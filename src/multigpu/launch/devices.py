@@ -24,8 +24,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from multigpu import envvars
 from multigpu.errors import ConfigError, DeviceError
-from multigpu.launch._worker import DEVICE_MAP_VAR, DEVICE_VARIABLES
+from multigpu.launch._worker import DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
 
 __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
@@ -247,7 +248,7 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
     env: dict[str, str] = {}
     isolated = cfg.isolate_devices or shared  # a shared GPU is each of its workers' cuda:0
     if isolated:
-        env[DEVICE_MAP_VAR] = ",".join(ids)
+        env[envvars.DEVICE_MAP] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     if shared:

@@ -13,32 +13,8 @@ get (another run directory, weak scaling, a verify folder, ``resume="auto"``);
 the workload code is the same. A process started without the launcher
 (``python script.py``, ``srun``, plain ``torchrun``) gets the defaults.
 
-The variables that cross from the launcher into the workers, all of them:
-
-=========================  ==================================================================
-``MULTIGPU_RUN_FILE``      this file (everything below ``run`` and the workload's config)
-``MULTIGPU_DEVICE_MAP``    ``--isolate-devices``: physical GPU per local rank; the worker
-                           wrapper sets ``CUDA_VISIBLE_DEVICES``, ``QD_VISIBLE_DEVICE``,
-                           ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` from it before Python
-                           imports anything (CUDA and renderers read them at import)
-``MULTIGPU_STACKS_DIR``    where each worker dumps its stack on SIGTERM/SIGUSR1 (registered
-                           before the user's code runs)
-``MULTIGPU_LAUNCHER_PID``  the launcher's pid: the worker wrapper arms ``PR_SET_PDEATHSIG``
-                           before the user's code runs, and dies at once if its parent is
-                           already another process
-``GLOO_SOCKET_IFNAME``     on one node, the loopback interface (unless already set): gloo
-                           listens there instead of on the host name's address
-``CUDA_VISIBLE_DEVICES``   the selected GPUs (without isolation); ``OMP_NUM_THREADS``: the
-                           thread budget (read by the OpenMP runtime at start)
-=========================  ==================================================================
-
-plus torchrun's own (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_USE_AGENT_STORE``, ...) and
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (read by the launcher's rendezvous,
-see :mod:`multigpu.launch.stores`). ``MULTIGPU_DEBUG`` is set by ``multigpu
---debug`` (or by the user): tracebacks instead of one line. One more is read
-but never set by the launcher: ``MULTIGPU_INIT_METHOD`` (the in-process test
-harness :func:`multigpu.testing.run_on_ranks` points ranks at a file store).
+The variables that cross from the launcher into the workers, all of them, with
+every other ``MULTIGPU_*`` name, are listed in :mod:`multigpu.envvars`.
 """
 
 from __future__ import annotations
@@ -51,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multigpu import envvars
 from multigpu.errors import ConfigError
 
 __all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "restart_count",
            "set_current"]
 
-RUN_FILE_VAR = "MULTIGPU_RUN_FILE"
+RUN_FILE_VAR = envvars.RUN_FILE
 """The one variable through which the launcher tells a rank about its run."""
 
 SCALINGS = ("strong", "weak")

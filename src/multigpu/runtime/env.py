@@ -9,7 +9,7 @@ so tests pass dictionaries.
 Rank variables can also be leftovers: ``WORLD_SIZE=2 RANK=0`` exported in a
 shell, ``SLURM_PROCID`` inside an ``sbatch`` script run without ``srun``.
 :func:`launcher_variable` names the variable that shows a launcher is really
-there (torchrun's agent, ``multigpu launch``, the test harness, ``srun``);
+there (torchrun's agent, ``multigpu launch``, ``srun``);
 without one, ``mg.init`` says what it found and waits only briefly.
 """
 
@@ -23,15 +23,16 @@ from typing import Literal
 
 import torch
 
+from multigpu import envvars
 from multigpu.errors import ConfigError
 
 __all__ = ["LAUNCHER_VARIABLES", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist", "found_variables",
            "launcher_variable", "read_placement", "slurm_master_port"]
 
-LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "MULTIGPU_RUN_FILE", "MULTIGPU_INIT_METHOD", "SLURM_STEP_ID",
-                      "SLURM_STEPID")
-"""Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch``, the in-process test
-harness (:func:`multigpu.testing.run_on_ranks`), and ``srun`` (a job step)."""
+LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", envvars.RUN_FILE, "SLURM_STEP_ID", "SLURM_STEPID")
+"""Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch`` and ``srun`` (a job
+step). A caller that brings its own rendezvous (``mg.init(init_method=...)``, as the test harness does) needs
+none of them."""
 
 _RANK_VARIABLES = {
     "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"),

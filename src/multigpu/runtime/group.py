@@ -107,6 +107,7 @@ def init(
     seed_per_rank: bool = False,
     timeout_s: float | None = None,
     threads: int | None = None,
+    init_method: str | None = None,
 ) -> DistEnv:
     """Join the job and return this rank's :class:`DistEnv`. Call on all ranks, once, at the start.
 
@@ -124,6 +125,10 @@ def init(
             instead of hanging.
         threads: CPU threads for this rank; default ``OMP_NUM_THREADS`` if set,
             else ``max(1, cores // local_world_size)``.
+        init_method: Where the ranks meet, as torch's ``init_process_group`` takes it
+            (``file:///shared/store``, ``tcp://host:port``); the rank variables still give
+            rank and world size. None (default): the launcher's rendezvous (``MASTER_ADDR``
+            and ``MASTER_PORT``, or SLURM's).
 
     Example (world_size=2)::
 
@@ -131,7 +136,8 @@ def init(
                                 # rank 1 -> DistEnv(rank=1, ...)
     """
     global _ENV, _INIT_ARGS, _TIMEOUT_S, _MONITOR_GROUP
-    args = dict(backend=backend, seed=seed, seed_per_rank=seed_per_rank, timeout_s=timeout_s, threads=threads)
+    args = dict(backend=backend, seed=seed, seed_per_rank=seed_per_rank, timeout_s=timeout_s, threads=threads,
+                init_method=init_method)
     if _ENV is not None:
         if args != _INIT_ARGS:
             changed = ", ".join(f"{k}={v!r}" for k, v in args.items() if _INIT_ARGS.get(k) != v)
@@ -156,7 +162,7 @@ def init(
         _seed_all(seed + placement.rank if seed_per_rank else seed)
 
     if pg_backend != "none" and not dist.is_initialized():
-        _init_process_group(pg_backend, placement, dev, wait_s=timeout_s or NO_LAUNCHER_WAIT_S)
+        _init_process_group(pg_backend, placement, dev, init_method, wait_s=timeout_s or NO_LAUNCHER_WAIT_S)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
     if run.stall_timeout_s is not None:
@@ -175,8 +181,8 @@ def init(
     return _ENV
 
 
-def _init_process_group(pg_backend: str, placement, dev: torch.device, *, wait_s: float) -> None:
-    init_method = os.environ.get("MULTIGPU_INIT_METHOD")  # e.g. file:///tmp/x/store (the test harness)
+def _init_process_group(pg_backend: str, placement, dev: torch.device, init_method: str | None, *,
+                        wait_s: float) -> None:
     found = found_variables(placement.source)
     if init_method is None and (placement.master_addr is None or placement.master_port is None):
         raise ConfigError(f"multigpu.init(): {found} say this is one of {placement.world_size} ranks, but MASTER_ADDR "
@@ -227,7 +233,7 @@ def _store_without_launcher(placement, found: str, wait_s: float) -> dist.Store:
     import time
 
     host, port = placement.master_addr, placement.master_port
-    print(f"multigpu.init(): {found} are set but no launcher is ({', '.join(LAUNCHER_VARIABLES[:3])} and "
+    print(f"multigpu.init(): {found} are set but no launcher is ({', '.join(LAUNCHER_VARIABLES[:2])} and "
           f"SLURM_STEP_ID are not); waiting at most {wait_s:g} s for the other {placement.world_size - 1} rank(s) at "
           f"{host}:{port}", file=sys.stderr, flush=True)
     late = (f"multigpu.init(): the other rank(s) did not join at {host}:{port} within {wait_s:g} s; {found} look "

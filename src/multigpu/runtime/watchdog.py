@@ -22,6 +22,8 @@ import threading
 import time
 import traceback
 
+from multigpu import envvars
+
 __all__ = ["StallError", "heartbeat", "start", "stop"]
 
 _LAST_BEAT = time.monotonic()
@@ -74,7 +76,7 @@ def _fire(rank: int, stall_s: float) -> None:
         f"rank {rank} made no progress for {silent:.0f}s (stall timeout {stall_s:g}s) and is at {_where(frames)}; "
         f"its last progress was {_LAST_WHAT}"
     )
-    folder = os.environ.get("MULTIGPU_STACKS_DIR")
+    folder = os.environ.get(envvars.STACKS_DIR)
     if folder:
         os.makedirs(folder, exist_ok=True)
         _write_stack(os.path.join(folder, f"rank{rank}.txt"), frames)

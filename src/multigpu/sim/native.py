@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from multigpu import envvars
+
 __all__ = ["available", "kernels", "outside", "permute", "row_order"]
 
 _SOURCE = r"""
@@ -219,7 +221,7 @@ def _cpu_tag() -> str:
 
 def _build() -> ctypes.CDLL | bool:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or os.environ.get("MULTIGPU_NATIVE", "1") == "0":
+    if cc is None or os.environ.get(envvars.NATIVE, "1") == "0":
         return False
     digest = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multigpu" / "native"

@@ -63,7 +63,6 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
             "GROUP_RANK": "0",
-            "MULTIGPU_INIT_METHOD": f"file://{store_dir}/store",
             "OMP_NUM_THREADS": str(threads),
             **({"CUDA_VISIBLE_DEVICES": ""} if backend == "cpu" else {}),  # CPU ranks never touch a GPU
             **env,
@@ -75,7 +74,8 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
     try:
         import multigpu as mg
 
-        mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads)
+        mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads,
+                init_method=f"file://{store_dir}/store")  # its own rendezvous: no launcher variable is faked
         value = fn(*args, **kwargs)
         mg.shutdown(barrier=False)
         # plain pickle copies tensor data; the queue's own pickler would share memory that dies with this process

@@ -33,6 +33,7 @@ import threading
 import torch
 
 import multigpu as mg
+from multigpu import envvars
 
 __all__ = ["InterruptFlag"]
 
@@ -43,7 +44,7 @@ _STACK_FILE = None  # kept open while faulthandler writes to its descriptor
 
 
 def _stack_path() -> str | None:
-    folder = os.environ.get("MULTIGPU_STACKS_DIR")
+    folder = os.environ.get(envvars.STACKS_DIR)
     return os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.txt") if folder else None
 
 

@@ -241,14 +241,18 @@ def sample(model, data, cfg: TrainJobConfig, device) -> str:
     return data.decode(out[0].tolist())
 
 
-def export(model, path: Path) -> Path:
-    """The trained weights as safetensors (shared tensors such as tied embeddings stored once). Rank 0 only."""
-    from safetensors.torch import save_model
+def export(model, path: Path, state: dict | None = None) -> Path:
+    """The trained weights as safetensors (shared tensors such as tied embeddings stored once). Rank 0 only.
 
-    from multigpu.files import atomic_path
-
-    with atomic_path(path) as tmp:
-        save_model(model, str(tmp))
+    ``state``: the gathered state of a sharded model (:func:`full_state`); None reads ``model.state_dict()``.
+    A Hugging Face model also gets its ``config.json`` (and ``generation_config.json``) beside the weights,
+    so the folder is one that ``from_pretrained`` loads.
+    """
+    export_state(model.state_dict() if state is None else state, path)
+    for name in ("config", "generation_config"):  # what from_pretrained reads beside model.safetensors
+        part = getattr(model, name, None)
+        if part is not None and callable(getattr(part, "save_pretrained", None)):
+            part.save_pretrained(str(path.parent))
     return path
 
 
@@ -265,10 +269,23 @@ def full_state(model) -> dict | None:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not mg.is_main():
         return None
+    # a dimension not divisible by the world size is padded by fsdp, and the gathered tensor is a view of that
+    # padded storage: safetensors refuses a tied pair that covers no storage whole, so each gets its own
+    state = {name: _own_storage(value) for name, value in state.items()}
     first: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         state[name] = state[first.setdefault(id(param), name)]
     return state
+
+
+def _own_storage(tensor):
+    """``tensor`` itself when it is the whole of a contiguous storage, else a contiguous copy."""
+    import torch
+
+    whole = tensor.numel() * tensor.element_size()
+    if tensor.is_contiguous() and tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == whole:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class _StateOnly:
@@ -287,8 +304,8 @@ def export_state(state: dict, path: Path) -> Path:
 
     from multigpu.files import atomic_path
 
-    with atomic_path(path) as tmp:
-        save_model(_StateOnly(state), str(tmp))  # drops the duplicate names of tied tensors, as for a plain model
+    with atomic_path(path) as tmp:  # drops the duplicate names of tied tensors, as for a plain model
+        save_model(_StateOnly(state), str(tmp), metadata={"format": "pt"})  # the format from_pretrained expects
     return path
 
 
@@ -318,7 +335,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
             (run_dir / "sample.txt").write_text(text)
         if exporting:
             out = run_dir / "model.safetensors"
-            print(f"exported: {export_state(state, out) if sharded else export(model, out)}", flush=True)
+            print(f"exported: {export(model, out, state)}", flush=True)
         val = f"val_loss {trainer.last_val_loss:.4f}, " if trainer.last_val_loss is not None else ""
         mfu = f" (MFU {summary['mfu']:.1%})" if summary.get("mfu") is not None else ""
         print(f"done: step {trainer.step}, {val}{summary.get('throughput', 0.0):,.0f} {cfg.unit}/s{mfu}; "

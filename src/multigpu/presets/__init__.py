@@ -1,4 +1,5 @@
-"""Configs that ship inside the package: ``-f nano`` finds ``multigpu/presets/nano.yaml`` (runs in the launcher).
+"""Configs that ship inside the package, beside this file: ``-f nano`` finds ``multigpu/presets/nano.yaml``
+(runs in the launcher; below everything but :mod:`multigpu.errors`, so the config loader can use it).
 
 ``-f`` takes a path first (``-f configs/mine.yaml``); a name that is no file is
 looked up among the presets, with or without ``.yaml``.
@@ -15,7 +16,7 @@ __all__ = ["find_config", "preset_names"]
 
 
 def _folder():
-    return resources.files("multigpu") / "presets"
+    return resources.files("multigpu.presets")
 
 
 def preset_names() -> list[str]:

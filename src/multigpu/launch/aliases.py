@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from multigpu.cmdline import add_flag
 from multigpu.errors import ConfigError
 
 __all__ = ["add_alias_flags", "translate"]
@@ -34,8 +35,6 @@ _SUPPRESS = argparse.SUPPRESS
 
 def add_alias_flags(group) -> None:
     """The other launchers' flags, hidden from ``--help`` (the README lists them)."""
-    from multigpu.cli import add_flag
-
     for name, dest in [("--master-addr", "alias_master_addr"), ("--master-port", "alias_master_port"),
                        ("--rdzv-backend", "alias_rdzv_backend"), ("--rdzv-id", "alias_rdzv_id"),
                        ("--num-processes", "alias_num_processes"), ("--num-machines", "alias_num_machines"),

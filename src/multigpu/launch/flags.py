@@ -1,0 +1,201 @@
+"""The launcher flags and their translation into a :class:`LaunchConfig` (runs in the launcher).
+
+Every command that launches takes them (``multigpu launch``, each workload,
+``bench``, ``verify``): :func:`add_launch_flags` adds them to a parser and
+:func:`config_from_args` reads them back, with the other launchers' spellings
+translated (:mod:`multigpu.launch.aliases`). Argument building lives here,
+below both the command line and the job layer, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from multigpu.argtypes import non_negative_int, positive_float, positive_int
+from multigpu.cmdline import add_flag
+from multigpu.errors import ConfigError
+from multigpu.launch.aliases import add_alias_flags, translate
+from multigpu.launch.config import LaunchConfig
+
+__all__ = ["add_launch_flags", "config_from_args"]
+
+
+def _nproc(text: str) -> int | str:
+    """``N``, ``auto``, or torchrun's ``gpu`` (one per GPU) and ``cpu`` (one per core, on the CPU)."""
+    if text in ("auto", "gpu", "cpu"):
+        return text
+    return positive_int(text)
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """The launcher flags, shared by every command that launches (launch, train, sim, ...)."""
+    g = parser.add_argument_group("launch")
+    add_flag(g, "--gpus", metavar="all|N|I,J", help="GPUs to use: all, the first N, or indices such as 0,2")
+    add_flag(g, "--nproc-per-node", type=_nproc, default="auto", metavar="N|auto|gpu|cpu",
+             help="workers on this node (default auto: one per selected GPU, else 1; gpu: one per GPU; "
+                  "cpu: one per core, on the CPU)")
+    add_flag(g, "--cpu", action="store_true", help="run every rank on the CPU (gloo), even with GPUs")
+    add_flag(g, "--nnodes", type=positive_int, default=None,
+             help="number of machines (default 1, or what SLURM/PET_*/LSF/mpirun says)")
+    add_flag(g, "--node-rank", type=non_negative_int, default=None,
+             help="this machine's index in [0, nnodes) (default 0, or the scheduler's)")
+    add_flag(g, "--rdzv-endpoint", default=None, metavar="HOST:PORT",
+             help="rendezvous store address, the same on every node (default localhost:0: a free port, one node; "
+                  "under a scheduler, its first node)")
+    add_flag(g, "--rdzv-conf", action="append", default=[], metavar="KEY=VALUE",
+             help="extra c10d rendezvous setting, repeatable (e.g. is_host=false)")
+    add_flag(g, "--run-id", default=None, help="job id shared by all nodes")
+    add_flag(g, "--standalone", action="store_true", help="single node with a free port (same as the default endpoint)")
+    add_flag(g, "--max-restarts", type=non_negative_int, default=0, help="restart the worker group up to K times")
+    add_flag(g, "--isolate-devices", action="store_true",
+             help="each worker sees only its GPU (CUDA/QD/TI_VISIBLE_DEVICE(S), EGL_DEVICE_ID)")
+    add_flag(g, "--allow-cpu-ranks", action="store_true",
+             help="ranks beyond the GPU count run on the CPU (hybrid job on gloo)")
+    add_flag(g, "--share-gpus", action="store_true",
+             help="more ranks than GPUs share them round-robin (each pinned to its GPU); collectives over gloo")
+    add_flag(g, "--log-dir", default=None, help="folder for each worker's stdout/stderr and error file")
+    add_flag(g, "--tee", default=None, metavar="0-3|R:S,...",
+             help="torchrun's --tee: streams also written to log files (1 stdout, 2 stderr, 3 both; per rank 0:3,1:0)")
+    add_flag(g, "--redirects", default=None, metavar="0-3|R:S,...",
+             help="torchrun's --redirects: streams written to log files only (same values as --tee)")
+    add_flag(g, "--local-ranks-filter", type=_ranks, default=None, metavar="R,R",
+             help="show only these local ranks' output here (the others: log files only)")
+    add_flag(g, "--rank-prefix", action="store_true",
+             help="prefix each line a worker prints with [rank<R>]: (as with --log-dir)")
+    add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
+    add_flag(g, "--stall-timeout-s", type=positive_float, default=None,
+             help="end the job when a rank makes no progress (no collective, no step) for this long")
+    add_flag(g, "--threads", type=positive_int, default=None, help="CPU threads per rank (default cores // nproc)")
+    add_flag(g, "--profile", action="store_true",
+             help="torch.profiler trace per rank for a window of steps, into the run directory")
+    add_alias_flags(g)
+    add_flag(g, "--profile-steps", type=_profile_window, default=(1, 1, 3), metavar="WAIT,WARMUP,ACTIVE",
+             help="the profiler's window of steps (default 1,1,3)")
+    add_flag(g, "--sample-interval-s", type=_seconds_or_zero, default=1.0, metavar="S",
+             help="seconds between device samples (CPU, memory, GPUs) in the run directory; 0: off (default 1)")
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: local ranks such as 0 or 0,1") from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: local ranks >= 0 such as 0 or 0,1")
+    return ranks
+
+
+def _profile_window(text: str) -> tuple[int, int, int]:
+    from multigpu.monitor.profile import parse_window
+
+    try:
+        return parse_window(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--profile-steps ")) from None
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is invalid; valid: seconds >= 0 (0: off)")
+    return value
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """LaunchConfig from the parsed launcher flags."""
+    placement = _scheduler_placement(args)
+    translate(args)
+    _apply_placement(args, placement)
+    nproc = args.nproc_per_node
+    if nproc == "cpu":  # torchrun: one worker per core, on the CPU
+        from multigpu.runtime.env import cpu_count
+
+        nproc, args.cpu = cpu_count(), True
+    elif nproc == "gpu":
+        from multigpu.launch.devices import HostFacts
+
+        if HostFacts.probe().gpu_count == 0:
+            raise ConfigError("--nproc-per-node gpu asks for one worker per GPU, but this machine has no visible "
+                              "GPU; valid here: --nproc-per-node N or cpu")
+        nproc = "auto"
+    rdzv_conf = {}
+    for item in args.rdzv_conf:
+        for pair in item.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--rdzv-conf {item!r} must look like key=value, e.g. is_host=false")
+            rdzv_conf[key.strip()] = value.strip()
+    endpoint = args.rdzv_endpoint
+    if args.standalone:
+        if args.nnodes != 1:
+            raise ConfigError(f"--standalone runs one node, but --nnodes is {args.nnodes}; drop one of them")
+        endpoint = "localhost:0"
+    cfg = LaunchConfig(
+        nproc_per_node=nproc,
+        gpus=args.gpus,
+        cpu=args.cpu,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=endpoint,
+        rdzv_conf=rdzv_conf,
+        run_id=args.run_id,
+        max_restarts=args.max_restarts,
+        isolate_devices=args.isolate_devices,
+        allow_cpu_ranks=args.allow_cpu_ranks,
+        share_gpus=args.share_gpus,
+        log_dir=args.log_dir,
+        timeout_s=args.timeout_s,
+        stall_timeout_s=args.stall_timeout_s,
+        threads=args.threads,
+        profile=args.profile,
+        profile_steps=args.profile_steps,
+        sample_interval_s=args.sample_interval_s,
+        mixed_precision=getattr(args, "mixed_precision", None),
+        tee=args.tee,
+        redirects=args.redirects,
+        local_ranks_filter=args.local_ranks_filter,
+        rank_prefix=args.rank_prefix,
+    )
+    from multigpu.launch.rendezvous import check_endpoint
+
+    check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    return cfg
+
+
+def _scheduler_placement(args: argparse.Namespace):
+    """The scheduler's word on this node (SLURM, PET_*, LSF, Open MPI), or None; its node count also divides
+    accelerate's --num-processes (translate) when --nnodes is not given."""
+    import os
+
+    from multigpu.launch.schedulers import from_environment
+
+    placement = from_environment(os.environ)
+    if args.nnodes is None and placement is not None and getattr(args, "alias_num_machines", None) is None:
+        args.nnodes = placement.nnodes
+    return placement
+
+
+def _apply_placement(args: argparse.Namespace, placement) -> None:
+    """Fill the flags not given by hand from the scheduler; a flag that contradicts it is one line."""
+    defaults = {"nnodes": 1, "node_rank": 0, "rdzv_endpoint": "localhost:0"}
+    if placement is None:
+        for name, value in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return
+    said = {"nnodes": placement.nnodes, "node_rank": placement.node_rank, "rdzv_endpoint": placement.rdzv_endpoint}
+    for name, value in said.items():
+        given = getattr(args, name)
+        if value is None:
+            setattr(args, name, defaults[name] if given is None else given)
+        elif given is None:
+            setattr(args, name, value)
+        elif given != value:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {given} contradicts {placement.scheduler}, which says {value} for this node; "
+                              f"drop {flag} or run outside the scheduler's step")
+    if placement.nproc_per_node is not None and args.nproc_per_node == "auto":
+        args.nproc_per_node = placement.nproc_per_node
