@@ -59,7 +59,8 @@ def _compute_per_item(summary: dict[str, Any]) -> float | None:
 
 
 NOT_MEASURED = "—"
-"""How a figure that was not measured (comm share and imbalance under DDP's NCCL all-reduce) is shown: never 0."""
+"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
+measured by wall clock): never as 0."""
 
 
 def shown(value: float | None, spec: str) -> str:
