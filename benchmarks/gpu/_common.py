@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+
 def peak_bf16_flops(device_name: str) -> float | None:
     """The dense bf16 peak of a GPU from its exact name (the package's table), or None when it is not there."""
     from multigpu.train.mfu import peak_tflops_for
