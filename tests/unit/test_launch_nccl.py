@@ -62,10 +62,11 @@ def test_several_nodes_point_gloo_at_nccls_interface(monkeypatch, tmp_path):
 
 def test_an_nccl_job_records_nccls_flight_recorder_into_its_log_folder(monkeypatch, tmp_path):
     for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                 "TORCH_FR_DUMP_TEMP_FILE"):
+                 "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_ENABLE_MONITORING"):
         monkeypatch.delenv(name, raising=False)
     env = _plan(monkeypatch, tmp_path, gpus=2).env
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "logs" / "nccl_trace" / "rank_")
     assert agent.nccl_dump_prefix(env) == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
     cpu = _plan(monkeypatch, tmp_path, gpus=0).env  # gloo: no NCCL, nothing to record

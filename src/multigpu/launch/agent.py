@@ -187,6 +187,7 @@ def nccl_flight_recorder(log_dir: str) -> dict[str, str]:
     wanted = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": NCCL_TRACE_ENTRIES,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",  # torch's default; the dump on timeout needs it (ProcessGroupNCCL.hpp)
         # the dump's path prefix, under both of torch's names (TORCH_FR_* is the newer)
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(log_dir) / NCCL_TRACE_DIR / "rank_"),
         "TORCH_FR_DUMP_TEMP_FILE": str(Path(log_dir) / NCCL_TRACE_DIR / "rank_"),
