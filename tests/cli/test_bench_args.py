@@ -70,7 +70,10 @@ def test_a_script_without_a_meter_is_measured_by_its_wall_clock(tmp_path, fake_g
     assert [r["summary"]["wall_s"] for r in result["runs"]] == [2.0, 3.0]  # first start to last end
     assert result["rows"][1]["speedup"] == 2.0 / 3.0
     assert result["notes"][0].startswith("measured by wall clock")
-    assert "measured by wall clock" in capsys.readouterr().out
+    # no meter, so no communication figure: not measured ("—"), never a share of 0 (issue 22)
+    assert [(r["comm_share"], r["imbalance"]) for r in result["rows"]] == [(None, None), (None, None)]
+    out = capsys.readouterr().out
+    assert "measured by wall clock" in out and "—" in out
 
 
 def test_a_run_that_leaves_no_figures_is_an_error(tmp_path, fake_gpus, capsys):

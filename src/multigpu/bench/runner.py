@@ -100,14 +100,14 @@ def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
     if not times:
         return None
     wall = max(t["end"] for t in times) - min(t["start"] for t in times)
-    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": 0.0, "busy_s": t["end"] - t["start"],
+    # a wall clock cannot tell communication from compute: comm share and imbalance are not measured (None, "—")
+    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": None, "busy_s": None,
                  "items": items / len(times), "steps": 1} for t in times]
-    busy = [r["busy_s"] for r in per_rank]
     return {
         "unit": "runs", "measure": "wall", "world_size": len(times), "steps": 1, "warmup_steps": 0,
         "items": items, "wall_s": wall, "throughput": items / wall if wall > 0 else 0.0,
-        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": 0.0,
-        "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0, "per_rank": per_rank,
+        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": None,
+        "imbalance": None, "per_rank": per_rank,
     }
 
 

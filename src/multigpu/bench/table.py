@@ -51,9 +51,27 @@ share of its time) was kept waiting for a core by other processes."""
 
 def _compute_per_item(summary: dict[str, Any]) -> float | None:
     per_rank = summary.get("per_rank") or []
+    if any(r.get("busy_s") is None for r in per_rank):
+        return None  # comm not measured, so neither is the compute
     busy = sum(r.get("busy_s", 0.0) for r in per_rank)
     items = sum(r.get("items", 0) for r in per_rank)
     return busy / items if items else None
+
+
+NOT_MEASURED = "—"
+"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
+measured by wall clock): never as 0."""
+
+
+def shown(value: float | None, spec: str) -> str:
+    """``format(value, spec)``, or :data:`NOT_MEASURED` for None."""
+    return NOT_MEASURED if value is None else format(value, spec)
+
+
+def _median_measured(values) -> float | None:
+    """The median, or None when any run did not measure the figure (a median of the rest would mislead)."""
+    values = list(values)
+    return None if any(v is None for v in values) else statistics.median(values)
 
 
 def _median_of(runs: Sequence[dict[str, Any]], size: int, key: str) -> float | None:
@@ -79,8 +97,8 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_min": min(throughputs),
             "throughput_median": statistics.median(throughputs),
             "step_time_s": statistics.median(s["step_time_s"]["median"] for s in sums),
-            "comm_share": statistics.median(s["comm_share"] for s in sums),
-            "imbalance": statistics.median(s["imbalance"] for s in sums),
+            "comm_share": _median_measured(s["comm_share"] for s in sums),
+            "imbalance": _median_measured(s["imbalance"] for s in sums),
             "compute_per_item_s": statistics.median(per_item) if per_item else None,
             "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
             "host_cpu_percent": _median_of(runs, size, "host_percent"),
@@ -130,12 +148,12 @@ def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> lis
     """Measured reasons a row scales worse than ideal, the largest first."""
     n = _ranks(row["world_size"])
     found: list[tuple[float, str]] = []
-    if row["comm_share"] >= COMM_NOTABLE:
+    if row["comm_share"] is not None and row["comm_share"] >= COMM_NOTABLE:
         found.append((row["comm_share"],
                       f"communication is {row['comm_share']:.0%} of step time at {n} "
-                      f"({base['comm_share']:.0%} at {_ranks(base['world_size'])}; time inside collectives, "
+                      f"({shown(base['comm_share'], '.0%')} at {_ranks(base['world_size'])}; time inside collectives, "
                       "including waiting for the other ranks to arrive)"))
-    if row["imbalance"] >= IMBALANCE_NOTABLE:
+    if row["imbalance"] is not None and row["imbalance"] >= IMBALANCE_NOTABLE:
         found.append((row["imbalance"] - 1,
                       f"load imbalance: at {n} the slowest rank computed {row['imbalance']:.2f}x as long as the "
                       "fastest (the others wait for it in every collective)"))
@@ -187,7 +205,7 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
         else:
             notes.append(f"{n}: {row['speedup']:.2f}x speedup ({row['efficiency']:.0%} efficiency).")
     starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None
-               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"])]
+               and r["rank_cpu_percent"] < STARVED_RANK * (1 - (r["comm_share"] or 0.0))]
     if starved:
         which = ", ".join(f"{_ranks(r['world_size'])}: {r['rank_cpu_percent']:.0f}% of a core per rank, "
                           f"host {r['host_cpu_percent']:.0f}%" for r in starved)

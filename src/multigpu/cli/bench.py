@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import shown
+
 HELP = "run a workload at several world sizes: speedup, efficiency, communication share, imbalance"
 
 
@@ -82,8 +84,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
         table.add_row(
             str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
             f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
-            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}",
-            f"{r['imbalance']:.2f}",
+            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"),
+            shown(r["imbalance"], ".2f"),
         )
     out.print(table)
     for note in result.get("notes", []):

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import shown
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
 
@@ -138,7 +139,7 @@ def _scaling_section(bench: dict[str, Any]) -> str:
     unit = bench.get("unit", "items")
     rows = [[str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
              f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x", f"{r['efficiency']:.0%}",
-             f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}", f"{r['imbalance']:.2f}"]
+             f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"), shown(r["imbalance"], ".2f")]
             for r in bench["rows"]]
     notes = "".join(f'<li class="{"slower" if n.startswith("SLOWER") else ""}">{html.escape(n)}</li>'
                     for n in bench.get("notes", []))
@@ -161,7 +162,7 @@ def _run_section(run: dict[str, Any]) -> str:
             parts.append(_table(
                 ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
                 [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
-                  f"{s['step_time_s']['median'] * 1000:.1f}", f"{s['comm_share']:.1%}", f"{s['imbalance']:.2f}"]]))
+                  f"{s['step_time_s']['median'] * 1000:.1f}", shown(s["comm_share"], ".1%"), shown(s["imbalance"], ".2f")]]))
             parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
                                 [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}",
                                   str(r["items"])] for i, r in enumerate(s.get("per_rank", []))]))

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import shown
+
 __all__ = ["bench_figure", "png_base64", "save_png", "throughput_figure", "utilization_figure"]
 
 _IDEAL = "#888888"
@@ -63,13 +65,14 @@ def bench_figure(result: dict[str, Any]):
             title=f"{result.get('scaling', 'strong')} scaling: speedup vs ideal")
     ax1.grid(alpha=0.3)
     ax1.legend()
-    compute = [r["step_time_s"] * (1 - r["comm_share"]) * 1000 for r in rows]
-    comm = [r["step_time_s"] * r["comm_share"] * 1000 for r in rows]
+    shares = [r["comm_share"] or 0.0 for r in rows]  # not measured (None): the whole step drawn as compute
+    compute = [r["step_time_s"] * (1 - s) * 1000 for r, s in zip(rows, shares, strict=True)]
+    comm = [r["step_time_s"] * s * 1000 for r, s in zip(rows, shares, strict=True)]
     labels = [str(s) for s in sizes]
     ax2.bar(labels, compute, color=_COMPUTE, label="compute")
     ax2.bar(labels, comm, bottom=compute, color=_COMM, label="communication")
     for i, r in enumerate(rows):
-        ax2.annotate(f"{r['comm_share']:.0%} comm", (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
+        ax2.annotate(f"{shown(r['comm_share'], '.0%')} comm", (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
     top = max((c + m for c, m in zip(compute, comm, strict=True)), default=1.0)
     ax2.set(xlabel="world size (ranks)", ylabel="median step time (ms)", title="where a step's time goes",
             ylim=(0, top * 1.18 or 1.0))

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
 from multigpu.runtime import group, watchdog
+from multigpu.runtime.devicetime import DeviceSpans, is_async
 
 __all__ = [
     "all_gather",
@@ -40,12 +41,19 @@ _DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
     torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
 ]
-_COLLECTIVE_S = 0.0  # wall time spent inside our collectives on this rank (read by the monitor)
+_COLLECTIVE_S = 0.0  # host time spent inside our collectives on this rank (read by the monitor)
+_DEVICE_SPANS = DeviceSpans()  # CUDA collectives: their device time, from events (the host only queues them)
 
 
 def collective_seconds() -> float:
-    """Seconds this rank has spent inside multigpu's collectives since it started."""
-    return _COLLECTIVE_S
+    """Seconds this rank has spent in multigpu's collectives since it started.
+
+    Host time for collectives that block the host (gloo, objects, barriers); for a tensor collective on CUDA,
+    the device time between events recorded on the current stream before and after it (the stream waits for
+    NCCL there): a span counts once its end event has completed, so read this after the step's work has run
+    (``StepMeter`` waits for its step's end event first).
+    """
+    return _COLLECTIVE_S + _DEVICE_SPANS.seconds()
 
 
 def _active() -> bool:
@@ -61,10 +69,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _translate(op: str) -> Iterator[None]:
-    """Time the collective and rewrite torch's errors into ours, naming rank and call."""
+def _translate(op: str, device: torch.device | None = None) -> Iterator[None]:
+    """Time the collective and rewrite torch's errors into ours, naming rank and call.
+
+    ``device``: the tensor's device; on CUDA the collective is timed on the device (see collective_seconds).
+    """
     global _COLLECTIVE_S
     env = group.get_env(op)
+    on_device = is_async(device)
+    span = _DEVICE_SPANS.begin(device) if on_device else None
     start = time.perf_counter()
     try:
         yield
@@ -91,7 +104,10 @@ def _translate(op: str) -> Iterator[None]:
             ) from exc
         raise
     finally:
-        _COLLECTIVE_S += time.perf_counter() - start
+        if span is not None:
+            _DEVICE_SPANS.end(span, device)
+        else:
+            _COLLECTIVE_S += time.perf_counter() - start
         watchdog.heartbeat(f"{op}()")
 
 
@@ -167,7 +183,7 @@ def _gather_tensor(tensor: torch.Tensor, dst: int | None) -> torch.Tensor | None
     padded = padded.contiguous()
     receive = dst is None or env.rank == dst
     buffers = [torch.empty_like(padded) for _ in shapes] if receive else None
-    with _translate("gather"):
+    with _translate("gather", padded.device):
         if dst is None:
             dist.all_gather(buffers, padded)
         else:
@@ -243,7 +259,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check_shapes: bool = Tr
         return tensor
     if check_shapes:
         _check_shapes(tensor, "all_reduce", allow_dim0=False)
-    with _translate("all_reduce"):
+    with _translate("all_reduce", tensor.device):
         dist.all_reduce(tensor, op=_OPS[op])
     if op == "mean":
         if tensor.is_floating_point() or tensor.is_complex():
@@ -259,7 +275,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         group.get_env("broadcast")
         return tensor
     _check_shapes(tensor, "broadcast", allow_dim0=False)
-    with _translate("broadcast"):
+    with _translate("broadcast", tensor.device):
         dist.broadcast(tensor, src=src)
     return tensor
 
