@@ -1,0 +1,207 @@
+"""Simulation on fake CUDA: every model's step, the network halo, calibration and saving agents, with the
+rank's device ``cuda`` on a CPU-only machine (world size 1, and rank 1 of 2 through the fake process group).
+
+A step on fake tensors proves placement (a CPU tensor meeting CUDA data raises as on a GPU) and which host
+reads it makes, not values: those are pinned by tests/dist/test_sim_*.py on CPU ranks. Host reads
+(``.item()``, ``.tolist()``, ``int(t)``, ``nonzero``, ``.cpu()``) cannot be answered on fake tensors;
+:class:`_HostReads` answers them with zeros (so ``nonzero`` finds nothing and no agent migrates) and
+records where they were made: on a GPU each is a wait for the GPU, so the tests pin which ones a step makes.
+
+The backward pass of calibration runs on the ``meta`` device instead: fake CUDA cannot run the autograd
+engine (see :mod:`multigpu.testing.fakecuda`), and on ``meta`` the real engine runs and refuses a gradient
+on another device exactly as it does on a GPU ("invalid gradient at index 0 - expected device ...").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from unittest import mock
+
+import pytest
+import torch
+
+from multigpu.config import from_dict, load_yaml
+from multigpu.jobs.presets import preset_names
+from multigpu.runtime import group
+from multigpu.runtime.env import DistEnv
+from multigpu.sim import Model, Substep, models
+from multigpu.sim.api import MODELS, get_model
+from multigpu.sim.config import SimConfig
+from multigpu.sim.engine import SimEngine
+from multigpu.testing.fakecuda import fake_cuda, fake_group, is_fake
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Answer host reads of fake CUDA tensors with zeros; record (calling function, read) for each."""
+
+    _READS = {"item": "value", "tolist": "value", "__int__": "value", "__index__": "value", "__float__": "value",
+              "__bool__": "value", "equal": "value", "nonzero": "nonzero", "cpu": "cpu"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        read = self._READS.get(getattr(func, "__name__", None))
+        tensor = args[0] if args else None
+        if read is None or not is_fake(tensor):
+            return func(*args, **kwargs)
+        if tensor.device.type == "cuda":  # a read of a fake CPU tensor is no wait for a GPU
+            caller = sys._getframe(1)
+            while caller.f_globals.get("__name__", "").startswith("torch"):
+                caller = caller.f_back
+            self.reads.append((caller.f_code.co_name, read))
+        name = func.__name__
+        if name == "cpu":
+            return func(*args, **kwargs)
+        if name == "nonzero":
+            return torch.zeros((0, tensor.dim()), dtype=torch.int64, device=tensor.device)
+        if name == "equal":
+            return True
+        if name == "tolist":
+            return torch.zeros(tensor.shape, dtype=torch.int64).tolist() if tensor.dim() else 0
+        return {"__bool__": False, "__float__": 0.0}.get(name, 0)
+
+
+@contextlib.contextmanager
+def _rank(rank: int, world: int):
+    """Rank ``rank`` of ``world`` on fake CUDA (cuda:rank on an 8-GPU host); yields the host-read recorder."""
+    env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world, node_rank=0,
+                  device=torch.device("cuda", rank), backend="nccl" if world > 1 else "none")
+    with contextlib.ExitStack() as stack:
+        if world > 1:
+            stack.enter_context(fake_group(rank, world))
+        stack.enter_context(mock.patch.object(group, "_ENV", env))
+        stack.enter_context(fake_cuda(devices=8))
+        torch.cuda.set_device(rank)
+        yield stack.enter_context(_HostReads())
+
+
+def _assert_on(device: torch.device, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        assert t.device == device, (t.device, device)
+
+
+def _step_twice(engine: SimEngine, reads: _HostReads) -> list[tuple[str, str]]:
+    """Populate ``engine`` (made with populate=False), step it twice; the host reads of the steps."""
+    engine._populate()
+    ids = torch.arange(4, dtype=torch.int32, device=engine.device)
+    _assert_on(engine.device, *engine.initial_agents(ids).values())  # the model's init makes them there
+    del reads.reads[:]
+    engine.step()
+    engine.step()
+    _assert_on(engine.device, *engine.state.buffers.values())
+    assert len(engine._pending) == 2
+    _assert_on(engine.device, *(sums for _, sums, _ in engine._pending))  # read once per flush, not per step
+    assert not engine.use_native  # the C kernels are CPU-only: the CUDA path runs torch's kernels
+    return list(reads.reads)
+
+
+# host reads a step needs: agents leaving this rank's rows and how many arrive (sizes of the all-to-all),
+# the market's new price (computed in Python floats, the same on every rank), the adaptive strategy's
+# new borders (every rebalance_every steps)
+_MIGRATION = {("_apply", "nonzero"), ("_send_strays", "nonzero"), ("migrate", "value")}
+_PRICE = {("_trade_prepare", "value")}
+_REBALANCE = {("rebalance", "cpu")}
+
+
+def _sim_presets() -> dict[str, dict]:
+    data = {name: load_yaml(name) for name in preset_names()}
+    get_model("sir")  # registers the built-in models
+    return {name: d for name, d in data.items() if isinstance(d.get("model"), str) and d["model"] in MODELS}
+
+
+def test_the_sim_presets_are_the_ones_tested_here():
+    assert set(_sim_presets()) == {"sir", "market", "movement"}
+
+
+_CASES = [  # (preset, overrides, host reads the step may make at world size > 1)
+    ("sir", {}, set()),
+    ("sir", {"params": {"radius": 1, "seir": True}}, set()),
+    ("sir", {"strategy": "spatial", "params": {"radius": 1}}, _MIGRATION),
+    ("movement", {"strategy": "adaptive", "rebalance_every": 1}, _MIGRATION | _REBALANCE),
+    ("market", {}, _PRICE),
+]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize(("preset", "overrides", "allowed"), _CASES)
+def test_every_sim_preset_steps_on_cuda(preset, overrides, allowed, world):
+    data = {**_sim_presets()[preset], "agents": 2000, "grid": [16, 16], "compile": False, **overrides}
+    data["params"] = {**data.get("params", {}), **overrides.get("params", {})}
+    cfg = from_dict(SimConfig, data)
+    with _rank(world - 1, world) as reads:
+        engine = SimEngine(cfg, populate=False)
+        got = set(_step_twice(engine, reads))
+    assert got <= (allowed if world > 1 else allowed - _MIGRATION), got
+    if preset == "sir" and cfg.strategy == "data":
+        assert got == set()  # no wait for the GPU inside a step of the default sir
+
+
+def test_the_kernels_a_gpu_runs_give_the_cpus_agents():
+    """On a GPU the engine counts the infected without reading how many there are (infected_kernel_fused):
+    the same agents and series, run here for real on the CPU."""
+    cfg = SimConfig(model="sir", agents=3000, grid=(16, 16), steps=6, native="off", plot=False,
+                    params={"beta": 0.3, "initial_infected": 0.05})
+    cpu = SimEngine(cfg)
+    want = cpu.run()
+    with mock.patch.dict(models.KERNELS, models.FUSED_KERNELS):
+        gpu = SimEngine(cfg)
+    assert gpu.ctx.kernels["infected"] is models.infected_kernel_fused
+    assert gpu.run() == want and want["I"][-1] > 0
+    for name, values in cpu.state.sorted_by_id().items():
+        assert torch.equal(values, gpu.state.sorted_by_id()[name]), name
+
+
+# -------------------------------------------------------------------- a user's model (sim.api)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Params:
+    p_flip: float = 0.3
+    move_prob: float = 0.5
+
+
+def _init(ctx, ids):
+    return {"id": ids, "bit": ctx.bernoulli(ids, 0.5, "init").to(torch.uint8),
+            **{k: v for k, v in ctx.env["spawn"](ids, ctx).items() if k in ("x", "y")}}
+
+
+def _count(ctx, agents, acc):  # a 2-channel cell field: agents with bit 0, with bit 1
+    acc.index_put_((ctx.cell(agents), agents["bit"].to(torch.int64)), torch.ones_like(agents["id"]),
+                   accumulate=True)
+
+
+def _flip(ctx, agents, counts):
+    crowded = counts.reshape(-1, 2)[ctx.cell(agents)].sum(1) > ctx.randint(agents["id"], 4, "crowd")
+    agents["bit"] ^= (ctx.bernoulli(agents["id"], ctx.params.p_flip, "flip") & crowded).to(torch.uint8)
+    return agents["bit"].sum(dtype=torch.int64).reshape(1)
+
+
+def _ones(ctx, agents, acc):
+    acc += agents["bit"].sum(dtype=torch.int64).reshape(1)
+
+
+def _user_model() -> Model:
+    from multigpu.sim.models import spawn_on_grid
+
+    return Model(name="fakecuda_flips", fields={"id": torch.int32, "x": torch.int16, "y": torch.int16,
+                                                "bit": torch.uint8},
+                 params=_Params, init=_init,
+                 env=lambda p: {"spawn": lambda ids, ctx: spawn_on_grid(ids, ctx.seed, ctx.grid)},
+                 substeps=["movement",
+                           Substep("flip", ("id", "bit"), _flip, field="cell", contribute=_count, channels=2,
+                                   series=["ones"], halo=1),
+                           Substep("total", ("bit",), lambda ctx, agents, total: None, field="global",
+                                   field_size=1, contribute=_ones)])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("strategy", ["data", "spatial"])
+def test_a_user_model_steps_on_cuda(strategy, world):
+    cfg = SimConfig(model=f"{__name__}:_user_model", agents=500, grid=(8, 8), strategy=strategy)
+    with _rank(world - 1, world) as reads:
+        engine = SimEngine(cfg, populate=False)
+        got = set(_step_twice(engine, reads))
+    assert got <= (_MIGRATION if strategy == "spatial" and world > 1 else set()), got
