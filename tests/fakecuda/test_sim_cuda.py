@@ -26,7 +26,7 @@ from multigpu.config import from_dict, load_yaml
 from multigpu.jobs.presets import preset_names
 from multigpu.runtime import group
 from multigpu.runtime.env import DistEnv
-from multigpu.sim import Model, Substep, models
+from multigpu.sim import Model, Substep, models, network
 from multigpu.sim.api import MODELS, get_model
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -205,3 +205,44 @@ def test_a_user_model_steps_on_cuda(strategy, world):
         engine = SimEngine(cfg, populate=False)
         got = set(_step_twice(engine, reads))
     assert got <= (_MIGRATION if strategy == "spatial" and world > 1 else set()), got
+
+
+# -------------------------------------------------------------------- network_sir
+def _graph_of_rank1() -> network.Graph:
+    """Rank 1 of 2's part of a 6-agent graph (it owns agents 3..5), built on the CPU as the engine does.
+
+    Edges 0-3, 4-3, 1-5: rank 1 reads agents 0 and 1 from rank 0; rank 0 reads 3 and 5 from rank 1,
+    which is what the setup's all-to-all (answered here) tells rank 1.
+    """
+    incoming = torch.tensor([[0, 3], [4, 3], [3, 4], [1, 5]], dtype=torch.int64)
+    asked = (torch.tensor([[3], [5]], dtype=torch.int64), [2, 0])
+    env = DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, device=torch.device("cpu"),
+                  backend="gloo")
+    with mock.patch.object(group, "_ENV", env), mock.patch.object(network, "_all_to_all", lambda *a: asked):
+        graph = network.Graph(6, incoming)
+    assert graph.num_halo == 2 and graph.send_index.tolist() == [0, 2]
+    return graph
+
+
+def test_network_halo_and_inbox_on_cuda_with_two_ranks():
+    graph = _graph_of_rank1()
+    with _rank(1, 2) as reads:
+        graph.to("cuda")  # what the engine does with the graph it built
+        messages = torch.ones(3, dtype=torch.int32, device="cuda")
+        inbox = graph.neighbour_sum(messages)
+        _assert_on(torch.device("cuda:1"), inbox, graph.dst, graph.src_slot, graph.send_index)
+        assert inbox.shape == (3,) and reads.reads == []
+
+
+@pytest.mark.parametrize("kind", ["households", "geometric"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_network_sir_steps_on_cuda(kind, world):
+    cfg = SimConfig(model="network_sir", agents=6 if world > 1 else 300, steps=2,
+                    network={"kind": kind, "radius": 0.1})
+    # the graph's setup reads sizes on the host, so it is built for real on the CPU (at world size 2 this
+    # rank's part is built above); the engine must then place it on its device
+    graph = _graph_of_rank1() if world > 1 else network.build(cfg.network, cfg.agents, cfg.seed)
+    with _rank(world - 1, world) as reads, mock.patch.object(network, "build", lambda *a: graph):
+        engine = SimEngine(cfg, populate=False)
+        assert set(_step_twice(engine, reads)) == set()
+        _assert_on(engine.device, graph.dst, graph.src_slot, graph.send_index)
