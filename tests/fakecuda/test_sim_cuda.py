@@ -26,7 +26,7 @@ from multigpu.config import from_dict, load_yaml
 from multigpu.jobs.presets import preset_names
 from multigpu.runtime import group
 from multigpu.runtime.env import DistEnv
-from multigpu.sim import Model, Substep, models, network
+from multigpu.sim import Model, Substep, calibration, models, network
 from multigpu.sim.api import MODELS, get_model
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -246,3 +246,32 @@ def test_network_sir_steps_on_cuda(kind, world):
         engine = SimEngine(cfg, populate=False)
         assert set(_step_twice(engine, reads)) == set()
         _assert_on(engine.device, graph.dst, graph.src_slot, graph.send_index)
+
+
+# -------------------------------------------------------------------- calibration
+_CAL = SimConfig(model="sir", agents=400, grid=(10, 10), steps=3, params={"beta": 0.04, "initial_infected": 0.05})
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_calibration_forward_on_cuda(world):
+    with _rank(world - 1, world) as reads:
+        engine = SimEngine(_CAL, populate=False)
+        engine._populate()
+        del reads.reads[:]
+        kept, counts = calibration.DiffSIR(engine).forward_counts(0.04, 0.1)
+        _assert_on(engine.device, counts, *(t for step in kept for t in step))
+        assert counts.shape == (3, 3) and reads.reads == []  # the series is read once, after the last step
+
+
+def test_calibration_backward_keeps_every_gradient_on_the_data_device():
+    engine = SimEngine(_CAL)  # real agents on the CPU: the target and the kept steps have values
+    model = calibration.DiffSIR(engine)
+    kept, series = model.forward(0.04, 0.1)
+    target = {c: torch.tensor(v, dtype=torch.float64) + 5 for c, v in series.items() if c in "IR"}
+    _, grad_series = calibration.loss_and_grads(series, target, _CAL.agents)  # on the CPU, as descend makes them
+    want = model.gradient_tensor(kept, grad_series, 0.04, 0.1)
+    for name in ("ids", "x0", "y0", "state0"):  # the same agents on a device that is not the CPU
+        setattr(model, name, getattr(model, name).to("meta"))
+    on_meta = [tuple(t.to("meta") for t in step) for step in kept]
+    got = model.gradient_tensor(on_meta, grad_series, 0.04, 0.1)  # the real autograd engine checks devices
+    assert got.device.type == "meta" and got.shape == want.shape == (2,)
