@@ -26,7 +26,7 @@ from multigpu.config import from_dict, load_yaml
 from multigpu.jobs.presets import preset_names
 from multigpu.runtime import group
 from multigpu.runtime.env import DistEnv
-from multigpu.sim import Model, Substep, calibration, models, network
+from multigpu.sim import Model, Substep, calibration, models, network, population
 from multigpu.sim.api import MODELS, get_model
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -275,3 +275,18 @@ def test_calibration_backward_keeps_every_gradient_on_the_data_device():
     on_meta = [tuple(t.to("meta") for t in step) for step in kept]
     got = model.gradient_tensor(on_meta, grad_series, 0.04, 0.1)  # the real autograd engine checks devices
     assert got.device.type == "meta" and got.shape == want.shape == (2,)
+
+
+# -------------------------------------------------------------------- saving agents
+def test_saved_agents_are_received_on_the_senders_device():
+    received = []
+
+    def recv(tensor, src):
+        received.append(tensor.device)
+
+    engine = mock.Mock(rank=0, world=2, num_agents=10)
+    with _rank(0, 2), mock.patch("torch.distributed.recv", recv), \
+            mock.patch.object(population, "_numpy", lambda t: None):
+        fields = {"id": torch.zeros(5, dtype=torch.int32, device="cuda")}
+        list(population._slices_on_rank0(engine, fields, "id"))
+    assert received == [torch.device("cuda:0")]  # rank 1 sends a CUDA tensor: it goes over NCCL
