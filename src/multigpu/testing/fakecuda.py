@@ -137,8 +137,8 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
         elif func is torch.Tensor.cpu:
             if args[0].device.type == "cuda":
                 return self._fake(args[0], torch.device("cpu"), None)
-        elif func is torch.Tensor.copy_ and args[0].device != args[1].device:
-            return args[0]  # copy between devices is legal; the values are fake anyway
+        elif func is torch.Tensor.copy_ and "cuda" in (args[0].device.type, args[1].device.type):
+            return args[0]  # legal between any devices (a CUDA one needs the missing guard); the values are fake
         elif func is torch.Tensor.__getitem__ and args[0].device.type == "cuda":
             return self._getitem(args[0], args[1])
         elif func is torch.Tensor.__setitem__ and args[0].device.type == "cuda":
