@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from multigpu.config import from_dict, load_yaml
-from multigpu.jobs.presets import preset_names
+from multigpu.presets import preset_names
 from multigpu.runtime import group
 from multigpu.runtime.env import DistEnv
 from multigpu.sim import Model, Substep, calibration, models, network, population
