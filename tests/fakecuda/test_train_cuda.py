@@ -34,9 +34,10 @@ def test_slurm_task_with_one_gpu_computes_on_it():
         facts = DeviceFacts.probe(RunContext())
         assert (placement.local_rank, facts.cuda_count) == (7, 1)
         assert select_device("auto", placement.local_rank, facts) == torch.device("cuda", 0)
-    with fake_cuda(devices=2, tensors=False):  # two GPUs per task but local rank 7: which one is not ours to guess
-        with pytest.raises(mg.DeviceError, match="local_rank 7 has no GPU: this process sees 2 CUDA device"):
-            select_device("auto", placement.local_rank, DeviceFacts.probe(RunContext()))
+    # two GPUs per task but local rank 7: which one is not ours to guess
+    with fake_cuda(devices=2, tensors=False), pytest.raises(mg.DeviceError, match="local_rank 7 has no GPU: this "
+                                                                                  "process sees 2 CUDA device"):
+        select_device("auto", placement.local_rank, DeviceFacts.probe(RunContext()))
 
 
 @pytest.mark.parametrize("saved_on,restored_on", [(8, 1), (1, 8)])
