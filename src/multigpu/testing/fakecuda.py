@@ -45,7 +45,7 @@ from unittest import mock
 
 import torch
 
-__all__ = ["FakeCuda", "fake_cuda", "fake_group", "is_fake"]
+__all__ = ["CudaInitialized", "FakeCuda", "fake_cuda", "fake_group", "forbid_cuda_init", "is_fake"]
 
 
 def _device(value: Any) -> torch.device:
@@ -282,3 +282,59 @@ def fake_group(rank: int = 0, world_size: int = 2) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+class CudaInitialized(BaseException):
+    """What :func:`forbid_cuda_init` raises where code would create a CUDA context. A ``BaseException``, so that
+    no ``except Exception`` (a capability probe's fallback, say) in the code under test can swallow it."""
+
+
+_CONTEXT_ENTRY_POINTS = ("init", "_lazy_init", "set_device", "current_device", "synchronize", "get_device_capability",
+                         "get_device_properties", "get_device_name", "mem_get_info", "memory_allocated",
+                         "max_memory_allocated", "is_bf16_supported", "get_rng_state", "set_rng_state",
+                         "get_rng_state_all", "set_rng_state_all", "empty_cache", "current_stream", "Stream", "Event")
+"""``torch.cuda`` functions that initialize CUDA (a context on the current GPU). Left alone: ``is_available`` and
+``device_count`` (they ask the driver, no context) and the seeds (queued until CUDA starts)."""
+
+
+class _NoCudaTensors(torch.overrides.TorchFunctionMode):
+    """Raise :class:`CudaInitialized` for any torch call that places a tensor or module on CUDA."""
+
+    @staticmethod
+    def _cuda(value: Any) -> bool:
+        if isinstance(value, torch.device):
+            return value.type == "cuda"
+        if isinstance(value, str):
+            return value.split(":")[0] == "cuda"
+        if isinstance(value, torch.Tensor):
+            return value.device.type == "cuda"
+        return False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda or any(self._cuda(v) for v in (*args, *kwargs.values())):
+            raise CudaInitialized(f"{getattr(func, '__name__', func)} would place a tensor on CUDA")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def forbid_cuda_init(devices: int = 8) -> Iterator[None]:
+    """Run the block as on a host with ``devices`` GPUs where nothing may create a CUDA context.
+
+    ``torch.cuda.is_available()`` and ``device_count()`` answer as that host does (they need no context); every
+    ``torch.cuda`` entry point that would create one, and any tensor or module placed on CUDA, raises
+    :class:`CudaInitialized` naming what was called. For the launcher's side: a context there would hold
+    memory on GPU 0 for the whole job, and fail on GPUs in exclusive-process mode.
+    """
+    def refuse(name: str):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise CudaInitialized(f"torch.cuda.{name} would create a CUDA context")
+        return call
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
+        stack.enter_context(mock.patch("torch.cuda.device_count", lambda: devices))
+        for name in _CONTEXT_ENTRY_POINTS:
+            stack.enter_context(mock.patch(f"torch.cuda.{name}", refuse(name)))
+        stack.enter_context(_NoCudaTensors())
+        yield
