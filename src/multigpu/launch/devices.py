@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from multigpu.errors import ConfigError, DeviceError
-from multigpu.launch._worker import DEVICE_MAP_VAR, DEVICE_VARIABLES
+from multigpu.launch._worker import DEVICE_MAP_VAR, DEVICE_VARIABLES, GPU_RANKS_VAR
 from multigpu.launch.config import LaunchConfig
 
 __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
@@ -284,6 +284,7 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                 "pinned to its GPU; collectives over gloo (NCCL allows one rank per GPU)")
     hybrid = nproc > len(ids)
     if hybrid:
+        env[GPU_RANKS_VAR] = str(len(ids))  # the worker wrapper hides every GPU from the ranks after these
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
     threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))

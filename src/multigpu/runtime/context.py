@@ -21,6 +21,9 @@ The variables that cross from the launcher into the workers, all of them:
                            wrapper sets ``CUDA_VISIBLE_DEVICES``, ``QD_VISIBLE_DEVICE``,
                            ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` from it before Python
                            imports anything (CUDA and renderers read them at import)
+``MULTIGPU_GPU_RANKS``     a hybrid job: the local ranks from this one on are CPU ranks; the
+                           worker wrapper sets their ``CUDA_VISIBLE_DEVICES`` (and the other
+                           device variables) empty before Python imports anything
 ``MULTIGPU_STACKS_DIR``    where each worker dumps its stack on SIGTERM/SIGUSR1 (registered
                            before the user's code runs)
 ``MULTIGPU_LAUNCHER_PID``  the launcher's pid: the worker wrapper arms ``PR_SET_PDEATHSIG``

@@ -160,6 +160,8 @@ class FakeCuda:
     """What :func:`fake_cuda` yields: the faked ``torch.cuda`` facts and what the code asked of them."""
 
     devices: int
+    capability: tuple[int, int] = (9, 0)
+    """Compute capability every faked GPU reports (an H100's by default; (7, 0) is a V100: no bf16)."""
     current: int = 0
     synchronized: int = 0
     set_device_calls: list[int] = dataclasses.field(default_factory=list)
@@ -177,6 +179,18 @@ class FakeCuda:
             raise RuntimeError(f"CUDA error: invalid device ordinal ({index} of {self.devices} visible)")
         self.set_device_calls.append(index)
         self.current = index
+
+    def get_device_properties(self, device: Any = None) -> Any:
+        import types
+
+        self._index(self.current if device is None else device)
+        major, minor = self.capability
+        return types.SimpleNamespace(name="fake CUDA device", major=major, minor=minor, total_memory=80 << 30,
+                                     multi_processor_count=132)
+
+    def get_device_capability(self, device: Any = None) -> tuple[int, int]:
+        props = self.get_device_properties(device)
+        return props.major, props.minor
 
     def synchronize(self, device: Any = None) -> None:
         self.synchronized += 1
@@ -214,7 +228,7 @@ class FakeCuda:
 
 
 @contextlib.contextmanager
-def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
+def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, int] = (9, 0)) -> Iterator[FakeCuda]:
     """Run the block as on a host with ``devices`` visible GPUs, on a CPU-only machine.
 
     Args:
@@ -222,13 +236,16 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
         tensors: Also enter ``FakeTensorMode`` (every tensor made inside is fake; ``device="cuda"``
             works and mixed devices raise). ``False`` fakes only the ``torch.cuda`` facts, for code
             that asks about devices without making CUDA tensors (placement, RNG state bookkeeping).
+        capability: The compute capability ``torch.cuda.get_device_properties``/``get_device_capability`` report
+            (and so ``torch.cuda.is_bf16_supported``).
 
     Yields:
         A :class:`FakeCuda` that records ``set_device``, ``synchronize`` and RNG-state calls.
     """
-    cuda = FakeCuda(devices=devices)
+    cuda = FakeCuda(devices=devices, capability=capability)
     names = ("device_count", "current_device", "set_device", "synchronize", "get_rng_state", "set_rng_state",
-             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all")
+             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all", "get_device_properties",
+             "get_device_capability")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
         stack.enter_context(mock.patch("torch.cuda.is_initialized", lambda: True))
@@ -256,7 +273,8 @@ def _apply_by_replacing(self: torch.nn.Module, fn, recurse: bool = True) -> torc
         if param is not None:
             with torch.no_grad():
                 applied = fn(param)
-            self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+            if applied is not param:  # unchanged (already there): the same Parameter, as an optimizer holds it
+                self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
     for key, buf in self._buffers.items():
         if buf is not None:
             self._buffers[key] = fn(buf)

@@ -77,8 +77,8 @@ class TrainConfig:
     """Gradient all-reduce: auto (the process group's: nccl on GPUs, gloo on CPU), nccl, gloo,
     or cpu (buckets staged through host memory, all-reduced over a gloo group)."""
     compile: bool = False
-    """``torch.compile`` the model (after activation checkpointing, before DDP); on a CPU without a C++
-    compiler the trainer says so once and runs eagerly."""
+    """``torch.compile`` the model (after activation checkpointing and DDP, as DDP's documentation orders; under
+    fsdp each block, before sharding); on a CPU without a C++ compiler the trainer says so once and runs eagerly."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (the model's repeated
     blocks: the largest ModuleList of same-type modules, e.g. GPT's ``blocks``, Hugging Face's ``h``/``layers``)."""

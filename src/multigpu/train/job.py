@@ -181,11 +181,9 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """
     import torch
 
-    from multigpu.train.fsdp import check_sharding
+    from multigpu.train.fsdp import check_placement, check_sharding
 
-    if cfg.fsdp_cpu_offload and "cuda" not in plan.device_types:
-        raise ConfigError("fsdp_cpu_offload=true needs GPU ranks (CPU ranks keep everything in host memory already); "
-                          "valid here: fsdp_cpu_offload=false")
+    check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
     try:
         with torch.device("meta"):
             model = cfg.model.build("model.factory", _context(cfg))

@@ -50,19 +50,13 @@ def _autocast_works(device_type: str, dtype: torch.dtype) -> bool:
         return False
 
 
-def _cuda_bf16() -> bool:
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except (RuntimeError, AssertionError):  # no usable CUDA in this process
-        return False
-
-
 def probe_support(device_type: str) -> PrecisionSupport:
-    """Probe what ``device_type`` ("cpu", "cuda", "mps") supports in this process."""
-    # torch implements bf16 on CPU on every x86/ARM machine; CUDA needs compute capability 8.0+
-    bf16 = _cuda_bf16() if device_type == "cuda" else True
-    return PrecisionSupport(device_type, bf16, _autocast_works(device_type, torch.float16),
-                            bf16 and _autocast_works(device_type, torch.bfloat16))
+    """Probe what ``device_type`` ("cpu", "cuda", "mps") supports in this process (a rank: for CUDA, its current GPU)."""
+    if device_type == "cuda":  # the same rule as the launcher's, from this rank's own GPU
+        return planned_support("cuda", torch.cuda.get_device_capability())
+    # torch implements bf16 on CPU on every x86/ARM machine
+    return PrecisionSupport(device_type, True, _autocast_works(device_type, torch.float16),
+                            _autocast_works(device_type, torch.bfloat16))
 
 
 def planned_support(device_type: str, capability: tuple[int, int] | None) -> PrecisionSupport | None:
