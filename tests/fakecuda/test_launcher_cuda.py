@@ -91,3 +91,10 @@ def test_compute_capability_of_the_selected_gpus_through_nvml(monkeypatch):
     assert plan_devices(LaunchConfig(gpus="1,2"), facts, inherited={}).gpu_capability == (8, 0)  # the lowest chosen
     assert plan_devices(LaunchConfig(), facts, inherited={}).gpu_capability == (7, 5)
     assert plan_devices(LaunchConfig(), HostFacts(gpu_count=3), inherited={}).gpu_capability is None
+
+
+def test_the_real_host_probe_needs_no_cuda_context():
+    """What the launcher asks torch about the host (the count of GPUs) needs the driver, never a context."""
+    with forbid_cuda_init(devices=8):
+        facts = HostFacts.probe()
+    assert facts.gpu_count == 8 and len(facts.physical_ids()) == 8

@@ -87,15 +87,17 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
     fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
-    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device."""
+    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. The whole
+    model is never put on a GPU: it is built on the host and each rank keeps its shards on its device. Not
+    in hybrid jobs (GPU and CPU ranks)."""
     fsdp_blocks: list[str] = field(default_factory=list)
     """Module class names sharded one by one under fsdp (default: the model's repeated blocks, as for
     ``activation_checkpointing``)."""
     fsdp_reshard_after_forward: bool = True
     """fsdp: free each block's gathered parameters after its forward (gathered again in backward)."""
     fsdp_cpu_offload: bool = False
-    """fsdp on GPUs: keep sharded parameters, gradients and optimizer state in host memory (the
-    optimizer steps on the CPU)."""
+    """fsdp on GPUs, 2 or more ranks: keep sharded parameters, gradients and optimizer state in host memory (the
+    optimizer steps on the CPU). Refused at world size 1 (nothing is sharded there) and on CPU ranks."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters (only when some parameters get no gradient)."""
     bucket_cap_mb: float = 25.0
