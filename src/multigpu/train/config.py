@@ -87,9 +87,9 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
     fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
-    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. The whole
-    model is never put on a GPU: it is built on the host and each rank keeps its shards on its device. Not
-    in hybrid jobs (GPU and CPU ranks)."""
+    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. On 2 or more
+    ranks the whole model is never put on a GPU: it stays on the host and each rank keeps its shards on its
+    device. Not in hybrid jobs (GPU and CPU ranks)."""
     fsdp_blocks: list[str] = field(default_factory=list)
     """Module class names sharded one by one under fsdp (default: the model's repeated blocks, as for
     ``activation_checkpointing``)."""
