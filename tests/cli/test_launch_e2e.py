@@ -145,6 +145,18 @@ def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
         assert seen["omp"] is not None  # the thread budget reached the worker
 
 
+def test_a_hybrid_jobs_cpu_rank_sees_no_gpu(tmp_path):
+    """--allow-cpu-ranks with one (faked) GPU and 2 ranks: rank 0 sees GPU 0, rank 1 (the CPU rank) sees none, so
+    nothing in it (FSDP's default mesh, a library's torch.cuda call) can land on the GPU."""
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "1", "launch", "--nproc-per-node", "2",
+                           "--allow-cpu-ranks", str(SCRIPTS / "report_devices.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "0" and seen[1]["CUDA_VISIBLE_DEVICES"] == ""
+    assert seen[1]["EGL_DEVICE_ID"] == seen[1]["QD_VISIBLE_DEVICE"] == ""
+
+
 def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_directory(tmp_path):
     """A psutil.py in the working directory ran inside every rank of `multigpu sim` (issue 16): a `-m`
     worker searches the working directory last, not first as `python -m` does, so installed modules win
