@@ -137,13 +137,27 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
         elif func is torch.Tensor.cpu:
             if args[0].device.type == "cuda":
                 return self._fake(args[0], torch.device("cpu"), None)
-        elif func is torch.Tensor.copy_ and args[0].device != args[1].device:
-            return args[0]  # copy between devices is legal; the values are fake anyway
+        elif func is torch.Tensor.copy_ and "cuda" in (args[0].device.type, args[1].device.type):
+            # legal between devices too (a CPU build cannot dispatch it on CUDA); the values are fake anyway
+            if torch.broadcast_shapes(args[0].shape, args[1].shape) != args[0].shape:
+                raise RuntimeError(f"copy_: the source's shape {tuple(args[1].shape)} does not broadcast to "
+                                   f"the destination's {tuple(args[0].shape)}")
+            return args[0]
         elif func is torch.Tensor.__getitem__ and args[0].device.type == "cuda":
             return self._getitem(args[0], args[1])
         elif func is torch.Tensor.__setitem__ and args[0].device.type == "cuda":
             self._getitem(args[0], args[1])  # the same index checks; the values are fake
             return None
+        elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+            target = _device(kwargs["device"])
+            if target.type == "cuda":  # data copied onto a GPU: made on the host, then moved
+                with torch.no_grad():
+                    host = func(*args, **{**kwargs, "device": "cpu"})
+                return self._fake(host, target, None)
+        elif func is torch.Tensor.__invert__ and args[0].device.type == "cuda":
+            return torch.bitwise_not(args[0])  # what ``~x`` is; its Python entry enters the missing device guard
+        elif func is torch.Tensor.pin_memory:
+            return args[0]  # page-locked host memory needs a CUDA driver; the copy it speeds up is faked anyway
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             raise RuntimeError(
                 "backward on fake CUDA tensors would abort this process (a CPU build of torch has no CUDA device "
