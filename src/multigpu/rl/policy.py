@@ -130,8 +130,9 @@ class ActionMap:
             high_t = torch.as_tensor(high_np, dtype=torch.float32, device=device)
             self.finite = torch.isfinite(low_t) & torch.isfinite(high_t)
             # from the host's copy of the bounds: asking the device tensor would wait for the GPU
-            self.all_finite = bool(np.isfinite(low_np.astype(np.float32)).all() and
-                                   np.isfinite(high_np.astype(np.float32)).all())
+            with np.errstate(over="ignore"):  # a bound beyond float32's range is inf there, as in the tensors
+                self.all_finite = bool(np.isfinite(low_np.astype(np.float32)).all() and
+                                       np.isfinite(high_np.astype(np.float32)).all())
             self.center = torch.where(self.finite, (high_t + low_t) / 2, torch.zeros_like(low_t))
             self.half = torch.where(self.finite, (high_t - low_t) / 2, torch.ones_like(low_t))
 

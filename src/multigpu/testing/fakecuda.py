@@ -169,6 +169,28 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
 
 
+class _Event:
+    """``torch.cuda.Event``: recording and waiting are counted on the :class:`FakeCuda` (the work is done already)."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda, self.recorded = cuda, False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+        self.cuda.events_recorded += 1
+
+    def synchronize(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("synchronize() on a CUDA event that was never recorded")
+        self.cuda.events_synchronized += 1
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+
 @dataclasses.dataclass
 class FakeCuda:
     """What :func:`fake_cuda` yields: the faked ``torch.cuda`` facts and what the code asked of them."""
@@ -179,8 +201,14 @@ class FakeCuda:
     set_device_calls: list[int] = dataclasses.field(default_factory=list)
     rng_states: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+    events_recorded: int = 0
+    events_synchronized: int = 0
+
     def device_count(self) -> int:
         return self.devices
+
+    def Event(self, *args: Any, **kwargs: Any) -> _Event:  # noqa: N802 - torch.cuda.Event's name
+        return _Event(self)
 
     def current_device(self) -> int:
         return self.current
@@ -238,11 +266,12 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
             that asks about devices without making CUDA tensors (placement, RNG state bookkeeping).
 
     Yields:
-        A :class:`FakeCuda` that records ``set_device``, ``synchronize`` and RNG-state calls.
+        A :class:`FakeCuda` that records ``set_device``, ``synchronize``, RNG-state calls and
+        ``torch.cuda.Event`` records and waits.
     """
     cuda = FakeCuda(devices=devices)
     names = ("device_count", "current_device", "set_device", "synchronize", "get_rng_state", "set_rng_state",
-             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all")
+             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all", "Event")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
         stack.enter_context(mock.patch("torch.cuda.is_initialized", lambda: True))
