@@ -201,8 +201,14 @@ class FakeCuda:
     set_device_calls: list[int] = dataclasses.field(default_factory=list)
     rng_states: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+    capability: tuple[int, int] = (9, 0)
+    """``torch.cuda.get_device_capability()`` of every device (an H100's; torch's collectives ask for it)."""
     events_recorded: int = 0
     events_synchronized: int = 0
+
+    def get_device_capability(self, device: Any = None) -> tuple[int, int]:
+        self._index(device if device is not None else self.current)
+        return self.capability
 
     def device_count(self) -> int:
         return self.devices
@@ -271,7 +277,8 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
     """
     cuda = FakeCuda(devices=devices)
     names = ("device_count", "current_device", "set_device", "synchronize", "get_rng_state", "set_rng_state",
-             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all", "Event")
+             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all", "Event",
+             "get_device_capability")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
         stack.enter_context(mock.patch("torch.cuda.is_initialized", lambda: True))
