@@ -25,6 +25,12 @@ How the work and the output are split (windows.py numbers the windows):
    their own windows, so on 2 ranks nothing is exchanged after rank 0's last
    window but the wait for that thread. Rank 0 has the most windows (shards
    give lower ranks the extra batch), so the exchange leaves its critical path.
+   These messages are CPU tensors over gloo (``group.exchange_group``: a group
+   beside NCCL on GPU jobs): a receive over NCCL would make the CUDA stream the
+   main thread's kernels share wait until the last rank sends.
+5. **The host stitches one batch behind the GPU.** Batch k's output is copied
+   to the host without blocking and added into the canvas after batch k+1's
+   model call is queued, waiting only for batch k's copy (a CUDA event).
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
