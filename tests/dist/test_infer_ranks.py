@@ -129,6 +129,7 @@ def _group_of_one_body():
     finally:
         collectives.isend, collectives.recv = real_isend, real_recv
     reduced = mg.all_reduce(torch.tensor([2.0]))  # checked: its shape exchange runs over the group too
+    mg.barrier()
     return {"backend": env.backend, "world_size": env.world_size, "loopback": isinstance(exchange, group.Loopback),
             "outputs": outputs, "calls": dict(calls), "owned": runner.EXCHANGE_STATS.get("owned", 0),
             "reduced": reduced.tolist()}
