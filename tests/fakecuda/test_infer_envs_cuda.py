@@ -185,3 +185,29 @@ def test_ppo_act_step_on_cuda():
             assert advantages.device.type == returns.device.type == "cuda" and advantages.shape == (4, 5)
             assert cuda.synchronized == 0
 
+
+
+def test_harness_additions_used_here_behave_as_cuda_does():
+    """What this file needed of the harness: data copied onto the GPU, copies on one GPU, ``~mask``,
+    pinned host memory, CUDA events and the device capability, each raising where CUDA raises."""
+    with fake_cuda(devices=2) as cuda:
+        ids = torch.as_tensor([3, 4, 5], device="cuda")
+        assert ids.device == torch.device("cuda", 0) and ids.dtype == torch.int64 and is_fake(ids)
+        assert torch.tensor(1.5, device="cuda:1").device == torch.device("cuda", 1)
+        mask = torch.zeros(3, dtype=torch.bool, device="cuda")
+        assert (~mask).device == mask.device and (~mask).dtype == torch.bool
+        state = torch.zeros(2, 3, device="cuda")
+        assert state.copy_(torch.ones(3, device="cuda")) is state  # broadcasts, as copy_ does
+        with pytest.raises(RuntimeError, match="broadcast"):
+            state.copy_(torch.ones(4, device="cuda"))
+        host = torch.ones(3)
+        assert host.pin_memory() is host
+        event = torch.cuda.Event()
+        with pytest.raises(RuntimeError, match="never recorded"):
+            event.synchronize()
+        event.record()
+        event.synchronize()
+        assert (cuda.events_recorded, cuda.events_synchronized) == (1, 1)
+        assert torch.cuda.get_device_capability(1) == (9, 0)
+        with pytest.raises(IndexError, match="not visible"):
+            torch.cuda.get_device_capability(2)
