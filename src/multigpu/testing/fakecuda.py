@@ -138,12 +138,26 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             if args[0].device.type == "cuda":
                 return self._fake(args[0], torch.device("cpu"), None)
         elif func is torch.Tensor.copy_ and "cuda" in (args[0].device.type, args[1].device.type):
-            return args[0]  # legal between any devices (a CUDA one needs the missing guard); the values are fake
+            # legal between devices too (a CPU build cannot dispatch it on CUDA); the values are fake anyway
+            if torch.broadcast_shapes(args[0].shape, args[1].shape) != args[0].shape:
+                raise RuntimeError(f"copy_: the source's shape {tuple(args[1].shape)} does not broadcast to "
+                                   f"the destination's {tuple(args[0].shape)}")
+            return args[0]
         elif func is torch.Tensor.__getitem__ and args[0].device.type == "cuda":
             return self._getitem(args[0], args[1])
         elif func is torch.Tensor.__setitem__ and args[0].device.type == "cuda":
             self._getitem(args[0], args[1])  # the same index checks; the values are fake
             return None
+        elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+            target = _device(kwargs["device"])
+            if target.type == "cuda":  # data copied onto a GPU: made on the host, then moved
+                with torch.no_grad():
+                    host = func(*args, **{**kwargs, "device": "cpu"})
+                return self._fake(host, target, None)
+        elif func is torch.Tensor.__invert__ and args[0].device.type == "cuda":
+            return torch.bitwise_not(args[0])  # what ``~x`` is; its Python entry enters the missing device guard
+        elif func is torch.Tensor.pin_memory:
+            return args[0]  # page-locked host memory needs a CUDA driver; the copy it speeds up is faked anyway
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             raise RuntimeError(
                 "backward on fake CUDA tensors would abort this process (a CPU build of torch has no CUDA device "
@@ -155,6 +169,31 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
 
 
+class _Event:
+    """``torch.cuda.Event``: recording and waiting are counted on the :class:`FakeCuda` (the work is done already)."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda, self.recorded = cuda, False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+        self.cuda.events_recorded += 1
+
+    def synchronize(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("synchronize() on a CUDA event that was never recorded")
+        self.cuda.events_synchronized += 1
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:
+        return 0.0  # milliseconds; the fake GPU takes no time
+
+
 @dataclasses.dataclass
 class FakeCuda:
     """What :func:`fake_cuda` yields: the faked ``torch.cuda`` facts and what the code asked of them."""
@@ -164,12 +203,13 @@ class FakeCuda:
     """Compute capability every faked GPU reports (an H100's by default; (7, 0) is a V100: no bf16)."""
     current: int = 0
     synchronized: int = 0
-    events_recorded: int = 0
-    """``torch.cuda.Event.record`` calls (a fake event completes at once and times 0 ms)."""
-    events_waited: int = 0
-    """``torch.cuda.Event.synchronize`` calls: host waits on the GPU (a step meter makes one per step)."""
     set_device_calls: list[int] = dataclasses.field(default_factory=list)
     rng_states: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    capability: tuple[int, int] = (9, 0)
+    """``torch.cuda.get_device_capability()`` of every device (an H100's; torch's collectives ask for it)."""
+    events_recorded: int = 0
+    events_synchronized: int = 0
 
     def device_count(self) -> int:
         return self.devices
@@ -177,31 +217,8 @@ class FakeCuda:
     def current_stream(self, device: Any = None) -> str:
         return f"stream of cuda:{self._index(device if device is not None else 'cuda')}"
 
-    @property
-    def Event(self):  # noqa: N802 - stands in for the class torch.cuda.Event
-        cuda = self
-
-        class Event:
-            def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-                self.recorded = False
-
-            def record(self, stream: Any = None) -> None:
-                cuda.events_recorded += 1
-                self.recorded = True
-
-            def synchronize(self) -> None:
-                cuda.events_waited += 1
-
-            def query(self) -> bool:
-                return True
-
-            def wait(self, stream: Any = None) -> None:
-                pass
-
-            def elapsed_time(self, end: Event) -> float:
-                return 0.0
-
-        return Event
+    def Event(self, *args: Any, **kwargs: Any) -> _Event:  # noqa: N802 - torch.cuda.Event's name
+        return _Event(self)
 
     def current_device(self) -> int:
         return self.current
@@ -273,7 +290,8 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, 
             (and so ``torch.cuda.is_bf16_supported``).
 
     Yields:
-        A :class:`FakeCuda` that records ``set_device``, ``synchronize``, CUDA events and RNG-state calls.
+        A :class:`FakeCuda` that records ``set_device``, ``synchronize``, RNG-state calls and
+        ``torch.cuda.Event`` records and waits.
     """
     cuda = FakeCuda(devices=devices, capability=capability)
     names = ("device_count", "current_device", "set_device", "synchronize", "get_rng_state", "set_rng_state",
