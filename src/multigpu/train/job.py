@@ -125,8 +125,11 @@ def _check_precision(cfg: TrainJobConfig, plan: JobPlan, device_type: str) -> No
     without nvidia-ml-py, bf16 on GPUs is left to each rank's check at start, and said so)."""
     import sys
 
-    from multigpu.train.precision import PrecisionSupport, check_precision, planned_support
+    from multigpu.train.precision import PrecisionSupport, check_precision, cpu_bf16_note, planned_support
 
+    note = cpu_bf16_note(cfg.precision, cfg.dtype, device_type)
+    if note:
+        print(f"multigpu train: {note}", file=sys.stderr)
     support = planned_support(device_type, plan.devices.gpu_capability)
     if support is None:  # the rest is checked here all the same; bf16 by each rank on its own GPU
         if "bf16" in (cfg.precision, cfg.dtype):
