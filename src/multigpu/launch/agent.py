@@ -434,27 +434,30 @@ def launch(
     if dump:
         Path(dump).parent.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
     stores.register()
-    with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
-        try:
-            _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
-        except ChildFailedError as exc:
-            raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump) from None
-        except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
-            if exc.sigval == signal.SIGINT:
-                raise KeyboardInterrupt from None
-            raise InterruptedBySignalError(exc.sigval) from None
-        except TorchRdzvTimeout as exc:
-            reason = f": {exc}" if str(exc).strip() else ""
-            raise RendezvousTimeoutError(
-                f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
-                "Start every node with the same --rdzv-endpoint and --nnodes."
-            ) from None
-        except MultigpuError:
-            raise
-        except (RuntimeError, ValueError, RendezvousError) as exc:
-            raise LaunchError(f"the launcher could not start the job: {exc}") from None
-    if stopped:
-        print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
+    stopped: list[int] = []
+    try:
+        with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
+            try:
+                _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+            except ChildFailedError as exc:
+                raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump) from None
+            except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
+                if exc.sigval == signal.SIGINT:
+                    raise KeyboardInterrupt from None
+                raise InterruptedBySignalError(exc.sigval) from None
+            except TorchRdzvTimeout as exc:
+                reason = f": {exc}" if str(exc).strip() else ""
+                raise RendezvousTimeoutError(
+                    f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
+                    "Start every node with the same --rdzv-endpoint and --nnodes."
+                ) from None
+            except MultigpuError:
+                raise
+            except (RuntimeError, ValueError, RendezvousError) as exc:
+                raise LaunchError(f"the launcher could not start the job: {exc}") from None
+    finally:  # also after a failure or a signal: the error line stays the last one
+        if stopped:
+            print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
     copies = independent_copies(Path(plan.log_dir) / "stacks", plan.devices.nproc_per_node, cfg.nnodes)
     if copies and require_group:
         raise LaunchError(copies)
