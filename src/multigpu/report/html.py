@@ -59,7 +59,7 @@ def _reading(path: Path) -> Iterator[None]:
     except KeyError as exc:
         raise ConfigError(f"report: {path} has no {exc} entry, so it was not written by multigpu (or was edited); "
                           f"{_VALID}") from None
-    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(f"report: {path} holds a value of the wrong kind ({type(exc).__name__}: {first}); "
                           f"{_VALID}") from None
@@ -73,6 +73,8 @@ def _read_json(path: Path, kind: type = dict) -> Any:
         data = json.loads(path.read_text(errors="replace"))
     except ValueError as exc:
         raise ConfigError(f"report: {path} is not valid JSON ({exc}); {_VALID}") from None
+    except RecursionError:
+        raise ConfigError(f"report: {path} is nested deeper than Python's JSON reader goes; {_VALID}") from None
     except OSError as exc:
         raise ConfigError(f"report: {path} cannot be read: {exc.strerror or exc}") from None
     if not isinstance(data, kind):
@@ -224,6 +226,13 @@ def build_report(run_dir: str | Path) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename."""
-    page = build_report(run_dir)
+    """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename.
+
+    A number no plot or table can hold (``1e400`` read as an int, say) is one line, as any other value of the
+    wrong kind."""
+    try:
+        page = build_report(run_dir)
+    except (OverflowError, RecursionError) as exc:
+        raise ConfigError(f"report: {run_dir} holds a value multigpu cannot show ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'too deep'}); {_VALID}") from None
     return write_text_atomic(Path(out) if out is not None else Path(run_dir) / "report.html", page)
