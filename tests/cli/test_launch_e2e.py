@@ -33,6 +33,9 @@ def test_a_failing_rank_is_summarised(tmp_path):
     assert 'raise ValueError("simulated failure on rank 1")' in err  # its own traceback's tail
     assert f"full logs: {tmp_path}" in err
     assert "_worker.py" not in err.split("error: rank 1")[1]  # our wrapper's frames are hidden
+    # the failing rank's whole traceback stays in its error file; only the summary's tail reaches the console
+    assert "Traceback (most recent call last)" not in err, err
+    assert "Traceback (most recent call last)" in (next(tmp_path.rglob("error.json"))).read_text()
 
 
 @pytest.mark.fault

@@ -274,6 +274,13 @@ def main(argv: list[str]) -> None:
         if os.environ.get(DEBUG_VAR) == "1":
             raise
         sys.exit(130)  # the launcher reports the interrupt once, for the whole job
+    except Exception:
+        # torch's record() has written the traceback into this rank's error file; the launcher prints the
+        # failing rank's own frames from it under its one-line summary. Printing it here as well put every
+        # rank's whole traceback (33-190 lines) on the console before that summary.
+        if os.environ.get(DEBUG_VAR) == "1" or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            raise
+        sys.exit(1)
 
 
 if __name__ == "__main__":
