@@ -39,3 +39,12 @@ def test_doctor_json_answers_every_check_on_this_machine():
     bw = checks["all-reduce bandwidth"]
     assert bw["status"] == "pass", bw  # 2 gloo ranks through the real launcher here
     assert report["facts"]["bandwidth"]["busbw_gbps"] > 0 and report["facts"]["bandwidth"]["world_size"] >= 2
+
+
+def test_verify_keeps_a_failed_runs_logs_in_its_run_dir(tmp_path):
+    """Issue 23 (minor): `verify --run-dir` kept a failed run's logs in /tmp/multigpu_logs_*."""
+    keep = tmp_path / "results"
+    proc = run_cli("verify", "--nproc", "1,2", "-o", str(keep), "tests/scripts/fail_rank1.py", timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"full logs: {keep}/runs/np2/logs" in proc.stderr and "multigpu_logs_" not in proc.stderr
+    assert list((keep / "runs" / "np2" / "logs").rglob("error.json"))

@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
         for n in sizes:
             folder = root / f"np{n}"
             print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
-            launcher(n, RunContext(verify_dir=str(folder.resolve())))
+            # with --run-dir a script's run (its logs, kept after a failure) lives in its own folder there,
+            # not in a temporary multigpu_logs_* folder elsewhere
+            run_dir = str((root / "runs" / f"np{n}").resolve()) if args.run_dir and not target.workload else None
+            launcher(n, RunContext(verify_dir=str(folder.resolve()), run_dir=run_dir))
             results[n] = load_results(folder) if folder.is_dir() else {}
     if not any(results.values()):
         raise MultigpuError(f"{args.target} recorded no result at any world size: "
