@@ -53,6 +53,10 @@ def test_every_size_error_of_the_real_run_is_listed(tmp_path):
     assert "error: strategy=fsdp on 1024 ranks leaves rank" in out.stdout
     assert "error: each rank gets" in out.stdout and "fewer than batch_size=512" in out.stdout
     assert "(and 1 more error(s) listed above)" in out.stderr
+    out, _ = _dry(tmp_path, "train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
+    assert out.returncode == 2
+    assert "global_batch_size=1000 is not divisible by world_size × grad_accum = 64 × 1 = 64" in out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sim_at_1024_ranks_and_infer_at_64(tmp_path):

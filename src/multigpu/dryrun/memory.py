@@ -32,7 +32,7 @@ GPUS: dict[str, int] = {
 }
 """Memory of known GPUs as ``nvidia-smi`` reports it (MiB × 2²⁰)."""
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
@@ -41,8 +41,8 @@ def parse_device_memory(text: str) -> tuple[int, str]:
     key = text.strip().upper().replace(" ", "").replace("_", "-")
     if key in GPUS:
         return GPUS[key], f"{key} ({GPUS[key] // _MIB:,} MiB)"
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]I?B|B)?", key)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]I?B|B)", key)  # a unit always: a bare 80 is not 80 bytes
     if match and float(match.group(1)) > 0:
-        return int(float(match.group(1)) * _UNITS[match.group(2) or ""]), text.strip()
+        return int(float(match.group(1)) * _UNITS[match.group(2)]), text.strip()
     raise ConfigError(f"--device-memory {text!r} is invalid; valid: a size such as 80GB, 40GiB or 24000MiB, "
                       f"or a GPU name: {', '.join(GPUS)}")
