@@ -96,6 +96,8 @@ def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report) 
         peak = Figure("training state (no activations)", state, "estimated")
     report.memory.append(peak)
     report.peak = peak
+    if cfg.compile:
+        report.warnings.append("compile=true: measured in eager mode (torch.compile may fuse and save memory)")
     if cfg.activation_checkpointing:
         report.warnings.append("activation_checkpointing=true: activations were measured without it (an upper bound)")
 
@@ -111,7 +113,8 @@ def _planned(cfg, train, world: int) -> list[Figure]:
             Figure("optimizer state", plan["optimizer"], "estimated", "AdamW: 2 moments")]
 
 
-def _fake_steps(cfg, train, world: int, batch: int) -> tuple[list[Figure], Figure]:
+def _fake_steps(cfg, train, world: int, batch: int, *, fake: bool = True) -> tuple[list[Figure], Figure]:
+    """Two steps under the tracker; ``fake=False`` runs them on real CPU tensors (what the tests compare with)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -130,7 +133,7 @@ def _fake_steps(cfg, train, world: int, batch: int) -> tuple[list[Figure], Figur
         mesh = init_device_mesh("cpu", (world,))
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     precision = _DTYPES[cfg.precision]
-    with FakeTensorMode() as mode:
+    with FakeTensorMode() if fake else contextlib.nullcontext() as mode:
         model = _build_in(cfg, train, _DTYPES[cfg.dtype])
         optimizer = make_optimizer(model, cfg)
         if sharded:
@@ -139,7 +142,7 @@ def _fake_steps(cfg, train, world: int, batch: int) -> tuple[list[Figure], Figur
         else:
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
-        fake_batch = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, real)
+        fake_batch = tree_map(lambda t: mode.from_tensor(t) if fake and isinstance(t, torch.Tensor) else t, real)
         autocast = (torch.autocast("cpu", dtype=precision) if precision != torch.float32 else contextlib.nullcontext())
         with tracker:
             for step in range(2):  # the second step has the optimizer state that every later step has
