@@ -35,7 +35,7 @@ from multigpu.errors import ConfigError
 from multigpu.jobs.workload import JobPlan, Workload
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import HostFacts, plan_devices
-from multigpu.launch.flags import add_launch_flags, config_from_args
+from multigpu.launch.flags import add_dry_run_flags, add_launch_flags, config_from_args
 from multigpu.runtime.context import RunContext
 
 __all__ = ["Job", "add_workload_parser", "choose_run_dir", "launch_job", "load_workload_config", "prepare",
@@ -77,6 +77,7 @@ def add_workload_parser(subparsers, workload: Workload, *, name: str | None = No
         for flag in workload.flags:
             add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **flag.kwargs)
     add_launch_flags(parser)
+    add_dry_run_flags(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. steps=400 model.n_layer=6")
     return parser
@@ -222,6 +223,13 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
             raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
         overrides.append(f"precision={launch_cfg.mixed_precision}")
     cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args))
+    if args.dry_run:  # the job at --world-size N in this process: before any folder exists
+        from multigpu.dryrun import dry_run
+
+        return dry_run(workload, cfg, launch_cfg, args)
+    if args.world_size is not None or args.device_memory is not None:
+        raise ConfigError("--world-size and --device-memory are the dry run's; add --dry-run, or use "
+                          "--nproc-per-node/--nnodes for a real job")
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
     # a used folder is continued (--resume) or refused; on several nodes each writes there, so only the lock counts
     fresh_only = args.resume is None and launch_cfg.nnodes == 1

@@ -17,7 +17,7 @@ from multigpu.errors import ConfigError
 from multigpu.launch.aliases import add_alias_flags, translate
 from multigpu.launch.config import LaunchConfig
 
-__all__ = ["add_launch_flags", "config_from_args"]
+__all__ = ["add_dry_run_flags", "add_launch_flags", "config_from_args"]
 
 
 def _nproc(text: str) -> int | str:
@@ -77,6 +77,18 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="the profiler's window of steps (default 1,1,3)")
     add_flag(g, "--sample-interval-s", type=_seconds_or_zero, default=1.0, metavar="S",
              help="seconds between device samples (CPU, memory, GPUs) in the run directory; 0: off (default 1)")
+
+
+def add_dry_run_flags(parser: argparse.ArgumentParser) -> None:
+    """``--dry-run --world-size N``: the workload commands' dry run at any size (:mod:`multigpu.dryrun`)."""
+    g = parser.add_argument_group("dry run (nothing spawned, nothing written)")
+    add_flag(g, "--dry-run", action="store_true",
+             help="check the job as one rank of --world-size N, shard its work and step once on fake tensors; "
+                  "print per-rank memory and every config error a real run would hit, then exit")
+    add_flag(g, "--world-size", type=positive_int, default=None, metavar="N", help="the dry run's ranks (e.g. 64)")
+    add_flag(g, "--dry-run-rank", type=non_negative_int, default=0, metavar="R", help="the rank examined (default 0)")
+    add_flag(g, "--device-memory", default=None, metavar="SIZE|GPU",
+             help="memory of one device, e.g. 80GB, 40GiB, or a GPU name (H100, A100-40GB, L4, ...): does it fit?")
 
 
 def _ranks(text: str) -> tuple[int, ...]:

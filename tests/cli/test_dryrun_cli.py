@@ -1,0 +1,100 @@
+"""``--dry-run --world-size N``: the job at scale in one process, in seconds, writing nothing (issue 26, part 2)."""
+
+import re
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+SMALL = ["model.kwargs.n_layer=2", "model.kwargs.n_embd=128", "data.kwargs.max_chars=200000", "batch_size=4"]
+"""A small nano GPT on little text (the real runs below take seconds)."""
+
+
+def _mib(text: str, name: str) -> float:
+    size, unit = re.search(rf"^\s+{name}\s+([\d.]+) (KiB|MiB|GiB)\s+measured", text, re.M).groups()
+    return float(size) * {"KiB": 2**-10, "MiB": 1, "GiB": 2**10}[unit]
+
+
+def _dry(tmp_path, *args):
+    started = time.monotonic()
+    out = run_cli(*args, "--dry-run", cwd=tmp_path, timeout=120)
+    return out, time.monotonic() - started
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_train_at_64_ranks_measures_memory_in_seconds_and_writes_nothing(tmp_path, strategy):
+    out, took = _dry(tmp_path, "train", "--strategy", strategy, "--world-size", "64", "--dry-run-rank", "63",
+                     "--device-memory", "H100", *SMALL)
+    assert out.returncode == 0, out.stderr
+    assert took < 30, f"the dry run took {took:.0f} s"
+    assert "rank 63 of 64 (8 node(s) × 8 GPUs)" in out.stdout
+    assert re.search(r"rank 63 gets \d+ per epoch", out.stdout)
+    for name in ("parameters", "gradients", "optimizer state", r"activations \(at peak\)", "peak of a training step"):
+        assert _mib(out.stdout, name) > 0, name
+    assert "fits H100 (81,559 MiB): yes" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder, nothing half-written
+
+
+def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path):
+    out, _ = _dry(tmp_path, "train", "--world-size", "64", "--device-memory", "10MiB", *SMALL, "batch_size=16")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert re.fullmatch(r"error: does not fit: rank 0 of 64 needs about [\d.]+ MiB \(peak of a training step, "
+                        r"measured\) but --device-memory is 10MiB = 10 MiB; valid: .*", lines[0]), lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_size_error_of_the_real_run_is_listed(tmp_path):
+    # fsdp over more ranks than the largest parameter has rows, and more ranks than a batch per rank
+    out, _ = _dry(tmp_path, "train", "--strategy", "fsdp", "--world-size", "1024", *SMALL, "batch_size=512")
+    assert out.returncode == 2
+    assert "error: strategy=fsdp on 1024 ranks leaves rank" in out.stdout
+    assert "error: each rank gets" in out.stdout and "fewer than batch_size=512" in out.stdout
+    assert "(and 1 more error(s) listed above)" in out.stderr
+    out, _ = _dry(tmp_path, "train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
+    assert out.returncode == 2
+    assert "global_batch_size=1000 is not divisible by world_size × grad_accum = 64 × 1 = 64" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sim_at_1024_ranks_and_infer_at_64(tmp_path):
+    out, took = _dry(tmp_path, "sim", "--agents", "1_000_000_000", "--world-size", "1024", "--dry-run-rank", "1",
+                     "--device-memory", "80GB")
+    assert out.returncode == 0, out.stderr
+    assert took < 30
+    assert "rank 1 holds agents [976,563, 1,953,126): 976,563 of them" in out.stdout
+    assert re.search(r"peak of a step\s+[\d.]+ MiB\s+estimated", out.stdout)
+    out, _ = _dry(tmp_path, "sim", "--strategy", "spatial", "--world-size", "1024")
+    assert out.returncode == 2 and "sim.grid has 1000 rows, fewer than the 1024 ranks" in out.stderr
+    out, took = _dry(tmp_path, "infer", "--world-size", "64", "--device-memory", "L4", "batch_size=2")
+    assert out.returncode == 0, out.stderr
+    assert took < 30
+    assert "rank 0 runs windows [0, 2)" in out.stdout and "rank(s) get no window" in out.stdout
+    assert re.search(r"peak of a model call\s+[\d.]+ MiB\s+measured", out.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_flags_need_dry_run(tmp_path):
+    out = run_cli("train", "--world-size", "64", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "add --dry-run" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("strategy, nproc", [("ddp", 1), ("fsdp", 2)])
+def test_per_rank_state_agrees_with_a_real_cpu_run(tmp_path, strategy, nproc):
+    """The dry run's measured parameters, gradients and optimizer state (fake tensors) against the trainer's own
+    per-rank accounting in a real run of the same model on 1 and 2 CPU ranks: within 2% (the trainer prints
+    one decimal of MiB)."""
+    args = ["train", "--strategy", strategy, *SMALL]
+    dry, _ = _dry(tmp_path, *args, "--world-size", str(nproc), "--cpu")
+    assert dry.returncode == 0, dry.stderr
+    real = run_cli(*args, "--nproc-per-node", str(nproc), "--cpu", "--run-dir", str(tmp_path / "run"), "steps=1",
+                   "eval_every=0", "checkpoint_every=0", "sample_chars=0", env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert real.returncode == 0, real.stderr[-2000:]
+    said = re.search(r"training state per rank .*: parameters ([\d.]+) MiB, gradients ([\d.]+) MiB, "
+                     r"optimizer \(Adam\) ([\d.]+) MiB", real.stdout)
+    assert said, real.stdout[-2000:]
+    for name, value in zip(("parameters", "gradients", "optimizer state"), said.groups(), strict=True):
+        assert _mib(dry.stdout, name) == pytest.approx(float(value), rel=0.02), name

@@ -1,0 +1,42 @@
+"""The dry run's training step on fake tensors measures what the same step on real CPU tensors allocates."""
+
+import pytest
+
+from multigpu.config import from_dict
+from multigpu.dryrun import fake_world
+from multigpu.dryrun.train import _collate, _fake_steps
+from multigpu.train.job import TrainJobConfig
+
+
+class _Tokens:
+    """A tiny next-token data set: (x, y) pairs of ``block`` tokens."""
+
+    vocab_size = 50
+
+    def __init__(self, n: int, block: int):
+        import torch
+
+        self.data = torch.randint(0, self.vocab_size, (n * block + 1,), generator=torch.Generator().manual_seed(0))
+        self.n, self.block = n, block
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        chunk = self.data[i * self.block: (i + 1) * self.block + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def test_fake_step_figures_match_a_real_cpu_step():
+    cfg = from_dict(TrainJobConfig, {"model": {"factory": "multigpu.train.nano:gpt",
+                                               "kwargs": {"n_layer": 2, "n_head": 2, "n_embd": 64}}, "block_size": 32})
+    data = _Tokens(64, 32)
+    assert _collate(data, 4)[0].shape == (4, 32)
+    with fake_world(0, 1):
+        fake, fake_peak = _fake_steps(cfg, data, 1, 8)
+        real, real_peak = _fake_steps(cfg, data, 1, 8, fake=False)
+    assert [f.name for f in fake] == [f.name for f in real]
+    for f, r in zip(fake, real, strict=True):
+        assert f.bytes == pytest.approx(r.bytes, rel=0.01), f.name
+        assert f.bytes > 0 or f.name == "buffers", f.name
+    assert fake_peak.bytes == pytest.approx(real_peak.bytes, rel=0.01)
