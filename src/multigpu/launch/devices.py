@@ -130,10 +130,11 @@ class DevicePlan:
         return max(self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES, 0)
 
 
-def _gpu_memory() -> int | None:
-    """The smallest GPU's memory through NVML (``nvidia-ml-py``, optional); None without it.
+def _nvml_query(query):
+    """``query(pynvml)`` between NVML's init and shutdown (``nvidia-ml-py``, optional); None without it, without a
+    driver, or when NVML does not know what was asked (unknown, so not checked here).
 
-    NVML, not torch: asking torch would create a CUDA context in the launcher."""
+    NVML, not torch: asking torch would create a CUDA context in the launcher (on GPU 0, for the whole job)."""
     try:
         import pynvml
     except ImportError:
@@ -141,36 +142,31 @@ def _gpu_memory() -> int | None:
     try:
         pynvml.nvmlInit()
         try:
-            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total
-                     for i in range(pynvml.nvmlDeviceGetCount())]
+            return query(pynvml)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, no device: unknown, so not checked
+    except Exception:  # noqa: BLE001 - no driver, no device, an id NVML does not know
         return None
+
+
+def _gpu_memory() -> int | None:
+    """The smallest GPU's memory through NVML; None without it."""
+    sizes = _nvml_query(lambda nvml: [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).total
+                                      for i in range(nvml.nvmlDeviceGetCount())])
     return min(sizes) if sizes else None
 
 
 def _gpu_capabilities(ids: list[str]) -> tuple[tuple[int, int], ...] | None:
     """Compute capability of each GPU in ``ids`` (physical indices or UUIDs) through NVML; None without it.
 
-    NVML, not torch: ``torch.cuda.get_device_capability`` would create a CUDA context in the launcher (on
-    GPU 0, for the whole job). NVML numbers GPUs in PCI order, CUDA fastest first unless
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a node of mixed GPUs an index may name another board, so each
-    rank checks its own GPU again at start."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) if i.isdigit()
-                       else pynvml.nvmlDeviceGetHandleByUUID(i) for i in ids]
-            return tuple(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, an id NVML does not know: unknown, so each rank checks
-        return None
+    NVML numbers GPUs in PCI order, CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a node of
+    mixed GPUs an index may name another board, so each rank checks its own GPU again at start."""
+    def query(nvml):
+        handles = [nvml.nvmlDeviceGetHandleByIndex(int(i)) if i.isdigit() else nvml.nvmlDeviceGetHandleByUUID(i)
+                   for i in ids]
+        return tuple(tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles)
+
+    return _nvml_query(query)
 
 
 def parse_gpus(spec: str, available: int) -> list[int]:
