@@ -5,6 +5,7 @@ Only `_elastic_launch`, our one seam over torch, is replaced; everything up to i
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
@@ -46,14 +47,26 @@ def test_standalone_nproc_restarts_and_underscore_aliases(seam, fake_gpus):
     assert (config.nproc_per_node, config.max_restarts, config.rdzv_endpoint) == (3, 2, "localhost:0")
 
 
-def test_multi_node_flags(seam, fake_gpus):
+def test_multi_node_flags(seam, fake_gpus, monkeypatch, capsys):
     fake_gpus(0)
     argv = ["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", "--nproc-per-node", "2", HELLO]
+    # issue 23: the rendezvous store is on the network, so the nodes sign its state with a secret they share
+    for value, said in (("", "MULTIGPU_RDZV_SECRET is not set"), ("short", "MULTIGPU_RDZV_SECRET has 5 characters")):
+        monkeypatch.setenv("MULTIGPU_RDZV_SECRET", value)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --nnodes 2: " + said) and "\n" not in err and "openssl rand" in err, err
+        assert not seam.called
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")
+    seam.side_effect = lambda *a: seam.env.append(os.environ.get("MULTIGPU_RDZV_SECRET"))
+    seam.env = []
     assert main(argv) == 0
+    assert seam.env == [None]  # the workers do not inherit it
     config, _, _ = _launched(seam)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
     assert config.rdzv_endpoint == "node0:29400" and config.rdzv_configs["is_host"] is False
     assert config.run_id == "multigpu"  # every node must agree on it
+    assert "0123456789abcdef" not in repr(config)  # handed to the handler in memory, not through torch's config
 
 
 def test_module_target(seam, fake_gpus):
