@@ -184,6 +184,20 @@ def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
     _gone_within(pids, WITHIN_S)
 
 
+def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path):
+    """Issue 23 item 3: with the launcher SIGKILLed, both workers died (PR_SET_PDEATHSIG) but the 4 processes
+    they started (a child and a setsid daemon each) ran on with parent 1. The reaper that outlives the launcher
+    stops every process carrying the job's token."""
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_wait.py"), str(tmp_path),
+                      capture=False)
+    workers = jobs.watch(_pids(tmp_path, "pid", 2, proc))
+    started = jobs.watch([int((tmp_path / f"{kind}{r}").read_text()) for kind in ("child", "daemon") for r in (0, 1)])
+    assert len(_alive(started)) == 4
+    proc.kill()
+    proc.wait(timeout=30)
+    _gone_within([*workers, *started], WITHIN_S)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_while_workers_start_stops_those_started_and_starts_no_more(jobs, tmp_path, sig):
     """Item 2: a launcher signalled while its workers started left them running (42 of 1,000 after SIGTERM).
