@@ -150,3 +150,18 @@ def test_missing_script_and_debug_traceback(seam, capsys):
 
     with pytest.raises(ConfigError):
         main(["--debug", "launch", "no_such_script.py"])
+
+
+def test_one_node_ranks_meet_in_a_private_folder_that_goes_with_the_job(seam, fake_gpus, monkeypatch):
+    """Issue 23: on one node, mg.init() ranks meet through a FileStore in a 0700 folder (not the workers' TCP
+    store on loopback, which any local user can reach); several nodes have no common folder."""
+    fake_gpus(0)
+    seen = []
+    seam.side_effect = lambda *a: seen.append((folder := os.environ.get("MULTIGPU_PRIVATE_STORE_DIR"),
+                                                folder and os.stat(folder).st_mode & 0o777))
+    assert main(["launch", "--nproc-per-node", "2", HELLO]) == 0
+    (folder, mode), = seen
+    assert mode == 0o700 and not os.path.exists(folder)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")
+    assert main(["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", HELLO]) == 0
+    assert seen[1] == (None, None)

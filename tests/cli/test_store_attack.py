@@ -5,7 +5,8 @@ that found it: a pure-Python store client run as ``nobody`` read the store's por
 the run id from a folder name under the (world-readable) log folder, planted a pickle during a 2-rank job, and
 a file owned by the job's user appeared within a second. Here that attack runs for real, as ``nobody``
 (``tests/scripts/store_attacker.py``, stdlib only), against a running 2-rank ``multigpu launch``: the marker
-never appears, the job ends cleanly, and ``nobody`` cannot list the log folder.
+never appears, the job ends cleanly, ``nobody`` cannot list the log folder, and the ranks met through a
+FileStore in a private folder, not through the workers' TCP store the attacker can reach.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def test_another_user_cannot_run_code_through_the_stores_of_a_running_job(jobs, 
     proc = jobs.start("launch", "--nproc-per-node", "2", "--log-dir", str(logs),
                       str(SCRIPTS / "barrier_until_stop.py"), str(tmp_path))
     pids = jobs.watch(_pids(tmp_path, "pid", 2, proc))
+    assert {(tmp_path / f"store{r}").read_text() for r in (0, 1)} == {"FileStore"}
     ports = sorted({port for pid, _, port in _listening([proc.pid]) if pid == proc.pid})
     run_id = next(logs.iterdir()).name.rsplit("_", 1)[0]  # as if it had leaked
     attack = _run_as_nobody(python, "--ports", ",".join(map(str, ports)), "--logs", str(logs), "--run-id", run_id,

@@ -50,7 +50,7 @@ from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.rendezvous import SECRET_VAR, hosts_store, loopback_interface, parse_endpoint, secret_from_env
 from multigpu.launch.stacks import FRAME, is_library, read_positions
-from multigpu.runtime.context import RUN_FILE_VAR, RunContext
+from multigpu.runtime.context import PRIVATE_STORE_VAR, RUN_FILE_VAR, RunContext
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
@@ -167,6 +167,20 @@ def _private_folder(path: str) -> None:
     with contextlib.suppress(OSError):  # one that cannot be made is named by the first write into it
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path, 0o700)
+
+
+@contextlib.contextmanager
+def _private_store(nnodes: int) -> Iterator[dict[str, str]]:
+    """One node: a folder only this user can open (0700) where ``mg.init()`` ranks meet (a FileStore), so they
+    never use the workers' TCP store, which any local user can reach; removed after the job."""
+    if nnodes != 1:
+        yield {}
+        return
+    folder = tempfile.mkdtemp(prefix="multigpu_store_")
+    try:
+        yield {PRIVATE_STORE_VAR: folder}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
@@ -310,7 +324,8 @@ def launch(
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     # signs the rendezvous state: handed to the handler in memory, and no worker inherits it
     stores.register(plan.torch_config.run_id, secret_from_env(cfg.nnodes) or secrets.token_bytes(32))
-    with _quiet_agent_logs(), _environment(plan.env, drop=(SECRET_VAR,)), processes.job_processes() as stopped:
+    with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
+            _environment({**plan.env, **private}, drop=(SECRET_VAR,)), processes.job_processes() as stopped:
         try:
             _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
         except ChildFailedError as exc:

@@ -53,11 +53,15 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "restart_count",
+__all__ = ["PRIVATE_STORE_VAR", "RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "restart_count",
            "set_current"]
 
 RUN_FILE_VAR = "MULTIGPU_RUN_FILE"
 """The one variable through which the launcher tells a rank about its run."""
+
+PRIVATE_STORE_VAR = "MULTIGPU_PRIVATE_STORE_DIR"
+"""Set by the launcher of a one-node job: a 0700 folder where ``init()`` ranks meet, one FileStore per attempt
+(not the workers' TCP store, which any local user can reach)."""
 
 SCALINGS = ("strong", "weak")
 
