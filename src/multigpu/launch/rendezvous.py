@@ -25,14 +25,14 @@ _MIN_SECRET_CHARS = 16
 
 
 def secret_from_env(nnodes: int, environ=os.environ) -> bytes | None:
-    """The multi-node secret from ``MULTIGPU_RDZV_SECRET``; None on one node without it (a random one is made).
+    """The multi-node secret from ``MULTIGPU_RDZV_SECRET``; None on one node (a random one, in memory, is stronger).
 
     Raises:
         ConfigError: several nodes and no secret, or one short enough to guess.
     """
-    text = environ.get(SECRET_VAR, "")
-    if not text and nnodes == 1:
+    if nnodes == 1:
         return None
+    text = environ.get(SECRET_VAR, "")
     if len(text) < _MIN_SECRET_CHARS:
         said = "is not set" if not text else f"has {len(text)} characters"
         raise ConfigError(
