@@ -4,7 +4,7 @@ A SIGKILLed launcher runs no code, and its workers die by ``PR_SET_PDEATHSIG``
 (``_worker.py``), but the processes *they* started (a ``subprocess`` child, a
 daemon that called ``setsid``) are re-parented to init and run on. So
 :func:`multigpu.launch.processes.job_processes` starts this tiny process,
-``python -I _reaper.py TOKEN``, in a session of its own (Ctrl-C on the terminal
+``python -I _reaper.py TOKEN [FOLDER...]``, in a session of its own (Ctrl-C on the terminal
 does not reach it), with its stdin the read end of a pipe only the launcher
 writes to:
 
@@ -14,7 +14,8 @@ writes to:
   user whose environment carries ``MULTIGPU_JOB_TOKEN=TOKEN`` (the launcher sets
   it for the workers, so everything they start inherits it) gets SIGTERM, then
   SIGKILL after ``GRACE_S``; the sweep repeats until no such process is left, so
-  one forked meanwhile is caught too.
+  one forked meanwhile is caught too. Then it removes the launcher's private
+  folders (``FOLDER...``: the stores' 0700 folders).
 
 A process that clears its environment (``env -i``) is not found; that is the
 limit. Run by path, before anything of multigpu: it imports only the standard library.
@@ -23,6 +24,7 @@ limit. Run by path, before anything of multigpu: it imports only the standard li
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -74,7 +76,7 @@ def sweep(token: str, grace_s: float = GRACE_S) -> int:
     return len(seen)
 
 
-def main(token: str) -> None:
+def main(token: str, folders: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the launcher's end of the pipe ends this process
     said = b""
@@ -82,7 +84,9 @@ def main(token: str) -> None:
         said += chunk
     if said != DONE:
         sweep(token)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

@@ -171,8 +171,9 @@ def _private_folder(path: str) -> None:
 
 @contextlib.contextmanager
 def _private_store(nnodes: int) -> Iterator[dict[str, str]]:
-    """One node: a folder only this user can open (0700) where ``mg.init()`` ranks meet (a FileStore), so they
-    never use the workers' TCP store, which any local user can reach; removed after the job."""
+    """One node: a folder only this user can open (0700) for the rendezvous store and the FileStore where
+    ``mg.init()`` ranks meet, so they never use the workers' TCP store, which any local user can reach; removed
+    after the job (by the reaper if the launcher is killed)."""
     if nnodes != 1:
         yield {}
         return
@@ -322,10 +323,12 @@ def launch(
     if plan.devices.note:
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
-    # signs the rendezvous state: handed to the handler in memory, and no worker inherits it
-    stores.register(plan.torch_config.run_id, secret_from_env(cfg.nnodes) or secrets.token_bytes(32))
+    # the secret that signs the rendezvous state is handed to the handler in memory; no worker inherits it
+    secret = secret_from_env(cfg.nnodes) or secrets.token_bytes(32)
     with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
-            _environment({**plan.env, **private}, drop=(SECRET_VAR,)), processes.job_processes() as stopped:
+            _environment({**plan.env, **private}, drop=(SECRET_VAR,)), \
+            processes.job_processes(remove_on_death=list(private.values())) as stopped:
+        stores.register(plan.torch_config.run_id, secret, private.get(PRIVATE_STORE_VAR))
         try:
             _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
         except ChildFailedError as exc:

@@ -152,7 +152,7 @@ def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.P
     return alive
 
 
-def _start_reaper(token: str) -> tuple[subprocess.Popen, int] | None:
+def _start_reaper(token: str, remove_on_death: list[str]) -> tuple[subprocess.Popen, int] | None:
     """``_reaper.py`` in a session of its own, reading the launcher's end of a pipe; None where it cannot run.
 
     The write end stays in this process only (``os.pipe`` descriptors are not inherited), so it closes when this
@@ -162,7 +162,8 @@ def _start_reaper(token: str) -> tuple[subprocess.Popen, int] | None:
         return None  # the reaper reads /proc
     read_end, write_end = os.pipe()
     try:
-        reaper = subprocess.Popen([sys.executable, "-I", os.path.join(os.path.dirname(__file__), "_reaper.py"), token],
+        reaper = subprocess.Popen([sys.executable, "-I", os.path.join(os.path.dirname(__file__), "_reaper.py"), token,
+                                   *remove_on_death],
                                   stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
     except OSError:
@@ -208,8 +209,10 @@ def _set_handlers(handlers: dict) -> dict:
 
 
 @contextlib.contextmanager
-def job_processes(grace_s: float = 3.0) -> Iterator[list[int]]:
+def job_processes(grace_s: float = 3.0, remove_on_death: list[str] | None = None) -> Iterator[list[int]]:
     """Wrap one launch; see the module docstring. Yields a list that ends holding the pids stopped at the end.
+
+    ``remove_on_death``: folders the reaper removes after its sweep if the launcher dies (its private folders).
 
     Sets ``MULTIGPU_JOB_TOKEN`` in this process's environment for the launch (the workers inherit it).
     """
@@ -218,7 +221,7 @@ def job_processes(grace_s: float = 3.0) -> Iterator[list[int]]:
     token = secrets.token_hex(16)
     saved_token = os.environ.get(TOKEN_VAR)
     os.environ[TOKEN_VAR] = token
-    reaper = _start_reaper(token)
+    reaper = _start_reaper(token, list(remove_on_death or ()))
     before = {p.pid for p in _descendants()}  # the reaper included: it is not the workers' to stop
     stopped: list[int] = []
     was_subreaper = _set_subreaper(True)

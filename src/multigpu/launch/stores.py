@@ -89,7 +89,7 @@ TAMPERED = "was not written by this job (its signature does not match)"
 
 _WORKER_STORE_KEY = "multigpu/worker_store"
 _RETRY_S = 0.5
-_secrets: dict[str, bytes] = {}  # run id -> secret, kept by register() in the launcher's own process
+_secrets: dict[str, tuple[bytes, str | None]] = {}  # run id -> (secret, private folder), kept by register()
 
 
 def _mac(secret: bytes, data: bytes) -> bytes:
@@ -225,9 +225,10 @@ class _WorkerStoreHandler(RendezvousHandler):
                 self._remove_private_dir()
 
 
-def _file_store(timeout_s: float) -> tuple[Store, str]:
-    """One node: a FileStore in a fresh folder only this user can open (``mkdtemp`` makes it 0700)."""
-    folder = tempfile.mkdtemp(prefix="multigpu_rdzv_")
+def _file_store(timeout_s: float, parent: str | None) -> tuple[Store, str]:
+    """One node: a FileStore in a fresh folder only this user can open (``mkdtemp`` makes it 0700), inside the
+    launcher's private folder when it gave one (which the reaper removes if the launcher is killed)."""
+    folder = tempfile.mkdtemp(prefix="multigpu_rdzv_", dir=parent)
     store = FileStore(os.path.join(folder, "store"), -1)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store, folder
@@ -237,10 +238,11 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     read_timeout = params.get_as_int("read_timeout", 60) or 60
     is_host = params.get_as_bool("is_host", True)
-    secret = _secrets.get(params.run_id) or secret_from_env(params.max_nodes) or secrets.token_bytes(32)
+    secret, parent = _secrets.get(params.run_id, (None, None))
+    secret = secret or secret_from_env(params.max_nodes) or secrets.token_bytes(32)
     private_dir = None
     if params.max_nodes == 1 and is_host:  # no other node joins: no listener at all
-        store, private_dir = _file_store(read_timeout)
+        store, private_dir = _file_store(read_timeout, parent)
         address = addresses(host, port)[0][4][0]  # where the workers' store listens (loopback for localhost)
     elif is_host:
         store, address = _listening_store(host, port, read_timeout)
@@ -255,8 +257,9 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
                                private_dir)
 
 
-def register(run_id: str | None = None, secret: bytes | None = None) -> None:
-    """Make ``rdzv_backend="multigpu"`` known to torch's agent (idempotent), and keep ``run_id``'s secret.
+def register(run_id: str | None = None, secret: bytes | None = None, folder: str | None = None) -> None:
+    """Make ``rdzv_backend="multigpu"`` known to torch's agent (idempotent), and keep ``run_id``'s secret (and the
+    private folder where a one-node rendezvous store goes).
 
     torch's agent makes the handler in this process (the launcher), so the secret is handed over in memory:
     never on a command line, in a file, a log or the store. Without one, the handler takes
@@ -264,4 +267,4 @@ def register(run_id: str | None = None, secret: bytes | None = None) -> None:
     """
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     if run_id is not None and secret is not None:
-        _secrets[run_id] = secret
+        _secrets[run_id] = (secret, folder)
