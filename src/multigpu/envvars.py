@@ -5,7 +5,8 @@ before Python starts or before the run file is read; everything else about a
 run travels in ``run.json`` (:mod:`multigpu.runtime.context`). Code names these
 constants instead of spelling the strings (the worker wrapper,
 :mod:`multigpu.launch._worker`, runs before anything of multigpu may be
-imported, so it keeps copies of the six it reads; a test holds them equal).
+imported, so it keeps copies of the five it reads, and the reaper, which imports nothing of multigpu,
+of ``MULTIGPU_JOB_TOKEN``; a test holds them equal).
 
 ==========================  ==========================  ===================================================
 variable                    set by                      read by, and what it means
@@ -18,10 +19,6 @@ variable                    set by                      read by, and what it mea
                                                         ``CUDA_VISIBLE_DEVICES``, ``QD_VISIBLE_DEVICE``,
                                                         ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` from it
                                                         before anything is imported
-``MULTIGPU_GPU_RANKS``      the launcher, in a hybrid   the worker wrapper: local ranks from this one on
-                            job (``--allow-cpu-ranks``) are CPU ranks; it sets their
-                                                        ``CUDA_VISIBLE_DEVICES`` (and the other device
-                                                        variables) empty before anything is imported
 ``MULTIGPU_STACKS_DIR``     the launcher (its log       the worker wrapper, the stall watchdog and train's
                             folder's ``stacks/``)       interrupt handler: where a rank writes its Python
                                                         stacks on SIGTERM/SIGUSR1 or a stall
@@ -30,17 +27,22 @@ variable                    set by                      read by, and what it mea
                                                         parent is already another process
 ``MULTIGPU_DEBUG``          ``multigpu --debug``, or    the launcher and the workers: ``1`` shows Python
                             the user                    tracebacks instead of one line per error
+``MULTIGPU_JOB_TOKEN``      the launcher, per job       inherited by the workers and everything they start:
+                                                        the job's reaper (:mod:`multigpu.launch._reaper`)
+                                                        stops every process of the user that carries it
+                                                        when the launcher dies (SIGKILL, the OOM killer)
+``MULTIGPU_RDZV_SECRET``    the user, on every node of  the launcher: signs (HMAC-SHA256) the rendezvous
+                            a multi-node job            state and refuses any other; never passed to the
+                                                        workers (one node: a random secret in memory)
 ``MULTIGPU_NATIVE``         the user                    the simulation (:mod:`multigpu.sim.native`): ``0``
                                                         skips the compiled C kernels and runs the torch
                                                         code (default ``1``: compile them where a C
                                                         compiler is found)
 ==========================  ==========================  ===================================================
 
-The test suite has its own, read by nothing in the package:
-``MULTIGPU_TEST_SESSION`` and ``MULTIGPU_TEST_SHARED`` (tests/conftest.py: which
-processes a test session started), ``MULTIGPU_TEST_SEEN``
-(tests/dist/test_collectives.py) and ``MULTIGPU_SOAK_ITERS`` (the length of
-tests/dist/test_soak.py). Besides these, the launcher sets torchrun's own
+The test suite has a few of its own (which processes a test session started, the
+length of the soak test: see tests/conftest.py), read by nothing in the package.
+Besides these, the launcher sets torchrun's own
 variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...),
 ``OMP_NUM_THREADS`` (the thread budget), ``GLOO_SOCKET_IFNAME`` (loopback on
 one node) and ``CUDA_VISIBLE_DEVICES`` (the selected GPUs).
@@ -48,11 +50,12 @@ one node) and ``CUDA_VISIBLE_DEVICES`` (the selected GPUs).
 
 from __future__ import annotations
 
-__all__ = ["DEBUG", "DEVICE_MAP", "GPU_RANKS", "LAUNCHER_PID", "NATIVE", "RUN_FILE", "STACKS_DIR"]
+__all__ = ["DEBUG", "DEVICE_MAP", "JOB_TOKEN", "LAUNCHER_PID", "NATIVE", "RDZV_SECRET", "RUN_FILE", "STACKS_DIR"]
 
 RUN_FILE = "MULTIGPU_RUN_FILE"
 DEVICE_MAP = "MULTIGPU_DEVICE_MAP"
-GPU_RANKS = "MULTIGPU_GPU_RANKS"
+JOB_TOKEN = "MULTIGPU_JOB_TOKEN"
+RDZV_SECRET = "MULTIGPU_RDZV_SECRET"
 STACKS_DIR = "MULTIGPU_STACKS_DIR"
 LAUNCHER_PID = "MULTIGPU_LAUNCHER_PID"
 DEBUG = "MULTIGPU_DEBUG"

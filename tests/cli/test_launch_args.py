@@ -5,6 +5,7 @@ Only `_elastic_launch`, our one seam over torch, is replaced; everything up to i
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
@@ -13,7 +14,7 @@ from multigpu.cli import main
 from multigpu.launch._worker import worker_device_env
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import HostFacts, parse_gpus, plan_devices
-from tests.conftest import SCRIPTS
+from tests.conftest import SCRIPTS, run_file
 
 HELLO = str(SCRIPTS / "fail_rank1.py")  # any existing script; nothing runs it here
 
@@ -47,14 +48,26 @@ def test_standalone_nproc_restarts_and_underscore_aliases(seam, fake_gpus):
     assert (config.nproc_per_node, config.max_restarts, config.rdzv_endpoint) == (3, 2, "localhost:0")
 
 
-def test_multi_node_flags(seam, fake_gpus):
+def test_multi_node_flags(seam, fake_gpus, monkeypatch, capsys):
     fake_gpus(0)
     argv = ["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", "--nproc-per-node", "2", HELLO]
+    # issue 23: the rendezvous store is on the network, so the nodes sign its state with a secret they share
+    for value, said in (("", "MULTIGPU_RDZV_SECRET is not set"), ("short", "MULTIGPU_RDZV_SECRET has 5 characters")):
+        monkeypatch.setenv("MULTIGPU_RDZV_SECRET", value)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --nnodes 2: " + said) and "\n" not in err and "openssl rand" in err, err
+        assert not seam.called
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")
+    seam.side_effect = lambda *a: seam.env.append(os.environ.get("MULTIGPU_RDZV_SECRET"))
+    seam.env = []
     assert main(argv) == 0
+    assert seam.env == [None]  # the workers do not inherit it
     config, _, _ = _launched(seam)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
     assert config.rdzv_endpoint == "node0:29400" and config.rdzv_configs["is_host"] is False
     assert config.run_id == "multigpu"  # every node must agree on it
+    assert "0123456789abcdef" not in repr(config)  # handed to the handler in memory, not through torch's config
 
 
 def test_module_target(seam, fake_gpus):
@@ -74,11 +87,13 @@ def test_gpu_selection_and_isolation_plans():
     hybrid = plan_devices(LaunchConfig(gpus="2", nproc_per_node=3, allow_cpu_ranks=True), facts, inherited={})
     assert hybrid.hybrid and not plan.hybrid and hybrid.gpu_ids == ["4", "5"] and iso.isolated and not plan.isolated
     assert hybrid.device_types == ["cuda", "cpu"] and plan.device_types == ["cuda"]
-    ours = ("MULTIGPU_DEVICE_MAP", "MULTIGPU_GPU_RANKS")  # the documented ones (runtime/context.py)
+    ours = ("MULTIGPU_DEVICE_MAP",)  # the documented one (multigpu/envvars.py)
     assert not any(k.startswith("MULTIGPU_") and k not in ours for p in (plan, iso, hybrid) for k in p.env)
-    # a hybrid job's CPU ranks (local rank 2 here) see no GPU: nothing of theirs can land on one
-    assert hybrid.env["MULTIGPU_GPU_RANKS"] == "2" and "MULTIGPU_GPU_RANKS" not in plan.env
-    assert [worker_device_env(hybrid.env, r).get("CUDA_VISIBLE_DEVICES") for r in range(3)] == [None, None, ""]
+    # a hybrid job's CPU ranks (local rank 2 here) see no GPU: nothing of theirs can land on one (the worker
+    # wrapper reads gpu_ranks from the run file)
+    assert hybrid.gpu_ranks == 2 and plan.gpu_ranks is None
+    assert [worker_device_env(hybrid.env, r, hybrid.gpu_ranks).get("CUDA_VISIBLE_DEVICES")
+            for r in range(3)] == [None, None, ""]
     assert plan_devices(LaunchConfig(), facts, inherited={"OMP_NUM_THREADS": "2"}).env.get("OMP_NUM_THREADS") is None
     assert plan_devices(LaunchConfig(cpu=True, nproc_per_node=2), facts, inherited={}).env["CUDA_VISIBLE_DEVICES"] == ""
     assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("2", 3) == [0, 1] and parse_gpus("0,", 3) == [0]
@@ -142,3 +157,18 @@ def test_missing_script_and_debug_traceback(seam, capsys):
 
     with pytest.raises(ConfigError):
         main(["--debug", "launch", "no_such_script.py"])
+
+
+def test_one_node_ranks_meet_in_a_private_folder_that_goes_with_the_job(seam, fake_gpus, monkeypatch):
+    """Issue 23: on one node, mg.init() ranks meet through a FileStore in a 0700 folder (not the workers' TCP
+    store on loopback, which any local user can reach); several nodes have no common folder."""
+    fake_gpus(0)
+    seen = []
+    seam.side_effect = lambda *a: seen.append((folder := run_file().get("private_store"),
+                                                folder and os.stat(folder).st_mode & 0o777))
+    assert main(["launch", "--nproc-per-node", "2", HELLO]) == 0
+    (folder, mode), = seen
+    assert mode == 0o700 and not os.path.exists(folder)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")
+    assert main(["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", HELLO]) == 0
+    assert seen[1] == (None, None)

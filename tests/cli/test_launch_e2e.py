@@ -81,6 +81,10 @@ def test_mismatched_ranks_end_in_bounded_time(script, needle):
     assert time.monotonic() - start < 60
 
 
+_NODES_ENV = {**os.environ, "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
+"""Several nodes sign the rendezvous state with a secret they share (issue 23)."""
+
+
 def test_two_nodes_on_loopback(tmp_path):
     """Two launchers, one per node_rank, meet at one endpoint; the store's port is bound by its owner."""
     from torch.distributed import TCPStore
@@ -89,7 +93,7 @@ def test_two_nodes_on_loopback(tmp_path):
     base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
     procs = [
-        subprocess.Popen([*base, "--node-rank", str(r), "examples/hello.py"], cwd=ROOT,
+        subprocess.Popen([*base, "--node-rank", str(r), "examples/hello.py"], cwd=ROOT, env=_NODES_ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(2)
     ]
@@ -114,7 +118,7 @@ def test_a_node_that_disappears_ends_the_other_nodes_job(tmp_path):
             "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
     procs = [
         subprocess.Popen([*base, "--node-rank", str(r), str(SCRIPTS / "allreduce_loop.py"), str(tmp_path)], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=_NODES_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(2)
     ]
     deadline = time.monotonic() + 90

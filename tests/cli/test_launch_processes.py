@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,10 +49,12 @@ class _Jobs:
         self.procs: list[subprocess.Popen] = []
         self.others: list[psutil.Process] = []
 
-    def start(self, *args: str, cli: list[str] | None = None, capture: bool = True) -> subprocess.Popen:
+    def start(self, *args: str, cli: list[str] | None = None, capture: bool = True,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
         out = subprocess.PIPE if capture else subprocess.DEVNULL
         proc = subprocess.Popen([*(cli or [sys.executable, "-m", "multigpu"]), *args], cwd=ROOT, text=True,
-                                stdout=out, stderr=out, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                                stdout=out, stderr=out,
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
         self.procs.append(proc)
         return proc
 
@@ -144,6 +147,12 @@ def _stderr_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.strip() and not line.startswith(_NOTE)]
 
 
+def _private_folders() -> set[Path]:
+    """The stores' private folders in the session's TMPDIR (the launchers' too)."""
+    tmp = Path(tempfile.gettempdir())
+    return {*tmp.glob("multigpu_store_*"), *tmp.glob("multigpu_rdzv_*"), *tmp.glob("multigpu_store_*/multigpu_rdzv_*")}
+
+
 @pytest.mark.parametrize("sig,code,line", [
     (signal.SIGINT, 130, "error: interrupted"),
     (signal.SIGTERM, 143, "error: stopped by SIGTERM: every worker was stopped"),
@@ -151,11 +160,14 @@ def _stderr_lines(err: str) -> list[str]:
 def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_one_line(jobs, tmp_path, sig, code,
                                                                                         line):
     """Item 7: the rendezvous store, the workers' store and gloo listen on loopback only (torch's own stores
-    listen on every interface). Item 4: Ctrl-C printed 98 lines of tracebacks; SIGTERM exited 1."""
+    listen on every interface). Item 4: Ctrl-C printed 98 lines of tracebacks; SIGTERM exited 1. Issue 23: the
+    one-node stores are FileStores in a private folder, removed after a signal too."""
+    private = _private_folders()
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path))
     pids = jobs.watch(_pids(tmp_path, "pid", 2, proc))
     sockets = _listening([proc.pid, *pids])
-    assert len([s for s in sockets if s[0] == proc.pid]) >= 2, sockets  # the rendezvous and the workers' store
+    # the workers' store; the rendezvous store of one node is a FileStore in a private folder (issue 23)
+    assert len([s for s in sockets if s[0] == proc.pid]) == 1, sockets
     exposed = [s for s in sockets if not is_loopback(s[1])]
     assert not exposed, f"listening beyond loopback: {exposed} (all: {sockets})"
     start = time.monotonic()
@@ -165,6 +177,7 @@ def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_o
     assert proc.returncode == code, err
     assert _stderr_lines(err) == [line], err  # one line: no rank's traceback, no agent log
     _gone_within(pids, WITHIN_S)
+    assert _private_folders() == private
 
 
 def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
@@ -175,6 +188,26 @@ def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
     proc.kill()
     proc.wait(timeout=30)
     _gone_within(pids, WITHIN_S)
+
+
+def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path):
+    """Issue 23 item 3: with the launcher SIGKILLed, both workers died (PR_SET_PDEATHSIG) but the 4 processes
+    they started (a child and a setsid daemon each) ran on with parent 1. The reaper that outlives the launcher
+    stops every process carrying the job's token, then removes the job's private store folder."""
+    private = _private_folders()
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_wait.py"), str(tmp_path),
+                      capture=False)
+    workers = jobs.watch(_pids(tmp_path, "pid", 2, proc))
+    started = jobs.watch([int((tmp_path / f"{kind}{r}").read_text()) for kind in ("child", "daemon") for r in (0, 1)])
+    assert len(_alive(started)) == 4
+    assert len(_private_folders() - private) == 2  # the job's folder, its rendezvous store's inside
+    proc.kill()
+    proc.wait(timeout=30)
+    _gone_within([*workers, *started], WITHIN_S)
+    deadline = time.monotonic() + WITHIN_S
+    while _private_folders() != private:
+        assert time.monotonic() < deadline, "the killed launcher's private folder was left"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -233,7 +266,8 @@ def test_ctrl_c_while_a_node_waits_for_the_rendezvous_store_stops_at_once(jobs):
         endpoint = f"127.0.0.1:{reserved.getsockname()[1]}"
         cli = [sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "0"]  # no GPU: the launcher prints its note
         proc = jobs.start("launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint,
-                          "--nproc-per-node", "1", "examples/hello.py", cli=cli)
+                          "--nproc-per-node", "1", "examples/hello.py", cli=cli,
+                          env={"MULTIGPU_RDZV_SECRET": "0123456789abcdef"})
         assert proc.stderr.readline().startswith(_NOTE)  # past its imports, at the rendezvous
         time.sleep(2)
         start = time.monotonic()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import socket
 import string
 from collections import Counter
@@ -157,7 +158,7 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
     if base.get("resume"):
         kinds.append("resume_untrusted")
     if "--rdzv-endpoint" in _all_option_strings(name):
-        kinds.append("unusable_endpoint")
+        kinds += ["unusable_endpoint", "rdzv_secret"]
     kind = draw(st.sampled_from(kinds))
     argv = list(base["argv"])
     token = draw(st.text(string.ascii_lowercase, min_size=3, max_size=10))
@@ -197,8 +198,13 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
             cfg.write_text(yaml.safe_dump(data))
         argv[argv.index("-f") + 1] = str(cfg)
         return [], argv, kind
-    if kind == "unusable_endpoint":
-        flags = _unusable_endpoint(draw(st.sampled_from(["not_here", "unresolvable", "in_use", "is_host"])), token)
+    if kind in ("unusable_endpoint", "rdzv_secret"):
+        if kind == "rdzv_secret":  # several nodes, and MULTIGPU_RDZV_SECRET unset or too short (issue 23)
+            flags = ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29400"]
+            os.environ["MULTIGPU_RDZV_SECRET"] = draw(st.sampled_from(["", token[:8]]))  # the test restores it
+        else:
+            flags = _unusable_endpoint(draw(st.sampled_from(["not_here", "unresolvable", "in_use", "is_host"])),
+                                       token)
         if name in _TAKES_SCRIPT:  # after the script they would be the script's own arguments
             return flags, argv, kind
         return [], argv + flags, kind
@@ -254,11 +260,13 @@ def test_bad_input_gets_one_line_and_exit_2(name, tmp_path_factory, monkeypatch,
     fake_gpus(0)
     tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
     monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "")  # a case that needs another value sets it; restored after
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(data=st.data())
     def run(data):
         tmp = tmp_path_factory.mktemp(f"{name}{next(_COUNTER)}")
+        os.environ["MULTIGPU_RDZV_SECRET"] = ""  # an rdzv_secret case sets its own
         flags, argv, kind = data.draw(corruption(name, tmp), label="corruption")
         argv = _resolve_placeholders(argv, tmp)
         out = BASES[name].get("out")

@@ -34,12 +34,17 @@ def _listening_ports() -> dict[int, set[str]]:
 
 
 def test_a_one_node_rendezvous_and_its_workers_store_listen_on_loopback_only(monkeypatch):
-    """Both stores a one-node job opens: 127.0.0.1 only, a fresh workers' store per round, every worker a client."""
+    """The stores a one-node job opens: the workers' store on 127.0.0.1 only, a fresh one per round, every worker
+    a client; the rendezvous store listens nowhere (issue 23: a FileStore in a folder only this user can open,
+    removed at the end)."""
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as the launcher sets it
     stores.register()
     params = RendezvousParameters(backend=stores.BACKEND, endpoint="localhost:0", run_id="binding", min_nodes=1,
                                   max_nodes=1, is_host=True, last_call_timeout=1)
+    before = set(_listening_ports())
     handler = get_rendezvous_handler(params)
+    private = handler._remove_private_dir.peek()[2][0]
+    assert os.stat(private).st_mode & 0o777 == 0o700
     try:
         assert handler.use_agent_store  # the workers connect to the store below; none of them listens
         first = handler.next_rendezvous().bootstrap_store_info
@@ -50,16 +55,19 @@ def test_a_one_node_rendezvous_and_its_workers_store_listen_on_loopback_only(mon
         del client
         ports = _listening_ports()
         assert ports[first.master_port] == {"127.0.0.1"}
-        assert all(ips == {"127.0.0.1"} for ips in ports.values()), ports  # the rendezvous store too
+        assert all(ips == {"127.0.0.1"} for ips in ports.values()), ports
+        assert set(ports) - before == {first.master_port}  # the rendezvous store does not listen
         second = handler.next_rendezvous().bootstrap_store_info  # a restart: a new store, the old one is gone
         assert second.master_port != first.master_port
         assert first.master_port not in _listening_ports()
     finally:
         handler.shutdown()
+    assert not os.path.exists(private)
 
 
-def test_a_multi_node_host_listens_on_the_endpoint_address_only():
+def test_a_multi_node_host_listens_on_the_endpoint_address_only(monkeypatch):
     """Node 0 of several: the rendezvous store listens on the endpoint's address, not on every interface."""
+    monkeypatch.setenv(stores.SECRET_VAR, "0123456789abcdef")  # several nodes sign with a shared secret
     stores.register()
     params = RendezvousParameters(backend=stores.BACKEND, endpoint="127.0.0.1:0", run_id="binding2", min_nodes=2,
                                   max_nodes=2, is_host=True)

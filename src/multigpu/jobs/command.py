@@ -184,7 +184,7 @@ def create_run_dir(path: Path, fresh: bool) -> Path:
     candidate, n = path, 1
     while True:
         try:
-            candidate.mkdir()
+            candidate.mkdir(mode=0o700)  # this user's only, as rundir.create makes it
             return candidate
         except FileExistsError:
             n += 1

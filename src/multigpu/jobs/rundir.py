@@ -103,9 +103,10 @@ def cannot_create(path: Path, exc: OSError, flag: str = "--run-dir") -> OutputEr
 
 
 def create(path: Path, flag: str = "--run-dir") -> None:
-    """``mkdir -p`` with a one-line error naming the folder and the cause."""
+    """``mkdir -p`` with a one-line error naming the folder and the cause; a new last folder is this user's only
+    (0700: its logs, configs and checkpoints are nobody else's to read), one that exists keeps its mode."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise cannot_create(path, exc, flag) from exc
 

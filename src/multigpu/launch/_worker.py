@@ -12,7 +12,7 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 1. under ``--isolate-devices`` (``MULTIGPU_DEVICE_MAP`` set), set ``CUDA_VISIBLE_DEVICES``,
    ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
    worker's physical GPU, so simulators that read them at import see one GPU;
-   in a hybrid job (``MULTIGPU_GPU_RANKS`` set), set them empty for the CPU
+   in a hybrid job (the run file's ``gpu_ranks``), set them empty for the CPU
    ranks, so that nothing in a CPU rank (FSDP's default mesh, a library's
    ``torch.cuda`` call) can land on a GPU;
 2. take its own folder off ``sys.path`` (its ``agent.py``, ``config.py`` would
@@ -60,22 +60,18 @@ STACKS_DIR_VAR = "MULTIGPU_STACKS_DIR"
 DEBUG_VAR = "MULTIGPU_DEBUG"
 
 
-GPU_RANKS_VAR = "MULTIGPU_GPU_RANKS"
-"""A hybrid job (``--allow-cpu-ranks``): how many local ranks have a GPU; the ones after see none (set by the
-launcher)."""
 
 
-def worker_device_env(env, local_rank: int) -> dict[str, str]:
+def worker_device_env(env, local_rank: int, gpu_ranks: int | None = None) -> dict[str, str]:
     """The device variables one worker sets for itself (none: it keeps what it inherited).
 
     Isolated: the four variables name its own GPU, or none for a rank beyond the GPU list. Hybrid: a CPU rank
-    (``local_rank`` at or beyond ``MULTIGPU_GPU_RANKS``) sees no GPU."""
+    (``local_rank`` at or beyond ``gpu_ranks``, from the run file) sees no GPU."""
     if env.get(DEVICE_MAP_VAR):
         ids = [i for i in env[DEVICE_MAP_VAR].split(",") if i]
         value = ids[local_rank] if local_rank < len(ids) else ""
         return {name: value for name in DEVICE_VARIABLES}
-    gpu_ranks = env.get(GPU_RANKS_VAR, "")
-    if gpu_ranks.isdigit() and local_rank >= int(gpu_ranks):
+    if gpu_ranks is not None and local_rank >= gpu_ranks:
         return {name: "" for name in DEVICE_VARIABLES}
     return {}
 
@@ -218,19 +214,25 @@ def _accelerate_on_cpu_ranks() -> None:
     sys.meta_path.insert(0, _PatchAfterImport())
 
 
-def _wall_file() -> str | None:
-    """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
+def _run_file() -> dict:
+    """The launcher's ``run.json`` ({} without one, or unreadable: the runtime reports that when it reads it)."""
     import json
 
     path = os.environ.get(RUN_FILE_VAR)
     if not path:
-        return None
+        return {}
     try:
         with open(path, encoding="utf-8") as fh:
-            run = json.load(fh).get("run", {})
+            data = json.load(fh)
     except (OSError, ValueError):
-        return None  # the runtime reports an unreadable run file when it reads it
-    if not run.get("record_wall") or not run.get("run_dir"):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _wall_file(run_file: dict) -> str | None:
+    """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
+    run = run_file.get("run", {})
+    if not isinstance(run, dict) or not run.get("record_wall") or not run.get("run_dir"):
         return None
     return os.path.join(run["run_dir"], "wall", f"rank{os.environ.get('RANK', '0')}.json")
 
@@ -258,7 +260,10 @@ def _timed(target, wall_file: str | None):
 
 def main(argv: list[str]) -> None:
     _die_with_launcher(_launcher_pid())
-    os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
+    run_file = _run_file()
+    gpu_ranks = run_file.get("gpu_ranks")
+    os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0")),
+                                        gpu_ranks if isinstance(gpu_ranks, int) else None))
     if sys.path and os.path.abspath(sys.path[0]) == _HERE:
         del sys.path[0]  # never let this folder shadow modules named config, agent, ...; _run adds the right one
     _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
@@ -269,7 +274,7 @@ def main(argv: list[str]) -> None:
     _accelerate_on_cpu_ranks()
 
     try:
-        record(_timed(_run, _wall_file()))(argv)
+        record(_timed(_run, _wall_file(run_file)))(argv)
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_VAR) == "1":
             raise

@@ -9,7 +9,9 @@ ranks read through :mod:`multigpu.runtime.context`), builds torch's
 with a mock. Nothing here spawns, rendezvous or restarts by itself: torch's
 agent does all three, with the rendezvous backend of :mod:`multigpu.launch.stores`
 (torch's c10d handler on stores that listen on the endpoint's address, not on
-every interface). :mod:`multigpu.launch.processes` sees that no process of the
+every interface, with the rendezvous state signed so that no one else's pickle
+is ever read; :func:`launch` hands it the secret in memory and keeps it from the
+workers). :mod:`multigpu.launch.processes` sees that no process of the
 job outlives the launch and that a signal ends it the same way at any moment.
 """
 
@@ -20,6 +22,7 @@ import dataclasses
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -43,10 +46,17 @@ from multigpu.errors import (
     RendezvousTimeoutError,
     WorkerFailedError,
 )
+from multigpu.files import write_json_atomic
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
-from multigpu.launch.rendezvous import gloo_interface, hosts_store, loopback_interface, parse_endpoint
+from multigpu.launch.rendezvous import (
+    gloo_interface,
+    hosts_store,
+    loopback_interface,
+    parse_endpoint,
+    secret_from_env,
+)
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RunContext
 
@@ -115,6 +125,7 @@ def build_plan(
     """
     _check_target(target, module)
     host, port = parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
+    secret_from_env(cfg.nnodes)  # several nodes without a shared secret: refused before anything is written
     devices = devices or plan_devices(cfg, facts or HostFacts.probe())
     run = run_context_for(cfg, devices, run)
     if cfg.log_dir:
@@ -123,6 +134,7 @@ def build_plan(
         log_dir = str(Path(run.run_dir) / "logs")
     else:
         log_dir = tempfile.mkdtemp(prefix="multigpu_logs_")
+    _private_folder(log_dir)  # before torch's DefaultLogsSpecs below makes it (0755)
     run_file = Path(run.run_dir or log_dir) / "run.json"
     env = dict(devices.env)
     env[envvars.STACKS_DIR] = str(Path(log_dir) / "stacks")
@@ -168,6 +180,8 @@ def build_plan(
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
+    if devices.gpu_ranks is not None:
+        run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
 
 
@@ -283,6 +297,30 @@ def _nccl_dumps(prefix: str) -> str:
             f"`python -m torch.distributed.flight_recorder.fr_trace {folder}`")
 
 
+def _private_folder(path: str) -> None:
+    """Create the log folder for this user only (0700): worker output, error files and the folder names that
+    carry the run id are nobody else's to read. A folder that exists keeps the mode its owner gave it."""
+    with contextlib.suppress(OSError):  # one that cannot be made is named by the first write into it
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.mkdir(path, 0o700)
+
+
+@contextlib.contextmanager
+def _private_store(nnodes: int) -> Iterator[str | None]:
+    """One node: a folder only this user can open (0700) for the rendezvous store and the FileStore where
+    ``mg.init()`` ranks meet, so they never use the workers' TCP store, which any local user can reach; removed
+    after the job (by the reaper if the launcher is killed). Its path reaches the ranks in the run file
+    (``run.json``'s ``private_store``), not in a variable."""
+    if nnodes != 1:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="multigpu_store_")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
     """The one call into torch's agent (tests replace this with a mock)."""
     return elastic_launch(config, entrypoint)(*args)
@@ -309,8 +347,9 @@ def _quiet_agent_logs() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """Workers inherit the launcher's environment: set ``extra`` for the launch, then put it all back.
+def _environment(extra: dict[str, str], drop: Sequence[str] = ()) -> Iterator[None]:
+    """Workers inherit the launcher's environment: set ``extra`` and unset ``drop`` for the launch, then put it
+    all back.
 
     The whole environment is restored, not only ``extra``: torch's agent sets variables of its own
     (``TORCHELASTIC_SIGNALS_TO_HANDLE``), which must not leak into a caller that launches several
@@ -318,6 +357,8 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
     """
     saved = dict(os.environ)
     os.environ.update(extra)
+    for name in drop:
+        os.environ.pop(name, None)
     try:
         yield
     finally:
@@ -420,23 +461,25 @@ def launch(
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
         RendezvousTimeoutError: the other nodes did not join in time.
     """
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
-    from multigpu.files import write_json_atomic
-
-    write_json_atomic(plan.run_file, plan.run_data)
     if plan.devices.note:
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
     if dump:
         Path(dump).parent.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
-    stores.register()
+    # the secret that signs the rendezvous state is handed to the handler in memory; no worker inherits it
+    secret = secret_from_env(cfg.nnodes) or secrets.token_bytes(32)
     stopped: list[int] = []
     try:
-        with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
+        with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
+                _environment(plan.env, drop=(envvars.RDZV_SECRET,)), \
+                processes.job_processes(remove_on_death=[private] if private else []) as stopped:
+            write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {})})
+            stores.register(plan.torch_config.run_id, secret, private)
             try:
                 _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
@@ -453,6 +496,10 @@ def launch(
                 ) from None
             except MultigpuError:
                 raise
+            except RendezvousStateError as exc:
+                if stores.TAMPERED not in str(exc):
+                    raise LaunchError(f"the launcher could not start the job: {exc}") from None
+                raise LaunchError(f"the job was stopped: {exc}") from None
             except (RuntimeError, ValueError, RendezvousError) as exc:
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one

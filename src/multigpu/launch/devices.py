@@ -106,6 +106,9 @@ class DevicePlan:
     """Some ranks run on the CPU beside GPU ranks (``--allow-cpu-ranks``): gloo everywhere."""
     shared: bool = False
     """Several ranks share one GPU (``--share-gpus``): gloo everywhere."""
+    gpu_ranks: int | None = None
+    """A hybrid job: the local ranks below this have a GPU; the worker wrapper hides every GPU from the others
+    (it reads this from the run file, ``run.json``'s ``gpu_ranks``, before anything is imported)."""
 
     available_bytes: int | None = None
     """Memory available on this node when the job was planned (None: unknown)."""
@@ -281,7 +284,6 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                 "pinned to its GPU; collectives over gloo (NCCL allows one rank per GPU)")
     hybrid = nproc > len(ids)
     if hybrid:
-        env[envvars.GPU_RANKS] = str(len(ids))  # the worker wrapper hides every GPU from the ranks after these
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
     threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
@@ -289,5 +291,6 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
     caps = facts.gpu_capabilities
     lowest = min(caps[i] for i in selected) if caps and len(caps) == facts.gpu_count else None
     return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared,
+                      gpu_ranks=len(ids) if hybrid else None,
                       available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes,
                       gpu_capability=lowest)

@@ -175,9 +175,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         rank_prefix=args.rank_prefix,
     )
-    from multigpu.launch.rendezvous import check_endpoint
+    from multigpu.launch.rendezvous import check_endpoint, secret_from_env
 
     check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    secret_from_env(cfg.nnodes)  # several nodes need a shared secret: refused here, before anything is written
     return cfg
 
 

@@ -12,9 +12,11 @@ things escape it:
   run too: the agent signals only workers still running;
 * the launcher's own death (SIGKILL, the OOM killer): nothing in the launcher
   runs then, so the workers see to it themselves (``_worker.py``:
-  ``PR_SET_PDEATHSIG``).
+  ``PR_SET_PDEATHSIG``), and a tiny reaper process that outlives the launcher
+  (``_reaper.py``) stops what they started: every process whose environment
+  carries this job's ``MULTIGPU_JOB_TOKEN``.
 
-:func:`job_processes` wraps one launch against the first two. On Linux the
+:func:`job_processes` wraps one launch against all three. On Linux the
 launcher is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``) for the launch, so
 a process whose worker exited is re-parented to the launcher, not to init, and
 stays findable. At the end, every descendant that was not there before and
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -41,6 +45,8 @@ from collections.abc import Iterator
 
 import psutil
 from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from multigpu import envvars
 
 __all__ = ["HANDLED_SIGNALS", "job_processes", "leftover_processes", "stop_processes"]
 
@@ -148,6 +154,42 @@ def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.P
     return alive
 
 
+def _start_reaper(token: str, remove_on_death: list[str]) -> tuple[subprocess.Popen, int] | None:
+    """``_reaper.py`` in a session of its own, reading the launcher's end of a pipe; None where it cannot run.
+
+    The write end stays in this process only (``os.pipe`` descriptors are not inherited), so it closes when this
+    process dies, however it dies.
+    """
+    if not sys.platform.startswith("linux"):
+        return None  # the reaper reads /proc
+    read_end, write_end = os.pipe()
+    try:
+        reaper = subprocess.Popen([sys.executable, "-I", os.path.join(os.path.dirname(__file__), "_reaper.py"), token,
+                                   *remove_on_death],
+                                  stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+    except OSError:
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return reaper, write_end
+
+
+def _stop_reaper(started: tuple[subprocess.Popen, int] | None) -> None:
+    """The job ended with the launcher alive: the leftovers are stopped already; the reaper just exits."""
+    if started is None:
+        return
+    from multigpu.launch._reaper import DONE
+
+    reaper, write_end = started
+    with contextlib.suppress(OSError):
+        os.write(write_end, DONE)
+    os.close(write_end)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        reaper.wait(timeout=5)
+
+
 def _raise_signal(signum: int, frame) -> None:
     sig = signal.Signals(signum)
     raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
@@ -169,9 +211,20 @@ def _set_handlers(handlers: dict) -> dict:
 
 
 @contextlib.contextmanager
-def job_processes(grace_s: float = 3.0) -> Iterator[list[int]]:
-    """Wrap one launch; see the module docstring. Yields a list that ends holding the pids stopped at the end."""
-    before = {p.pid for p in _descendants()}
+def job_processes(grace_s: float = 3.0, remove_on_death: list[str] | None = None) -> Iterator[list[int]]:
+    """Wrap one launch; see the module docstring. Yields a list that ends holding the pids stopped at the end.
+
+    ``remove_on_death``: folders the reaper removes after its sweep if the launcher dies (its private folders).
+
+    Sets ``MULTIGPU_JOB_TOKEN`` in this process's environment for the launch (the workers inherit it).
+    """
+    TOKEN_VAR = envvars.JOB_TOKEN  # noqa: N806 - the reaper keeps its own copy (it imports nothing of ours)
+
+    token = secrets.token_hex(16)
+    saved_token = os.environ.get(TOKEN_VAR)
+    os.environ[TOKEN_VAR] = token
+    reaper = _start_reaper(token, list(remove_on_death or ()))
+    before = {p.pid for p in _descendants()}  # the reaper included: it is not the workers' to stop
     stopped: list[int] = []
     was_subreaper = _set_subreaper(True)
     saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}  # torch replaces them all and restores none
@@ -186,6 +239,11 @@ def job_processes(grace_s: float = 3.0) -> Iterator[list[int]]:
             stopped.extend(p.pid for p in leftovers)
             stop_processes(leftovers, grace_s)
         finally:
+            _stop_reaper(reaper)
             _set_handlers(saved)
             if was_subreaper is False:
                 _set_subreaper(False)
+            if saved_token is None:
+                os.environ.pop(TOKEN_VAR, None)
+            else:
+                os.environ[TOKEN_VAR] = saved_token

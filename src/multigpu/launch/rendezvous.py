@@ -10,12 +10,37 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 
+from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["addresses", "bind_address", "check_endpoint", "hosts_store", "is_loopback", "loopback_interface",
-           "parse_endpoint"]
+__all__ = ["SECRET_VAR", "addresses", "bind_address", "check_endpoint", "hosts_store", "is_loopback",
+           "loopback_interface", "parse_endpoint", "secret_from_env"]
+
+SECRET_VAR = envvars.RDZV_SECRET
+"""The secret every node of a multi-node job signs the rendezvous state with (the same on every node)."""
+
+_MIN_SECRET_CHARS = 16
+
+
+def secret_from_env(nnodes: int, environ=os.environ) -> bytes | None:
+    """The multi-node secret from ``MULTIGPU_RDZV_SECRET``; None on one node (a random one, in memory, is stronger).
+
+    Raises:
+        ConfigError: several nodes and no secret, or one short enough to guess.
+    """
+    if nnodes == 1:
+        return None
+    text = environ.get(SECRET_VAR, "")
+    if len(text) < _MIN_SECRET_CHARS:
+        said = "is not set" if not text else f"has {len(text)} characters"
+        raise ConfigError(
+            f"--nnodes {nnodes}: {SECRET_VAR} {said}; the rendezvous store is reachable over the network, so every "
+            f"node signs what it writes there with this secret; valid: the same random value of at least "
+            f"{_MIN_SECRET_CHARS} characters on every node, e.g. export {SECRET_VAR}=$(openssl rand -hex 16)")
+    return text.encode()
 
 
 def parse_endpoint(endpoint: str, *, nnodes: int) -> tuple[str, int]:

@@ -8,52 +8,130 @@ bound. So multigpu registers a rendezvous backend of its own, ``multigpu``, in
 torch's handler registry: torch's own dynamic (c10d) rendezvous handler, built
 by torch's ``create_handler``, on a store made here. Then:
 
-* the rendezvous store listens only on the address ``--rdzv-endpoint`` names
-  (``localhost:0`` on one node: 127.0.0.1, a free port). The other nodes
-  connect to it as clients, after waiting for it in a Python loop that Ctrl-C
-  stops at once (torch's client retries its connection in C++ and ignores
-  Ctrl-C until its timeout);
+* on several nodes the rendezvous store listens only on the address
+  ``--rdzv-endpoint`` names. The other nodes connect to it as clients, after
+  waiting for it in a Python loop that Ctrl-C stops at once (torch's client
+  retries its connection in C++ and ignores Ctrl-C until its timeout). On one
+  node it listens nowhere (a FileStore, below);
 * the workers' store (their ``MASTER_ADDR:MASTER_PORT``) is hosted by the
   launcher that holds group rank 0, a fresh one for every rendezvous round (a
   restarted group never reads the previous attempt's keys: pytorch/pytorch#135712),
-  on loopback on one node and, on several, on this node's address on the route to
-  the endpoint. Every worker is a client of it (``use_agent_store``), so no worker
+  on the endpoint's address on one node (loopback for ``localhost:0``) and, on
+  several, on this node's address on the route to the endpoint. Every worker is a client of it (``use_agent_store``), so no worker
   listens for a store, whatever the user's script calls.
 
 The launcher sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which keeps torch's
 handler from opening its own shared store on ``*``. Torch still finds a free
 port for a store it then does not open (``get_free_port``: a socket bound to
 ``*`` and closed at once).
+
+No one else on the machine (or the network) may run code through the stores
+(issue 23). torch's handler unpickles the rendezvous state it reads from the
+store on every sync, and a TCPStore has no authentication: whoever can connect
+can list its keys (``list_keys``) and write any of them. So:
+
+* on one node the rendezvous store is a ``FileStore`` in a folder only this user
+  can open (``mkdtemp``: 0700), removed when the handler shuts down: nothing
+  listens for it;
+* every state blob is signed (HMAC-SHA256) with a secret that never goes
+  through the store (:class:`_SignedBackend`), and a blob whose signature does
+  not match is refused before torch unpickles it, in one line naming tampering.
+  On one node the secret is random and lives only in the launcher's memory; on
+  several, every node reads the same one from ``MULTIGPU_RDZV_SECRET``
+  (:func:`secret_from_env`; the workers do not inherit it). The address of the
+  workers' store is signed the same way, so no one sends a node's workers to a
+  store of theirs.
+
+What remains: the workers' store is a TCPStore (torch's workers reach it through
+``MASTER_ADDR:MASTER_PORT``; torch offers no other store there), on loopback on
+one node, so local users can connect to it, read its keys and disturb the job.
+torch reads nothing from it with pickle (gloo and NCCL addresses, barrier
+counters); the agent's rank assignment in the rendezvous store is JSON.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import secrets
+import shutil
 import socket
+import tempfile
 import time
+import weakref
 from datetime import timedelta
 
-from torch.distributed import TCPStore
+from torch.distributed import FileStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
+    RendezvousStateError,
     rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from multigpu.errors import RendezvousTimeoutError
-from multigpu.launch.rendezvous import addresses, bind_address
+from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
-__all__ = ["BACKEND", "register", "wait_for_store"]
+__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "register", "secret_from_env", "wait_for_store"]
 
 BACKEND = "multigpu"
 """The rendezvous backend name given to torch's agent."""
 
+TAMPERED = "was not written by this job (its signature does not match)"
+"""In the one line that refuses a rendezvous value: someone else wrote to the store, or the nodes hold different
+``MULTIGPU_RDZV_SECRET`` values."""
+
 _WORKER_STORE_KEY = "multigpu/worker_store"
 _RETRY_S = 0.5
+_secrets: dict[str, tuple[bytes, str | None]] = {}  # run id -> (secret, private folder), kept by register()
+
+
+def _mac(secret: bytes, data: bytes) -> bytes:
+    return hmac.new(secret, data, hashlib.sha256).digest()
+
+
+def _seal(secret: bytes, data: bytes) -> bytes:
+    return _mac(secret, data) + data
+
+
+def _open(secret: bytes, blob: bytes, what: str) -> bytes:
+    """``blob`` without its signature; refused (before anything reads it) when the signature does not match."""
+    mac, data = blob[:32], blob[32:]
+    if len(blob) < 32 or not hmac.compare_digest(mac, _mac(secret, data)):
+        raise RendezvousStateError(
+            f"the {what} in the rendezvous store {TAMPERED}: another process wrote to the store (tampering), or "
+            f"the nodes were started with different {SECRET_VAR} values; nothing it held was read")
+    return data
+
+
+class _SignedBackend(RendezvousBackend):
+    """torch's c10d backend with every state blob signed: torch's handler unpickles only what this job wrote."""
+
+    def __init__(self, inner: RendezvousBackend, secret: bytes):
+        self._inner = inner
+        self._secret = secret
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        got = self._inner.get_state()
+        return None if got is None else (_open(self._secret, got[0], "state"), got[1])
+
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+        # what comes back is the store's value, ours or another writer's: checked alike
+        got = self._inner.set_state(_seal(self._secret, state), token)
+        if got is None:
+            return None
+        blob, new_token, has_set = got
+        return _open(self._secret, blob, "state"), new_token, has_set
 
 
 def _listening_store(host: str, port: int, timeout_s: float) -> tuple[TCPStore, str]:
@@ -95,11 +173,15 @@ class _WorkerStoreHandler(RendezvousHandler):
     """torch's handler, plus a workers' store per round that listens where this module says."""
 
     def __init__(self, inner: RendezvousHandler, worker_host: str | None, endpoint: tuple[str, int],
-                 timeout_s: float):
+                 timeout_s: float, secret: bytes, private_dir: str | None = None):
         self._inner = inner
         self._worker_host = worker_host  # None: this node's address towards the endpoint, found when needed
         self._endpoint = endpoint
         self._timeout_s = timeout_s
+        self._secret = secret
+        # the FileStore's folder (one node): removed at shutdown, or when the handler goes or the launcher exits
+        # (torch's launcher skips shutdown() after a signal)
+        self._remove_private_dir = weakref.finalize(self, shutil.rmtree, private_dir, True) if private_dir else None
         self._worker_store: TCPStore | None = None
 
     def get_backend(self) -> str:
@@ -115,8 +197,11 @@ class _WorkerStoreHandler(RendezvousHandler):
         if info.rank == 0:
             host = self._worker_host or _address_towards(*self._endpoint)
             self._worker_store, address = _listening_store(host, 0, self._timeout_s)
-            info.store.set(_WORKER_STORE_KEY, f"{address} {self._worker_store.port}")
-        address, port = info.store.get(_WORKER_STORE_KEY).decode().rsplit(" ", 1)
+            where = f"{address} {self._worker_store.port}"
+            info.store.set(_WORKER_STORE_KEY, _seal(self._secret, where.encode()))
+        else:  # signed: no one else sends this node's workers to a store of theirs
+            where = _open(self._secret, info.store.get(_WORKER_STORE_KEY), "workers' store address").decode()
+        address, port = where.rsplit(" ", 1)
         return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port)))
 
     def is_closed(self) -> bool:
@@ -133,23 +218,53 @@ class _WorkerStoreHandler(RendezvousHandler):
 
     def shutdown(self) -> bool:
         self._worker_store = None
-        return self._inner.shutdown()
+        try:
+            return self._inner.shutdown()
+        finally:
+            if self._remove_private_dir:
+                self._remove_private_dir()
+
+
+def _file_store(timeout_s: float, parent: str | None) -> tuple[Store, str]:
+    """One node: a FileStore in a fresh folder only this user can open (``mkdtemp`` makes it 0700), inside the
+    launcher's private folder when it gave one (which the reaper removes if the launcher is killed)."""
+    folder = tempfile.mkdtemp(prefix="multigpu_rdzv_", dir=parent)
+    store = FileStore(os.path.join(folder, "store"), -1)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store, folder
 
 
 def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     read_timeout = params.get_as_int("read_timeout", 60) or 60
-    if params.get_as_bool("is_host", True):
+    is_host = params.get_as_bool("is_host", True)
+    secret, parent = _secrets.get(params.run_id, (None, None))
+    secret = secret or secret_from_env(params.max_nodes) or secrets.token_bytes(32)
+    private_dir = None
+    if params.max_nodes == 1 and is_host:  # no other node joins: no listener at all
+        store, private_dir = _file_store(read_timeout, parent)
+        address = addresses(host, port)[0][4][0]  # where the workers' store listens (loopback for localhost)
+    elif is_host:
         store, address = _listening_store(host, port, read_timeout)
     else:
         wait_for_store(host, port, params.get_as_int("join_timeout", 600) or 600)
         store = TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout))
         address = None
-    handler = create_handler(store, C10dRendezvousBackend(store, params.run_id), params)
+    backend = _SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
+    handler = create_handler(store, backend, params)
     single_node = params.max_nodes == 1 and address is not None
-    return _WorkerStoreHandler(handler, address if single_node else None, (host, port), read_timeout)
+    return _WorkerStoreHandler(handler, address if single_node else None, (host, port), read_timeout, secret,
+                               private_dir)
 
 
-def register() -> None:
-    """Make ``rdzv_backend="multigpu"`` known to torch's agent (idempotent)."""
+def register(run_id: str | None = None, secret: bytes | None = None, folder: str | None = None) -> None:
+    """Make ``rdzv_backend="multigpu"`` known to torch's agent (idempotent), and keep ``run_id``'s secret (and the
+    private folder where a one-node rendezvous store goes).
+
+    torch's agent makes the handler in this process (the launcher), so the secret is handed over in memory:
+    never on a command line, in a file, a log or the store. Without one, the handler takes
+    ``MULTIGPU_RDZV_SECRET`` (several nodes: required) or, on one node, a random one.
+    """
     rendezvous_handler_registry.register(BACKEND, _create_handler)
+    if run_id is not None and secret is not None:
+        _secrets[run_id] = (secret, folder)

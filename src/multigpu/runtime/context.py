@@ -36,6 +36,10 @@ __all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_f
 RUN_FILE_VAR = envvars.RUN_FILE
 """The one variable through which the launcher tells a rank about its run."""
 
+
+"""Set by the launcher of a one-node job: a 0700 folder where ``init()`` ranks meet, one FileStore per attempt
+(not the workers' TCP store, which any local user can reach)."""
+
 SCALINGS = ("strong", "weak")
 
 

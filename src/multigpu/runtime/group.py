@@ -13,6 +13,12 @@ variables without ``MASTER_ADDR``/``MASTER_PORT`` are refused at once, in one
 line naming what was found; with them, and for SLURM's, ``init`` says in one
 line what it found and waits at most :data:`NO_LAUNCHER_WAIT_S` (or
 ``timeout_s`` when given) for the other ranks, then stops with one line.
+
+Under ``multigpu launch`` on one node the ranks meet through a FileStore in a
+folder only the job's user can open (``run.json``'s ``private_store``), not through the
+workers' TCP store on loopback, which any local user can connect to and write
+(issue 23); a script that calls ``torch.distributed.init_process_group`` itself
+still uses the TCP store.
 """
 
 from __future__ import annotations
@@ -197,6 +203,8 @@ def init(
 
 def _init_process_group(pg_backend: str, placement, dev: torch.device, init_method: str | None, *,
                         wait_s: float) -> None:
+    # the caller's (the test harness's file:///tmp/x/store), else the launcher's private folder on one node
+    init_method = init_method or _private_store()
     found = found_variables(placement.source)
     if init_method is None and (placement.master_addr is None or placement.master_port is None):
         raise ConfigError(f"multigpu.init(): {found} say this is one of {placement.world_size} ranks, but MASTER_ADDR "
@@ -225,6 +233,16 @@ def _init_process_group(pg_backend: str, placement, dev: torch.device, init_meth
         if advice is None:
             raise
         raise DeviceError(advice) from None
+
+
+def _private_store() -> str | None:
+    """A FileStore in the launcher's private folder, a fresh one per attempt (a restarted group must not read
+    the previous attempt's keys); None where the launcher gave no folder."""
+    path = os.environ.get(context.RUN_FILE_VAR)
+    folder = context.read_run_file(path).get("private_store") if path else None
+    if not folder:
+        return None
+    return f"file://{folder}/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def nccl_advice(message: str, rank: int, dev: torch.device) -> str | None:
