@@ -1,0 +1,81 @@
+"""Which checkpoint a run starts from: decided once, in the rank entry point, for every workload.
+
+``--resume auto`` (the newest valid checkpoint of the run directory, or none yet), ``--resume PATH``
+(a ``step_*`` folder, which must verify), or a worker group restarted by torchrun's agent
+(``TORCHELASTIC_RESTART_COUNT`` > 0: the run's newest valid checkpoint, whatever ``--resume`` said;
+the given one only while the run has none yet) become ``ctx.resume_from``: a path or None. A workload
+loads that path and never looks for checkpoints, restart counts or ``--resume`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
+from multigpu.checkpointing import CorruptCheckpointError
+from multigpu.errors import ConfigError
+
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "restart_count"]
+
+CHECKPOINTS = "checkpoints"
+"""The store's folder inside a run directory."""
+
+RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this worker group (``--max-restarts``); 0 at first.
+
+    The only place that reads ``TORCHELASTIC_RESTART_COUNT`` (set by the agent in every worker).
+    """
+    try:
+        return int(os.environ.get(RESTART_VAR, "0"))
+    except ValueError:
+        return 0
+
+
+def check_resume_path(resume: str) -> Path:
+    """``--resume PATH``: a checkpoint folder whose files match its manifest (bytes only; the launcher and
+    rank 0 call this). One-line ConfigError or CorruptCheckpointError otherwise."""
+    path = Path(resume)
+    if not path.exists():
+        raise ConfigError(f"--resume {resume}: no such checkpoint; valid: auto, or a checkpoints/step_* folder")
+    what = old_layout(path.parent if path.is_file() else path)
+    if not is_checkpoint(path) and what is not None:
+        from multigpu.checkpoint.store import _old_layout_error
+
+        raise _old_layout_error(path, what)
+    if not is_checkpoint(path):
+        raise ConfigError(f"--resume {resume}: not a checkpoint folder (no manifest.json); valid: auto, "
+                          "or a checkpoints/step_* folder")
+    try:
+        verify(path)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(exc.path, exc.reason) from None
+    return path
+
+
+def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:
+    """The checkpoint to start from (None: from scratch). Local: rank 0 calls it and tells the others.
+
+    ``say``: one line about the choice (resuming from, no checkpoint yet).
+    """
+    store = CheckpointStore(Path(run_dir) / CHECKPOINTS) if run_dir else None
+    if restarts > 0 and store is not None:
+        found = store.latest()
+        if found is not None:
+            say(f"restart {restarts}: resuming from {found}")
+            return found
+    if not resume:
+        return None
+    if resume == "auto":
+        found = store.latest() if store is not None else None
+        if found is None:
+            say("resume=auto: no checkpoint yet; starting from step 0")
+            return None
+        say(f"resuming from {found}")
+        return found
+    path = check_resume_path(resume)
+    say(f"resuming from {path}")
+    return path
