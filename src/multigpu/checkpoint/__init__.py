@@ -5,7 +5,7 @@
 (:mod:`multigpu.checkpoint.resume`).
 """
 
-from multigpu.checkpoint.resume import CHECKPOINTS, check_resume_path, choose, restart_count
+from multigpu.checkpoint.resume import CHECKPOINTS, check_resume_path, choose, resolve, restart_count
 from multigpu.checkpoint.rng import RngState
 from multigpu.checkpoint.store import (
     MANIFEST,
@@ -22,4 +22,4 @@ from multigpu.checkpointing import CheckpointError, CheckpointWriteError, Corrup
 
 __all__ = ["CHECKPOINTS", "MANIFEST", "STATE", "CheckpointError", "CheckpointStore", "CheckpointWriteError",
            "CorruptCheckpointError", "OldLayoutError", "PerRank", "RngState", "Sharded", "check_resume_path",
-           "choose", "is_checkpoint", "read_manifest", "restart_count", "verify"]
+           "choose", "is_checkpoint", "read_manifest", "resolve", "restart_count", "verify"]

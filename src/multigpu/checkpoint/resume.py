@@ -16,7 +16,7 @@ from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout
 from multigpu.checkpointing import CorruptCheckpointError
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -79,3 +79,32 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
     path = check_resume_path(resume)
     say(f"resuming from {path}")
     return path
+
+
+def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = None) -> Path | None:
+    """:func:`choose` on rank 0, the same answer (or the same one-line error) on every rank. Call on all ranks
+    after ``mg.init`` (a single process needs no group). ``restarts``: default :func:`restart_count`."""
+    from multigpu.checkpoint.store import OldLayoutError
+    from multigpu.runtime import collectives, group
+
+    restarts = restart_count() if restarts is None else restarts
+    many = group.is_initialized() and group.world_size() > 1
+    choice = error = None
+    if not many or group.rank() == 0:
+        try:
+            found = choose(resume, run_dir, restarts, say=lambda line: print(line, flush=True))
+            choice = str(found) if found is not None else None
+        except CorruptCheckpointError as exc:
+            error = ("corrupt", (str(exc.path), exc.reason))
+        except OldLayoutError as exc:
+            error = ("old", str(exc))
+        except ConfigError as exc:
+            error = ("config", str(exc))
+    if many:
+        choice, error = collectives.broadcast_object((choice, error))
+    if error is not None:
+        kind, detail = error
+        if kind == "corrupt":
+            raise CorruptCheckpointError(*detail)
+        raise OldLayoutError(detail) if kind == "old" else ConfigError(detail)
+    return Path(choice) if choice else None
