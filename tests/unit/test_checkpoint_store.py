@@ -150,7 +150,7 @@ def test_choose_auto_path_and_restart(tmp_path):
     assert choose(None, str(run), 1, say=said.append) == store.path_for(4)  # a restart resumes by itself
     assert said[-1] == f"restart 1: resuming from {store.path_for(4)}"
     assert choose(str(store.path_for(2)), str(run), 0, say=said.append) == store.path_for(2)
-    with pytest.raises(ConfigError, match="no such checkpoint"):
+    with pytest.raises(ConfigError, match="no such file or folder"):
         choose(str(run / "nope"), str(run), 0, say=said.append)
 
 

@@ -16,7 +16,8 @@ from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout
 from multigpu.checkpointing import CorruptCheckpointError
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "resolve", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "refuse_old_layout", "resolve",
+           "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -40,20 +41,32 @@ def check_resume_path(resume: str) -> Path:
     rank 0 call this). One-line ConfigError or CorruptCheckpointError otherwise."""
     path = Path(resume)
     if not path.exists():
-        raise ConfigError(f"--resume {resume}: no such checkpoint; valid: auto, or a checkpoints/step_* folder")
+        raise ConfigError(f"--resume {resume}: no such file or folder (it is not a checkpoint folder); valid: auto, "
+                          "or a checkpoints/step_* folder")
     what = old_layout(path.parent if path.is_file() else path)
     if not is_checkpoint(path) and what is not None:
         from multigpu.checkpoint.store import _old_layout_error
 
         raise _old_layout_error(path, what)
     if not is_checkpoint(path):
-        raise ConfigError(f"--resume {resume}: not a checkpoint folder (no manifest.json); valid: auto, "
-                          "or a checkpoints/step_* folder")
+        raise ConfigError(f"--resume {resume}: not a checkpoint folder (it has no manifest.json, so nothing in it "
+                          "has a checksum and it is not loaded); valid: auto, or a checkpoints/step_* folder")
     try:
         verify(path)
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(exc.path, exc.reason) from None
     return path
+
+
+def refuse_old_layout(run_dir: str | Path) -> None:
+    """In the launcher, for ``--resume auto``: a run directory whose checkpoints are all of an earlier layout
+    is refused in one line (:class:`~multigpu.checkpoint.store.OldLayoutError`) before anything starts."""
+    from multigpu.checkpoint.store import _old_layout_error
+
+    store = CheckpointStore(Path(run_dir) / CHECKPOINTS)
+    what = old_layout(store.directory)
+    if what is not None and not store.folders():
+        raise _old_layout_error(store.directory, what)
 
 
 def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:

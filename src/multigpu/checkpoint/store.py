@@ -19,6 +19,9 @@ Where it goes:
 * :class:`Sharded` ``(part)``: a state dict of tensors (DTensors under FSDP or a sharded simulation),
   written by every rank with ``torch.distributed.checkpoint`` and resharded to the loading job's layout.
 
+Order: saving takes the sharded parts' state first, then the others; loading restores the plain and
+per-rank parts first, then the sharded ones (so a plain part can carry what a sharded one needs).
+
 On disk, one folder per checkpoint::
 
     checkpoints/
@@ -152,7 +155,7 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     present = {p.name for p in path.iterdir() if p.name != MANIFEST}
     for name in sorted(present - set(files)):
         raise CorruptCheckpointError(path, f"{name} is not listed in its {MANIFEST}, so it has no checksum to "
-                                           "verify it by; nothing in this folder is loaded")
+                                           "verify it by and the folder is not loaded")
     for name, entry in files.items():
         if Path(name).name != name or name not in present or not (path / name).is_file():
             raise CorruptCheckpointError(path, f"{name} is missing")
@@ -167,7 +170,22 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
             raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
                                                f"{str(entry.get('sha256'))[:16]}… written): it was altered or "
                                                "damaged after it was saved")
+    if STATE in files and (only is None or STATE in only):
+        _refuse_globals(path / STATE)
     return manifest
+
+
+def _refuse_globals(path: Path) -> None:
+    """A pickle that names anything but tensors and plain values is refused without being unpickled: torch
+    lists the globals it refers to by reading its opcodes (a checksum shows a file is unchanged, not safe)."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as exc:  # noqa: BLE001 - not a torch.save file at all
+        raise CorruptCheckpointError(path, f"it is not a torch.save file ({type(exc).__name__})") from None
+    if found:
+        raise CorruptCheckpointError(path, f"it refers to {found[0]}, which is not a tensor or plain value; "
+                                           "checkpoints are loaded with weights_only=True, so it was not loaded "
+                                           "and nothing in it ran")
 
 
 def old_layout(directory: Path) -> str | None:
@@ -248,12 +266,15 @@ class CheckpointStore:
         return verify(path)
 
     def latest(self) -> Path | None:
-        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason. Local.
+        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
+        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
 
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
         """
-        for path in reversed(self.folders()):
+        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir()] \
+            if self.directory.is_dir() else []
+        for path in sorted(found, key=lambda p: int(_STEP.match(p.name)[1]), reverse=True):
             try:
                 verify(path)
                 return path

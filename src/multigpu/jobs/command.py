@@ -291,6 +291,10 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
         raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
                           f"checkpoints); valid: run it again without --resume")
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    if args.resume == "auto":
+        from multigpu.checkpoint.resume import refuse_old_layout
+
+        refuse_old_layout(run_dir)
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
     cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args), base=saved)
     if saved is not None:

@@ -41,12 +41,12 @@ import torch
 from torch import nn
 
 import multigpu as mg
+from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
 from multigpu.envs.adapter import autoreset_mode_of
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.rl.config import RLConfig
 from multigpu.rl.normalize import ObsNormalizer
-from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
 from multigpu.rl.policy import ActorCritic, PolicySpec, policy_for
 from multigpu.runtime import context
 from multigpu.train.sync import wrap_ddp

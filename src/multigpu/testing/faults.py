@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import signal
 
-from multigpu.runtime import group
 from multigpu.checkpoint.resume import restart_count
+from multigpu.runtime import group
 
 __all__ = ["KillAt", "kill_self"]
 
