@@ -119,3 +119,23 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     time.sleep(0.5)
     alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphaned workers: {alive}"
+
+
+def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
+    """The same with strategy=fsdp: the sharded checkpoint (DCP shards in the step folder) carries the run."""
+    from safetensors.torch import load_file
+
+    kill_at = random.Random().randint(4, STEPS - 1)  # after the first checkpoint (step 3)
+    fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
+    fsdp = ["strategy=fsdp", "export=safetensors"]
+    faulty = _train(tmp_path / "faulty", "--max-restarts", "1", *fsdp, fault, env=env)
+    assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
+    last_checkpoint = (kill_at - 1) // 3 * 3
+    assert f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_{last_checkpoint:08d}" in faulty.stdout
+    assert (tmp_path / "faulty" / "checkpoints" / f"step_{STEPS:08d}" / "__1_0.distcp").is_file()
+    clean = _train(tmp_path / "clean", *fsdp)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("faulty", "clean"))
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"kill at step {kill_at}: parameters differ from the uninterrupted run: {different}"

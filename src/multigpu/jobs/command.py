@@ -5,6 +5,10 @@
 
 1. the config: the file (or the workload's preset), then the workload's shortcut
    flags (``--agents N``), then the ``key=value`` overrides, into the frozen config class;
+   with ``--resume`` the run's own ``run.json`` config replaces the preset, what is
+   given again applies on top, and a key the workload keeps (``resume_keeps``) given
+   with another value is one line naming it; a workload that cannot resume
+   (``Workload.resumable`` False) refuses ``--resume`` here;
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
    before a folder exists or a process starts;
@@ -92,7 +96,8 @@ def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
              help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
-                  "PATH: a checkpoint")
+                  "PATH: a checkpoints/step_* folder. The run's own config (run.json) is reused; keys given "
+                  "again apply where the workload allows")
 
 
 def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
