@@ -293,8 +293,8 @@ def test_the_launchers_temporary_log_folder_goes_on_success_and_stays_named_on_f
 
 # ----------------------------------------------------------------------------- resume: the checkpoint must fit the model
 def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
-    from multigpu.factory import Factory
     from multigpu.checkpoint import CheckpointStore, PerRank, RngState
+    from multigpu.factory import Factory
     from multigpu.train import ModelConfig, Trainer, make_optimizer
     from multigpu.train.checkpoint import param_shapes
     from multigpu.train.data import VOCAB, CharDataset

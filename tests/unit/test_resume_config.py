@@ -13,15 +13,12 @@ from multigpu.cli import main
 
 @pytest.fixture
 def launched(monkeypatch, fake_gpus):
-    """torch's launcher replaced by a recorder: the run.json the ranks would read, or nothing."""
+    """torch's launcher replaced by a recorder: one entry per launch (the run's run.json is on disk)."""
     fake_gpus(0)
-    seen: list[dict] = []
+    seen: list[str] = []
 
     def record(config, entrypoint, args):
-        import os
-
-        seen.append(json.loads(open(os.environ["MULTIGPU_RUN_FILE"]).read()) if "MULTIGPU_RUN_FILE" in os.environ
-                    else {})
+        seen.append(entrypoint)
 
     monkeypatch.setattr("multigpu.launch.agent._elastic_launch", record)
     return seen

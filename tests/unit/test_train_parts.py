@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import multigpu as mg
+from multigpu.checkpoint import CheckpointStore, PerRank, RngState, resolve
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.factory import Factory
-from multigpu.checkpoint import CheckpointStore, PerRank, RngState, resolve
 from multigpu.train import TrainConfig
 from multigpu.train.config import lr_scale_factor, per_rank_accum
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, load_text
