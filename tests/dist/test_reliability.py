@@ -24,9 +24,9 @@ import pytest
 import torch
 
 import multigpu as mg
-from multigpu import checkpointing
+from multigpu.checkpoint import files as checkpointing
 from multigpu.checkpoint import CheckpointStore
-from multigpu.checkpointing import CheckpointWriteError
+from multigpu.checkpoint.files import CheckpointWriteError
 from multigpu.errors import ConfigError
 from multigpu.testing import run_on_ranks
 from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer

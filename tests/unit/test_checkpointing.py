@@ -21,7 +21,7 @@ import torch
 import multigpu as mg
 from multigpu.checkpoint import CheckpointStore, check_resume_path
 from multigpu.checkpoint import store as store_module
-from multigpu.checkpointing import CheckpointWriteError, CorruptCheckpointError, atomic_write, sha256_file
+from multigpu.checkpoint.files import CheckpointWriteError, CorruptCheckpointError, atomic_write, sha256_file
 from multigpu.cli import main
 
 

@@ -24,7 +24,7 @@ import torch
 import multigpu as mg
 from multigpu import checkpoint, verify
 from multigpu.checkpoint import CheckpointStore, PerRank, RngState, check_resume_path
-from multigpu.checkpointing import CorruptCheckpointError
+from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.cli import main
 from multigpu.config import load_config
 from multigpu.errors import MultigpuError

@@ -1,10 +1,14 @@
 """Checkpoints of every workload: one store, one layout, resume decided once (inside each rank).
 
-:class:`CheckpointStore` writes and reads ``step_*/`` folders (see :mod:`multigpu.checkpoint.store`);
-:func:`choose` turns ``--resume`` and a restart into the run context's ``resume_from``
-(:mod:`multigpu.checkpoint.resume`).
+* :mod:`~multigpu.checkpoint.store`: :class:`CheckpointStore` writes and reads ``step_*/`` folders;
+* :mod:`~multigpu.checkpoint.resume`: :func:`resolve` turns ``--resume`` and a restart into the run
+  context's ``resume_from`` (the rank entry point calls it once);
+* :mod:`~multigpu.checkpoint.files`: atomic, checksummed writes and the errors;
+* :mod:`~multigpu.checkpoint.dcp_safe`: DCP folders read without unpickling anything but DCP's metadata;
+* :mod:`~multigpu.checkpoint.rng`: the random state as a part.
 """
 
+from multigpu.checkpoint.files import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 from multigpu.checkpoint.resume import CHECKPOINTS, check_resume_path, choose, resolve, restart_count
 from multigpu.checkpoint.rng import RngState
 from multigpu.checkpoint.store import (
@@ -18,7 +22,6 @@ from multigpu.checkpoint.store import (
     read_manifest,
     verify,
 )
-from multigpu.checkpointing import CheckpointError, CheckpointWriteError, CorruptCheckpointError
 
 __all__ = ["CHECKPOINTS", "MANIFEST", "STATE", "CheckpointError", "CheckpointStore", "CheckpointWriteError",
            "CorruptCheckpointError", "OldLayoutError", "PerRank", "RngState", "Sharded", "check_resume_path",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
-from multigpu.checkpointing import CorruptCheckpointError
 from multigpu.errors import ConfigError
 
 __all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "refuse_old_layout", "resolve",

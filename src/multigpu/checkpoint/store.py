@@ -43,7 +43,7 @@ Loading runs no code from the files: a checkpoint is used only if every file in 
 its manifest with the size and SHA-256 it has (:meth:`CheckpointStore.verify`, bytes only, so the
 launcher can call it); ``state.pt`` is read with ``torch.load(weights_only=True)``; DCP's ``.metadata``
 (a pickle) with a restricted unpickler and its tensor files with ``weights_only=True``
-(:mod:`multigpu.dcp_safe`). The checksums show that a checkpoint is the one a run wrote, not who wrote
+(:mod:`multigpu.checkpoint.dcp_safe`). The checksums show that a checkpoint is the one a run wrote, not who wrote
 the folder: resume only from a trusted source.
 """
 
@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpointing import (
+from multigpu.checkpoint.files import (
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
@@ -326,7 +326,7 @@ class CheckpointStore:
         return out
 
     def _load_sharded(self, path: Path, parts: dict[str, Any]) -> None:
-        from multigpu import dcp_safe
+        from multigpu.checkpoint import dcp_safe
 
         if ".metadata" not in verify(path, only=())["files"]:
             raise CorruptCheckpointError(path, f"it holds no sharded state ({', '.join(parts)})")

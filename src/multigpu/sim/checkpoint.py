@@ -12,7 +12,7 @@ aggregates so far and settings in the manifest's ``meta`` (read before anything
 is unpickled: a checkpoint of another model, seed, grid, agent count or
 parameters is refused in one line). The store checks every file's size and
 SHA-256 and reads DCP's ``.metadata`` with a restricted unpickler
-(:mod:`multigpu.dcp_safe`). The checksums show that a checkpoint is the one a
+(:mod:`multigpu.checkpoint.dcp_safe`). The checksums show that a checkpoint is the one a
 known run wrote, not who wrote the folder: resume a simulation only from a
 checkpoint from a trusted source.
 """
@@ -113,7 +113,7 @@ def load(engine: SimEngine, directory: str | Path) -> None:
         CorruptCheckpointError: the checkpoint fails its checksums, or holds more than tensors.
         ConfigError: the checkpoint was written by a different model, seed, grid, agent count or parameters.
     """
-    from multigpu import dcp_safe
+    from multigpu.checkpoint import dcp_safe
 
     directory = Path(directory)
     meta = verify(directory, only=(".metadata",))["meta"]

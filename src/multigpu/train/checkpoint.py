@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpointing import CorruptCheckpointError
+from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.errors import ConfigError
 
 __all__ = [
