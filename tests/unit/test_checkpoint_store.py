@@ -201,3 +201,17 @@ def test_sharded_and_per_rank_parts_on_two_ranks(tmp_path):
     results = run_on_ranks(_load_on_ranks, 2, args=(str(tmp_path / "c"),), timeout_s=120)
     for rank, vec, mine, common, world in results:
         assert vec == [2.0 * i for i in range(8)] and mine == 10 + rank and common == 7 and world == 2
+
+
+def test_the_simulation_keeps_only_its_last_checkpoints(tmp_path):
+    """sim kept every checkpoint (and filled a disk): it rotates like every workload now (keep_last)."""
+    import multigpu as mg
+    from multigpu.config import load_config
+    from multigpu.sim import runner
+    from multigpu.sim.config import SimConfig
+
+    mg.init(backend="cpu", threads=1)
+    cfg = load_config(SimConfig, "sir", ["steps=8", "agents=2000", "grid=[32,32]", "compile=false", "plot=false",
+                                         "checkpoint_every=2", "keep_last=2"], prefix="sim")
+    runner.run(cfg, run_dir=tmp_path / "run", progress=False)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
