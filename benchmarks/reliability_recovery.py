@@ -84,7 +84,7 @@ def _run(argv: list[str], env: dict, kill_after: int | None) -> dict:
         resumed = [(t, text) for t, text in lines if t > killed_at and "resuming from" in text]
         if resumed:
             result["to_resume_line_s"] = resumed[0][0] - killed_at
-            ckpt = int(resumed[0][1].rsplit("ckpt_", 1)[1][:8])
+            ckpt = int(resumed[0][1].rsplit("step_", 1)[1][:8])
             before = [int(m[1]) for t, text in lines if t < killed_at and (m := STEP.search(text))]
             result["redone_steps"] = max(before) - ckpt
             after = [t for t, text in lines if t > resumed[0][0] and STEP.search(text)]
@@ -97,7 +97,7 @@ def _ctrl_c(tmp: Path, env: dict, cfg: list[str], after: int) -> None:
     """SIGINT to the launcher after step ``after``: time to exit, and the checkpoint left behind."""
     import psutil
 
-    from multigpu.checkpointing import CheckpointFolder
+    from multigpu.checkpoint import CheckpointStore
 
     print(f"\n{'job':<28} {'rc':>4} {'SIGINT→exit s':>14} {'last checkpoint':>16} {'workers left':>13}")
     for flag in ([], ["--checkpoint-on-interrupt"]):
@@ -116,7 +116,7 @@ def _ctrl_c(tmp: Path, env: dict, cfg: list[str], after: int) -> None:
         took = time.monotonic() - start
         time.sleep(0.5)
         left = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        newest = CheckpointFolder(run_dir / "checkpoints", warn=print).latest_valid()
+        newest = CheckpointStore(run_dir / "checkpoints", warn=print).latest()
         name = "Ctrl-C " + (flag[0] if flag else "(no flag)")
         print(f"{name:<28} {proc.returncode:>4} {took:>14.1f} {newest.name if newest else '-':>16} {len(left):>13}")
 
@@ -124,8 +124,8 @@ def _ctrl_c(tmp: Path, env: dict, cfg: list[str], after: int) -> None:
 def _final(run_dir: Path, steps: int):
     import torch
 
-    path = run_dir / "checkpoints" / f"ckpt_{steps:08d}.pt"
-    return torch.load(path, weights_only=False)["model"] if path.is_file() else None
+    path = run_dir / "checkpoints" / f"step_{steps:08d}" / "state.pt"
+    return torch.load(path, weights_only=True)["model"] if path.is_file() else None
 
 
 def _fmt(job: dict, key: str) -> str:

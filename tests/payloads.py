@@ -27,37 +27,43 @@ class TouchOnLoad:
         return (Path.touch, (self.marker,))
 
 
-def evil_checkpoint(path: Path, marker: Path) -> Path:
-    """A ``torch.save`` file shaped like a training checkpoint, with the payload inside."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"step": 1, "model": {"w": TouchOnLoad(marker)}, "optimizer": {}, "rng": []}, path)
-    return path
+def _manifest(directory: Path, files: dict, meta: dict | None = None) -> None:
+    (directory / "manifest.json").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "time": "",
+                                                         "meta": meta or {}, "files": files}))
 
 
-def list_in_manifest(path: Path) -> None:
-    """Forge ``manifest.json`` beside ``path`` so that it lists ``path`` with its true size and SHA-256."""
-    manifest = path.parent / "manifest.json"
-    data = json.loads(manifest.read_text()) if manifest.is_file() else {"format": 1, "checkpoints": []}
-    body = path.read_bytes()
-    data["checkpoints"].append({"file": path.name, "step": 99999999, "bytes": len(body),
-                                "sha256": hashlib.sha256(body).hexdigest(), "time": ""})
-    manifest.write_text(json.dumps(data))
+def _entry(body: bytes) -> dict:
+    return {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+
+
+def evil_checkpoint(directory: Path, marker: Path, *, listed: bool = False) -> Path:
+    """A checkpoint folder whose ``state.pt`` (a ``torch.save`` file shaped like training's) holds the payload.
+
+    ``listed``: a forged ``manifest.json`` records its true size and SHA-256 (someone who wrote the whole
+    folder); else the folder has no manifest (a hand-made folder, or a save killed before its manifest).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": TouchOnLoad(marker)}, "optimizer": {}, "rng": []}, directory / "state.pt")
+    if listed:
+        _manifest(directory, {"state.pt": _entry((directory / "state.pt").read_bytes())})
+    return directory
 
 
 def evil_sim_checkpoint(directory: Path, marker: Path, *, checksum: str = "forged") -> Path:
     """A simulation checkpoint folder whose DCP ``.metadata`` is the payload.
 
-    ``checksum``: "forged" records the evil file's true SHA-256 in engine.json (someone who wrote
+    ``checksum``: "forged" records the evil file's true SHA-256 in manifest.json (someone who wrote
     the whole folder), "stale" keeps a different one (a known run's .metadata replaced), "none"
-    records none (a folder from before checksums, or hand-made).
+    records none (a hand-made folder).
     """
     directory.mkdir(parents=True, exist_ok=True)
     body = pickle.dumps(TouchOnLoad(marker))
     (directory / ".metadata").write_bytes(body)
     meta = {"step": 4, "num_agents": 1000, "model": "sir", "seed": 0, "grid": [64, 64], "params": {},
             "env": {}, "history": {}, "rebalances": [], "world_size": 1}
+    files = {}
     if checksum != "none":
-        digest = hashlib.sha256(body if checksum == "forged" else b"what was written").hexdigest()
-        meta["checksums"] = {".metadata": {"bytes": len(body), "sha256": digest}}
-    (directory / "engine.json").write_text(json.dumps(meta))
+        files[".metadata"] = _entry(body if checksum == "forged" else b"what was written")
+        files[".metadata"]["bytes"] = len(body)
+    _manifest(directory, files, meta)
     return directory

@@ -62,7 +62,7 @@ def test_sim_runs_on_two_ranks_checkpoints_and_resumes_on_one(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["num_agents"] == 20000 and summary["bytes_per_agent"] == 9
     assert summary["throughput"] > 0 and (run_dir / "series.png").stat().st_size > 1000
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert "phase seconds" in (run_dir / "profile.txt").read_text()
     assert sorted(p.name for p in (run_dir / "profile").glob("rank*.json")) == ["rank0.json", "rank1.json"]
 

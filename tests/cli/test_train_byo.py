@@ -42,7 +42,7 @@ def mse(model: nn.Module, batch) -> torch.Tensor:
 
 
 def _final(run_dir, step: int) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / f"ckpt_{step:08d}.pt", weights_only=True)["model"]
+    return torch.load(run_dir / "checkpoints" / f"step_{step:08d}" / "state.pt", weights_only=True)["model"]
 
 
 @pytest.mark.e2e

@@ -48,7 +48,7 @@ def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
                     *TINY, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "effective batch: batch 4 × grad_accum 1 × world_size 2 = 8 samples (256 tokens) per step" in first.stdout
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*")) == ["ckpt_00000002.pt", "ckpt_00000004.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
     assert (run_dir / "sample.txt").read_text().startswith("def ")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_step"] == 4 and summary["unit"] == "tokens"
@@ -56,8 +56,8 @@ def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
     again = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
                     "--resume", "auto", *TINY, "steps=6", "checkpoint_every=0", timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from {run_dir}/checkpoints/ckpt_00000004.pt" in again.stdout
+    assert f"resuming from {run_dir}/checkpoints/step_00000004" in again.stdout
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6]  # the resumed run logged step 6 only
     assert all(r["world_size"] == 2 and r["tokens_per_s"] > 0 and "val_loss" in r for r in records)
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*")) == ["ckpt_00000004.pt", "ckpt_00000006.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006"]

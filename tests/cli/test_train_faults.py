@@ -27,7 +27,7 @@ import psutil
 import pytest
 import torch
 
-from multigpu.checkpointing import CheckpointFolder
+from multigpu.checkpoint import CheckpointStore
 from tests.conftest import ROOT, fault_callback, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fault]
@@ -43,7 +43,7 @@ def _train(run_dir, *extra, env=None):
 
 
 def _final_model(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / f"ckpt_{STEPS:08d}.pt", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoints" / f"step_{STEPS:08d}" / "state.pt", weights_only=True)["model"]
 
 
 def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
@@ -52,7 +52,7 @@ def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_
     faulty = _train(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
     last_checkpoint = (kill_at - 1) // 3 * 3  # the kill comes before the checkpoint of its own step
-    resumed = f"restart 1: resuming from {tmp_path}/faulty/checkpoints/ckpt_{last_checkpoint:08d}.pt"
+    resumed = f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_{last_checkpoint:08d}"
     if last_checkpoint:
         assert resumed in faulty.stdout, (kill_at, faulty.stdout)
     else:  # killed before the first checkpoint: the restarted group starts over
@@ -112,10 +112,30 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
     assert len(stopped) == 1, stdout[-2000:]
     step = int(stopped[0].split()[3].rstrip(":"))
-    folder = CheckpointFolder(run_dir / "checkpoints", warn=pytest.fail)
-    assert folder.latest_valid() == folder.path_for(step)  # listed, full size, checksum matches
-    assert torch.load(folder.path_for(step), weights_only=False)["step"] == step
+    store = CheckpointStore(run_dir / "checkpoints", warn=pytest.fail)
+    assert store.latest() == store.path_for(step)  # complete, every file full size, checksums match
+    assert torch.load(store.path_for(step) / "state.pt", weights_only=True)["trainer"]["step"] == step
     assert elapsed < 20, elapsed
     time.sleep(0.5)
     alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphaned workers: {alive}"
+
+
+def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
+    """The same with strategy=fsdp: the sharded checkpoint (DCP shards in the step folder) carries the run."""
+    from safetensors.torch import load_file
+
+    kill_at = random.Random().randint(4, STEPS - 1)  # after the first checkpoint (step 3)
+    fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
+    fsdp = ["strategy=fsdp", "export=safetensors"]
+    faulty = _train(tmp_path / "faulty", "--max-restarts", "1", *fsdp, fault, env=env)
+    assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
+    last_checkpoint = (kill_at - 1) // 3 * 3
+    assert f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_{last_checkpoint:08d}" in faulty.stdout
+    assert (tmp_path / "faulty" / "checkpoints" / f"step_{STEPS:08d}" / "__1_0.distcp").is_file()
+    clean = _train(tmp_path / "clean", *fsdp)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("faulty", "clean"))
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"kill at step {kill_at}: parameters differ from the uninterrupted run: {different}"

@@ -139,7 +139,7 @@ def test_sharded_checkpoint_resumes_on_2_1_and_3_ranks_and_exports_one_file(tmp_
     assert two[0]["same"] and two[1]["same"], "2 -> 2 ranks: not bit-identical"
     step5 = tmp_path / "parts" / "checkpoints" / "step_00000005"
     assert sorted(p.name for p in step5.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp",
-                                                       "manifest.json", "trainer.pt"]
+                                                       "manifest.json", "state.pt"]
     whole = two[0]["whole"]
     three = run_on_ranks(_train, 3, args=(CKPT, str(tmp_path / "on3"), str(step5)), timeout_s=120)
     mg.init(backend="cpu", threads=1)

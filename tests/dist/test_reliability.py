@@ -24,12 +24,12 @@ import pytest
 import torch
 
 import multigpu as mg
-from multigpu import checkpointing
-from multigpu.checkpointing import CheckpointWriteError
+from multigpu.checkpoint import files as checkpointing
+from multigpu.checkpoint import CheckpointStore
+from multigpu.checkpoint.files import CheckpointWriteError
 from multigpu.errors import ConfigError
 from multigpu.testing import run_on_ranks
 from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer
-from multigpu.train.checkpoint import find_latest
 from multigpu.train.data import VOCAB, CharDataset
 from multigpu.train.model import GPT
 
@@ -92,7 +92,7 @@ def _uneven(tmp: str) -> dict[str, object]:
 def _full_disk(tmp: str) -> dict[str, object]:
     """Rank 0's disk fills up half-way through the second checkpoint (ENOSPC raised inside torch.save)."""
     armed = {"on": False, "bytes": 0}
-    real_write, real_save = checkpointing._HashingWriter.write, checkpointing.CheckpointFolder.save
+    real_write, real_save = checkpointing._HashingWriter.write, CheckpointStore.save
 
     def write(self, data):
         if armed["on"]:
@@ -101,13 +101,13 @@ def _full_disk(tmp: str) -> dict[str, object]:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_write(self, data)
 
-    def save(self, step, fn, **kwargs):
-        path = real_save(self, step, fn, **kwargs)
+    def save(self, step, state, **kwargs):
+        path = real_save(self, step, state, **kwargs)
         armed["on"] = True  # the first checkpoint fits; the next one does not
         return path
 
     if mg.rank() == 0:
-        checkpointing._HashingWriter.write, checkpointing.CheckpointFolder.save = write, save
+        checkpointing._HashingWriter.write, CheckpointStore.save = write, save
     cfg = dataclasses.replace(BASE, steps=4, checkpoint_every=2)
     trainer, _ = _trainer(cfg, _own_data(64, seed=0), f"{tmp}/full")
     try:
@@ -116,7 +116,7 @@ def _full_disk(tmp: str) -> dict[str, object]:
     except CheckpointWriteError as exc:
         return {"error": str(exc), "step": trainer.step}
     finally:
-        checkpointing._HashingWriter.write, checkpointing.CheckpointFolder.save = real_write, real_save
+        checkpointing._HashingWriter.write, CheckpointStore.save = real_write, real_save
 
 
 @pytest.mark.fault
@@ -134,8 +134,8 @@ def test_uneven_data_ends_epochs_together_and_a_full_disk_fails_every_rank_clean
     folder = tmp_path / "full" / "checkpoints"
     for r in (r["full_disk"] for r in results):
         assert r["step"] == 4, r
-        assert r["error"] == (f"could not write checkpoint {folder}/ckpt_00000004.pt: No space left on device "
-                              "(ENOSPC); the previous checkpoint ckpt_00000002.pt is intact"), r
-    assert sorted(p.name for p in folder.iterdir()) == ["ckpt_00000002.pt", "manifest.json"]  # no half file
-    assert find_latest(folder) == folder / "ckpt_00000002.pt"
-    assert torch.load(folder / "ckpt_00000002.pt", weights_only=False)["step"] == 2
+        assert r["error"] == (f"could not write checkpoint {folder}/step_00000004: No space left on device "
+                              "(ENOSPC); the previous checkpoint step_00000002 is intact"), r
+    assert sorted(p.name for p in folder.iterdir()) == ["step_00000002"]  # no half folder, no .tmp
+    assert CheckpointStore(folder).latest() == folder / "step_00000002"
+    assert torch.load(folder / "step_00000002" / "state.pt", weights_only=True)["trainer"]["step"] == 2

@@ -10,12 +10,12 @@ Each spawn runs every case at once (a spawn costs seconds).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
 import multigpu as mg
+from multigpu.checkpoint import CheckpointStore
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -54,7 +54,7 @@ def _run_cases(ckpt_dir: str | None, resume_from: str | None):
         engine = SimEngine(cfg)
         if ckpt_dir is not None and name == "sir-spatial":
             engine.run(RESUME_AT)
-            checkpoint.save(engine, Path(ckpt_dir) / "step_4")
+            checkpoint.save(engine, CheckpointStore(ckpt_dir))
         series = engine.run()
         out[name] = (_gathered(engine), series, engine.rebalances)
     if resume_from is not None:
@@ -98,8 +98,8 @@ def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path):
     assert two["sir-adaptive"][2], "adaptive strategy never rebalanced"
     assert all(r["imbalance_after"] <= r["imbalance_before"] + 0.05 for r in two["movement-adaptive"][2])
 
-    saved = tmp_path / "step_4"
-    assert (saved / "engine.json").is_file() and (saved / ".metadata").is_file()
+    saved = tmp_path / f"step_{RESUME_AT:08d}"
+    assert (saved / "manifest.json").is_file() and (saved / ".metadata").is_file()
     three = run_on_ranks(_run_cases, 3, args=(None, str(saved)), timeout_s=240)[0]
     for name in CASES:
         _assert_same(three[name], ref[name], f"3 ranks {name}")

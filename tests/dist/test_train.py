@@ -10,6 +10,7 @@ run ends (with dropout on, so every rank's random state must be restored).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -128,8 +129,10 @@ def _stop_and_resume(tmp: str) -> dict[str, object]:
 def test_stop_and_resume_is_bit_identical(tmp_path):
     for result in run_on_ranks(_stop_and_resume, 2, args=(str(tmp_path),), timeout_s=150):
         assert result == {"same": True, "trained": True}
-    names = sorted(p.name for p in (tmp_path / "parts" / "checkpoints").glob("ckpt_*"))
-    assert names == ["ckpt_00000003.pt", "ckpt_00000006.pt"]
-    state = torch.load(tmp_path / "parts" / "checkpoints" / "ckpt_00000006.pt", weights_only=False)
-    assert state["step"] == 6 and len(state["rng"]) == 2 and state["world_size"] == 2
+    names = sorted(p.name for p in (tmp_path / "parts" / "checkpoints").glob("step_*"))
+    assert names == ["step_00000003", "step_00000006"]
+    step6 = tmp_path / "parts" / "checkpoints" / "step_00000006"
+    state = torch.load(step6 / "state.pt", weights_only=True)
+    manifest = json.loads((step6 / "manifest.json").read_text())
+    assert state["trainer"]["step"] == 6 and len(state["rng"]) == 2 and manifest["world_size"] == 2
     assert state["rng"][0]["torch"].ne(state["rng"][1]["torch"]).any()  # every rank's own RNG state

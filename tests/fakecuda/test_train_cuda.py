@@ -18,6 +18,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.nn.parallel import DistributedDataParallel
 
 import multigpu as mg
+from multigpu.checkpoint import CheckpointStore, PerRank
+from multigpu.checkpoint.rng import RngState
 from multigpu.config import from_dict
 from multigpu.runtime import context
 from multigpu.runtime.context import RunContext
@@ -25,7 +27,7 @@ from multigpu.runtime.device import DeviceFacts, select_device
 from multigpu.runtime.env import read_placement
 from multigpu.testing.fakecuda import fake_cuda, fake_group, is_fake
 from multigpu.train import make_optimizer
-from multigpu.train.checkpoint import CheckpointManager, restore_rng
+from multigpu.train.checkpoint import restore_rng
 from multigpu.train.data import stdlib_text
 from multigpu.train.job import TrainJobConfig
 from multigpu.train.loader import to_device
@@ -57,15 +59,15 @@ def test_slurm_task_with_one_gpu_computes_on_it():
 def test_checkpoint_rng_state_moves_between_gpu_counts(tmp_path, saved_on, restored_on):
     """Saved by a rank on cuda:5 of 8 visible GPUs and resumed on a one-GPU host (``--isolate-devices``), and the
     reverse: the rank's own GPU's generator comes back on the rank's own GPU, no other GPU's is touched."""
-    mg.init(backend="cpu")  # one rank: the manager's gather and broadcast are identities
-    manager = CheckpointManager(tmp_path)
+    mg.init(backend="cpu")  # one rank: the store's gather and broadcast are identities
+    store = CheckpointStore(tmp_path)
     with fake_cuda(devices=saved_on, tensors=False) as cuda:
         torch.cuda.set_device(saved_on - 1)
         cuda.rng_states[saved_on - 1] = _state(42)
-        path = manager.save({"step": 1, "model": {}, "optimizer": {}})
+        path = store.save(1, {"rng": PerRank(RngState())})
     with fake_cuda(devices=restored_on, tensors=False) as cuda:
         torch.cuda.set_device(restored_on - 1)
-        restore_rng(manager.load(path)["rng"][0])
+        store.load(path, {"rng": PerRank(RngState())})
         assert list(cuda.rng_states) == [restored_on - 1] and torch.equal(cuda.rng_states[restored_on - 1], _state(42))
 
 

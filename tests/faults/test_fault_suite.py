@@ -293,8 +293,10 @@ def test_the_launchers_temporary_log_folder_goes_on_success_and_stays_named_on_f
 
 # ----------------------------------------------------------------------------- resume: the checkpoint must fit the model
 def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
+    from multigpu.checkpoint import CheckpointStore, PerRank, RngState
     from multigpu.factory import Factory
-    from multigpu.train import CheckpointManager, ModelConfig, Trainer, make_optimizer
+    from multigpu.train import ModelConfig, Trainer, make_optimizer
+    from multigpu.train.checkpoint import param_shapes
     from multigpu.train.data import VOCAB, CharDataset
     from multigpu.train.job import DEFAULT_MODEL, TrainJobConfig
     from multigpu.train.model import GPT
@@ -305,22 +307,24 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     wide = dataclasses.replace(small, model=Factory(factory=DEFAULT_MODEL, kwargs={**shape, "n_embd": 32}))
     run_dir = tmp_path / "run"
     model = GPT(ModelConfig(**shape, block_size=8), len(VOCAB))
-    CheckpointManager(run_dir / "checkpoints").save({"step": 1, "model": model.state_dict(), "optimizer": {},
-                                                     "sampler": {}, "config": dataclasses.asdict(small)})
+    CheckpointStore(run_dir / "checkpoints").save(  # what the trainer saves: its parts and the shapes in the manifest
+        1, {"model": model.state_dict(), "optimizer": {}, "rng": PerRank(RngState()),
+            "trainer": {"step": 1, "sampler": {}, "config": dataclasses.asdict(small)}},
+        meta={"params": param_shapes(model.state_dict())})
     other = GPT(ModelConfig(**{**shape, "n_embd": 32}, block_size=8), len(VOCAB))
     data = CharDataset(torch.zeros(200, dtype=torch.uint8), 8)
     trainer = Trainer(other, make_optimizer(other, wide), data, config=wide, run_dir=run_dir, resume="auto")
     with pytest.raises(ConfigError) as info:
         trainer.setup()
     message = str(info.value)
-    assert "\n" not in message and message.startswith(f"checkpoint {run_dir}/checkpoints/ckpt_00000001.pt does "
+    assert "\n" not in message and message.startswith(f"checkpoint {run_dir}/checkpoints/step_00000001 does "
                                                       "not fit this model: ")
     assert "in the checkpoint and" in message and "model.kwargs.n_embd 16 -> 32" in message
     assert "size mismatch" not in message
     # the launcher makes the same comparison from the manifest entry alone, with a meta-device model
     from multigpu.train.checkpoint import check_resume_fits, recorded_params
 
-    path = run_dir / "checkpoints" / "ckpt_00000001.pt"
+    path = run_dir / "checkpoints" / "step_00000001"
     assert recorded_params(path) == {k: list(v.shape) for k, v in model.state_dict().items()}
     with torch.device("meta"):
         meta = GPT(ModelConfig(**{**shape, "n_embd": 32}, block_size=8), len(VOCAB))

@@ -221,12 +221,10 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
         return [], [f"no_such_{token}.py"], kind
     if kind == "resume_untrusted":  # never unpickled: not listed in a manifest / no or a stale checksum
         marker = tmp / _PAYLOAD_MARKER
-        if base["resume"] == "file":
+        if base["resume"] == "file":  # a folder without a manifest, or with a forged one (its globals refused)
             folder = tmp / "checkpoints"
-            if draw(st.booleans()):
-                folder.mkdir()
-                (folder / "manifest.json").write_text('{"format": 1, "checkpoints": []}')
-            crafted = evil_checkpoint(folder / draw(st.sampled_from([f"{token}.pt", "ckpt_99999999.pt"])), marker)
+            crafted = evil_checkpoint(folder / draw(st.sampled_from([f"step_{token}", "step_99999999"])), marker,
+                                      listed=draw(st.booleans()))
         else:
             crafted = evil_sim_checkpoint(tmp / f"step_{token}", marker, checksum=draw(st.sampled_from(["none", "stale"])))
         return [], argv + ["--resume", str(crafted)], kind
@@ -322,14 +320,16 @@ def _busy(tmp: Path) -> Path:
 
 
 def _other_models_run(tmp: Path) -> Path:
-    """A train run whose checkpoint (never opened: the launcher reads its manifest entry) holds a narrower model."""
+    """A train run whose checkpoint (never opened: the launcher reads its manifest) holds a narrower model."""
     run = tmp / "narrow"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"not opened")
-    entry = {"file": "ckpt_00000004.pt", "step": 4, "bytes": 10, "sha256": "0" * 64,
-             "params": {"tok.weight": [98, 32], "pos.weight": [256, 32]}}
-    (run / "checkpoints" / "manifest.json").write_text(json.dumps({"format": 1, "checkpoints": [entry]}))
-    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {"model": {"n_embd": 32}}}))
+    step = run / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"not opened")
+    manifest = {"format": 2, "step": 4, "world_size": 1, "time": "", "files": {"state.pt": {"bytes": 10, "sha256": "0" * 64}},
+                "meta": {"params": {"tok.weight": [98, 32], "pos.weight": [256, 32]}}}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    model = {"factory": "multigpu.train.nano:gpt", "kwargs": {"n_layer": 4, "n_head": 4, "n_embd": 32}}
+    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {"model": model}}))
     return run
 
 
@@ -371,7 +371,7 @@ LIMIT_CASES = [
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
      "is in use by another run: pid"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
-     "ckpt_00000004.pt does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
+     "step_00000004 does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
     ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import multigpu as mg
+from multigpu.checkpoint import CheckpointStore, PerRank, RngState, resolve
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.factory import Factory
-from multigpu.train import CheckpointManager, TrainConfig, find_latest
+from multigpu.train import TrainConfig
 from multigpu.train.config import lr_scale_factor, per_rank_accum
 from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, load_text
 from multigpu.train.nano import DataConfig
@@ -128,14 +129,18 @@ def test_default_data_is_the_standard_library():
 
 def test_checkpoints_keep_the_last_k_and_skip_damaged_files(tmp_path):
     mg.init(backend="cpu", threads=1)
-    manager = CheckpointManager(tmp_path, keep_last=2)
+    store = CheckpointStore(tmp_path, keep_last=2)
     for step in (1, 2, 3):
-        manager.save({"step": step, "model": {"w": torch.ones(2) * step}, "optimizer": {}})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000002.pt", "ckpt_00000003.pt", "manifest.json"]
-    (tmp_path / "ckpt_00000004.pt").write_bytes(b"half a file")
-    assert find_latest(tmp_path).name == "ckpt_00000003.pt"
-    state = manager.load(manager.resolve("auto"))
-    assert state["step"] == 3 and len(state["rng"]) == 1 and torch.equal(state["model"]["w"], torch.full((2,), 3.0))
-    assert CheckpointManager(tmp_path / "empty").resolve("auto") is None
-    with pytest.raises(ConfigError, match="no such checkpoint file"):
-        manager.resolve(str(tmp_path / "missing.pt"))
+        store.save(step, {"trainer": {"step": step}, "model": {"w": torch.ones(2) * step}, "optimizer": {},
+                          "rng": PerRank(RngState())})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
+    (tmp_path / "step_00000004").mkdir()
+    (tmp_path / "step_00000004" / "state.pt").write_bytes(b"half a file")
+    assert store.latest().name == "step_00000003"
+    state = store.load(store.latest(),
+                       {"trainer": None, "model": None, "rng": PerRank(None)})
+    assert state["trainer"]["step"] == 3 and state["_manifest"]["world_size"] == 1
+    assert torch.equal(state["model"]["w"], torch.full((2,), 3.0)) and "torch" in state["rng"]
+    assert CheckpointStore(tmp_path / "empty").latest() is None
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        resolve(str(tmp_path / "missing"), None)

@@ -22,17 +22,15 @@ import pytest
 import torch
 
 import multigpu as mg
-from multigpu import verify
-from multigpu.checkpointing import CorruptCheckpointError
+from multigpu import checkpoint, verify
+from multigpu.checkpoint import CheckpointStore, PerRank, RngState, check_resume_path
+from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.cli import main
 from multigpu.config import load_config
 from multigpu.errors import MultigpuError
-from multigpu.sim import checkpoint as sim_checkpoint
 from multigpu.sim import runner
 from multigpu.sim.config import SimConfig
-from multigpu.train import CheckpointManager
-from multigpu.train.checkpoint import capture_rng, restore_rng
-from tests.payloads import TouchOnLoad, evil_checkpoint, evil_sim_checkpoint, list_in_manifest
+from tests.payloads import TouchOnLoad, evil_checkpoint, evil_sim_checkpoint
 
 NANO = "nano"
 SIR = "sir"
@@ -66,100 +64,98 @@ def multigpu_warnings():
 def test_the_payload_really_runs_under_plain_pickle(tmp_path):
     """The control: without the fix, each of these files runs its payload."""
     marker = tmp_path / "ran"
-    torch.load(evil_checkpoint(tmp_path / "evil.pt", marker), weights_only=False)
+    torch.load(evil_checkpoint(tmp_path / "evil", marker) / "state.pt", weights_only=False)
     assert marker.exists()
     marker.unlink()
-    pickle.loads((evil_sim_checkpoint(tmp_path / "step_000004", marker) / ".metadata").read_bytes())
+    pickle.loads((evil_sim_checkpoint(tmp_path / "step_00000004", marker) / ".metadata").read_bytes())
     assert marker.exists()
 
 
 # ------------------------------------------------------------------ training
 
 
-@pytest.mark.parametrize("where", ["alone", "beside_a_manifest"])
+@pytest.mark.parametrize("where", ["alone", "inside_a_checkpoint"])
 def test_train_resume_evil_file_is_one_line_exit_2_and_never_unpickled(tmp_path, capsys, no_launch, where):
-    """The launcher's pre-check reads bytes only: an unlisted file is refused before anything runs."""
+    """The launcher's pre-check reads bytes only: a folder without a manifest, or a file its manifest does not
+    list, is refused before anything runs."""
     marker = tmp_path / "ran"
     folder = tmp_path / "old" / "checkpoints"
-    if where == "beside_a_manifest":
+    if where == "inside_a_checkpoint":
         mg.init(backend="cpu", threads=1)
-        CheckpointManager(folder).save({"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}})
-    evil = evil_checkpoint(folder / "evil.pt", marker)
+        good = CheckpointStore(folder).save(2, {"model": {"w": torch.ones(2)}, "optimizer": {}})
+        evil = good
+        torch.save({"w": TouchOnLoad(marker)}, good / "evil.pt")
+        reason = "evil.pt is not listed in its manifest.json"
+    else:
+        evil = evil_checkpoint(folder / "step_00000099", marker)
+        reason = "not a checkpoint folder (it has no manifest.json"
     run_dir = tmp_path / "run"
     capsys.readouterr()
     code = main(["train", "-f", NANO, "--run-dir", str(run_dir), "--resume", str(evil)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
-    assert err.startswith(f"error: --resume {evil}: it is not listed in {folder / 'manifest.json'}")
-    assert "is not loaded" in err
+    assert err.startswith(f"error: --resume {evil}: ") and reason in err, err
+    assert "not loaded" in err
     assert not marker.exists() and not run_dir.exists()
 
 
 def test_resume_auto_ignores_a_planted_unlisted_checkpoint_with_a_warning(tmp_path, multigpu_warnings):
     mg.init(backend="cpu", threads=1)
-    manager = CheckpointManager(tmp_path / "checkpoints")
-    manager.save({"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}})
+    store = CheckpointStore(tmp_path / "checkpoints")
+    store.save(2, {"model": {"w": torch.ones(2)}, "optimizer": {}})
     marker = tmp_path / "ran"
-    planted = evil_checkpoint(manager.path_for(99999999), marker)
-    assert manager.resolve("auto") == manager.path_for(2)
+    planted = evil_checkpoint(store.path_for(99999999), marker)
+    assert store.latest() == store.path_for(2)
     assert len(multigpu_warnings) == 1, multigpu_warnings
-    assert str(planted) in multigpu_warnings[0] and "is not listed in" in multigpu_warnings[0]
-    assert "not loaded" in multigpu_warnings[0]
+    assert str(planted) in multigpu_warnings[0] and "no manifest.json" in multigpu_warnings[0]
     assert not marker.exists()
-    assert manager.load(manager.path_for(2))["step"] == 2
+    assert store.load(store.path_for(2), {"model": None})["model"]["w"].tolist() == [1.0, 1.0]
 
 
-def test_a_file_listed_by_a_forged_manifest_is_still_loaded_weights_only(tmp_path):
-    """A checksum shows a file is unchanged, not that it is safe: the load itself refuses the payload."""
+def test_a_file_listed_by_a_forged_manifest_is_still_refused_unpickled(tmp_path, multigpu_warnings):
+    """A checksum shows a file is unchanged, not that it is safe: the globals it names are read from its opcodes
+    (nothing unpickled) and refused, by the launcher's check, by resume=auto and by the load itself."""
     mg.init(backend="cpu", threads=1)
-    manager = CheckpointManager(tmp_path / "checkpoints")
-    manager.save({"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}})
+    store = CheckpointStore(tmp_path / "checkpoints")
+    store.save(2, {"model": {"w": torch.ones(2)}, "optimizer": {}})
     marker = tmp_path / "ran"
-    evil = evil_checkpoint(manager.path_for(99999999), marker)
-    list_in_manifest(evil)
-    assert manager.resolve(str(evil)) == evil  # size and SHA-256 match what the manifest says
-    with pytest.raises(CorruptCheckpointError) as info:
-        manager.load(evil)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(f"checkpoint {evil} is unusable: it refers to ")
-    assert "Path.touch" in message or "getattr" in message, message
-    assert "weights_only=True" in message
-    assert manager.resolve("auto") == manager.path_for(2)  # auto skips it (it does not load) for the valid one
+    evil = evil_checkpoint(store.path_for(99999999), marker, listed=True)
+    for attempt in (lambda: check_resume_path(str(evil)), lambda: store.load(evil, {"model": None})):
+        with pytest.raises(CorruptCheckpointError) as info:
+            attempt()
+        message = str(info.value)
+        assert "\n" not in message and message.startswith(f"checkpoint {evil / 'state.pt'} is unusable: it refers to ")
+        assert "pathlib.Path" in message, message  # the global its payload calls, named without unpickling
+        assert "weights_only=True" in message
+    assert store.latest() == store.path_for(2)  # auto skips it (named in a warning) for the valid one
+    assert len(multigpu_warnings) == 1 and "it refers to" in multigpu_warnings[0], multigpu_warnings
     assert not marker.exists()
 
 
-def test_new_checkpoints_need_no_allow_list_and_old_ones_still_resume(tmp_path):
-    """What is saved is tensors and plain values (the NumPy RNG key as a tensor); a checkpoint written
-    before that, with NumPy's ndarray inside, still loads (NumPy's array type allowed for that load only)."""
+def test_new_checkpoints_need_no_allow_list_and_restore_every_random_stream(tmp_path):
+    """What is saved is tensors and plain values (the NumPy RNG key as a tensor): nothing to allow-list."""
     mg.init(backend="cpu", threads=1)
-    manager = CheckpointManager(tmp_path / "checkpoints")
-    path = manager.save({"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}, "sampler": {"epoch": 0}})
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == []
+    store = CheckpointStore(tmp_path / "checkpoints")
     np.random.seed(7)
+    path = store.save(2, {"model": {"w": torch.ones(2)}, "rng": PerRank(RngState()), "sampler": {"epoch": 0}})
     expected = np.random.rand(3)
-    np.random.seed(7)
-    legacy = {"python": capture_rng()["python"], "torch": torch.get_rng_state(), "numpy": np.random.get_state()}
-    manager.folder.save(4, lambda fh: torch.save({"step": 4, "model": {}, "optimizer": {}, "rng": [legacy]}, fh))
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(manager.path_for(4))  # ndarray, dtype, ...
-    state = manager.load(manager.resolve("auto"))
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path / "state.pt") == []
     np.random.seed(0)
-    restore_rng(state["rng"][0])
+    store.load(path, {"rng": PerRank(RngState())})
     assert np.array_equal(np.random.rand(3), expected)
-    with pytest.raises(pickle.UnpicklingError):  # the allow-list was scoped to that load
-        torch.load(manager.path_for(4), weights_only=True)
 
 
 # ------------------------------------------------------------------ simulation
 
 
 @pytest.mark.parametrize("checksum, reason", [
-    ("none", "records no SHA-256 of .metadata"),
-    ("stale", ".metadata does not match engine.json"),
+    ("none", ".metadata is not listed in its manifest.json"),
+    ("stale", ".metadata: checksum mismatch"),
 ])
 def test_sim_resume_crafted_metadata_is_one_line_exit_2_and_never_unpickled(tmp_path, capsys, no_launch, checksum,
                                                                            reason):
     marker = tmp_path / "ran"
-    crafted = evil_sim_checkpoint(tmp_path / "step_000004", marker, checksum=checksum)
+    crafted = evil_sim_checkpoint(tmp_path / "step_00000004", marker, checksum=checksum)
     run_dir = tmp_path / "run"
     capsys.readouterr()
     code = main(["sim", "-f", SIR, "--run-dir", str(run_dir), "--resume", str(crafted)])
@@ -175,18 +171,18 @@ def _small_sim(steps: int):
 
 
 def test_sim_ranks_refuse_crafted_metadata_even_with_a_matching_checksum(tmp_path, multigpu_warnings):
-    """Whoever wrote the whole folder can forge engine.json's checksum: the ranks' restricted
+    """Whoever wrote the whole folder can forge the manifest's checksum: the ranks' restricted
     unpickler still builds only DCP's metadata classes, and resume=auto skips a tampered checkpoint."""
     mg.init(backend="cpu", threads=1)
     run_dir = tmp_path / "run"
     runner.run(_small_sim(4), run_dir=run_dir, progress=False)
     ckpts = run_dir / "checkpoints"
-    meta = json.loads((ckpts / "step_000004" / "engine.json").read_text())
-    assert set(meta["checksums"]) == {".metadata"}
+    meta = json.loads((ckpts / "step_00000004" / "manifest.json").read_text())
+    assert ".metadata" in meta["files"] and meta["meta"]["step"] == 4
 
     marker = tmp_path / "ran"
-    forged = evil_sim_checkpoint(tmp_path / "forged" / "step_000004", marker, checksum="forged")
-    sim_checkpoint.check_checkpoint(forged)  # the checksum matches: the launcher would let it through
+    forged = evil_sim_checkpoint(tmp_path / "forged" / "step_00000004", marker, checksum="forged")
+    checkpoint.verify(forged)  # the checksum matches: the launcher would let it through
     with pytest.raises(CorruptCheckpointError) as info:
         runner.run(_small_sim(6), run_dir=tmp_path / "run2", resume=str(forged), progress=False)
     message = str(info.value)
@@ -194,12 +190,12 @@ def test_sim_ranks_refuse_crafted_metadata_even_with_a_matching_checksum(tmp_pat
     assert "global pathlib.Path.touch is not allowed" in message and "nothing in it ran" in message
 
     # the newest checkpoint of a known run altered: auto names it, skips it, and takes the previous one
-    newest = ckpts / "step_000004" / ".metadata"
+    newest = ckpts / "step_00000004" / ".metadata"
     newest.write_bytes(pickle.dumps(TouchOnLoad(marker)))
     result = runner.run(_small_sim(6), run_dir=run_dir, resume="auto", progress=False)
-    assert result.summary["resumed_from"] == str(ckpts / "step_000002")
-    assert len(multigpu_warnings) == 1 and "step_000004" in multigpu_warnings[0], multigpu_warnings
-    assert ".metadata does not match engine.json" in multigpu_warnings[0]
+    assert result.summary["resumed_from"] == str(ckpts / "step_00000002")
+    assert len(multigpu_warnings) == 1 and "step_00000004" in multigpu_warnings[0], multigpu_warnings
+    assert ".metadata is truncated" in multigpu_warnings[0]  # the payload is shorter than what was written
     assert not marker.exists()
 
 

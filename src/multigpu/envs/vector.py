@@ -348,6 +348,30 @@ class VectorEnv:
     def close(self) -> None:
         """Nothing to release (the state is a tensor); kept for gymnasium compatibility."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next steps depend on, as tensors: physics state, episode lengths, each
+        environment's reset count (its random stream's position), pending next-step resets, the seed."""
+        return {"state": self.state.clone(), "elapsed_steps": self.elapsed_steps.clone(),
+                "resets": self._resets.clone(), "prev_done": self._prev_done.clone(),
+                "seed": self.seed, "env_ids": self.env_ids.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where :meth:`state_dict` was taken (the same environments: ``env_ids`` must match)."""
+        if not torch.equal(torch.as_tensor(state["env_ids"]).cpu(), self.env_ids.cpu()):
+            raise ConfigError(f"{self.id}: the saved environments are not this rank's (another split or num_envs); "
+                              "valid: resume with the same num_envs and world size")
+        self._seed(int(state["seed"]))
+        # in place: the host step and the reset path hold views of these tensors
+        self.state.copy_(state["state"])
+        self.elapsed_steps.copy_(state["elapsed_steps"])
+        self._resets.copy_(state["resets"])
+        self._prev_done.copy_(state["prev_done"])
+        if self._on_cpu:
+            self._stale[:] = True  # drawn-ahead states are recomputed from the restored reset counts
+            self._elapsed_bound = int(self.elapsed_steps.max()) if self.num_envs else 0
+        else:
+            self._elapsed_bound = int(self.elapsed_steps.max()) if self.num_envs else 0
+
     def _check_actions(self, actions) -> torch.Tensor:
         actions = torch.as_tensor(actions, device=self.device)
         if actions.shape[:1] != (self.num_envs,):

@@ -5,6 +5,10 @@
 
 1. the config: the file (or the workload's preset), then the workload's shortcut
    flags (``--agents N``), then the ``key=value`` overrides, into the frozen config class;
+   with ``--resume`` the run's own ``run.json`` config replaces the preset, what is
+   given again applies on top, and a key the workload keeps (``resume_keeps``) given
+   with another value is one line naming it; a workload that cannot resume
+   (``Workload.resumable`` False) refuses ``--resume`` here;
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
    before a folder exists or a process starts;
@@ -90,7 +94,8 @@ def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
              help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
-                  "PATH: a checkpoint")
+                  "PATH: a checkpoints/step_* folder. The run's own config (run.json) is reused; keys given "
+                  "again apply where the workload allows")
 
 
 def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
@@ -101,15 +106,28 @@ def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
-                         flags: dict[str, Any] | None = None) -> Any:
+                         flags: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None) -> Any:
     """The workload's config: the file (or preset), then the flag values, then ``key=value`` overrides.
+
+    ``base``: a resumed run's own config (its run.json): it replaces the preset, and a file given with
+    ``-f`` applies on top of it, like the flags and overrides.
 
     Naming another factory (``--model pkg.mod:fn`` or ``model.factory=...``) drops the ``kwargs`` the file
     gave the one it replaces: they belonged to that factory. Overrides of ``model.kwargs.*`` still apply.
     """
-    source = config or workload.preset
-    data = load_yaml(source) if source else {}
+    if base is not None:
+        data = _merged(base, load_yaml(config)) if config else dict(base)
+    else:
+        source = config or workload.preset
+        data = load_yaml(source) if source else {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
@@ -144,6 +162,55 @@ def _set_factory_or_key(data: dict[str, Any], key: str, value: Any) -> None:
 
 def _flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
     return {flag.key: getattr(args, _flag_dest(flag.key), None) for flag in workload.flags}
+
+
+# ----------------------------------------------------------------------------- resume
+def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[str, Any] | None:
+    """The config a resumed run was started with (its run.json), or None: none is there to reuse.
+
+    ``run_dir``'s run.json; for ``--resume PATH`` into a new folder, the one of the run that wrote PATH
+    (``<run>/checkpoints/step_*``)."""
+    import json
+
+    if not resume:
+        return None
+    candidates = [run_dir / "run.json"]
+    if resume != "auto":
+        candidates.append(Path(resume).absolute().parent.parent / "run.json")
+    for path in candidates:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            continue
+        other = data.get("workload")
+        if other not in (workload.name, None) and ":" not in str(other):
+            raise ConfigError(f"--resume: {path.parent} is a {other} run, not a {workload.name} run; valid: "
+                              f"multigpu {other} --resume ..., or another --run-dir")
+        return data["config"]
+    return None
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): data}
+
+
+def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
+    """A resumed run keeps the keys its workload names in ``resume_keeps``: one line naming the first that
+    changed."""
+    before = _flat(to_dict(from_dict(workload.config, saved, prefix=workload.prefix)))
+    now = _flat(to_dict(cfg))
+    keeps = workload.resume_keeps
+    for key in sorted(set(before) | set(now)):
+        if not any(key == k or key.startswith(k + ".") for k in keeps) or before.get(key) == now.get(key):
+            continue
+        name = f"{workload.prefix}.{key}" if workload.prefix else key
+        raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in the run being "
+                          f"resumed, and a resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
+                          "out (the run's own config is used), or start a new --run-dir without --resume")
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -222,7 +289,18 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
         if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
             raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
         overrides.append(f"precision={launch_cfg.mixed_precision}")
-    cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args))
+    if args.resume is not None and not workload.resumable:
+        raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
+                          f"checkpoints); valid: run it again without --resume")
+    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    if args.resume == "auto":
+        from multigpu.checkpoint.resume import refuse_old_layout
+
+        refuse_old_layout(run_dir)
+    saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
+    cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args), base=saved)
+    if saved is not None:
+        check_kept(workload, saved, cfg)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists
         from multigpu.dryrun import dry_run
 
@@ -230,7 +308,6 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     if args.world_size is not None or args.device_memory is not None:
         raise ConfigError("--world-size and --device-memory are the dry run's; add --dry-run, or use "
                           "--nproc-per-node/--nnodes for a real job")
-    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
     # a used folder is continued (--resume) or refused; on several nodes each writes there, so only the lock counts
     fresh_only = args.resume is None and launch_cfg.nnodes == 1
     if fresh_only:

@@ -3,12 +3,16 @@
     python -m multigpu.jobs.rank          # started by the launcher; reads $MULTIGPU_RUN_FILE
 
 Reads ``run.json`` (workload, resolved config, run context), joins the job
-with ``mg.init``, calls the workload's ``main(cfg, ctx)`` and leaves with
-``mg.shutdown``. Its exit code is ``main``'s.
+with ``mg.init``, decides once which checkpoint this attempt starts from
+(``ctx.resume_from``: ``--resume auto``/PATH, or the run's newest valid
+checkpoint when torchrun's agent restarted the worker group; see
+:mod:`multigpu.checkpoint.resume`), calls the workload's ``main(cfg, ctx)``
+and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -32,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     context.set_current(ctx)
     mg.init(**(workload.init(cfg) if workload.init else {}))
     try:
+        if workload.resumable:  # the only place a restart is noticed: a workload just loads resume_from
+            from multigpu.checkpoint import resolve
+
+            found = resolve(ctx.resume, ctx.run_dir)
+            ctx = dataclasses.replace(ctx, resume_from=str(found) if found else None)
+            context.set_current(ctx)
         code = workload.main(cfg, ctx)
     except BaseException:
         mg.shutdown(barrier=False)  # the failure is reported by the launcher; no rank waits on this one

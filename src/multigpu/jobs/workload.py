@@ -87,6 +87,13 @@ class Workload:
     """Overrides ``multigpu bench <name>`` adds (shorter runs, no plots), before the user's own."""
     command: bool = True
     """Has its own command (``multigpu <name>``); False: only ``multigpu bench <name>`` runs it."""
+    resumable: bool = False
+    """``main`` continues from ``ctx.resume_from`` (a checkpoint of :class:`multigpu.checkpoint.CheckpointStore`);
+    False: ``--resume`` is refused in one line before anything starts, and a restarted worker group starts over."""
+    resume_keeps: tuple[str, ...] = ()
+    """Config keys (or sections) a resumed run must keep: ``--resume`` starts from the run's own ``run.json``
+    config, and a key given again with another value is refused in one line naming it (other keys given
+    again are applied: more steps, say)."""
     launch: Callable[[Any], int | None] | None = None
     """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
     ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to

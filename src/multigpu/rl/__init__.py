@@ -8,6 +8,6 @@ Runs inside each rank; ``multigpu rl -f ppo-cartpole`` (discrete actions) or
 from multigpu.rl.config import RLConfig
 from multigpu.rl.normalize import ObsNormalizer
 from multigpu.rl.policy import ActorCritic, GaussianActorCritic
-from multigpu.rl.ppo import PPOResult, train
+from multigpu.rl.ppo import PPOResult, TrainedPolicy, load_policy, train
 
-__all__ = ["ActorCritic", "GaussianActorCritic", "ObsNormalizer", "PPOResult", "RLConfig", "train"]
+__all__ = ["ActorCritic", "GaussianActorCritic", "ObsNormalizer", "PPOResult", "RLConfig", "TrainedPolicy", "load_policy", "train"]

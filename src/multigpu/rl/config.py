@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from multigpu.errors import ConfigError
@@ -95,6 +95,18 @@ class RLConfig:
     log_every: int = 5
     """Reduce and log metrics (metrics.jsonl) every N updates."""
 
+    checkpoint_every: int = 10
+    """Save a checkpoint every N updates (0: only the last); the last update is always saved, so every run
+    with a run directory leaves its policy (:func:`multigpu.rl.load_policy`). ``--resume auto`` continues
+    from the newest one, bit-identically on the same world size."""
+
+    keep_last: int = 3
+    """Checkpoints kept in ``<run_dir>/checkpoints``; older ones are deleted."""
+
+    callbacks: list[str] = field(default_factory=list)
+    """``pkg.module:factory`` names; each made object's ``on_step(state)`` runs on every rank after each
+    update (``state.step``: updates done), after its checkpoint."""
+
     def __post_init__(self) -> None:
         positive = ("num_envs", "num_steps", "total_env_steps", "return_window", "num_minibatches",
                     "update_epochs", "hidden_size", "threads", "log_every")
@@ -102,6 +114,10 @@ class RLConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"rl.{name} must be a whole number >= 1, got {value!r}")
+        for name, low in (("checkpoint_every", 0), ("keep_last", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"rl.{name} must be a whole number >= {low}, got {value!r}")
         for name in ("learning_rate", "clip_coef", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"rl.{name} must be > 0, got {getattr(self, name)!r}")

@@ -10,7 +10,8 @@ environment id included, when it is loaded; ``check`` (in the launcher) imports
 an ``--env`` factory, checks its keyword arguments, builds one environment on
 the CPU to read its spaces (a Discrete or Box action space) and checks that
 every rank's minibatches hold at least two samples. ``main`` trains on every
-rank (:func:`multigpu.rl.train`) and rank 0 writes ``summary.json`` into the run directory.
+rank (:func:`multigpu.rl.train`) and rank 0 writes ``summary.json`` into the run directory, and
+checkpoints there (``--resume auto`` continues one; :func:`multigpu.rl.load_policy` reads the policy back).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main(cfg: RLConfig, ctx: RunContext) -> int:
     cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * ctx.problem_scale(mg.world_size()))
     if mg.is_main():
         print(f"multigpu rl: {cfg.env_name}, {cfg.num_envs} envs in all, run dir {ctx.run_dir}", flush=True)
-    train(cfg, run_dir=ctx.run_dir, log=lambda line: print(line, flush=True))
+    train(cfg, run_dir=ctx.run_dir, log=lambda line: print(line, flush=True), resume_from=ctx.resume_from, run=ctx)
     return 0
 
 
@@ -82,5 +83,8 @@ WORKLOAD = Workload(
              help="your batched environment's factory (env.kwargs.NAME=... for its arguments; default: env_id)"),
         Flag("--obs-norm", "obs_norm", action="store_true", help="normalize observations (running mean/var, all ranks)"),
     ),
-    bench=("total_env_steps=20000", "target_return=null"),
+    bench=("total_env_steps=20000", "target_return=null", "checkpoint_every=0"),
+    resumable=True,
+    resume_keeps=("env_id", "env", "num_envs", "num_steps", "num_minibatches", "seed", "hidden_size",
+                  "action_bounds", "log_std_init", "obs_norm", "return_window"),
 )

@@ -76,6 +76,18 @@ class ObsNormalizer:
         x = (obs.reshape(-1, self.dim).float() - self._mean32) * self._inv_std32
         return x.clamp(-self.clip, self.clip)
 
-    def state_dict(self) -> dict:
+    def summary(self) -> dict:
         """Plain numbers (for ``summary.json``): the count, mean and variance."""
         return {"count": self.count, "mean": self.mean.tolist(), "var": self.var.tolist()}
+
+    def state_dict(self) -> dict:
+        """The running statistics, exactly (float64 tensors): a checkpoint part. Taken after a ``sync``."""
+        return {"count": torch.tensor(self.count, dtype=torch.float64), "mean": self.mean.clone(),
+                "var": self.var.clone(), "sums": self._sums.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = float(state["count"])
+        self.mean = state["mean"].to(self.mean.device, torch.float64)
+        self.var = state["var"].to(self.var.device, torch.float64)
+        self._sums = state["sums"].to(self._sums.device, torch.float64)
+        self._refresh()

@@ -19,6 +19,12 @@ works too: the step that only resets an environment is left out of the update.
 With ``obs_norm`` the observations are normalized by running statistics that
 are all-reduced after each rollout (:mod:`multigpu.rl.normalize`).
 
+Checkpoints (``<run_dir>/checkpoints``, :class:`multigpu.checkpoint.CheckpointStore`) every
+``checkpoint_every`` updates and after the last: the policy, the optimizer, the normalizer's statistics,
+the counters and moving returns, and every rank's environments, current observations and sampling
+generator; a resumed run continues bit-identically to an uninterrupted one on the same world size.
+:func:`load_policy` reads the newest one back as a module.
+
 Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 *env-step* = one environment advancing once (the meter's unit).
 """
@@ -29,21 +35,23 @@ import collections
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import multigpu as mg
+from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
 from multigpu.envs.adapter import autoreset_mode_of
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.rl.config import RLConfig
 from multigpu.rl.normalize import ObsNormalizer
-from multigpu.rl.policy import ActorCritic, policy_for
+from multigpu.rl.policy import ActorCritic, PolicySpec, policy_for
 from multigpu.runtime import context
 from multigpu.train.sync import wrap_ddp
 
-__all__ = ["ActorCritic", "PPOResult", "train"]
+__all__ = ["ActorCritic", "PPOResult", "TrainedPolicy", "load_policy", "train"]
 
 
 @dataclass
@@ -91,10 +99,44 @@ def _make_envs(cfg: RLConfig, num_envs: int):
                                   action_bounds=cfg.action_bounds, what=what)
 
 
-def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
+class _RankState:
+    """What differs per rank and moves every step: environments, observations, episode sums, the sampler."""
+
+    def __init__(self, envs, loop: dict, gen: torch.Generator):
+        self.envs, self.loop, self.gen = envs, loop, gen
+
+    def state_dict(self) -> dict:
+        envs = self.envs.state_dict() if hasattr(self.envs, "state_dict") else None
+        return {"envs": envs, "gen": self.gen.get_state(), **{k: v.clone() for k, v in self.loop.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["envs"] is not None and hasattr(self.envs, "load_state_dict"):
+            self.envs.load_state_dict(state["envs"])
+        self.gen.set_state(state["gen"])
+        for key, value in self.loop.items():
+            self.loop[key] = state[key].to(value.device)
+
+
+class _Module:
+    """A module as a checkpoint part whose tensors come back on the module's own device."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def state_dict(self) -> dict:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state)
+
+
+def train(cfg: RLConfig, run_dir=None, *, log=print, resume_from=None,
+          run: context.RunContext | None = None) -> PPOResult:
     """Train until the target return or the env-step budget; call on all ranks after ``mg.init``.
 
-    ``run_dir``: where rank 0 writes ``metrics.jsonl`` and ``summary.json`` (None: nowhere).
+    ``run_dir``: where rank 0 writes ``metrics.jsonl``, ``summary.json`` and the checkpoints (None: nowhere).
+    ``resume_from``: a checkpoint folder to continue from (the job's ``ctx.resume_from``).
+    ``run``: the run context (the job's ``ctx``; a plain script: the launcher's).
     """
     world, rank = mg.world_size(), mg.rank()
     num_envs = cfg.num_envs
@@ -110,9 +152,6 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
 
     steps_per_update = num_envs * cfg.num_steps
     num_updates = max(1, cfg.total_env_steps // steps_per_update)
-    meter = StepMeter.from_context(
-        "env-steps", dataclasses.replace(context.current(), run_dir=str(run_dir) if run_dir else None),
-        total_steps=num_updates, description=f"ppo {cfg.env_name}", log_every=cfg.log_every, warmup_steps=1)
     model, comm = agent, None
     if world > 1:  # grads averaged over ranks in backward, the all-reduces timed into the comm share
         model, comm = wrap_ddp(agent, mg.get_env("rl.train"), "auto")
@@ -127,19 +166,52 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
                else torch.zeros(cfg.num_steps, n, spec.action_dim, device=device))
     logp_buf, rew_buf, done_buf, val_buf = (torch.zeros(cfg.num_steps, n, device=device) for _ in range(4))
     valid_buf = torch.ones(cfg.num_steps, n, dtype=torch.bool, device=device)  # False: a next-step reset step
-    reset_step = torch.zeros(n, dtype=torch.bool, device=device)  # next-step autoreset: this step only resets
-    episode_return = torch.zeros(n, device=device)
     on_host = _reads_on_host(device)
     ended_buf = None if on_host else torch.zeros(cfg.num_steps, n, device=device)  # returns of the episodes ending
     recent: collections.deque[float] = collections.deque(maxlen=cfg.return_window)
-    episodes, mean_return, solved = 0, float("nan"), False
+    episodes, mean_return, solved, first = 0, float("nan"), False, 0
 
     obs, _ = envs.reset(seed=cfg.seed)
     if norm is not None:  # statistics of the first observations, before the first rollout uses them
         norm.observe(obs.reshape(n, -1))
         norm.sync()
+    loop = {"obs": obs, "episode_return": torch.zeros(n, device=device),
+            "reset_step": torch.zeros(n, dtype=torch.bool, device=device)}  # next-step autoreset: this step only resets
+    store, parts = None, {"policy": _Module(agent), "optimizer": optimizer, "rank": PerRank(_RankState(envs, loop, sample_gen))}
+    parts["normalizer"] = norm  # None without obs_norm: saved as None
+    if run_dir is not None:
+        store = CheckpointStore(Path(run_dir) / CHECKPOINTS, cfg.keep_last)
+    if resume_from is not None:
+        saved_world = read_manifest(resume_from)["world_size"]
+        if saved_world != world:  # each rank's environments are its share of the global ids
+            raise ConfigError(f"checkpoint {resume_from} was written by {saved_world} rank(s) and this job has "
+                              f"{world}; valid: resume rl on the same world size")
+        loaded = CheckpointStore(Path(resume_from).parent).load(resume_from, {**parts, "progress": None})
+        progress = loaded["progress"]
+        first, episodes, solved = int(progress["update"]), int(progress["episodes"]), bool(progress["solved"])
+        recent.extend(progress["recent"])
+        mean_return = sum(recent) / len(recent) if recent else float("nan")
+        if mg.is_main():
+            log(f"resumed at update {first} of {num_updates} ({first * steps_per_update:,} env-steps)")
+    obs, episode_return, reset_step = loop["obs"], loop["episode_return"], loop["reset_step"]
+    callbacks = []
+    if cfg.callbacks:
+        from multigpu.factory import call_factory
+
+        callbacks = [call_factory(spec, what="callbacks") for spec in cfg.callbacks]
+    meter = StepMeter.from_context(
+        "env-steps", dataclasses.replace(run or context.current(), run_dir=str(run_dir) if run_dir else None),
+        total_steps=max(num_updates - first, 1), description=f"ppo {cfg.env_name}", log_every=cfg.log_every,
+        warmup_steps=1)
+
+    def save(done: int) -> None:
+        loop.update(obs=obs, episode_return=episode_return, reset_step=reset_step)
+        progress = {"update": done, "episodes": episodes, "solved": solved, "recent": list(recent)}
+        store.save(done, {**parts, "progress": progress, "spec": _spec_state(spec, cfg)})
+
     start = time.perf_counter()
-    for update in range(num_updates):
+    update = first - 1
+    for update in range(first, num_updates if not solved else first):
         with meter.step(items=n * cfg.num_steps):
             if cfg.anneal_lr:
                 optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
@@ -216,10 +288,18 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
             if comm is not None:
                 meter.add_comm(comm.pop_seconds())
 
-        env_steps = (update + 1) * steps_per_update
         if cfg.target_return is not None and len(recent) == cfg.return_window and mean_return >= cfg.target_return:
             solved = True
+        done = update + 1
+        if store is not None and (solved or done == num_updates or (cfg.checkpoint_every
+                                                                      and done % cfg.checkpoint_every == 0)):
+            save(done)
+        state = _Progress(done)
+        for callback in callbacks:
+            callback.on_step(state)
+        if solved:
             break
+    env_steps = (update + 1) * steps_per_update
     wall_s = time.perf_counter() - start
     getattr(envs, "close", lambda: None)()
     if mg.is_main():
@@ -228,5 +308,73 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
             f"after {env_steps:,} env-steps and {update + 1} updates, {wall_s:.1f} s on {world} rank(s)")
     result = PPOResult(solved=solved, env_steps=env_steps, wall_s=wall_s, mean_return=mean_return, episodes=episodes)
     meter.close({"rl": {**result.__dict__, "world_size": world, "num_envs": num_envs, "updates": update + 1,
-                        "env": cfg.env_name, "obs_norm": norm.state_dict() if norm is not None else None}})
+                        "env": cfg.env_name, "obs_norm": norm.summary() if norm is not None else None,
+                        "resumed_from": str(resume_from) if resume_from else None}})
     return result
+
+
+@dataclass
+class _Progress:
+    step: int
+    """Updates done (what a callback's ``on_step`` sees)."""
+
+
+def _spec_state(spec, cfg: RLConfig) -> dict:
+    """What :func:`load_policy` needs to rebuild the network and its action map, as plain values and tensors."""
+    action_map = {k: (torch.as_tensor(v, dtype=torch.float64) if k in ("low", "high") else
+                      (list(v) if isinstance(v, tuple) else v)) for k, v in spec.action_map.items()}
+    return {"obs_dim": spec.obs_dim, "discrete": spec.discrete, "action_dim": spec.action_dim,
+            "action_map": action_map, "hidden_size": cfg.hidden_size, "log_std_init": cfg.log_std_init}
+
+
+class TrainedPolicy(nn.Module):
+    """A trained PPO policy: observations (normalized as in training) -> actions in the environment's space.
+
+    ``forward(obs)`` returns the deterministic action (the most likely one; a Gaussian's mean, mapped onto
+    the Box); ``network`` is the actor-critic itself (``network(x) -> (out, value)`` on normalized ``x``).
+    """
+
+    def __init__(self, network: nn.Module, spec: PolicySpec, mean: torch.Tensor | None, var: torch.Tensor | None,
+                 clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.network, self.spec, self.clip = network, spec, clip
+        self.normalize = mean is not None
+        self.register_buffer("obs_mean", (mean if mean is not None else torch.zeros(spec.obs_dim)).float())
+        self.register_buffer("obs_inv_std", torch.rsqrt(var + eps).float() if var is not None
+                             else torch.ones(spec.obs_dim))
+        self._map = spec.make_map("cpu")
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(obs).reshape(-1, self.spec.obs_dim).float()
+        if self.normalize:
+            x = ((x - self.obs_mean) * self.obs_inv_std).clamp(-self.clip, self.clip)
+        out, _ = self.network(x)
+        action = out.argmax(-1) if self.spec.discrete else out.chunk(2, -1)[0]
+        return self._map(action)
+
+
+def load_policy(run_dir) -> TrainedPolicy:
+    """The policy of an ``rl`` run (its newest valid checkpoint) as a module on the CPU, in eval mode.
+
+        policy = load_policy("runs/rl/20260101-120000")
+        action = policy(obs)            # (n, *obs_shape) -> (n,) or (n, *action_shape)
+
+    Raises:
+        ConfigError: the folder holds no rl checkpoint.
+    """
+    store = CheckpointStore(Path(run_dir) / CHECKPOINTS, warn=lambda _: None)
+    path = store.latest()
+    if path is None:
+        raise ConfigError(f"{run_dir} holds no checkpoint of an rl run (no {CHECKPOINTS}/step_*/ that verifies); "
+                          "valid: the run directory of `multigpu rl`")
+    loaded = CheckpointStore(path.parent).load(path, {"spec": None, "policy": None, "normalizer": None})
+    raw = loaded["spec"]
+    action_map = {k: (v.numpy() if isinstance(v, torch.Tensor) else tuple(v) if k == "shape" else v)
+                  for k, v in raw["action_map"].items()}
+    spec = PolicySpec(int(raw["obs_dim"]), bool(raw["discrete"]), int(raw["action_dim"]), action_map)
+    network = spec.make_network(int(raw["hidden_size"]), float(raw["log_std_init"]))
+    network.load_state_dict(loaded["policy"])
+    norm = loaded["normalizer"]
+    policy = TrainedPolicy(network, spec, norm["mean"] if norm else None, norm["var"] if norm else None)
+    return policy.eval()
+

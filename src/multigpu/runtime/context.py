@@ -30,8 +30,7 @@ from typing import Any
 from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "restart_count",
-           "set_current"]
+__all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "set_current"]
 
 RUN_FILE_VAR = envvars.RUN_FILE
 """The one variable through which the launcher tells a rank about its run."""
@@ -50,7 +49,12 @@ class RunContext:
     run_dir: str | None = None
     """Folder for the run's outputs (metrics, summary, checkpoints); None: write nothing."""
     resume: str | None = None
-    """None: start fresh; "auto": the newest valid checkpoint of ``run_dir``; or a checkpoint path."""
+    """What the user asked for (``--resume``): None: start fresh; "auto": the newest valid checkpoint of
+    ``run_dir``; or a checkpoint path. Workloads read :attr:`resume_from` instead."""
+    resume_from: str | None = None
+    """The checkpoint this attempt starts from (None: from scratch), decided once by the rank entry point
+    from ``resume`` and, for a worker group restarted by torchrun's agent, the run's newest valid checkpoint
+    (:func:`multigpu.checkpoint.resolve`)."""
     scaling: str = "strong"
     """"strong": the global problem is fixed; "weak": it grows with the world size (``multigpu bench --weak``)."""
     profile: bool = False
@@ -101,12 +105,6 @@ class RunContext:
         """
         return world_size if self.scaling == "weak" else 1
 
-    def for_attempt(self, restarts: int) -> RunContext:
-        """The context of a worker group that torchrun's agent restarted: it resumes the run (``resume="auto"``)."""
-        if restarts > 0 and self.run_dir is not None:
-            return dataclasses.replace(self, resume="auto")
-        return self
-
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["profile_steps"] = list(self.profile_steps)
@@ -150,7 +148,7 @@ def current() -> RunContext:
     if _CURRENT is None:
         path = os.environ.get(RUN_FILE_VAR)
         ctx = RunContext.from_dict(read_run_file(path).get("run", {})) if path else RunContext()
-        _CURRENT = ctx.for_attempt(restart_count())
+        _CURRENT = ctx
     return _CURRENT
 
 
@@ -162,14 +160,3 @@ def problem_scale(world_size: int | None = None) -> int:
         world_size = group.world_size()
     return current().problem_scale(world_size)
 
-
-def restart_count() -> int:
-    """How many times torchrun's agent has restarted this worker group (``--max-restarts``); 0 on the first attempt.
-
-    Read from ``TORCHELASTIC_RESTART_COUNT``, which the agent sets in every worker.
-    A restarted group resumes from its run's newest valid checkpoint (:meth:`RunContext.for_attempt`).
-    """
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0

@@ -26,8 +26,8 @@ import torch
 from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["LAUNCHER_VARIABLES", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist", "found_variables",
-           "launcher_variable", "read_placement", "slurm_master_port"]
+__all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist",
+           "found_variables", "launcher_variable", "read_placement", "restart_count", "slurm_master_port"]
 
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", envvars.RUN_FILE, "SLURM_STEP_ID", "SLURM_STEPID")
 """Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch`` and ``srun`` (a job
@@ -188,3 +188,17 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this worker group (``--max-restarts``); 0 at first.
+
+    The only place that reads ``TORCHELASTIC_RESTART_COUNT`` (set by the agent in every worker).
+    """
+    try:
+        return int(os.environ.get(RESTART_VAR, "0"))
+    except ValueError:
+        return 0

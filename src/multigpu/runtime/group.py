@@ -242,7 +242,9 @@ def _private_store() -> str | None:
     folder = context.read_run_file(path).get("private_store") if path else None
     if not folder:
         return None
-    return f"file://{folder}/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    from multigpu.runtime.env import restart_count
+
+    return f"file://{folder}/attempt{restart_count()}"
 
 
 def nccl_advice(message: str, rank: int, dev: torch.device) -> str | None:

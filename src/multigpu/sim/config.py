@@ -77,6 +77,9 @@ class SimConfig:
     checkpoint_every: int = 0
     """Save the sharded agent state every K steps (0: never)."""
 
+    keep_last: int = 3
+    """Checkpoints kept in ``<run_dir>/checkpoints``; older ones are deleted after each save."""
+
     chunk_size: int = 1 << 18
     """Agents processed per vectorized chunk: bounds the step temporaries."""
 
@@ -149,7 +152,7 @@ class SimConfig:
             raise ConfigError(f"sim.strategy {self.strategy!r} is not valid; valid: {', '.join(STRATEGIES)}")
         model = get_model(self.model)
         for name, low in [("agents", 1), ("steps", 0), ("sync_frequency", 1), ("rebalance_every", 1),
-                          ("checkpoint_every", 0), ("sort_every", 0), ("chunk_size", 1024), ("log_every", 0)]:
+                          ("checkpoint_every", 0), ("keep_last", 1), ("sort_every", 0), ("chunk_size", 1024), ("log_every", 0)]:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"sim.{name}={value!r} is invalid; valid: a whole number >= {low}")

@@ -28,11 +28,10 @@ __all__ = ["WORKLOAD", "check", "main"]
 def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     resume = plan.run.resume
     if resume not in (None, "auto"):
-        from multigpu.checkpointing import CorruptCheckpointError
-        from multigpu.sim.checkpoint import check_checkpoint
+        from multigpu.checkpoint import CorruptCheckpointError, check_resume_path
 
-        try:  # size and SHA-256 of .metadata only: the launcher unpickles nothing
-            check_checkpoint(resume)
+        try:  # sizes and SHA-256 only: the launcher unpickles nothing
+            check_resume_path(resume)
         except CorruptCheckpointError as exc:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
@@ -122,7 +121,7 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
         return _differentiable(cfg, ctx)
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
-    result = run(cfg, run_dir=ctx.run_dir, resume=ctx.resume, profile=ctx.profile)
+    result = run(cfg, run_dir=ctx.run_dir, resume_from=ctx.resume_from, run=ctx, profile=ctx.profile)
     if result is not None:
         _report(result)
     return 0
@@ -183,6 +182,8 @@ WORKLOAD = Workload(
     main=main,
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
+    resumable=True,
+    resume_keeps=("model", "seed", "grid", "agents", "params"),
     help="run an agent-based simulation (movement, sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
+from multigpu.checkpoint import CHECKPOINTS, CheckpointStore
 from multigpu.files import atomic_path, write_text_atomic
 from multigpu.monitor import StepMeter, write_json_atomic
 from multigpu.runtime import collectives, context, group
-from multigpu.runtime.context import restart_count
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -49,12 +49,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _start(cfg: SimConfig, ckpt_root: Path | None, resume: str | None) -> tuple[SimEngine, Path | None]:
-    source = None
-    if resume == "auto" and ckpt_root is not None:
-        source = checkpoint.latest(ckpt_root)
-    elif resume not in (None, "", "auto", "none"):
-        source = Path(resume)
+def _start(cfg: SimConfig, source: Path | None) -> tuple[SimEngine, Path | None]:
     engine = SimEngine(cfg, populate=source is None)
     if source is not None:
         checkpoint.load(engine, source)
@@ -67,6 +62,8 @@ def run(
     *,
     run_dir: str | Path | None = None,
     resume: str | None = None,
+    resume_from: str | Path | None = None,
+    run: context.RunContext | None = None,
     profile: bool = False,
     progress: bool = True,
     callbacks: list | None = None,
@@ -79,7 +76,11 @@ def run(
         steps: Total steps to reach (a resumed run continues from its checkpoint's step).
         run_dir: Where rank 0 writes series.csv, series.png, summary.json and checkpoints
             (None: nothing is written).
-        resume: "auto" (the newest checkpoint under run_dir, if any), a checkpoint folder, or None.
+        resume: In a plain script: "auto" (the newest checkpoint under run_dir, if any), a checkpoint
+            folder, or None; decided like the rank entry point does (a restarted worker group continues
+            from the newest checkpoint). The ``sim`` job passes ``resume_from`` instead.
+        resume_from: The checkpoint folder to continue from, already decided (``ctx.resume_from``).
+        run: The run context (the job's ``ctx``; default: the launcher's).
         profile: Also write profile.txt (seconds per phase); the per-rank torch.profiler traces come from
             the step meter when the run context asks for ``--profile``.
         callbacks: Objects whose ``on_step(engine)`` runs on every rank after each step (after its
@@ -91,9 +92,11 @@ def run(
         On rank 0 a :class:`SimResult`; None on the other ranks (unless ``return_agents``).
     """
     run_dir = Path(run_dir) if run_dir is not None else None
-    ckpt_root = run_dir / "checkpoints" if run_dir is not None else None
-    if restart_count() > 0 and ckpt_root is not None:
-        resume = "auto"  # a worker group restarted by --max-restarts continues from its newest checkpoint
+    store = CheckpointStore(run_dir / CHECKPOINTS, cfg.keep_last) if run_dir is not None else None
+    if resume_from is None and run is None:  # a plain script: decide here what the rank entry point decides
+        from multigpu.checkpoint import resolve
+
+        resume_from = resolve(resume, str(run_dir) if run_dir is not None else None)
     callbacks = list(callbacks or [])
     if cfg.callbacks:
         from multigpu.factory import call_factory
@@ -101,17 +104,17 @@ def run(
         callbacks += [call_factory(spec, what="sim.callbacks") for spec in cfg.callbacks]
     total = cfg.steps if steps is None else steps
     t0 = time.perf_counter()
-    engine, source = _start(cfg, ckpt_root, resume)
+    engine, source = _start(cfg, Path(resume_from) if resume_from else None)
     setup_s = time.perf_counter() - t0
     meter = StepMeter.from_context(
-        "agent-steps", dataclasses.replace(context.current(), run_dir=str(run_dir) if run_dir else None),
+        "agent-steps", dataclasses.replace(run or context.current(), run_dir=str(run_dir) if run_dir else None),
         total_steps=max(total - engine.step_index, 0), description=f"sim {cfg.model} ({cfg.strategy})",
         log_every=cfg.log_every, warmup_steps=1, progress=progress)
     def on_step(e: SimEngine) -> None:
         if e.history["step"] and e.series_names:
             meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
-        if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
-            checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
+        if cfg.checkpoint_every and store is not None and e.step_index % cfg.checkpoint_every == 0:
+            checkpoint.save(e, store)
         for callback in callbacks:
             callback.on_step(e)
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import signal
 
+from multigpu.checkpoint.resume import restart_count
 from multigpu.runtime import group
-from multigpu.runtime.context import restart_count
 
 __all__ = ["KillAt", "kill_self"]
 
@@ -30,7 +30,7 @@ __all__ = ["KillAt", "kill_self"]
 class KillAt:
     """A callback (``on_step``) that SIGKILLs rank ``rank`` after step ``step`` of the first attempt.
 
-    Works with the Trainer (its ``step``) and the simulation engine (its ``step_index``).
+    Works with the Trainer (its ``step``), the simulation engine (its ``step_index``) and PPO (updates done).
     """
 
     def __init__(self, rank: int, step: int):

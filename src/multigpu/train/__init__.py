@@ -22,8 +22,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "CheckpointManager": "multigpu.train.checkpoint",
-    "find_latest": "multigpu.train.checkpoint",
     "TrainConfig": "multigpu.train.config",
     "DataConfig": "multigpu.train.nano",
     "ModelConfig": "multigpu.train.nano",
@@ -35,19 +33,16 @@ _EXPORTS = {
 """Public name -> the module that defines it."""
 
 __all__ = [
-    "CheckpointManager",
     "DataConfig",
     "ModelConfig",
     "TrainConfig",
     "Trainer",
     "default_loss",
-    "find_latest",
     "make_optimizer",
     "make_scheduler",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports them
-    from multigpu.train.checkpoint import CheckpointManager, find_latest
     from multigpu.train.config import TrainConfig
     from multigpu.train.nano import DataConfig, ModelConfig
     from multigpu.train.optim import make_optimizer, make_scheduler

@@ -45,15 +45,12 @@ DEFAULT_DATA = "multigpu.train.data:stdlib_text"
 _PRECISIONS = ["fp32", "bf16", "fp16"]
 
 
-def _check_resume_file(resume: str) -> None:
-    """``--resume PATH`` must name an intact checkpoint (size and SHA-256 as its manifest records)."""
-    from multigpu.checkpointing import CorruptCheckpointError
-    from multigpu.train.checkpoint import check_checkpoint
+def _check_resume_path(resume: str) -> None:
+    """``--resume PATH`` must name an intact checkpoint folder (sizes and SHA-256 as its manifest records)."""
+    from multigpu.checkpoint import CorruptCheckpointError, check_resume_path
 
-    if not Path(resume).is_file():
-        raise ConfigError(f"--resume {resume}: no such file; valid: auto, or the path of a checkpoints/ckpt_*.pt")
     try:
-        check_checkpoint(resume)
+        check_resume_path(resume)
     except CorruptCheckpointError as exc:
         raise ConfigError(f"--resume {resume}: {exc.reason}; valid: an intact checkpoint, or auto "
                           "(the newest valid one)") from None
@@ -113,10 +110,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     if cfg.strategy == "fsdp":
         _check_fsdp(cfg, plan)
     if plan.run.resume not in (None, "auto"):
-        if cfg.strategy == "fsdp":
-            _check_sharded_resume(plan.run.resume)
-        else:
-            _check_resume_file(plan.run.resume)
+        _check_resume_path(plan.run.resume)
     _check_resume_fits(cfg, plan)
 
 
@@ -148,7 +142,7 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
 
     import torch
 
-    from multigpu.checkpointing import CheckpointFolder
+    from multigpu.checkpoint import CHECKPOINTS, CheckpointStore
     from multigpu.config import to_dict
     from multigpu.train.checkpoint import check_resume_fits
 
@@ -157,14 +151,11 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
         return
     if cfg.strategy == "fsdp":
         return  # sharded checkpoints: their shapes are DCP's, checked when loading
-    if resume == "auto":
-        folder = CheckpointFolder(Path(plan.run.run_dir) / "checkpoints", warn=lambda _: None)
-        entries = [e for e in folder.manifest().values() if isinstance(e.get("file"), str)]
-        listed = [folder.directory / e["file"] for e in sorted(entries, key=lambda e: e.get("step", 0))]
-        listed = [p for p in listed if p.is_file()]
-        if not listed:
+    if resume == "auto":  # the newest complete one (the ranks verify its bytes; this reads its manifest only)
+        folders = CheckpointStore(Path(plan.run.run_dir) / CHECKPOINTS).folders()
+        if not folders:
             return
-        path = listed[-1]
+        path = folders[-1]
     else:
         path = Path(resume)
     written_by = None
@@ -198,18 +189,6 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
         check_sharding(model, plan.world_size, cfg.fsdp_blocks)
 
 
-def _check_sharded_resume(resume: str) -> None:
-    """``--resume DIR`` under fsdp: a step_* folder whose files all match its manifest (bytes only)."""
-    from multigpu.checkpointing import CorruptCheckpointError
-    from multigpu.train.sharded import check_checkpoint
-
-    try:
-        check_checkpoint(resume)
-    except CorruptCheckpointError as exc:
-        raise ConfigError(f"--resume {resume}: {exc.reason}; valid: a checkpoints/step_* folder written with "
-                          "strategy=fsdp, or auto") from None
-
-
 def _datasets(cfg: TrainJobConfig):
     out = cfg.data.build("data.factory", _context(cfg))
     train, val = out if isinstance(out, tuple) else (out, None)
@@ -218,7 +197,8 @@ def _datasets(cfg: TrainJobConfig):
     return train, val
 
 
-def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None):
+def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
+          resume_from: str | Path | None = None, run: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -238,7 +218,8 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, resume_from=resume_from,
+                      run=run)
     return trainer, model, train_set
 
 
@@ -329,7 +310,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     import multigpu as mg
 
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
-    trainer, model, train_set = build(cfg, run_dir, ctx.resume)
+    trainer, model, train_set = build(cfg, run_dir, resume_from=ctx.resume_from, run=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
@@ -365,6 +346,7 @@ WORKLOAD = Workload(
     check=check,
     main=main,
     init=lambda cfg: {"seed": cfg.seed},
+    resumable=True,
     help="data-parallel training of your model and data (default: a character-level GPT) on every selected GPU",
     preset="nano",
     flags=(

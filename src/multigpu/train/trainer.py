@@ -7,10 +7,12 @@ Every rank builds the same model and optimizer, then::
     trainer.fit()        # until cfg.steps: train_step, evaluate, log, checkpoint
     trainer.close()      # summary.json (via StepMeter) on rank 0
 
-Recovery: when torchrun's agent restarts the worker group (``--max-restarts``;
-``TORCHELASTIC_RESTART_COUNT`` > 0), ``setup()`` resumes from the run's newest
-valid checkpoint by itself, whatever ``resume`` says (the given ``resume`` is
-used only when the run has no checkpoint yet).
+Checkpoints: ``<run_dir>/checkpoints/step_*`` of :class:`multigpu.checkpoint.CheckpointStore`
+(model, optimizer, trainer state, every rank's random state; under fsdp the tensors as DCP shards).
+``resume_from`` (the job's ``ctx.resume_from``, decided by the rank entry point) is loaded as it is; a
+plain script gives ``resume`` ("auto" or a path) and ``setup()`` decides the same way, so a worker group
+that torchrun's agent restarts (``--max-restarts``) resumes from the run's newest valid checkpoint
+whatever ``resume`` says (the given ``resume`` is used only when the run has no checkpoint yet).
 
 Callbacks: objects with an ``on_step(trainer)`` method, called on every rank
 after each optimizer step (and its metrics) and before its checkpoint; given
@@ -30,7 +32,7 @@ everything else is the same code.
 ``strategy="fsdp"`` shards parameters, gradients and optimizer state instead of
 replicating them (:mod:`multigpu.train.fsdp`): the optimizer is re-pointed at the
 sharded parameters in ``setup()``, accumulation uses ``set_requires_gradient_sync``,
-and checkpoints are sharded folders (:mod:`multigpu.train.sharded`) on any world size.
+and checkpoints hold the tensors as DCP shards (:mod:`multigpu.train.sharded`) on any world size.
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
+from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, RngState, Sharded
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.runtime import context
-from multigpu.runtime.context import restart_count
-from multigpu.train.checkpoint import CheckpointManager, check_model_fits, restore_rng
+from multigpu.train.checkpoint import check_model_fits, param_shapes, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
@@ -95,6 +97,16 @@ def count_items(batch: Any, unit: str) -> int:
     return int(first.numel()) if unit == "tokens" else int(first.shape[0])
 
 
+class _Later:
+    """A plain checkpoint part computed when the store takes it (after the sharded parts)."""
+
+    def __init__(self, make: Callable[[], dict]):
+        self.make = make
+
+    def state_dict(self) -> dict:
+        return self.make()
+
+
 class Trainer:
     """Trains ``model`` with ``optimizer`` on ``train_data`` across all ranks; see the module docstring.
 
@@ -108,8 +120,11 @@ class Trainer:
         loss_fn: ``loss_fn(model, batch) -> scalar loss``.
         run_dir: Where rank 0 writes metrics, summary and checkpoints (None: no files). In a script
             started by ``multigpu launch``/``bench``, ``mg.run_context().run_dir`` is the launcher's choice.
-        resume: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``, if any; or a
-            checkpoint file.
+        resume: In a plain script: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``,
+            if any; or a checkpoint folder (decided in ``setup()``, restarts included).
+        resume_from: The checkpoint folder to start from, already decided (the job's ``ctx.resume_from``);
+            ``resume`` is then not looked at.
+        run: The run context (the job's ``ctx``; default: the launcher's, for a plain script).
         callbacks: Objects whose ``on_step(trainer)`` runs after every optimizer step (see above).
         unit: "tokens" (the real tokens of each batch: see :func:`count_items`) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
@@ -135,12 +150,16 @@ class Trainer:
         shard_data: bool = True,
         resume: str | None = None,
         callbacks: list[Any] | None = None,
+        resume_from: str | Path | None = None,
+        run: context.RunContext | None = None,
     ):
         self.config = config or TrainConfig()
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resume = resume
+        self.resume_from = Path(resume_from) if resume_from is not None else None
+        self.run = run
         self.callbacks = list(callbacks or [])
         self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
         self.interrupted = False
@@ -250,9 +269,9 @@ class Trainer:
 
     def _setup_logging(self) -> None:
         cfg = self.config
-        self.checkpoints = self._checkpoint_manager(self.run_dir / "checkpoints") if self.run_dir else None
+        self.checkpoints = CheckpointStore(self.run_dir / CHECKPOINTS, cfg.keep_last) if self.run_dir else None
         self.meter = StepMeter.from_context(
-            self.unit, replace(context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
+            self.unit, replace(self.run or context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
             total_steps=cfg.steps - self.step, description="train", log_every=0,
             warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
         self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step,
@@ -295,38 +314,31 @@ class Trainer:
 
     # ----------------------------------------------------------------- resume
     def _resume_state(self) -> dict | None:
-        resume = self.resume
-        restarts = restart_count()
-        if restarts > 0 and self.run_dir is not None:
-            # the agent restarted the worker group after a failure: continue from this run's newest valid checkpoint
-            manager = self._checkpoint_manager(self.run_dir / "checkpoints")
-            path = manager.resolve("auto")
-            if path is not None:
-                if mg.is_main():
-                    print(f"restart {restarts}: resuming from {path}", flush=True)
-                self._resumed_from = path
-                return manager.load(path)
-        if not resume:
-            return None
-        if self.run_dir is None and resume == "auto":
-            return None
-        manager = self._checkpoint_manager((self.run_dir or Path(".")) / "checkpoints")
-        path = manager.resolve(resume)
+        """The checkpoint's parts (model and optimizer state dicts unless sharded), not yet applied."""
+        path = self.resume_from
+        if path is None and self.run is None:  # a plain script: decide what the rank entry point decides
+            from multigpu.checkpoint import resolve
+
+            path = resolve(self.resume, str(self.run_dir) if self.run_dir is not None else None)
         if path is None:
-            if mg.is_main():
-                print("resume=auto: no checkpoint yet; starting from step 0", flush=True)
             return None
-        if mg.is_main():
-            print(f"resuming from {path}", flush=True)
         self._resumed_from = path
-        return manager.load(path)
+        sharded = self.config.strategy == "fsdp"
+        into = {"trainer": None, "rng": PerRank(None), **({} if sharded else {"model": None, "optimizer": None})}
+        loaded = CheckpointStore(path.parent).load(path, into)
+        state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"]}
+        if sharded:
+            state["sharded_dir"] = str(path)
+        else:
+            state["model"], state["optimizer"] = loaded["model"], loaded["optimizer"]
+        return state
 
     def _sampler_for_this_job(self, state: dict) -> dict:
         """The saved sampler position, moved to this job's world size.
 
         Ranks take strided slices of one permutation, so ``offset`` samples on each of W ranks are the
         first ``offset × W`` samples of the epoch; on W' ranks that is ``offset × W / W'`` each."""
-        saved, sampler = len(state["rng"]), dict(state["sampler"])
+        saved, sampler = state["world_size"], dict(state["sampler"])
         if saved == self.world_size:
             return sampler
         consumed = sampler["offset"] * saved
@@ -336,19 +348,13 @@ class Trainer:
         sampler["offset"] = consumed // self.world_size
         return sampler
 
-    def _checkpoint_manager(self, directory: Path):
-        """ddp: one file per checkpoint, written by rank 0; fsdp (on any world size): sharded DCP folders."""
-        if self.config.strategy == "fsdp":
-            from multigpu.train.sharded import ShardedCheckpoints
-
-            return ShardedCheckpoints(directory, self.config.keep_last)
-        return CheckpointManager(directory, self.config.keep_last)
-
     def _load_state(self, state: dict) -> None:
         if "sharded_dir" in state:  # each rank reads its own shards, resharded from the saving job's layout
-            from multigpu.train.sharded import load_tensors
+            from multigpu.train.sharded import FsdpTensors
 
-            load_tensors(Path(state["sharded_dir"]), self.module, self.optimizer, state["param_groups"])
+            path = Path(state["sharded_dir"])
+            tensors = FsdpTensors(self.module, self.optimizer, state["param_groups"])
+            CheckpointStore(path.parent).load(path, {"tensors": Sharded(tensors)})
         else:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -358,14 +364,13 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.sampler_state = state["sampler"]
-        rngs = state["rng"]
-        if len(rngs) != self.world_size and mg.is_main():
-            print(f"note: checkpoint was written by {len(rngs)} rank(s), this job has {self.world_size}; "
+        if state["world_size"] != self.world_size and mg.is_main():
+            print(f"note: checkpoint was written by {state['world_size']} rank(s), this job has {self.world_size}; "
                   "random streams are re-used by rank modulo", flush=True)
-        restore_rng(rngs[mg.rank() % len(rngs)])
+        restore_rng(state["rng"])  # this rank's (rank modulo the saving job's size)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the RNG states (which ``CheckpointManager.save`` gathers from every rank).
+        """Everything but the RNG states (which the checkpoint gathers from every rank).
 
         Under fsdp ``model`` and ``optimizer`` hold this rank's shards (DTensors)."""
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **self._run_state()}
@@ -380,12 +385,21 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Rank 0 writes ``ckpt_<step>.pt`` atomically; the others wait. Call on all ranks."""
+        """Write ``checkpoints/step_<step>`` (rank 0 the plain parts, every rank its RNG state and, under
+        fsdp, its shards). Call on all ranks."""
         if self.checkpoints is None:
             return None
+        state: dict[str, Any] = {"rng": PerRank(RngState())}
         if self.config.strategy == "fsdp":
-            return self.checkpoints.save(self._run_state(), self.module, self.optimizer)
-        return self.checkpoints.save(self.state_dict())
+            from multigpu.train.sharded import FsdpTensors
+
+            tensors = FsdpTensors(self.module, self.optimizer)
+            state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
+            state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.param_groups})
+            return self.checkpoints.save(self.step, state)
+        model = self.module.state_dict()
+        state.update(model=model, optimizer=self.optimizer.state_dict(), trainer=self._run_state())
+        return self.checkpoints.save(self.step, state, meta={"params": param_shapes(model)})
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:

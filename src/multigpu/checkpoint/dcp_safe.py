@@ -1,4 +1,4 @@
-"""Reading ``torch.distributed.checkpoint`` folders without letting them run code (simulation and FSDP training).
+"""Reading ``torch.distributed.checkpoint`` folders without letting them run code (the store's sharded parts).
 
 DCP's ``.metadata`` is a pickle, and torch's own reader unpickles it with ``pickle.load``: a crafted file
 runs code. Everything here reads it instead, for both kinds of sharded checkpoint this package writes:
@@ -10,8 +10,8 @@ runs code. Everything here reads it instead, for both kinds of sharded checkpoin
   rank-local ``__<rank>.metadata``), and a planner that refuses byte entries (torch would load those with
   ``weights_only=False``); the tensor files are read with ``weights_only=True``.
 
-The callers check ``.metadata``'s size and SHA-256 against their own record (the simulation's engine.json,
-the trainer's sharded manifest) before they get here. A checksum shows that a checkpoint is the one a known
+The checkpoint store (:mod:`multigpu.checkpoint.store`) checks ``.metadata``'s size and SHA-256 against the
+folder's manifest before it gets here. A checksum shows that a checkpoint is the one a known
 run wrote; it cannot show who wrote a folder someone hands you: resume only from a trusted source.
 """
 
@@ -28,7 +28,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from multigpu.checkpointing import CorruptCheckpointError
+from multigpu.checkpoint.files import CorruptCheckpointError
 
 __all__ = ["METADATA", "MetadataUnpickler", "TensorsOnlyPlanner", "VerifiedReader", "load", "read_metadata"]
 

@@ -1,0 +1,113 @@
+"""Which checkpoint a run starts from: decided once, in the rank entry point, for every workload.
+
+``--resume auto`` (the newest valid checkpoint of the run directory, or none yet), ``--resume PATH``
+(a ``step_*`` folder, which must verify), or a worker group restarted by torchrun's agent
+(``TORCHELASTIC_RESTART_COUNT`` > 0: the run's newest valid checkpoint, whatever ``--resume`` said;
+the given one only while the run has none yet) become ``ctx.resume_from``: a path or None. A workload
+loads that path and never looks for checkpoints, restart counts or ``--resume`` itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from multigpu.checkpoint.files import CorruptCheckpointError
+from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
+from multigpu.errors import ConfigError
+
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "refuse_old_layout", "resolve",
+           "restart_count"]
+
+CHECKPOINTS = "checkpoints"
+"""The store's folder inside a run directory."""
+
+from multigpu.runtime.env import RESTART_VAR, restart_count  # noqa: E402 - re-exported: the one reader
+
+
+def check_resume_path(resume: str) -> Path:
+    """``--resume PATH``: a checkpoint folder whose files match its manifest (bytes only; the launcher and
+    rank 0 call this). One-line ConfigError or CorruptCheckpointError otherwise."""
+    path = Path(resume)
+    if not path.exists():
+        raise ConfigError(f"--resume {resume}: no such file or folder (it is not a checkpoint folder); valid: auto, "
+                          "or a checkpoints/step_* folder")
+    what = old_layout(path.parent if path.is_file() else path)
+    if not is_checkpoint(path) and what is not None:
+        from multigpu.checkpoint.store import _old_layout_error
+
+        raise _old_layout_error(path, what)
+    if not is_checkpoint(path):
+        raise ConfigError(f"--resume {resume}: not a checkpoint folder (it has no manifest.json, so nothing in it "
+                          "has a checksum and it is not loaded); valid: auto, or a checkpoints/step_* folder")
+    try:
+        verify(path)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(exc.path, exc.reason) from None
+    return path
+
+
+def refuse_old_layout(run_dir: str | Path) -> None:
+    """In the launcher, for ``--resume auto``: a run directory whose checkpoints are all of an earlier layout
+    is refused in one line (:class:`~multigpu.checkpoint.store.OldLayoutError`) before anything starts."""
+    from multigpu.checkpoint.store import _old_layout_error
+
+    store = CheckpointStore(Path(run_dir) / CHECKPOINTS)
+    what = old_layout(store.directory)
+    if what is not None and not store.folders():
+        raise _old_layout_error(store.directory, what)
+
+
+def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:
+    """The checkpoint to start from (None: from scratch). Local: rank 0 calls it and tells the others.
+
+    ``say``: one line about the choice (resuming from, no checkpoint yet).
+    """
+    store = CheckpointStore(Path(run_dir) / CHECKPOINTS) if run_dir else None
+    if restarts > 0 and store is not None:
+        found = store.latest()
+        if found is not None:
+            say(f"restart {restarts}: resuming from {found}")
+            return found
+    if not resume:
+        return None
+    if resume == "auto":
+        found = store.latest() if store is not None else None
+        if found is None:
+            say("resume=auto: no checkpoint yet; starting from step 0")
+            return None
+        say(f"resuming from {found}")
+        return found
+    path = check_resume_path(resume)
+    say(f"resuming from {path}")
+    return path
+
+
+def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = None) -> Path | None:
+    """:func:`choose` on rank 0, the same answer (or the same one-line error) on every rank. Call on all ranks
+    after ``mg.init`` (a single process needs no group). ``restarts``: default :func:`restart_count`."""
+    from multigpu.checkpoint.store import OldLayoutError
+    from multigpu.runtime import collectives, group
+
+    restarts = restart_count() if restarts is None else restarts
+    if resume is None and restarts == 0:
+        return None  # nothing to resume: the same on every rank, without a collective
+    many = group.is_initialized() and group.world_size() > 1
+    choice = error = None
+    if not many or group.rank() == 0:
+        try:
+            found = choose(resume, run_dir, restarts, say=lambda line: print(line, flush=True))
+            choice = str(found) if found is not None else None
+        except CorruptCheckpointError as exc:
+            error = ("corrupt", (str(exc.path), exc.reason))
+        except OldLayoutError as exc:
+            error = ("old", str(exc))
+        except ConfigError as exc:
+            error = ("config", str(exc))
+    if many:
+        choice, error = collectives.broadcast_object((choice, error))
+    if error is not None:
+        kind, detail = error
+        if kind == "corrupt":
+            raise CorruptCheckpointError(*detail)
+        raise OldLayoutError(detail) if kind == "old" else ConfigError(detail)
+    return Path(choice) if choice else None

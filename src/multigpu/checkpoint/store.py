@@ -1,0 +1,438 @@
+"""The one checkpoint store of every workload: step folders with a checksummed manifest (inside each rank).
+
+A workload names *what* is stateful; the store owns the folders, the manifest, the rotation and the
+checks (STYLE.md section 9)::
+
+    store = CheckpointStore(run_dir / "checkpoints", keep_last=3)
+    state = {"model": model, "optim": opt, "rng": PerRank(RngState()), "progress": progress}
+    if ctx.resume_from:                       # resolved once, in the rank entry point
+        store.load(ctx.resume_from, state)    # all ranks
+    store.save(step, state)                   # all ranks
+
+A part is anything with ``state_dict()`` / ``load_state_dict()`` (torch's ``Stateful``), or a plain value
+(a dict, a number, a tensor: saved as it is, read back from what :meth:`CheckpointStore.load` returns).
+Where it goes:
+
+* a plain part: rank 0's copy, in ``state.pt`` (``torch.save``; read back with ``weights_only=True``);
+* :class:`PerRank` ``(part)``: every rank's copy, gathered to rank 0 into ``state.pt``; on load each rank
+  gets its own back (rank ``r`` of a job of another size gets entry ``r % saved``);
+* :class:`Sharded` ``(part)``: a state dict of tensors (DTensors under FSDP or a sharded simulation),
+  written by every rank with ``torch.distributed.checkpoint`` and resharded to the loading job's layout.
+
+Order: saving takes the sharded parts' state first, then the others; loading restores the plain and
+per-rank parts first, then the sharded ones (so a plain part can carry what a sharded one needs).
+
+On disk, one folder per checkpoint::
+
+    checkpoints/
+        step_00000040/
+            manifest.json    {"format": 2, "step", "world_size", "time", "meta": {...},
+                              "files": {name: {"bytes", "sha256"}}}
+            state.pt         the plain and per-rank parts (rank 0)
+            .metadata, __0_0.distcp, __1_0.distcp, ...   the sharded parts (DCP; absent when there are none)
+        step_00000050/ ...
+
+Saving writes ``.step_<n>.tmp/`` first: every rank its DCP shards (hashing what it wrote), rank 0
+``state.pt`` and, last, ``manifest.json``; then one rename makes it ``step_<n>/`` and the folders beyond
+``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
+:class:`CheckpointWriteError` on every rank, naming the reason and the previous checkpoint, which is
+intact. A process killed mid-save leaves only a hidden ``.step_*.tmp`` folder, which no reader looks at
+and the next save deletes.
+
+Loading runs no code from the files: a checkpoint is used only if every file in its folder is listed in
+its manifest with the size and SHA-256 it has (:meth:`CheckpointStore.verify`, bytes only, so the
+launcher can call it); ``state.pt`` is read with ``torch.load(weights_only=True)``; DCP's ``.metadata``
+(a pickle) with a restricted unpickler and its tensor files with ``weights_only=True``
+(:mod:`multigpu.checkpoint.dcp_safe`). The checksums show that a checkpoint is the one a run wrote, not who wrote
+the folder: resume only from a trusted source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu.checkpoint.files import (
+    CheckpointError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    _os_error_in,
+    atomic_write,
+    fsync_dir,
+    sha256_file,
+)
+from multigpu.files import describe_os_error
+
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "OldLayoutError", "PerRank", "Sharded", "is_checkpoint",
+           "read_manifest", "verify"]
+
+MANIFEST = "manifest.json"
+STATE = "state.pt"
+FORMAT = 2
+PREFIX = "step_"
+_STEP = re.compile(r"^step_(\d{8,})$")
+
+
+class OldLayoutError(CheckpointError):
+    """A run directory written by an earlier layout (``ckpt_*.pt`` files, ``engine.json`` folders). Exit 2."""
+
+    exit_code = 2
+
+
+class PerRank:
+    """A part whose value differs per rank (random state, environments): every rank's copy is saved."""
+
+    def __init__(self, part: Any):
+        self.part = part
+
+
+class Sharded:
+    """A part saved by every rank with ``torch.distributed.checkpoint`` (tensors only), resharded on load."""
+
+    def __init__(self, part: Any):
+        self.part = part
+
+
+def _state_of(part: Any) -> Any:
+    return part.state_dict() if hasattr(part, "state_dict") else part
+
+
+def _restore(part: Any, value: Any) -> None:
+    if hasattr(part, "load_state_dict"):
+        part.load_state_dict(value)
+
+
+def _warn(message: str) -> None:
+    from multigpu.runtime.logging import get_logger
+
+    get_logger().warning(message)
+
+
+# ----------------------------------------------------------------------------- checks (bytes only)
+def is_checkpoint(path: str | Path) -> bool:
+    """A folder with a manifest.json (complete: the manifest is written last)."""
+    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """``path/manifest.json``, parsed (no checksum is compared). CorruptCheckpointError when unreadable."""
+    path = Path(path)
+    try:
+        data = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpointError(path, f"it is not a checkpoint folder (no {MANIFEST})") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpointError(path, f"its {MANIFEST} cannot be read ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        raise CorruptCheckpointError(path, f"its {MANIFEST} is not a format-{FORMAT} checkpoint manifest")
+    return data
+
+
+def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The manifest of checkpoint folder ``path`` once its files have the recorded sizes and SHA-256.
+
+    Every file of the folder must be listed (a file the manifest does not list has no checksum and is
+    never loaded) and every listed file present. ``only``: compare just these files' checksums (the
+    ranks re-check the pickles they are about to read; the resolver checked everything). Reads bytes,
+    unpickles nothing; local.
+
+    Raises:
+        CorruptCheckpointError: naming the folder and what is wrong.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    files = manifest["files"]
+    present = {p.name for p in path.iterdir() if p.name != MANIFEST}
+    for name in sorted(present - set(files)):
+        raise CorruptCheckpointError(path, f"{name} is not listed in its {MANIFEST}, so it has no checksum to "
+                                           "verify it by and the folder is not loaded")
+    for name, entry in files.items():
+        if Path(name).name != name or name not in present or not (path / name).is_file():
+            raise CorruptCheckpointError(path, f"{name} is missing")
+        if only is not None and name not in only:
+            continue
+        size, digest = sha256_file(path / name)
+        if not isinstance(entry, dict) or size != entry.get("bytes"):
+            what = "truncated" if isinstance(entry, dict) and size < entry.get("bytes", 0) else "not the size written"
+            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, "
+                                               f"{entry.get('bytes') if isinstance(entry, dict) else '?'} written)")
+        if digest != entry.get("sha256"):
+            raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
+                                               f"{str(entry.get('sha256'))[:16]}… written): it was altered or "
+                                               "damaged after it was saved")
+    if STATE in files and (only is None or STATE in only):
+        _refuse_globals(path / STATE)
+    return manifest
+
+
+def _refuse_globals(path: Path) -> None:
+    """A pickle that names anything but tensors and plain values is refused without being unpickled: torch
+    lists the globals it refers to by reading its opcodes (a checksum shows a file is unchanged, not safe)."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as exc:  # noqa: BLE001 - not a torch.save file at all
+        raise CorruptCheckpointError(path, f"it is not a torch.save file ({type(exc).__name__})") from None
+    if found:
+        raise CorruptCheckpointError(path, f"it refers to {found[0]}, which is not a tensor or plain value; "
+                                           "checkpoints are loaded with weights_only=True, so it was not loaded "
+                                           "and nothing in it ran")
+
+
+def old_layout(directory: Path) -> str | None:
+    """What marks ``directory`` as written by an earlier multigpu (None: nothing does)."""
+    if not directory.is_dir():
+        return None
+    names = {p.name for p in directory.iterdir()}
+    old = sorted(n for n in names if n.startswith("ckpt_") and n.endswith(".pt"))
+    if old or MANIFEST in names:
+        return f"{old[0] if old else MANIFEST} (one file per checkpoint)"
+    for p in directory.iterdir():
+        if p.name.startswith(PREFIX) and (p / "engine.json").is_file() and not (p / MANIFEST).is_file():
+            return f"{p.name}/engine.json (a simulation checkpoint)"
+        if _STEP.match(p.name) and (p / "trainer.pt").is_file():
+            return f"{p.name}/trainer.pt (a sharded training checkpoint)"
+    return None
+
+
+def _old_layout_error(directory: Path, what: str) -> OldLayoutError:
+    return OldLayoutError(f"{directory} holds checkpoints of an earlier multigpu layout ({what}), which this "
+                          f"version does not read; valid: start the run again in a new --run-dir (each checkpoint "
+                          f"is now a step_*/ folder with its own {MANIFEST})")
+
+
+def _torch_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``; one line naming what the weights-only unpickler refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"unrecognized function (\S+)", text)
+        why = (f"it refers to {found[1]}, which is not a tensor or plain value; checkpoints are loaded with "
+               "weights_only=True, so it was not loaded and nothing in it ran") if found else \
+            "it does not load with weights_only=True"
+        raise CorruptCheckpointError(path, why) from None
+    except Exception as exc:  # noqa: BLE001 - any other failure to read it: the file is unusable
+        raise CorruptCheckpointError(path, f"it does not load ({type(exc).__name__})") from None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+# ----------------------------------------------------------------------------- the store
+class CheckpointStore:
+    """``step_<n>/`` checkpoint folders in ``directory``, the newest ``keep_last`` kept.
+
+    Args:
+        directory: The folder (``<run_dir>/checkpoints``; created on the first save).
+        keep_last: Checkpoints kept; older ones are deleted after each successful save.
+        warn: Called with one line for each checkpoint :meth:`latest` skips (default: the rank's logger).
+    """
+
+    def __init__(self, directory: str | Path, keep_last: int = 3, *, warn: Callable[[str], None] | None = None):
+        if keep_last < 1:
+            raise ValueError(f"keep_last={keep_last} must be >= 1")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.warn = warn or _warn
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"{PREFIX}{int(step):08d}"
+
+    def folders(self) -> list[Path]:
+        """Complete checkpoint folders (with a manifest), oldest step first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and is_checkpoint(p)]
+        return sorted(found, key=lambda p: int(_STEP.match(p.name)[1]))
+
+    # ------------------------------------------------------------------ reading
+    def verify(self, path: str | Path) -> dict[str, Any]:
+        """:func:`verify`: the manifest once every file checks out (bytes only)."""
+        return verify(path)
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
+        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+
+        Raises:
+            OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
+        """
+        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir()] \
+            if self.directory.is_dir() else []
+        for path in sorted(found, key=lambda p: int(_STEP.match(p.name)[1]), reverse=True):
+            try:
+                verify(path)
+                return path
+            except CorruptCheckpointError as exc:
+                self.warn(f"skipping {exc}")
+        what = old_layout(self.directory)
+        if what is not None:
+            raise _old_layout_error(self.directory, what)
+        return None
+
+    def load(self, path: str | Path, into: dict[str, Any]) -> dict[str, Any]:
+        """Restore the parts of ``into`` from checkpoint ``path``. Call on all ranks.
+
+        Stateful parts get ``load_state_dict``; the return value maps every saved name to its value (a
+        :class:`PerRank` part's: this rank's), plus ``"_manifest"``, the folder's manifest (``meta``,
+        ``step``, ``world_size``).
+
+        Raises:
+            CorruptCheckpointError: the files fail their checksums, or hold more than tensors and plain values.
+            OldLayoutError: ``path`` was written by an earlier layout.
+        """
+        from multigpu.runtime import group
+
+        path = Path(path)
+        if not is_checkpoint(path) and old_layout(path.parent if path.is_file() else path) is not None:
+            raise _old_layout_error(path, old_layout(path.parent if path.is_file() else path))
+        manifest = verify(path, only=(STATE, ".metadata"))  # the pickles this rank reads; the rest: weights only
+        saved = _torch_load(path / STATE) if STATE in manifest["files"] else {}
+        if not isinstance(saved, dict):
+            raise CorruptCheckpointError(path, f"its {STATE} holds a {type(saved).__name__}, not a dict of parts")
+        rank = group.rank() if group.is_initialized() else 0
+        out: dict[str, Any] = {"_manifest": manifest}
+        sharded = {name: part.part for name, part in into.items() if isinstance(part, Sharded)}
+        for name, part in into.items():
+            if isinstance(part, Sharded):
+                continue
+            if name not in saved:
+                raise CorruptCheckpointError(path, f"it holds no {name!r} (it holds {', '.join(sorted(saved))})")
+            value = saved[name]
+            if isinstance(part, PerRank):
+                if not isinstance(value, list) or not value:
+                    raise CorruptCheckpointError(path, f"its {name!r} is not a list of every rank's state")
+                value = value[rank % len(value)]
+                part = part.part
+            _restore(part, value)
+            out[name] = value
+        if sharded:
+            self._load_sharded(path, sharded)
+        return out
+
+    def _load_sharded(self, path: Path, parts: dict[str, Any]) -> None:
+        from multigpu.checkpoint import dcp_safe
+
+        if ".metadata" not in verify(path, only=())["files"]:
+            raise CorruptCheckpointError(path, f"it holds no sharded state ({', '.join(parts)})")
+        metadata = dcp_safe.read_metadata(path)  # before anything is built: a refused file changes nothing
+        states = {name: _state_of(part) for name, part in parts.items()}  # this job's layout, filled in place
+        with _quiet():
+            dcp_safe.load(states, path, metadata)
+        for name, part in parts.items():
+            _restore(part, states[name])
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` of ``state`` (see the module docstring). Call on all ranks.
+
+        ``meta``: plain JSON values recorded in the manifest, read without unpickling anything (the
+        launcher checks a resume against them).
+
+        Raises:
+            CheckpointWriteError: on every rank, when a rank could not write (disk full, permission);
+                the previous checkpoints are intact and no temporary folder is left.
+        """
+        from multigpu.runtime import collectives, group
+
+        many = group.is_initialized() and group.world_size() > 1
+        rank, world = (group.rank(), group.world_size()) if many else (0, 1)
+        final = self.path_for(step)
+        tmp = self.directory / f".{final.name}.tmp"
+        failure = None
+        if rank == 0:
+            failure = self._begin(tmp)
+        if many:
+            failure = collectives.broadcast_object(failure)
+        if failure is not None:
+            raise CheckpointWriteError(failure)
+        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
+        mine: dict[str, dict[str, Any]] = {}
+        if sharded:
+            import torch.distributed.checkpoint as dcp
+
+            try:
+                with _quiet():
+                    dcp.save(sharded, checkpoint_id=str(tmp))
+                names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
+                mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
+            except Exception as exc:  # noqa: BLE001 - only a disk's failure is reported; the rest re-raised below
+                cause = _os_error_in(exc)
+                if cause is None:
+                    raise
+                failure = f"rank {rank}: {describe_os_error(cause)}"
+        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
+        if many:
+            parts = collectives.gather({"files": mine, "failure": failure, "per_rank": per_rank}, dst=0)
+        else:
+            parts = [{"files": mine, "failure": failure, "per_rank": per_rank}]
+        if rank == 0:
+            failure = next((p["failure"] for p in parts if p["failure"]), None)
+            if failure is None:
+                plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))}
+                plain.update({name: [p["per_rank"][name] for p in parts] for name in per_rank})
+                files: dict[str, Any] = {}
+                for p in parts:
+                    files.update(p["files"])
+                failure = self._finish(tmp, final, step, world, plain, files, meta or {})
+            if failure is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                previous = [p.name for p in self.folders() if p != final]
+                intact = f"the previous checkpoint {previous[-1]} is intact" if previous else \
+                    "no earlier checkpoint exists"
+                failure = f"could not write checkpoint {final}: {failure}; {intact}"
+        if many:
+            failure = collectives.broadcast_object(failure)  # also the sync point: all ranks see the folder
+        if failure is not None:
+            raise CheckpointWriteError(failure)
+        return final
+
+    def _begin(self, tmp: Path) -> str | None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(f".{PREFIX}*.tmp"):  # left by a process killed mid-save
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as exc:
+            return f"could not write checkpoint {tmp.parent}: {describe_os_error(exc)}"
+        return None
+
+    def _finish(self, tmp: Path, final: Path, step: int, world: int, plain: dict, files: dict,
+                meta: dict) -> str | None:
+        """Rank 0: state.pt, the manifest, the rename, the rotation. Returns what failed, or None."""
+        try:
+            if plain:
+                size, digest = atomic_write(tmp / STATE, lambda fh: torch.save(plain, fh))
+                files[STATE] = {"bytes": size, "sha256": digest}
+            text = json.dumps({"format": FORMAT, "step": int(step), "world_size": world,
+                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "meta": meta, "files": files},
+                              indent=2).encode()
+            atomic_write(tmp / MANIFEST, lambda fh: fh.write(text))
+            if final.exists():  # the same step again (a resumed run that repeats it): replace it
+                shutil.rmtree(final)
+            tmp.rename(final)
+            fsync_dir(self.directory)
+        except Exception as exc:  # noqa: BLE001 - only a disk's failure is reported; the rest re-raised
+            cause = _os_error_in(exc)
+            if cause is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return describe_os_error(cause)
+        for old in self.folders()[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return None

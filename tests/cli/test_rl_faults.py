@@ -1,0 +1,89 @@
+"""`multigpu rl` resumes (issue 28): a rank SIGKILLed mid-run is restarted by the agent and the run ends
+bit-identical to an uninterrupted one; ``--resume auto`` reuses the run's own config and refuses a changed key;
+the trained policy loads back as a module (``load_policy``)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from tests.conftest import fault_callback, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.fault]
+
+UPDATES = 8
+ARGS = ["-f", "ppo-cartpole", "--nproc-per-node", "2", "num_envs=16", "num_steps=16",
+        f"total_env_steps={16 * 16 * UPDATES}", "target_return=null", "checkpoint_every=2", "num_minibatches=2",
+        "obs_norm=true", "log_every=1"]
+
+
+def _run(run_dir, *extra, env=None):
+    proc = run_cli("rl", *ARGS, "--run-dir", str(run_dir), *extra, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads((run_dir / "summary.json").read_text())
+
+
+def _final(run_dir):
+    return torch.load(run_dir / "checkpoints" / f"step_{UPDATES:08d}" / "state.pt", weights_only=True)
+
+
+def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path):
+    _, clean = _run(tmp_path / "clean")
+    kill_at = random.Random().randint(3, UPDATES - 1)  # after the first checkpoint (update 2)
+    fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
+    proc, faulty = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
+    last = kill_at - kill_at % 2
+    assert f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_{last:08d}" in proc.stdout, proc.stdout
+    assert faulty["rl"]["resumed_from"] == str(tmp_path / "faulty" / "checkpoints" / f"step_{last:08d}")
+    for key in ("mean_return", "episodes", "env_steps", "obs_norm"):
+        assert faulty["rl"][key] == clean["rl"][key], (key, kill_at)
+    a, b = _final(tmp_path / "clean"), _final(tmp_path / "faulty")
+    for name in ("policy", "optimizer", "normalizer", "progress", "rank"):
+        assert repr(a[name]) == repr(b[name]) or _same(a[name], b[name]), (name, kill_at)
+    # the kept checkpoints rotate (keep_last 3) and nothing temporary is left
+    assert sorted(p.name for p in (tmp_path / "faulty" / "checkpoints").iterdir()) == [
+        "step_00000004", "step_00000006", "step_00000008"]
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_resume_auto_reuses_the_runs_config_refuses_a_kept_key_and_leaves_a_loadable_policy(tmp_path):
+    from multigpu.rl import load_policy
+
+    run_dir = tmp_path / "run"
+    _run(run_dir)
+    # no flags but the budget: the run's own config (16 envs, obs_norm, ...) is used, not the preset's 1024 envs
+    again = run_cli("rl", "--run-dir", str(run_dir), "--resume", "auto", "--nproc-per-node", "2",
+                    f"total_env_steps={16 * 16 * (UPDATES + 2)}", timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from {run_dir}/checkpoints/step_{UPDATES:08d}" in again.stdout
+    assert f"resumed at update {UPDATES} of {UPDATES + 2}" in again.stdout
+    assert json.loads((run_dir / "run.json").read_text())["config"]["num_envs"] == 16
+    assert (run_dir / "checkpoints" / f"step_{UPDATES + 2:08d}").is_dir()
+    refused = run_cli("rl", "--run-dir", str(run_dir), "--resume", "auto", "num_envs=32", timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--resume: rl.num_envs is 32 here but 16 in the run being resumed" in refused.stderr
+
+    policy = load_policy(run_dir)
+    assert isinstance(policy, torch.nn.Module)
+    actions = policy(torch.zeros(5, 4))
+    assert actions.shape == (5,) and actions.dtype == torch.int64 and set(actions.tolist()) <= {0, 1}
+
+
+def test_infer_refuses_resume_in_one_line_before_anything_starts(tmp_path):
+    proc = run_cli("infer", "--run-dir", str(tmp_path / "run"), "--resume", "auto", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: --resume auto: the infer workload cannot resume (it writes no "
+                                   "checkpoints); valid: run it again without --resume")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,217 @@
+"""The one checkpoint store (issue 28): step_*/ folders with a checksummed manifest, rotation, atomic saves,
+damage named, old layouts refused in one line, plain / per-rank / sharded (DCP) parts, on 1 and 2 ranks."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+
+from multigpu.checkpoint import (
+    CheckpointStore,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    OldLayoutError,
+    PerRank,
+    Sharded,
+    check_resume_path,
+    choose,
+)
+from multigpu.checkpoint import store as store_module
+from multigpu.errors import ConfigError
+from multigpu.testing import run_on_ranks
+
+
+class Counter:
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": torch.tensor(self.value)}
+
+    def load_state_dict(self, state):
+        self.value = int(state["value"])
+
+
+def _store(tmp_path, keep_last=3, warnings=None):
+    return CheckpointStore(tmp_path / "checkpoints", keep_last, warn=(warnings if warnings is not None else []).append)
+
+
+def test_save_writes_step_folders_with_a_manifest_and_keeps_the_last_k(tmp_path):
+    store = _store(tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        store.save(step, {"counter": Counter(step), "extra": {"lr": 0.1 * step}}, meta={"shapes": [step]})
+    names = sorted(p.name for p in store.directory.iterdir())
+    assert names == ["step_00000002", "step_00000003"]  # rotated; no temporary left
+    manifest = json.loads((store.directory / "step_00000003" / "manifest.json").read_text())
+    assert manifest["step"] == 3 and manifest["world_size"] == 1 and manifest["meta"] == {"shapes": [3]}
+    assert sorted(manifest["files"]) == ["state.pt"]
+    assert store.latest() == store.path_for(3)
+    counter = Counter()
+    loaded = store.load(store.latest(), {"counter": counter, "extra": None})
+    assert counter.value == 3 and loaded["extra"] == {"lr": pytest.approx(0.3)}
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", "state.pt is truncated"),
+    ("flip", "state.pt: checksum mismatch"),
+    ("plant", "evil.pt is not listed in its manifest.json"),
+    ("remove", "state.pt is missing"),
+])
+def test_a_damaged_checkpoint_is_skipped_by_name_and_the_previous_one_used(tmp_path, damage, reason):
+    warnings: list[str] = []
+    store = _store(tmp_path, warnings=warnings)
+    store.save(1, {"counter": Counter(1)})
+    store.save(2, {"counter": Counter(2)})
+    state = store.path_for(2) / "state.pt"
+    data = state.read_bytes()
+    if damage == "truncate":
+        state.write_bytes(data[:100])
+    elif damage == "flip":
+        state.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    elif damage == "plant":
+        (store.path_for(2) / "evil.pt").write_bytes(b"x")
+    else:
+        state.unlink()
+    assert store.latest() == store.path_for(1)
+    assert len(warnings) == 1 and reason in warnings[0] and "step_00000002" in warnings[0], warnings
+    with pytest.raises(CorruptCheckpointError, match=reason):
+        check_resume_path(str(store.path_for(2)))
+    with pytest.raises(CorruptCheckpointError, match=reason):
+        store.load(store.path_for(2), {"counter": Counter()})
+
+
+def test_a_full_disk_leaves_no_temporary_and_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    store = _store(tmp_path)
+    store.save(1, {"counter": Counter(1)})
+    before = {p.name: p.read_bytes() for p in store.path_for(1).iterdir()}
+
+    def no_room(path, write):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "atomic_write", no_room)
+    with pytest.raises(CheckpointWriteError) as info:
+        store.save(2, {"counter": Counter(2)})
+    assert str(info.value) == (f"could not write checkpoint {store.path_for(2)}: No space left on device (ENOSPC); "
+                               "the previous checkpoint step_00000001 is intact")
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000001"]  # no .tmp left behind
+    assert {p.name: p.read_bytes() for p in store.path_for(1).iterdir()} == before
+
+
+def test_a_save_killed_midway_leaves_a_hidden_folder_no_reader_sees_and_the_next_save_removes(tmp_path):
+    store = _store(tmp_path)
+    store.save(1, {"counter": Counter(1)})
+    half = store.directory / ".step_00000002.tmp"
+    half.mkdir()
+    (half / "state.pt").write_bytes(b"half")
+    assert store.latest() == store.path_for(1)
+    store.save(3, {"counter": Counter(3)})
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000001", "step_00000003"]
+
+
+def test_a_state_that_is_not_plain_values_is_refused_weights_only(tmp_path):
+    store = _store(tmp_path)
+    store.save(1, {"thing": {"f": torch.nn.Linear(1, 1)}})  # a module pickles as a class: never unpickled
+    with pytest.raises(CorruptCheckpointError, match="weights_only=True"):
+        store.load(store.path_for(1), {"thing": None})
+
+
+@pytest.mark.parametrize("old", ["ckpt", "sim", "sharded"])
+def test_an_old_layout_is_refused_in_one_line(tmp_path, old):
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    if old == "ckpt":
+        (folder / "ckpt_00000004.pt").write_bytes(b"x")
+        (folder / "manifest.json").write_text('{"format": 1, "checkpoints": []}')
+    elif old == "sim":
+        (folder / "step_000004").mkdir()
+        (folder / "step_000004" / "engine.json").write_text("{}")
+    else:
+        (folder / "step_00000004").mkdir()
+        (folder / "step_00000004" / "trainer.pt").write_bytes(b"x")
+    with pytest.raises(OldLayoutError) as info:
+        choose("auto", str(tmp_path / "run"), 0, say=lambda _: None)
+    message = str(info.value)
+    assert "\n" not in message and "earlier multigpu layout" in message and "new --run-dir" in message
+    assert info.value.exit_code == 2
+
+
+def test_choose_auto_path_and_restart(tmp_path):
+    said: list[str] = []
+    run = tmp_path / "run"
+    assert choose("auto", str(run), 0, say=said.append) is None
+    assert said == ["resume=auto: no checkpoint yet; starting from step 0"]
+    store = CheckpointStore(run / "checkpoints")
+    store.save(2, {"c": Counter(2)})
+    store.save(4, {"c": Counter(4)})
+    assert choose(None, str(run), 0, say=said.append) is None  # no --resume, first attempt: fresh
+    assert choose(None, str(run), 1, say=said.append) == store.path_for(4)  # a restart resumes by itself
+    assert said[-1] == f"restart 1: resuming from {store.path_for(4)}"
+    assert choose(str(store.path_for(2)), str(run), 0, say=said.append) == store.path_for(2)
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        choose(str(run / "nope"), str(run), 0, say=said.append)
+
+
+# ----------------------------------------------------------------------------- on 2 ranks
+class Shards:
+    """A 'sharded' part: each rank holds a DTensor shard of one global vector."""
+
+    def __init__(self, n, fill):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        import multigpu as mg
+
+        mesh = init_device_mesh("cpu", (mg.world_size(),))
+        per = n // mg.world_size()
+        local = torch.arange(mg.rank() * per, (mg.rank() + 1) * per, dtype=torch.float32) * fill
+        self.vec = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+
+    def state_dict(self):
+        return {"vec": self.vec}
+
+    def load_state_dict(self, state):
+        self.vec = state["vec"]
+
+
+def _save_on_ranks(directory):
+    import multigpu as mg
+
+    store = CheckpointStore(directory, keep_last=1)
+    path = store.save(5, {"shards": Sharded(Shards(8, 2.0)), "mine": PerRank(Counter(10 + mg.rank())),
+                          "common": Counter(7)})
+    return sorted(p.name for p in path.iterdir())
+
+
+def _load_on_ranks(directory):
+    import multigpu as mg
+
+    store = CheckpointStore(directory)
+    shards, mine, common = Shards(8, 0.0), Counter(), Counter()
+    loaded = store.load(store.latest(), {"shards": Sharded(shards), "mine": PerRank(mine), "common": common})
+    return mg.rank(), shards.vec.full_tensor().tolist(), mine.value, common.value, loaded["_manifest"]["world_size"]
+
+
+@pytest.mark.dist
+def test_sharded_and_per_rank_parts_on_two_ranks(tmp_path):
+    names = run_on_ranks(_save_on_ranks, 2, args=(str(tmp_path / "c"),), timeout_s=120)
+    assert names[0] == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json", "state.pt"]
+    results = run_on_ranks(_load_on_ranks, 2, args=(str(tmp_path / "c"),), timeout_s=120)
+    for rank, vec, mine, common, world in results:
+        assert vec == [2.0 * i for i in range(8)] and mine == 10 + rank and common == 7 and world == 2
+
+
+def test_the_simulation_keeps_only_its_last_checkpoints(tmp_path):
+    """sim kept every checkpoint (and filled a disk): it rotates like every workload now (keep_last)."""
+    import multigpu as mg
+    from multigpu.config import load_config
+    from multigpu.sim import runner
+    from multigpu.sim.config import SimConfig
+
+    mg.init(backend="cpu", threads=1)
+    cfg = load_config(SimConfig, "sir", ["steps=8", "agents=2000", "grid=[32,32]", "compile=false", "plot=false",
+                                         "checkpoint_every=2", "keep_last=2"], prefix="sim")
+    runner.run(cfg, run_dir=tmp_path / "run", progress=False)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
