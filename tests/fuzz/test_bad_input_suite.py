@@ -322,6 +322,14 @@ def _other_models_run(tmp: Path) -> Path:
     return run
 
 
+def _users_folder(tmp: Path) -> str:
+    """A folder of the user's that an output flag names: never replaced (issue 23.2)."""
+    folder = tmp / "thesis"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "thesis.txt").write_text("four years")
+    return str(folder)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -365,6 +373,12 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty"),
+    ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
+                                       _users_folder(t)],
+     "thesis' holds files that are not agent files (sub/, thesis.txt), so it is not replaced"),
+    ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
+                                       str(_used(t))],
+     "used' holds files that are not agent files (checkpoints/, logs/, metrics.jsonl)"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],

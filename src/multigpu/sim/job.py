@@ -37,12 +37,12 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
-    cfg = _check_files(cfg)
+    cfg = _check_files(cfg, plan)
     _check_fits(cfg, plan)
     return cfg
 
 
-def _check_files(cfg: SimConfig) -> SimConfig:
+def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     """Population and agent-file paths made absolute (the ranks may start elsewhere); the population's
     columns checked against the model and its row count made the number of agents. Headers only."""
     from pathlib import Path
@@ -57,6 +57,9 @@ def _check_files(cfg: SimConfig) -> SimConfig:
                               "a .npz or .parquet file, or a folder (one .npy per field)")
         if target.suffix == ".parquet":
             population._pyarrow()  # an install hint now, not after the run
+        if not target.is_absolute() and plan.run.run_dir:
+            target = Path(plan.run.run_dir) / target  # where the ranks will write it (sim.runner)
+        population.check_target(target, get_model(cfg.model).fields)  # never replace what we did not write
     if cfg.calibrate.target:
         from multigpu.sim.calibration import read_target
 
