@@ -322,6 +322,16 @@ def _other_models_run(tmp: Path) -> Path:
     return run
 
 
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _link(path: Path, to: Path) -> str:
+    path.symlink_to(to)
+    return str(path)
+
+
 def _users_folder(tmp: Path) -> str:
     """A folder of the user's that an output flag names: never replaced (issue 23.2)."""
     folder = tmp / "thesis"
@@ -379,6 +389,19 @@ LIMIT_CASES = [
     ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
                                        str(_used(t))],
      "used' holds files that are not agent files (checkpoints/, logs/, metrics.jsonl)"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16",
+                                       "--input", _png(_folder(t / "inplace") / "ok.png", 32),
+                                       "--output", str(t / "inplace"), "--run-dir", str(t / "r")],
+     "--input '{t}/inplace/ok.png' would be overwritten by its own output {t}/inplace/ok.png; valid: an --output"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
+                                       _png(_folder(t / "coll" / "a") / "x.png", 32),
+                                       _png(_folder(t / "coll" / "b") / "x.png", 32), "--output", str(t / "out"),
+                                       "--run-dir", str(t / "r")],
+     "--input '{t}/coll/a/x.png' and '{t}/coll/b/x.png' would both be written to {t}/out/x.png; valid:"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
+                                       _png(_folder(t / "same") / "x.png", 32), "--run-dir", str(t / "r"),
+                                       "--output", _link(t / "link", t / "same")],
+     "would be overwritten by its own output"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
@@ -408,6 +431,6 @@ def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, arg
     CASES[kind] += 1
     assert code == 2, f"{command} exited {code}: {err}"
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    assert expected in err, err
+    assert expected.format(t=tmp_path) in err, err
     assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
     tripwire.assert_not_called()

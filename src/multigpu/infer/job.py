@@ -7,6 +7,7 @@
     multigpu bench --nproc 1,2 infer roi=[256]
 
 ``check`` (in the launcher, before a rank starts or a file is written): the
+outputs (none overwrites an input, no two inputs share an output name), the
 images (exist, readable, channels), the roi (no larger than the largest image),
 the overlap, the model (imports, takes the images' channels, returns an
 integer multiple of the roi), and what cannot fit: a window count that would
@@ -161,8 +162,34 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
         f"smaller images per run, fewer ranks on this machine, or a machine with more memory")
 
 
+def check_outputs(cfg: InferConfig, run_dir: str | None) -> None:
+    """No output overwrites an input, and no two inputs write the same output (``a/x.png b/x.png``)."""
+    import os
+
+    from multigpu.infer import io
+
+    folder = cfg.output or (str(Path(run_dir) / "out") if run_dir else None)
+    if folder is None or not cfg.inputs:
+        return
+    first: dict[Path, str] = {}
+    for name in cfg.inputs:
+        target = io.output_path(folder, name).resolve()
+        source = Path(name).resolve()
+        if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+            raise ConfigError(f"--input {name!r} would be overwritten by its own output {target}; valid: an "
+                              "--output folder that holds none of the inputs")
+        if target in first:
+            raise ConfigError(f"--input {first[target]!r} and {name!r} would both be written to {target}; valid: "
+                              "inputs whose names differ (outputs keep the name, as .png or .tif), or separate runs")
+        if target.is_dir():
+            raise ConfigError(f"the output of --input {name!r} would replace the folder {target}; valid: an --output "
+                              "folder where no folder has an output's name")
+        first[target] = name
+
+
 def check(cfg: InferConfig, plan: JobPlan) -> InferConfig:
     """The inputs and the model are usable; returns the config with absolute paths (the ranks may run elsewhere)."""
+    check_outputs(cfg, plan.run.run_dir)  # before anything is probed or built: names alone
     infos, _channels, out_shape = check_inputs(cfg)
     check_windows(cfg, infos)
     check_memory(cfg, infos, out_shape, plan)
