@@ -211,6 +211,33 @@ def test_a_full_disk_at_start_is_one_line_exit_2_before_spawning(tmp_path, monke
     FAULTS["disk full"] += 2
 
 
+# ----------------------------------------------------------------------------- a cgroup's memory limit (issue 23.4)
+def test_a_cgroup_capped_sim_and_infer_are_refused_up_front_naming_the_cgroup(tmp_path, capsys, monkeypatch,
+                                                                              tripwire):
+    """The launcher's real HostFacts.probe, its cgroup reader pointed at a faked v2 tree (no GPU facts faked)."""
+    from PIL import Image
+
+    from multigpu.launch import memlimit
+    from tests.unit.test_memlimit import GIB, MIB, v2_tree
+
+    real = memlimit.cgroup_memory
+    for limit, argv, expected in [
+        (GIB, ["sim", "-f", "sir", "--cpu", "--agents", "100_000_000", "--nproc-per-node", "2"],
+         "per rank (the memory left under the 1 GiB cgroup v2 memory.max of /sys/fs/cgroup/job, over its ranks)"),
+        (300 * MIB, ["infer", "--cpu", "--model", "multigpu.infer.models:denoiser", "--roi", "64", "--input", "@big"],
+         "per rank (the memory left under the 300 MiB cgroup v2 memory.max of /sys/fs/cgroup/job, over its ranks)"),
+    ]:  # far below this machine's available memory: the cgroup is what binds
+        root = v2_tree(tmp_path / f"cg{limit}", str(limit), **{"sys/fs/cgroup/job/memory.current": "0\n"})
+        monkeypatch.setattr(memlimit, "cgroup_memory", lambda root_=None, root=root: real(root))
+        if "@big" in argv:
+            Image.new("RGB", (2048, 2048)).save(tmp_path / "big.png")
+            argv[argv.index("@big")] = str(tmp_path / "big.png")
+        assert main([*argv, "--run-dir", str(tmp_path / "r")]) == 2
+        assert expected in _one_line(capsys)
+        assert not (tmp_path / "r").exists() and not tripwire.called
+        FAULTS["memory limit"] += 1
+
+
 # ----------------------------------------------------------------------------- one run per run directory
 def test_a_second_run_on_a_busy_run_directory_is_refused_and_the_first_is_untouched(tmp_path, capsys, monkeypatch,
                                                                                      fake_gpus):

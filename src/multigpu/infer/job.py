@@ -158,7 +158,7 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
     raise ConfigError(
         f"the output of {what} does not fit on rank 0: it needs about {format_bytes(need)} (inputs "
         f"{format_bytes(inputs)}, stitched output {format_bytes(outputs)}, its canvas {format_bytes(canvas)}) "
-        f"but a rank has about {format_bytes(memory)} of this machine's available memory; valid: fewer or "
+        f"but there is about {format_bytes(memory)} per {plan.devices.memory_words('cpu')}; valid: fewer or "
         f"smaller images per run, fewer ranks on this machine, or a machine with more memory")
 
 

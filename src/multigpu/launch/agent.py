@@ -45,6 +45,7 @@ from multigpu.errors import (
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
+from multigpu.launch.memlimit import MemoryWatch
 from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RUN_FILE_VAR, RunContext
@@ -235,10 +236,18 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
-def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True) -> WorkerFailedError:
-    """One readable summary: which rank failed first, how, its traceback's tail, where the logs are."""
+def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True,
+                      memory: MemoryWatch | None = None) -> WorkerFailedError:
+    """One readable summary: which rank failed first, how, its traceback's tail, where the logs are.
+
+    ``memory`` (taken when the job started) names the OOM killer when the rank died by SIGKILL and the
+    kernel counted an OOM kill meanwhile, or the cgroup's memory peaked at its limit.
+    """
     rank, failure = err.get_first_failure()
     text = _message(failure)
+    oom = memory.explain_sigkill() if memory is not None and failure.exitcode == -signal.SIGKILL else None
+    if oom is not None and text.startswith("killed by signal"):
+        text = f"{text}: {oom}"
     lines = [f"rank {rank} of {world_size} failed first (exit code {failure.exitcode}): {text.splitlines()[0] if text else ''}"]
     tail = _traceback_tail(failure)
     if len(tail) == 1 and tail[0].partition(": ")[2] in text:
@@ -293,11 +302,12 @@ def launch(
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     stores.register()
+    memory = MemoryWatch()  # OOM kills counted so far: a SIGKILLed rank is then named as the OOM killer's
     with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
         try:
             _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
         except ChildFailedError as exc:
-            raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None) from None
+            raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, memory) from None
         except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
             if exc.sigval == signal.SIGINT:
                 raise KeyboardInterrupt from None

@@ -104,7 +104,7 @@ def _check_fits(cfg: SimConfig, plan: JobPlan) -> None:
     per_agent = cfg.bytes_per_agent * WORKING_BYTES_FACTOR
     cells = cfg.bytes_per_rank(0, plan.world_size)
     fits = max(memory - cells, 0) // per_agent * plan.world_size // scale
-    where = "GPU" if device == "cuda" else "rank (this machine's available memory over its ranks)"
+    where = plan.devices.memory_words(device)
     raise ConfigError(
         f"sim.agents={cfg.agents:_}{weak} does not fit: {-(-agents // plan.world_size):,} agents per rank need about "
         f"{format_bytes(need)} ({cfg.bytes_per_agent} bytes of state per agent, about {per_agent} with working "
