@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from multigpu.cli import COMMANDS, build_parser, main
 from tests.conftest import ROOT, SCRIPTS
-from tests.payloads import evil_checkpoint, evil_sim_checkpoint
+from tests.payloads import evil_checkpoint, evil_sim_checkpoint, png_bomb
 
 CASES: Counter = Counter()
 """Cases tried per command (read by conftest's terminal summary)."""
@@ -372,7 +372,7 @@ LIMIT_CASES = [
      "--overlap 0.999999 with --roi 256 makes 591,361 windows for the 1024x1024 image"),
     ("limits", 250 << 20, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                      _png(t / "huge.png", 2048), "--roi", "64", "--run-dir", str(t / "r")],
-     "the output of 1 image(s) does not fit on rank 0: it needs about 160 MiB"),
+     "the output of 1 image(s) does not fit on rank 0: it needs about 176 MiB (reading the inputs 64 MiB"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_used(t))],
      "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
@@ -389,6 +389,14 @@ LIMIT_CASES = [
     ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
                                        str(_used(t))],
      "used' holds files that are not agent files (checkpoints/, logs/, metrics.jsonl)"),
+    ("limits", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                str(png_bomb(t / "bomb.png", 12000)), "--run-dir", str(t / "r")],
+     "is 12000x12000 and would decode to 412 MiB from a "),
+    # the bomb guard turned off: the memory check now counts what decoding costs (the old count, 5.4 GiB, passed)
+    ("limits", int(5.8 * GIB), lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                          str(png_bomb(t / "bomb.png", 12000)), "--set", "max_decode_ratio=0",
+                                          "--run-dir", str(t / "r")],
+     "it needs about 5.9 GiB (reading the inputs 2.15 GiB"),
     ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16",
                                        "--input", _png(_folder(t / "inplace") / "ok.png", 32),
                                        "--output", str(t / "inplace"), "--run-dir", str(t / "r")],
