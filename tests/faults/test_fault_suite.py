@@ -168,6 +168,96 @@ def test_a_resumed_log_drops_a_torn_last_line(tmp_path, monkeypatch):
     FAULTS["disk full"] += 1
 
 
+# ----------------------------------------------------------------------------- full disks: the cause reaches the launcher
+_FAILING_SCRIPT = """
+import builtins, errno, os
+real = builtins.open
+def full(path, mode="r", *args, **kwargs):  # the disk is full: no file can be created or grown any more
+    if "w" in mode or "a" in mode:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return real(path, mode, *args, **kwargs)
+builtins.open = full
+raise RuntimeError("could not write checkpoint ckpt_00000004.pt: No space left on device (ENOSPC)")
+"""
+
+
+def test_a_rank_failing_on_a_full_disk_still_leaves_its_error_for_the_launcher(tmp_path):
+    """The worker wrapper reserved the error file at start; torch's own handler (open 'w', json.dump) left it
+    empty on a full disk, and the launcher then printed its JSON parser's complaint instead of the cause."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from multigpu.launch import _worker
+
+    script, error_file = tmp_path / "fail.py", tmp_path / "attempt_0" / "0" / "error.json"
+    script.write_text(_FAILING_SCRIPT)
+    proc = subprocess.run([sys.executable, _worker.__file__, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert proc.returncode == 1
+    failure = ProcessFailure(local_rank=0, pid=proc.returncode, exitcode=1, error_file=str(error_file))  # parses
+    assert failure.message["message"] == ("RuntimeError: could not write checkpoint ckpt_00000004.pt: No space left "
+                                          "on device (ENOSPC)")
+    assert "fail.py" in failure.error_file_data["message"]["extraInfo"]["py_callstack"]
+    FAULTS["disk full"] += 1
+
+
+def test_an_error_file_the_full_disk_left_empty_is_named_not_a_json_error(tmp_path, monkeypatch, capsys, fake_gpus):
+    import shutil
+
+    fake_gpus(0)
+    log_dir = tmp_path / "logs"
+
+    def agent(*args):  # what torch's agent does when a failed worker's error file is empty
+        (log_dir / "abc_1" / "attempt_0" / "1").mkdir(parents=True)
+        (log_dir / "abc_1" / "attempt_0" / "1" / "error.json").write_text("")
+        json.loads("")
+
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", agent)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    assert main(["launch", "--log-dir", str(log_dir), SCRIPT]) == 1
+    err = capsys.readouterr().err
+    first = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert first == (f"error: local rank 1 failed, and its error file {log_dir}/abc_1/attempt_0/1/error.json could not "
+                     "be written (0 bytes; No space left on device (ENOSPC): 4 KiB free there), so its own message "
+                     "is lost"), err
+    assert "Expecting value" not in err
+    FAULTS["disk full"] += 1
+
+
+def test_a_sim_checkpoint_on_a_full_disk_is_one_line_naming_it(tmp_path, monkeypatch):
+    """DCP raises a page of every rank's traceback (a BaseException), torch.save ``unexpected pos ...``."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from multigpu.checkpointing import CheckpointWriteError
+    from multigpu.sim import runner
+
+    def full() -> OSError:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def dcp_failure(*args):
+        try:
+            raise full()
+        except OSError as exc:
+            raise CheckpointException("write", {0: _wrap_exception(exc), 1: _wrap_exception(exc)}) from None
+
+    def zip_failure(*args):
+        try:
+            raise full()
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+    path = tmp_path / "checkpoints" / "step_000010"
+    for save in (dcp_failure, zip_failure):
+        monkeypatch.setattr(runner.checkpoint, "save", save)
+        with pytest.raises(CheckpointWriteError) as info:
+            runner._save_checkpoint(None, path)
+        assert str(info.value) == (f"could not write checkpoint {path}: No space left on device (ENOSPC); the "
+                                   "earlier checkpoints are kept")
+        FAULTS["disk full"] += 1
+    monkeypatch.setattr(runner.checkpoint, "save", lambda *a: 1 / 0)  # not a write failure: left as it is
+    with pytest.raises(ZeroDivisionError):
+        runner._save_checkpoint(None, path)
+
+
 # ----------------------------------------------------------------------------- the launcher: exit 2 before anything starts
 def test_a_read_only_run_directory_is_one_line_exit_2_before_spawning(tmp_path, monkeypatch, capsys, tripwire,
                                                                       fake_gpus):

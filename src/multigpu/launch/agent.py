@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import json
 import logging
 import os
 import re
@@ -44,7 +46,7 @@ from multigpu.errors import (
 )
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
-from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
+from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.memlimit import MemoryWatch
 from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
@@ -266,10 +268,33 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
         lines.append("  other ranks: stopped by the launcher")
     where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
     lines.append(f"  full logs: {log_dir} ({where})")
-    error_file = failure.error_file if failure.error_file and os.path.isfile(failure.error_file) else None
+    wrote = isinstance((failure.error_file_data or {}).get("message"), dict)  # not the worker's placeholder
+    error_file = failure.error_file if wrote and os.path.isfile(failure.error_file) else None
     return WorkerFailedError(
         "\n".join(lines), rank=rank, exitcode=failure.exitcode, message=text, error_file=error_file
     )
+
+
+def _unreadable_error_file(log_dir: str, world_size: int) -> WorkerFailedError | None:
+    """A worker failed but its error file is empty or cut short: on a full disk, say so (the file's
+    place and the free space), instead of torch's JSON parser's complaint."""
+    from multigpu.files import describe_os_error
+
+    for path in sorted(Path(log_dir).glob("*/attempt_*/*/error.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+            continue
+        except (OSError, ValueError):
+            pass
+        free = shutil.disk_usage(path.parent).free
+        full = describe_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) if free < (1 << 20) else None
+        cause = f"{full}: {format_bytes(free)} free there" if full else f"{format_bytes(free)} free there"
+        local = path.parent.name
+        return WorkerFailedError(
+            f"local rank {local} failed, and its error file {path} could not be written ({path.stat().st_size} "
+            f"bytes; {cause}), so its own message is lost\n  full logs: {log_dir}",
+            rank=int(local) if local.isdigit() else -1, exitcode=1, message=cause, error_file=None)
+    return None
 
 
 def launch(
@@ -320,6 +345,9 @@ def launch(
             ) from None
         except MultigpuError:
             raise
+        except json.JSONDecodeError as exc:  # torch's agent could not parse a failed worker's error file
+            raise _unreadable_error_file(plan.log_dir, world_size) or LaunchError(
+                f"the launcher could not start the job: {exc}") from None
         except (RuntimeError, ValueError, RendezvousError) as exc:
             raise LaunchError(f"the launcher could not start the job: {exc}") from None
     if stopped:

@@ -111,7 +111,7 @@ def run(
         if e.history["step"] and e.series_names:
             meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
         if cfg.checkpoint_every and ckpt_root is not None and e.step_index % cfg.checkpoint_every == 0:
-            checkpoint.save(e, checkpoint.path_for(ckpt_root, e.step_index))
+            _save_checkpoint(e, checkpoint.path_for(ckpt_root, e.step_index))
         for callback in callbacks:
             callback.on_step(e)
 
@@ -143,6 +143,24 @@ def run(
         summary["csv"], summary["plot"] = str(result.csv_path), str(result.plot_path) if result.plot_path else None
         write_json_atomic(run_dir / "summary.json", summary)
     return result
+
+
+def _save_checkpoint(engine: SimEngine, path: Path) -> None:
+    """checkpoint.save, a failed write (a full disk) raised as one line naming the checkpoint and the cause
+    (DCP's own error is a page of every rank's traceback, or ``unexpected pos ...`` from torch's zip writer)."""
+    from multigpu.checkpointing import CheckpointWriteError
+    from multigpu.files import write_failure
+
+    try:
+        checkpoint.save(engine, path)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        reason = write_failure(path, exc)
+        if reason is None:
+            raise
+        raise CheckpointWriteError(f"{reason.replace('could not write ', 'could not write checkpoint ', 1)}; the "
+                                   "earlier checkpoints are kept") from exc
 
 
 def _figures(engine: SimEngine, setup_s: float, source: Path | None) -> dict[str, Any]:
