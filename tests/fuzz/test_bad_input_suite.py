@@ -327,6 +327,37 @@ def _folder(path: Path) -> Path:
     return path
 
 
+def _tokens(tmp: Path, train: list[int] | bytes, val: list[int] | None = None) -> str:
+    """A nanoGPT token folder (uint16 ids; bytes: written as they are)."""
+    import numpy as np
+
+    folder = tmp / "tokens"
+    folder.mkdir()
+    if isinstance(train, bytes):
+        (folder / "train.bin").write_bytes(train)
+    else:
+        np.array(train, dtype=np.uint16).tofile(folder / "train.bin")
+    if val is not None:
+        np.array(val, dtype=np.uint16).tofile(folder / "val.bin")
+    return f"data.kwargs.path={folder}"
+
+
+def _cut_population(tmp: Path) -> str:
+    """An .npz population whose ``y`` member holds 500 of the 3000 rows its header declares."""
+    import zipfile
+
+    import numpy as np
+
+    path = tmp / "pop.npz"
+    np.savez(path, x=np.zeros(3000, np.int16), y=np.zeros(3000, np.int16))
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data[: 128 + 1000] if name == "y.npy" else data)
+    return str(path)
+
+
 def _link(path: Path, to: Path) -> str:
     path.symlink_to(to)
     return str(path)
@@ -410,6 +441,20 @@ LIMIT_CASES = [
                                        _png(_folder(t / "same") / "x.png", 32), "--run-dir", str(t / "r"),
                                        "--output", _link(t / "link", t / "same")],
      "would be overwritten by its own output"),
+    # issue 23.9: bad values inside user data, named in the launcher
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, bytes(2 * 600 + 1)), "--run-dir", str(t / "r")],
+     "train.bin is 1,201 bytes, not a whole number of uint16 token ids (2 bytes each)"),
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, list(range(50)) * 12, [3, 70, 5] * 100), "--run-dir", str(t / "r")],
+     "val.bin holds token id 70 but the vocabulary has 50 ids (the largest id in train.bin plus one); valid: ids "
+     "below 50, or data.kwargs.vocab_size=71 or more"),
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, list(range(50)) * 12), "data.kwargs.vocab_size=40",
+                                     "--run-dir", str(t / "r")],
+     "train.bin holds token id 49 but the vocabulary has 40 ids (data.kwargs.vocab_size)"),
+    ("data values", None, lambda t: ["sim", "-f", "sir", "--population", _cut_population(t), "--run-dir", str(t / "r")],
+     "pop.npz': column 'y' declares 3,000 rows but holds 500 (1,128 of 6,128 bytes): the file is cut short"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],

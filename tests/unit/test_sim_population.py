@@ -194,3 +194,41 @@ def test_a_run_directory_given_as_the_agents_folder_is_refused_before_the_job_st
     assert code == 2 and err.count("\n") == 0 and "Traceback" not in err, err
     assert f"sim.save_agents {str(tmp_path / 'runs')!r} holds files that are not agent files (live/)" in err
     assert _tree(tmp_path) == before and not tripwire.called
+
+
+# ----------------------------------------------------------------------------- issue 23.9: bad values inside the file
+def _cut_member(path, name: str, keep: int) -> None:
+    """Rewrite ``path`` (an .npz) with member ``name`` cut to its first ``keep`` bytes (header intact)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members[name] = members[name][:keep]
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+
+
+@pytest.mark.parametrize("case", ["member shorter than its header", "object dtype", "npy shorter than its header"])
+def test_bad_values_inside_a_population_file_are_one_line_naming_the_column(tmp_path, agents, case):
+    """Before: ``The expanded size of the tensor (500) must match ...`` from deep in the engine, or numpy's pickle
+    refusal; now the launcher's header check names the file, the column and what is valid."""
+    if case == "member shorter than its header":
+        path = tmp_path / "p.npz"
+        np.savez(path, x=agents["x"], y=agents["y"])
+        _cut_member(path, "y.npy", 128 + 2 * 500)  # 500 of 3001 int16 rows after the 128-byte header
+        expected = "column 'y' declares 3,001 rows but holds 500 (1,128 of 6,130 bytes): the file is cut short"
+    elif case == "object dtype":
+        path = tmp_path / "p.npz"
+        np.savez(path, x=agents["x"], y=np.array([str(v) for v in agents["y"]], dtype=object))
+        expected = "column 'y' holds Python objects (dtype object), which would need unpickling"
+    else:
+        path = tmp_path / "p"
+        _write("npy", path, {"x": agents["x"], "y": agents["y"]})
+        data = (path / "x.npy").read_bytes()
+        (path / "x.npy").write_bytes(data[: len(data) - 10])
+        expected = "column 'x' declares 3,001 rows but holds 2,996"
+    with pytest.raises(ConfigError) as info:
+        population.columns(path, SimEngine(SIR, populate=False).model.fields)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"sim.population {str(path)!r}: ") and expected in message

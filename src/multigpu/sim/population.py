@@ -75,6 +75,19 @@ def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
+def _check_length(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype, start: int, size: int) -> None:
+    """A column's data is all there (a member cut short reads as fewer rows, far from here) and holds numbers."""
+    if dtype.hasobject:
+        raise ConfigError(f"sim.population {str(path)!r}: column {name!r} holds Python objects (dtype {dtype}), "
+                          "which would need unpickling; valid: numeric columns (integers or floats)")
+    need = start + int(np.prod(shape)) * dtype.itemsize
+    if size < need:
+        have = max(size - start, 0) // max(dtype.itemsize, 1)
+        raise ConfigError(f"sim.population {str(path)!r}: column {name!r} declares {shape[0] if shape else 0:,} rows "
+                          f"but holds {have:,} ({size:,} of {need:,} bytes): the file is cut short; valid: a "
+                          "complete file (write it again)")
+
+
 def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
     """column -> (rows, numpy dtype or None for CSV), reading headers only."""
     kind = _kind(path)
@@ -85,16 +98,18 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
         if kind == "npz":
             out = {}
             with zipfile.ZipFile(path) as zf:
-                for name in zf.namelist():
-                    if name.endswith(".npy"):
-                        with zf.open(name) as fp:
+                for info in zf.infolist():
+                    if info.filename.endswith(".npy"):
+                        with zf.open(info) as fp:
                             shape, dtype = _npy_header(fp)
-                        out[name[:-4]] = (shape, dtype)
+                            _check_length(path, info.filename[:-4], shape, dtype, fp.tell(), info.file_size)
+                        out[info.filename[:-4]] = (shape, dtype)
         elif kind == "npy":
             out = {}
             for p in sorted(path.glob("*.npy")):
                 with open(p, "rb") as fp:
                     out[p.stem] = _npy_header(fp)
+                    _check_length(path, p.stem, *out[p.stem], fp.tell(), p.stat().st_size)
         elif kind == "csv":
             with open(path, newline="") as fh:
                 header = next(csv.reader(fh), [])
@@ -103,6 +118,8 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
         else:
             meta = _pyarrow().parquet.ParquetFile(path)
             return {f.name: (meta.metadata.num_rows, np.dtype(f.type.to_pandas_dtype())) for f in meta.schema_arrow}
+    except ConfigError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"sim.population {str(path)!r} cannot be read as {kind}: {exc}") from None
     for name, (shape, _) in out.items():
