@@ -67,3 +67,23 @@ def evil_sim_checkpoint(directory: Path, marker: Path, *, checksum: str = "forge
         files[".metadata"]["bytes"] = len(body)
     _manifest(directory, files, meta)
     return directory
+
+
+def png_bomb(path: Path, side: int = 12000) -> Path:
+    """A flat black RGB PNG of ``side`` x ``side`` (12000: 432 MB of pixels in about 450 KB; issue 23.5: such a
+    file passed the memory check and was OOM-killed). Made in milliseconds, never holding the image: one row
+    is deflated with a full flush (so the block stands alone) and repeated; the Adler-32 of n zero bytes is
+    ``(n mod 65521) << 16 | 1``."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\0" * (1 + 3 * side)  # filter byte 0, then black pixels
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = raw.compress(row) + raw.flush(zlib.Z_FULL_FLUSH)
+    stream = b"\x78\xda" + block * side + raw.flush() + struct.pack(">I", (len(row) * side % 65521) << 16 | 1)
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)  # 8-bit RGB
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b""))
+    return path

@@ -15,6 +15,7 @@ with the class's ``exit_code``; ``--debug`` shows the traceback instead.
         + WorkerFailedError            a worker exited non-zero (rank, exitcode, message, error_file)
         + RendezvousTimeoutError
         + InterruptedBySignalError     exit 128 + N: the launcher got signal N (SIGTERM: 143)
+      x NonFiniteError                 training met a non-finite loss or gradient norm (the step named)
       x NotInitializedError            a runtime call needing a process group before init()
       x CollectiveError
         + ShapeMismatchError           per-rank shapes listed, instead of a hang
@@ -33,6 +34,7 @@ __all__ = [
     "InterruptedBySignalError",
     "LaunchError",
     "MultigpuError",
+    "NonFiniteError",
     "NotInitializedError",
     "OutputError",
     "RendezvousTimeoutError",
@@ -117,6 +119,10 @@ class InterruptedBySignalError(LaunchError):
         self.signal = signal.Signals(sig)
         self.exit_code = 128 + int(self.signal)
         super().__init__(f"stopped by {self.signal.name}: every worker was stopped")
+
+
+class NonFiniteError(MultigpuError):
+    """Training met a non-finite loss or gradient norm (``nonfinite=stop``): the step, rank and values named."""
 
 
 class NotInitializedError(MultigpuError):

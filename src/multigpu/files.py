@@ -22,6 +22,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +30,8 @@ from typing import Any
 
 from multigpu.errors import OutputError
 
-__all__ = ["JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "read_jsonl",
-           "write_json_atomic", "write_text_atomic"]
+__all__ = ["JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in", "read_jsonl",
+           "write_failure", "write_json_atomic", "write_text_atomic"]
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -47,6 +48,45 @@ def cannot_write(path: str | Path, exc: OSError) -> OutputError:
     error = OutputError(f"could not write {path}: {describe_os_error(exc)}")
     error.errno, error.strerror, error.filename = exc.errno, exc.strerror, str(path)
     return error
+
+
+def os_error_in(exc: BaseException | None) -> OSError | None:
+    """The OSError behind ``exc``, if any: through ``__cause__``/``__context__`` (torch.save re-raises a full
+    disk as ``RuntimeError: unexpected pos ...`` with the OSError as its context) and into the per-rank
+    failures of DCP's ``CheckpointException``."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        exc = todo.pop(0)
+        if not isinstance(exc, BaseException) or id(exc) in seen:
+            continue
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        todo += [exc.__cause__ or exc.__context__]
+        failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, stack)}
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
+    return None
+
+
+def write_failure(path: str | Path, exc: BaseException) -> str | None:
+    """``could not write PATH: No space left on device (ENOSPC)`` when ``exc`` is a write failure (an
+    OSError behind it, or no space left where ``path`` lies), else None (a bug: let it be seen)."""
+    cause = os_error_in(exc)
+    if cause is not None:
+        return f"could not write {path}: {describe_os_error(cause)}"
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= 1 << 20:
+        return None
+    full = describe_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    return f"could not write {path}: {full} ({free} bytes free; the writer said: {str(exc).splitlines()[0][:200]})"
 
 
 @contextlib.contextmanager

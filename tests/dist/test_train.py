@@ -136,3 +136,57 @@ def test_stop_and_resume_is_bit_identical(tmp_path):
     manifest = json.loads((step6 / "manifest.json").read_text())
     assert state["trainer"]["step"] == 6 and len(state["rng"]) == 2 and manifest["world_size"] == 2
     assert state["rng"][0]["torch"].ne(state["rng"][1]["torch"]).any()  # every rank's own RNG state
+
+
+# ----------------------------------------------------------------------------- issue 23.8: a non-finite loss
+class _NanOnRank1AtStep5:
+    """The default loss, made NaN on rank 1 at its 5th call (step 5 with no accumulation)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, model, batch):
+        from multigpu.train.trainer import default_loss
+
+        self.calls += 1
+        loss = default_loss(model, batch)
+        return loss * float("nan") if self.calls == 5 and mg.rank() == 1 else loss
+
+
+def _train_into_nan(run_dir: str, nonfinite: str, log_every: int):
+    from multigpu.errors import NonFiniteError
+
+    cfg = dataclasses.replace(BASE, steps=10, checkpoint_every=2, keep_last=2, log_every=log_every,
+                              nonfinite=nonfinite)
+    torch.manual_seed(0)
+    model = GPT(TINY, len(VOCAB))
+    trainer = Trainer(model, make_optimizer(model, cfg), CharDataset(_tokens(), TINY.block_size), config=cfg,
+                      run_dir=run_dir, loss_fn=_NanOnRank1AtStep5())
+    try:
+        trainer.fit()
+        error = None
+    except NonFiniteError as exc:
+        error = str(exc)
+    finally:
+        trainer.close()
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return {"error": error, "step": trainer.step, "skipped": trainer.skipped_steps, "finite": finite}
+
+
+@pytest.mark.parametrize("log_every", [3, 0], ids=["stopped-at-a-log-point", "stopped-before-a-checkpoint"])
+def test_a_nan_loss_on_one_rank_stops_every_rank_naming_the_step_and_keeps_the_good_checkpoints(tmp_path, log_every):
+    """Before: ``loss nan | grad_norm nan`` to the end, exit 0, and the NaN checkpoints rotated the good ones out."""
+    results = run_on_ranks(_train_into_nan, 2, args=(str(tmp_path), "stop", log_every), timeout_s=180)
+    for r in results:
+        assert r["error"] is not None and r["step"] == 6, r  # the log point (or checkpoint) after step 5
+        assert r["error"].startswith("the loss is nan and the gradient norm nan at step 5 on rank 1 (its first "
+                                     "non-finite step); training stopped at step 6, before a checkpoint"), r["error"]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt_*.pt"))
+    assert kept == ["ckpt_00000002.pt", "ckpt_00000004.pt"]  # no step-6 checkpoint of NaN weights
+    state = torch.load(tmp_path / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_nonfinite_skip_skips_that_optimizer_step_on_every_rank(tmp_path):
+    results = run_on_ranks(_train_into_nan, 2, args=(str(tmp_path), "skip", 3), timeout_s=180)
+    assert [(r["error"], r["step"], r["skipped"], r["finite"]) for r in results] == [(None, 10, 1, True)] * 2

@@ -168,6 +168,103 @@ def test_a_resumed_log_drops_a_torn_last_line(tmp_path, monkeypatch):
     FAULTS["disk full"] += 1
 
 
+# ----------------------------------------------------------------------------- full disks: the cause reaches the launcher
+_FAILING_SCRIPT = """
+import builtins, errno, os
+real = builtins.open
+def full(path, mode="r", *args, **kwargs):  # the disk is full: no file can be created or grown any more
+    if "w" in mode or "a" in mode:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return real(path, mode, *args, **kwargs)
+builtins.open = full
+raise RuntimeError("could not write checkpoint ckpt_00000004.pt: No space left on device (ENOSPC)")
+"""
+
+
+def test_a_rank_failing_on_a_full_disk_still_leaves_its_error_for_the_launcher(tmp_path):
+    """The worker wrapper reserved the error file at start; torch's own handler (open 'w', json.dump) left it
+    empty on a full disk, and the launcher then printed its JSON parser's complaint instead of the cause."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from multigpu.launch import _worker
+
+    script, error_file = tmp_path / "fail.py", tmp_path / "attempt_0" / "0" / "error.json"
+    script.write_text(_FAILING_SCRIPT)
+    proc = subprocess.run([sys.executable, _worker.__file__, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert proc.returncode == 1
+    failure = ProcessFailure(local_rank=0, pid=proc.returncode, exitcode=1, error_file=str(error_file))  # parses
+    assert failure.message["message"] == ("RuntimeError: could not write checkpoint ckpt_00000004.pt: No space left "
+                                          "on device (ENOSPC)")
+    assert "fail.py" in failure.error_file_data["message"]["extraInfo"]["py_callstack"]
+    FAULTS["disk full"] += 1
+
+
+def test_an_error_file_the_full_disk_left_empty_is_named_not_a_json_error(tmp_path, monkeypatch, capsys, fake_gpus):
+    import shutil
+
+    fake_gpus(0)
+    log_dir = tmp_path / "logs"
+
+    def agent(*args):  # what torch's agent does when a failed worker's error file is empty
+        (log_dir / "abc_1" / "attempt_0" / "1").mkdir(parents=True)
+        (log_dir / "abc_1" / "attempt_0" / "1" / "error.json").write_text("")
+        json.loads("")
+
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", agent)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    assert main(["launch", "--log-dir", str(log_dir), SCRIPT]) == 1
+    err = capsys.readouterr().err
+    first = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert first == (f"error: local rank 1 failed, and its error file {log_dir}/abc_1/attempt_0/1/error.json could not "
+                     "be written (0 bytes; No space left on device (ENOSPC): 4 KiB free there), so its own message "
+                     "is lost"), err
+    assert "Expecting value" not in err
+    FAULTS["disk full"] += 1
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_naming_it(tmp_path, monkeypatch):
+    """DCP raises a page of every rank's traceback (a BaseException), torch.save ``unexpected pos ...``: the
+    checkpoint store says one line naming the checkpoint, the cause and the intact previous one."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from multigpu.checkpoint import CheckpointStore, CheckpointWriteError, Sharded
+
+    def full() -> OSError:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def dcp_failure(*args, **kwargs):
+        try:
+            raise full()
+        except OSError as exc:
+            raise CheckpointException("write", {0: _wrap_exception(exc), 1: _wrap_exception(exc)}) from None
+
+    def zip_failure(*args, **kwargs):
+        try:
+            raise full()
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+    store = CheckpointStore(tmp_path / "checkpoints")
+    store.save(1, {"engine": {"step": 1}})  # the intact previous checkpoint
+    for step, (target, failure) in enumerate(((dcp, dcp_failure), (torch, zip_failure)), start=2):
+        with monkeypatch.context() as patch:
+            patch.setattr(target, "save", failure)
+            with pytest.raises(CheckpointWriteError) as info:
+                store.save(step, {"engine": {"step": step}, "agents": Sharded({"x": torch.ones(3)})})
+        text = str(info.value)
+        assert text.startswith(f"could not write checkpoint {store.path_for(step)}: ") and "\n" not in text, text
+        assert "No space left on device (ENOSPC)" in text and text.endswith(
+            "the previous checkpoint step_00000001 is intact"), text
+        assert [p.name for p in store.folders()] == ["step_00000001"] and not list(store.directory.glob(".*tmp"))
+        FAULTS["disk full"] += 1
+    with monkeypatch.context() as patch, pytest.raises(ZeroDivisionError):  # not a write failure: left as it is
+        patch.setattr(torch, "save", lambda *a, **k: 1 / 0)
+        store.save(4, {"engine": {"step": 4}})
+
+
 # ----------------------------------------------------------------------------- the launcher: exit 2 before anything starts
 def test_a_read_only_run_directory_is_one_line_exit_2_before_spawning(tmp_path, monkeypatch, capsys, tripwire,
                                                                       fake_gpus):
@@ -209,6 +306,33 @@ def test_a_full_disk_at_start_is_one_line_exit_2_before_spawning(tmp_path, monke
     assert f"could not write {tmp_path}/run2/run.json: No space left on device (ENOSPC)" in _one_line(capsys)
     assert [p for p in (tmp_path / "run2").rglob("*") if p.is_file()] == [] and not tripwire.called  # lock released
     FAULTS["disk full"] += 2
+
+
+# ----------------------------------------------------------------------------- a cgroup's memory limit (issue 23.4)
+def test_a_cgroup_capped_sim_and_infer_are_refused_up_front_naming_the_cgroup(tmp_path, capsys, monkeypatch,
+                                                                              tripwire):
+    """The launcher's real HostFacts.probe, its cgroup reader pointed at a faked v2 tree (no GPU facts faked)."""
+    from PIL import Image
+
+    from multigpu.launch import memlimit
+    from tests.unit.test_memlimit import GIB, MIB, v2_tree
+
+    real = memlimit.cgroup_memory
+    for limit, argv, expected in [
+        (GIB, ["sim", "-f", "sir", "--cpu", "--agents", "100_000_000", "--nproc-per-node", "2"],
+         "per rank (the memory left under the 1 GiB cgroup v2 memory.max of /sys/fs/cgroup/job, over its ranks)"),
+        (300 * MIB, ["infer", "--cpu", "--model", "multigpu.infer.models:denoiser", "--roi", "64", "--input", "@big"],
+         "per rank (the memory left under the 300 MiB cgroup v2 memory.max of /sys/fs/cgroup/job, over its ranks)"),
+    ]:  # far below this machine's available memory: the cgroup is what binds
+        root = v2_tree(tmp_path / f"cg{limit}", str(limit), **{"sys/fs/cgroup/job/memory.current": "0\n"})
+        monkeypatch.setattr(memlimit, "cgroup_memory", lambda root_=None, root=root: real(root))
+        if "@big" in argv:
+            Image.new("RGB", (2048, 2048)).save(tmp_path / "big.png")
+            argv[argv.index("@big")] = str(tmp_path / "big.png")
+        assert main([*argv, "--run-dir", str(tmp_path / "r")]) == 2
+        assert expected in _one_line(capsys)
+        assert not (tmp_path / "r").exists() and not tripwire.called
+        FAULTS["memory limit"] += 1
 
 
 # ----------------------------------------------------------------------------- one run per run directory

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from multigpu.cli import build_parser, commands, main
 from tests.conftest import ROOT, SCRIPTS
-from tests.payloads import evil_checkpoint, evil_sim_checkpoint
+from tests.payloads import evil_checkpoint, evil_sim_checkpoint, png_bomb
 
 COMMANDS = commands()
 """Every command of ``multigpu --help`` (the tools and the built-in workloads that are commands)."""
@@ -333,6 +333,55 @@ def _other_models_run(tmp: Path) -> Path:
     return run
 
 
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _tokens(tmp: Path, train: list[int] | bytes, val: list[int] | None = None) -> str:
+    """A nanoGPT token folder (uint16 ids; bytes: written as they are)."""
+    import numpy as np
+
+    folder = tmp / "tokens"
+    folder.mkdir()
+    if isinstance(train, bytes):
+        (folder / "train.bin").write_bytes(train)
+    else:
+        np.array(train, dtype=np.uint16).tofile(folder / "train.bin")
+    if val is not None:
+        np.array(val, dtype=np.uint16).tofile(folder / "val.bin")
+    return f"data.kwargs.path={folder}"
+
+
+def _cut_population(tmp: Path) -> str:
+    """An .npz population whose ``y`` member holds 500 of the 3000 rows its header declares."""
+    import zipfile
+
+    import numpy as np
+
+    path = tmp / "pop.npz"
+    np.savez(path, x=np.zeros(3000, np.int16), y=np.zeros(3000, np.int16))
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data[: 128 + 1000] if name == "y.npy" else data)
+    return str(path)
+
+
+def _link(path: Path, to: Path) -> str:
+    path.symlink_to(to)
+    return str(path)
+
+
+def _users_folder(tmp: Path) -> str:
+    """A folder of the user's that an output flag names: never replaced (issue 23.2)."""
+    folder = tmp / "thesis"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "thesis.txt").write_text("four years")
+    return str(folder)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -365,7 +414,7 @@ LIMIT_CASES = [
      "--overlap 0.999999 with --roi 256 makes 591,361 windows for the 1024x1024 image"),
     ("limits", 250 << 20, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                      _png(t / "huge.png", 2048), "--roi", "64", "--run-dir", str(t / "r")],
-     "the output of 1 image(s) does not fit on rank 0: it needs about 160 MiB"),
+     "the output of 1 image(s) does not fit on rank 0: it needs about 176 MiB (reading the inputs 64 MiB"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_used(t))],
      "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
@@ -376,6 +425,47 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty"),
+    ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
+                                       _users_folder(t)],
+     "thesis' holds files that are not agent files (sub/, thesis.txt), so it is not replaced"),
+    ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
+                                       str(_used(t))],
+     "used' holds files that are not agent files (checkpoints/, logs/, metrics.jsonl)"),
+    ("limits", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                str(png_bomb(t / "bomb.png", 12000)), "--run-dir", str(t / "r")],
+     "is 12000x12000 and would decode to 412 MiB from a "),
+    # the bomb guard turned off: the memory check now counts what decoding costs (the old count, 5.4 GiB, passed)
+    ("limits", int(5.8 * GIB), lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
+                                          str(png_bomb(t / "bomb.png", 12000)), "--set", "max_decode_ratio=0",
+                                          "--run-dir", str(t / "r")],
+     "it needs about 5.9 GiB (reading the inputs 2.15 GiB"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16",
+                                       "--input", _png(_folder(t / "inplace") / "ok.png", 32),
+                                       "--output", str(t / "inplace"), "--run-dir", str(t / "r")],
+     "--input '{t}/inplace/ok.png' would be overwritten by its own output {t}/inplace/ok.png; valid: an --output"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
+                                       _png(_folder(t / "coll" / "a") / "x.png", 32),
+                                       _png(_folder(t / "coll" / "b") / "x.png", 32), "--output", str(t / "out"),
+                                       "--run-dir", str(t / "r")],
+     "--input '{t}/coll/a/x.png' and '{t}/coll/b/x.png' would both be written to {t}/out/x.png; valid:"),
+    ("infer outputs", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
+                                       _png(_folder(t / "same") / "x.png", 32), "--run-dir", str(t / "r"),
+                                       "--output", _link(t / "link", t / "same")],
+     "would be overwritten by its own output"),
+    # issue 23.9: bad values inside user data, named in the launcher
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, bytes(2 * 600 + 1)), "--run-dir", str(t / "r")],
+     "train.bin is 1,201 bytes, not a whole number of uint16 token ids (2 bytes each)"),
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, list(range(50)) * 12, [3, 70, 5] * 100), "--run-dir", str(t / "r")],
+     "val.bin holds token id 70 but the vocabulary has 50 ids (the largest id in train.bin plus one); valid: ids "
+     "below 50, or data.kwargs.vocab_size=71 or more"),
+    ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
+                                     _tokens(t, list(range(50)) * 12), "data.kwargs.vocab_size=40",
+                                     "--run-dir", str(t / "r")],
+     "train.bin holds token id 49 but the vocabulary has 40 ids (data.kwargs.vocab_size)"),
+    ("data values", None, lambda t: ["sim", "-f", "sir", "--population", _cut_population(t), "--run-dir", str(t / "r")],
+     "pop.npz': column 'y' declares 3,000 rows but holds 500 (1,128 of 6,128 bytes): the file is cut short"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
@@ -405,6 +495,6 @@ def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, arg
     CASES[kind] += 1
     assert code == 2, f"{command} exited {code}: {err}"
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    assert expected in err, err
+    assert expected.format(t=tmp_path) in err, err
     assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
     tripwire.assert_not_called()

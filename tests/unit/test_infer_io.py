@@ -41,3 +41,69 @@ def test_demo_models_mean_something_without_weights(tmp_path):
     path = noisy_demo_image(tmp_path / "demo.png")
     assert io.probe(path).channels == 3 and min(io.probe(path).size) >= 256
     assert np.asarray(io.read_image(path)).std() > 0.05
+
+
+# ----------------------------------------------------------------------------- issue 23.5: what reading costs, bombs
+_MEASURE = """
+import sys
+from multigpu.infer import io
+
+def status(key):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
+
+info = io.probe(sys.argv[1])
+base = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from here
+image = io.read_image(sys.argv[1])
+print(status("VmHWM:") - base, info.read_bytes(), image.numel() * 4)
+"""
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_reading_an_image_peaks_within_what_the_launcher_counts(tmp_path, mode):
+    """Peak RSS of read_image in a fresh process (random pixels: nothing compresses in memory). The old read
+    peaked at 31 B/px for RGB where the launcher counted the float32 result, 12 B/px."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    channels = {"RGB": 3, "L": 1, "RGBA": 4}[mode]
+    pixels = rng.integers(0, 255, (1500, 2000, channels), dtype=np.uint8)
+    Image.fromarray(pixels[:, :, 0] if mode == "L" else pixels, mode).save(tmp_path / "x.png")
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(tmp_path / "x.png")], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    peak, counted, result = map(int, out)
+    assert peak <= counted, f"{mode}: read_image peaked at {peak / 3e6:.1f} B/px, counted {counted / 3e6:.1f}"
+    assert counted <= 1.25 * max(peak, result), f"{mode}: counted {counted / 3e6:.1f} B/px, peak {peak / 3e6:.1f}"
+
+
+def test_the_values_read_are_the_same_bits_as_before(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for mode, array in [("RGB", rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)),
+                        ("I;16", rng.integers(0, 65535, (40, 30), dtype=np.uint16))]:
+        Image.fromarray(array).save(tmp_path / "v.png")
+        scale = 255.0 if array.dtype == np.uint8 else 65535.0
+        before = (array.astype(np.float32) / scale).reshape(40, 30, -1).transpose(2, 0, 1)  # the old read
+        assert torch.equal(io.read_image(tmp_path / "v.png")[0], torch.from_numpy(np.ascontiguousarray(before))), mode
+
+
+def test_a_decompression_bomb_is_refused_from_its_header_unless_the_guard_is_off(tmp_path):
+    from PIL import Image
+
+    from tests.payloads import png_bomb
+
+    cap = Image.MAX_IMAGE_PIXELS
+    bomb = png_bomb(tmp_path / "bomb.png", 12000)
+    for read in (io.probe, io.read_image):
+        with pytest.raises(ConfigError) as info:
+            read(bomb)
+        message = str(info.value)
+        assert message.startswith(f"input '{bomb}' is 12000x12000 and would decode to 412 MiB from a ") and (
+            "more than max_decode_ratio=100): a decompression bomb" in message and "max_decode_ratio=0" in message)
+    assert io.probe(bomb, max_decode_ratio=0).size == (12000, 12000)  # the explicit opt-out
+    assert io.probe(png_bomb(tmp_path / "flat.png", 2000)).size == (2000, 2000)  # 12 MB: too small to be a bomb
+    assert cap == Image.MAX_IMAGE_PIXELS  # Pillow's own guard is never lifted for the whole process

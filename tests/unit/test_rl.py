@@ -109,3 +109,68 @@ def test_rollout_on_a_gpu_reads_the_host_once_per_rollout_with_the_same_numbers(
             assert host.mean_return == device.mean_return, (env_id, steps)
         assert runs[8, False][1] == runs[16, False][1], env_id  # reads per rollout, not per step
         assert runs[16, True][1] > runs[8, True][1] or env_id == "Pendulum-v1", env_id
+
+
+# ----------------------------------------------------------------------------- issue 23.9: non-finite env output
+class _Bad:
+    """A 4-env continuous task (the Reach of tests/cli/test_rl_byo) whose env 2 returns NaN at its 5th step."""
+
+    def __init__(self, num_envs: int, seed: int, device, what: str, inner=None):
+        from tests.cli.test_rl_byo import Reach
+
+        inner = inner or Reach(range(num_envs), seed, torch.device(device))
+        self.inner, self.what, self.t = inner, what, 0
+        self.num_envs = num_envs
+        self.metadata = self.inner.metadata
+        self.single_observation_space = self.inner.single_observation_space
+        self.single_action_space = self.inner.single_action_space
+
+    def reset(self, *, seed=None, options=None):
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, actions):  # NaN actions (from NaN observations) are taken as 0 here, as many simulators would
+        obs, reward, terminated, truncated, info = self.inner.step(torch.nan_to_num(actions))
+        self.t += 1
+        if self.t == 5:
+            (obs if self.what == "obs" else reward)[2] = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+def bad_obs(num_envs: int, seed: int, device):
+    return _Bad(num_envs, seed, device, "obs")
+
+
+def bad_reward(num_envs: int, seed: int, device):
+    return _Bad(num_envs, seed, device, "reward")
+
+
+def bad_discrete_obs(num_envs: int, seed: int, device):
+    """CartPole: a NaN observation makes NaN logits, and torch's sampling fails mid-rollout."""
+    from multigpu.envs.cartpole import CartPole
+
+    return _Bad(num_envs, seed, device, "obs", CartPole(range(num_envs), device=device, seed=seed))
+
+
+@pytest.mark.parametrize(("factory", "what"), [("bad_obs", "observation (nan) in step 5"),
+                                               ("bad_reward", "reward (nan) in step 4"),
+                                               ("bad_discrete_obs", "observation (nan) in step 5")])
+def test_a_non_finite_observation_or_reward_is_one_line_naming_the_env(factory, what):
+    """Before: ~60 lines ending in torch's ``probability tensor contains either inf, nan`` (or a NaN loss)."""
+    import multigpu as mg
+    from multigpu.factory import Factory
+    from multigpu.rl import ppo
+
+    cfg = RLConfig(env=Factory(factory=f"tests.unit.test_rl:{factory}"), num_envs=4, num_steps=8,
+                   total_env_steps=64, obs_norm=False)
+    threads = torch.get_num_threads()
+    mg.init(backend="cpu", threads=threads)
+    try:
+        with pytest.raises(ConfigError) as info:
+            ppo.train(cfg, log=lambda *a: None)
+    finally:
+        mg.shutdown()
+        torch.set_num_threads(threads)
+    message = str(info.value)
+    assert "\n" not in message and message == (
+        f"tests.unit.test_rl:{factory}: environment 2 on rank 0 returned a non-finite {what} of rollout 0; valid: "
+        "finite observations and rewards (clip or guard them in the environment)")

@@ -122,3 +122,113 @@ def test_bad_population_values_name_the_rows(tmp_path, agents):
         SimEngine(dataclasses.replace(SIR, population=str(tmp_path / "nope.npz")))
     with pytest.raises(ConfigError, match="a single .npy is one field"):
         SimEngine(dataclasses.replace(SIR, population=str(tmp_path / "x.npy")))
+
+
+# ----------------------------------------------------------------------------- issue 23.2: never delete what we did not write
+def _tree(root) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def small_engine():
+    engine = SimEngine(dataclasses.replace(SIR, agents=500, steps=1))
+    engine.run()
+    return engine
+
+
+@pytest.mark.parametrize("name", ["out", "out.npz"])
+def test_saving_agents_into_a_folder_or_file_of_the_users_refuses_and_keeps_it(tmp_path, small_engine, name):
+    target = tmp_path / name
+    if name == "out":
+        (target / "sub").mkdir(parents=True)
+        (target / "thesis.txt").write_text("four years of work")
+        (target / "sub" / "notes.md").write_text("more")
+        (target / "x.npy").write_bytes(b"an agent-looking name beside them")
+    else:
+        target.write_text("not a zip: the user's own file named like an output")
+    before = _tree(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        population.save(small_engine, target)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"sim.save_agents {str(target)!r} ")
+    assert ("holds files that are not agent files (sub/, thesis.txt)" in message if name == "out"
+            else "holds something that is not a .npz agent table" in message), message
+    assert "valid: a new path" in message
+    assert _tree(tmp_path) == before  # nothing removed, nothing added (no temporary left)
+
+
+def test_saving_agents_replaces_only_an_agent_table_and_leaves_other_temporaries_alone(tmp_path, small_engine):
+    target = tmp_path / "agents"
+    (tmp_path / "agents.tmp").write_text("the user's file with the name the old code used as its temporary")
+    (tmp_path / "neighbour.txt").write_text("beside it")
+    population.save(small_engine, target)
+    first = _tree(target)
+    assert sorted(first) == sorted(f"{k}.npy" for k in small_engine.state.schema)
+    population.save(small_engine, target)  # our own folder: replaced
+    assert _tree(target) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agents", "agents.tmp", "neighbour.txt"]
+    assert (tmp_path / "agents.tmp").read_text().startswith("the user's file")
+    population.save(small_engine, tmp_path / "a.npz")
+    population.save(small_engine, tmp_path / "a.npz")  # an .npz we wrote: replaced
+    assert sorted(np.load(tmp_path / "a.npz").files) == sorted(small_engine.state.schema)
+    assert oct((tmp_path / "a.npz").stat().st_mode & 0o777) != oct(0o600)  # the umask's mode, not mkstemp's
+
+
+def test_a_run_directory_given_as_the_agents_folder_is_refused_before_the_job_starts(tmp_path, capsys, monkeypatch,
+                                                                                     fake_gpus):
+    from unittest import mock
+
+    from multigpu.cli import main
+
+    fake_gpus(0)
+    tripwire = mock.Mock(side_effect=AssertionError("reached torch's launcher"))
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+    live = tmp_path / "runs" / "live"
+    (live / "logs").mkdir(parents=True)
+    (live / "run.json").write_text("{}")
+    (live / ".lock").write_text("{}")
+    before = _tree(tmp_path)
+    code = main(["sim", "-f", "sir", "--agents", "1000", "--run-dir", str(tmp_path / "runs" / "new"),
+                 "--save-agents", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "Traceback" not in err, err
+    assert f"sim.save_agents {str(tmp_path / 'runs')!r} holds files that are not agent files (live/)" in err
+    assert _tree(tmp_path) == before and not tripwire.called
+
+
+# ----------------------------------------------------------------------------- issue 23.9: bad values inside the file
+def _cut_member(path, name: str, keep: int) -> None:
+    """Rewrite ``path`` (an .npz) with member ``name`` cut to its first ``keep`` bytes (header intact)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members[name] = members[name][:keep]
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+
+
+@pytest.mark.parametrize("case", ["member shorter than its header", "object dtype", "npy shorter than its header"])
+def test_bad_values_inside_a_population_file_are_one_line_naming_the_column(tmp_path, agents, case):
+    """Before: ``The expanded size of the tensor (500) must match ...`` from deep in the engine, or numpy's pickle
+    refusal; now the launcher's header check names the file, the column and what is valid."""
+    if case == "member shorter than its header":
+        path = tmp_path / "p.npz"
+        np.savez(path, x=agents["x"], y=agents["y"])
+        _cut_member(path, "y.npy", 128 + 2 * 500)  # 500 of 3001 int16 rows after the 128-byte header
+        expected = "column 'y' declares 3,001 rows but holds 500 (1,128 of 6,130 bytes): the file is cut short"
+    elif case == "object dtype":
+        path = tmp_path / "p.npz"
+        np.savez(path, x=agents["x"], y=np.array([str(v) for v in agents["y"]], dtype=object))
+        expected = "column 'y' holds Python objects (dtype object), which would need unpickling"
+    else:
+        path = tmp_path / "p"
+        _write("npy", path, {"x": agents["x"], "y": agents["y"]})
+        data = (path / "x.npy").read_bytes()
+        (path / "x.npy").write_bytes(data[: len(data) - 10])
+        expected = "column 'x' declares 3,001 rows but holds 2,996"
+    with pytest.raises(ConfigError) as info:
+        population.columns(path, SimEngine(SIR, populate=False).model.fields)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"sim.population {str(path)!r}: ") and expected in message

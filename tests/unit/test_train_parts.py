@@ -144,3 +144,18 @@ def test_checkpoints_keep_the_last_k_and_skip_damaged_files(tmp_path):
     assert CheckpointStore(tmp_path / "empty").latest() is None
     with pytest.raises(ConfigError, match="no such file or folder"):
         resolve(str(tmp_path / "missing"), None)
+
+
+def test_token_files_too_large_for_the_launchers_scan_are_checked_on_the_ranks(tmp_path, monkeypatch):
+    """Issue 23.9: val.bin's ids checked against train.bin's vocabulary where the launcher did not scan them."""
+    import numpy as np
+
+    from multigpu.errors import ConfigError
+    from multigpu.train import data
+
+    np.array(list(range(50)) * 12, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.array([3, 70, 5] * 100, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    monkeypatch.setattr(data, "_SCAN_IN_LAUNCHER", 0)
+    data.token_files.check(str(tmp_path), block_size=8)  # sizes only: too large to scan here
+    with pytest.raises(ConfigError, match=r"val.bin holds token id 70 but the vocabulary has 50 ids"):
+        data.token_files(str(tmp_path), block_size=8)

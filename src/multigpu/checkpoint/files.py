@@ -110,13 +110,3 @@ def sha256_file(path: str | Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _os_error_in(exc: BaseException) -> OSError | None:
-    """The OSError behind ``exc``, if any: torch.save re-raises a full disk as a RuntimeError
-    ("unexpected pos ...") from its zip writer's cleanup, with the OSError as its context."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None

@@ -66,12 +66,11 @@ from multigpu.checkpoint.files import (
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
-    _os_error_in,
     atomic_write,
     fsync_dir,
     sha256_file,
 )
-from multigpu.files import describe_os_error
+from multigpu.files import describe_os_error, os_error_in
 
 __all__ = ["MANIFEST", "STATE", "CheckpointStore", "OldLayoutError", "PerRank", "Sharded", "is_checkpoint",
            "read_manifest", "verify"]
@@ -371,9 +370,9 @@ class CheckpointStore:
                     dcp.save(sharded, checkpoint_id=str(tmp))
                 names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
                 mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
-            except Exception as exc:  # noqa: BLE001 - only a disk's failure is reported; the rest re-raised below
-                cause = _os_error_in(exc)
-                if cause is None:
+            except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
+                cause = os_error_in(exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
+                if cause is None:  # only a disk's failure is reported; the rest re-raised
                     raise
                 failure = f"rank {rank}: {describe_os_error(cause)}"
         per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
@@ -428,7 +427,7 @@ class CheckpointStore:
             tmp.rename(final)
             fsync_dir(self.directory)
         except Exception as exc:  # noqa: BLE001 - only a disk's failure is reported; the rest re-raised
-            cause = _os_error_in(exc)
+            cause = os_error_in(exc)
             if cause is None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

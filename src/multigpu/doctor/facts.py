@@ -178,7 +178,10 @@ def _device_memory(gpu_count: int) -> int | None:
             return min(torch.cuda.get_device_properties(i).total_memory for i in range(gpu_count))
         import psutil
 
-        return int(psutil.virtual_memory().total)
+        from multigpu.launch.memlimit import cgroup_memory
+
+        limit = cgroup_memory()  # a container's or a batch job's cap, not the host's memory
+        return min(int(psutil.virtual_memory().total), limit.limit_bytes if limit else 1 << 62)
     except Exception:  # noqa: BLE001 - the check says the figure is unknown
         return None
 

@@ -50,6 +50,10 @@ class InferConfig:
     pad_mode: Literal["constant", "reflect", "replicate", "circular"] = "constant"
     """How an image smaller than the roi is padded."""
 
+    max_decode_ratio: float = 100.0
+    """The decompression-bomb guard: an input that would decode to more than this many times its file's size
+    (and more than 256 MiB) is refused from its header. 0 turns the guard off (an image of one flat colour)."""
+
 
     def __post_init__(self) -> None:
         if ":" not in self.model.factory or not all(self.model.factory.partition(":")[::2]):
@@ -61,5 +65,7 @@ class InferConfig:
             raise ConfigError(f"infer.overlap={self.overlap} must be in [0, 1), e.g. --overlap 0.25")
         if self.batch_size < 1:
             raise ConfigError(f"infer.batch_size={self.batch_size} must be >= 1")
+        if not self.max_decode_ratio >= 0:
+            raise ConfigError(f"infer.max_decode_ratio={self.max_decode_ratio} must be >= 0 (0: no guard), e.g. 100")
         if not self.sigma_scale > 0:
             raise ConfigError(f"infer.sigma_scale={self.sigma_scale} must be > 0")

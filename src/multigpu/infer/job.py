@@ -7,6 +7,7 @@
     multigpu bench --nproc 1,2 infer roi=[256]
 
 ``check`` (in the launcher, before a rank starts or a file is written): the
+outputs (none overwrites an input, no two inputs share an output name), the
 images (exist, readable, channels), the roi (no larger than the largest image),
 the overlap, the model (imports, takes the images' channels, returns an
 integer multiple of the roi), and what cannot fit: a window count that would
@@ -65,7 +66,8 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
     from multigpu.infer import io
     from multigpu.infer.windows import as_tuple
 
-    infos = [io.probe(p) for p in cfg.inputs] if cfg.inputs else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)]
+    infos = ([io.probe(p, cfg.max_decode_ratio) for p in cfg.inputs] if cfg.inputs
+             else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)])
     if len(cfg.roi) == 3 or len(cfg.overlap) == 3:
         raise ConfigError(f"--roi {cfg.roi} / --overlap {cfg.overlap}: images are 2-D; give one value or two (H W)")
     roi = as_tuple(cfg.roi, 2, "roi")
@@ -147,7 +149,9 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
     roi = cfg.roi * 2 if len(cfg.roi) == 1 else cfg.roi
     zoom = math.prod(o // r for o, r in zip(out_shape[1:], roi, strict=True))
     copies = plan.run.problem_scale(plan.world_size)  # weak scaling repeats the image list
-    inputs = sum(i.channels * math.prod(i.size) for i in infos) * 4  # float32 on every rank
+    held = [i.channels * math.prod(i.size) * 4 for i in infos]  # float32, every image on every rank
+    # read one after another: image k's decoding peak on top of the images read before it (io.ImageInfo.read_bytes)
+    inputs = max(sum(held[:k]) + i.read_bytes() for k, i in enumerate(infos))
     outputs = sum(out_shape[0] * math.prod(i.size) * zoom for i in infos) * 4 * copies
     canvas = outputs * (out_shape[0] + 1) // out_shape[0] // plan.world_size  # rank 0's band: sums and weights
     need = inputs + outputs + canvas
@@ -155,14 +159,40 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
         return
     what = f"{len(infos)} image(s)" + (f" × {copies} (weak scaling)" if copies > 1 else "")
     raise ConfigError(
-        f"the output of {what} does not fit on rank 0: it needs about {format_bytes(need)} (inputs "
+        f"the output of {what} does not fit on rank 0: it needs about {format_bytes(need)} (reading the inputs "
         f"{format_bytes(inputs)}, stitched output {format_bytes(outputs)}, its canvas {format_bytes(canvas)}) "
-        f"but a rank has about {format_bytes(memory)} of this machine's available memory; valid: fewer or "
+        f"but there is about {format_bytes(memory)} per {plan.devices.memory_words('cpu')}; valid: fewer or "
         f"smaller images per run, fewer ranks on this machine, or a machine with more memory")
+
+
+def check_outputs(cfg: InferConfig, run_dir: str | None) -> None:
+    """No output overwrites an input, and no two inputs write the same output (``a/x.png b/x.png``)."""
+    import os
+
+    from multigpu.infer import io
+
+    folder = cfg.output or (str(Path(run_dir) / "out") if run_dir else None)
+    if folder is None or not cfg.inputs:
+        return
+    first: dict[Path, str] = {}
+    for name in cfg.inputs:
+        target = io.output_path(folder, name).resolve()
+        source = Path(name).resolve()
+        if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+            raise ConfigError(f"--input {name!r} would be overwritten by its own output {target}; valid: an "
+                              "--output folder that holds none of the inputs")
+        if target in first:
+            raise ConfigError(f"--input {first[target]!r} and {name!r} would both be written to {target}; valid: "
+                              "inputs whose names differ (outputs keep the name, as .png or .tif), or separate runs")
+        if target.is_dir():
+            raise ConfigError(f"the output of --input {name!r} would replace the folder {target}; valid: an --output "
+                              "folder where no folder has an output's name")
+        first[target] = name
 
 
 def check(cfg: InferConfig, plan: JobPlan) -> InferConfig:
     """The inputs and the model are usable; returns the config with absolute paths (the ranks may run elsewhere)."""
+    check_outputs(cfg, plan.run.run_dir)  # before anything is probed or built: names alone
     infos, _channels, out_shape = check_inputs(cfg)
     check_windows(cfg, infos)
     check_memory(cfg, infos, out_shape, plan)
@@ -202,7 +232,7 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     model = load_model(cfg.model)
     if isinstance(model, nn.Module):
         model = model.to(mg.device()).eval()  # a plain callable's modules are moved by sliding_window
-    images = [io.read_image(p) for p in inputs] * ctx.problem_scale(mg.world_size())
+    images = [io.read_image(p, cfg.max_decode_ratio) for p in inputs] * ctx.problem_scale(mg.world_size())
     meter = StepMeter.from_context("windows", ctx, total_steps=None, description="infer")
     start = time.perf_counter()
     outputs = sliding_window(images, model, cfg.roi, cfg.overlap, cfg.batch_size, cfg.blend, cfg.precision,

@@ -28,6 +28,12 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
    to ``$MULTIGPU_STACKS_DIR/rank<R>.txt``, so the launcher can say where
    each rank stood;
 
+4. reserve its error file (``TORCHELASTIC_ERROR_FILE``): a placeholder that
+   reads as "no error" padded to :data:`ERROR_FILE_RESERVE` bytes, which the
+   error is later written over in place, so a disk that fills up during the run
+   (the usual reason a rank fails late) cannot leave the file empty and the
+   launcher without the cause;
+
 then it runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
 launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
@@ -44,6 +50,8 @@ with the script's start and end times.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import runpy
 import sys
@@ -58,6 +66,14 @@ DEVICE_MAP_VAR = "MULTIGPU_DEVICE_MAP"
 RUN_FILE_VAR = "MULTIGPU_RUN_FILE"
 STACKS_DIR_VAR = "MULTIGPU_STACKS_DIR"
 DEBUG_VAR = "MULTIGPU_DEBUG"
+
+ERROR_FILE_RESERVE = 64 << 10
+"""Bytes reserved for the error file at start (a traceback's tail and the message fit; longer ones are cut)."""
+
+_NO_ERROR = '{"message": "<NONE>", "timestamp": 9999999999}'
+"""What torch's agent reads from a worker that wrote no error (killed, or stopped by the agent): as if there
+were no file. Its far-future timestamp keeps it from being taken for the first failure (torch picks the
+earliest; a missing file reads as "now", a missing timestamp as 0, i.e. first)."""
 
 
 
@@ -148,6 +164,69 @@ def _register_stack_dumps(folder: str | None, rank: str) -> None:
     faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True)
     # chain=True: after the dump, SIGTERM does what it did before (end the process)
     faulthandler.register(signal.SIGTERM, file=_STACK_FILE, all_threads=True, chain=True)
+
+
+def _reserve_error_file(path: str | None) -> None:
+    """Write the placeholder, padded: the bytes the error will be written over later (best effort)."""
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(_NO_ERROR.ljust(ERROR_FILE_RESERVE))
+    except OSError:
+        pass  # already full: torch's own write may still get through; the launcher names an empty file
+
+
+def _error_json(e: BaseException, limit: int) -> bytes:
+    """torch's error-file record of ``e`` (the same fields), its traceback cut from the top to fit ``limit``."""
+    import json
+    import time
+    import traceback
+
+    stack, message = traceback.format_exc(), f"{type(e).__name__}: {e}"
+    while True:
+        data = json.dumps({"message": {"message": message, "extraInfo": {
+            "py_callstack": stack, "timestamp": str(int(time.time()))}}}).encode()
+        if len(data) <= limit or len(message) <= 16:
+            return data
+        if stack:  # the top of the stack goes first, then the end of a very long message
+            stack = stack[max(len(data) - limit, len(stack) // 4):] if len(stack) > 64 else ""
+        else:
+            message = message[: max(len(message) - (len(data) - limit) - 16, 0)] + " [cut]"
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    """Overwrite the reserved file from its start, then cut it to ``data``: no new blocks are needed."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def _error_handler():
+    """torch's ErrorHandler, writing the error into the file reserved at start instead of a new one."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    class InPlace(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            path = self._get_error_file_path()
+            try:
+                size = os.path.getsize(path) if path else 0
+            except OSError:
+                size = 0
+            if size < len(_NO_ERROR):  # nothing reserved: torch's own way
+                super().record_exception(e)
+                return
+            try:
+                _write_in_place(path, _error_json(e, size))
+            except OSError:  # a copy-on-write file system may still want blocks: the message alone, then give up
+                with contextlib.suppress(OSError):
+                    _write_in_place(path, json.dumps({"message": {"message": f"{type(e).__name__}: {e}"}}).encode())
+
+    return InPlace()
 
 
 def _note_group_joins(folder: str | None, rank: str) -> None:
@@ -267,6 +346,7 @@ def main(argv: list[str]) -> None:
     if sys.path and os.path.abspath(sys.path[0]) == _HERE:
         del sys.path[0]  # never let this folder shadow modules named config, agent, ...; _run adds the right one
     _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
+    _reserve_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -274,7 +354,7 @@ def main(argv: list[str]) -> None:
     _accelerate_on_cpu_ranks()
 
     try:
-        record(_timed(_run, _wall_file(run_file)))(argv)
+        record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_VAR) == "1":
             raise

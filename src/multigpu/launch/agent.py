@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import json
 import logging
 import os
 import re
@@ -49,7 +51,8 @@ from multigpu.errors import (
 from multigpu.files import write_json_atomic
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
-from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
+from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
+from multigpu.launch.memlimit import MemoryWatch
 from multigpu.launch.rendezvous import (
     gloo_interface,
     hosts_store,
@@ -404,12 +407,18 @@ def _message(failure) -> str:
 
 
 def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True,
-                      nccl_dump: str | None = None) -> WorkerFailedError:
+                      nccl_dump: str | None = None, memory: MemoryWatch | None = None) -> WorkerFailedError:
     """One readable summary: which rank failed first, how, its traceback's tail, where the logs are.
 
-    ``nccl_dump``: the NCCL flight recorder's dump prefix when the job ran on NCCL (None: not NCCL)."""
+    ``nccl_dump``: the NCCL flight recorder's dump prefix when the job ran on NCCL (None: not NCCL).
+    ``memory`` (taken when the job started) names the OOM killer when the rank died by SIGKILL and the
+    kernel counted an OOM kill meanwhile, or the cgroup's memory peaked at its limit.
+    """
     rank, failure = err.get_first_failure()
     text = _message(failure)
+    oom = memory.explain_sigkill() if memory is not None and failure.exitcode == -signal.SIGKILL else None
+    if oom is not None and text.startswith("killed by signal"):
+        text = f"{text}: {oom}"
     watchdog = nccl_watchdog(failure.exitcode, _rank_log_tail(log_dir, failure.local_rank), nccl_dump is not None)
     if watchdog:
         text = watchdog
@@ -433,10 +442,33 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
         lines.append(f"  NCCL flight recorder: {_nccl_dumps(nccl_dump)}")
     where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
     lines.append(f"  full logs: {log_dir} ({where})")
-    error_file = failure.error_file if failure.error_file and os.path.isfile(failure.error_file) else None
+    wrote = isinstance((failure.error_file_data or {}).get("message"), dict)  # not the worker's placeholder
+    error_file = failure.error_file if wrote and os.path.isfile(failure.error_file) else None
     return WorkerFailedError(
         "\n".join(lines), rank=rank, exitcode=failure.exitcode, message=text, error_file=error_file
     )
+
+
+def _unreadable_error_file(log_dir: str, world_size: int) -> WorkerFailedError | None:
+    """A worker failed but its error file is empty or cut short: on a full disk, say so (the file's
+    place and the free space), instead of torch's JSON parser's complaint."""
+    from multigpu.files import describe_os_error
+
+    for path in sorted(Path(log_dir).glob("*/attempt_*/*/error.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+            continue
+        except (OSError, ValueError):
+            pass
+        free = shutil.disk_usage(path.parent).free
+        full = describe_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) if free < (1 << 20) else None
+        cause = f"{full}: {format_bytes(free)} free there" if full else f"{format_bytes(free)} free there"
+        local = path.parent.name
+        return WorkerFailedError(
+            f"local rank {local} failed, and its error file {path} could not be written ({path.stat().st_size} "
+            f"bytes; {cause}), so its own message is lost\n  full logs: {log_dir}",
+            rank=int(local) if local.isdigit() else -1, exitcode=1, message=cause, error_file=None)
+    return None
 
 
 def launch(
@@ -465,25 +497,27 @@ def launch(
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
-    if plan.devices.note:
-        print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
     if dump:
         Path(dump).parent.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
     # the secret that signs the rendezvous state is handed to the handler in memory; no worker inherits it
     secret = secret_from_env(cfg.nnodes) or secrets.token_bytes(32)
+    memory = MemoryWatch()  # OOM kills counted so far: a SIGKILLed rank is then named as the OOM killer's
     stopped: list[int] = []
     try:
         with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
                 _environment(plan.env, drop=(envvars.RDZV_SECRET,)), \
                 processes.job_processes(remove_on_death=[private] if private else []) as stopped:
             write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {})})
+            if plan.devices.note:  # after the run file: a disk too full for it is the only line
+                print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)
             try:
                 _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
-                raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump) from None
+                raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump,
+                                        memory) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
                 if exc.sigval == signal.SIGINT:
                     raise KeyboardInterrupt from None
@@ -500,6 +534,9 @@ def launch(
                 if stores.TAMPERED not in str(exc):
                     raise LaunchError(f"the launcher could not start the job: {exc}") from None
                 raise LaunchError(f"the job was stopped: {exc}") from None
+            except json.JSONDecodeError as exc:  # torch's agent could not parse a failed worker's error file
+                raise _unreadable_error_file(plan.log_dir, world_size) or LaunchError(
+                    f"the launcher could not start the job: {exc}") from None
             except (RuntimeError, ValueError, RendezvousError) as exc:
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one

@@ -17,6 +17,9 @@ It also refuses what cannot fit before anything starts: more ranks than this
 node's memory holds at :data:`RANK_RESIDENT_BYTES` each (one line, exit 2, with
 the largest count that fits), and it warns when CPU ranks outnumber the cores.
 Workloads check their own data against :meth:`DevicePlan.memory_per_rank`.
+"Available memory" is the tighter of the host's and this process's cgroup's
+(v1 or v2, its limit less its working set: :mod:`multigpu.launch.memlimit`),
+and each rank's share is also capped by ``RLIMIT_AS``; messages name which.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from multigpu.launch.config import LaunchConfig
 
 __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
            "plan_devices"]
+
+RANK_MAPPED_BYTES = 600 << 20
+"""Address space a rank maps before it holds any data (torch imported, a gloo group: VmSize 620 MiB measured
+here); under ``RLIMIT_AS`` a rank's data must fit in what is left of it."""
 
 RANK_RESIDENT_BYTES = 200 << 20
 """Memory a rank holds before it holds any data: a Python process with torch imported and a gloo group
@@ -66,6 +73,10 @@ class HostFacts:
     """Memory of the smallest GPU of this node (NVML, when installed), for data that lives on the GPU."""
     gpu_capabilities: tuple[tuple[int, int], ...] | None = None
     """CUDA compute capability of each visible GPU, in visible order (NVML, when installed; None: unknown)."""
+    memory_source: str | None = None
+    """Where ``available_bytes`` comes from when not the host's: ``the 6 GiB cgroup v2 memory.max of /sys/...``."""
+    address_space_bytes: int | None = None
+    """``RLIMIT_AS`` (``ulimit -v``): each rank's own address space, None: unlimited."""
 
     @classmethod
     def probe(cls) -> HostFacts:
@@ -73,14 +84,24 @@ class HostFacts:
         import psutil
         import torch
 
+        from multigpu.launch import memlimit
         from multigpu.runtime.env import cpu_count
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         vm = psutil.virtual_memory()
+        available, source, limit = vm.available, None, memlimit.cgroup_memory()
+        if limit is not None and limit.available_bytes < available:  # a container, SLURM or Kubernetes job
+            available, source = limit.available_bytes, f"the {format_bytes(limit.limit_bytes)} {limit.source}"
         facts = cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
-                    memory_bytes=vm.total, available_bytes=vm.available,
+                    memory_bytes=vm.total, available_bytes=available, memory_source=source,
+                    address_space_bytes=memlimit.address_space_limit(),
                     gpu_memory_bytes=_gpu_memory() if count else None)
         return replace(facts, gpu_capabilities=_gpu_capabilities(facts.physical_ids())) if count else facts
+
+    @property
+    def memory_words(self) -> str:
+        """Where the available figure comes from, for messages."""
+        return f"under {self.memory_source}" if self.memory_source else "on this machine"
 
     def physical_ids(self) -> list[str]:
         """The id to write into CUDA_VISIBLE_DEVICES for each visible GPU index."""
@@ -117,6 +138,10 @@ class DevicePlan:
     gpu_capability: tuple[int, int] | None = None
     """The lowest CUDA compute capability of the selected GPUs (NVML; None: unknown, or no GPU). The launcher
     decides bf16 support from it without creating a CUDA context."""
+    memory_source: str | None = None
+    """As :attr:`HostFacts.memory_source`: a cgroup limit, or None for the host's available memory."""
+    address_space_bytes: int | None = None
+    """``RLIMIT_AS`` of each rank (None: unlimited)."""
 
     @property
     def device_types(self) -> list[str]:
@@ -125,12 +150,26 @@ class DevicePlan:
 
     def memory_per_rank(self, device_type: str = "cpu") -> int | None:
         """Bytes one rank of this node may fill with data: host memory beyond a rank's own
-        (``available / nproc - RANK_RESIDENT_BYTES``) for ``"cpu"``, the smallest GPU for ``"cuda"``."""
+        (``available / nproc - RANK_RESIDENT_BYTES``, available as the cgroup allows) and within its
+        ``RLIMIT_AS`` for ``"cpu"``, the smallest GPU for ``"cuda"``."""
         if device_type == "cuda":
             return self.gpu_memory_bytes
-        if self.available_bytes is None:
-            return None
-        return max(self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES, 0)
+        shares = [] if self.available_bytes is None else [
+            max(self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES, 0)]
+        if self.address_space_bytes is not None:
+            shares.append(max(self.address_space_bytes - RANK_MAPPED_BYTES, 0))
+        return min(shares) if shares else None
+
+    def memory_words(self, device_type: str = "cpu") -> str:
+        """What bounds :meth:`memory_per_rank`, for messages: ``rank (...)``."""
+        if device_type == "cuda":
+            return "GPU"
+        per = None if self.available_bytes is None else self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES
+        if self.address_space_bytes is not None and (per is None or self.address_space_bytes - RANK_MAPPED_BYTES < per):
+            return f"rank (its RLIMIT_AS, ulimit -v, of {format_bytes(self.address_space_bytes)})"
+        if self.memory_source:
+            return f"rank (the memory left under {self.memory_source}, over its ranks)"
+        return "rank (this machine's available memory over its ranks)"
 
 
 def _nvml_query(query):
@@ -220,8 +259,8 @@ def _check_fits(nproc: int, cpu_ranks: int, facts: HostFacts, threads: str | Non
         valid = f"--nproc-per-node at most {fits} on this machine" if fits else "free some memory first"
         raise DeviceError(
             f"--nproc-per-node {nproc}: {nproc:,} ranks need at least {format_bytes(nproc * RANK_RESIDENT_BYTES)} "
-            f"(each torch process holds about {format_bytes(RANK_RESIDENT_BYTES)}) but this machine has "
-            f"{format_bytes(facts.available_bytes)} of memory available; valid: {valid}")
+            f"(each torch process holds about {format_bytes(RANK_RESIDENT_BYTES)}) but there is "
+            f"{format_bytes(facts.available_bytes)} of memory available {facts.memory_words}; valid: {valid}")
     if cpu_ranks > facts.cores:
         per = threads or "?"
         return (f"{cpu_ranks} CPU ranks on {facts.cores} core(s): {per} thread(s) per rank, so ranks share cores "
@@ -249,7 +288,8 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
         env |= _threads_env(cfg, nproc, facts, inherited)
         threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
         note = _join(note, _check_fits(nproc, nproc, facts, threads))
-        return DevicePlan(nproc, [], env, note, available_bytes=facts.available_bytes)
+        return DevicePlan(nproc, [], env, note, available_bytes=facts.available_bytes,
+                          memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes)
 
     selected = parse_gpus(cfg.gpus, facts.gpu_count) if cfg.gpus is not None else list(range(facts.gpu_count))
     if cfg.nproc_per_node == "auto":
@@ -293,4 +333,5 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
     return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared,
                       gpu_ranks=len(ids) if hybrid else None,
                       available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes,
+                      memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes,
                       gpu_capability=lowest)

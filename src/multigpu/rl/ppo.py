@@ -85,6 +85,23 @@ def _reads_on_host(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _refuse_nonfinite(cfg: RLConfig, update: int, step: int | None, *, obs: torch.Tensor,
+                      reward: torch.Tensor | None = None) -> None:
+    """Raise one line naming the environment, the first non-finite value and where, if there is one."""
+    for what, values in (("observation", obs), ("reward", reward)):
+        if values is None:
+            continue
+        bad = torch.nonzero(~torch.isfinite(values.float()))
+        if bad.numel() == 0:
+            continue
+        first = bad[0].tolist()
+        t, env = (step, first[0]) if step is not None else (first[0], first[1])
+        value = values[tuple(first)].item()
+        raise ConfigError(
+            f"{cfg.env_name}: environment {env} on rank {mg.rank()} returned a non-finite {what} ({value}) in step "
+            f"{t} of rollout {update}; valid: finite observations and rewards (clip or guard them in the environment)")
+
+
 def _make_envs(cfg: RLConfig, num_envs: int):
     """This rank's share of the environments, asked for same-step autoreset (a factory may keep its own)."""
     env = cfg.env.factory if cfg.env is not None else cfg.env_id
@@ -223,7 +240,11 @@ def train(cfg: RLConfig, run_dir=None, *, log=print, resume_from=None,
                         norm.observe(obs.reshape(n, -1))
                     x = policy_input(obs)
                     out, value = agent(x)
-                    action = head.sample(out, sample_gen)
+                    try:
+                        action = head.sample(out, sample_gen)
+                    except (ValueError, RuntimeError):  # torch's distributions on NaN logits: say why, if it is the env
+                        _refuse_nonfinite(cfg, update, t, obs=obs)
+                        raise
                     obs_buf[t], act_buf[t], val_buf[t] = x, action, value
                     logp_buf[t] = head.log_prob(out, action)
                     obs, reward, terminated, truncated, info = envs.step(to_env(action))
@@ -251,6 +272,8 @@ def train(cfg: RLConfig, run_dir=None, *, log=print, resume_from=None,
                 if not on_host:  # the ended episodes' returns, in step then environment order: one read
                     finished.append(ended_buf[done_buf.bool()])
                 advantages, returns = _advantages(cfg, rew_buf, val_buf, done_buf, agent(policy_input(obs))[1])
+            if not bool(torch.isfinite(obs_buf).all() & torch.isfinite(rew_buf).all()):  # one sync per rollout
+                _refuse_nonfinite(cfg, update, None, obs=obs_buf, reward=rew_buf)
 
             # 2. the episodes that ended on any rank, in rank order: the same moving mean everywhere
             ended = mg.all_gather(torch.cat(finished).tolist() if finished else [])  # one small collective

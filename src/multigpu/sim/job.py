@@ -36,12 +36,12 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
-    cfg = _check_files(cfg)
+    cfg = _check_files(cfg, plan)
     _check_fits(cfg, plan)
     return cfg
 
 
-def _check_files(cfg: SimConfig) -> SimConfig:
+def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     """Population and agent-file paths made absolute (the ranks may start elsewhere); the population's
     columns checked against the model and its row count made the number of agents. Headers only."""
     from pathlib import Path
@@ -56,6 +56,9 @@ def _check_files(cfg: SimConfig) -> SimConfig:
                               "a .npz or .parquet file, or a folder (one .npy per field)")
         if target.suffix == ".parquet":
             population._pyarrow()  # an install hint now, not after the run
+        if not target.is_absolute() and plan.run.run_dir:
+            target = Path(plan.run.run_dir) / target  # where the ranks will write it (sim.runner)
+        population.check_target(target, get_model(cfg.model).fields)  # never replace what we did not write
     if cfg.calibrate.target:
         from multigpu.sim.calibration import read_target
 
@@ -100,7 +103,7 @@ def _check_fits(cfg: SimConfig, plan: JobPlan) -> None:
     per_agent = cfg.bytes_per_agent * WORKING_BYTES_FACTOR
     cells = cfg.bytes_per_rank(0, plan.world_size)
     fits = max(memory - cells, 0) // per_agent * plan.world_size // scale
-    where = "GPU" if device == "cuda" else "rank (this machine's available memory over its ranks)"
+    where = plan.devices.memory_words(device)
     raise ConfigError(
         f"sim.agents={cfg.agents:_}{weak} does not fit: {-(-agents // plan.world_size):,} agents per rank need about "
         f"{format_bytes(need)} ({cfg.bytes_per_agent} bytes of state per agent, about {per_agent} with working "

@@ -19,24 +19,30 @@ O(agents / ranks).
 ``save(engine, path)`` writes the final agents ordered by id, independent of
 the split: each rank first sends its agents to the rank owning their id range,
 then a folder of ``.npy`` is written by every rank in place (memory-mapped), and
-``.npz`` / Parquet by rank 0, one rank's slice at a time.
+``.npz`` / Parquet by rank 0, one rank's slice at a time. It writes into a new
+temporary sibling and renames it into place; an existing ``path`` is replaced
+only when it is an agent table itself (``check_target``): a folder holding
+anything else (a thesis, a run directory) is refused, never deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
-import shutil
+import os
+import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from multigpu.errors import ConfigError
+from multigpu.errors import ConfigError, OutputError
+from multigpu.files import cannot_write
 
-__all__ = ["agents_by_id", "columns", "num_rows", "read_rows", "save"]
+__all__ = ["agents_by_id", "check_target", "columns", "num_rows", "read_rows", "save"]
 
 _SUFFIXES = (".npz", ".csv", ".parquet")
 
@@ -69,6 +75,19 @@ def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
+def _check_length(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype, start: int, size: int) -> None:
+    """A column's data is all there (a member cut short reads as fewer rows, far from here) and holds numbers."""
+    if dtype.hasobject:
+        raise ConfigError(f"sim.population {str(path)!r}: column {name!r} holds Python objects (dtype {dtype}), "
+                          "which would need unpickling; valid: numeric columns (integers or floats)")
+    need = start + int(np.prod(shape)) * dtype.itemsize
+    if size < need:
+        have = max(size - start, 0) // max(dtype.itemsize, 1)
+        raise ConfigError(f"sim.population {str(path)!r}: column {name!r} declares {shape[0] if shape else 0:,} rows "
+                          f"but holds {have:,} ({size:,} of {need:,} bytes): the file is cut short; valid: a "
+                          "complete file (write it again)")
+
+
 def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
     """column -> (rows, numpy dtype or None for CSV), reading headers only."""
     kind = _kind(path)
@@ -79,16 +98,18 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
         if kind == "npz":
             out = {}
             with zipfile.ZipFile(path) as zf:
-                for name in zf.namelist():
-                    if name.endswith(".npy"):
-                        with zf.open(name) as fp:
+                for info in zf.infolist():
+                    if info.filename.endswith(".npy"):
+                        with zf.open(info) as fp:
                             shape, dtype = _npy_header(fp)
-                        out[name[:-4]] = (shape, dtype)
+                            _check_length(path, info.filename[:-4], shape, dtype, fp.tell(), info.file_size)
+                        out[info.filename[:-4]] = (shape, dtype)
         elif kind == "npy":
             out = {}
             for p in sorted(path.glob("*.npy")):
                 with open(p, "rb") as fp:
                     out[p.stem] = _npy_header(fp)
+                    _check_length(path, p.stem, *out[p.stem], fp.tell(), p.stat().st_size)
         elif kind == "csv":
             with open(path, newline="") as fh:
                 header = next(csv.reader(fh), [])
@@ -97,6 +118,8 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
         else:
             meta = _pyarrow().parquet.ParquetFile(path)
             return {f.name: (meta.metadata.num_rows, np.dtype(f.type.to_pandas_dtype())) for f in meta.schema_arrow}
+    except ConfigError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"sim.population {str(path)!r} cannot be read as {kind}: {exc}") from None
     for name, (shape, _) in out.items():
@@ -276,10 +299,91 @@ def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iter
         yield _numpy(buf.view(dtype))
 
 
+def _foreign(path: Path, fields: Mapping[str, torch.dtype]) -> str | None:
+    """Why ``path`` holds something ``save`` did not write there (None: it is new or one of our agent tables).
+
+    Ours: a folder of ``<field>.npy`` only, or an .npz / .parquet whose columns are fields of the model.
+    Anything else (a file of another kind, a subfolder, a run directory) is the user's and is never replaced.
+    """
+    if not path.exists() and not path.is_symlink():
+        return None
+    if path.is_symlink():
+        return "is a symbolic link"
+    if _kind(path) == "npy":
+        if not path.is_dir():
+            return "is a file, not a folder of agent files"
+        ours = {f"{name}.npy" for name in fields}
+        other = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()
+                       if p.name not in ours or not p.is_file() or p.is_symlink())
+        if other:
+            shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+            return f"holds files that are not agent files ({shown})"
+        return None
+    if path.is_dir():
+        return "is a folder"
+    try:
+        unknown = sorted(set(_headers(path)) - set(fields))
+    except ConfigError:
+        return f"holds something that is not a {path.suffix} agent table"
+    return f"holds columns {unknown} that are not fields of the model" if unknown else None
+
+
+def check_target(path: str | Path, fields: Mapping[str, torch.dtype]) -> None:
+    """Refuse (ConfigError) a ``save_agents`` target that holds anything but agent files: ``save`` replaces it."""
+    path = Path(path)
+    why = _foreign(path, fields)
+    if why is not None:
+        ours = (f"a folder that --save-agents wrote (only {', '.join(f'{n}.npy' for n in fields)})"
+                if _kind(path) == "npy" else f"a {path.suffix} file that --save-agents wrote")
+        raise ConfigError(f"sim.save_agents {str(path)!r} {why}, so it is not replaced; valid: a new path, or {ours}")
+
+
+def _temporary_beside(path: Path, folder: bool) -> Path:
+    """A new, uniquely named temporary sibling of ``path`` (created empty; never an existing name)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix, suffix = f".{path.name}.", ".tmp"
+    if folder:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod((0o777 if folder else 0o666) & ~umask)  # what a plain mkdir / open would have made
+    return tmp
+
+
+def _remove_ours(tmp: Path | None, names: Iterable[str]) -> None:
+    """Remove a temporary we made: only the files we put there, then the folder (left if anything else is in it)."""
+    if tmp is None:
+        return
+    with contextlib.suppress(OSError):
+        if tmp.is_dir() and not tmp.is_symlink():
+            for name in names:
+                (tmp / f"{name}.npy").unlink(missing_ok=True)
+            tmp.rmdir()
+        else:
+            tmp.unlink(missing_ok=True)
+
+
+def _replace(tmp: Path, path: Path, names: Iterable[str]) -> None:
+    """Put the finished ``tmp`` at ``path``; an old agent folder there is swapped out first, then emptied of
+    our files only and removed (``rmdir`` refuses if anything else appeared in it meanwhile)."""
+    if not tmp.is_dir() or not path.exists():
+        os.replace(tmp, path)  # a file over a file, or a folder to a new name: one atomic rename
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.replace(path, old)  # renaming a folder over an empty folder is allowed
+    os.replace(tmp, path)
+    _remove_ours(old, names)
+
+
 def save(engine, path: str | Path) -> Path:
     """Write the engine's agents, ordered by id, to ``path`` (.npz, .parquet, or a folder of .npy). Collective.
 
-    Written as ``<path>.tmp`` and renamed when complete.
+    Written into a new temporary sibling and renamed when complete. An existing ``path`` is replaced only
+    when it is an agent table (see :func:`check_target`); anything else is refused on every rank.
     """
     from multigpu.runtime import collectives
 
@@ -288,15 +392,40 @@ def save(engine, path: str | Path) -> Path:
     if kind == "csv":
         raise ConfigError(f"sim.save_agents {str(path)!r}: CSV is read, not written; use .npz, .parquet or a folder")
     fields, lo, hi = agents_by_id(engine)
-    tmp = path.with_name(path.name + ".tmp")
     barrier = collectives.barrier if engine.world > 1 else (lambda: None)
+    tmp, refused = None, None
     if engine.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            check_target(path, engine.state.schema)
+            tmp = _temporary_beside(path, folder=kind == "npy")
+        except ConfigError as exc:
+            refused = ("config", str(exc))
+        except OSError as exc:
+            refused = ("output", str(cannot_write(path, exc)))
+    if engine.world > 1:  # every rank learns the verdict and where to write (the npy slices are written by all)
+        tmp, refused = collectives.broadcast_object((tmp, refused))
+    if refused is not None:
+        raise (ConfigError if refused[0] == "config" else OutputError)(refused[1])
+    try:
+        _write(engine, kind, tmp, fields, lo, hi, barrier)
+        barrier()
+        if engine.rank == 0:
+            check_target(path, engine.state.schema)  # once more: something may have appeared during the run
+            _replace(tmp, path, fields)
+            tmp = None
+    except OSError as exc:
+        raise cannot_write(path, exc) from exc
+    finally:
+        if engine.rank == 0:
+            _remove_ours(tmp, fields)
+    barrier()
+    return path
+
+
+def _write(engine, kind: str, tmp: Path, fields: dict[str, torch.Tensor], lo: int, hi: int, barrier) -> None:
     n = engine.num_agents
     if kind == "npy":  # every rank writes its own slice in place
         if engine.rank == 0:
-            tmp.mkdir()
             for name, t in fields.items():
                 np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=_numpy(t).dtype, shape=(n,)).flush()
         barrier()
@@ -330,10 +459,3 @@ def save(engine, path: str | Path) -> Path:
                 writer.write_table(t)
         if writer is not None:
             writer.close()
-    barrier()
-    if engine.rank == 0:
-        if path.is_dir():
-            shutil.rmtree(path)
-        tmp.replace(path)
-    barrier()
-    return path

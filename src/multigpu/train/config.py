@@ -63,6 +63,10 @@ class TrainConfig:
     beta2: float = 0.99
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 = no clipping (the norm is still reported)."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """A non-finite loss or gradient norm: ``stop`` training (at the next log point or checkpoint, naming
+    the first such step; no checkpoint of it is written), or ``skip`` that optimizer step (one host sync per
+    step on a GPU). See :mod:`multigpu.train.finite`."""
 
     precision: Precision = "fp32"
     """Autocast precision of forward/backward: fp32 (none), bf16, fp16 (with a grad scaler)."""

@@ -218,12 +218,29 @@ def token_files(path: str, block_size: int = 128, dtype: str = "uint16",
     train = TokenWindows(folder / "train.bin", block_size, dtype)
     val = TokenWindows(folder / "val.bin", block_size, dtype) if (folder / "val.bin").is_file() else None
     vocab = vocab_size or train.max_token() + 1
+    _check_ids(val, vocab, vocab_size)  # an id past the vocabulary would be an IndexError deep in the model
     for part in (train, val):
         if part is not None:
             part.vocab_size = vocab
     print_main(f"data: {folder}: {train.stop:,} train tokens" + (f", {val.stop:,} validation" if val else "")
                + f" ({dtype}, vocabulary {vocab:,})")
     return train, val
+
+
+def _check_ids(part: TokenWindows | None, vocab: int, given: int | None) -> None:
+    """Every id of ``part`` is below ``vocab`` (one line naming the file, the id and what is valid)."""
+    if part is None:
+        return
+    top = part.max_token()
+    if top >= vocab:
+        source = "data.kwargs.vocab_size" if given else "the largest id in train.bin plus one"
+        raise ConfigError(f"{part.path} holds token id {top:,} but the vocabulary has {vocab:,} ids ({source}); "
+                          f"valid: ids below {vocab:,}, or data.kwargs.vocab_size={top + 1} or more")
+
+
+_SCAN_IN_LAUNCHER = 256 << 20
+"""Token files up to this size are scanned for out-of-vocabulary ids in the launcher (a fraction of a second);
+larger ones on the ranks, which read the vocabulary from train.bin anyway."""
 
 
 def _check_token_files(path: str, block_size: int = 128, dtype: str = "uint16", vocab_size: int | None = None) -> None:
@@ -233,7 +250,21 @@ def _check_token_files(path: str, block_size: int = 128, dtype: str = "uint16", 
     if not (folder / "train.bin").is_file():
         raise ConfigError(f"data.kwargs.path '{folder}' has no train.bin; valid: a folder with nanoGPT's "
                           "train.bin (and val.bin) of token ids")
-    tokens = (folder / "train.bin").stat().st_size // np.dtype(dtype).itemsize
+    size = np.dtype(dtype).itemsize
+    parts = [folder / n for n in ("train.bin", "val.bin") if (folder / n).is_file()]
+    for part in parts:
+        if part.stat().st_size % size:
+            other = {"uint16": "uint32", "uint32": "uint16"}[dtype]
+            raise ConfigError(f"{part} is {part.stat().st_size:,} bytes, not a whole number of {dtype} token ids "
+                              f"({size} bytes each): cut short, or written as another type; valid: a complete "
+                              f"file of {dtype} ids, or data.kwargs.dtype={other} if it was written so")
+    if sum(p.stat().st_size for p in parts) <= _SCAN_IN_LAUNCHER:
+        train = TokenWindows(parts[0], block_size, dtype)
+        val = TokenWindows(folder / "val.bin", block_size, dtype) if len(parts) > 1 else None
+        vocab = vocab_size or train.max_token() + 1
+        for part in (train, val) if vocab_size else (val,):
+            _check_ids(part, vocab, vocab_size)
+    tokens = (folder / "train.bin").stat().st_size // size
     if tokens < block_size + 1:
         raise ConfigError(f"{folder / 'train.bin'} holds {tokens} tokens, fewer than one window of "
                           f"block_size + 1 = {block_size + 1}")

@@ -54,6 +54,7 @@ from multigpu.monitor import StepMeter
 from multigpu.runtime import context
 from multigpu.train.checkpoint import check_model_fits, param_shapes, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
+from multigpu.train.finite import FiniteGuard
 from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
 from multigpu.train.metrics import MetricLogger
@@ -164,6 +165,8 @@ class Trainer:
         self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
         self.interrupted = False
         self.interrupt_signal = 0
+        self.skipped_steps = 0
+        """Optimizer steps skipped for a non-finite gradient norm (``nonfinite=skip``)."""
         self.step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
@@ -203,6 +206,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = cfg.tf32
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.scaler = torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+        self.finite = FiniteGuard(dev, scaler_skips=self.scaler.is_enabled())
 
     def _setup_model(self) -> None:
         cfg = self.config
@@ -386,9 +390,14 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Write ``checkpoints/step_<step>`` (rank 0 the plain parts, every rank its RNG state and, under
-        fsdp, its shards). Call on all ranks."""
+        fsdp, its shards). Call on all ranks.
+
+        Raises:
+            NonFiniteError: a step since the last check had a non-finite loss or gradient norm: nothing is written.
+        """
         if self.checkpoints is None:
             return None
+        self.finite.check(self.step, "the checkpoints written before it are kept")
         state: dict[str, Any] = {"rng": PerRank(RngState())}
         if self.config.strategy == "fsdp":
             from multigpu.train.sharded import FsdpTensors
@@ -417,8 +426,11 @@ class Trainer:
                 if self.val_data is not None and (last or _due(self.step, cfg.eval_every)):
                     metrics["val_loss"] = self.last_val_loss = self.evaluate()
                 # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
-                self.logger.log(self.step, metrics,
-                                flush=last or _due(self.step, cfg.log_every) or "val_loss" in metrics)
+                flush = last or _due(self.step, cfg.log_every) or "val_loss" in metrics
+                self.logger.log(self.step, metrics, flush=flush)
+                if flush:  # the log point synchronised already: one more number says whether any step went non-finite
+                    self.finite.check(self.step, None if self.checkpoints is None else
+                                      "the checkpoints written before it are kept")
                 for callback in self.callbacks:
                     callback.on_step(self)
                 # Ctrl-C reached some rank: all agree (one tiny all-reduce) and stop after this same step
@@ -448,14 +460,29 @@ class Trainer:
                 loss_sum += loss.detach().float()
             grad_norm = self._clip_gradients()
             lr = self.optimizer.param_groups[0]["lr"]
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            if self._skips(grad_norm):  # nonfinite=skip: the norm is global, so every rank skips the same step
+                self.skipped_steps += 1
+            else:
+                self.finite.update(self.step + 1, loss_sum, grad_norm)  # on the device: no sync
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
             if self.comm is not None:
                 self.meter.add_comm(self.comm.pop_seconds())
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
+
+    def _skips(self, grad_norm: torch.Tensor) -> bool:
+        """Whether to skip this optimizer step (``nonfinite=skip`` and a non-finite norm; one host sync)."""
+        if self.config.nonfinite != "skip" or self.scaler.is_enabled():  # fp16: the grad scaler skips on its own
+            return False
+        if bool(torch.isfinite(grad_norm)):
+            return False
+        if mg.is_main():
+            print(f"step {self.step + 1}: gradient norm {float(grad_norm):g}: optimizer step skipped (nonfinite=skip)",
+                  flush=True)
+        return True
 
     def _sync_context(self, sync: bool):
         if self.sharded:  # FSDP2's no_sync: keep unsharded gradients until the last micro-step's reduce-scatter
