@@ -46,6 +46,7 @@ from multigpu.errors import (
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
+from multigpu.launch.hints import assumption_hint
 from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RunContext
@@ -284,6 +285,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     if tail:
         lines.append("  its traceback ends:")
         lines += [f"    {ln}" for ln in tail]
+    hint = assumption_hint("\n".join([text, *tail]))
+    if hint:
+        lines.append(f"  hint: {hint}")
     others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
     if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
