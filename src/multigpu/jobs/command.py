@@ -75,11 +75,32 @@ def add_workload_parser(subparsers, workload: Workload, *, name: str | None = No
     if workload.flags:
         group = parser.add_argument_group(workload.name)
         for flag in workload.flags:
-            add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **flag.kwargs)
+            add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **_flag_kwargs(flag))
     add_launch_flags(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. steps=400 model.n_layer=6")
+                        help=f"config overrides, e.g. {' '.join(override_examples(workload))}")
     return parser
+
+
+def _flag_kwargs(flag) -> dict[str, Any]:
+    """The flag's argparse settings; one that takes a value shows its config key (``--agents AGENTS``), not
+    argparse's ``FLAG__AGENTS`` made from the internal destination."""
+    kwargs = dict(flag.kwargs)
+    if kwargs.get("action", "store") in ("store", "append") and "metavar" not in kwargs and "choices" not in kwargs:
+        kwargs["metavar"] = flag.key.rpartition(".")[2].upper()
+    return kwargs
+
+
+def override_examples(workload: Workload, count: int = 2) -> list[str]:
+    """``key=value`` examples for ``--help`` taken from the config class itself (its first plain settings with
+    their defaults), so every example is one the workload accepts."""
+    out = []
+    for f in dataclasses.fields(workload.config):
+        if type(f.default) in (int, float) and not f.name.startswith("_"):
+            out.append(f"{f.name}={f.default}")
+        if len(out) == count:
+            break
+    return out
 
 
 def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
