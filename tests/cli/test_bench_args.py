@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 from multigpu.cli import main
 from tests.conftest import ROOT, run_file
 
@@ -94,3 +96,61 @@ def test_launch_profile_flag_reaches_every_worker_through_the_run_file(fake_gpus
         assert main(["launch", EXAMPLE]) == 0
     assert [(r["profile"], r["profile_steps"], r["sample_interval_s"]) for r in seen] == [
         (True, [0, 1, 2], 0.5), (False, [1, 1, 3], 1.0)]
+
+
+def _config_seen(seen: list):
+    base = _fake_run([])
+
+    def launch(config, entrypoint, args):
+        data = run_file()
+        folder = data["run"]["run_dir"] or data["run"]["verify_dir"]  # verify's runs have no run directory
+        seen.append({"nproc": config.nproc_per_node, "scaling": data["run"]["scaling"], "config": data["config"],
+                     "run_dir": Path(folder).parent.name})
+        if data["run"]["run_dir"]:
+            base(config, entrypoint, args)
+    return launch
+
+
+@pytest.mark.parametrize("order", [
+    ["train", "--nproc", "1,2", "-f", "nano", "steps=3", "--grad-accum", "2", "--weak"],   # the issue's order
+    ["--nproc", "1,2", "train", "steps=3", "-f", "nano", "--weak", "--grad-accum", "2"],
+    ["-f", "nano", "--weak", "train", "--grad-accum", "2", "--nproc", "1,2", "steps=3"],
+    ["--weak", "train", "--set", "steps=3", "--nproc=1,2", "--grad_accum=2"],
+])
+def test_bench_takes_a_workloads_command_line_in_any_order(order, tmp_path, fake_gpus, capsys):
+    """What follows a workload's name is read as `multigpu train` reads it, with bench's and the launcher's flags."""
+    fake_gpus(0)
+    seen: list = []
+    out = tmp_path / "b"
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_config_seen(seen)):
+        code = main(["bench", *order, "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert [s["nproc"] for s in seen] == [1, 2] and {s["scaling"] for s in seen} == {"weak"}
+    assert {(s["config"]["steps"], s["config"]["grad_accum"]) for s in seen} == {(3, 2)}  # the user's beat bench's
+    assert {s["config"]["eval_every"] for s in seen} == {0}  # bench's own shorter-run overrides still apply
+    assert {s["run_dir"] for s in seen} == {"b"}
+
+
+def test_verify_takes_a_workloads_command_line_after_its_name(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    seen: list = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_config_seen(seen)):
+        code = main(["verify", "train", "--nproc", "1,2", "--rtol", "0.5", "steps=3", "-f", "nano", "--cpu",
+                     "-o", str(tmp_path / "v")])
+    assert code == 1  # the fake ranks record nothing: verify says so, after running both sizes
+    assert "recorded no result" in capsys.readouterr().err
+    assert [(s["nproc"], s["config"]["steps"]) for s in seen] == [(1, 3), (2, 3)]
+
+
+def test_a_scripts_arguments_stay_its_own_and_nproc_is_asked_for_where_it_belongs(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    seen: list = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run(seen)):
+        assert main(["bench", "-o", str(tmp_path / "s"), EXAMPLE, "--nproc", "1,2"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--nproc is required before the script" in err
+        assert main(["bench", "--nproc", "1,2", "-f", "nano", "-o", str(tmp_path / "s"), EXAMPLE]) == 2
+        assert "is a workload's config" in capsys.readouterr().err
+        assert main(["bench", "train", "-o", str(tmp_path / "s"), "steps=3"]) == 2
+        assert "--nproc is required: the world sizes to bench" in capsys.readouterr().err
+    assert seen == [] and not (tmp_path / "s").exists()

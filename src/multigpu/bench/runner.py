@@ -47,7 +47,8 @@ class Launcher:
             from multigpu.jobs.registry import get_workload
 
             workload = get_workload(target.target)
-            cfg = load_workload_config(workload, None, [*workload.bench, *target.args])
+            cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),
+                                       defaults=workload.bench)
             self.jobs = {n: prepare(workload, cfg, c, RunContext(scaling=scaling), spec=target.target, facts=facts)
                          for n, c in configs.items()}
         # every world size's devices are planned now: one that cannot fit fails before the first run

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,8 @@ from multigpu.launch.devices import HostFacts, plan_devices
 from multigpu.launch.flags import add_launch_flags, config_from_args
 from multigpu.runtime.context import RunContext
 
-__all__ = ["Job", "add_workload_parser", "choose_run_dir", "launch_job", "load_workload_config", "prepare",
-           "run_command"]
+__all__ = ["Job", "add_config_flags", "add_overrides_arg", "add_workload_flags", "add_workload_parser", "choose_run_dir",
+           "flag_values", "launch_job", "load_workload_config", "overrides_from_args", "prepare", "run_command"]
 
 RUNS = Path("runs")
 """Run directories of workload commands: ``runs/<workload>/<YYYYmmdd-HHMMSS>[-N]``."""
@@ -68,18 +69,35 @@ def add_workload_parser(subparsers, workload: Workload, *, name: str | None = No
     """The parser of ``multigpu <workload>``: config, overrides, run directory, resume, shortcuts, launcher flags."""
     text = help or workload.help
     parser = subparsers.add_parser(name or workload.name, help=text, description=text)
+    add_config_flags(parser, workload)
+    add_common_job_flags(parser)
+    add_workload_flags(parser, workload)
+    add_launch_flags(parser)
+    add_overrides_arg(parser, workload)
+    return parser
+
+
+def add_config_flags(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """``-f FILE|PRESET`` and ``--set KEY=VALUE``: where the workload's config comes from."""
     default = f"the preset '{workload.preset}'" if workload.preset else "the built-in defaults"
     parser.add_argument("-f", "--config", metavar="FILE|PRESET", default=None,
                         help=f"YAML config: a path or a packaged preset name (default: {default})")
-    add_common_job_flags(parser)
+    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, repeatable (the same as a positional key=value)")
+
+
+def add_workload_flags(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """The workload's shortcut flags (``--agents N`` for ``agents=N``), in a group of their own."""
     if workload.flags:
         group = parser.add_argument_group(workload.name)
         for flag in workload.flags:
             add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **_flag_kwargs(flag))
-    add_launch_flags(parser)
+
+
+def add_overrides_arg(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """The positional ``key=value`` overrides (:func:`multigpu.cmdline.parse` takes them between flags too)."""
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help=f"config overrides, e.g. {' '.join(override_examples(workload))}")
-    return parser
 
 
 def _flag_kwargs(flag) -> dict[str, Any]:
@@ -104,9 +122,7 @@ def override_examples(workload: Workload, count: int = 2) -> list[str]:
 
 
 def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
-    """``--set``, ``--run-dir`` and ``--resume``: the same on every workload command."""
-    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override, repeatable (the same as a positional key=value)")
+    """``--run-dir`` and ``--resume``: the same on every workload command."""
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
              help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
@@ -122,14 +138,16 @@ def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
-                         flags: dict[str, Any] | None = None) -> Any:
-    """The workload's config: the file (or preset), then the flag values, then ``key=value`` overrides.
+                         flags: dict[str, Any] | None = None, *, defaults: Sequence[str] = ()) -> Any:
+    """The workload's config: the file (or preset), then ``defaults`` (``key=value``: bench's shorter runs), then
+    the flag values, then ``key=value`` overrides: what the user typed wins, in whatever form.
 
     Naming another factory (``--model pkg.mod:fn`` or ``model.factory=...``) drops the ``kwargs`` the file
     gave the one it replaces: they belonged to that factory. Overrides of ``model.kwargs.*`` still apply.
     """
     source = config or workload.preset
     data = load_yaml(source) if source else {}
+    data = apply_overrides(data, list(defaults))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
@@ -162,8 +180,20 @@ def _set_factory_or_key(data: dict[str, Any], key: str, value: Any) -> None:
     _set_key(data, key, value)
 
 
-def _flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+def flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """The workload's shortcut flags as given (``{config key: value}``; None where not given)."""
     return {flag.key: getattr(args, _flag_dest(flag.key), None) for flag in workload.flags}
+
+
+def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig) -> list[str]:
+    """The ``key=value`` overrides of a workload command line: positional, ``--set``, and accelerate's
+    ``--mixed-precision`` as the workload's ``precision``."""
+    overrides = [*args.overrides, *args.set_overrides]
+    if launch_cfg.mixed_precision is not None:
+        if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
+            raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
+        overrides.append(f"precision={launch_cfg.mixed_precision}")
+    return overrides
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -237,12 +267,8 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     from multigpu.jobs import rundir
 
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
-    overrides = [*args.overrides, *args.set_overrides]
-    if launch_cfg.mixed_precision is not None:
-        if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
-            raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
-        overrides.append(f"precision={launch_cfg.mixed_precision}")
-    cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args))
+    cfg = load_workload_config(workload, args.config, overrides_from_args(workload, args, launch_cfg),
+                               flag_values(workload, args))
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
     # a used folder is continued (--resume) or refused; on several nodes each writes there, so only the lock counts
     fresh_only = args.resume is None and launch_cfg.nnodes == 1
