@@ -72,7 +72,18 @@ def test_a_script_without_a_meter_is_measured_by_its_wall_clock(tmp_path, fake_g
     assert [r["summary"]["wall_s"] for r in result["runs"]] == [2.0, 3.0]  # first start to last end
     assert result["rows"][1]["speedup"] == 2.0 / 3.0
     assert result["notes"][0].startswith("measured by wall clock")
-    assert "measured by wall clock" in capsys.readouterr().out
+    # what a wall clock cannot see is not measured: None in bench.json, "—" in the table, never 0
+    assert {(r["comm_share"], r["imbalance"], r["compute_per_item_s"]) for r in result["rows"]} == {(None, None, None)}
+    out = capsys.readouterr().out
+    assert "measured by wall clock" in out and "they need a StepMeter" in out
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    rows = [c for c in cells if c and c[0].isdigit()]
+    assert [r[-2:] for r in rows] == [["—", "—"], ["—", "—"]]  # comm share, imbalance
+    assert [r[1] for r in rows] == ["0.5", "0.333"]  # runs/s with its digits (1 run in 2 s, 1 in 3 s), not "0"
+    from multigpu.report.html import build_report
+
+    page = build_report(tmp_path / "w")  # report/ reads the None figures too
+    assert "—" in page and "comm not measured" not in page  # (the plot is an image)
 
 
 def test_a_run_that_leaves_no_figures_is_an_error(tmp_path, fake_gpus, capsys):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.bench.config import BenchConfig
-from multigpu.bench.table import doubts, explain, scaling_rows
+from multigpu.bench.table import NOT_MEASURED, doubts, explain, scaling_rows
 from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
@@ -101,14 +101,14 @@ def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
     if not times:
         return None
     wall = max(t["end"] for t in times) - min(t["start"] for t in times)
-    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": 0.0, "busy_s": t["end"] - t["start"],
-                 "items": items / len(times), "steps": 1} for t in times]
-    busy = [r["busy_s"] for r in per_rank]
+    # a wall clock sees neither time in collectives nor time computing: those are None (not measured), not 0
+    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": None, "busy_s": None, "items": items / len(times),
+                 "steps": 1} for t in times]
     return {
         "unit": "runs", "measure": "wall", "world_size": len(times), "steps": 1, "warmup_steps": 0,
         "items": items, "wall_s": wall, "throughput": items / wall if wall > 0 else 0.0,
-        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": 0.0,
-        "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0, "per_rank": per_rank,
+        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": None, "imbalance": None,
+        "start_skew_s": max(t["start"] for t in times) - min(t["start"] for t in times), "per_rank": per_rank,
     }
 
 
@@ -192,7 +192,8 @@ def _measure_notes(runs: list[dict[str, Any]]) -> list[str]:
     if any(r["summary"].get("measure") == "wall" for r in runs):
         return ["measured by wall clock: the script has no StepMeter, so each run counts as one item, timed from "
                 "the script's start on the first rank to its end on the last (the launch itself is left out); "
-                "a StepMeter gives throughput, communication share and imbalance per step"]
+                f"communication share and imbalance show {NOT_MEASURED} (not measured): they need a StepMeter "
+                "(multigpu.monitor.StepMeter, as in examples/allreduce_dp.py), which also gives throughput per step"]
     return []
 
 

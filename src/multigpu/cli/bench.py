@@ -78,6 +78,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from multigpu.bench.table import fmt_rate, fmt_ratio, fmt_share
+
     out = out or console()
     unit = result.get("unit", "items")
     repeats = result.get("repeat", 1)
@@ -89,10 +91,10 @@ def print_table(result: dict[str, Any], out=None) -> None:
     for r in result["rows"]:
         slower = r["speedup"] < 1 and r is not result["rows"][0]
         table.add_row(
-            str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+            str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
             f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
-            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}",
-            f"{r['imbalance']:.2f}",
+            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", fmt_share(r.get("comm_share")),
+            fmt_ratio(r.get("imbalance")),
         )
     out.print(table)
     for note in result.get("notes", []):

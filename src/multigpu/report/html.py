@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import NOT_MEASURED, fmt_rate, fmt_ratio, fmt_share
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
 
@@ -132,13 +133,21 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> s
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _share1(value: float | None) -> str:
+    return NOT_MEASURED if value is None else f"{value:.1%}"
+
+
+def _seconds(value: float | None) -> str:
+    return NOT_MEASURED if value is None else f"{value:.3f}"
+
+
 def _scaling_section(bench: dict[str, Any]) -> str:
     from multigpu.report.plots import bench_figure
 
     unit = bench.get("unit", "items")
-    rows = [[str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+    rows = [[str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
              f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x", f"{r['efficiency']:.0%}",
-             f"{r['step_time_s'] * 1000:.1f}", f"{r['comm_share']:.0%}", f"{r['imbalance']:.2f}"]
+             f"{r['step_time_s'] * 1000:.1f}", fmt_share(r.get("comm_share")), fmt_ratio(r.get("imbalance"))]
             for r in bench["rows"]]
     notes = "".join(f'<li class="{"slower" if n.startswith("SLOWER") else ""}">{html.escape(n)}</li>'
                     for n in bench.get("notes", []))
@@ -160,11 +169,13 @@ def _run_section(run: dict[str, Any]) -> str:
         with _reading(run["path"] / "summary.json"):
             parts.append(_table(
                 ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
-                [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
-                  f"{s['step_time_s']['median'] * 1000:.1f}", f"{s['comm_share']:.1%}", f"{s['imbalance']:.2f}"]]))
+                [[str(s["world_size"]), str(s["steps"]), fmt_rate(s["throughput"]),
+                  f"{s['step_time_s']['median'] * 1000:.1f}", _share1(s.get("comm_share")),
+                  fmt_ratio(s.get("imbalance"))]]))
             parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
-                                [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}",
-                                  str(r["items"])] for i, r in enumerate(s.get("per_rank", []))]))
+                                [[str(i), _seconds(r.get("wall_s")), _seconds(r.get("comm_s")),
+                                  _seconds(r.get("busy_s")), f"{r['items']:g}"]
+                                 for i, r in enumerate(s.get("per_rank", []))]))
     if run["samples"]:
         with _reading(run["path"] / "samples_node*.jsonl"):
             parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),

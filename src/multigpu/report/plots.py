@@ -63,13 +63,19 @@ def bench_figure(result: dict[str, Any]):
             title=f"{result.get('scaling', 'strong')} scaling: speedup vs ideal")
     ax1.grid(alpha=0.3)
     ax1.legend()
-    compute = [r["step_time_s"] * (1 - r["comm_share"]) * 1000 for r in rows]
-    comm = [r["step_time_s"] * r["comm_share"] * 1000 for r in rows]
+    # a communication share that was not measured (None) splits nothing: the whole step, hatched
+    shares = [r.get("comm_share") for r in rows]
+    compute = [r["step_time_s"] * (1 - (c or 0.0)) * 1000 for r, c in zip(rows, shares, strict=True)]
+    comm = [r["step_time_s"] * (c or 0.0) * 1000 for r, c in zip(rows, shares, strict=True)]
     labels = [str(s) for s in sizes]
-    ax2.bar(labels, compute, color=_COMPUTE, label="compute")
+    measured = [c is not None for c in shares]
+    ax2.bar(labels, compute, color=[_COMPUTE if m else "white" for m in measured],
+            edgecolor=_COMPUTE, hatch=[None if m else "//" for m in measured] if not all(measured) else None,
+            label="compute" if any(measured) else "step (split not measured)")
     ax2.bar(labels, comm, bottom=compute, color=_COMM, label="communication")
-    for i, r in enumerate(rows):
-        ax2.annotate(f"{r['comm_share']:.0%} comm", (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
+    for i, c in enumerate(shares):
+        text = "comm not measured" if c is None else f"{c:.0%} comm"
+        ax2.annotate(text, (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
     top = max((c + m for c, m in zip(compute, comm, strict=True)), default=1.0)
     ax2.set(xlabel="world size (ranks)", ylabel="median step time (ms)", title="where a step's time goes",
             ylim=(0, top * 1.18 or 1.0))
