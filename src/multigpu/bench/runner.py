@@ -46,11 +46,14 @@ class Launcher:
             from multigpu.jobs.command import load_workload_config, prepare
             from multigpu.jobs.registry import get_workload
 
+            from multigpu.bench.scaling import configs_per_size
+
             workload = get_workload(target.target)
             cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),
                                        defaults=workload.bench)
-            self.jobs = {n: prepare(workload, cfg, c, RunContext(scaling=scaling), spec=target.target, facts=facts)
-                         for n, c in configs.items()}
+            cfgs = configs_per_size(cfg, scaling, sorted(configs))  # strong/weak as labelled, per world size
+            self.jobs = {n: prepare(workload, cfgs[n], c, RunContext(scaling=scaling), spec=target.target,
+                                    facts=facts) for n, c in configs.items()}
         # every world size's devices are planned now: one that cannot fit fails before the first run
         self.devices = {n: plan_devices(c, facts) for n, c in configs.items()} if not target.workload else {}
         self.configs = configs
