@@ -1,9 +1,12 @@
 """``multigpu bench``: the scaling table for a workload, measured (runs in the launcher).
 
     multigpu bench --nproc 1,2 examples/allreduce_dp.py
-    multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50
-    multigpu bench --nproc 1,2 train steps=40          # a built-in workload with key=value overrides
+    multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50   # after a script: its own arguments
+    multigpu bench train --nproc 1,2 -f nano steps=40  # after a workload: its command line, bench's flags too
     multigpu bench --nproc 1,2 plain_script.py         # no StepMeter: measured by wall clock
+
+Strong scaling keeps the global problem of the smallest world size, weak keeps each rank's share
+(:mod:`multigpu.bench.scaling`). A figure that was not measured is None in ``bench.json`` and "—" here.
 
 Writes ``bench.json``, ``bench.png`` and one folder per run (``np<N>_r<k>``)
 into ``--run-dir`` (default ``runs/bench/<timestamp>``); ``multigpu report``

@@ -3,6 +3,7 @@
     multigpu verify --nproc 1,2,3 examples/verify_independent.py            # passes
     multigpu verify --nproc 1,2,3 --rtol 1e-6 train.py
     multigpu verify --nproc 1,2 --rtol 0.01 train eval_every=20   # a workload: train records val_loss when it evaluates
+    multigpu verify train --nproc 1,2 -f nano eval_every=20       # after a workload: its command line, in any order
 
 The script names its results with ``mg.verify.record(name, value)``; each run
 gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
