@@ -102,14 +102,17 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str, heading: str = "## `make bench` (generated)") -> str:
-    """``text`` with what lies between the markers replaced by ``block``; the rest byte for byte unchanged."""
-    if BEGIN in text and END in text.split(BEGIN, 1)[1]:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        return f"{head}{BEGIN}\n{block}{END}{tail}"
+def replace_block(text: str, block: str, heading: str = "## `make bench` (generated)", *,
+                  begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what lies between the markers replaced by ``block``; the rest byte for byte unchanged.
+
+    ``begin``/``end``: the markers (default the ``make bench`` block's; benchmarks/gpu/render_gpu.py has its own)."""
+    if begin in text and end in text.split(begin, 1)[1]:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        return f"{head}{begin}\n{block}{end}{tail}"
     sep = "" if text.endswith("\n") or not text else "\n"
-    return f"{text}{sep}\n{heading}\n\n{BEGIN}\n{block}{END}\n"
+    return f"{text}{sep}\n{heading}\n\n{begin}\n{block}{end}\n"
 
 
 def main() -> int:

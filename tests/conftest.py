@@ -89,11 +89,14 @@ def single_rank_group(tmp_path, monkeypatch):
 @pytest.fixture
 def fake_gpus(monkeypatch):
     """``fake_gpus(n)``: the launcher sees ``n`` GPUs (and 2 cores) through its injected host-facts seam;
-    ``available_bytes`` makes up this node's free memory (None: unknown, so no memory check)."""
+    ``available_bytes`` makes up this node's free memory (None: unknown, so no memory check); ``capability``
+    the compute capability NVML reports for every GPU (None: no NVML)."""
     from multigpu.launch.devices import HostFacts
 
-    def install(count: int, visible: str | None = None, cores: int = 2, available_bytes: int | None = None) -> HostFacts:
-        facts = HostFacts(gpu_count=count, visible=visible, cores=cores, available_bytes=available_bytes)
+    def install(count: int, visible: str | None = None, cores: int = 2, available_bytes: int | None = None,
+                capability: tuple[int, int] | None = None) -> HostFacts:
+        facts = HostFacts(gpu_count=count, visible=visible, cores=cores, available_bytes=available_bytes,
+                          gpu_capabilities=(capability,) * count if capability else None)
         monkeypatch.setattr(HostFacts, "probe", classmethod(lambda cls: facts))
         return facts
 

@@ -1,4 +1,4 @@
-"""Shared parts of the GPU benchmarks: the machine's facts, peak FLOPS, timing, one JSON record per script.
+"""Shared parts of the GPU benchmarks: the machine's facts, peak FLOPS (``multigpu.train.mfu``'s table), timing, one JSON record per script.
 
 Each script in this folder runs our code and its peer in the same run, prints
 the ratio and, with ``--json PATH``, writes one record::
@@ -22,17 +22,13 @@ from typing import Any
 
 import torch
 
-PEAK_BF16_DENSE = [("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12),
-                   ("GH200", 989e12), ("A100", 312e12)]
-"""Dense bf16 tensor-core peak FLOP/s by device name (NVIDIA's data sheets; first match wins: H100 SXM is 989e12)."""
-
 
 def peak_bf16_flops(device_name: str) -> float | None:
-    """The dense bf16 peak of a GPU from its name, or None when it is not in the table."""
-    for key, flops in PEAK_BF16_DENSE:
-        if key in device_name:
-            return flops
-    return None
+    """The dense bf16 peak of a GPU from its exact name (the package's table), or None when it is not there."""
+    from multigpu.train.mfu import peak_tflops_for
+
+    tflops = peak_tflops_for(device_name, "bf16", tf32=False)
+    return tflops * 1e12 if tflops else None
 
 
 def machine() -> dict[str, Any]:

@@ -25,7 +25,7 @@ sides read random windows of one token array, as its ``real_data = True`` does).
 
 MFU is nanoGPT's estimate: FLOPs per token ``6N + 12 L H Q T`` (N = parameters
 without position embeddings) times tokens/s, over the GPU's dense bf16 peak
-(``_common.PEAK_BF16_DENSE``; H100 SXM and H200 989e12, A100 312e12). bench.py
+(``multigpu.train.mfu.PEAK_TFLOPS`` by exact board name: H100 SXM 989e12, PCIe 756e12, NVL 835e12). bench.py
 prints it in A100 units (312e12): ``mfu_a100_units`` is that figure. The
 NVML sampler (``multigpu.monitor.Sampler``) runs during each side's timed
 steps. Each side runs in its own subprocess, one after the other (in this process under ``--quick``).

@@ -5,7 +5,7 @@ before Python starts or before the run file is read; everything else about a
 run travels in ``run.json`` (:mod:`multigpu.runtime.context`). Code names these
 constants instead of spelling the strings (the worker wrapper,
 :mod:`multigpu.launch._worker`, runs before anything of multigpu may be
-imported, so it keeps copies of the five it reads; a test holds them equal).
+imported, so it keeps copies of the six it reads; a test holds them equal).
 
 ==========================  ==========================  ===================================================
 variable                    set by                      read by, and what it means
@@ -18,6 +18,10 @@ variable                    set by                      read by, and what it mea
                                                         ``CUDA_VISIBLE_DEVICES``, ``QD_VISIBLE_DEVICE``,
                                                         ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` from it
                                                         before anything is imported
+``MULTIGPU_GPU_RANKS``      the launcher, in a hybrid   the worker wrapper: local ranks from this one on
+                            job (``--allow-cpu-ranks``) are CPU ranks; it sets their
+                                                        ``CUDA_VISIBLE_DEVICES`` (and the other device
+                                                        variables) empty before anything is imported
 ``MULTIGPU_STACKS_DIR``     the launcher (its log       the worker wrapper, the stall watchdog and train's
                             folder's ``stacks/``)       interrupt handler: where a rank writes its Python
                                                         stacks on SIGTERM/SIGUSR1 or a stall
@@ -44,10 +48,11 @@ one node) and ``CUDA_VISIBLE_DEVICES`` (the selected GPUs).
 
 from __future__ import annotations
 
-__all__ = ["DEBUG", "DEVICE_MAP", "LAUNCHER_PID", "NATIVE", "RUN_FILE", "STACKS_DIR"]
+__all__ = ["DEBUG", "DEVICE_MAP", "GPU_RANKS", "LAUNCHER_PID", "NATIVE", "RUN_FILE", "STACKS_DIR"]
 
 RUN_FILE = "MULTIGPU_RUN_FILE"
 DEVICE_MAP = "MULTIGPU_DEVICE_MAP"
+GPU_RANKS = "MULTIGPU_GPU_RANKS"
 STACKS_DIR = "MULTIGPU_STACKS_DIR"
 LAUNCHER_PID = "MULTIGPU_LAUNCHER_PID"
 DEBUG = "MULTIGPU_DEBUG"

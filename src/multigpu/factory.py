@@ -20,6 +20,19 @@ from multigpu.errors import ConfigError
 __all__ = ["Factory", "call_factory", "import_object"]
 
 
+def _working_directory_last_on_path() -> None:
+    """Modules of the working directory import as under ``python -m`` (``--model examples.byo_train:regressor``
+    from the repository root failed in the ``multigpu`` console script, which puts only its own folder on the
+    path), but *last*, as the worker wrapper puts it in the ranks: an installed module wins over a same-named
+    file here. ``-P``/``PYTHONSAFEPATH`` leaves it out."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if not getattr(sys.flags, "safe_path", False) and all(os.path.abspath(p or ".") != cwd for p in sys.path):
+        sys.path.append(cwd)
+
+
 def import_object(spec: str, *, what: str = "factory", callable_only: bool = False) -> Any:
     """Import ``package.module`` and return its attribute ``name``; ConfigError naming ``what`` on any failure.
 
@@ -28,6 +41,7 @@ def import_object(spec: str, *, what: str = "factory", callable_only: bool = Fal
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{what} {spec!r} must look like package.module:name")
+    _working_directory_last_on_path()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - an import can fail in any way

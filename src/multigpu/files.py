@@ -159,7 +159,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json reads
             continue
         if isinstance(record, dict):
             out.append(record)

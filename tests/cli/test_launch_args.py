@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 
 from multigpu.cli import main
+from multigpu.launch._worker import worker_device_env
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import HostFacts, parse_gpus, plan_devices
 from tests.conftest import SCRIPTS
@@ -73,7 +74,11 @@ def test_gpu_selection_and_isolation_plans():
     hybrid = plan_devices(LaunchConfig(gpus="2", nproc_per_node=3, allow_cpu_ranks=True), facts, inherited={})
     assert hybrid.hybrid and not plan.hybrid and hybrid.gpu_ids == ["4", "5"] and iso.isolated and not plan.isolated
     assert hybrid.device_types == ["cuda", "cpu"] and plan.device_types == ["cuda"]
-    assert not any(k.startswith("MULTIGPU_") and k != "MULTIGPU_DEVICE_MAP" for p in (plan, iso, hybrid) for k in p.env)
+    ours = ("MULTIGPU_DEVICE_MAP", "MULTIGPU_GPU_RANKS")  # the documented ones (runtime/context.py)
+    assert not any(k.startswith("MULTIGPU_") and k not in ours for p in (plan, iso, hybrid) for k in p.env)
+    # a hybrid job's CPU ranks (local rank 2 here) see no GPU: nothing of theirs can land on one
+    assert hybrid.env["MULTIGPU_GPU_RANKS"] == "2" and "MULTIGPU_GPU_RANKS" not in plan.env
+    assert [worker_device_env(hybrid.env, r).get("CUDA_VISIBLE_DEVICES") for r in range(3)] == [None, None, ""]
     assert plan_devices(LaunchConfig(), facts, inherited={"OMP_NUM_THREADS": "2"}).env.get("OMP_NUM_THREADS") is None
     assert plan_devices(LaunchConfig(cpu=True, nproc_per_node=2), facts, inherited={}).env["CUDA_VISIBLE_DEVICES"] == ""
     assert parse_gpus("all", 3) == [0, 1, 2] and parse_gpus("2", 3) == [0, 1] and parse_gpus("0,", 3) == [0]

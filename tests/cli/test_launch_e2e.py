@@ -33,6 +33,9 @@ def test_a_failing_rank_is_summarised(tmp_path):
     assert 'raise ValueError("simulated failure on rank 1")' in err  # its own traceback's tail
     assert f"full logs: {tmp_path}" in err
     assert "_worker.py" not in err.split("error: rank 1")[1]  # our wrapper's frames are hidden
+    # the failing rank's whole traceback stays in its error file; only the summary's tail reaches the console
+    assert "Traceback (most recent call last)" not in err, err
+    assert "Traceback (most recent call last)" in (next(tmp_path.rglob("error.json"))).read_text()
 
 
 @pytest.mark.fault
@@ -143,6 +146,18 @@ def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
         assert seen["CUDA_VISIBLE_DEVICES"] == seen["QD_VISIBLE_DEVICE"] == gpu
         assert seen["TI_VISIBLE_DEVICE"] == seen["EGL_DEVICE_ID"] == gpu
         assert seen["omp"] is not None  # the thread budget reached the worker
+
+
+def test_a_hybrid_jobs_cpu_rank_sees_no_gpu(tmp_path):
+    """--allow-cpu-ranks with one (faked) GPU and 2 ranks: rank 0 sees GPU 0, rank 1 (the CPU rank) sees none, so
+    nothing in it (FSDP's default mesh, a library's torch.cuda call) can land on the GPU."""
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "1", "launch", "--nproc-per-node", "2",
+                           "--allow-cpu-ranks", str(SCRIPTS / "report_devices.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "0" and seen[1]["CUDA_VISIBLE_DEVICES"] == ""
+    assert seen[1]["EGL_DEVICE_ID"] == seen[1]["QD_VISIBLE_DEVICE"] == ""
 
 
 def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_directory(tmp_path):

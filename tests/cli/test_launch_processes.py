@@ -213,6 +213,18 @@ def test_processes_a_rank_started_end_with_the_job(jobs, tmp_path):
     assert "multigpu: stopped 4 process(es) that the workers had left running" in err
 
 
+def test_processes_left_by_a_failed_run_are_stopped_and_said_before_the_error(jobs, tmp_path):
+    """Issue 23 (minor): "stopped N process(es)" was printed only after a successful run."""
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_exit.py"), str(tmp_path), "3")
+    _, err = proc.communicate(timeout=180)
+    started = jobs.watch([int(p.read_text()) for p in [*tmp_path.glob("child*"), *tmp_path.glob("daemon*")]])
+    assert proc.returncode == 1, err
+    assert len(started) == 4 and not _alive(started), f"left running after the job: {_alive(started)}"
+    lines = err.strip().splitlines()
+    stopped = lines.index("multigpu: stopped 4 process(es) that the workers had left running")
+    assert lines[stopped + 1].startswith("error: rank ") and "(exit code 3)" in lines[stopped + 1], err
+
+
 def test_ctrl_c_while_a_node_waits_for_the_rendezvous_store_stops_at_once(jobs):
     """Item 4: node 1 started before node 0 (nothing at the endpoint yet): Ctrl-C was ignored until torch's
     store client gave up. The test holds the port without listening on it: connections are refused."""

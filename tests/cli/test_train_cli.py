@@ -28,7 +28,7 @@ TINY = ["steps=4", "batch_size=4", "eval_every=2", "eval_batches=2", "log_every=
     (["--resume", "auto", "gradient_accumulation_steps=4"], 0, "Did you mean 'grad_accum'?"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, gpus, expected, tmp_path, capsys, fake_gpus):
-    fake_gpus(gpus)
+    fake_gpus(gpus, capability=(7, 0))  # V100s, as NVML reports them: no bf16
     assert_bad_input(["train", "-f", "nano", "--run-dir", str(tmp_path / "run"), *argv], expected, capsys,
                      tmp_path / "run")
 

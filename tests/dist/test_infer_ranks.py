@@ -103,3 +103,49 @@ def test_every_window_once_and_output_identical_to_one_process(world_size):
     sizes = _num_windows(_cases()["sizes"])
     assert sizes.num_windows == 47 and len(sizes.rank_bounds(7, world_size)) == world_size
     assert sizes.num_windows % world_size and -(-sizes.num_windows // 7) % world_size
+
+
+def _group_of_one_body():
+    """One rank with a real group (run_on_ranks(..., group_of_one=True)): the multi-rank exchange path."""
+    from multigpu.infer import runner
+    from multigpu.runtime import collectives, group
+
+    env = mg.get_env()
+    exchange = group.exchange_group()
+    calls = Counter()
+    real_isend, real_recv = collectives.isend, collectives.recv
+
+    def isend(*args, **kwargs):
+        calls["isend"] += 1
+        return real_isend(*args, **kwargs)
+
+    def recv(*args, **kwargs):
+        calls["recv"] += 1
+        return real_recv(*args, **kwargs)
+
+    collectives.isend, collectives.recv = isend, recv
+    try:
+        outputs = {name: _run(case)[0] for name, case in _cases().items()}
+    finally:
+        collectives.isend, collectives.recv = real_isend, real_recv
+    reduced = mg.all_reduce(torch.tensor([2.0]))  # checked: its shape exchange runs over the group too
+    mg.barrier()
+    return {"backend": env.backend, "world_size": env.world_size, "loopback": isinstance(exchange, group.Loopback),
+            "outputs": outputs, "calls": dict(calls), "owned": runner.EXCHANGE_STATS.get("owned", 0),
+            "reduced": reduced.tolist()}
+
+
+def test_group_of_one_takes_the_multi_rank_exchange_path_with_the_same_bits():
+    """The harness's group of one (a real gloo group at world size 1) runs the point-to-point exchange that
+    the last rank uses on N ranks, sending to itself over a loopback on the receiver thread; without the
+    switch a single rank exchanges nothing. Output: the same bits as one process without a group."""
+    (got,) = run_on_ranks(_group_of_one_body, 1, group_of_one=True, timeout_s=120)
+    assert got["backend"] == "gloo" and got["world_size"] == 1 and got["loopback"]
+    assert got["calls"]["isend"] > 0 and got["calls"]["recv"] > 0  # headers, then the voxels, to itself
+    assert got["owned"] > 0 and got["reduced"] == [2.0]
+    for name, case in _cases().items():
+        alone, _ = _run(case)
+        ours, theirs = (x if isinstance(x, list) else [x] for x in (got["outputs"][name], alone))
+        assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs)), name
+    with pytest.raises(ValueError, match="needs world_size=1"):
+        run_on_ranks(_group_of_one_body, 2, group_of_one=True)

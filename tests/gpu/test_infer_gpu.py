@@ -76,3 +76,33 @@ def test_cuda_output_matches_monai_on_the_same_gpu():
     mine16 = ours("cuda", precision="bf16")
     scale = theirs.abs().max().item()
     assert (mine16 - theirs16).abs().max().item() < 1e-2 * scale  # the same bf16 windows, blended in fp32 each
+
+
+def _group_of_one_body() -> dict:
+    """One GPU rank in a real NCCL group (run_on_ranks(..., group_of_one=True)): the multi-rank code paths."""
+    from multigpu.runtime import group
+
+    env = mg.get_env()
+    x = torch.arange(6.0, device=env.device).reshape(2, 3)
+    reduced = mg.all_reduce(x.clone())  # shapes over gloo, data over NCCL
+    gathered = mg.gather(x, dst=0)
+    broadcast = mg.broadcast(x.clone())
+    with no_tf32():
+        out = ours(env.device)
+    return {"backend": env.backend, "loopback": isinstance(group.exchange_group(), group.Loopback),
+            "devices": {t.device.type for t in (reduced, gathered, broadcast)},
+            "equal": bool(torch.equal(reduced, x) and torch.equal(gathered, x) and torch.equal(broadcast, x)),
+            "out": out}
+
+
+@requires_gpus(1)
+def test_nccl_group_of_one_runs_the_exchange_and_checked_collectives():
+    """On one GPU the harness's group of one creates NCCL at world size 1: checked collectives on CUDA tensors
+    (metadata over the gloo side group) and the inference exchange (a loopback on the receiver thread) run,
+    and the output is the same bits as one process on the same GPU without a group."""
+    with no_tf32():
+        alone = ours("cuda")
+    (got,) = run_on_ranks(_group_of_one_body, 1, backend="cuda", group_of_one=True,
+                          env={"CUDA_VISIBLE_DEVICES": "0"}, timeout_s=300)
+    assert got["backend"] == "nccl" and got["loopback"] and got["devices"] == {"cuda"} and got["equal"]
+    assert torch.equal(got["out"], alone), (got["out"] - alone).abs().max().item()

@@ -50,8 +50,14 @@ def test_device_rules():
     assert select_device("cpu", 0, four) == torch.device("cpu")
     assert select_device("cuda", 3, DeviceFacts(cuda_count=1, isolated=True)) == torch.device("cuda", 0)
     assert select_device("auto", 5, DeviceFacts(cuda_count=4, allow_cpu_ranks=True)) == torch.device("cpu")
-    with pytest.raises(DeviceError, match="local_rank 5 has no GPU.*--allow-cpu-ranks"):
+    with pytest.raises(DeviceError, match="local_rank 5 has no GPU.*sees 4 CUDA device.*--allow-cpu-ranks"):
         select_device("auto", 5, four)
+    # srun --gpus-per-task=1: every task sees its own one GPU while SLURM_LOCALID runs 0..7
+    assert [select_device("auto", r, DeviceFacts(cuda_count=1)) for r in range(8)] == [torch.device("cuda", 0)] * 8
+    assert select_device("cuda", 7, DeviceFacts(cuda_count=1)) == torch.device("cuda", 0)
+    # ranks asked to share the GPUs (collectives over gloo): round-robin; a CPU rank of a hybrid job sees no GPU
+    assert select_device("auto", 5, DeviceFacts(cuda_count=4, share_gpus=True)) == torch.device("cuda", 1)
+    assert select_device("cuda", 1, DeviceFacts(allow_cpu_ranks=True, hybrid=True)) == torch.device("cpu")
     with pytest.raises(DeviceError, match="no CUDA device"):
         select_device("cuda", 0, DeviceFacts())
     with pytest.raises(ConfigError, match="auto, cuda, mps, cpu"):

@@ -37,7 +37,7 @@ def test_the_worker_wrappers_copies_match_envvars():
     copies = {name: value for name, value in vars(_worker).items() if name.endswith("_VAR")}
     assert copies == {"LAUNCHER_PID_VAR": envvars.LAUNCHER_PID, "DEVICE_MAP_VAR": envvars.DEVICE_MAP,
                       "RUN_FILE_VAR": envvars.RUN_FILE, "STACKS_DIR_VAR": envvars.STACKS_DIR,
-                      "DEBUG_VAR": envvars.DEBUG}
+                      "DEBUG_VAR": envvars.DEBUG, "GPU_RANKS_VAR": envvars.GPU_RANKS}
 
 
 def _multigpu_variables() -> list[str]:

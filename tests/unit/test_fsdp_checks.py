@@ -7,6 +7,7 @@ import torch
 
 from multigpu.cli import main as cli_main
 from multigpu.errors import ConfigError
+from multigpu.train import TrainConfig
 from multigpu.train.fsdp import check_sharding, training_state_bytes
 
 
@@ -45,3 +46,29 @@ def test_bad_fsdp_input_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
         assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_where_it_cannot_run_on_the_job_devices_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):
+    """A hybrid job (its CPU ranks' shards would need a mesh of their own), and CPU offload at world size 1
+    (sharding over one rank needs a process group the job does not have: it was silently ignored)."""
+    fake_gpus(1)
+    for argv, message in [
+        (["--nproc-per-node", "2", "--allow-cpu-ranks", "--strategy", "fsdp"], "strategy=fsdp in a hybrid job"),
+        (["--nproc-per-node", "1", "--strategy", "fsdp", "fsdp_cpu_offload=true"], "fsdp_cpu_offload=true at world "
+                                                                                  "size 1"),
+    ]:
+        code = cli_main(["train", "--run-dir", str(tmp_path / "run"), *argv])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_trainer_refuses_cpu_offload_alone_too(single_rank_group):
+    """The same refusal inside a rank (a script using the Trainer without the launcher)."""
+    from multigpu.train import Trainer
+
+    model = torch.nn.Linear(4, 4)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), [(torch.zeros(4), 0)] * 8,
+                      config=TrainConfig(strategy="fsdp", fsdp_cpu_offload=True, global_batch_size=2))
+    with pytest.raises(ConfigError, match="fsdp_cpu_offload=true at world size 1"):
+        trainer.setup()

@@ -72,3 +72,20 @@ def test_report_rejects_folders_without_runs(tmp_path):
         build_report(tmp_path)
     with pytest.raises(ConfigError, match="is not a folder"):
         build_report(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("huge,reason", [(True, "OverflowError"), (False, "nested deeper than Python's JSON reader")])
+def test_numbers_too_large_and_json_too_deep_are_one_line(tmp_path, huge, reason):
+    """`report` on 10**400 or deeply nested JSON gave `internal error: OverflowError/RecursionError`."""
+    from multigpu.report import write_report
+
+    make_bench_dir(tmp_path)
+    run = tmp_path / "np2_r0"
+    summary = json.loads((run / "summary.json").read_text())
+    summary["throughput"] = 10**400
+    summary_text = json.dumps(summary) if huge else "[" * 100_000 + "]" * 100_000
+    (run / "summary.json").write_text(summary_text)
+    (run / "metrics.jsonl").write_text(summary_text + "\n")  # a line too deep is skipped, like a torn one
+    with pytest.raises(ConfigError, match=reason) as err:
+        write_report(run)
+    assert "\n" not in str(err.value) and not (run / "report.html").exists()

@@ -56,3 +56,56 @@ def test_actor_critic_shapes():
 def test_config_rejects_bad_values_by_name(change, message):
     with pytest.raises(ConfigError, match=message):
         dataclasses.replace(RLConfig(), **change)
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read a tensor's values on the host (a device sync on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist) or (
+                func is torch.Tensor.__getitem__ and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.bool):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _train_counting_reads(env_id: str, num_steps: int, on_host: bool):
+    from multigpu.envs.pendulum import Pendulum
+    from multigpu.rl import ppo
+
+    Pendulum.default_max_episode_steps = 6  # episodes end (truncated) within a rollout: the bootstrap path runs
+    ppo._reads_on_host = lambda device: on_host  # False: the GPU's rollout, run on the CPU
+    cfg = RLConfig(env_id=env_id, num_envs=4, num_steps=num_steps, total_env_steps=4 * num_steps * 2,
+                   target_return=None, seed=1, update_epochs=1, num_minibatches=1, hidden_size=8)
+    with _HostReads() as reads:
+        result = ppo.train(cfg, log=lambda *a: None)
+    return result, reads.count
+
+
+def _rollout_reads_body():
+    out = {}
+    for env_id in ("CartPole-v1", "Pendulum-v1"):
+        out[env_id] = {(steps, host): _train_counting_reads(env_id, steps, host)
+                       for steps in (8, 16) for host in (True, False)}
+    return out
+
+
+def test_rollout_on_a_gpu_reads_the_host_once_per_rollout_with_the_same_numbers():
+    """On a GPU the rollout must not read a value on the host every env step (each read waits for the
+    device): the device path bootstraps truncated episodes and records ended returns without reading, then
+    reads them once per rollout. Run on the CPU, it gives the host path's results exactly, and its count of
+    host reads does not grow with the rollout's length. Before, every step read ``bool(done.any())`` (and,
+    where an episode ended, ``truncated.any()`` and a boolean-mask index)."""
+    from multigpu.testing import run_on_ranks
+
+    (got,) = run_on_ranks(_rollout_reads_body, 1, timeout_s=600)
+    for env_id, runs in got.items():
+        for steps in (8, 16):
+            host, device = runs[steps, True][0], runs[steps, False][0]
+            assert host.episodes == device.episodes > 0, (env_id, steps)
+            assert host.mean_return == device.mean_return, (env_id, steps)
+        assert runs[8, False][1] == runs[16, False][1], env_id  # reads per rollout, not per step
+        assert runs[16, True][1] > runs[8, True][1] or env_id == "Pendulum-v1", env_id

@@ -43,10 +43,9 @@ class Launcher:
         self.jobs = {}
         facts = HostFacts.probe()
         if target.workload:
+            from multigpu.bench.scaling import configs_per_size
             from multigpu.jobs.command import load_workload_config, prepare
             from multigpu.jobs.registry import get_workload
-
-            from multigpu.bench.scaling import configs_per_size
 
             workload = get_workload(target.target)
             cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),

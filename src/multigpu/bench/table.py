@@ -31,10 +31,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_MEASURED", "explain", "fmt_ratio", "fmt_rate", "fmt_share", "scaling_rows"]
+__all__ = ["NOT_MEASURED", "explain", "fmt_rate", "scaling_rows", "shown"]
 
 NOT_MEASURED = "—"
-"""How a figure that was not measured is printed."""
+"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
+measured by wall clock): never as 0."""
 
 COMM_NOTABLE = 0.2
 """A communication share at or above this is named as a cause."""
@@ -59,12 +60,9 @@ STARVED_RANK = 70.0
 share of its time) was kept waiting for a core by other processes."""
 
 
-def fmt_share(value: float | None) -> str:
-    return NOT_MEASURED if value is None else f"{value:.0%}"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return NOT_MEASURED if value is None else f"{value:.2f}"
+def shown(value: float | None, spec: str) -> str:
+    """``format(value, spec)``, or :data:`NOT_MEASURED` for None."""
+    return NOT_MEASURED if value is None else format(value, spec)
 
 
 def fmt_rate(value: float | None) -> str:
@@ -74,7 +72,7 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _measured_median(values) -> float | None:
+def _median_measured(values) -> float | None:
     """The median, or None when any run did not measure it (a mix would pass off part of the runs as all)."""
     values = list(values)
     return None if not values or any(v is None for v in values) else statistics.median(values)
@@ -83,7 +81,7 @@ def _measured_median(values) -> float | None:
 def _compute_per_item(summary: dict[str, Any]) -> float | None:
     per_rank = summary.get("per_rank") or []
     if any(r.get("busy_s") is None for r in per_rank):
-        return None
+        return None  # comm not measured, so neither is the compute
     busy = sum(r["busy_s"] for r in per_rank)
     items = sum(r.get("items", 0) for r in per_rank)
     return busy / items if items else None
@@ -112,9 +110,9 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "throughput_min": min(throughputs),
             "throughput_median": statistics.median(throughputs),
             "step_time_s": statistics.median(s["step_time_s"]["median"] for s in sums),
-            "comm_share": _measured_median(s.get("comm_share") for s in sums),
-            "imbalance": _measured_median(s.get("imbalance") for s in sums),
-            "compute_per_item_s": _measured_median(_compute_per_item(s) for s in sums),
+            "comm_share": _median_measured(s.get("comm_share") for s in sums),
+            "imbalance": _median_measured(s.get("imbalance") for s in sums),
+            "compute_per_item_s": _median_measured(_compute_per_item(s) for s in sums),
             "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
             "host_cpu_percent": _median_of(runs, size, "host_percent"),
             "doubts": _row_doubts([r for r in runs if int(r["world_size"]) == size]) + _repeat_doubts(throughputs),
@@ -189,7 +187,7 @@ def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> lis
     if row["comm_share"] is not None and row["comm_share"] >= COMM_NOTABLE:
         found.append((row["comm_share"],
                       f"communication is {row['comm_share']:.0%} of step time at {n} "
-                      f"({fmt_share(base['comm_share'])} at {_ranks(base['world_size'])}; time inside collectives, "
+                      f"({shown(base['comm_share'], '.0%')} at {_ranks(base['world_size'])}; time inside collectives, "
                       "including waiting for the other ranks to arrive)"))
     if row["imbalance"] is not None and row["imbalance"] >= IMBALANCE_NOTABLE:
         found.append((row["imbalance"] - 1,

@@ -105,6 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "_run", None) is None:
             build_parser().print_help()
             return 2
+        from multigpu.launch.flags import scheduler_file
+
+        script = scheduler_file(args, [a for a in argv if a != "--debug"])
+        if script is not None:  # --print-sbatch / --print-k8s: the job file for this command, nothing launched
+            print(script, end="")
+            return 0
         return int(args._run(args) or 0)
     except MultigpuError as exc:
         if debug:

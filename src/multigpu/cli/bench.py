@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import shown
+
 HELP = "run a workload at several world sizes: speedup, efficiency, communication share, imbalance"
 
 
@@ -81,7 +83,7 @@ def print_table(result: dict[str, Any], out=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from multigpu.bench.table import fmt_rate, fmt_ratio, fmt_share
+    from multigpu.bench.table import fmt_rate
 
     out = out or console()
     unit = result.get("unit", "items")
@@ -96,8 +98,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
         table.add_row(
             str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
             f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
-            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", fmt_share(r.get("comm_share")),
-            fmt_ratio(r.get("imbalance")),
+            f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"),
+            shown(r["imbalance"], ".2f"),
         )
     out.print(table)
     for note in result.get("notes", []):

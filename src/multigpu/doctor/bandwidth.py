@@ -6,6 +6,10 @@ CPU ranks on gloo. Figures follow nccl-tests (``all_reduce_perf``):
 * *algbw* = bytes / seconds per all-reduce;
 * *busbw* = algbw * 2 (n - 1) / n: the traffic each link carries in a ring
   all-reduce, comparable across world sizes and with hardware peak figures.
+
+On GPUs it moves 256 MiB per all-reduce, 20 times, timed with CUDA events on
+the ranks' streams (the host only queues NCCL's kernels); the doctor judges
+the figure against the node's topology (NVLink, PCIe P2P, host memory).
 """
 
 from __future__ import annotations
@@ -26,11 +30,23 @@ def bus_bandwidth(size_bytes: int, seconds: float, world_size: int) -> tuple[flo
     return algbw, algbw * 2 * (world_size - 1) / world_size
 
 
-def measure(*, gpus: int = 0, size_mib: int = 16, iters: int = 5, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Launch the test and return its figures. Worker output goes to a log file, not the terminal."""
+GPU_SIZE_MIB = 256
+"""On GPUs: large enough that NCCL reaches its bus bandwidth (16 MiB is latency-bound and passes a socket fallback)."""
+GPU_ITERS = 20
+CPU_SIZE_MIB = 16
+CPU_ITERS = 5
+
+
+def measure(*, gpus: int = 0, size_mib: int | None = None, iters: int | None = None,
+            timeout_s: float = 60.0) -> dict[str, Any]:
+    """Launch the test and return its figures. Worker output goes to a log file, not the terminal.
+
+    ``size_mib``/``iters``: default 256 MiB x 20 on GPUs (timed with CUDA events), 16 MiB x 5 on CPU ranks."""
     from multigpu.launch import LaunchConfig, launch
 
     on_gpus = gpus >= 2
+    size_mib = size_mib or (GPU_SIZE_MIB if on_gpus else CPU_SIZE_MIB)
+    iters = iters or (GPU_ITERS if on_gpus else CPU_ITERS)
     cfg = LaunchConfig(nproc_per_node=gpus if on_gpus else 2, cpu=not on_gpus, timeout_s=timeout_s, threads=1)
     with tempfile.TemporaryDirectory(prefix="multigpu_doctor_") as tmp:
         out = Path(tmp) / "bandwidth.json"

@@ -202,6 +202,23 @@ def check_network(f: Facts) -> CheckResult:
     return CheckResult(name, "pass", listing, hint)
 
 
+NVLINK_MIN_GBPS = 40.0
+"""busbw below this with NVLink on every GPU: NCCL is not using it (NVLink runs at hundreds of GB/s; PCIe at ~25)."""
+P2P_MIN_GBPS = 8.0
+"""busbw below this with PCIe peer-to-peer between every pair: slower than PCIe Gen3 x16."""
+HOST_MIN_GBPS = 3.0
+"""busbw below this without P2P (through host shared memory): the speed of NCCL's socket fallback."""
+
+
+def bandwidth_floor(f: Facts) -> tuple[float, str]:
+    """The busbw a healthy NCCL all-reduce on this node's topology reaches at least, and the path it names."""
+    if f.nvlink and len(f.nvlink) >= 2 and all(n > 0 for n in f.nvlink):
+        return NVLINK_MIN_GBPS, "NVLink"
+    if f.p2p and all(ok for _, _, ok in f.p2p):
+        return P2P_MIN_GBPS, "PCIe peer-to-peer"
+    return HOST_MIN_GBPS, "host shared memory (no P2P)"
+
+
 def check_bandwidth(f: Facts) -> CheckResult:
     name = "all-reduce bandwidth"
     if f.bandwidth_skipped:
@@ -213,11 +230,55 @@ def check_bandwidth(f: Facts) -> CheckResult:
     b = f.bandwidth
     detail = (f"busbw {b['busbw_gbps']:.2f} GB/s (algbw {b['algbw_gbps']:.2f} GB/s), "
               f"{b['size_bytes'] / 2**20:.0f} MiB on {b['world_size']} ranks ({b['backend']})")
-    if b["backend"] == "nccl" and b["busbw_gbps"] < 1.0:
-        return CheckResult(name, "warn", detail + ": slow for GPUs",
-                           "NCCL may be going through sockets: check NCCL_P2P_DISABLE / NCCL_SHM_DISABLE and "
-                           "run with NCCL_DEBUG=INFO")
+    if b["backend"] == "nccl":
+        floor, path = bandwidth_floor(f)
+        if b["busbw_gbps"] < floor:
+            return CheckResult(name, "warn", f"{detail}: below {floor:g} GB/s, slow for {path}",
+                               "NCCL may be going through sockets or host memory: check NCCL_P2P_DISABLE, "
+                               "NCCL_SHM_DISABLE, NCCL_P2P_LEVEL and run with NCCL_DEBUG=INFO (its 'via' lines)")
+        return CheckResult(name, "pass", f"{detail}; at least {floor:g} GB/s expected over {path}")
     return CheckResult(name, "pass", detail)
+
+
+def check_p2p(f: Facts) -> CheckResult | None:
+    """GPU peer-to-peer access between every pair (NVLink or PCIe); no line with fewer than two GPUs."""
+    if not f.p2p:
+        return None
+    missing = [f"{i}<->{j}" for i, j, ok in f.p2p if not ok]
+    if missing:
+        return CheckResult("GPU peer-to-peer", "warn", f"no P2P between GPU(s) {', '.join(missing)}",
+                           "NCCL stages those transfers through host memory (slower): check the PCIe topology "
+                           "with `nvidia-smi topo -m`, and IOMMU/ACS settings on bare metal")
+    return CheckResult("GPU peer-to-peer", "pass", f"every pair of the {len(f.gpus)} GPUs ({len(f.p2p)} pairs)")
+
+
+def check_nvlink(f: Facts) -> CheckResult | None:
+    """Active NVLink links per GPU, where any GPU has NVLink."""
+    if not any(f.nvlink):
+        return None
+    listing = ", ".join(f"GPU {i}: {n}" for i, n in enumerate(f.nvlink))
+    down = [str(i) for i, n in enumerate(f.nvlink) if n == 0]
+    if down:
+        return CheckResult("NVLink", "warn", f"active links {listing}: GPU(s) {', '.join(down)} have none",
+                           "a GPU without active NVLink falls back to PCIe and slows every collective: "
+                           "`nvidia-smi nvlink -s`, and check the fabric manager on NVSwitch systems")
+    return CheckResult("NVLink", "pass", f"active links {listing}")
+
+
+def check_infiniband(f: Facts) -> CheckResult | None:
+    """InfiniBand/RoCE adapters and GPUDirect RDMA, where an adapter is found."""
+    if not f.infiniband:
+        return None
+    listing = ", ".join(f"{d} {s}" for d, s in f.infiniband)
+    rdma = "GPUDirect RDMA on (nvidia_peermem loaded)" if f.gpudirect_rdma else "GPUDirect RDMA off"
+    if not any(s == "ACTIVE" for _, s in f.infiniband):
+        return CheckResult("InfiniBand / GPUDirect", "warn", f"{listing}: no adapter is ACTIVE; {rdma}",
+                           "NCCL falls back to sockets between nodes: check the links with ibstat")
+    if f.gpus and not f.gpudirect_rdma:
+        return CheckResult("InfiniBand / GPUDirect", "warn", f"{listing}; {rdma}",
+                           "between nodes every GPU transfer is staged through host memory: "
+                           "`modprobe nvidia_peermem` (or use DMA-BUF with a recent driver and NCCL)")
+    return CheckResult("InfiniBand / GPUDirect", "pass", f"{listing}; {rdma}")
 
 
 TRAINING_BYTES_PER_PARAM = 16
@@ -239,12 +300,13 @@ def check_training_memory(f: Facts) -> CheckResult:
                        "ranks (1/N each)")
 
 
-CHECKS: list[Callable[[Facts], CheckResult]] = [
+CHECKS: list[Callable[[Facts], CheckResult | None]] = [
     check_torch, check_gpus, check_driver, check_nccl, check_gloo, check_device_vars,
-    check_shm, check_open_files, check_port, check_network, check_bandwidth, check_training_memory,
+    check_shm, check_open_files, check_port, check_network, check_p2p, check_nvlink, check_infiniband,
+    check_bandwidth, check_training_memory,
 ]
 
 
 def run_checks(facts: Facts) -> list[CheckResult]:
-    """Every check on the same facts, in order."""
-    return [check(facts) for check in CHECKS]
+    """Every check on the same facts, in order; a check with nothing to look at here (no NVLink) gives no line."""
+    return [r for r in (check(facts) for check in CHECKS) if r is not None]

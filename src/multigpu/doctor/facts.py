@@ -63,6 +63,14 @@ class Facts:
     bandwidth_skipped: bool = False
     device_memory_bytes: int | None = None
     """Memory of the smallest GPU torch sees, or of the host when there is none; None when unknown."""
+    p2p: tuple[tuple[int, int, bool], ...] = ()
+    """(i, j, can access) for each pair of visible GPUs (torch.cuda.can_device_access_peer); () with < 2 GPUs."""
+    nvlink: tuple[int, ...] = ()
+    """Active NVLink links of each GPU NVML sees (NVML order); () without NVML or GPUs."""
+    infiniband: tuple[tuple[str, str], ...] = ()
+    """(device, state of its first port) of each InfiniBand/RoCE adapter in /sys/class/infiniband."""
+    gpudirect_rdma: bool = False
+    """The nvidia_peermem (or nv_peer_mem) kernel module is loaded: NICs read and write GPU memory directly."""
 
 
 def free_port() -> tuple[int | None, str | None]:
@@ -85,16 +93,59 @@ def _nvml() -> dict[str, Any]:
         pynvml.nvmlInit()
         try:
             driver = pynvml.nvmlSystemGetDriverVersion()
-            names = []
+            names, links = [], []
             for i in range(pynvml.nvmlDeviceGetCount()):
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(handle)
                 names.append(name.decode() if isinstance(name, bytes) else name)
+                links.append(nvlink_count(pynvml, handle))
         finally:
             pynvml.nvmlShutdown()
-        out.update(nvml_driver=driver.decode() if isinstance(driver, bytes) else driver, nvml_gpus=tuple(names))
+        out.update(nvml_driver=driver.decode() if isinstance(driver, bytes) else driver, nvml_gpus=tuple(names),
+                   nvlink=tuple(links))
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
         out["nvml_error"] = str(exc) or type(exc).__name__
     return out
+
+
+def nvlink_count(nvml: Any, handle: Any) -> int:
+    """Active NVLink links of one GPU (0 where it has none, or NVML cannot say)."""
+    active = 0
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            active += nvml.nvmlDeviceGetNvLinkState(handle, link) == getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+        except Exception:  # noqa: BLE001 - NotSupported (no NVLink) or InvalidArgument (past its last link)
+            break
+    return active
+
+
+def _p2p(gpu_count: int) -> tuple[tuple[int, int, bool], ...]:
+    import torch
+
+    try:
+        return tuple((i, j, bool(torch.cuda.can_device_access_peer(i, j)))
+                     for i in range(gpu_count) for j in range(gpu_count) if i < j)
+    except Exception:  # noqa: BLE001 - the check then says nothing about P2P
+        return ()
+
+
+def _infiniband(root: str = "/sys/class/infiniband") -> tuple[tuple[str, str], ...]:
+    """(device, "ACTIVE"/"DOWN"/...) of each adapter, from sysfs (its first port's state file reads "4: ACTIVE")."""
+    from pathlib import Path
+
+    out = []
+    for dev in sorted(Path(root).glob("*")):
+        states = sorted(dev.glob("ports/*/state"))
+        try:
+            state = states[0].read_text().split(":")[-1].strip() if states else "unknown"
+        except OSError:
+            state = "unknown"
+        out.append((dev.name, state))
+    return tuple(out)
+
+
+def _gpudirect_rdma() -> bool:
+    return any(os.path.isdir(f"/sys/module/{m}") for m in ("nvidia_peermem", "nv_peer_mem"))
 
 
 def _interfaces() -> tuple[Interface, ...]:
@@ -165,6 +216,9 @@ def gather_facts(*, bandwidth: bool = True) -> Facts:
         port_error=port_error,
         interfaces=_interfaces(),
         device_memory_bytes=_device_memory(len(gpus)),
+        p2p=_p2p(len(gpus)) if len(gpus) > 1 else (),
+        infiniband=_infiniband(),
+        gpudirect_rdma=_gpudirect_rdma(),
         **_nvml(),
     )
     if bandwidth:

@@ -60,6 +60,8 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
         low, high = float(space.low.min()), float(space.high.max())
         actions = [low + (high - low) * torch.rand(envs.num_envs, *space.shape, generator=gen) for _ in range(16)]
     actions = [a.to(envs.device) for a in actions]
+    from multigpu.bench.table import shown
+
     meter = StepMeter.from_context("env-steps", ctx, total_steps=cfg.steps + 5,
                                    description=f"{cfg.env_id} x{num_envs:,}", warmup_steps=5)
     for step in range(cfg.steps + 5):
@@ -74,7 +76,7 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
             else "; host step at every size" if limit else "")
         print(f"{cfg.env_id}: {num_envs:,} envs on {summary['world_size']} rank(s) ({envs.device.type}: "
               f"{step_path}{crossover}): {summary['throughput']:,.0f} env-steps/s, "
-              f"comm share {summary['comm_share']:.1%}", flush=True)
+              f"comm share {shown(summary['comm_share'], '.1%')}", flush=True)
     return 0
 
 

@@ -25,6 +25,12 @@ How the work and the output are split (windows.py numbers the windows):
    their own windows, so on 2 ranks nothing is exchanged after rank 0's last
    window but the wait for that thread. Rank 0 has the most windows (shards
    give lower ranks the extra batch), so the exchange leaves its critical path.
+   These messages are CPU tensors over gloo (``group.exchange_group``: a group
+   beside NCCL on GPU jobs): a receive over NCCL would make the CUDA stream the
+   main thread's kernels share wait until the last rank sends.
+5. **The host stitches one batch behind the GPU.** Batch k's output is copied
+   to the host without blocking and added into the canvas after batch k+1's
+   model call is queued, waiting only for batch k's copy (a CUDA event).
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
@@ -44,6 +50,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,11 +92,12 @@ class _OutMeta:
     dtype: torch.dtype
 
 
-def _coords() -> tuple[int, int]:
+def _coords() -> tuple[int, int, bool]:
+    """``(rank, world_size, whether a process group exists)``: the test harness's group of one has one."""
     if not group.is_initialized():
-        return 0, 1
+        return 0, 1, False
     env = group.get_env()
-    return env.rank, env.world_size
+    return env.rank, env.world_size, env.backend != "none"
 
 
 def _flatten(inputs) -> tuple[list[torch.Tensor], list[int] | None]:
@@ -153,8 +161,7 @@ class _Job:
         self.autocast_dtype = PRECISIONS[precision]
         self.device = _model_device(model, device)
         self.plan = WindowPlan([im.shape[1:] for im in images], roi, overlap)
-        self.rank, self.world_size = _coords()
-        self.distributed = self.world_size > 1
+        self.rank, self.world_size, self.distributed = _coords()
         self.bounds = self.plan.rank_bounds(batch_size, self.world_size)
         self.start, self.stop = self.bounds[self.rank]
         in_dtype = images[0].dtype
@@ -165,6 +172,10 @@ class _Job:
         self.spill: dict[int, list[tuple[int, torch.Tensor]]] = {r: [] for r in range(self.world_size)}
         self._padded: tuple[int, torch.Tensor] | None = None
         self.last = self.world_size - 1
+        # ranks 0..last-1 take the last rank's data on a thread; in a group of one rank 0 is the last and takes its own
+        self.receivers = range(max(self.last, 1))
+        # CPU tensors over gloo: a receive never makes a CUDA stream wait (group.exchange_group); all ranks call it
+        self.exchange = group.exchange_group() if self.distributed else None
         self.late_spill: list[tuple[int, torch.Tensor]] = []  # the last rank's windows, received point to point
         self.outputs = None  # rank 0: (result, views), allocated by the receiver thread or after the exchange
         self._receiver: threading.Thread | None = None
@@ -266,15 +277,41 @@ class _Job:
                 for r in owners[owners != self.rank]:
                     if self.rank == self.last:  # point to point now: the owner's receiver thread takes it
                         EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
-                        self._sending += [collectives.isend(torch.tensor([w.index]), int(r)),
-                                          collectives.isend(y, int(r))]
+                        self._sending += [collectives.isend(torch.tensor([w.index]), int(r), pg=self.exchange),
+                                          collectives.isend(y, int(r), pg=self.exchange)]
                     else:
                         self.spill[int(r)].append((w.index, y.clone()))
 
+    def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Start copying a batch's output to the host: ``(host tensor, CUDA event or None)``.
+
+        On CUDA the copy goes into pinned memory behind the model's kernels and nothing waits here;
+        the event tells when it has landed. Elsewhere the copy is done on return.
+        """
+        y = out.detach()
+        if y.device.type != "cuda":
+            return y.to("cpu", self.acc_dtype), None
+        host = y.to("cpu", non_blocking=True)  # pinned (torch allocates it so for a non-blocking copy to the host)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+
+    def _stitch_when_ready(self, windows: list[Window], host: torch.Tensor, ready) -> None:
+        if ready is not None:
+            ready.synchronize()  # this batch's copy only: the next batch's model is already queued behind it
+        self._stitch(windows, host.to(self.acc_dtype))
+
     def evaluate(self, meter: StepMeter) -> None:
+        """Run the model over this rank's batches and stitch the outputs, one batch behind the model.
+
+        Batch k is stitched (on the host) after batch k+1's model call is queued: on a GPU the model
+        keeps running while the host adds batch k into the canvas, and no step waits for the whole
+        device. Stitching stays in window order, so the output is the same bits.
+        """
         batches = iter(self._host_batches())
         with _phase("cut"):
             current = self._to_device(next(batches, None))
+        behind = None  # (windows, host output, event) of the batch whose model call came before
         while current is not None:
             windows, x = current
             with meter.step(items=len(windows)):
@@ -285,8 +322,13 @@ class _Job:
                 meta = self._check_output(out, x)
                 if self.meta is None or meta != self.meta:
                     self._setup_output(meta)
+                queued = (windows, *self._to_host(out))
                 with _phase("blend"):
-                    self._stitch(windows, out.detach().to("cpu", self.acc_dtype))
+                    if behind is not None:
+                        self._stitch_when_ready(*behind)
+                    behind = queued
+                    if current is None:  # the last batch: nothing left to queue before it
+                        self._stitch_when_ready(*behind)
 
     # ---- exchanging and assembling --------------------------------------------------------------------
 
@@ -375,7 +417,7 @@ class _Job:
             if self.rank == 0:
                 with _phase("assemble"):
                     for box, owner in blocks:
-                        if owner == 0:
+                        if owner == 0 and not self._early(0):  # (in a group of one, rank 0's came as the last's)
                             canvas.blended(box, out=view(box))  # divided straight into the output
             if any(owner > 0 and not self._early(owner) for _, owner in blocks):  # the same answer on every rank
                 with _phase("gather"):
@@ -425,11 +467,11 @@ class _Job:
         Its voxels need nothing from any other rank (every window covering them is
         its own), so they are final now, while rank 0 may still be evaluating.
         """
-        for r in range(self.last):
-            self._sending.append(collectives.isend(torch.tensor([-1]), r))
+        for r in self.receivers:
+            self._sending.append(collectives.isend(torch.tensor([-1]), r, pg=self.exchange))
         z = self.meta.scale if self.meta is not None else ()
         header = [self.meta.channels, *z] if self.meta is not None else []
-        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0))
+        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0, pg=self.exchange))
         for pending in self._sending:  # the window outputs they hold are freed as they arrive
             pending.wait()
         self._sending = []
@@ -441,7 +483,7 @@ class _Job:
             for rows in self._slabs(image, z):
                 blocks = self._blocks(image, rows, z)
                 if any(o == self.rank for _, o in blocks):
-                    pending = collectives.isend(self._flat_blocks(blocks, canvas, self.rank), 0)
+                    pending = collectives.isend(self._flat_blocks(blocks, canvas, self.rank), 0, pg=self.exchange)
                     if previous is not None:
                         previous.wait()
                     previous = pending
@@ -463,13 +505,13 @@ class _Job:
 
     def _receive_early(self, allocate) -> None:
         while True:
-            index = int(collectives.recv(self.last).item())
+            index = int(collectives.recv(self.last, pg=self.exchange).item())
             if index < 0:
                 break
-            self.late_spill.append((index, collectives.recv(self.last)))
+            self.late_spill.append((index, collectives.recv(self.last, pg=self.exchange)))
         if self.rank != 0:
             return
-        header = collectives.recv(self.last).tolist()
+        header = collectives.recv(self.last, pg=self.exchange).tolist()
         if not header:
             return
         meta = _OutMeta(header[0], tuple(header[1:]), self.acc_dtype)
@@ -479,7 +521,7 @@ class _Job:
             for rows in self._slabs(image, meta.scale):
                 boxes = [box for box, o in self._blocks(image, rows, meta.scale) if o == self.last]
                 if boxes:
-                    self._place(image, collectives.recv(self.last), boxes, view)
+                    self._place(image, collectives.recv(self.last, pg=self.exchange), boxes, view)
 
     def finish_receiving(self) -> None:
         if self._receiver is not None:
@@ -566,7 +608,7 @@ def sliding_window(
         meter = StepMeter("windows", total_steps=job.num_batches(), description="infer", run_dir=run_dir,
                           progress=progress)
     with torch.inference_mode():  # canvases too: in-place adds into inference tensors need it
-        if job.distributed and job.rank < job.last:
+        if job.distributed and job.rank in job.receivers:
             job.start_receiving(functools.partial(_allocate, images, groups))
         job.evaluate(meter)  # on an error here the receiver (a daemon thread) is left to the process's end
         if job.distributed and job.rank == job.last:

@@ -69,7 +69,9 @@ def importance_map(
             weights = x if i == 0 else weights.unsqueeze(-1) * x[(None,) * i]
     else:
         raise ConfigError(f"blend={blend!r} is not one of {', '.join(BLENDS)}")
-    floor = max(torch.min(weights).item(), 1e-3)
+    # floor = max(min, 1e-3) kept as a float32 tensor: the same clamp as with the Python number, and no value
+    # is read back (fake-CUDA tests run this with tensors that hold none)
+    floor = torch.clamp(torch.min(weights), min=torch.tensor(1e-3, dtype=torch.float))
     weights = torch.clamp_(weights.to(torch.float), min=floor).to(dtype)
     if out_size is not None and tuple(out_size) != roi:
         weights = F.interpolate(weights[None, None], size=tuple(out_size), mode="nearest-exact")[0, 0]

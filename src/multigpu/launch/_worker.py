@@ -12,6 +12,9 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 1. under ``--isolate-devices`` (``MULTIGPU_DEVICE_MAP`` set), set ``CUDA_VISIBLE_DEVICES``,
    ``QD_VISIBLE_DEVICE``, ``TI_VISIBLE_DEVICE`` and ``EGL_DEVICE_ID`` to this
    worker's physical GPU, so simulators that read them at import see one GPU;
+   in a hybrid job (``MULTIGPU_GPU_RANKS`` set), set them empty for the CPU
+   ranks, so that nothing in a CPU rank (FSDP's default mesh, a library's
+   ``torch.cuda`` call) can land on a GPU;
 2. take its own folder off ``sys.path`` (its ``agent.py``, ``config.py`` would
    shadow the user's modules), and import torch with neither that folder nor
    the working directory on ``sys.path``; then, for a script, put the script's
@@ -57,11 +60,24 @@ STACKS_DIR_VAR = "MULTIGPU_STACKS_DIR"
 DEBUG_VAR = "MULTIGPU_DEBUG"
 
 
+GPU_RANKS_VAR = "MULTIGPU_GPU_RANKS"
+"""A hybrid job (``--allow-cpu-ranks``): how many local ranks have a GPU; the ones after see none (set by the
+launcher)."""
+
+
 def worker_device_env(env, local_rank: int) -> dict[str, str]:
-    """The four device variables of one isolated worker; a rank beyond the GPU list sees no GPU."""
-    ids = [i for i in env.get(DEVICE_MAP_VAR, "").split(",") if i]
-    value = ids[local_rank] if local_rank < len(ids) else ""
-    return {name: value for name in DEVICE_VARIABLES}
+    """The device variables one worker sets for itself (none: it keeps what it inherited).
+
+    Isolated: the four variables name its own GPU, or none for a rank beyond the GPU list. Hybrid: a CPU rank
+    (``local_rank`` at or beyond ``MULTIGPU_GPU_RANKS``) sees no GPU."""
+    if env.get(DEVICE_MAP_VAR):
+        ids = [i for i in env[DEVICE_MAP_VAR].split(",") if i]
+        value = ids[local_rank] if local_rank < len(ids) else ""
+        return {name: value for name in DEVICE_VARIABLES}
+    gpu_ranks = env.get(GPU_RANKS_VAR, "")
+    if gpu_ranks.isdigit() and local_rank >= int(gpu_ranks):
+        return {name: "" for name in DEVICE_VARIABLES}
+    return {}
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -242,15 +258,14 @@ def _timed(target, wall_file: str | None):
 
 def main(argv: list[str]) -> None:
     _die_with_launcher(_launcher_pid())
-    if os.environ.get(DEVICE_MAP_VAR):
-        os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
+    os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0"))))
     if sys.path and os.path.abspath(sys.path[0]) == _HERE:
         del sys.path[0]  # never let this folder shadow modules named config, agent, ...; _run adds the right one
     _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    _note_group_joins(os.environ.get("MULTIGPU_STACKS_DIR"), os.environ.get("RANK", "0"))
+    _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _accelerate_on_cpu_ranks()
 
     try:
@@ -259,6 +274,13 @@ def main(argv: list[str]) -> None:
         if os.environ.get(DEBUG_VAR) == "1":
             raise
         sys.exit(130)  # the launcher reports the interrupt once, for the whole job
+    except Exception:
+        # torch's record() has written the traceback into this rank's error file; the launcher prints the
+        # failing rank's own frames from it under its one-line summary. Printing it here as well put every
+        # rank's whole traceback (33-190 lines) on the console before that summary.
+        if os.environ.get(DEBUG_VAR) == "1" or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            raise
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,17 @@ from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.hints import assumption_hint
-from multigpu.launch.rendezvous import hosts_store, loopback_interface, parse_endpoint
+from multigpu.launch.rendezvous import gloo_interface, hosts_store, loopback_interface, parse_endpoint
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RunContext
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
 _TAIL_LINES = 6
+NCCL_TRACE_DIR = "nccl_trace"
+"""Under the log directory: NCCL's flight recorder dumps, one file per rank (``rank_<r>``), on a collective timeout."""
+NCCL_TRACE_ENTRIES = "2000"
+"""Collectives each rank's flight recorder keeps (torch's own default when it is on)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,13 @@ def build_plan(
         loopback = loopback_interface()
         if loopback:  # gloo listens on the host name's address otherwise; one node needs no other
             env["GLOO_SOCKET_IFNAME"] = loopback
+    elif cfg.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in os.environ and os.environ.get("NCCL_SOCKET_IFNAME"):
+        # gloo (object collectives, monitored barriers beside NCCL) must reach the other nodes the way NCCL does
+        interface = gloo_interface(os.environ["NCCL_SOCKET_IFNAME"], _host_interfaces())
+        if interface:
+            env["GLOO_SOCKET_IFNAME"] = interface
+    if is_nccl_job(devices, run.pg_backend):
+        env.update(nccl_flight_recorder(log_dir))
     rdzv_configs: dict[str, object] = dict(cfg.rdzv_conf)
     rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
     run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
@@ -193,6 +204,84 @@ def independent_copies(stacks_dir: Path, local_world_size: int, nnodes: int) -> 
             f"{local_world_size * nnodes if nnodes == 1 else local_world_size} independent copies. Call "
             "mg.init() (or torch.distributed.init_process_group) in the script; an accelerate script on CPU "
             "ranks needs Accelerator(cpu=True) or PartialState(cpu=True)")
+
+
+def _host_interfaces() -> list[tuple[str, bool]]:
+    """(name, up) of this host's network interfaces, in the order the OS lists them."""
+    import psutil
+
+    stats = psutil.net_if_stats()
+    return [(name, bool(stat.isup)) for name, stat in stats.items()]
+
+
+def is_nccl_job(devices: DevicePlan, pg_backend: str | None) -> bool:
+    """Every rank on its own GPU, so the process group is NCCL (hybrid and shared-GPU jobs use gloo)."""
+    return bool(devices.gpu_ids) and not devices.hybrid and not devices.shared and pg_backend != "gloo"
+
+
+def nccl_flight_recorder(log_dir: str) -> dict[str, str]:
+    """NCCL's flight recorder on, dumped into the run's log directory when a collective times out.
+
+    The user's own settings win (they are in the environment the workers inherit; only unset ones are added)."""
+    wanted = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": NCCL_TRACE_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",  # torch's default; the dump on timeout needs it (ProcessGroupNCCL.hpp)
+        # the dump's path prefix, under both of torch's names (TORCH_FR_* is the newer)
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(log_dir) / NCCL_TRACE_DIR / "rank_"),
+        "TORCH_FR_DUMP_TEMP_FILE": str(Path(log_dir) / NCCL_TRACE_DIR / "rank_"),
+    }
+    return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+def nccl_dump_prefix(env: dict[str, str]) -> str | None:
+    """Where this job's NCCL flight recorder dumps go (``<prefix><rank>``): the user's setting, else the plan's."""
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        if os.environ.get(name) or env.get(name):
+            return os.environ.get(name) or env[name]
+    return None
+
+
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+                       r"OpType=(?P<op>\w+)[^)]*?Timeout\(ms\)=(?P<ms>\d+)\)")
+
+
+def nccl_watchdog(exitcode: int, log_text: str, nccl: bool) -> str | None:
+    """What to say when NCCL's watchdog ended a rank, else None (pure).
+
+    On NCCL a collective that never completes (a rank skipped it, or is stuck before it) does not raise in
+    Python: the host only queued it. NCCL's watchdog finds it after the process group's timeout (--timeout-s),
+    logs "Watchdog caught collective operation timeout" and takes the process down with SIGABRT.
+    """
+    found = _WATCHDOG.search(log_text or "")
+    if found:
+        return (f"NCCL's watchdog aborted it: {found['op'].lstrip('_').lower()} (collective #{found['seq']}) did not "
+                f"complete within {int(found['ms']) / 1000:g}s (--timeout-s). A rank probably skipped this "
+                "collective or is stuck before it")
+    if nccl and exitcode == -signal.SIGABRT:
+        return ("killed by SIGABRT: on NCCL that is how its watchdog ends a rank whose collective did not complete "
+                "within --timeout-s (a rank probably skipped a collective or is stuck before it); its log has "
+                "the watchdog's line")
+    return None
+
+
+def _rank_log_tail(log_dir: str, local_rank: int, size: int = 65536) -> str:
+    """The end of a rank's stderr.log under torch's log folder (latest attempt); "" when output was not teed."""
+    logs = sorted(Path(log_dir).glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return ""
+    with open(logs[-1], "rb") as fh:
+        fh.seek(max(0, logs[-1].stat().st_size - size))
+        return fh.read().decode(errors="replace")
+
+
+def _nccl_dumps(prefix: str) -> str:
+    folder, stem = Path(prefix).parent, Path(prefix).name
+    dumps = sorted(folder.glob(f"{stem}*")) if folder.is_dir() else []
+    if not dumps:
+        return f"none written under {folder} (NCCL dumps only on a collective timeout)"
+    return (f"{', '.join(p.name for p in dumps)} in {folder}; read them with "
+            f"`python -m torch.distributed.flight_recorder.fr_trace {folder}`")
 
 
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
@@ -274,10 +363,16 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
-def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True) -> WorkerFailedError:
-    """One readable summary: which rank failed first, how, its traceback's tail, where the logs are."""
+def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True,
+                      nccl_dump: str | None = None) -> WorkerFailedError:
+    """One readable summary: which rank failed first, how, its traceback's tail, where the logs are.
+
+    ``nccl_dump``: the NCCL flight recorder's dump prefix when the job ran on NCCL (None: not NCCL)."""
     rank, failure = err.get_first_failure()
     text = _message(failure)
+    watchdog = nccl_watchdog(failure.exitcode, _rank_log_tail(log_dir, failure.local_rank), nccl_dump is not None)
+    if watchdog:
+        text = watchdog
     lines = [f"rank {rank} of {world_size} failed first (exit code {failure.exitcode}): {text.splitlines()[0] if text else ''}"]
     tail = _traceback_tail(failure)
     if len(tail) == 1 and tail[0].partition(": ")[2] in text:
@@ -297,6 +392,8 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
         lines += [f"    {p.describe()}" for p in positions]
     else:
         lines.append("  other ranks: stopped by the launcher")
+    if watchdog and nccl_dump:
+        lines.append(f"  NCCL flight recorder: {_nccl_dumps(nccl_dump)}")
     where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
     lines.append(f"  full logs: {log_dir} ({where})")
     error_file = failure.error_file if failure.error_file and os.path.isfile(failure.error_file) else None
@@ -337,28 +434,34 @@ def launch(
     if plan.devices.note:
         print(f"multigpu: {plan.devices.note}", file=sys.stderr)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
+    dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
+    if dump:
+        Path(dump).parent.mkdir(parents=True, exist_ok=True)  # NCCL writes the files, not the folder
     stores.register()
-    with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
-        try:
-            _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
-        except ChildFailedError as exc:
-            raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None) from None
-        except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
-            if exc.sigval == signal.SIGINT:
-                raise KeyboardInterrupt from None
-            raise InterruptedBySignalError(exc.sigval) from None
-        except TorchRdzvTimeout as exc:
-            reason = f": {exc}" if str(exc).strip() else ""
-            raise RendezvousTimeoutError(
-                f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
-                "Start every node with the same --rdzv-endpoint and --nnodes."
-            ) from None
-        except MultigpuError:
-            raise
-        except (RuntimeError, ValueError, RendezvousError) as exc:
-            raise LaunchError(f"the launcher could not start the job: {exc}") from None
-    if stopped:
-        print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
+    stopped: list[int] = []
+    try:
+        with _quiet_agent_logs(), _environment(plan.env), processes.job_processes() as stopped:
+            try:
+                _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+            except ChildFailedError as exc:
+                raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump) from None
+            except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
+                if exc.sigval == signal.SIGINT:
+                    raise KeyboardInterrupt from None
+                raise InterruptedBySignalError(exc.sigval) from None
+            except TorchRdzvTimeout as exc:
+                reason = f": {exc}" if str(exc).strip() else ""
+                raise RendezvousTimeoutError(
+                    f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
+                    "Start every node with the same --rdzv-endpoint and --nnodes."
+                ) from None
+            except MultigpuError:
+                raise
+            except (RuntimeError, ValueError, RendezvousError) as exc:
+                raise LaunchError(f"the launcher could not start the job: {exc}") from None
+    finally:  # also after a failure or a signal: the error line stays the last one
+        if stopped:
+            print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
     copies = independent_copies(Path(plan.log_dir) / "stacks", plan.devices.nproc_per_node, cfg.nnodes)
     if copies and require_group:
         raise LaunchError(copies)

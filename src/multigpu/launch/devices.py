@@ -22,7 +22,7 @@ Workloads check their own data against :meth:`DevicePlan.memory_per_rank`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from multigpu import envvars
 from multigpu.errors import ConfigError, DeviceError
@@ -64,6 +64,8 @@ class HostFacts:
     """Memory available to new processes now (psutil's ``available``: free plus reclaimable cache)."""
     gpu_memory_bytes: int | None = None
     """Memory of the smallest GPU of this node (NVML, when installed), for data that lives on the GPU."""
+    gpu_capabilities: tuple[tuple[int, int], ...] | None = None
+    """CUDA compute capability of each visible GPU, in visible order (NVML, when installed; None: unknown)."""
 
     @classmethod
     def probe(cls) -> HostFacts:
@@ -75,9 +77,10 @@ class HostFacts:
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         vm = psutil.virtual_memory()
-        return cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
-                   memory_bytes=vm.total, available_bytes=vm.available,
-                   gpu_memory_bytes=_gpu_memory() if count else None)
+        facts = cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
+                    memory_bytes=vm.total, available_bytes=vm.available,
+                    gpu_memory_bytes=_gpu_memory() if count else None)
+        return replace(facts, gpu_capabilities=_gpu_capabilities(facts.physical_ids())) if count else facts
 
     def physical_ids(self) -> list[str]:
         """The id to write into CUDA_VISIBLE_DEVICES for each visible GPU index."""
@@ -108,6 +111,9 @@ class DevicePlan:
     """Memory available on this node when the job was planned (None: unknown)."""
     gpu_memory_bytes: int | None = None
     """Memory of this node's smallest GPU (None: unknown, or no GPU)."""
+    gpu_capability: tuple[int, int] | None = None
+    """The lowest CUDA compute capability of the selected GPUs (NVML; None: unknown, or no GPU). The launcher
+    decides bf16 support from it without creating a CUDA context."""
 
     @property
     def device_types(self) -> list[str]:
@@ -142,6 +148,29 @@ def _gpu_memory() -> int | None:
     except Exception:  # noqa: BLE001 - no driver, no device: unknown, so not checked
         return None
     return min(sizes) if sizes else None
+
+
+def _gpu_capabilities(ids: list[str]) -> tuple[tuple[int, int], ...] | None:
+    """Compute capability of each GPU in ``ids`` (physical indices or UUIDs) through NVML; None without it.
+
+    NVML, not torch: ``torch.cuda.get_device_capability`` would create a CUDA context in the launcher (on
+    GPU 0, for the whole job). NVML numbers GPUs in PCI order, CUDA fastest first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a node of mixed GPUs an index may name another board, so each
+    rank checks its own GPU again at start."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) if i.isdigit()
+                       else pynvml.nvmlDeviceGetHandleByUUID(i) for i in ids]
+            return tuple(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, an id NVML does not know: unknown, so each rank checks
+        return None
 
 
 def parse_gpus(spec: str, available: int) -> list[int]:
@@ -256,9 +285,13 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                 "pinned to its GPU; collectives over gloo (NCCL allows one rank per GPU)")
     hybrid = nproc > len(ids)
     if hybrid:
+        env[envvars.GPU_RANKS] = str(len(ids))  # the worker wrapper hides every GPU from the ranks after these
         note = f"hybrid job: {len(ids)} GPU rank(s) and {nproc - len(ids)} CPU rank(s) per node, gloo everywhere"
     env |= _threads_env(cfg, nproc, facts, inherited)
     threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
     note = _join(note, _check_fits(nproc, nproc - len(ids), facts, threads))
+    caps = facts.gpu_capabilities
+    lowest = min(caps[i] for i in selected) if caps and len(caps) == facts.gpu_count else None
     return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared,
-                      available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes)
+                      available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes,
+                      gpu_capability=lowest)

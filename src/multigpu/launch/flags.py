@@ -60,6 +60,10 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="torchrun's --redirects: streams written to log files only (same values as --tee)")
     add_flag(g, "--local-ranks-filter", type=_ranks, default=None, metavar="R,R",
              help="show only these local ranks' output here (the others: log files only)")
+    add_flag(g, "--print-sbatch", action="store_true",
+             help="print a ready sbatch script for this command (nodes from --nnodes) and exit")
+    add_flag(g, "--print-k8s", action="store_true",
+             help="print a Kubeflow PyTorchJob manifest for this command (nodes from --nnodes) and exit")
     add_flag(g, "--rank-prefix", action="store_true",
              help="prefix each line a worker prints with [rank<R>]: (as with --log-dir)")
     add_flag(g, "--timeout-s", type=positive_float, default=None, help="collective timeout in seconds")
@@ -199,3 +203,26 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
                               f"drop {flag} or run outside the scheduler's step")
     if placement.nproc_per_node is not None and args.nproc_per_node == "auto":
         args.nproc_per_node = placement.nproc_per_node
+
+
+def scheduler_file(args: argparse.Namespace, argv: list[str]) -> str | None:
+    """The sbatch script or PyTorchJob manifest asked for by ``--print-sbatch``/``--print-k8s``, else None."""
+    if not (getattr(args, "print_sbatch", False) or getattr(args, "print_k8s", False)):
+        return None
+    from multigpu.launch import schedulers
+    from multigpu.launch.devices import HostFacts, parse_gpus
+
+    if args.print_sbatch and args.print_k8s:
+        raise ConfigError("--print-sbatch and --print-k8s each print a whole file; pass one of them")
+    nnodes = args.nnodes or 1
+    if isinstance(args.nproc_per_node, int):
+        gpus, note = args.nproc_per_node, "from --nproc-per-node"
+    elif args.gpus not in (None, "all"):
+        gpus, note = len(parse_gpus(args.gpus, max(64, HostFacts.probe().gpu_count))), "from --gpus"
+    else:
+        visible = HostFacts.probe().gpu_count
+        gpus, note = max(visible, 1), f"this machine's count ({visible} visible): edit to your nodes' count"
+    make = schedulers.sbatch_script if args.print_sbatch else schedulers.pytorchjob_manifest
+    kwargs = {"gpus_note": note} if args.print_sbatch else {}
+    what = getattr(args, "target", None) or next((a for a in argv if not a.startswith("-")), "job")
+    return make(argv, what=what, nnodes=nnodes, gpus_per_node=gpus, **kwargs)

@@ -147,3 +147,30 @@ def loopback_interface() -> str | None:
         if any(a.family == socket.AF_INET and is_loopback(a.address) for a in addrs):
             return name
     return None
+
+
+def gloo_interface(nccl_ifname: str, interfaces: list[tuple[str, bool]]) -> str | None:
+    """The interface gloo should use to match NCCL's ``NCCL_SOCKET_IFNAME`` on this host (pure).
+
+    ``interfaces``: (name, up) of this host's interfaces. NCCL reads the variable as a comma-separated list of
+    name prefixes, ``=name`` for an exact name, and a leading ``^`` to exclude instead; gloo takes exact names.
+    The first up interface NCCL would accept is returned (loopback only when named); None when none matches.
+    """
+    spec = nccl_ifname.strip()
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    patterns = [p.strip() for p in spec.split(",") if p.strip()]
+
+    def named(name: str) -> bool:
+        return any(name == p if exact else name.startswith(p) for p in patterns)
+
+    for name, up in interfaces:
+        if not up:
+            continue
+        if exclude and not named(name) and not name.startswith(("lo", "docker")):  # NCCL skips these by default
+            return name
+        if not exclude and named(name):
+            return name
+    return None

@@ -124,3 +124,76 @@ def from_environment(env: Mapping[str, str], hostname: str | None = None) -> Sch
     if "OMPI_COMM_WORLD_SIZE" in env:
         return _openmpi(env)
     return None
+
+
+_NODE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--print-sbatch", "--print-k8s")
+"""Flags a scheduler's job file leaves out of the command: the scheduler says them on every node."""
+
+
+def command_for_scheduler(argv: list[str]) -> list[str]:
+    """``argv`` without the flags each node gets from its scheduler (and without the print flags)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
+        if name in _NODE_FLAGS:
+            skip = "=" not in arg and name not in ("--print-sbatch", "--print-k8s")
+            continue
+        out.append(arg)
+    return out
+
+
+def _job_name(what: str) -> str:
+    import re
+
+    stem = what.rsplit("/", 1)[-1].removesuffix(".py")
+    return "multigpu-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "job")
+
+
+def sbatch_script(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int, gpus_note: str) -> str:
+    """A ready ``sbatch`` script for ``multigpu ARGV`` on ``nnodes`` nodes: one launcher per node under srun,
+    which reads SLURM's variables (:func:`from_environment`)."""
+    import shlex
+
+    name = _job_name(what)
+    command = shlex.join(["multigpu", *command_for_scheduler(argv)])
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts one worker per GPU",
+        f"#SBATCH --gpus-per-node={gpus_per_node}            # {gpus_note}",
+        "#SBATCH --cpus-per-task=16           # the launcher gives each worker cores // GPUs threads",
+        "#SBATCH --time=01:00:00              # edit: the job's time limit",
+        f"#SBATCH --output={name}-%j.out",
+        f"#SBATCH --error={name}-%j.err",
+        "",
+        "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
+        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed.",
+        f"srun {command}",
+        "",
+    ])
+
+
+def pytorchjob_manifest(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int,
+                        image: str = "<your-image>") -> str:
+    """A Kubeflow ``PyTorchJob`` manifest for ``multigpu ARGV``: one pod per node (a Master and nnodes - 1
+    Workers); Kubeflow sets the PET_* variables each node's launcher reads."""
+    import yaml
+
+    command = ["multigpu", *command_for_scheduler(argv)]
+
+    def replica(count: int) -> dict:
+        container = {"name": "pytorch", "image": image, "command": command,
+                     "resources": {"limits": {"nvidia.com/gpu": gpus_per_node}}}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+
+    specs = {"Master": replica(1)}
+    if nnodes > 1:
+        specs["Worker"] = replica(nnodes - 1)
+    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "metadata": {"name": _job_name(what).lower().replace("_", "-").replace(".", "-")},
+                "spec": {"nprocPerNode": str(gpus_per_node), "pytorchReplicaSpecs": specs}}
+    return yaml.safe_dump(manifest, sort_keys=False)

@@ -13,9 +13,16 @@ windows, env-steps) and wraps each step::
 
 Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 
-* *wall* - time inside ``step()`` blocks;
-* *comm* - time spent in multigpu's collectives during those steps, plus what
-  the workload adds with ``add_comm()`` (e.g. a DDP communication hook);
+* *wall* - time inside ``step()`` blocks. On CUDA each step ends on an event
+  recorded on the current stream at the end of the block and waited for before
+  the clock is read, so a step's time includes the kernels it queued, not only
+  the time to queue them (the host waits at each step end; the next step's
+  kernels are queued after that);
+* *comm* - time spent in multigpu's collectives during those steps (device time
+  from CUDA events for CUDA tensors), plus what the workload adds with
+  ``add_comm()`` (e.g. a DDP communication hook). ``add_comm(None)`` says the
+  step had communication nobody could time (DDP's NCCL all-reduce): comm, comm
+  share, busy and imbalance are then ``None`` ("not measured"), never 0;
 * *busy* - wall minus comm: the compute this rank did;
 * *throughput* - items of all ranks / the slowest rank's wall time;
 * *comm share* - comm / wall, averaged over ranks;
@@ -46,7 +53,7 @@ import torch
 from multigpu.files import JsonlLog, write_json_atomic
 from multigpu.monitor import profile
 from multigpu.monitor import sampler as _sampler
-from multigpu.runtime import collectives, context, group, watchdog
+from multigpu.runtime import collectives, context, devicetime, group, watchdog
 
 __all__ = ["StepMeter", "write_json_atomic"]
 
@@ -100,6 +107,18 @@ def _quarters(step_times: list[float], step_items: list[int]) -> list[float] | N
     return out
 
 
+def sum_comm(comm_times: list[float | None]) -> float:
+    """The total of per-step comm times; NaN when any step's was not measured (None)."""
+    return float("nan") if any(c is None for c in comm_times) else float(sum(comm_times))
+
+
+def comm_share(comm_s: float, wall_s: float) -> float | None:
+    """comm / wall; None when comm was not measured (NaN)."""
+    if comm_s != comm_s:
+        return None
+    return comm_s / wall_s if wall_s > 0 else 0.0
+
+
 class StepMeter:
     """Measures a workload's steps on every rank and reduces them; see the module docstring.
 
@@ -114,6 +133,8 @@ class StepMeter:
         progress: Show the progress bar on rank 0 when stderr is a terminal.
         sampler: A started :class:`~multigpu.monitor.sampler.Sampler` (or None) to stop at ``close()``.
         profiler: A :class:`~multigpu.monitor.profile.StepProfiler` (or None), stepped with every step.
+        device: The device the steps run on (default: this rank's, from ``mg.init``; the CPU before it).
+            On CUDA every step ends on an event of its current stream (see the module docstring).
     """
 
     def __init__(
@@ -128,16 +149,19 @@ class StepMeter:
         progress: bool = True,
         sampler: _sampler.Sampler | None = None,
         profiler: profile.StepProfiler | None = None,
+        device: torch.device | str | None = None,
     ):
         self.unit = unit
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log_every = log_every
         self.warmup_steps = warmup_steps
         self.steps = 0
+        self.device = torch.device(device) if device is not None else None
         self.step_times: list[float] = []
-        self.comm_times: list[float] = []
+        self.comm_times: list[float | None] = []
+        """Per step; None where the step's communication was not measured (``add_comm(None)``)."""
         self.items: list[int] = []
-        self._extra_comm = 0.0
+        self._extra_comm: float | None = 0.0
         self._last_log = (0, 0.0, 0.0, 0)  # step, wall, comm, items at the previous log point
         self._progress = _Progress(description or unit, total_steps, unit, progress)
         self.extras: dict[str, float] = {}
@@ -155,9 +179,15 @@ class StepMeter:
         started = _sampler.start_for_rank(run_dir, run.sample_interval_s) if run_dir is not None else None
         return cls(unit, run_dir=run_dir, sampler=started, profiler=profile.profiler_for(run, run_dir), **kwargs)
 
-    def add_comm(self, seconds: float) -> None:
-        """Count ``seconds`` of communication done outside multigpu's collectives in the current step."""
-        self._extra_comm += seconds
+    def add_comm(self, seconds: float | None) -> None:
+        """Count ``seconds`` of communication done outside multigpu's collectives in the current step.
+
+        None: the step communicated and the time is unknown (NCCL's queue-time futures); the step's comm is
+        then not measured, rather than counted as 0."""
+        if seconds is None or self._extra_comm is None:
+            self._extra_comm = None
+        else:
+            self._extra_comm += seconds
 
     @contextlib.contextmanager
     def step(self, items: int = 0) -> Iterator[StepCount]:
@@ -166,15 +196,18 @@ class StepMeter:
         comm_before = collectives.collective_seconds()
         self._extra_comm = 0.0
         count = StepCount(items)
+        device = self.device or group.current_device()
         start = time.perf_counter()
         yield count
         items = count.items
+        devicetime.wait_for(device)  # on CUDA: the step's kernels have run, not only been queued
         wall = time.perf_counter() - start
-        comm = collectives.collective_seconds() - comm_before + self._extra_comm
+        extra = self._extra_comm
+        comm = None if extra is None else collectives.collective_seconds() - comm_before + extra
         self.steps += 1
         watchdog.heartbeat(f"step {self.steps} of {self.unit}")
         self.step_times.append(wall)
-        self.comm_times.append(min(comm, wall))
+        self.comm_times.append(None if comm is None else min(comm, wall))
         self.items.append(int(items))
         if self._profiler is not None:
             self._profiler.step()
@@ -191,8 +224,9 @@ class StepMeter:
     def _log_point(self) -> None:
         """Reduce the window since the last log point; rank 0 appends a line to metrics.jsonl."""
         last_step, last_wall, last_comm, last_items = self._last_log
-        wall, comm, items = sum(self.step_times), sum(self.comm_times), sum(self.items)
-        window = torch.tensor(
+        wall, items = sum(self.step_times), sum(self.items)
+        comm = sum_comm(self.comm_times)
+        window = torch.tensor(  # comm not measured travels as NaN: any rank's NaN makes the job's NaN
             [wall - last_wall, comm - last_comm, float(items - last_items)], dtype=torch.float64
         )
         # sent once as max and once as sum: max wall = slowest rank, sum items = all ranks
@@ -202,13 +236,14 @@ class StepMeter:
         if group.rank() != 0 or self.run_dir is None:
             return
         slowest = maxed[0].item()
+        comm_sum, wall_sum = summed[1].item(), summed[0].item()
         record = {
             "time": time.time(),
             "step": self.steps,
             "steps": self.steps - last_step,
             f"{self.unit}_per_s": summed[2].item() / slowest if slowest > 0 else None,
             "step_time_s": slowest / max(self.steps - last_step, 1),
-            "comm_share": summed[1].item() / summed[0].item() if summed[0].item() > 0 else 0.0,
+            "comm_share": comm_share(comm_sum, wall_sum),
             **self.extras,
         }
         if self._log is None:
@@ -218,18 +253,20 @@ class StepMeter:
     def summary(self) -> dict[str, Any]:
         """The reduced figures over the measured steps, on every rank. Call on all ranks."""
         m = self._measured()
+        comm_s = sum_comm(self.comm_times[m])
         mine = {
             "wall_s": sum(self.step_times[m]),
-            "comm_s": sum(self.comm_times[m]),
+            "comm_s": None if comm_s != comm_s else comm_s,  # NaN: not measured
             "items": sum(self.items[m]),
             "steps": len(self.step_times[m]),
             "step_times": self.step_times[m],
             "step_items": self.items[m],
         }
-        mine["busy_s"] = mine["wall_s"] - mine["comm_s"]
+        mine["busy_s"] = None if mine["comm_s"] is None else mine["wall_s"] - mine["comm_s"]
         ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
         slowest = max(r["wall_s"] for r in ranks)
-        busy = [r["busy_s"] for r in ranks]
+        measured = all(r["comm_s"] is not None for r in ranks)
+        busy = [r["busy_s"] for r in ranks] if measured else []
         # the job's step time at step t is its slowest rank's
         per_step = [max(ts) for ts in zip(*(r["step_times"] for r in ranks), strict=False)]
         return {
@@ -245,8 +282,9 @@ class StepMeter:
                 "min": min(per_step, default=0.0),
                 "max": max(per_step, default=0.0),
             },
-            "comm_share": statistics.fmean(r["comm_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0 for r in ranks),
-            "imbalance": max(busy) / min(busy) if min(busy) > 0 else 1.0,
+            "comm_share": statistics.fmean(r["comm_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0 for r in ranks)
+            if measured else None,
+            "imbalance": (max(busy) / min(busy) if min(busy) > 0 else 1.0) if measured else None,
             "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
             "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
         }

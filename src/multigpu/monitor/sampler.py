@@ -7,7 +7,16 @@ it appends one JSON line to ``<run_dir>/samples_node<k>.jsonl``::
      "cpu_percent": 87.5, "memory_used_gib": 9.1, "memory_total_gib": 24.0,
      "ranks": [{"rank": 0, "local_rank": 0, "pid": 4242, "cpu_percent": 99.0, "rss_gib": 0.41}, ...],
      "gpus": [{"index": 0, "name": "NVIDIA H100", "util_percent": 97, "memory_used_gib": 61.2,
-               "memory_total_gib": 79.6, "power_w": 612.3, "temperature_c": 71}, ...]}
+               "memory_total_gib": 79.6, "power_w": 612.3, "temperature_c": 71,
+               "uuid": "GPU-5f3c...", "ranks": [0]}, ...]}
+
+* Which GPU is which rank's: NVML numbers GPUs in PCI order and ignores
+  ``CUDA_VISIBLE_DEVICES``, so its index says nothing about a rank. Each CUDA rank
+  records its device's UUID (``torch.cuda.get_device_properties(i).uuid``, which
+  torch reads through ``CUDA_VISIBLE_DEVICES``) in its rank file, and the sampler
+  samples exactly those GPUs, by UUID (``nvmlDeviceGetHandleByUUID``), each with
+  the ranks on it and NVML's own index. Until a rank has said (or on CPU ranks)
+  it samples every GPU NVML sees, without ``uuid``/``ranks``.
 
 * GPUs through NVML (``nvidia-ml-py``, extra ``gpu``), imported only when the
   sampler starts; without NVIDIA GPUs ``gpus`` is an empty list.
@@ -36,7 +45,7 @@ from typing import Any
 from multigpu.errors import OutputError
 from multigpu.files import JsonlLog, write_text_atomic
 
-__all__ = ["Sampler", "gpu_samples", "register_rank", "start_for_rank"]
+__all__ = ["Sampler", "gpu_samples", "rank_gpu_uuid", "register_rank", "start_for_rank"]
 
 _GIB = 2**30
 
@@ -48,18 +57,38 @@ def _placement() -> tuple[int, int, int]:
     return group.rank(), group.local_rank(), group.node_rank()
 
 
+def rank_gpu_uuid() -> str | None:
+    """This rank's GPU as NVML names it (``GPU-<uuid>``), from torch, which honours ``CUDA_VISIBLE_DEVICES``;
+    None on a rank that does not compute on CUDA."""
+    from multigpu.runtime import group
+
+    device = group.current_device()
+    if device.type != "cuda":
+        return None
+    import torch
+
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # noqa: BLE001 - monitoring never takes the job down: this rank's GPU goes unnamed
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 def register_rank(run_dir: str | Path) -> Path:
-    """Write ``<run_dir>/ranks/rank<r>.json`` (pid, host, local rank) so the node's sampler follows this rank."""
+    """Write ``<run_dir>/ranks/rank<r>.json`` (pid, host, local rank, GPU UUID) so the node's sampler follows this
+    rank and samples its GPU."""
     rank, local_rank, node_rank = _placement()
     info = {"rank": rank, "local_rank": local_rank, "node_rank": node_rank, "pid": os.getpid(),
-            "host": socket.gethostname()}
+            "host": socket.gethostname(), "gpu_uuid": rank_gpu_uuid()}
     return write_text_atomic(Path(run_dir) / "ranks" / f"rank{rank}.json", json.dumps(info))
 
 
-def gpu_samples(nvml: Any, handles: list[Any]) -> list[dict[str, Any]]:
+def gpu_samples(nvml: Any, handles: list[Any], ranks: list[list[int]] | None = None) -> list[dict[str, Any]]:
     """One sample per GPU from an NVML module (``pynvml``) and its device handles.
 
-    A figure a GPU does not report (power on some boards) is ``None``.
+    A figure a GPU does not report (power on some boards) is ``None``. ``ranks``: the ranks on each handle's
+    GPU; given, each sample also has NVML's index, the GPU's ``uuid`` and its ``ranks``.
     """
     out = []
     for index, handle in enumerate(handles):
@@ -73,6 +102,9 @@ def gpu_samples(nvml: Any, handles: list[Any]) -> list[dict[str, Any]]:
         mem = read(nvml.nvmlDeviceGetMemoryInfo)
         power = read(nvml.nvmlDeviceGetPowerUsage)  # milliwatts
         name = read(nvml.nvmlDeviceGetName)
+        if ranks is not None:
+            nvml_index = read(nvml.nvmlDeviceGetIndex)
+            index = nvml_index if nvml_index is not None else index
         out.append({
             "index": index,
             "name": name.decode() if isinstance(name, bytes) else name,
@@ -82,6 +114,9 @@ def gpu_samples(nvml: Any, handles: list[Any]) -> list[dict[str, Any]]:
             "power_w": power / 1000 if power is not None else None,
             "temperature_c": read(nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU),
         })
+        if ranks is not None:
+            uuid = read(nvml.nvmlDeviceGetUUID)
+            out[-1].update(uuid=uuid.decode() if isinstance(uuid, bytes) else uuid, ranks=ranks[len(out) - 1])
     return out
 
 
@@ -125,6 +160,7 @@ class Sampler:
         self._want_gpus = gpus
         self._nvml: tuple[Any, list[Any]] | None = None
         self._procs: dict[int, tuple[dict, Any]] = {}  # pid -> (rank info, psutil.Process)
+        self._uuid_handles: dict[str, Any] = {}  # GPU UUID -> NVML handle (None: NVML does not know it)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -227,8 +263,30 @@ class Sampler:
             "memory_used_gib": (vm.total - vm.available) / _GIB,
             "memory_total_gib": vm.total / _GIB,
             "ranks": self._rank_samples(new),
-            "gpus": gpu_samples(*self._nvml) if self._nvml else [],
+            "gpus": self._gpu_samples() if self._nvml else [],
         }
+
+    def _gpu_samples(self) -> list[dict[str, Any]]:
+        """The GPUs of this node's ranks, by UUID (NVML's order ignores CUDA_VISIBLE_DEVICES); every GPU NVML sees
+        while no rank has named one."""
+        nvml, every = self._nvml
+        on: dict[str, list[int]] = {}
+        for info, _ in self._procs.values():
+            if info.get("gpu_uuid"):
+                on.setdefault(info["gpu_uuid"], []).append(info["rank"])
+        if not on:
+            return gpu_samples(nvml, every)
+        handles, ranks = [], []
+        for uuid, on_it in sorted(on.items(), key=lambda kv: min(kv[1])):
+            if uuid not in self._uuid_handles:
+                try:
+                    self._uuid_handles[uuid] = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                except Exception:  # noqa: BLE001 - a UUID NVML does not know (a MIG slice): not sampled
+                    self._uuid_handles[uuid] = None
+            if self._uuid_handles[uuid] is not None:
+                handles.append(self._uuid_handles[uuid])
+                ranks.append(sorted(on_it))
+        return gpu_samples(nvml, handles, ranks)
 
 
 def start_for_rank(run_dir: str | Path, interval_s: float = 1.0) -> Sampler | None:

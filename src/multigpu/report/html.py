@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from multigpu.bench.table import NOT_MEASURED, fmt_rate, fmt_ratio, fmt_share
+from multigpu.bench.table import fmt_rate, shown
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
 
@@ -59,7 +59,7 @@ def _reading(path: Path) -> Iterator[None]:
     except KeyError as exc:
         raise ConfigError(f"report: {path} has no {exc} entry, so it was not written by multigpu (or was edited); "
                           f"{_VALID}") from None
-    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(f"report: {path} holds a value of the wrong kind ({type(exc).__name__}: {first}); "
                           f"{_VALID}") from None
@@ -73,6 +73,8 @@ def _read_json(path: Path, kind: type = dict) -> Any:
         data = json.loads(path.read_text(errors="replace"))
     except ValueError as exc:
         raise ConfigError(f"report: {path} is not valid JSON ({exc}); {_VALID}") from None
+    except RecursionError:
+        raise ConfigError(f"report: {path} is nested deeper than Python's JSON reader goes; {_VALID}") from None
     except OSError as exc:
         raise ConfigError(f"report: {path} cannot be read: {exc.strerror or exc}") from None
     if not isinstance(data, kind):
@@ -133,21 +135,13 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> s
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _share1(value: float | None) -> str:
-    return NOT_MEASURED if value is None else f"{value:.1%}"
-
-
-def _seconds(value: float | None) -> str:
-    return NOT_MEASURED if value is None else f"{value:.3f}"
-
-
 def _scaling_section(bench: dict[str, Any]) -> str:
     from multigpu.report.plots import bench_figure
 
     unit = bench.get("unit", "items")
     rows = [[str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
              f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x", f"{r['efficiency']:.0%}",
-             f"{r['step_time_s'] * 1000:.1f}", fmt_share(r.get("comm_share")), fmt_ratio(r.get("imbalance"))]
+             f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"), shown(r["imbalance"], ".2f")]
             for r in bench["rows"]]
     notes = "".join(f'<li class="{"slower" if n.startswith("SLOWER") else ""}">{html.escape(n)}</li>'
                     for n in bench.get("notes", []))
@@ -169,12 +163,11 @@ def _run_section(run: dict[str, Any]) -> str:
         with _reading(run["path"] / "summary.json"):
             parts.append(_table(
                 ["world size", "steps", f"{s.get('unit', 'items')}/s", "median step ms", "comm share", "imbalance"],
-                [[str(s["world_size"]), str(s["steps"]), fmt_rate(s["throughput"]),
-                  f"{s['step_time_s']['median'] * 1000:.1f}", _share1(s.get("comm_share")),
-                  fmt_ratio(s.get("imbalance"))]]))
+                [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
+                  f"{s['step_time_s']['median'] * 1000:.1f}", shown(s["comm_share"], ".1%"), shown(s["imbalance"], ".2f")]]))
             parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
-                                [[str(i), _seconds(r.get("wall_s")), _seconds(r.get("comm_s")),
-                                  _seconds(r.get("busy_s")), f"{r['items']:g}"]
+                                [[str(i), shown(r.get("wall_s"), ".3f"), shown(r.get("comm_s"), ".3f"),
+                                  shown(r.get("busy_s"), ".3f"), f"{r['items']:g}"]
                                  for i, r in enumerate(s.get("per_rank", []))]))
     if run["samples"]:
         with _reading(run["path"] / "samples_node*.jsonl"):
@@ -234,6 +227,13 @@ def build_report(run_dir: str | Path) -> str:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename."""
-    page = build_report(run_dir)
+    """Write the page (default ``<run_dir>/report.html``) through a temporary file and a rename.
+
+    A number no plot or table can hold (``1e400`` read as an int, say) is one line, as any other value of the
+    wrong kind."""
+    try:
+        page = build_report(run_dir)
+    except (OverflowError, RecursionError) as exc:
+        raise ConfigError(f"report: {run_dir} holds a value multigpu cannot show ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'too deep'}); {_VALID}") from None
     return write_text_atomic(Path(out) if out is not None else Path(run_dir) / "report.html", page)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from multigpu.bench.table import shown
+
 __all__ = ["bench_figure", "png_base64", "save_png", "throughput_figure", "utilization_figure"]
 
 _IDEAL = "#888888"
@@ -63,19 +65,14 @@ def bench_figure(result: dict[str, Any]):
             title=f"{result.get('scaling', 'strong')} scaling: speedup vs ideal")
     ax1.grid(alpha=0.3)
     ax1.legend()
-    # a communication share that was not measured (None) splits nothing: the whole step, hatched
-    shares = [r.get("comm_share") for r in rows]
-    compute = [r["step_time_s"] * (1 - (c or 0.0)) * 1000 for r, c in zip(rows, shares, strict=True)]
-    comm = [r["step_time_s"] * (c or 0.0) * 1000 for r, c in zip(rows, shares, strict=True)]
+    shares = [r["comm_share"] or 0.0 for r in rows]  # not measured (None): the whole step drawn as compute
+    compute = [r["step_time_s"] * (1 - s) * 1000 for r, s in zip(rows, shares, strict=True)]
+    comm = [r["step_time_s"] * s * 1000 for r, s in zip(rows, shares, strict=True)]
     labels = [str(s) for s in sizes]
-    measured = [c is not None for c in shares]
-    ax2.bar(labels, compute, color=[_COMPUTE if m else "white" for m in measured],
-            edgecolor=_COMPUTE, hatch=[None if m else "//" for m in measured] if not all(measured) else None,
-            label="compute" if any(measured) else "step (split not measured)")
+    ax2.bar(labels, compute, color=_COMPUTE, label="compute")
     ax2.bar(labels, comm, bottom=compute, color=_COMM, label="communication")
-    for i, c in enumerate(shares):
-        text = "comm not measured" if c is None else f"{c:.0%} comm"
-        ax2.annotate(text, (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
+    for i, r in enumerate(rows):
+        ax2.annotate(f"{shown(r['comm_share'], '.0%')} comm", (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
     top = max((c + m for c, m in zip(compute, comm, strict=True)), default=1.0)
     ax2.set(xlabel="world size (ranks)", ylabel="median step time (ms)", title="where a step's time goes",
             ylim=(0, top * 1.18 or 1.0))

@@ -125,11 +125,14 @@ class ActionMap:
         self.start, self.shape, self.bounds = start, tuple(shape), bounds
         self.box = low is not None
         if self.box:
-            low_t = torch.as_tensor(np.asarray(low, dtype=np.float64).reshape(-1), dtype=torch.float32, device=device)
-            high_t = torch.as_tensor(np.asarray(high, dtype=np.float64).reshape(-1), dtype=torch.float32,
-                                     device=device)
+            low_np, high_np = (np.asarray(b, dtype=np.float64).reshape(-1) for b in (low, high))
+            low_t = torch.as_tensor(low_np, dtype=torch.float32, device=device)
+            high_t = torch.as_tensor(high_np, dtype=torch.float32, device=device)
             self.finite = torch.isfinite(low_t) & torch.isfinite(high_t)
-            self.all_finite = bool(self.finite.all())
+            # from the host's copy of the bounds: asking the device tensor would wait for the GPU
+            with np.errstate(over="ignore"):  # a bound beyond float32's range is inf there, as in the tensors
+                self.all_finite = bool(np.isfinite(low_np.astype(np.float32)).all() and
+                                       np.isfinite(high_np.astype(np.float32)).all())
             self.center = torch.where(self.finite, (high_t + low_t) / 2, torch.zeros_like(low_t))
             self.half = torch.where(self.finite, (high_t - low_t) / 2, torch.ones_like(low_t))
 

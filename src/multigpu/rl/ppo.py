@@ -70,6 +70,13 @@ def _advantages(cfg: RLConfig, rewards, values, dones, next_value) -> tuple[torc
     return advantages, advantages + values
 
 
+def _reads_on_host(device: torch.device) -> bool:
+    """Whether the rollout reads values on the host each step: on the CPU that is free and skips the work of
+    steps where no episode ended; on a GPU each read waits for the device, so the rollout reads once per
+    rollout instead (the same numbers)."""
+    return device.type == "cpu"
+
+
 def _make_envs(cfg: RLConfig, num_envs: int):
     """This rank's share of the environments, asked for same-step autoreset (a factory may keep its own)."""
     env = cfg.env.factory if cfg.env is not None else cfg.env_id
@@ -122,6 +129,8 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
     valid_buf = torch.ones(cfg.num_steps, n, dtype=torch.bool, device=device)  # False: a next-step reset step
     reset_step = torch.zeros(n, dtype=torch.bool, device=device)  # next-step autoreset: this step only resets
     episode_return = torch.zeros(n, device=device)
+    on_host = _reads_on_host(device)
+    ended_buf = None if on_host else torch.zeros(cfg.num_steps, n, device=device)  # returns of the episodes ending
     recent: collections.deque[float] = collections.deque(maxlen=cfg.return_window)
     episodes, mean_return, solved = 0, float("nan"), False
 
@@ -153,14 +162,22 @@ def train(cfg: RLConfig, run_dir=None, *, log=print) -> PPOResult:
                     if next_step:
                         valid_buf[t] = ~reset_step
                         reset_step = done
-                    any_ended = bool(done.any()) if next_step else "_final_obs" in info
-                    if any_ended:  # some episode ended: log its return, bootstrap the truncated ones
-                        if truncated.any():
-                            final = obs if next_step else info["final_obs"]  # next-step: obs is the last one
-                            rew_buf[t] += cfg.gamma * agent(policy_input(final))[1] * truncated
-                        finished.append(episode_return[done].clone())
-                        episode_return[done] = 0.0
+                    if on_host:
+                        any_ended = bool(done.any()) if next_step else "_final_obs" in info
+                        if any_ended:  # some episode ended: log its return, bootstrap the truncated ones
+                            if truncated.any():
+                                final = obs if next_step else info["final_obs"]  # next-step: obs is the last one
+                                rew_buf[t] += cfg.gamma * agent(policy_input(final))[1] * truncated
+                            finished.append(episode_return[done].clone())
+                            episode_return[done] = 0.0
+                    else:  # no host read: bootstrap every step (times truncated: + 0 where none was cut)
+                        final = obs if next_step else info.get("final_obs", obs)
+                        rew_buf[t] += cfg.gamma * agent(policy_input(final))[1] * truncated
+                        ended_buf[t] = episode_return
+                        episode_return.masked_fill_(done, 0.0)
                     done_buf[t] = done.float()
+                if not on_host:  # the ended episodes' returns, in step then environment order: one read
+                    finished.append(ended_buf[done_buf.bool()])
                 advantages, returns = _advantages(cfg, rew_buf, val_buf, done_buf, agent(policy_input(obs))[1])
 
             # 2. the episodes that ended on any rank, in rank order: the same moving mean everywhere

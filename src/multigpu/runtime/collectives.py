@@ -1,7 +1,9 @@
 """Collectives with timeouts, shape checks and order-preserving gather (inside each rank).
 
 Every function here but ``send``/``recv`` (one sender, one receiver) must be called on all ranks. With ``world_size == 1`` each
-one is the identity (no process group exists). Errors from torch are rewritten
+one is the identity (no process group exists; the test harness's group of one has one and takes the multi-rank
+path). Checked collectives compare shapes and dtypes over gloo first (the host group beside NCCL), so a
+mismatch raises on every rank before any data moves, and the check never waits for a GPU. Errors from torch are rewritten
 into :class:`~multigpu.errors.CollectiveTimeoutError` (naming this rank, the
 call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
 (listing every rank's shape) instead of hanging or printing gloo's internals.
@@ -21,6 +23,7 @@ import torch.distributed as dist
 
 from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
 from multigpu.runtime import group, watchdog
+from multigpu.runtime.devicetime import DeviceSpans, is_async
 
 __all__ = [
     "all_gather",
@@ -40,16 +43,24 @@ _DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
     torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
 ]
-_COLLECTIVE_S = 0.0  # wall time spent inside our collectives on this rank (read by the monitor)
+_COLLECTIVE_S = 0.0  # host time spent inside our collectives on this rank (read by the monitor)
+_DEVICE_SPANS = DeviceSpans()  # CUDA collectives: their device time, from events (the host only queues them)
 
 
 def collective_seconds() -> float:
-    """Seconds this rank has spent inside multigpu's collectives since it started."""
-    return _COLLECTIVE_S
+    """Seconds this rank has spent in multigpu's collectives since it started.
+
+    Host time for collectives that block the host (gloo, objects, barriers); for a tensor collective on CUDA,
+    the device time between events recorded on the current stream before and after it (the stream waits for
+    NCCL there): a span counts once its end event has completed, so read this after the step's work has run
+    (``StepMeter`` waits for its step's end event first).
+    """
+    return _COLLECTIVE_S + _DEVICE_SPANS.seconds()
 
 
 def _active() -> bool:
-    return group.is_initialized() and group.get_env().world_size > 1
+    """Whether a process group exists: world_size > 1, or the test harness's group of one."""
+    return group.is_initialized() and group.get_env().backend != "none"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -61,10 +72,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _translate(op: str) -> Iterator[None]:
-    """Time the collective and rewrite torch's errors into ours, naming rank and call."""
+def _translate(op: str, device: torch.device | None = None) -> Iterator[None]:
+    """Time the collective and rewrite torch's errors into ours, naming rank and call.
+
+    ``device``: the tensor's device; on CUDA the collective is timed on the device (see collective_seconds).
+    """
     global _COLLECTIVE_S
     env = group.get_env(op)
+    on_device = is_async(device)
+    span = _DEVICE_SPANS.begin(device) if on_device else None
     start = time.perf_counter()
     try:
         yield
@@ -91,7 +107,10 @@ def _translate(op: str) -> Iterator[None]:
             ) from exc
         raise
     finally:
-        _COLLECTIVE_S += time.perf_counter() - start
+        if span is not None:
+            _DEVICE_SPANS.end(span, device)
+        else:
+            _COLLECTIVE_S += time.perf_counter() - start
         watchdog.heartbeat(f"{op}()")
 
 
@@ -124,16 +143,19 @@ def _meta(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _all_metas(tensor: torch.Tensor, op: str) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
-    """Every rank's (shape, dtype), exchanged over the CPU (gloo) path of the group."""
+    """Every rank's (shape, dtype), exchanged as CPU tensors over gloo (the host group beside NCCL).
+
+    Never over NCCL: reading an NCCL result on the host waits for every kernel queued before it (a full
+    device sync per checked collective, every step). Over gloo only the host waits, for the other ranks
+    to reach the same call (or the group's timeout), and the data collective is queued after the check.
+    """
     mine = _meta(tensor)
-    if group.get_env().backend == "nccl":
-        mine = mine.to(group.device())
     parts = [torch.empty_like(mine) for _ in range(group.get_env().world_size)]
     with _translate(op):
-        dist.all_gather(parts, mine)
+        dist.all_gather(parts, mine, group=group.host_group())
     out = []
     for p in parts:
-        p = p.cpu().tolist()
+        p = p.tolist()
         ndim, code = p[0], p[1]
         out.append((tuple(p[2 : 2 + ndim]), _DTYPES[code] if code >= 0 else None))
     return out
@@ -167,7 +189,7 @@ def _gather_tensor(tensor: torch.Tensor, dst: int | None) -> torch.Tensor | None
     padded = padded.contiguous()
     receive = dst is None or env.rank == dst
     buffers = [torch.empty_like(padded) for _ in shapes] if receive else None
-    with _translate("gather"):
+    with _translate("gather", padded.device):
         if dst is None:
             dist.all_gather(buffers, padded)
         else:
@@ -243,7 +265,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check_shapes: bool = Tr
         return tensor
     if check_shapes:
         _check_shapes(tensor, "all_reduce", allow_dim0=False)
-    with _translate("all_reduce"):
+    with _translate("all_reduce", tensor.device):
         dist.all_reduce(tensor, op=_OPS[op])
     if op == "mean":
         if tensor.is_floating_point() or tensor.is_complex():
@@ -259,7 +281,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         group.get_env("broadcast")
         return tensor
     _check_shapes(tensor, "broadcast", allow_dim0=False)
-    with _translate("broadcast"):
+    with _translate("broadcast", tensor.device):
         dist.broadcast(tensor, src=src)
     return tensor
 
@@ -289,44 +311,58 @@ class Pending:
         self._works, self._keep = [], []
 
 
-def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> Pending:
+def _route(pg, peer: int, *, sending: bool) -> tuple[Any, int]:
+    """``(process group or None, peer's rank in it)``; a :class:`~multigpu.runtime.group.Loopback` picks its end."""
+    if isinstance(pg, group.Loopback):
+        return pg.route(peer, sending=sending)
+    return pg, peer  # the default group, or one of every rank: group ranks are global ranks
+
+
+def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0, pg=None) -> Pending:
     """Start sending ``tensor`` (any shape and dtype) to rank ``dst``, which calls ``recv(src=<this rank>)``.
 
     Point to point: only the two ranks take part. A small header (shape, dtype)
     goes first, so the receiver needs to know nothing in advance. Returns at
     once; call ``wait()`` on the result before the process leaves the group
     (messages to one receiver arrive in the order sent). CPU tensors only on
-    gloo; on nccl the tensor is moved to this rank's device.
+    gloo; on nccl the tensor is moved to this rank's device. ``pg``: another
+    group, e.g. :func:`~multigpu.runtime.group.exchange_group` (gloo: the tensor
+    travels from the CPU, and the receiver passes the same ``pg``).
     """
     env = group.get_env("send")
-    if env.backend == "nccl":
+    if pg is None and env.backend == "nccl":
         tensor = tensor.to(group.device())
+    elif pg is not None:
+        tensor = tensor.cpu()
     header, data = _meta(tensor).to(tensor.device), tensor.contiguous()
+    pg, peer = _route(pg, dst, sending=True)
     with _translate("send"):
-        works = [dist.isend(header, dst=dst, tag=tag)]
+        works = [dist.isend(header, group=pg, group_dst=peer, tag=tag)]
         if data.numel():
-            works.append(dist.isend(data, dst=dst, tag=tag))
+            works.append(dist.isend(data, group=pg, group_dst=peer, tag=tag))
     return Pending(works, [header, data])
 
 
-def send(tensor: torch.Tensor, dst: int, *, tag: int = 0) -> None:
+def send(tensor: torch.Tensor, dst: int, *, tag: int = 0, pg=None) -> None:
     """:func:`isend` and wait: returns once rank ``dst`` has received ``tensor``; the group's timeout applies."""
-    isend(tensor, dst, tag=tag).wait()
+    isend(tensor, dst, tag=tag, pg=pg).wait()
 
 
-def recv(src: int, *, tag: int = 0) -> torch.Tensor:
-    """Receive the tensor that rank ``src`` sends with ``send(..., dst=<this rank>)``; returned on the CPU."""
+def recv(src: int, *, tag: int = 0, pg=None) -> torch.Tensor:
+    """Receive the tensor that rank ``src`` sends with ``send(..., dst=<this rank>)`` (the same ``pg``); returned
+    on the CPU. Over gloo (any ``pg``, or a gloo job) only this thread waits for the sender, never a CUDA stream."""
     env = group.get_env("recv")
-    device = group.device() if env.backend == "nccl" else torch.device("cpu")
+    device = group.device() if pg is None and env.backend == "nccl" else torch.device("cpu")
     header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device)
     limit = timedelta(seconds=group.timeout_s())
+    pg, peer = _route(pg, src, sending=False)
     with _translate("recv"):
-        dist.irecv(header, src=src, tag=tag).wait(limit)
+        dist.irecv(header, group=pg, group_src=peer, tag=tag).wait(limit)
         fields = header.cpu().tolist()
         ndim, code = fields[0], fields[1]
         if code < 0:
             raise CollectiveError(f"recv() from rank {src}: the sender's dtype is not one of {_DTYPES}")
         out = torch.empty(fields[2:2 + ndim], dtype=_DTYPES[code], device=device)
         if out.numel():
-            dist.irecv(out, src=src, tag=tag).wait(limit)
+            dist.irecv(out, group=pg, group_src=peer, tag=tag).wait(limit)
     return out.cpu()

@@ -4,10 +4,13 @@ Pure functions of injected facts (CUDA device count, MPS availability, the
 launcher's hints), so every rule is tested without GPUs.
 
 Rules, for ``backend="auto"``: CUDA if any device is visible, then MPS, then CPU.
-A rank uses ``cuda:local_rank``; under ``--isolate-devices`` every worker sees
-exactly one GPU and uses ``cuda:0``. A rank whose ``local_rank`` has no GPU
-runs on the CPU only in the launcher's hybrid mode (``--allow-cpu-ranks``);
-otherwise it is an error. The process group is NCCL when every rank is on
+A rank uses ``cuda:local_rank``; a process that sees exactly one GPU uses
+``cuda:0`` whatever its ``local_rank`` (``--isolate-devices``, SLURM's ``srun
+--gpus-per-task=1``: every task sees only its own GPU while ``SLURM_LOCALID``
+runs 0..7). A rank whose ``local_rank`` has no GPU among several runs on the
+CPU in the launcher's hybrid mode (``--allow-cpu-ranks``), on GPU
+``local_rank % count`` where ranks were asked to share GPUs (the run context's
+process-group backend is gloo), and is otherwise an error naming both numbers. The process group is NCCL when every rank is on
 CUDA, gloo otherwise (a hybrid job uses gloo on every rank).
 """
 
@@ -38,6 +41,9 @@ class DeviceFacts:
     """The launcher allowed ranks without a GPU to run on the CPU (hybrid mode)."""
     hybrid: bool = False
     """Some rank of this job runs on the CPU, so every rank must use gloo."""
+    share_gpus: bool = False
+    """Ranks were asked to share GPUs (collectives over gloo): a rank beyond the GPU count takes GPU
+    ``local_rank % cuda_count`` instead of failing."""
 
     @classmethod
     def probe(cls, run=None) -> DeviceFacts:
@@ -53,12 +59,13 @@ class DeviceFacts:
             isolated=run.isolated,
             allow_cpu_ranks=run.allow_cpu_ranks,
             hybrid=run.hybrid,
+            share_gpus=run.pg_backend == "gloo",
         )
 
 
 def _cuda_device(local_rank: int, facts: DeviceFacts, required: bool) -> torch.device | None:
     if facts.cuda_count == 0:
-        if required:
+        if required and not facts.allow_cpu_ranks:  # a hybrid job's CPU ranks are shown no GPU at all
             raise DeviceError(
                 "backend='cuda' but this process sees no CUDA device; valid here: 'auto' or 'cpu'. "
                 "Run `multigpu info` to see what torch finds."
@@ -70,9 +77,14 @@ def _cuda_device(local_rank: int, facts: DeviceFacts, required: bool) -> torch.d
         return torch.device("cuda", local_rank)
     if facts.allow_cpu_ranks:
         return None
+    if facts.cuda_count == 1:  # this process was given one GPU (srun --gpus-per-task=1): it is this rank's
+        return torch.device("cuda", 0)
+    if facts.share_gpus:
+        return torch.device("cuda", local_rank % facts.cuda_count)
     raise DeviceError(
-        f"local_rank {local_rank} has no GPU: this node sees {facts.cuda_count} CUDA device(s). "
-        f"Launch at most {facts.cuda_count} process(es) per node, or pass --allow-cpu-ranks to run the extra ranks on CPU."
+        f"local_rank {local_rank} has no GPU: this process sees {facts.cuda_count} CUDA device(s). Launch at most "
+        f"{facts.cuda_count} process(es) per node, give each process one GPU (--isolate-devices, srun --gpus-per-task=1), "
+        "or pass --allow-cpu-ranks to run the extra ranks on CPU."
     )
 
 

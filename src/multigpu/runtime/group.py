@@ -46,6 +46,8 @@ __all__ = [
     "is_initialized",
     "is_main",
     "current_device",
+    "exchange_group",
+    "host_group",
     "local_rank",
     "monitor_group",
     "node_rank",
@@ -66,7 +68,18 @@ NO_LAUNCHER_WAIT_S = 60.0
 _ENV: DistEnv | None = None
 _INIT_ARGS: dict | None = None
 _TIMEOUT_S: float = DEFAULT_TIMEOUT_S
-_MONITOR_GROUP = None  # a gloo group beside an NCCL default group, for monitored_barrier
+_MONITOR_GROUP = None  # a gloo group beside an NCCL default group: monitored_barrier, collectives' metadata
+_EXCHANGE_GROUP = None  # a gloo group for point-to-point exchanges on a side thread (NCCL jobs), made on first use
+_GROUP_OF_ONE = False  # the test harness's switch: a real process group at world size 1 (see _testing_group_of_one)
+
+
+def _testing_group_of_one() -> None:
+    """Test harness only (``run_on_ranks(fn, 1, group_of_one=True)``): the next :func:`init` at world size 1
+    creates a real process group (NCCL on a GPU, else gloo), and collectives, point-to-point exchanges
+    (through a loopback, :class:`Loopback`) and the workloads take their multi-rank paths, so a one-GPU
+    machine runs the NCCL code. Nothing a user runs calls this; :func:`shutdown` clears it."""
+    global _GROUP_OF_ONE
+    _GROUP_OF_ONE = True
 
 
 def thread_budget(local_world_size: int, threads: int | None = None, env: dict | None = None) -> int:
@@ -152,7 +165,8 @@ def init(
     run = context.current()
     facts = DeviceFacts.probe(run)
     dev = select_device(backend, placement.local_rank, facts)
-    pg_backend = choose_backend(dev, placement.world_size, facts, run.pg_backend)
+    as_ranks = 2 if _GROUP_OF_ONE and placement.world_size == 1 else placement.world_size
+    pg_backend = choose_backend(dev, as_ranks, facts, run.pg_backend)
     _TIMEOUT_S = _resolve_timeout(timeout_s, run)
 
     torch.set_num_threads(thread_budget(placement.local_world_size, threads))
@@ -267,7 +281,7 @@ def shutdown(*, barrier: bool = True) -> None:
 
     Call on all ranks. Safe to call when not initialised, and twice.
     """
-    global _ENV, _INIT_ARGS, _MONITOR_GROUP
+    global _ENV, _INIT_ARGS, _MONITOR_GROUP, _EXCHANGE_GROUP, _GROUP_OF_ONE
     watchdog.stop()
     if _ENV is not None and _ENV.world_size > 1 and dist.is_initialized() and barrier:
         from multigpu.runtime.collectives import barrier as _barrier
@@ -277,7 +291,8 @@ def shutdown(*, barrier: bool = True) -> None:
         dist.destroy_process_group()
     _ENV = None
     _INIT_ARGS = None
-    _MONITOR_GROUP = None
+    _MONITOR_GROUP = _EXCHANGE_GROUP = None
+    _GROUP_OF_ONE = False
 
 
 def is_initialized() -> bool:
@@ -347,3 +362,49 @@ def timeout_s() -> float:
 def monitor_group():
     """A gloo group usable by ``monitored_barrier`` (the default group when it is gloo)."""
     return _MONITOR_GROUP
+
+
+def host_group():
+    """The gloo group for small host-side collectives (shapes, dtypes): ``None`` (the default group) on gloo
+    jobs, the gloo group made beside NCCL on NCCL jobs, so they never wait on a CUDA stream."""
+    return _MONITOR_GROUP
+
+
+class Loopback:
+    """A point-to-point "group" of one process with itself: two gloo process groups of size 2 in this process,
+    joined over a local store, one that sends and one that receives (gloo has no pair to itself, and NCCL
+    serializes a send and a receive to itself on one stream). Made only by the test harness's group of one."""
+
+    def __init__(self, timeout_s: float):
+        from concurrent.futures import ThreadPoolExecutor
+
+        store = dist.HashStore()
+        with ThreadPoolExecutor(2) as pool:  # each end waits in its constructor until the other connects
+            self.sender, self.receiver = pool.map(
+                lambda r: dist.ProcessGroupGloo(store, r, 2, timedelta(seconds=timeout_s)), (0, 1))
+
+    def route(self, peer: int, *, sending: bool):
+        """``(process group, peer's rank in it)`` for a send to, or a receive from, this process (rank ``peer``)."""
+        return (self.sender, 1) if sending else (self.receiver, 0)
+
+
+def exchange_group():
+    """The group for point-to-point exchanges of CPU tensors run on a side thread (inference's receiver).
+
+    Call on all ranks the first time: on NCCL jobs it makes a gloo group of every rank, kept until
+    :func:`shutdown`. A receive over NCCL makes the calling thread's CUDA stream (the default one, which
+    the main thread's kernels share) wait for a peer that may send much later; over gloo only the
+    receiving thread waits. gloo jobs: ``None``, the default group. The harness's group of one: a
+    :class:`Loopback`.
+    """
+    global _EXCHANGE_GROUP
+    env = get_env("exchange_group")
+    if env.world_size == 1 and env.backend != "none":
+        if _EXCHANGE_GROUP is None:
+            _EXCHANGE_GROUP = Loopback(_TIMEOUT_S)
+        return _EXCHANGE_GROUP
+    if env.backend != "nccl":
+        return None
+    if _EXCHANGE_GROUP is None:
+        _EXCHANGE_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
+    return _EXCHANGE_GROUP

@@ -139,7 +139,7 @@ class DiffSIR:
         return y.to(torch.int64) * self.width + x.to(torch.int64)
 
     def _local_field(self, cell, i):
-        return torch.zeros(self.height * self.width, dtype=i.dtype).index_add(0, cell, i)
+        return torch.zeros(self.height * self.width, dtype=i.dtype, device=i.device).index_add(0, cell, i)
 
     def _global_field(self, local):
         return exchange.sum_field(local.detach().clone())
@@ -165,10 +165,21 @@ class DiffSIR:
     # ---------------------------------------------------------------- forward and backward
     def forward(self, beta: float, gamma: float) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
         """Run every step without a graph: (what the backward pass keeps per step, global S, I, R per step)."""
-        b = torch.tensor(beta, dtype=torch.float64)
-        g = torch.tensor(gamma, dtype=torch.float64)
+        kept, counts = self.forward_counts(beta, gamma)
+        series = {"S": [], "I": [], "R": []}
+        for row in counts.tolist():  # the one host read of the forward pass
+            for name, v in zip("SIR", row, strict=True):
+                series[name].append(v)
+        return kept, series
+
+    def forward_counts(self, beta: float, gamma: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """:meth:`forward` with the series left on the agents' device: [steps, 3] int64 (S, I, R), summed
+        over ranks in one all-reduce after the last step (integer sums: the same as one per step)."""
+        dev = self.ids.device
+        b = torch.full((), beta, dtype=torch.float64, device=dev)  # filled there, not copied from the host
+        g = torch.full((), gamma, dtype=torch.float64, device=dev)
         x, y, state = self.x0, self.y0, self.state0
-        kept, series = [], {"S": [], "I": [], "R": []}
+        kept, local = [], []
         with torch.no_grad():
             for step in range(self.cfg.steps):
                 x, y = self._move(x, y, step)
@@ -178,18 +189,26 @@ class DiffSIR:
                 field = self._global_field(self._local_field(cell, i))
                 s, i, r = self._transition(step, cell, s, i, r, field, b, g)
                 state = (I * i + R * r).round().to(torch.uint8)  # S=0: the hard state back as a code
-                sums = exchange.sum_field(torch.stack([s.sum(), i.sum(), r.sum()]).round().to(torch.int64))
-                for name, v in zip("SIR", sums.tolist(), strict=True):
-                    series[name].append(v)
-        return kept, series
+                local.append(torch.stack([s.sum(), i.sum(), r.sum()]).round().to(torch.int64))
+        counts = torch.stack(local) if local else torch.zeros((0, 3), dtype=torch.int64, device=dev)
+        return kept, exchange.sum_field(counts)
 
     def gradient(self, kept, grad_series: dict[str, torch.Tensor], beta: float, gamma: float,
                  truncate: int = 0) -> dict[str, float]:
         """d loss / d (beta, gamma), given d loss / d series (one value per step and column). Call on all ranks."""
-        b = torch.tensor(beta, dtype=torch.float64, requires_grad=True)
-        g = torch.tensor(gamma, dtype=torch.float64, requires_grad=True)
+        grads = self.gradient_tensor(kept, grad_series, beta, gamma, truncate).tolist()  # the one host read
+        return {"beta": grads[0], "gamma": grads[1]}
+
+    def gradient_tensor(self, kept, grad_series: dict[str, torch.Tensor], beta: float, gamma: float,
+                        truncate: int = 0) -> torch.Tensor:
+        """:meth:`gradient` as a float64 tensor [d/d beta, d/d gamma] on the agents' device."""
+        dev = self.ids.device
+        b = torch.full((), beta, dtype=torch.float64, device=dev, requires_grad=True)
+        g = torch.full((), gamma, dtype=torch.float64, device=dev, requires_grad=True)
         n = self.ids.numel()
-        carry = [torch.zeros(n, dtype=torch.float64) for _ in range(3)]  # d loss / d (s, i, r) after the step
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        grad_series = {c: v.to(dev) for c, v in grad_series.items()}  # one copy, not one per step
+        carry = [torch.zeros(n, dtype=torch.float64, device=dev) for _ in range(3)]  # d loss / d (s, i, r) after
         first = max(0, len(kept) - truncate) if truncate else 0
         for step in reversed(range(first, len(kept))):
             x, y, state = kept[step]
@@ -199,17 +218,14 @@ class DiffSIR:
             field = self._global_field(local).requires_grad_()
             out = self._transition(step, cell, s, i, r, field, b, g)
             sums = torch.stack([v.sum() for v in out])
-            grad_sums = torch.stack([grad_series[c][step] if c in grad_series else torch.zeros((), dtype=torch.float64)
-                                     for c in "SIR"])
+            grad_sums = torch.stack([grad_series[c][step] if c in grad_series else zero for c in "SIR"])
             torch.autograd.backward([*out, sums], [*carry, grad_sums])
             # every rank's agents read the summed field: its gradient is the sum of every rank's
             field_grad = exchange.sum_field(field.grad.clone())
             torch.autograd.backward(local, field_grad)
             carry = [v.grad for v in (s, i, r)]
-        grads = torch.stack([b.grad if b.grad is not None else torch.zeros((), dtype=torch.float64),
-                             g.grad if g.grad is not None else torch.zeros((), dtype=torch.float64)])
-        grads = exchange.sum_field(grads)  # each rank holds its own agents' share
-        return {"beta": float(grads[0]), "gamma": float(grads[1])}
+        grads = torch.stack([b.grad if b.grad is not None else zero, g.grad if g.grad is not None else zero])
+        return exchange.sum_field(grads)  # each rank holds its own agents' share
 
 
 @dataclass

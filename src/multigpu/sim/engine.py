@@ -26,9 +26,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 
 from multigpu.errors import ConfigError
-from multigpu.runtime import collectives, group
+from multigpu.runtime import group
+from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, models, native, network, partition, population
 from multigpu.sim.api import Context, Substep, get_model, model_params
@@ -82,11 +84,12 @@ class SimEngine:
         self._stale: dict[str, torch.Tensor] = {}
         self.timers: dict[str, float] = defaultdict(float)
         self.rebalances: list[dict] = []
+        self._row_owner: tuple[list[int], torch.Tensor] | None = None  # (borders, row -> rank) for _owner
         self.uses_network = any(s.field == "network" for s in self.substeps)
         self.graph = None
         if self.uses_network:  # agents stay in id order on the rank that owns their id (see sim.network)
             t = time.perf_counter()
-            self.graph = network.build(cfg.network, self.num_agents, cfg.seed)
+            self.graph = network.build(cfg.network, self.num_agents, cfg.seed).to(self.device)
             self.timers["network.build"] += time.perf_counter() - t
         if populate:
             self._populate()
@@ -94,6 +97,8 @@ class SimEngine:
     # ------------------------------------------------------------------ setup
     def _kernels(self) -> dict:
         kernels = dict(KERNELS)
+        if self.device.type != "cpu":  # the same counts without reading how many agents are infected (a GPU sync)
+            kernels.update(FUSED_KERNELS)
         if self.cfg.compile:
             kernels = {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
         self.use_native = self._native()
@@ -194,8 +199,9 @@ class SimEngine:
             sums_i, early = self._apply(sub, prepared, following)
             sums.extend(sums_i)
             values.extend(ctx.env["series"][n] for n in sub.globals(self.params))
-        local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
-        self._pending.append((self.step_index, local.to(torch.int64).cpu(), values))
+        local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=self.device)
+        # kept on the device: read on the host once per flush, not once per step (a GPU sync each)
+        self._pending.append((self.step_index, local.to(torch.int64), values))
         self.step_index += 1
         if self._sorts() and self.step_index % self.cfg.sort_every == 0:
             self.sort_by_row()
@@ -238,7 +244,7 @@ class SimEngine:
                 total = out.to(torch.int64) if total is None else total + out
             if early is not None:
                 following.contribute(ctx, chunk, early)
-            if sub.moves and self.spatial:
+            if sub.moves and self.spatial and self.world > 1:  # one rank owns every row: no agent leaves
                 y = chunk["y"]
                 away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
                 if away is None:
@@ -254,8 +260,8 @@ class SimEngine:
                 arrived = {k: b[before : self.state.n] for k, b in self.state.buffers.items()}
                 following.contribute(ctx, arrived, early)
             self.timers["migrate"] += time.perf_counter() - t
-        if total is None:
-            total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64)
+        if total is None:  # no agents here (or no sums): zeros on the device, stacked with the other substeps'
+            total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64, device=self.device)
         return list(total.reshape(-1)), early
 
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
@@ -325,11 +331,15 @@ class SimEngine:
 
     # ------------------------------------------------------------------ spatial strategies
     def _owner(self, y: torch.Tensor) -> torch.Tensor:
-        owner = partition.row_owner(self.borders, self.device)
-        return owner[y.to(torch.int64)]
+        # made on the CPU once per set of borders (on a GPU, repeat_interleave would wait for it)
+        if self._row_owner is None or self._row_owner[0] != self.borders:
+            self._row_owner = (list(self.borders), partition.row_owner(self.borders).to(self.device))
+        return self._row_owner[1][y.to(torch.int64)]
 
     def _send_strays(self, first: int = 0) -> None:
         """Send the agents at positions >= ``first`` whose row another rank owns. Call on all ranks."""
+        if self.world == 1:  # every row is this rank's (and nonzero would wait for a GPU)
+            return
         dest = self._owner(self.state["y"][first:])
         index = torch.nonzero(dest != self.rank).reshape(-1)
         self._migrate(index + first, dest[index])
@@ -347,7 +357,8 @@ class SimEngine:
         height = self.cfg.grid[0]
         rows = torch.zeros(height, dtype=torch.int64, device=self.device)
         for _, chunk in self._chunks():
-            rows += torch.bincount(chunk["y"].to(torch.int64), minlength=height)
+            y = chunk["y"].to(torch.int64)  # index_add_, not bincount: its size is not read from a GPU
+            rows.index_add_(0, y, torch.ones_like(y))
         rows = exchange.sum_field(rows)
         before = self.agent_counts()
         self.borders = partition.balanced_borders(rows.cpu(), self.world)
@@ -361,8 +372,14 @@ class SimEngine:
 
     def agent_counts(self) -> list[int]:
         """Agents on each rank. Call on all ranks."""
+        if self.world == 1:
+            return [self.state.n]
+        # a CPU tensor (the gloo half of an NCCL group), one number on every rank: no shape check (a GPU sync)
         mine = torch.tensor([self.state.n], dtype=torch.int64)
-        return collectives.all_gather(mine).tolist() if self.world > 1 else [self.state.n]
+        parts = [torch.empty_like(mine) for _ in range(self.world)]
+        with _translate("agent_counts"):
+            dist.all_gather(parts, mine)
+        return torch.cat(parts).tolist()
 
     # ------------------------------------------------------------------ results
     def flush(self, *, wait: bool = True) -> None:

@@ -50,7 +50,12 @@ def halo(rows: torch.Tensor, radius: int) -> torch.Tensor:
         return rows
     borders = torch.cat([rows[:radius], rows[-radius:]])  # my top rows, then my bottom rows
     world = _world()
-    every = borders if world == 1 else collectives.all_gather(borders.contiguous())
+    every = borders
+    if world > 1:  # every rank's border rows have this shape by construction: no shape exchange (a host sync)
+        parts = [torch.empty_like(borders) for _ in range(world)]
+        with _translate("halo"):
+            dist.all_gather(parts, borders)
+        every = torch.cat(parts)
     r, p = (group.rank() if world > 1 else 0), world
     above = every[((r - 1) % p) * 2 * radius + radius : ((r - 1) % p) * 2 * radius + 2 * radius]
     below = every[((r + 1) % p) * 2 * radius : ((r + 1) % p) * 2 * radius + radius]
@@ -89,7 +94,8 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overl
         return 0
     order = torch.argsort(dest, stable=True)
     index, dest = index[order], dest[order]
-    send_counts = torch.bincount(dest.to(torch.int64), minlength=world)
+    dest64 = dest.to(torch.int64)  # index_add_, not bincount: bincount reads its size back from a GPU
+    send_counts = torch.zeros(world, dtype=torch.int64, device=dest.device).index_add_(0, dest64, torch.ones_like(dest64))
     recv_counts = torch.empty_like(send_counts)
     with _translate("migrate"):
         work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)

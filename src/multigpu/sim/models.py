@@ -225,12 +225,19 @@ def pressure(counts: torch.Tensor, radius: int) -> torch.Tensor:
     return total
 
 
+def _on_device(ctx: Context, name: str, device, make) -> torch.Tensor:
+    """``make()`` (a CPU tensor of the parameters) on ``device``, made and copied once per run (kept in
+    ``ctx.env``): a copy to a GPU every step would wait for the GPU each time."""
+    key = f"_{name}@{torch.device(device)}"
+    value = ctx.env.get(key)
+    if value is None:
+        value = ctx.env[key] = make().to(device)
+    return value
+
+
 def _table(ctx: Context, device) -> torch.Tensor:
-    """``infection_table(beta)``, computed once per run (kept in ``ctx.env``)."""
-    table = ctx.env.get("_infection_table")
-    if table is None:
-        table = ctx.env["_infection_table"] = infection_table(ctx.params.beta)
-    return table.to(device)
+    """``infection_table(beta)`` on ``device``, computed once per run."""
+    return _on_device(ctx, "infection_table", device, lambda: infection_table(ctx.params.beta))
 
 
 def thresholds_kernel(table, counts):
@@ -242,9 +249,10 @@ def _sir_prepare(ctx: Context, counts: torch.Tensor):
     p = ctx.params
     table = _table(ctx, counts.device)
     cell_thr = ctx.kernels.get("thresholds", thresholds_kernel)(table, pressure(counts, p.radius))
-    state_thr = torch.tensor([0, rng.threshold(p.sigma), rng.threshold(p.gamma), 0], dtype=torch.int32,
-                             device=counts.device)
-    next_state = torch.tensor([E if p.seir else I, I, R, R], dtype=torch.uint8, device=counts.device)
+    state_thr = _on_device(ctx, "state_thresholds", counts.device, lambda: torch.tensor(
+        [0, rng.threshold(p.sigma), rng.threshold(p.gamma), 0], dtype=torch.int32))
+    next_state = _on_device(ctx, "next_state", counts.device,
+                            lambda: torch.tensor([E if p.seir else I, I, R, R], dtype=torch.uint8))
     return cell_thr, state_thr, next_state
 
 
@@ -253,7 +261,7 @@ def _sir_apply(ctx: Context, chunk, prepared):
     counts = ctx.kernels["transition"](chunk["id"], chunk["x"], chunk["y"], chunk["state"],
                                        ctx.key(rng.STREAM_TRANSITION), cell_thr, ctx.lo, ctx.grid[1],
                                        state_thr, next_state)
-    return counts if ctx.params.seir else counts[[S, I, R]]
+    return counts if ctx.params.seir else torch.cat([counts[S : S + 1], counts[I:]])  # S, I, R: no index from the host
 
 
 def _sir_init(ctx: Context, ids):
@@ -337,7 +345,9 @@ def _decide_apply(ctx: Context, chunk, _prepared):
     gap = math.log(p.fundamental_price) - env["log_price"]
     fund = _sign(gap) if abs(gap) > p.band else 0
     chart = _sign(env["log_price"] - env["prev_log_price"])
-    table = torch.tensor([fund, chart, 0], dtype=torch.int8, device=chunk["id"].device)
+    # filled on the device: a table copied from the host would wait for the GPU, once per chunk
+    table = torch.zeros(3, dtype=torch.int8, device=chunk["id"].device)
+    table[FUNDAMENTALIST], table[CHARTIST] = fund, chart
     chunk["order"].copy_(ctx.kernels["decide"](chunk["id"], chunk["kind"], ctx.key(rng.STREAM_MARKET),
                                            rng.threshold(p.activity), table))
 
@@ -370,8 +380,10 @@ def _market_init(ctx: Context, ids):
     kind = torch.where(u < rng.threshold(p.fundamentalists), FUNDAMENTALIST,
                        torch.where(u < rng.threshold(p.fundamentalists + p.chartists), CHARTIST, NOISE))
     n = ids.shape[0]
-    return {"id": ids.to(torch.int32), "kind": kind.to(torch.uint8), "order": torch.zeros(n, dtype=torch.int8),
-            "position": torch.zeros(n, dtype=torch.int32), "cash": torch.full((n,), p.initial_cash, dtype=torch.int64)}
+    dev = ids.device
+    return {"id": ids.to(torch.int32), "kind": kind.to(torch.uint8), "order": torch.zeros(n, dtype=torch.int8, device=dev),
+            "position": torch.zeros(n, dtype=torch.int32, device=dev),
+            "cash": torch.full((n,), p.initial_cash, dtype=torch.int64, device=dev)}
 
 
 SUBSTEPS["decide"] = Substep("decide", ("id", "kind", "order"), _decide_apply)

@@ -101,7 +101,11 @@ def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[t
 
 
 class Graph:
-    """This rank's incoming edges (CSR by local agent) and the plan of its per-step halo exchange."""
+    """This rank's incoming edges (CSR by local agent) and the plan of its per-step halo exchange.
+
+    Built on the CPU (setup: data-dependent sizes read on the host, routed over the CPU half of the
+    process group), then placed on the engine's device with :meth:`to`, where every step runs.
+    """
 
     def __init__(self, num_agents: int, incoming: torch.Tensor):
         """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank. Collective."""
@@ -127,6 +131,11 @@ class Graph:
         self.recv_counts = torch.bincount(owners, minlength=world).tolist()
         self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
 
+    def to(self, device: torch.device | str) -> Graph:
+        """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
+        self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
+        return self
+
     def neighbour_sum(self, messages: torch.Tensor) -> torch.Tensor:
         """Per local agent, the sum of its neighbours' ``messages`` ([n] or [n, C] integers) as int64. Collective."""
         import torch.distributed as dist
@@ -139,7 +148,7 @@ class Graph:
         table = flat
         if group.world_size() > 1:
             out = flat[self.send_index].contiguous()
-            halo = torch.empty((self.num_halo, width), dtype=torch.int64)
+            halo = torch.empty((self.num_halo, width), dtype=torch.int64, device=flat.device)
             with _translate("network halo"):
                 dist.all_to_all_single(halo.view(-1), out.view(-1), [c * width for c in self.recv_counts],
                                        [c * width for c in self.send_counts])

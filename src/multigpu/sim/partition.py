@@ -73,8 +73,9 @@ def _first_at_least(prefix: list[int], target: int, scale: int, lo: int, hi: int
 
 def row_owner(borders: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
     """int32 tensor mapping each row to the rank that owns it."""
-    heights = torch.tensor([borders[r + 1] - borders[r] for r in range(len(borders) - 1)], device=device)
-    return torch.repeat_interleave(torch.arange(len(borders) - 1, dtype=torch.int32, device=device), heights)
+    # from the Python borders: no size read back from a device (repeat_interleave's would be a GPU sync)
+    owners = [r for r in range(len(borders) - 1) for _ in range(borders[r + 1] - borders[r])]
+    return torch.tensor(owners, dtype=torch.int32).to(device)
 
 
 def rows_of(borders: Sequence[int], rank: int) -> tuple[int, int]:

@@ -269,7 +269,8 @@ def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iter
     dtype = fields[name].dtype
     for r in range(1, engine.world):
         lo, hi = _id_range(engine.num_agents, r, engine.world)
-        buf = torch.empty((hi - lo) * fields[name].element_size(), dtype=torch.uint8)
+        # on the senders' device: a GPU tensor is sent over NCCL and must be received over NCCL
+        buf = torch.empty((hi - lo) * fields[name].element_size(), dtype=torch.uint8, device=mine.device)
         with _translate("save_agents"):
             dist.recv(buf, src=r)
         yield _numpy(buf.view(dtype))

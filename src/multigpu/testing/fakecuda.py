@@ -45,7 +45,7 @@ from unittest import mock
 
 import torch
 
-__all__ = ["FakeCuda", "fake_cuda", "fake_group", "is_fake"]
+__all__ = ["CudaInitialized", "FakeCuda", "fake_cuda", "fake_group", "forbid_cuda_init", "is_fake"]
 
 
 def _device(value: Any) -> torch.device:
@@ -137,13 +137,27 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
         elif func is torch.Tensor.cpu:
             if args[0].device.type == "cuda":
                 return self._fake(args[0], torch.device("cpu"), None)
-        elif func is torch.Tensor.copy_ and args[0].device != args[1].device:
-            return args[0]  # copy between devices is legal; the values are fake anyway
+        elif func is torch.Tensor.copy_ and "cuda" in (args[0].device.type, args[1].device.type):
+            # legal between devices too (a CPU build cannot dispatch it on CUDA); the values are fake anyway
+            if torch.broadcast_shapes(args[0].shape, args[1].shape) != args[0].shape:
+                raise RuntimeError(f"copy_: the source's shape {tuple(args[1].shape)} does not broadcast to "
+                                   f"the destination's {tuple(args[0].shape)}")
+            return args[0]
         elif func is torch.Tensor.__getitem__ and args[0].device.type == "cuda":
             return self._getitem(args[0], args[1])
         elif func is torch.Tensor.__setitem__ and args[0].device.type == "cuda":
             self._getitem(args[0], args[1])  # the same index checks; the values are fake
             return None
+        elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+            target = _device(kwargs["device"])
+            if target.type == "cuda":  # data copied onto a GPU: made on the host, then moved
+                with torch.no_grad():
+                    host = func(*args, **{**kwargs, "device": "cpu"})
+                return self._fake(host, target, None)
+        elif func is torch.Tensor.__invert__ and args[0].device.type == "cuda":
+            return torch.bitwise_not(args[0])  # what ``~x`` is; its Python entry enters the missing device guard
+        elif func is torch.Tensor.pin_memory:
+            return args[0]  # page-locked host memory needs a CUDA driver; the copy it speeds up is faked anyway
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             raise RuntimeError(
                 "backward on fake CUDA tensors would abort this process (a CPU build of torch has no CUDA device "
@@ -155,18 +169,56 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
 
 
+class _Event:
+    """``torch.cuda.Event``: recording and waiting are counted on the :class:`FakeCuda` (the work is done already)."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda, self.recorded = cuda, False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+        self.cuda.events_recorded += 1
+
+    def synchronize(self) -> None:
+        if not self.recorded:
+            raise RuntimeError("synchronize() on a CUDA event that was never recorded")
+        self.cuda.events_synchronized += 1
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:
+        return 0.0  # milliseconds; the fake GPU takes no time
+
+
 @dataclasses.dataclass
 class FakeCuda:
     """What :func:`fake_cuda` yields: the faked ``torch.cuda`` facts and what the code asked of them."""
 
     devices: int
+    capability: tuple[int, int] = (9, 0)
+    """Compute capability every faked GPU reports (an H100's by default; (7, 0) is a V100: no bf16)."""
     current: int = 0
     synchronized: int = 0
     set_device_calls: list[int] = dataclasses.field(default_factory=list)
     rng_states: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+    capability: tuple[int, int] = (9, 0)
+    """``torch.cuda.get_device_capability()`` of every device (an H100's; torch's collectives ask for it)."""
+    events_recorded: int = 0
+    events_synchronized: int = 0
+
     def device_count(self) -> int:
         return self.devices
+
+    def current_stream(self, device: Any = None) -> str:
+        return f"stream of cuda:{self._index(device if device is not None else 'cuda')}"
+
+    def Event(self, *args: Any, **kwargs: Any) -> _Event:  # noqa: N802 - torch.cuda.Event's name
+        return _Event(self)
 
     def current_device(self) -> int:
         return self.current
@@ -177,6 +229,18 @@ class FakeCuda:
             raise RuntimeError(f"CUDA error: invalid device ordinal ({index} of {self.devices} visible)")
         self.set_device_calls.append(index)
         self.current = index
+
+    def get_device_properties(self, device: Any = None) -> Any:
+        import types
+
+        self._index(self.current if device is None else device)
+        major, minor = self.capability
+        return types.SimpleNamespace(name="fake CUDA device", major=major, minor=minor, total_memory=80 << 30,
+                                     multi_processor_count=132)
+
+    def get_device_capability(self, device: Any = None) -> tuple[int, int]:
+        props = self.get_device_properties(device)
+        return props.major, props.minor
 
     def synchronize(self, device: Any = None) -> None:
         self.synchronized += 1
@@ -214,7 +278,7 @@ class FakeCuda:
 
 
 @contextlib.contextmanager
-def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
+def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, int] = (9, 0)) -> Iterator[FakeCuda]:
     """Run the block as on a host with ``devices`` visible GPUs, on a CPU-only machine.
 
     Args:
@@ -222,13 +286,17 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True) -> Iterator[FakeCuda]:
         tensors: Also enter ``FakeTensorMode`` (every tensor made inside is fake; ``device="cuda"``
             works and mixed devices raise). ``False`` fakes only the ``torch.cuda`` facts, for code
             that asks about devices without making CUDA tensors (placement, RNG state bookkeeping).
+        capability: The compute capability ``torch.cuda.get_device_properties``/``get_device_capability`` report
+            (and so ``torch.cuda.is_bf16_supported``).
 
     Yields:
-        A :class:`FakeCuda` that records ``set_device``, ``synchronize`` and RNG-state calls.
+        A :class:`FakeCuda` that records ``set_device``, ``synchronize``, RNG-state calls and
+        ``torch.cuda.Event`` records and waits.
     """
-    cuda = FakeCuda(devices=devices)
+    cuda = FakeCuda(devices=devices, capability=capability)
     names = ("device_count", "current_device", "set_device", "synchronize", "get_rng_state", "set_rng_state",
-             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all")
+             "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all", "get_device_properties",
+             "get_device_capability", "current_stream", "Event")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
         stack.enter_context(mock.patch("torch.cuda.is_initialized", lambda: True))
@@ -256,7 +324,8 @@ def _apply_by_replacing(self: torch.nn.Module, fn, recurse: bool = True) -> torc
         if param is not None:
             with torch.no_grad():
                 applied = fn(param)
-            self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+            if applied is not param:  # unchanged (already there): the same Parameter, as an optimizer holds it
+                self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
     for key, buf in self._buffers.items():
         if buf is not None:
             self._buffers[key] = fn(buf)
@@ -282,3 +351,59 @@ def fake_group(rank: int = 0, world_size: int = 2) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+class CudaInitialized(BaseException):
+    """What :func:`forbid_cuda_init` raises where code would create a CUDA context. A ``BaseException``, so that
+    no ``except Exception`` (a capability probe's fallback, say) in the code under test can swallow it."""
+
+
+_CONTEXT_ENTRY_POINTS = ("init", "_lazy_init", "set_device", "current_device", "synchronize", "get_device_capability",
+                         "get_device_properties", "get_device_name", "mem_get_info", "memory_allocated",
+                         "max_memory_allocated", "is_bf16_supported", "get_rng_state", "set_rng_state",
+                         "get_rng_state_all", "set_rng_state_all", "empty_cache", "current_stream", "Stream", "Event")
+"""``torch.cuda`` functions that initialize CUDA (a context on the current GPU). Left alone: ``is_available`` and
+``device_count`` (they ask the driver, no context) and the seeds (queued until CUDA starts)."""
+
+
+class _NoCudaTensors(torch.overrides.TorchFunctionMode):
+    """Raise :class:`CudaInitialized` for any torch call that places a tensor or module on CUDA."""
+
+    @staticmethod
+    def _cuda(value: Any) -> bool:
+        if isinstance(value, torch.device):
+            return value.type == "cuda"
+        if isinstance(value, str):
+            return value.split(":")[0] == "cuda"
+        if isinstance(value, torch.Tensor):
+            return value.device.type == "cuda"
+        return False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda or any(self._cuda(v) for v in (*args, *kwargs.values())):
+            raise CudaInitialized(f"{getattr(func, '__name__', func)} would place a tensor on CUDA")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def forbid_cuda_init(devices: int = 8) -> Iterator[None]:
+    """Run the block as on a host with ``devices`` GPUs where nothing may create a CUDA context.
+
+    ``torch.cuda.is_available()`` and ``device_count()`` answer as that host does (they need no context); every
+    ``torch.cuda`` entry point that would create one, and any tensor or module placed on CUDA, raises
+    :class:`CudaInitialized` naming what was called. For the launcher's side: a context there would hold
+    memory on GPU 0 for the whole job, and fail on GPUs in exclusive-process mode.
+    """
+    def refuse(name: str):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise CudaInitialized(f"torch.cuda.{name} would create a CUDA context")
+        return call
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch("torch.cuda.is_available", lambda: devices > 0))
+        stack.enter_context(mock.patch("torch.cuda.device_count", lambda: devices))
+        for name in _CONTEXT_ENTRY_POINTS:
+            stack.enter_context(mock.patch(f"torch.cuda.{name}", refuse(name)))
+        stack.enter_context(_NoCudaTensors())
+        yield

@@ -46,7 +46,7 @@ class RankFailedError(RuntimeError):
 
 
 def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads,
-           backend, parent_env, stdio):
+           backend, parent_env, stdio, group_of_one=False):
     # A forked rank starts with the forkserver's environment and output: take the caller's, as a spawned
     # rank would (so output captured around the call, e.g. pytest's capfd, holds the ranks' prints too).
     for target, shared in zip((1, 2), stdio, strict=True):
@@ -74,6 +74,10 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
     try:
         import multigpu as mg
 
+        if group_of_one:
+            from multigpu.runtime import group
+
+            group._testing_group_of_one()
         mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads,
                 init_method=f"file://{store_dir}/store")  # its own rendezvous: no launcher variable is faked
         value = fn(*args, **kwargs)
@@ -136,6 +140,7 @@ def run_on_ranks(
     threads: int = 1,
     backend: str = "cpu",
     run=None,
+    group_of_one: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; return each rank's result, in rank order.
 
@@ -153,11 +158,17 @@ def run_on_ranks(
             ``{"CUDA_VISIBLE_DEVICES": "0,1"}``) and ``run``.
         run: The :class:`~multigpu.runtime.context.RunContext` the ranks read, as the launcher would
             give it (e.g. ``RunContext(isolated=True, pg_backend="gloo")`` for ranks sharing one GPU).
+        group_of_one: With ``world_size=1``: create a real process group of one rank (NCCL with
+            ``backend="cuda"``, else gloo), so collectives and point-to-point exchanges take their
+            multi-rank paths (sends to itself go through a loopback on a thread). A one-GPU machine
+            then runs the NCCL code paths. A switch of this harness only: nothing a user runs reads it.
 
     Raises:
         RankFailedError: the first rank that raised, with its traceback; the others are stopped.
         TimeoutError: ranks that did not finish in time, with every such rank's stack.
     """
+    if group_of_one and world_size != 1:
+        raise ValueError(f"group_of_one=True needs world_size=1, got {world_size}")
     ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="multigpu_ranks_") as store_dir:
@@ -173,7 +184,8 @@ def run_on_ranks(
             ctx.Process(
                 target=_child,
                 args=(fn, args, kwargs or {}, r, world_size, store_dir, results, timeout_s,
-                      collective_timeout_s or timeout_s, env or {}, threads, backend, dict(os.environ), _stdio()),
+                      collective_timeout_s or timeout_s, env or {}, threads, backend, dict(os.environ), _stdio(),
+                      group_of_one),
                 daemon=True,
             )
             for r in range(world_size)

@@ -3,7 +3,8 @@
 Runs inside each rank. A checkpoint is one ``torch.save`` file
 ``<dir>/ckpt_<step:08d>.pt`` holding everything a run needs to continue exactly
 where it stopped: model, optimizer, scheduler, grad scaler, sampler position,
-step, and the random state of *every* rank (gathered to rank 0). The file
+step, and the random state of *every* rank (gathered to rank 0; each rank's own GPU's,
+:mod:`multigpu.runtime.rng`). The file
 handling is :class:`multigpu.checkpointing.CheckpointFolder`: temporary file,
 fsync, rename, fsync of the folder, SHA-256 and size in ``manifest.json``.
 
@@ -38,7 +39,6 @@ refused with one line naming the file and the object.
 from __future__ import annotations
 
 import pickle
-import random
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +53,7 @@ from multigpu.checkpointing import (
     CorruptCheckpointError,
 )
 from multigpu.errors import ConfigError
+from multigpu.runtime.rng import capture_rng, restore_rng  # re-exported: checkpoints store and restore them
 
 __all__ = [
     "CheckpointManager",
@@ -68,40 +69,6 @@ __all__ = [
 ]
 
 _REQUIRED = ("step", "model", "optimizer", "rng")
-
-
-def capture_rng() -> dict[str, Any]:
-    """This process's random state: Python, NumPy, torch CPU and (if present) CUDA.
-
-    Only tensors and plain values, so that ``torch.load(weights_only=True)`` reads it
-    back: NumPy's MT19937 key array is stored as an int64 tensor.
-    """
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
-    except ImportError:
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Put back a state from :func:`capture_rng`."""
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        if isinstance(keys, torch.Tensor):  # older checkpoints hold NumPy's own ndarray here, used as it is
-            keys = keys.numpy()
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _legacy_numpy_globals() -> list:

@@ -77,8 +77,8 @@ class TrainConfig:
     """Gradient all-reduce: auto (the process group's: nccl on GPUs, gloo on CPU), nccl, gloo,
     or cpu (buckets staged through host memory, all-reduced over a gloo group)."""
     compile: bool = False
-    """``torch.compile`` the model (after activation checkpointing, before DDP); on a CPU without a C++
-    compiler the trainer says so once and runs eagerly."""
+    """``torch.compile`` the model (after activation checkpointing and DDP, as DDP's documentation orders; under
+    fsdp each block, before sharding); on a CPU without a C++ compiler the trainer says so once and runs eagerly."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (the model's repeated
     blocks: the largest ModuleList of same-type modules, e.g. GPT's ``blocks``, Hugging Face's ``h``/``layers``)."""
@@ -87,15 +87,17 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
     fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
-    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device."""
+    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. On 2 or more
+    ranks the whole model is never put on a GPU: it stays on the host and each rank keeps its shards on its
+    device. Not in hybrid jobs (GPU and CPU ranks)."""
     fsdp_blocks: list[str] = field(default_factory=list)
     """Module class names sharded one by one under fsdp (default: the model's repeated blocks, as for
     ``activation_checkpointing``)."""
     fsdp_reshard_after_forward: bool = True
     """fsdp: free each block's gathered parameters after its forward (gathered again in backward)."""
     fsdp_cpu_offload: bool = False
-    """fsdp on GPUs: keep sharded parameters, gradients and optimizer state in host memory (the
-    optimizer steps on the CPU)."""
+    """fsdp on GPUs, 2 or more ranks: keep sharded parameters, gradients and optimizer state in host memory (the
+    optimizer steps on the CPU). Refused at world size 1 (nothing is sharded there) and on CPU ranks."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters (only when some parameters get no gradient)."""
     bucket_cap_mb: float = 25.0

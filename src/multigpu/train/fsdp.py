@@ -7,11 +7,17 @@ block runs (all-gathered before its forward and backward, freed after).
 
 * :func:`shard_model` applies ``fully_shard`` per block (the model's repeated
   blocks, :func:`multigpu.train.speed.find_blocks`, or the classes named in
-  ``fsdp_blocks``), then to the root, and points the optimizer at the new
-  (sharded) parameters.
+  ``fsdp_blocks``), then to the root, over a mesh of this rank's device type
+  (``init_device_mesh``: FSDP's default mesh is CUDA's whenever a GPU is
+  visible, which would put a CPU rank's parameters on ``cuda:0``), and points
+  the optimizer at the new (sharded) parameters. It is given the model on the
+  host: ``fully_shard`` moves one block at a time to the device and keeps this
+  rank's shard of it, so the whole unsharded model never has to fit on a GPU.
 * :func:`check_sharding` (pure; the launcher runs it on a model built on the
   ``meta`` device) refuses a model without parameters, an unknown block class,
-  and a world size that would leave a rank holding nothing.
+  and a world size that would leave a rank holding nothing;
+  :func:`check_placement` refuses what FSDP cannot do on the job's devices
+  (a hybrid job of GPU and CPU ranks, CPU offload without GPUs or alone).
 * :func:`training_state_bytes` is the planned per-rank memory of parameters,
   gradients and Adam's two moments.
 
@@ -30,7 +36,8 @@ from torch import nn
 
 from multigpu.errors import ConfigError
 
-__all__ = ["block_modules", "check_sharding", "shard_model", "training_state_bytes"]
+__all__ = ["block_modules", "check_placement", "check_sharding", "compile_blocks", "shard_model",
+           "training_state_bytes"]
 
 _ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, the size of the parameters each
 
@@ -83,6 +90,24 @@ def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str]
                           "or strategy=ddp")
 
 
+OFFLOAD_ALONE = ("fsdp_cpu_offload=true at world size 1: sharding over one rank needs a process group this job "
+                 "does not have, so nothing would be offloaded; valid: 2 or more ranks, or fsdp_cpu_offload=false")
+HYBRID = ("strategy=fsdp in a hybrid job (GPU and CPU ranks): one sharded model cannot live on both kinds of device; "
+          "valid: strategy=ddp, every rank on a GPU (no --allow-cpu-ranks), or every rank on the CPU (--cpu)")
+
+
+def check_placement(world_size: int, device_types: Iterable[str], cpu_offload: bool) -> None:
+    """Raise a one-line ConfigError where FSDP cannot run on the job's devices as configured (pure)."""
+    kinds = set(device_types)
+    if kinds == {"cuda", "cpu"}:
+        raise ConfigError(HYBRID)
+    if cpu_offload and world_size == 1:
+        raise ConfigError(OFFLOAD_ALONE)
+    if cpu_offload and "cuda" not in kinds:
+        raise ConfigError("fsdp_cpu_offload=true needs GPU ranks (CPU ranks keep everything in host memory already); "
+                          "valid here: fsdp_cpu_offload=false")
+
+
 def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> dict[str, int]:
     """Planned bytes of parameters, gradients and Adam state on one rank (the largest shard when sharded)."""
     total = 0
@@ -94,16 +119,40 @@ def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> di
     return {"params": total, "grads": grads, "optimizer": _ADAM_MOMENTS * total}
 
 
-def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, class_names: Iterable[str] = (),
-                reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
-                cpu_offload: bool = False) -> int:
+def compile_blocks(module: nn.Module, class_names: Iterable[str], device: torch.device) -> int:
+    """``torch.compile`` each block in place (``Module.compile``: names and state-dict keys unchanged), before
+    ``fully_shard``, so FSDP's all-gather and reduce-scatter hooks stay outside the compiled graphs (torchtitan's
+    order). Returns the number of blocks compiled (0 on a CPU without a C++ compiler, said once)."""
+    from multigpu.train.speed import can_compile
+
+    if not can_compile(device):
+        return 0
+    blocks = block_modules(module, class_names)
+    for block in blocks:
+        block.compile()
+    return len(blocks)
+
+
+def _mesh(device: torch.device, world_size: int):
+    """A 1-D mesh over every rank, of this rank's device type (never FSDP's default, which is CUDA's whenever a
+    GPU is visible)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world_size,))
+
+
+def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
+                class_names: Iterable[str] = (), reshard_after_forward: bool = True,
+                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> int:
     """``fully_shard`` each block, then the root; the optimizer is pointed at the sharded parameters.
 
     Call on all ranks, before the optimizer's first step. Returns the number of blocks sharded.
 
     Args:
-        module: The model, already on this rank's device; it is changed in place.
+        module: The model, on the host (not yet on ``device``); it is changed in place, and each rank keeps
+            its shard of every parameter on ``device`` (or in host memory with ``cpu_offload``).
         optimizer: Built on ``module``'s parameters (its state must still be empty).
+        device: This rank's device; the mesh is of its type.
         class_names: Block classes to shard one by one (default: the model's repeated blocks).
         reshard_after_forward: Free each block's gathered parameters after its forward (less memory,
             one more all-gather in backward).
@@ -117,9 +166,11 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, class_na
         raise ConfigError("strategy=fsdp: the optimizer has already stepped; shard before training starts")
     import torch.distributed as dist
 
-    check_sharding(module, dist.get_world_size(), class_names)
+    world_size = dist.get_world_size()
+    check_sharding(module, world_size, class_names)
     names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
     options = {
+        "mesh": _mesh(device, world_size),
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }

@@ -96,14 +96,13 @@ def _context(cfg: TrainJobConfig, vocab_size: int | None = None) -> dict:
 def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
     from multigpu.factory import import_object
-    from multigpu.train.precision import check_precision, probe_support
     from multigpu.train.sync import check_sync_backend
     from multigpu.train.trackers import check_trackers
 
     cfg.validate_for(plan.world_size)
     for device_type in plan.device_types:
         check_sync_backend(cfg.sync_backend, device_type)
-        check_precision(cfg.precision, cfg.dtype, probe_support(device_type))
+        _check_precision(cfg, plan, device_type)
     cfg.model.check("model.factory", _context(cfg))
     cfg.data.check("data.factory", _context(cfg))
     if cfg.loss:
@@ -119,6 +118,25 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
         else:
             _check_resume_file(plan.run.resume)
     _check_resume_fits(cfg, plan)
+
+
+def _check_precision(cfg: TrainJobConfig, plan: JobPlan, device_type: str) -> None:
+    """Precision and dtype on ``device_type``, never initializing CUDA in the launcher (NVML's compute capability;
+    without nvidia-ml-py, bf16 on GPUs is left to each rank's check at start, and said so)."""
+    import sys
+
+    from multigpu.train.precision import PrecisionSupport, check_precision, cpu_bf16_note, planned_support
+
+    note = cpu_bf16_note(cfg.precision, cfg.dtype, device_type)
+    if note:
+        print(f"multigpu train: {note}", file=sys.stderr)
+    support = planned_support(device_type, plan.devices.gpu_capability)
+    if support is None:  # the rest is checked here all the same; bf16 by each rank on its own GPU
+        if "bf16" in (cfg.precision, cfg.dtype):
+            print("multigpu train: bf16 support of the GPUs is checked by each rank at start (the launcher reads "
+                  "it through NVML, never CUDA: pip install 'multigpu[gpu]')", file=sys.stderr)
+        support = PrecisionSupport(device_type, bf16=True, fp16_autocast=True, bf16_autocast=True)
+    check_precision(cfg.precision, cfg.dtype, support)
 
 
 def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
@@ -166,11 +184,9 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """
     import torch
 
-    from multigpu.train.fsdp import check_sharding
+    from multigpu.train.fsdp import check_placement, check_sharding
 
-    if cfg.fsdp_cpu_offload and "cuda" not in plan.device_types:
-        raise ConfigError("fsdp_cpu_offload=true needs GPU ranks (CPU ranks keep everything in host memory already); "
-                          "valid here: fsdp_cpu_offload=false")
+    check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
     try:
         with torch.device("meta"):
             model = cfg.model.build("model.factory", _context(cfg))

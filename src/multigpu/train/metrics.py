@@ -23,6 +23,7 @@ import torch
 import multigpu as mg
 from multigpu.files import JsonlLog, read_jsonl, write_text_atomic
 from multigpu.monitor import StepMeter
+from multigpu.monitor.meters import comm_share, sum_comm
 from multigpu.train.trackers import close_all
 
 __all__ = ["MetricLogger"]
@@ -77,7 +78,9 @@ class MetricLogger:
     def _reduce(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         m = self.meter
         window = slice(self._mark, len(m.step_times))
-        wall, comm, items = sum(m.step_times[window]), sum(m.comm_times[window]), sum(m.items[window])
+        # step times end on the device (StepMeter waits for each step's CUDA event); comm not measured
+        # (DDP's NCCL all-reduce) is NaN here, and None in the record: never a share of 0
+        wall, comm, items = sum(m.step_times[window]), sum_comm(m.comm_times[window]), sum(m.items[window])
         summed = torch.tensor([self._loss.item(), self._steps, wall, comm, items], dtype=torch.float64)
         mg.all_reduce(summed, "sum", check_shapes=False)
         slowest = mg.all_reduce(torch.tensor([wall], dtype=torch.float64), "max", check_shapes=False).item()
@@ -90,7 +93,7 @@ class MetricLogger:
             "lr": float(metrics["lr"]),
             f"{m.unit}_per_s": summed[4].item() / slowest if slowest > 0 else None,
             "step_time_s": slowest / max(len(m.step_times) - self._mark, 1),
-            "comm_share": summed[3].item() / summed[2].item() if summed[2].item() > 0 else 0.0,
+            "comm_share": comm_share(summed[3].item(), summed[2].item()),
             "elapsed_s": time.time() - self.start,
             "world_size": ws,
         }
@@ -107,7 +110,8 @@ class MetricLogger:
         parts += [f"grad_norm {record['grad_norm']:.3f}", f"lr {record['lr']:.3g}"]
         if rate:
             parts.append(f"{rate:,.0f} {self.meter.unit}/s")
-        parts.append(f"comm {100 * record['comm_share']:.0f}%")
+        share = record["comm_share"]
+        parts.append(f"comm {100 * share:.0f}%" if share is not None else "comm n/a on NCCL")
         print(" | ".join(parts), flush=True)
         if self._log is not None:
             self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on

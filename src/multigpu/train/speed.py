@@ -11,7 +11,7 @@ from torch import nn
 from multigpu.errors import ConfigError
 from multigpu.runtime.logging import warn_once
 
-__all__ = ["checkpoint_blocks", "compiled", "find_blocks"]
+__all__ = ["can_compile", "checkpoint_blocks", "compiled", "find_blocks"]
 
 
 def find_blocks(model: nn.Module) -> list[nn.Module]:
@@ -38,9 +38,14 @@ def checkpoint_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
-def compiled(model: nn.Module, device: torch.device) -> nn.Module:
-    """``torch.compile(model)``; on a CPU without a C++ compiler, the model as it is (said once)."""
+def can_compile(device: torch.device) -> bool:
+    """False (said once) on a CPU without a C++ compiler, where ``torch.compile`` cannot build its kernels."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++", "cc")):
         warn_once("compile=true needs a C++ compiler on CPU ranks (none found): running the model eagerly")
-        return model
-    return torch.compile(model)
+        return False
+    return True
+
+
+def compiled(model: nn.Module, device: torch.device) -> nn.Module:
+    """``torch.compile(model)``; on a CPU without a C++ compiler, the model as it is (said once)."""
+    return torch.compile(model) if can_compile(device) else model

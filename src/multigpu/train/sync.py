@@ -13,7 +13,10 @@ so ``gloo`` and ``cpu`` give bit-identical gradients. The gloo and cpu hooks
 time their all-reduces: ``CommTimer.pop_seconds()`` is the time gradient
 all-reduces were in flight during a step (the union over buckets; on gloo it
 overlaps the backward compute). NCCL runs DDP's built-in hook, untimed: its
-futures complete when the kernels are queued, not when they finish.
+futures complete when the kernels are queued, not when they finish, so a
+timed hook would report queueing time. There ``wrap_ddp`` returns
+:class:`NotTimed`, whose ``pop_seconds()`` is None: the step meter then
+reports communication as not measured, never as 0.
 """
 
 
@@ -27,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.runtime.env import DistEnv
 
-__all__ = ["CommTimer", "cpu_allreduce_hook", "timed_allreduce_hook", "wrap_ddp"]
+__all__ = ["CommTimer", "NotTimed", "cpu_allreduce_hook", "timed_allreduce_hook", "wrap_ddp"]
 
 
 class CommTimer:
@@ -55,6 +58,13 @@ class CommTimer:
             else:
                 cur_end = max(cur_end, end)
         return total + ((cur_end - cur_start) if cur_end is not None else 0.0)
+
+
+class NotTimed:
+    """DDP's own NCCL all-reduce: it communicates every step, and no host clock can time it."""
+
+    def pop_seconds(self) -> None:
+        return None
 
 
 def timed_allreduce_hook(state: CommTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -96,8 +106,10 @@ def wrap_ddp(
     *,
     find_unused_parameters: bool = False,
     bucket_cap_mb: float = 25.0,
-) -> tuple[DDP, CommTimer | None]:
-    """Wrap ``module`` (already on ``env.device``) in DDP with the chosen sync backend. Call on all ranks."""
+) -> tuple[DDP, CommTimer | NotTimed]:
+    """Wrap ``module`` (already on ``env.device``) in DDP with the chosen sync backend. Call on all ranks.
+
+    Returns DDP and what times its gradient all-reduces (``NotTimed`` on NCCL: see the module docstring)."""
     on_gpu = env.device.type == "cuda"
     if sync_backend == "nccl" and env.backend != "nccl":
         raise DeviceError(f"sync_backend=nccl needs every rank on its own GPU, but this job's collectives run on "
@@ -117,7 +129,7 @@ def wrap_ddp(
         timer = CommTimer(ddp.process_group, env.world_size)
         ddp.register_comm_hook(timer, timed_allreduce_hook)
     else:
-        timer = None
+        timer = NotTimed()
     return ddp, timer
 
 

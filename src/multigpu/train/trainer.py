@@ -191,29 +191,41 @@ class Trainer:
         if not optimized <= {id(p) for p in self.module.parameters()}:
             raise ConfigError("the optimizer holds tensors that are not parameters of the model; "
                               "build it with the model's own parameters, e.g. AdamW(model.parameters())")
-        self.module.to(device=self.env.device, dtype=DTYPES[cfg.dtype])  # in place: the optimizer keeps its params
+        if cfg.strategy == "fsdp":
+            from multigpu.train.fsdp import check_placement
+
+            run = context.current()
+            kinds = ["cuda", "cpu"] if run.hybrid else [self.env.device.type]
+            check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload)
+        self.sharded = cfg.strategy == "fsdp" and self.world_size > 1
+        self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
+        # in place: the optimizer keeps its params. Under fsdp the whole model never goes to the device:
+        # fully_shard moves one block at a time there and keeps only this rank's shard of it
+        self.module.to(device=None if self.sharded else self.env.device, dtype=DTYPES[cfg.dtype])
         if cfg.activation_checkpointing:
             from multigpu.train.speed import checkpoint_blocks
 
             checkpoint_blocks(self.module)
-        self.model = self.module
-        if cfg.compile:
+        self.model, self.ddp, self.comm = self.module, None, None
+        if self.sharded:  # fully_shard changes self.module in place; the optimizer gets the sharded parameters
+            from multigpu.train.fsdp import compile_blocks, shard_model
+
+            if cfg.compile:  # per block, before sharding (torchtitan's order): FSDP's hooks stay outside the graphs
+                compile_blocks(self.module, cfg.fsdp_blocks, self.env.device)
+            param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
+            shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
+                        param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
+                        cpu_offload=cfg.fsdp_cpu_offload)
+            return
+        if self.world_size > 1:
+            self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
+                                           find_unused_parameters=cfg.find_unused_parameters,
+                                           bucket_cap_mb=cfg.bucket_cap_mb)
+            self.model = self.ddp
+        if cfg.compile:  # after DDP, as DDP's documentation orders: its bucketed all-reduce overlaps the graph
             from multigpu.train.speed import compiled
 
-            self.model = compiled(self.module, self.env.device)
-        self.comm = None
-        self.sharded = cfg.strategy == "fsdp" and self.world_size > 1
-        self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
-        if self.sharded:  # fully_shard changes self.module in place; the optimizer gets the sharded parameters
-            from multigpu.train.fsdp import shard_model
-
-            param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
-            shard_model(self.module, self.optimizer, class_names=cfg.fsdp_blocks, param_dtype=param_dtype,
-                        reshard_after_forward=cfg.fsdp_reshard_after_forward, cpu_offload=cfg.fsdp_cpu_offload)
-        elif self.world_size > 1:
-            self.model, self.comm = wrap_ddp(self.model, self.env, cfg.sync_backend,
-                                             find_unused_parameters=cfg.find_unused_parameters,
-                                             bucket_cap_mb=cfg.bucket_cap_mb)
+            self.model = compiled(self.model, self.env.device)
 
     def _setup_data(self, state: dict | None) -> None:
         cfg = self.config
@@ -433,11 +445,11 @@ class Trainer:
 
     def _sync_context(self, sync: bool):
         if self.sharded:  # FSDP2's no_sync: keep unsharded gradients until the last micro-step's reduce-scatter
-            self.model.set_requires_gradient_sync(sync)
+            self.module.set_requires_gradient_sync(sync)
             return contextlib.nullcontext()
-        if sync or self.model is self.module:
+        if sync or self.ddp is None:
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        return self.ddp.no_sync()
 
     def _clip_gradients(self) -> torch.Tensor:
         """Unscale (fp16) and clip to ``grad_clip``; returns the global norm (grads are already averaged).

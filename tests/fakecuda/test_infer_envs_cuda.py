@@ -1,0 +1,213 @@
+"""Inference, collectives' shape checks, PPO's act step and the batched environments on fake CUDA tensors.
+
+A CPU-only machine cannot run these on a GPU; under :func:`~multigpu.testing.fakecuda.fake_cuda` every
+``device="cuda"`` tensor raises where CUDA would on mixed devices, and reading a GPU value on the host
+(``.item()``, ``.tolist()``, ``bool()``) raises too. So these pin: what each step puts on the GPU, that no
+CPU tensor meets a CUDA one, and which host waits the hot paths make (none but those named here).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from multigpu.errors import ShapeMismatchError
+from multigpu.infer import sliding_window
+from multigpu.infer.stitch import Canvas
+from multigpu.runtime import collectives, group
+from multigpu.runtime.env import DistEnv
+from multigpu.testing.fakecuda import fake_cuda, fake_group, is_fake
+
+
+class _Logged(torch.nn.Module):
+    """A model that logs each call (and where its input was) into a shared event list."""
+
+    def __init__(self, model: torch.nn.Module, log: list):
+        super().__init__()
+        self.model, self.log = model, log
+
+    def forward(self, x):
+        self.log.append(("model", x.device, x.shape[0]))
+        return self.model(x)
+
+
+def test_inference_on_cuda_stitches_one_batch_behind_the_model_without_a_device_sync(monkeypatch):
+    """The windows go to the GPU, the model runs there, each batch's output comes back to the host
+    canvas through a non-blocking copy and its own CUDA event, and batch k is stitched only after
+    batch k+1's model call is queued (so the GPU never idles while the host blends). Before: the
+    output's blocking ``.to("cpu")`` waited for the device after every batch, the next model call came
+    after the stitch, and the importance map read a value on the host (``.item()``)."""
+    log: list = []
+    real_add = Canvas.add
+
+    def add(self, output, weights, start):
+        log.append(("stitch", output.device, self.acc.device, weights.device))
+        return real_add(self, output, weights, start)
+
+    monkeypatch.setattr(Canvas, "add", add)
+    image = torch.rand(1, 2, 40, 52)
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Conv2d(4, 3, 1))
+    with fake_cuda(devices=2) as cuda:
+        torch.cuda.set_device(1)
+        model = _Logged(net.to("cuda"), log)
+        out = sliding_window(image, model, roi=16, overlap=0.25, batch_size=3, blend="gaussian", progress=False)
+    batches = [e for e in log if e[0] == "model"]
+    assert len(batches) > 2 and {e[1] for e in batches} == {torch.device("cuda", 1)}
+    stitches = [e for e in log if e[0] == "stitch"]
+    assert stitches and {e[1:] for e in stitches} == {(torch.device("cpu"),) * 3}  # host canvas, host outputs
+    # model 0, model 1, stitch 0, model 2, stitch 1, ..., model n-1, stitch n-2, stitch n-1 (a batch's windows
+    # are stitched one by one: runs of stitches shown as one S); before: model 0, stitch 0, model 1, stitch 1, ...
+    order = re.sub("S+", "S", "".join("M" if e[0] == "model" else "S" for e in log))
+    assert order == "MM" + "SM" * (len(batches) - 2) + "S", order
+    assert cuda.synchronized == 0  # no wait for the whole device
+    assert cuda.events_recorded == cuda.events_synchronized == len(batches)  # one wait per batch, on its copy
+    assert out.shape == (1, 3, 40, 52) and out.device.type == "cpu"
+
+
+def _meta_rows(shapes):
+    """Each rank's metadata row, as ``collectives._meta`` makes it, as real tensors (the other ranks' sends)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return [collectives._meta(torch.empty(s, device="meta")) for s in shapes]
+
+
+def _world(monkeypatch, rank: int, world_size: int, shapes_of):
+    """multigpu's runtime as rank ``rank`` of an NCCL job on the fake group; ``shapes_of(tensor)`` gives every
+    rank's shape for the metadata exchange (the fake backend moves no data). Returns the log of collectives."""
+    env = DistEnv(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size, node_rank=0,
+                  device=torch.device("cuda", rank), backend="nccl")
+    host = object()  # stands for the gloo group made beside NCCL
+    monkeypatch.setattr(group, "_ENV", env)
+    monkeypatch.setattr(group, "_MONITOR_GROUP", host)
+    calls: list = []
+    real_all_gather, real_all_reduce = dist.all_gather, dist.all_reduce
+
+    def all_gather(parts, tensor, group=None, **kwargs):
+        calls.append(("all_gather", tensor.device.type, "host" if group is host else group))
+        if group is host:  # the metadata exchange: fill in what the other ranks sent
+            parts[:] = _meta_rows(shapes_of(tensor))
+            return None
+        return real_all_gather(parts, tensor, group=group, **kwargs)
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(("all_reduce", tensor.device.type, None))
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    return calls
+
+
+def test_checked_collectives_exchange_shapes_over_the_host_group_at_world_size_8(monkeypatch):
+    """Rank 3 of 8, NCCL, CUDA tensors: a checked all_reduce / broadcast / gather compares every rank's shape
+    with CPU tensors over the gloo group beside NCCL, then queues the data collective on the GPU; nothing
+    waits for the device. A rank with another shape raises ShapeMismatchError listing all eight, before any
+    data moves. Before: the metadata went to the GPU, over NCCL, and came back with ``.cpu()``: a full
+    device sync per call (and a value read that fake CUDA refuses)."""
+    shapes = {"now": [(4, 5)] * 8}
+    with fake_group(rank=3, world_size=8), fake_cuda(devices=8) as cuda:
+        torch.cuda.set_device(3)
+        calls = _world(monkeypatch, 3, 8, lambda t: shapes["now"])
+        x = torch.ones(4, 5, device="cuda")
+        assert collectives.all_reduce(x, "mean") is x and x.device == torch.device("cuda", 3)
+        assert collectives.broadcast(x, src=0).device.type == "cuda"
+        assert calls[:2] == [("all_gather", "cpu", "host"), ("all_reduce", "cuda", None)]
+        shapes["now"] = [(i + 1, 5) for i in range(8)]  # gather: dim 0 may differ
+        gathered = collectives.all_gather(torch.ones(4, 5, device="cuda"))
+        assert gathered.shape == (36, 5) and gathered.device == torch.device("cuda", 3) and is_fake(gathered)
+        shapes["now"] = [(4, 5)] * 5 + [(4, 6)] + [(4, 5)] * 2
+        calls.clear()
+        with pytest.raises(ShapeMismatchError) as err:
+            collectives.all_reduce(torch.ones(4, 5, device="cuda"))
+        assert "(4, 6)" in str(err.value) and str(err.value).count("(4, 5)") == 7
+        assert calls == [("all_gather", "cpu", "host")]  # no data collective after a mismatch
+        assert all(kind == "cuda" for name, kind, _ in calls if name == "all_reduce")
+        assert cuda.synchronized == 0
+
+
+def test_cartpole_and_pendulum_reset_and_step_on_cuda():
+    """Every tensor a step hands back, and the state it updates, is on the environments' GPU, in every
+    autoreset mode, with a reset mask and with actions made on the GPU; no step reads a value on the host."""
+    from multigpu.envs import make
+
+    for env_id, action in (("CartPole-v1", lambda n: torch.ones(n, dtype=torch.int64, device="cuda")),
+                           ("Pendulum-v1", lambda n: torch.zeros(n, 1, device="cuda"))):
+        for mode in ("next_step", "same_step", "disabled"):
+            with fake_cuda(devices=2) as cuda:
+                torch.cuda.set_device(1)
+                envs = make(env_id, 6, device="cuda", seed=3, autoreset_mode=mode)
+                where = torch.device("cuda", 1)
+                obs, _ = envs.reset(seed=4)
+                obs2, _ = envs.reset(options={"reset_mask": torch.ones(6, dtype=torch.bool, device="cuda")})
+                assert obs.device == obs2.device == envs.state.device == where, (env_id, mode)
+                for _ in range(3):
+                    obs, reward, terminated, truncated, info = envs.step(action(6))
+                    assert {t.device for t in (obs, reward, terminated, truncated)} == {where}, (env_id, mode)
+                    assert obs.shape[0] == reward.shape[0] == 6 and terminated.dtype == torch.bool
+                if mode == "same_step":
+                    assert set(info) <= {"final_obs", "_final_obs"}
+                assert cuda.synchronized == 0
+
+
+def test_ppo_act_step_on_cuda():
+    """PPO's rollout step without autograd on the GPU: the observation normalizer, the actor-critic forward,
+    log-probabilities and entropy, the action map (Box actions too) into an environment step, and GAE over
+    the rollout buffers, all on cuda. Before: the action map read ``bool(finite.all())`` from the GPU."""
+    from multigpu.envs import make
+    from multigpu.rl.config import RLConfig
+    from multigpu.rl.normalize import ObsNormalizer
+    from multigpu.rl.policy import policy_for
+    from multigpu.rl.ppo import _advantages
+
+    cfg = RLConfig(num_steps=4)
+    for env_id in ("CartPole-v1", "Pendulum-v1"):
+        with fake_cuda() as cuda:
+            envs = make(env_id, 5, device="cuda", seed=0, autoreset_mode="same_step")
+            spec = policy_for(envs.single_observation_space, envs.single_action_space)
+            agent, head, to_env = spec.make_network(8).to("cuda"), spec.make_head(), spec.make_map("cuda")
+            norm = ObsNormalizer(spec.obs_dim, "cuda")
+            obs, _ = envs.reset(seed=1)
+            rewards, values, dones = (torch.zeros(cfg.num_steps, 5, device="cuda") for _ in range(3))
+            for t in range(cfg.num_steps):
+                norm.observe(obs.reshape(5, -1))
+                x = norm(obs)
+                out, value = agent(x)
+                action = out.argmax(-1) if spec.discrete else out.chunk(2, -1)[0]  # sampling needs a CUDA generator
+                logp, entropy = head.log_prob(out, action), head.entropy(out)
+                assert {t_.device.type for t_ in (x, out, value, action, logp, entropy)} == {"cuda"}, env_id
+                obs, reward, terminated, truncated, _ = envs.step(to_env(action))
+                rewards[t], values[t], dones[t] = reward.float(), value, (terminated | truncated).float()
+            advantages, returns = _advantages(cfg, rewards, values, dones, agent(norm(obs))[1])
+            assert advantages.device.type == returns.device.type == "cuda" and advantages.shape == (4, 5)
+            assert cuda.synchronized == 0
+
+
+
+def test_harness_additions_used_here_behave_as_cuda_does():
+    """What this file needed of the harness: data copied onto the GPU, copies on one GPU, ``~mask``,
+    pinned host memory, CUDA events and the device capability, each raising where CUDA raises."""
+    with fake_cuda(devices=2) as cuda:
+        ids = torch.as_tensor([3, 4, 5], device="cuda")
+        assert ids.device == torch.device("cuda", 0) and ids.dtype == torch.int64 and is_fake(ids)
+        assert torch.tensor(1.5, device="cuda:1").device == torch.device("cuda", 1)
+        mask = torch.zeros(3, dtype=torch.bool, device="cuda")
+        assert (~mask).device == mask.device and (~mask).dtype == torch.bool
+        state = torch.zeros(2, 3, device="cuda")
+        assert state.copy_(torch.ones(3, device="cuda")) is state  # broadcasts, as copy_ does
+        with pytest.raises(RuntimeError, match="broadcast"):
+            state.copy_(torch.ones(4, device="cuda"))
+        host = torch.ones(3)
+        assert host.pin_memory() is host
+        event = torch.cuda.Event()
+        with pytest.raises(RuntimeError, match="never recorded"):
+            event.synchronize()
+        event.record()
+        event.synchronize()
+        assert (cuda.events_recorded, cuda.events_synchronized) == (1, 1)
+        assert torch.cuda.get_device_capability(1) == (9, 0)
+        with pytest.raises(IndexError, match="not visible"):
+            torch.cuda.get_device_capability(2)

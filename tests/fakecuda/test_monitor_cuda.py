@@ -1,0 +1,184 @@
+"""Step and communication times on CUDA, on a CPU-only machine (issue 22, "wrong figures on GPUs").
+
+CUDA queues kernels and returns: a host clock around a step or a collective measures queueing. These tests
+stand in a fake ``torch.cuda.Event`` whose ``synchronize`` takes the time the "GPU" still needs and whose
+``elapsed_time`` reports device time, and check that the meter waits for each step's end event on CUDA (and
+never on the CPU), that CUDA collectives are timed by events, and that communication nobody can time
+(DDP's NCCL all-reduce) is reported as not measured, shown as "—", never as 0.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from unittest import mock
+
+import pytest
+import torch
+
+from multigpu.runtime import collectives, devicetime
+from multigpu.runtime.env import DistEnv
+
+GPU_TAIL_S = 0.08
+"""How long the fake GPU still runs after the host has queued a step."""
+
+
+class FakeEvents:
+    """A stand-in for ``torch.cuda.Event``: a GPU clock that the test moves, and a log of what was asked."""
+
+    def __init__(self) -> None:
+        self.gpu_clock_s = 0.0
+        self.made = 0
+        self.synchronized = 0
+
+    def __call__(self, enable_timing: bool = False):
+        events = self
+        events.made += 1
+
+        class Event:
+            def record(self, stream=None):
+                self.at = events.gpu_clock_s
+
+            def synchronize(self):
+                events.synchronized += 1
+                time.sleep(GPU_TAIL_S)  # the queued work runs to the end
+
+            def query(self):
+                return True
+
+            def elapsed_time(self, other):
+                return (other.at - self.at) * 1000.0
+
+        return Event()
+
+
+@pytest.fixture
+def events():
+    fake = FakeEvents()
+    with mock.patch("torch.cuda.Event", fake), mock.patch("torch.cuda.current_stream", lambda device=None: None):
+        yield fake
+
+
+def _meter(device):
+    from multigpu.monitor import StepMeter
+
+    return StepMeter("items", progress=False, warmup_steps=0, device=device)
+
+
+def test_meter_ends_each_cuda_step_on_its_event_and_counts_the_queued_work(events):
+    meter = _meter(torch.device("cuda", 0))
+    for _ in range(3):
+        with meter.step(items=4):
+            pass  # the host only queues: returns at once
+    assert events.synchronized == 3  # one wait per step, on the step's own end event
+    assert min(meter.step_times) >= GPU_TAIL_S  # the step's time includes what the GPU still had to run
+    summary = meter.close()
+    assert summary["throughput"] <= 12 / (3 * GPU_TAIL_S)
+
+
+def test_meter_on_this_ranks_device_by_default(events):
+    with mock.patch("multigpu.runtime.group.current_device", lambda: torch.device("cuda", 3)):
+        meter = _meter(None)
+        with meter.step(items=1):
+            pass
+    assert events.synchronized == 1
+
+
+def test_meter_never_synchronizes_on_the_cpu(events):
+    meter = _meter(torch.device("cpu"))
+    for _ in range(3):
+        with meter.step(items=4):
+            pass
+    assert events.made == 0 and events.synchronized == 0
+    assert max(meter.step_times) < GPU_TAIL_S
+
+
+def _nccl_env():
+    return DistEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0,
+                   device=torch.device("cuda", 0), backend="nccl")
+
+
+def test_a_cuda_collective_is_timed_on_the_device_not_by_the_host_clock(events):
+    """all_reduce of a CUDA tensor: the events around it say 0.5 s on the GPU; the host returned at once."""
+    spans = devicetime.DeviceSpans()
+
+    def all_reduce(tensor, op=None):
+        events.gpu_clock_s += 0.5  # NCCL's kernels (and the wait for the peer) run on the device
+
+    with mock.patch.object(collectives, "_DEVICE_SPANS", spans), \
+            mock.patch.object(collectives, "_active", lambda: True), \
+            mock.patch("multigpu.runtime.group.get_env", lambda *a: _nccl_env()), \
+            mock.patch("torch.distributed.all_reduce", all_reduce):
+        before = collectives.collective_seconds()
+        cuda_tensor = mock.Mock(device=torch.device("cuda", 0))
+        collectives.all_reduce(cuda_tensor, check_shapes=False)
+        device_s = collectives.collective_seconds() - before
+        collectives.all_reduce(torch.ones(2), check_shapes=False)  # a CPU tensor (gloo beside NCCL): host clock
+        host_s = collectives.collective_seconds() - before - device_s
+    assert device_s == pytest.approx(0.5)
+    assert 0 <= host_s < 0.1 and events.made == 2  # the CPU call made no event
+
+
+def test_a_span_still_running_is_counted_when_done_without_waiting(events):
+    spans = devicetime.DeviceSpans()
+    device = torch.device("cuda", 0)
+    start = spans.begin(device)
+    events.gpu_clock_s = 0.25
+    spans.end(start, device)
+    stop = spans._pending[0][1]
+    stop.query = lambda: False  # not run yet: not counted, and not waited for
+    assert spans.seconds() == 0.0 and spans.pending() == 1 and events.synchronized == 0
+    stop.query = lambda: True
+    assert spans.seconds() == pytest.approx(0.25) and spans.pending() == 0
+
+
+def test_ddp_on_nccl_reports_communication_as_not_measured():
+    from multigpu.train import sync
+
+    with mock.patch.object(sync, "DDP", lambda module, **kw: mock.Mock(process_group=None)):
+        _, timer = sync.wrap_ddp(torch.nn.Linear(2, 2), _nccl_env(), "auto")
+    assert timer is not None and timer.pop_seconds() is None  # before: None, and the comm share read 0
+
+
+def test_not_measured_comm_is_none_in_the_summary_never_zero():
+    meter = _meter(torch.device("cpu"))
+    for _ in range(3):
+        with meter.step(items=4):
+            meter.add_comm(None)
+    s = meter.close()
+    assert s["comm_share"] is None and s["imbalance"] is None
+    assert s["per_rank"][0]["comm_s"] is None and s["per_rank"][0]["busy_s"] is None
+    assert s["throughput"] > 0
+
+
+def test_not_measured_shows_as_a_dash_in_the_bench_table_and_report():
+    from multigpu.bench.table import scaling_rows
+    from multigpu.cli.bench import print_table
+
+    def summary(n, share, imbalance, busy):
+        return {"world_size": n, "summary": {
+            "world_size": n, "throughput": 100.0 * n, "step_time_s": {"median": 0.01},
+            "comm_share": share, "imbalance": imbalance, "per_rank": [{"busy_s": busy, "items": 10}] * n}}
+
+    rows = scaling_rows([summary(1, 0.0, 1.0, 1.0), summary(2, None, None, None)])
+    assert rows[1]["comm_share"] is None and rows[1]["imbalance"] is None and rows[1]["compute_per_item_s"] is None
+    from rich.console import Console
+
+    out = io.StringIO()
+    print_table({"unit": "items", "rows": rows}, out=Console(file=out, width=200))
+    two = next(line for line in out.getvalue().splitlines() if line.strip().lstrip("│┃| ").startswith("2 "))
+    cells = [c.strip() for c in two.strip("│ ").split("│")]
+    assert cells[-2:] == ["—", "—"]  # comm share, imbalance: not measured, not "0%" and "1.00"
+
+
+def test_training_log_line_says_comm_not_measured(capsys, single_rank_group):
+    from multigpu.train.metrics import MetricLogger
+
+    meter = _meter(torch.device("cpu"))
+    logger = MetricLogger(None, meter, total_steps=2)
+    for step in (1, 2):
+        with meter.step(items=8):
+            meter.add_comm(None)
+        record = logger.log(step, {"loss": torch.tensor(1.0), "grad_norm": 1.0, "lr": 0.1}, flush=step == 2)
+    assert record["comm_share"] is None
+    assert "comm n/a" in capsys.readouterr().out

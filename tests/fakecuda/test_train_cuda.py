@@ -1,0 +1,174 @@
+"""Training on fake CUDA: device placement, RNG state across GPU counts, SLURM placement, FSDP's placement.
+
+What a CPU-only machine can prove (see :mod:`multigpu.testing.fakecuda`): where every tensor of the
+trainer's forward and loss lives on ``cuda``, where the optimizer puts its state, that a checkpoint's
+RNG state moves between hosts with different GPU counts, that one GPU per SLURM task is ``cuda:0``,
+and that FSDP is never handed a whole model on the GPU. What waits for a GPU: backward (the autograd
+engine needs a real CUDA device guard), NCCL itself, and the numbers (loss values, speed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.nn.parallel import DistributedDataParallel
+
+import multigpu as mg
+from multigpu.config import from_dict
+from multigpu.runtime import context
+from multigpu.runtime.context import RunContext
+from multigpu.runtime.device import DeviceFacts, select_device
+from multigpu.runtime.env import read_placement
+from multigpu.testing.fakecuda import fake_cuda, fake_group, is_fake
+from multigpu.train import make_optimizer
+from multigpu.train.checkpoint import CheckpointManager, restore_rng
+from multigpu.train.data import stdlib_text
+from multigpu.train.job import TrainJobConfig
+from multigpu.train.loader import to_device
+from multigpu.train.nano import gpt
+from multigpu.train.trainer import Trainer
+
+SLURM_TASK = {"SLURM_PROCID": "15", "SLURM_LOCALID": "7", "SLURM_NTASKS": "16", "SLURM_NODEID": "1",
+              "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+
+
+def _state(value: int) -> torch.Tensor:
+    return torch.full((16,), value, dtype=torch.uint8)
+
+
+def test_slurm_task_with_one_gpu_computes_on_it():
+    """``srun --ntasks-per-node=8 --gpus-per-task=1``: each task sees one GPU and SLURM_LOCALID 0..7."""
+    placement = read_placement(SLURM_TASK)
+    with fake_cuda(devices=1, tensors=False):
+        facts = DeviceFacts.probe(RunContext())
+        assert (placement.local_rank, facts.cuda_count) == (7, 1)
+        assert select_device("auto", placement.local_rank, facts) == torch.device("cuda", 0)
+    # two GPUs per task but local rank 7: which one is not ours to guess
+    with fake_cuda(devices=2, tensors=False), pytest.raises(mg.DeviceError, match="local_rank 7 has no GPU: this "
+                                                                                  "process sees 2 CUDA device"):
+        select_device("auto", placement.local_rank, DeviceFacts.probe(RunContext()))
+
+
+@pytest.mark.parametrize("saved_on,restored_on", [(8, 1), (1, 8)])
+def test_checkpoint_rng_state_moves_between_gpu_counts(tmp_path, saved_on, restored_on):
+    """Saved by a rank on cuda:5 of 8 visible GPUs and resumed on a one-GPU host (``--isolate-devices``), and the
+    reverse: the rank's own GPU's generator comes back on the rank's own GPU, no other GPU's is touched."""
+    mg.init(backend="cpu")  # one rank: the manager's gather and broadcast are identities
+    manager = CheckpointManager(tmp_path)
+    with fake_cuda(devices=saved_on, tensors=False) as cuda:
+        torch.cuda.set_device(saved_on - 1)
+        cuda.rng_states[saved_on - 1] = _state(42)
+        path = manager.save({"step": 1, "model": {}, "optimizer": {}})
+    with fake_cuda(devices=restored_on, tensors=False) as cuda:
+        torch.cuda.set_device(restored_on - 1)
+        restore_rng(manager.load(path)["rng"][0])
+        assert list(cuda.rng_states) == [restored_on - 1] and torch.equal(cuda.rng_states[restored_on - 1], _state(42))
+
+
+def test_rng_state_of_older_checkpoints_with_every_gpu():
+    """Checkpoints written before held every visible GPU's state: the rank's own device index is taken."""
+    with fake_cuda(devices=1, tensors=False) as cuda:
+        restore_rng({"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
+                     "cuda": [_state(i) for i in range(8)]})
+        assert list(cuda.rng_states) == [0] and torch.equal(cuda.rng_states[0], _state(0))
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+TINY = {"steps": 2, "batch_size": 2, "block_size": 16, "eval_every": 0, "checkpoint_every": 0, "sample_chars": 0,
+        "prefetch": 0}  # prefetch copies on a side CUDA stream, which a CPU build cannot fake: the direct path
+
+
+@pytest.fixture(scope="module")
+def text():
+    return stdlib_text(block_size=16)[0]
+
+
+def _trainer(text, **overrides) -> Trainer:
+    cfg = from_dict(TrainJobConfig, {**TINY, **overrides})
+    model = gpt(block_size=16, vocab_size=text.vocab_size, n_layer=2, n_head=2, n_embd=32)
+    return Trainer(model, make_optimizer(model, cfg), text, config=cfg)
+
+
+@contextlib.contextmanager
+def _rank_of(monkeypatch, rank: int, world_size: int):
+    """This process as rank ``rank`` of ``world_size`` on one node: the fake process group, and the variables
+    torchrun sets, so ``mg.init`` reads that placement (it joins the group that is already there)."""
+    for name, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size,
+                        "MASTER_ADDR": "localhost", "MASTER_PORT": 1}.items():
+        monkeypatch.setenv(name, str(value))
+    context.set_current(RunContext(pg_backend="gloo"))  # no NCCL beside it: the fake group is the only one
+    with fake_group(rank, world_size):
+        yield
+    mg.shutdown()
+
+
+def test_trainer_forward_loss_and_optimizer_state_on_cuda_alone(text):
+    """World size 1 (no DDP): the model, the batch, the loss, the clipped norm and Adam's moments on cuda:0."""
+    trainer = _trainer(text)
+    with fake_cuda(devices=1):
+        assert mg.init(seed=0).device == torch.device("cuda", 0)
+        # moved before the optimizer is built: fake CUDA parameters are new objects (a CPU build cannot swap them
+        # in place); the trainer's own move, below, then keeps them as an optimizer holds them
+        trainer.module.to("cuda")
+        trainer.optimizer = make_optimizer(trainer.module, trainer.config)
+        trainer.setup()
+        assert {(p.device, is_fake(p)) for p in trainer.module.parameters()} == {(torch.device("cuda", 0), True)}
+        with unset_fake_temporarily():  # the sampler and the dataset hold real host data
+            cpu_batch, _ = next(trainer.batches._tagged)
+        batch = to_device(cpu_batch, trainer.env.device)  # what the stream does to each batch
+        loss = trainer.loss_fn(trainer.model, batch)
+        assert loss.device == torch.device("cuda", 0) and loss.shape == ()
+        for p in trainer.module.parameters():  # what backward would leave (backward itself waits for a GPU)
+            p.grad = torch.zeros_like(p)
+        assert trainer._clip_gradients().device == torch.device("cuda", 0)
+        trainer.scaler.step(trainer.optimizer)
+        moments = [s[k] for s in trainer.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        assert moments and {m.device for m in moments} == {torch.device("cuda", 0)}
+        trainer.batches.close()
+    mg.shutdown()
+
+
+def test_compile_comes_after_ddp(text, monkeypatch):
+    """DDP's documented order: ``torch.compile(DDP(model))``, so DDP's hooks and buckets see the real parameters
+    and its all-reduce overlaps the compiled graph. Rank 3 of 8 (CPU: DDP cannot wrap fake tensors)."""
+    trainer = _trainer(text, compile=True)
+    compiled = []
+    with _rank_of(monkeypatch, 3, 8):
+        mg.init(backend="cpu")
+        with mock.patch("torch.compile", lambda model, *a, **k: compiled.append(model) or model):
+            trainer.setup()
+        trainer.batches.close()
+    assert len(compiled) == 1 and isinstance(compiled[0], DistributedDataParallel) and compiled[0] is trainer.ddp
+
+
+@pytest.mark.parametrize("gpus", [8, 0], ids=["cuda", "cpu"])
+def test_fsdp_shards_from_the_host_on_a_mesh_of_the_rank_device(text, monkeypatch, gpus):
+    """strategy=fsdp, rank 3 of 8: ``fully_shard`` gets each block on the host (never the whole model on the GPU:
+    it moves one block at a time and keeps this rank's shard), compiled per block first, over a mesh of this
+    rank's own device type (FSDP's default would be CUDA's whenever a GPU is visible, even on a CPU rank).
+    ``fully_shard`` and ``init_device_mesh`` are recorded, not run: neither runs on fake tensors."""
+    trainer = _trainer(text, strategy="fsdp", precision="bf16", compile=True)
+    events = []
+
+    def fully_shard(module, **kwargs):
+        events.append(("shard", type(module).__name__, {p.device for p in module.parameters()}, kwargs.get("mesh")))
+        return module
+
+    patches = [mock.patch("torch.distributed.fsdp.fully_shard", fully_shard),
+               mock.patch("torch.distributed.device_mesh.init_device_mesh", lambda kind, shape: (kind, shape)),
+               mock.patch("torch.nn.Module.compile", lambda module, *a, **k: events.append(("compile", module)))]
+    with _rank_of(monkeypatch, 3, 8), fake_cuda(devices=gpus, tensors=gpus > 0), contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        device = mg.init().device
+        trainer.setup()
+        trainer.batches.close()
+    assert device == (torch.device("cuda", 3) if gpus else torch.device("cpu"))
+    blocks = list(trainer.module.blocks)
+    assert events[:2] == [("compile", blocks[0]), ("compile", blocks[1])]
+    host, mesh = {torch.device("cpu")}, (device.type, (8,))
+    assert events[2:] == [("shard", "_Block", host, mesh), ("shard", "_Block", host, mesh), ("shard", "GPT", host, mesh)]

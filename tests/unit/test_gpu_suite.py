@@ -1,0 +1,86 @@
+"""The GPU suite as one bounded device call (issue 22), checked where there is no GPU.
+
+run_all.sh cannot run here: these parse its time budget, run it to see it stop cleanly without a GPU, and
+render a small hand-made results file (collect.py's layout, tests/unit/data/gpu_results_small.json; not
+figures from a GPU) into the GPU blocks of RESULTS.md and the README.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+GPU = ROOT / "benchmarks" / "gpu"
+SCRIPT = GPU / "run_all.sh"
+FIXTURE = ROOT / "tests" / "unit" / "data" / "gpu_results_small.json"
+ONE_CALL_S = 570  # 9.5 minutes: one device command, with room to spare under its 10-minute limit
+
+
+def _defaults() -> dict[str, int]:
+    text = SCRIPT.read_text()
+    out = {k: int(v) for k, v in re.findall(r"^(\w+_S)=\$\{\1:-(\d+)\}", text, flags=re.M)}
+    out.update({k: int(v) for k, v in re.findall(r"^(CALL_S|KILL_S|BOUNDED)=(\d+)\b", text, flags=re.M)})
+    return out
+
+
+def test_the_time_budgets_add_up_to_one_call():
+    d = _defaults()
+    text = SCRIPT.read_text()
+    steps = re.findall(r'^run_step (\w+)\s+"\$(\w+_S)"', text, flags=re.M)
+    assert [name for name, _ in steps] == ["tests", "train", "sim", "infer", "envs", "doctor"]
+    assert all(cap in d for _, cap in steps)  # every step runs under a cap defined (and added up) here
+    bounded = len(steps) + len(re.findall(r"^timeout --kill-after=\$KILL_S", text, flags=re.M))
+    assert d["BOUNDED"] == bounded == 7 and "timeout --kill-after=$KILL_S \"$limit\"" in text
+    total = d["SETUP_S"] + sum(d[cap] for _, cap in steps) + d["RENDER_S"] + d["KILL_S"] * d["BOUNDED"]
+    assert total <= d["CALL_S"] <= ONE_CALL_S, (total, d)
+    # and whatever the caps are set to, the steps stop at BUDGET_S: no step starts a limit past it
+    assert "BUDGET_S=$(( CALL_S - RENDER_S - KILL_S ))" in text and "local left=$(( $(remaining) - KILL_S ))" in text
+
+
+def test_without_a_gpu_it_stops_at_once_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, timeout=90, env=env)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("run_all.sh: no GPU") and proc.stdout == ""
+    assert not out.exists()
+
+
+def test_rendering_the_gpu_blocks_from_a_recorded_json(tmp_path):
+    results, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
+    results.write_text("# Results\n\ntyped notes\n")
+    readme.write_text("| cpu | rows |\n\n<!-- gpu-rows:begin -->\nGPU rows: none yet.\n<!-- gpu-rows:end -->\n\n## Next\n")
+    cmd = [sys.executable, str(GPU / "render_gpu.py"), str(FIXTURE), "--md", str(tmp_path / "gpu.md"),
+           "--results", str(results), "--readme", str(readme)]
+    for _ in range(2):  # a second render replaces the block, it does not add one
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+    md, rows = results.read_text(), readme.read_text()
+    assert md.startswith("# Results\n\ntyped notes\n") and md.count("<!-- gpu:begin -->") == 1
+    assert "Machine: NVIDIA H100 80GB HBM3 × 1, driver 570.86.15, torch 2.13.0+cu128" in md
+    assert "| train | GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile) | ok | 112 | " \
+           "ours / peer 1.02 |" in md
+    assert "| tests | GPU tests (`pytest -m gpu tests/gpu`) | failed | 131 | 25 passed, 1 failed, 4 skipped |" in md
+    assert "| sim | SIR agent-steps/s on CUDA vs the same engine on the CPU | timeout (no record written) | 65 | — |" in md
+    assert "| envs: faster than gymnasium on every core | — |" in md  # not measured is never "false" or 0
+    assert "- failed: `tests.gpu.test_nccl_gpu::test_two_gpus`: assert 1 == 2" in md
+    assert "ours: tokens_per_s=410,000, mfu=0.43" in md and "| 1,048,576 | 2,100,000,000 |" in md
+    assert rows.startswith("| cpu | rows |\n\n<!-- gpu-rows:begin -->\nGPU rows, from `bash benchmarks/gpu/run_all.sh`")
+    assert rows.endswith("<!-- gpu-rows:end -->\n\n## Next\n") and rows.count("<!-- gpu-rows:begin -->") == 1
+    assert "| GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile) | ok | ours / peer 1.02 | " \
+           "mfu >= 0.40: met; ratio >= 1.0: met |" in rows
+    assert "doctor" not in rows.split("gpu-rows:begin")[1]  # a skipped step is no row
+    assert (tmp_path / "gpu.md").read_text() in md
+
+
+def test_a_run_with_no_step_leaves_the_placeholder(tmp_path):
+    sys.path.insert(0, str(GPU))
+    try:
+        import render_gpu
+    finally:
+        sys.path.pop(0)
+    assert render_gpu.readme_rows({"machine": None, "steps": {}}).startswith("GPU rows: none yet")
