@@ -34,3 +34,11 @@ def test_the_baseline_is_the_smallest_world_size_and_a_batch_that_does_not_split
                                           r"at every world size, but at 3 ranks: global_batch_size=16 is not "
                                           r"divisible by world_size × grad_accum = 3 × 1 = 3"):
         _global_batches("strong", (1, 3))
+
+
+def test_verify_compares_the_same_global_batch_at_every_world_size(fake_gpus):
+    """verify launches through the same Launcher with its default (strong): train at 1 and 2 ranks computes the
+    same optimizer steps on the same samples per step, so val_loss differs only by float order."""
+    fake_gpus(0)
+    launcher = Launcher(resolve_target("train", []), configs_for(LaunchConfig(cpu=True), (1, 2)))
+    assert {n: job.config.effective_batch(n) for n, job in launcher.jobs.items()} == {1: 16, 2: 16}

@@ -43,8 +43,8 @@ def merge_workload_line(args: argparse.Namespace, command: str,
     if workload is None:
         return
     from multigpu.cmdline import ArgumentParser, parse
-    from multigpu.jobs.command import add_overrides_arg, add_workload_flags
     from multigpu.jobs.command import add_config_flags as add_workload_config_flags
+    from multigpu.jobs.command import add_overrides_arg, add_workload_flags
     from multigpu.launch.flags import add_launch_flags
 
     parser = ArgumentParser(prog=f"multigpu {command} {args.target}",
