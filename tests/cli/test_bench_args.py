@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 from multigpu.cli import main
 from tests.conftest import ROOT, run_file
 
@@ -70,10 +72,18 @@ def test_a_script_without_a_meter_is_measured_by_its_wall_clock(tmp_path, fake_g
     assert [r["summary"]["wall_s"] for r in result["runs"]] == [2.0, 3.0]  # first start to last end
     assert result["rows"][1]["speedup"] == 2.0 / 3.0
     assert result["notes"][0].startswith("measured by wall clock")
-    # no meter, so no communication figure: not measured ("—"), never a share of 0 (issue 22)
-    assert [(r["comm_share"], r["imbalance"]) for r in result["rows"]] == [(None, None), (None, None)]
+    # what a wall clock cannot see is not measured: None in bench.json, "—" in the table, never 0
+    assert {(r["comm_share"], r["imbalance"], r["compute_per_item_s"]) for r in result["rows"]} == {(None, None, None)}
     out = capsys.readouterr().out
-    assert "measured by wall clock" in out and "—" in out
+    assert "measured by wall clock" in out and "they need a StepMeter" in out
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    rows = [c for c in cells if c and c[0].isdigit()]
+    assert [r[-2:] for r in rows] == [["—", "—"], ["—", "—"]]  # comm share, imbalance
+    assert [r[1] for r in rows] == ["0.5", "0.333"]  # runs/s with its digits (1 run in 2 s, 1 in 3 s), not "0"
+    from multigpu.report.html import build_report
+
+    page = build_report(tmp_path / "w")  # report/ reads the None figures too
+    assert page.count("<td class=num>—</td>") == 4  # comm share and imbalance of both rows
 
 
 def test_a_run_that_leaves_no_figures_is_an_error(tmp_path, fake_gpus, capsys):
@@ -97,3 +107,61 @@ def test_launch_profile_flag_reaches_every_worker_through_the_run_file(fake_gpus
         assert main(["launch", EXAMPLE]) == 0
     assert [(r["profile"], r["profile_steps"], r["sample_interval_s"]) for r in seen] == [
         (True, [0, 1, 2], 0.5), (False, [1, 1, 3], 1.0)]
+
+
+def _config_seen(seen: list):
+    base = _fake_run([])
+
+    def launch(config, entrypoint, args):
+        data = run_file()
+        folder = data["run"]["run_dir"] or data["run"]["verify_dir"]  # verify's runs have no run directory
+        seen.append({"nproc": config.nproc_per_node, "scaling": data["run"]["scaling"], "config": data["config"],
+                     "run_dir": Path(folder).parent.name})
+        if data["run"]["run_dir"]:
+            base(config, entrypoint, args)
+    return launch
+
+
+@pytest.mark.parametrize("order", [
+    ["train", "--nproc", "1,2", "-f", "nano", "steps=3", "--grad-accum", "2", "--weak"],   # the issue's order
+    ["--nproc", "1,2", "train", "steps=3", "-f", "nano", "--weak", "--grad-accum", "2"],
+    ["-f", "nano", "--weak", "train", "--grad-accum", "2", "--nproc", "1,2", "steps=3"],
+    ["--weak", "train", "--set", "steps=3", "--nproc=1,2", "--grad_accum=2"],
+])
+def test_bench_takes_a_workloads_command_line_in_any_order(order, tmp_path, fake_gpus, capsys):
+    """What follows a workload's name is read as `multigpu train` reads it, with bench's and the launcher's flags."""
+    fake_gpus(0)
+    seen: list = []
+    out = tmp_path / "b"
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_config_seen(seen)):
+        code = main(["bench", *order, "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert [s["nproc"] for s in seen] == [1, 2] and {s["scaling"] for s in seen} == {"weak"}
+    assert {(s["config"]["steps"], s["config"]["grad_accum"]) for s in seen} == {(3, 2)}  # the user's beat bench's
+    assert {s["config"]["eval_every"] for s in seen} == {0}  # bench's own shorter-run overrides still apply
+    assert {s["run_dir"] for s in seen} == {"b"}
+
+
+def test_verify_takes_a_workloads_command_line_after_its_name(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    seen: list = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_config_seen(seen)):
+        code = main(["verify", "train", "--nproc", "1,2", "--rtol", "0.5", "steps=3", "-f", "nano", "--cpu",
+                     "-o", str(tmp_path / "v")])
+    assert code == 1  # the fake ranks record nothing: verify says so, after running both sizes
+    assert "recorded no result" in capsys.readouterr().err
+    assert [(s["nproc"], s["config"]["steps"]) for s in seen] == [(1, 3), (2, 3)]
+
+
+def test_a_scripts_arguments_stay_its_own_and_nproc_is_asked_for_where_it_belongs(tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    seen: list = []
+    with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=_fake_run(seen)):
+        assert main(["bench", "-o", str(tmp_path / "s"), EXAMPLE, "--nproc", "1,2"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--nproc is required before the script" in err
+        assert main(["bench", "--nproc", "1,2", "-f", "nano", "-o", str(tmp_path / "s"), EXAMPLE]) == 2
+        assert "is a workload's config" in capsys.readouterr().err
+        assert main(["bench", "train", "-o", str(tmp_path / "s"), "steps=3"]) == 2
+        assert "--nproc is required: the world sizes to bench" in capsys.readouterr().err
+    assert seen == [] and not (tmp_path / "s").exists()

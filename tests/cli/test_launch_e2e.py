@@ -178,3 +178,15 @@ def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_dir
     assert proc.returncode == 0, proc.stderr
     assert "mymod ran [1] True" in proc.stdout
     assert sorted(p.name for p in tmp_path.glob("*.imported")) == []
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("script, words", [
+    ("cuda_tutorial.py", "hint: the script calls CUDA, and this rank has none (a CPU rank): use mg.device()"),
+    ("fixed_world.py", "hint: the script fixes devices=2, but this job has 1 rank(s): let the launcher decide"),
+])
+def test_a_script_that_assumes_cuda_or_its_world_size_gets_a_hint_saying_what_to_change(script, words):
+    proc = run_cli("launch", "--nproc-per-node", "1", "--cpu", str(SCRIPTS / script), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 1
+    assert words in proc.stderr, proc.stderr
+    assert proc.stderr.count("hint:") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from multigpu.bench import BenchConfig, parse_nproc, resolve_target
-from multigpu.bench.table import explain, scaling_rows
+from multigpu.bench.table import doubts, explain, scaling_rows
 from multigpu.errors import ConfigError
 
 
@@ -117,3 +117,46 @@ def test_a_measurement_that_cannot_be_trusted_is_called_noisy_instead_of_a_speed
     assert len(notes) == 1 and notes[0].startswith("NOISY: 2 ranks vs 1 rank (4.52x measured) cannot be trusted: "
                                                    "1 rank: its rate moved 6.0x")
     assert "Rerun with --repeat 3" in notes[0] and "faster than the ideal" not in notes[0]
+
+
+def _wall_run(world_size: int, seconds: float, *, rank_s: list[float] | None = None, skew: float = 0.0) -> dict:
+    """What bench.runner.wall_summary makes of a script without a StepMeter."""
+    rank_s = rank_s or [seconds] * world_size
+    per_rank = [{"wall_s": s, "comm_s": None, "busy_s": None, "items": 1 / world_size, "steps": 1} for s in rank_s]
+    summary = {"unit": "runs", "measure": "wall", "world_size": world_size, "steps": 1, "wall_s": seconds,
+               "throughput": 1 / seconds, "step_time_s": {"median": seconds, "min": seconds, "max": seconds},
+               "comm_share": None, "imbalance": None, "start_skew_s": skew, "per_rank": per_rank}
+    run = {"world_size": world_size, "cpu": {"host_percent": 50.0, "rank_percent": 20.0}, "summary": summary}
+    return run | {"doubts": doubts(run)}
+
+
+def test_a_wall_clock_run_claims_no_communication_imbalance_or_starvation():
+    rows = scaling_rows([_wall_run(1, 2.0), _wall_run(2, 1.2)])
+    assert [(r["comm_share"], r["imbalance"], r["compute_per_item_s"]) for r in rows] == [(None, None, None)] * 2
+    notes = explain(rows)
+    assert notes == ["2 ranks: 1.67x speedup (83% efficiency)."]  # no CAUTION from CPU use judged against a guess
+    assert explain(scaling_rows([_wall_run(1, 2.0), _wall_run(2, 4.0)]))[0].endswith(
+        "no single cause stands out in the measurements: fixed per-step or start-up overheads dominate; "
+        "try more steps or a larger problem.")
+
+
+def test_a_meter_that_did_not_measure_communication_leaves_it_unmeasured_in_the_row():
+    unmeasured = _run(2, 900, comm=0.5)
+    unmeasured["summary"]["comm_share"] = None
+    rows = scaling_rows([_run(1, 1000), _run(2, 950, comm=0.4), unmeasured])
+    assert rows[1]["comm_share"] is None and rows[1]["imbalance"] == 1.0
+    assert "communication" not in explain(rows)[0]
+
+
+def test_wall_clock_timing_that_moved_between_sizes_repeats_or_ranks_is_noisy_with_its_reason():
+    seen = explain(scaling_rows([_wall_run(1, 19.6), _wall_run(2, 0.9)]))[0]  # the issue's 1 rank vs 2 ranks
+    assert seen.startswith("NOISY: 2 ranks vs 1 rank (21.78x measured) cannot be trusted")
+    assert "2 ranks ran 21.8x faster than 1 rank by the wall clock, beyond 2x the ideal" in seen
+    repeats = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(1, 6.0), _wall_run(2, 1.1), _wall_run(2, 1.0)]))[0]
+    assert repeats.startswith("NOISY") and "1 rank: its rate moved 3.0x between repeats (0.5, 0.167)" in repeats
+    ranks = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(2, 5.0, rank_s=[5.0, 1.5])]))[0]
+    assert ranks.startswith("NOISY") and "its ranks' run times ranged from 1.50 s to 5.00 s" in ranks
+    skewed = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(2, 3.0, skew=2.0)]))[0]
+    assert skewed.startswith("NOISY") and "its ranks started 2.00 s apart, in a 3.00 s run" in skewed
+    steady = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(1, 2.2), _wall_run(2, 1.1), _wall_run(2, 1.2)]))[0]
+    assert not steady.startswith("NOISY")

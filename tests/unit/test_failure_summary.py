@@ -51,3 +51,19 @@ def test_traceback_tail_keeps_user_frames_and_the_exception():
     assert tail[0].strip().startswith('File "/home/me/train.py", line 7')
     assert tail[-1] == "ValueError: bad batch"
     assert not any("runpy" in line or "^^^" in line for line in tail)
+
+
+def test_assumption_hints_name_what_to_change_and_stay_quiet_otherwise():
+    from multigpu.launch.hints import assumption_hint
+
+    no_cuda = "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
+    assert "use mg.device()" in assumption_hint(no_cuda)
+    assert "use mg.device()" in assumption_hint("RuntimeError: No CUDA GPUs are available")
+    assert "LOCAL_RANK" in assumption_hint("torch.AcceleratorError: CUDA error: invalid device ordinal")
+    fabric = ("ValueError: You set `devices=2` and `num_nodes=1` in Lightning, but the product (2 * 1) does not "
+              "match the world size (1).")
+    assert assumption_hint(fabric).startswith("the script fixes devices=2, but this job has 1 rank(s)")
+    asserted = '  File "/home/me/t.py", line 3, in <module>\n    assert world_size == 2\nAssertionError'
+    assert "WORLD_SIZE" in assumption_hint(asserted)
+    assert assumption_hint("ValueError: bad batch") is None
+    assert assumption_hint("AssertionError: loss is nan") is None

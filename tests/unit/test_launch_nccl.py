@@ -54,6 +54,7 @@ def _plan(monkeypatch, tmp_path, *, gpus: int, nnodes: int = 1, env: dict | None
 
 
 def test_several_nodes_point_gloo_at_nccls_interface(monkeypatch, tmp_path):
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")  # several nodes need their shared secret
     plan = _plan(monkeypatch, tmp_path, gpus=2, nnodes=2, env={"NCCL_SOCKET_IFNAME": "ib"})
     assert plan.env["GLOO_SOCKET_IFNAME"] == "ib0"  # before: unset, so gloo took the host name's address
     monkeypatch.delenv("NCCL_SOCKET_IFNAME")

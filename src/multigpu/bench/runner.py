@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.bench.config import BenchConfig
-from multigpu.bench.table import doubts, explain, scaling_rows
+from multigpu.bench.table import NOT_MEASURED, doubts, explain, scaling_rows
 from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
@@ -43,13 +43,16 @@ class Launcher:
         self.jobs = {}
         facts = HostFacts.probe()
         if target.workload:
+            from multigpu.bench.scaling import configs_per_size
             from multigpu.jobs.command import load_workload_config, prepare
             from multigpu.jobs.registry import get_workload
 
             workload = get_workload(target.target)
-            cfg = load_workload_config(workload, None, [*workload.bench, *target.args])
-            self.jobs = {n: prepare(workload, cfg, c, RunContext(scaling=scaling), spec=target.target, facts=facts)
-                         for n, c in configs.items()}
+            cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),
+                                       defaults=workload.bench)
+            cfgs = configs_per_size(cfg, scaling, sorted(configs))  # strong/weak as labelled, per world size
+            self.jobs = {n: prepare(workload, cfgs[n], c, RunContext(scaling=scaling), spec=target.target,
+                                    facts=facts) for n, c in configs.items()}
         # every world size's devices are planned now: one that cannot fit fails before the first run
         self.devices = {n: plan_devices(c, facts) for n, c in configs.items()} if not target.workload else {}
         self.configs = configs
@@ -100,14 +103,14 @@ def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
     if not times:
         return None
     wall = max(t["end"] for t in times) - min(t["start"] for t in times)
-    # a wall clock cannot tell communication from compute: comm share and imbalance are not measured (None, "—")
-    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": None, "busy_s": None,
-                 "items": items / len(times), "steps": 1} for t in times]
+    # a wall clock sees neither time in collectives nor time computing: those are None (not measured), not 0
+    per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": None, "busy_s": None, "items": items / len(times),
+                 "steps": 1} for t in times]
     return {
         "unit": "runs", "measure": "wall", "world_size": len(times), "steps": 1, "warmup_steps": 0,
         "items": items, "wall_s": wall, "throughput": items / wall if wall > 0 else 0.0,
-        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": None,
-        "imbalance": None, "per_rank": per_rank,
+        "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": None, "imbalance": None,
+        "start_skew_s": max(t["start"] for t in times) - min(t["start"] for t in times), "per_rank": per_rank,
     }
 
 
@@ -191,7 +194,8 @@ def _measure_notes(runs: list[dict[str, Any]]) -> list[str]:
     if any(r["summary"].get("measure") == "wall" for r in runs):
         return ["measured by wall clock: the script has no StepMeter, so each run counts as one item, timed from "
                 "the script's start on the first rank to its end on the last (the launch itself is left out); "
-                "a StepMeter gives throughput, communication share and imbalance per step"]
+                f"communication share and imbalance show {NOT_MEASURED} (not measured): they need a StepMeter "
+                "(multigpu.monitor.StepMeter, as in examples/allreduce_dp.py), which also gives throughput per step"]
     return []
 
 

@@ -18,6 +18,11 @@ Definitions (baseline = the smallest world size benched):
 * *rank CPU* - a rank's mean CPU use in % of one core, from the device sampler
   (``None`` without samples); far below the rank's threads x 100% means it waited
   for cores that other processes held.
+
+A figure that was not measured is ``None`` (in the rows and in ``bench.json``), never 0: a script timed by
+its wall clock measures no communication share, imbalance or compute per item, and a meter may not measure
+communication on some backends. The table prints it as :data:`NOT_MEASURED`; the verdicts name no cause
+from it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["explain", "scaling_rows"]
+__all__ = ["NOT_MEASURED", "explain", "fmt_rate", "scaling_rows", "shown"]
+
+NOT_MEASURED = "—"
+"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
+measured by wall clock): never as 0."""
 
 COMM_NOTABLE = 0.2
 """A communication share at or above this is named as a cause."""
@@ -44,23 +53,11 @@ MIN_STEPS = 5
 """Fewer measured steps (after warm-up) than this make a run too short to stand behind."""
 BUSY_HOST_CORES = 0.5
 """Cores the host spent beyond the job's own ranks, on average, from which the host is called busy."""
+WALL_IMPLAUSIBLE = 2.0
+"""A wall-clock-timed world size this many times faster than its ideal speedup is start-up or load noise."""
 STARVED_RANK = 70.0
 """On CPU ranks: a rank using less than this % of one core while it computes (the non-communication
 share of its time) was kept waiting for a core by other processes."""
-
-
-def _compute_per_item(summary: dict[str, Any]) -> float | None:
-    per_rank = summary.get("per_rank") or []
-    if any(r.get("busy_s") is None for r in per_rank):
-        return None  # comm not measured, so neither is the compute
-    busy = sum(r.get("busy_s", 0.0) for r in per_rank)
-    items = sum(r.get("items", 0) for r in per_rank)
-    return busy / items if items else None
-
-
-NOT_MEASURED = "—"
-"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
-measured by wall clock): never as 0."""
 
 
 def shown(value: float | None, spec: str) -> str:
@@ -68,10 +65,26 @@ def shown(value: float | None, spec: str) -> str:
     return NOT_MEASURED if value is None else format(value, spec)
 
 
+def fmt_rate(value: float | None) -> str:
+    """Items/s: whole numbers from 100 up, else three significant digits (a wall-timed run is 0.05 runs/s)."""
+    if value is None:
+        return NOT_MEASURED
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _median_measured(values) -> float | None:
-    """The median, or None when any run did not measure the figure (a median of the rest would mislead)."""
+    """The median, or None when any run did not measure it (a mix would pass off part of the runs as all)."""
     values = list(values)
-    return None if any(v is None for v in values) else statistics.median(values)
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def _compute_per_item(summary: dict[str, Any]) -> float | None:
+    per_rank = summary.get("per_rank") or []
+    if any(r.get("busy_s") is None for r in per_rank):
+        return None  # comm not measured, so neither is the compute
+    busy = sum(r["busy_s"] for r in per_rank)
+    items = sum(r.get("items", 0) for r in per_rank)
+    return busy / items if items else None
 
 
 def _median_of(runs: Sequence[dict[str, Any]], size: int, key: str) -> float | None:
@@ -90,19 +103,19 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for size in sorted(by_size):
         sums = by_size[size]
         throughputs = [s["throughput"] for s in sums]
-        per_item = [c for c in (_compute_per_item(s) for s in sums) if c is not None]
         rows.append({
             "world_size": size,
             "repeats": len(sums),
+            "measure": "wall" if any(s.get("measure") == "wall" for s in sums) else "meter",
             "throughput_min": min(throughputs),
             "throughput_median": statistics.median(throughputs),
             "step_time_s": statistics.median(s["step_time_s"]["median"] for s in sums),
-            "comm_share": _median_measured(s["comm_share"] for s in sums),
-            "imbalance": _median_measured(s["imbalance"] for s in sums),
-            "compute_per_item_s": statistics.median(per_item) if per_item else None,
+            "comm_share": _median_measured(s.get("comm_share") for s in sums),
+            "imbalance": _median_measured(s.get("imbalance") for s in sums),
+            "compute_per_item_s": _median_measured(_compute_per_item(s) for s in sums),
             "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
             "host_cpu_percent": _median_of(runs, size, "host_percent"),
-            "doubts": _row_doubts([r for r in runs if int(r["world_size"]) == size]),
+            "doubts": _row_doubts([r for r in runs if int(r["world_size"]) == size]) + _repeat_doubts(throughputs),
         })
     base = rows[0]
     for row in rows:
@@ -121,12 +134,35 @@ def doubts(run: dict[str, Any], cores: int | None = None) -> list[str]:
     if len(quarters) == 4 and max(quarters) > UNSTEADY * min(quarters):
         out.append(f"its rate moved {max(quarters) / min(quarters):.1f}x during the run "
                    f"({', '.join(f'{q:,.0f}' for q in quarters)} {summary.get('unit', 'items')}/s by quarter)")
+    out += _wall_doubts(summary)
     cpu = run.get("cpu")
     if cpu and cores:
         others = cpu["host_percent"] / 100 * cores - cpu["rank_percent"] / 100 * int(run["world_size"])
         if others > BUSY_HOST_CORES:
             out.append(f"the host was busy: {others:.1f} core(s) of other work beside the job")
     return out
+
+
+def _wall_doubts(summary: dict[str, Any]) -> list[str]:
+    """A wall-clock-timed run whose ranks did not run alike: their times or their starts far apart."""
+    if summary.get("measure") != "wall":
+        return []
+    out = []
+    walls = [r["wall_s"] for r in summary.get("per_rank") or [] if r.get("wall_s")]
+    if len(walls) > 1 and max(walls) > UNSTEADY * min(walls):
+        out.append(f"its ranks' run times ranged from {min(walls):.2f} s to {max(walls):.2f} s")
+    skew, wall = summary.get("start_skew_s"), summary.get("wall_s")
+    if skew is not None and wall and skew > wall / UNSTEADY:
+        out.append(f"its ranks started {skew:.2f} s apart, in a {wall:.2f} s run")
+    return out
+
+
+def _repeat_doubts(throughputs: Sequence[float]) -> list[str]:
+    """A world size whose repeats measured rates far apart."""
+    low, high = min(throughputs), max(throughputs)
+    if len(throughputs) > 1 and low > 0 and high > UNSTEADY * low:
+        return [f"its rate moved {high / low:.1f}x between repeats ({', '.join(fmt_rate(t) for t in throughputs)})"]
+    return []
 
 
 def _row_doubts(runs: Sequence[dict[str, Any]]) -> list[str]:
@@ -179,6 +215,9 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
     for prev, row in zip(rows, rows[1:], strict=False):
         n, m = _ranks(row["world_size"]), _ranks(prev["world_size"])
         doubtful = [f"{_ranks(r['world_size'])}: {d}" for r in (prev, row) for d in r.get("doubts", [])]
+        if row.get("measure") == "wall" and row["efficiency"] > WALL_IMPLAUSIBLE:
+            doubtful.append(f"{n} ran {row['speedup'] / prev['speedup']:.1f}x faster than {m} by the wall clock, "
+                            f"beyond {WALL_IMPLAUSIBLE:.0f}x the ideal: start-up or load, not scaling")
         if doubtful:
             notes.append(f"NOISY: {n} vs {m} ({row['speedup'] / prev['speedup']:.2f}x measured) cannot be trusted: "
                          f"{'; '.join(doubtful)}. Rerun with --repeat 3 (world sizes alternate) on a quieter machine.")
@@ -204,8 +243,9 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
                          f"({row['efficiency']:.0%} efficiency): {why}.")
         else:
             notes.append(f"{n}: {row['speedup']:.2f}x speedup ({row['efficiency']:.0%} efficiency).")
-    starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None
-               and r["rank_cpu_percent"] < STARVED_RANK * (1 - (r["comm_share"] or 0.0))]
+    # a rank's CPU use is judged against its computing share of time: unknown without a measured comm share
+    starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None and r["comm_share"] is not None
+               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"])]
     if starved:
         which = ", ".join(f"{_ranks(r['world_size'])}: {r['rank_cpu_percent']:.0f}% of a core per rank, "
                           f"host {r['host_cpu_percent']:.0f}%" for r in starved)

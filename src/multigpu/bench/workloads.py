@@ -30,6 +30,10 @@ class Target:
     """The workload's name when it was a built-in one."""
     workload: bool = False
     """Runs through the job contract (a built-in name or ``pkg.module:WORKLOAD``)."""
+    config: str | None = None
+    """A workload's ``-f FILE|PRESET`` (None: its preset)."""
+    flags: dict = field(default_factory=dict)
+    """A workload's shortcut flags as given (``{config key: value}``), as ``multigpu <workload>`` takes them."""
 
 
 def available() -> str:
@@ -39,7 +43,8 @@ def available() -> str:
     return ", ".join(f"{name} ({builtin(name).help})" for name in sorted(BUILTIN))
 
 
-def resolve_target(target: str, args: list[str], *, module: bool = False) -> Target:
+def resolve_target(target: str, args: list[str], *, module: bool = False, config: str | None = None,
+                   flags: dict | None = None) -> Target:
     """A script path, a module (``-m``), a built-in workload name or ``pkg.module:WORKLOAD`` -> what to launch.
 
     Raises:
@@ -47,12 +52,14 @@ def resolve_target(target: str, args: list[str], *, module: bool = False) -> Tar
     """
     from multigpu.jobs.registry import BUILTIN, is_workload_spec
 
-    if module:
-        return Target(target, True, list(args))
-    if Path(target).is_file():
-        return Target(target, False, list(args))
+    if module or Path(target).is_file():
+        if config is not None:
+            raise ConfigError(f"-f {config} is a workload's config, and {target} is a script: give its own "
+                              "arguments after its path")
+        return Target(target, module, list(args))
     if is_workload_spec(target):
-        return Target(target, False, list(args), name=target if target in BUILTIN else None, workload=True)
+        return Target(target, False, list(args), name=target if target in BUILTIN else None, workload=True,
+                      config=config, flags={k: v for k, v in (flags or {}).items() if v is not None})
     if target.endswith(".py") or "/" in target:
         raise ConfigError(f"script '{target}' does not exist; give the path of a Python file, "
                           f"or a built-in workload: {available()}")

@@ -182,7 +182,8 @@ def _refuse_globals(path: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - not a torch.save file at all
         raise CorruptCheckpointError(path, f"it is not a torch.save file ({type(exc).__name__})") from None
     if found:
-        raise CorruptCheckpointError(path, f"it refers to {found[0]}, which is not a tensor or plain value; "
+        named = ", ".join(sorted(found)[:4])  # torch's list has no fixed order
+        raise CorruptCheckpointError(path, f"it refers to {named}, which is not a tensor or plain value; "
                                            "checkpoints are loaded with weights_only=True, so it was not loaded "
                                            "and nothing in it ran")
 

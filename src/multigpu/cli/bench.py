@@ -1,9 +1,12 @@
 """``multigpu bench``: the scaling table for a workload, measured (runs in the launcher).
 
     multigpu bench --nproc 1,2 examples/allreduce_dp.py
-    multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50
-    multigpu bench --nproc 1,2 train steps=40          # a built-in workload with key=value overrides
+    multigpu bench --nproc 1,2,4 --weak --repeat 3 train.py --steps 50   # after a script: its own arguments
+    multigpu bench train --nproc 1,2 -f nano steps=40  # after a workload: its command line, bench's flags too
     multigpu bench --nproc 1,2 plain_script.py         # no StepMeter: measured by wall clock
+
+Strong scaling keeps the global problem of the smallest world size, weak keeps each rank's share
+(:mod:`multigpu.bench.scaling`). A figure that was not measured is None in ``bench.json`` and "—" here.
 
 Writes ``bench.json``, ``bench.png`` and one folder per run (``np<N>_r<k>``)
 into ``--run-dir`` (default ``runs/bench/<timestamp>``); ``multigpu report``
@@ -24,28 +27,37 @@ HELP = "run a workload at several world sizes: speedup, efficiency, communicatio
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from multigpu.argtypes import positive_int
     from multigpu.cli.launch import add_target_args
-    from multigpu.cmdline import add_flag
+    from multigpu.cli.workload_line import add_config_flags
     from multigpu.jobs.registry import BUILTIN
     from multigpu.launch.flags import add_launch_flags
 
     parser = subparsers.add_parser("bench", help=HELP, description=HELP)
-    parser.add_argument("--nproc", required=True, metavar="N,M,...",
-                        help="world sizes (processes per node) to run, e.g. 1,2,4; the first is the baseline")
-    scaling = parser.add_mutually_exclusive_group()
-    scaling.add_argument("--strong", dest="scaling", action="store_const", const="strong",
-                         help="keep the global problem fixed (default)")
-    scaling.add_argument("--weak", dest="scaling", action="store_const", const="weak",
-                         help="grow the global problem with the world size (the run context's scaling)")
+    add_own_flags(parser)
     parser.set_defaults(scaling="strong")
-    parser.add_argument("--repeat", type=positive_int, default=1, help="runs per world size (table: min and median)")
-    add_flag(parser, "--run-dir", "-o", default=None, help="output folder (default runs/bench/<timestamp>)")
+    add_config_flags(parser)
     add_launch_flags(parser)
     add_target_args(parser, metavar="script.py|workload",
-                    help="a script (measured by its StepMeter, else by wall clock), a built-in workload "
-                         f"({', '.join(BUILTIN)}) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
+                    help="a script (measured by its StepMeter, else by wall clock; what follows it is its own "
+                         f"arguments), a built-in workload ({', '.join(BUILTIN)}) or pkg.module:WORKLOAD (what "
+                         "follows it is read as `multigpu <workload>` reads it, with bench's flags, in any order)")
     return parser
+
+
+def add_own_flags(parser: argparse.ArgumentParser) -> None:
+    """bench's own flags (also taken after a workload's name)."""
+    from multigpu.argtypes import positive_int
+    from multigpu.cmdline import add_flag
+
+    parser.add_argument("--nproc", default=None, metavar="N,M,...",
+                        help="world sizes (processes per node) to run, e.g. 1,2,4; the first is the baseline (required)")
+    scaling = parser.add_mutually_exclusive_group()
+    scaling.add_argument("--strong", dest="scaling", action="store_const", const="strong",
+                         help="keep the global problem fixed: each rank gets 1/N of it (default)")
+    scaling.add_argument("--weak", dest="scaling", action="store_const", const="weak",
+                         help="keep each rank's share fixed: the global problem grows with the world size")
+    parser.add_argument("--repeat", type=positive_int, help="runs per world size (table: min and median; default 1)")
+    add_flag(parser, "--run-dir", "-o", help="output folder (default runs/bench/<timestamp>)")
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -71,6 +83,8 @@ def print_table(result: dict[str, Any], out=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from multigpu.bench.table import fmt_rate
+
     out = out or console()
     unit = result.get("unit", "items")
     repeats = result.get("repeat", 1)
@@ -82,7 +96,7 @@ def print_table(result: dict[str, Any], out=None) -> None:
     for r in result["rows"]:
         slower = r["speedup"] < 1 and r is not result["rows"][0]
         table.add_row(
-            str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+            str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
             f"[red]{r['speedup']:.2f}x[/red]" if slower else f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x",
             f"{r['efficiency']:.0%}", f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"),
             shown(r["imbalance"], ".2f"),
@@ -94,16 +108,19 @@ def print_table(result: dict[str, Any], out=None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multigpu.bench import BenchConfig, parse_nproc, resolve_target, run_bench
+    from multigpu.bench import BenchConfig, parse_nproc, run_bench
+    from multigpu.cli.workload_line import merge_workload_line, require_nproc, target_from_args
     from multigpu.errors import ConfigError
     from multigpu.launch.flags import config_from_args
 
     # everything that can be wrong with the input fails here, before any folder or process exists
+    merge_workload_line(args, "bench", add_own_flags)
     if args.nproc_per_node != "auto":
         raise ConfigError("bench sets the world size itself: use --nproc 1,2,4 instead of --nproc-per-node")
-    bench = BenchConfig(nproc=parse_nproc(args.nproc), scaling=args.scaling, repeat=args.repeat)
-    target = resolve_target(args.target, list(args.args), module=args.module)
+    require_nproc(args, "bench", "1,2,4")
+    bench = BenchConfig(nproc=parse_nproc(args.nproc), scaling=args.scaling or "strong", repeat=args.repeat or 1)
     launch_cfg = config_from_args(args)
+    target = target_from_args(args, launch_cfg)
     out = _out_dir(args)
 
     def announce(n: int, k: int, run_dir: Path) -> None:

@@ -3,6 +3,7 @@
     multigpu verify --nproc 1,2,3 examples/verify_independent.py            # passes
     multigpu verify --nproc 1,2,3 --rtol 1e-6 train.py
     multigpu verify --nproc 1,2 --rtol 0.01 train eval_every=20   # a workload: train records val_loss when it evaluates
+    multigpu verify train --nproc 1,2 -f nano eval_every=20       # after a workload: its command line, in any order
 
 The script names its results with ``mg.verify.record(name, value)``; each run
 gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
@@ -29,41 +30,54 @@ def _tolerance(text: str) -> float:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from multigpu.cli.launch import add_target_args
-    from multigpu.cmdline import add_flag
+    from multigpu.cli.workload_line import add_config_flags
     from multigpu.jobs.registry import BUILTIN
     from multigpu.launch.flags import add_launch_flags
 
     parser = subparsers.add_parser("verify", help=HELP, description=HELP)
-    parser.add_argument("--nproc", required=True, metavar="N,M,...",
-                        help="world sizes to compare, e.g. 1,2,3; the smallest is the reference")
+    add_own_flags(parser)
+    add_config_flags(parser)
+    add_launch_flags(parser)
+    add_target_args(parser, metavar="script.py|workload",
+                    help="a script that calls mg.verify.record (what follows it is its own arguments), a built-in "
+                         f"workload ({', '.join(BUILTIN)}) or pkg.module:WORKLOAD (what follows it is read as "
+                         "`multigpu <workload>` reads it, with verify's flags, in any order)")
+    return parser
+
+
+def add_own_flags(parser: argparse.ArgumentParser) -> None:
+    """verify's own flags (also taken after a workload's name)."""
+    from multigpu.cmdline import add_flag
+
+    parser.add_argument("--nproc", default=None, metavar="N,M,...",
+                        help="world sizes to compare, e.g. 1,2,3; the smallest is the reference (required)")
     parser.add_argument("--atol", type=_tolerance, default=0.0, help="absolute tolerance (default 0: exact)")
     parser.add_argument("--rtol", type=_tolerance, default=0.0, help="relative tolerance (default 0: exact)")
     add_flag(parser, "--run-dir", "-o", default=None,
              help="keep the recorded results here (default: a temporary folder, removed afterwards)")
-    add_launch_flags(parser)
-    add_target_args(parser, metavar="script.py|workload",
-                    help="a script that calls mg.verify.record, a built-in workload "
-                         f"({', '.join(BUILTIN)}) or pkg.module:WORKLOAD, then its arguments or key=value overrides")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from multigpu.bench import Launcher, configs_for, parse_nproc, resolve_target
+    from multigpu.bench import Launcher, configs_for, parse_nproc
+    from multigpu.cli.workload_line import merge_workload_line, require_nproc, target_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.launch.flags import config_from_args
     from multigpu.verify import load_results
     from multigpu.verify.compare import compare, tolerance_hint
 
+    merge_workload_line(args, "verify", add_own_flags)
     if args.nproc_per_node != "auto":
         raise ConfigError("verify sets the world size itself: use --nproc 1,2,3 instead of --nproc-per-node")
+    require_nproc(args, "verify", "1,2")
     sizes = parse_nproc(args.nproc)
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     from multigpu.jobs import rundir
     from multigpu.runtime.context import RunContext
 
-    target = resolve_target(args.target, list(args.args), module=args.module)
-    launcher = Launcher(target, configs_for(config_from_args(args), sizes))
+    launch_cfg = config_from_args(args)
+    target = target_from_args(args, launch_cfg)
+    launcher = Launcher(target, configs_for(launch_cfg, sizes))
     if args.run_dir:
         rundir.refuse_used(args.run_dir, hint="give a new folder")
         rundir.check_free_space(args.run_dir)

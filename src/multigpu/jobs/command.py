@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ from multigpu.launch.devices import HostFacts, plan_devices
 from multigpu.launch.flags import add_dry_run_flags, add_launch_flags, config_from_args
 from multigpu.runtime.context import RunContext
 
-__all__ = ["Job", "add_workload_parser", "choose_run_dir", "launch_job", "load_workload_config", "prepare",
-           "run_command"]
+__all__ = ["Job", "add_config_flags", "add_overrides_arg", "add_workload_flags", "add_workload_parser", "choose_run_dir",
+           "flag_values", "launch_job", "load_workload_config", "overrides_from_args", "prepare", "run_command"]
 
 RUNS = Path("runs")
 """Run directories of workload commands: ``runs/<workload>/<YYYYmmdd-HHMMSS>[-N]``."""
@@ -72,25 +73,61 @@ def add_workload_parser(subparsers, workload: Workload, *, name: str | None = No
     """The parser of ``multigpu <workload>``: config, overrides, run directory, resume, shortcuts, launcher flags."""
     text = help or workload.help
     parser = subparsers.add_parser(name or workload.name, help=text, description=text)
-    default = f"the preset '{workload.preset}'" if workload.preset else "the built-in defaults"
-    parser.add_argument("-f", "--config", metavar="FILE|PRESET", default=None,
-                        help=f"YAML config: a path or a packaged preset name (default: {default})")
+    add_config_flags(parser, workload)
     add_common_job_flags(parser)
-    if workload.flags:
-        group = parser.add_argument_group(workload.name)
-        for flag in workload.flags:
-            add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **flag.kwargs)
+    add_workload_flags(parser, workload)
     add_launch_flags(parser)
     add_dry_run_flags(parser)
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. steps=400 model.n_layer=6")
+    add_overrides_arg(parser, workload)
     return parser
 
 
-def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
-    """``--set``, ``--run-dir`` and ``--resume``: the same on every workload command."""
+def add_config_flags(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """``-f FILE|PRESET`` and ``--set KEY=VALUE``: where the workload's config comes from."""
+    default = f"the preset '{workload.preset}'" if workload.preset else "the built-in defaults"
+    parser.add_argument("-f", "--config", metavar="FILE|PRESET", default=None,
+                        help=f"YAML config: a path or a packaged preset name (default: {default})")
     parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override, repeatable (the same as a positional key=value)")
+
+
+def add_workload_flags(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """The workload's shortcut flags (``--agents N`` for ``agents=N``), in a group of their own."""
+    if workload.flags:
+        group = parser.add_argument_group(workload.name)
+        for flag in workload.flags:
+            add_flag(group, flag.name, dest=_flag_dest(flag.key), default=None, **_flag_kwargs(flag))
+
+
+def add_overrides_arg(parser: argparse.ArgumentParser, workload: Workload) -> None:
+    """The positional ``key=value`` overrides (:func:`multigpu.cmdline.parse` takes them between flags too)."""
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help=f"config overrides, e.g. {' '.join(override_examples(workload))}")
+
+
+def _flag_kwargs(flag) -> dict[str, Any]:
+    """The flag's argparse settings; one that takes a value shows its config key (``--agents AGENTS``), not
+    argparse's ``FLAG__AGENTS`` made from the internal destination."""
+    kwargs = dict(flag.kwargs)
+    if kwargs.get("action", "store") in ("store", "append") and "metavar" not in kwargs and "choices" not in kwargs:
+        kwargs["metavar"] = flag.key.rpartition(".")[2].upper()
+    return kwargs
+
+
+def override_examples(workload: Workload, count: int = 2) -> list[str]:
+    """``key=value`` examples for ``--help`` taken from the config class itself (its first plain settings with
+    their defaults), so every example is one the workload accepts."""
+    out = []
+    for f in dataclasses.fields(workload.config):
+        if type(f.default) in (int, float) and not f.name.startswith("_"):
+            out.append(f"{f.name}={f.default}")
+        if len(out) == count:
+            break
+    return out
+
+
+def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
+    """``--run-dir`` and ``--resume``: the same on every workload command."""
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
              help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
@@ -114,8 +151,11 @@ def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_workload_config(workload: Workload, config: str | None, overrides: list[str],
-                         flags: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None) -> Any:
-    """The workload's config: the file (or preset), then the flag values, then ``key=value`` overrides.
+                         flags: dict[str, Any] | None = None, *, base: dict[str, Any] | None = None,
+                         defaults: Sequence[str] = ()) -> Any:
+    """The workload's config: the file (or preset; ``base``, a resumed run's own config, under the file), then
+    ``defaults`` (``key=value``: bench's shorter runs), then the flag values, then ``key=value`` overrides: what
+    the user typed wins, in whatever form.
 
     ``base``: a resumed run's own config (its run.json): it replaces the preset, and a file given with
     ``-f`` applies on top of it, like the flags and overrides.
@@ -128,6 +168,7 @@ def load_workload_config(workload: Workload, config: str | None, overrides: list
     else:
         source = config or workload.preset
         data = load_yaml(source) if source else {}
+    data = apply_overrides(data, list(defaults))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"argument {item!r} is not a key=value override (e.g. steps=100)")
@@ -160,7 +201,8 @@ def _set_factory_or_key(data: dict[str, Any], key: str, value: Any) -> None:
     _set_key(data, key, value)
 
 
-def _flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+def flag_values(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """The workload's shortcut flags as given (``{config key: value}``; None where not given)."""
     return {flag.key: getattr(args, _flag_dest(flag.key), None) for flag in workload.flags}
 
 
@@ -211,6 +253,17 @@ def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
         raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in the run being "
                           f"resumed, and a resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
                           "out (the run's own config is used), or start a new --run-dir without --resume")
+
+
+def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig) -> list[str]:
+    """The ``key=value`` overrides of a workload command line: positional, ``--set``, and accelerate's
+    ``--mixed-precision`` as the workload's ``precision``."""
+    overrides = [*args.overrides, *args.set_overrides]
+    if launch_cfg.mixed_precision is not None:
+        if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
+            raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
+        overrides.append(f"precision={launch_cfg.mixed_precision}")
+    return overrides
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -284,11 +337,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     from multigpu.jobs import rundir
 
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
-    overrides = [*args.overrides, *args.set_overrides]
-    if launch_cfg.mixed_precision is not None:
-        if "precision" not in {f.name for f in dataclasses.fields(workload.config)}:
-            raise ConfigError(f"--mixed-precision: the {workload.name} workload has no precision setting")
-        overrides.append(f"precision={launch_cfg.mixed_precision}")
+    overrides = overrides_from_args(workload, args, launch_cfg)
     if args.resume is not None and not workload.resumable:
         raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
                           f"checkpoints); valid: run it again without --resume")
@@ -298,7 +347,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
 
         refuse_old_layout(run_dir)
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
-    cfg = load_workload_config(workload, args.config, overrides, _flag_values(workload, args), base=saved)
+    cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
     if saved is not None:
         check_kept(workload, saved, cfg)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists

@@ -52,6 +52,7 @@ from multigpu.files import write_json_atomic
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
+from multigpu.launch.hints import assumption_hint
 from multigpu.launch.memlimit import MemoryWatch
 from multigpu.launch.rendezvous import (
     gloo_interface,
@@ -429,6 +430,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     if tail:
         lines.append("  its traceback ends:")
         lines += [f"    {ln}" for ln in tail]
+    hint = assumption_hint("\n".join([text, *tail]))
+    if hint:
+        lines.append(f"  hint: {hint}")
     others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
     if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from multigpu.bench.table import shown
+from multigpu.bench.table import fmt_rate, shown
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
 
@@ -139,7 +139,7 @@ def _scaling_section(bench: dict[str, Any]) -> str:
     from multigpu.report.plots import bench_figure
 
     unit = bench.get("unit", "items")
-    rows = [[str(r["world_size"]), f"{r['throughput_median']:,.0f}", f"{r['throughput_min']:,.0f}",
+    rows = [[str(r["world_size"]), fmt_rate(r["throughput_median"]), fmt_rate(r["throughput_min"]),
              f"{r['speedup']:.2f}x", f"{r['ideal']:.0f}x", f"{r['efficiency']:.0%}",
              f"{r['step_time_s'] * 1000:.1f}", shown(r["comm_share"], ".0%"), shown(r["imbalance"], ".2f")]
             for r in bench["rows"]]
@@ -166,8 +166,9 @@ def _run_section(run: dict[str, Any]) -> str:
                 [[str(s["world_size"]), str(s["steps"]), f"{s['throughput']:,.1f}",
                   f"{s['step_time_s']['median'] * 1000:.1f}", shown(s["comm_share"], ".1%"), shown(s["imbalance"], ".2f")]]))
             parts.append(_table(["rank", "wall s", "comm s", "busy s", "items"],
-                                [[str(i), f"{r['wall_s']:.3f}", f"{r['comm_s']:.3f}", f"{r['busy_s']:.3f}",
-                                  str(r["items"])] for i, r in enumerate(s.get("per_rank", []))]))
+                                [[str(i), shown(r.get("wall_s"), ".3f"), shown(r.get("comm_s"), ".3f"),
+                                  shown(r.get("busy_s"), ".3f"), f"{r['items']:g}"]
+                                 for i, r in enumerate(s.get("per_rank", []))]))
     if run["samples"]:
         with _reading(run["path"] / "samples_node*.jsonl"):
             parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),

@@ -1,0 +1,40 @@
+"""What to change in a script that assumed something about the job it runs in (runs in the launcher).
+
+:func:`assumption_hint` reads a failed rank's message and traceback and, for the failures that come from
+a script written for one machine or one world size, says in one line what to change. Scripts brought from
+torchrun, accelerate or Lightning often hard-code CUDA (``torch.cuda.set_device(rank)``) or their world
+size (Fabric's ``devices=2``); under ``multigpu`` the launcher decides both.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["assumption_hint"]
+
+_NO_CUDA = re.compile(
+    r"_cuda_setDevice|_cuda_getDeviceCount|Torch not compiled with CUDA enabled|No CUDA GPUs are available"
+    r"|Found no NVIDIA driver|CUDA driver initialization failed"
+)
+_BAD_ORDINAL = re.compile(r"invalid device ordinal", re.IGNORECASE)
+_FIXED_DEVICES = re.compile(r"You set `devices=(\d+)`.*?does not match the world size \((\d+)\)", re.DOTALL)
+_WORLD_SIZE_ASSERT = re.compile(r"world[ _]?size", re.IGNORECASE)
+
+
+def assumption_hint(text: str) -> str | None:
+    """One line saying what to change when ``text`` (a rank's error and traceback) shows the script assumed
+    CUDA or a world size the job does not have; None when it shows no such assumption."""
+    if _NO_CUDA.search(text):
+        return ("the script calls CUDA, and this rank has none (a CPU rank): use mg.device() (the rank's GPU, "
+                "else the CPU) instead of torch.cuda.set_device / 'cuda:N', or run where the GPUs are")
+    if _BAD_ORDINAL.search(text):
+        return ("the script picked a GPU this rank cannot see: take the device from mg.device() (or "
+                "LOCAL_RANK), not from the global rank or a fixed index")
+    fixed = _FIXED_DEVICES.search(text)
+    if fixed:
+        return (f"the script fixes devices={fixed.group(1)}, but this job has {fixed.group(2)} rank(s): "
+                "let the launcher decide (devices='auto', or read WORLD_SIZE from the environment / mg.world_size())")
+    if "AssertionError" in text and _WORLD_SIZE_ASSERT.search(text):
+        return ("the script asserts its world size: read it from the environment (WORLD_SIZE, mg.world_size()) "
+                "instead, since multigpu bench and verify run it at several")
+    return None
