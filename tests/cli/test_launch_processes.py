@@ -143,8 +143,13 @@ def _listening(pids) -> list[tuple[int, str, int]]:
     return out
 
 
+_STOPPED = "multigpu: stopped "
+"""What the launcher stopped that the workers left running (said after a signal too; the count depends on how far
+the workers had got)."""
+
+
 def _stderr_lines(err: str) -> list[str]:
-    return [line for line in err.splitlines() if line.strip() and not line.startswith(_NOTE)]
+    return [line for line in err.splitlines() if line.strip() and not line.startswith((_NOTE, _STOPPED))]
 
 
 def _private_folders() -> set[Path]:
@@ -204,7 +209,7 @@ def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path)
     proc.kill()
     proc.wait(timeout=30)
     _gone_within([*workers, *started], WITHIN_S)
-    deadline = time.monotonic() + WITHIN_S
+    deadline = time.monotonic() + 3 * WITHIN_S  # the reaper removes it after the sweep; slower on a loaded host
     while _private_folders() != private:
         assert time.monotonic() < deadline, "the killed launcher's private folder was left"
         time.sleep(0.1)

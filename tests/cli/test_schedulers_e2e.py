@@ -32,7 +32,9 @@ def test_two_nodes_from_the_schedulers_variables_alone(kind):
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # we keep the socket
     argv = [sys.executable, "-m", "multigpu", "launch", "--rdzv-conf", "is_host=false", "examples/hello.py"]
-    procs = [subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **_node_env(kind, r, store.port)},
+    secret = {"MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}  # what every node of a multi-node job shares
+    procs = [subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **secret,
+                                                   **_node_env(kind, r, store.port)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
