@@ -1,0 +1,110 @@
+"""bench --predict's alpha-beta model and fit, against hand-computed cases (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from multigpu.bench.predict import LINKS, Link, cost, fit_sizes, parse_predict, predict, resolve_link
+from multigpu.doctor.pingpong import fit_alpha_beta
+from multigpu.errors import ConfigError
+
+# 10 us per message, 1 GB/s: a byte costs 1 ns
+LINK = Link("test", 10e-6, 1e9)
+
+
+@pytest.mark.parametrize(("kind", "n", "nbytes", "expected"), [
+    # ring: 2(n-1) a = 2*3*10us; 2(n-1)/n S b = 1.5 * 1 MB * 1 ns  (tree: 2*2*(10us + 1ms) is slower)
+    ("all_reduce", 4, 1e6, (60e-6, 1.5e-3)),
+    # tiny message: tree 2 log2(8) a = 60 us beats ring 2*7*10 = 140 us; its bytes: 2*3*8 ns
+    ("all_reduce", 8, 8, (60e-6, 48e-9)),
+    # recursive doubling: log2(4) a = 20 us, (n-1) s b = 3 * 1 ms
+    ("all_gather", 4, 1e6, (20e-6, 3e-3)),
+    ("gather", 5, 1e3, (30e-6, 4e-6)),  # ceil(log2 5) = 3 hops
+    ("broadcast", 4, 1e6, (20e-6, 2e-3)),
+    ("reduce_scatter", 4, 1e6, (30e-6, 0.75e-3)),
+    ("all_to_all", 4, 1e6, (30e-6, 0.75e-3)),
+    ("p2p", 64, 1e6, (10e-6, 1e-3)),
+    ("all_reduce", 1, 1e9, (0.0, 0.0)),  # one rank: an identity
+])
+def test_collective_costs_match_hand_computed_values(kind, n, nbytes, expected):
+    assert cost(kind, n, nbytes, LINK) == pytest.approx(expected)
+
+
+def test_unknown_collective_kind_is_an_error():
+    with pytest.raises(ValueError, match="no cost formula"):
+        cost("scatter_gather", 4, 1, LINK)
+
+
+def test_alpha_beta_from_a_ping_pong_sweep():
+    one_way = {8: 20e-6, 1024: 21e-6, 1_000_000: 1.02e-3, 2_000_000: 2.02e-3}
+    alpha, bandwidth = fit_alpha_beta(one_way)
+    assert alpha == 20e-6 and bandwidth == pytest.approx(1e9)
+
+
+def _run(n: int, step_s: float, items: int, busy: list[float], traffic: dict | None = None) -> dict:
+    steps = 10
+    return {"world_size": n, "summary": {
+        "step_time_s": {"median": step_s}, "items": items * steps, "steps": steps,
+        "per_rank": [{"busy_s": b * steps, "steps": steps} for b in busy], "traffic": traffic or {}}}
+
+
+def test_strong_scaling_prediction_by_hand():
+    # 1 rank: 100 ms; 2 ranks: 60 ms, of which one 1 MB all-reduce (ring at 2: 2 a + S b = 20 us + 1 ms)
+    comm2 = 20e-6 + 1e-3
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.060, 64, [0.050, 0.050],
+                                              {"all_reduce": {"calls": 1, "bytes": 1e6}})]
+    pred = predict(runs, [4], LINK, scaling="strong")
+    # compute = a + b/N through (1, 0.100) and (2, 0.060 - comm2)
+    b = 2 * (0.100 - (0.060 - comm2))
+    a = 0.100 - b
+    row = pred["rows"][0]
+    comm4 = 6 * 10e-6 + 1.5 * 1e-3
+    assert row["step_time_s"] == pytest.approx(a + b / 4 + comm4)
+    assert row["latency_s"] == pytest.approx(60e-6) and row["bandwidth_s"] == pytest.approx(1.5e-3)
+    assert row["speedup"] == pytest.approx(0.100 / row["step_time_s"])  # the same 64 items per step
+    assert row["efficiency"] == pytest.approx(row["speedup"] / 4)
+    assert row["bottleneck"] == "compute" and row["measured_step_time_s"] is None
+    assert pred["fit_on"] == [1, 2] and pred["traffic_at"] == 2
+
+
+def test_a_measured_size_is_left_out_of_the_fit_and_compared():
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050]), _run(4, 0.040, 64, [0.03] * 4)]
+    row = predict(runs, [4], LINK)["rows"][0]
+    assert row["step_time_s"] == pytest.approx(0.025)  # 0.1 / 4: the 4-rank run did not move the fit
+    assert row["measured_step_time_s"] == 0.040 and row["error"] == pytest.approx(0.025 / 0.040 - 1)
+
+
+def test_imbalance_and_bandwidth_bottlenecks_are_named():
+    # the slowest of 2 ranks computes 1.5x the mean; an all-reduce of 1 GB dominates the step
+    runs = [_run(1, 0.100, 8, [0.100]), _run(2, 0.060 + 1.00002, 8, [0.040, 0.060],
+                                            {"all_reduce": {"calls": 1, "bytes": 1e9}})]
+    row = predict(runs, [8], LINK)["rows"][0]
+    assert row["bottleneck"] == "bandwidth" and row["imbalance_s"] == pytest.approx(row["compute_s"] * 0.2 / 1.0)
+
+
+def test_items_per_step_growing_with_the_world_size_are_followed():
+    # each rank keeps its batch of 16 (a per-rank batch): items per step double from 1 to 2 ranks
+    runs = [_run(1, 0.100, 16, [0.100]), _run(2, 0.100, 32, [0.100, 0.100])]
+    row = predict(runs, [8], LINK)["rows"][0]
+    assert row["throughput"] == pytest.approx(128 / row["step_time_s"]) and row["speedup"] == pytest.approx(8.0)
+
+
+def test_on_this_host_ranks_beyond_the_cores_share_them():
+    link = Link("this host's gloo over loopback", 1e-9, 1e15, "measured")
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050])]
+    row = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
+    assert row["step_time_s"] == pytest.approx(0.025 * 2, rel=1e-3)  # 4 ranks on 2 cores: each at half speed
+
+
+def test_flags_and_bad_input():
+    assert parse_predict("64, 8,512") == (8, 64, 512)
+    for bad in ("1", "x", ""):
+        with pytest.raises(ConfigError, match="--predict"):
+            parse_predict(bad)
+    assert fit_sizes([1, 2, 4], [4, 8]) == (1, 2)
+    with pytest.raises(ConfigError, match="needs a measured world size below 2"):
+        fit_sizes([2, 4], [2])
+    link = resolve_link("ib-ndr", alpha_us=2.0)
+    assert link.alpha_s == 2e-6 and link.bandwidth == LINKS["ib-ndr"].bandwidth and link.source == "flags"
+    with pytest.raises(ConfigError, match="valid: nvlink4"):
+        resolve_link("token-ring")
