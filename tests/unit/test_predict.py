@@ -36,7 +36,7 @@ def test_unknown_collective_kind_is_an_error():
 
 
 def test_alpha_beta_from_a_ping_pong_sweep():
-    one_way = {8: 20e-6, 1024: 21e-6, 1_000_000: 1.02e-3, 2_000_000: 2.02e-3}
+    one_way = {8: 35e-6, 1024: 20e-6, 1_000_000: 1.02e-3, 2_000_000: 2.02e-3}  # 8 B waited for a core
     alpha, bandwidth = fit_alpha_beta(one_way)
     assert alpha == 20e-6 and bandwidth == pytest.approx(1e9)
 
@@ -108,3 +108,27 @@ def test_flags_and_bad_input():
     assert link.alpha_s == 2e-6 and link.bandwidth == LINKS["ib-ndr"].bandwidth and link.source == "flags"
     with pytest.raises(ConfigError, match="valid: nvlink4"):
         resolve_link("token-ring")
+
+
+def test_fsdp_step_traffic_from_the_sharding():
+    import torch
+
+    from multigpu.runtime import collectives
+    from multigpu.train.fsdp import StepTraffic
+
+    blocks = [torch.nn.Linear(10, 10), torch.nn.Linear(10, 10)]  # 110 weights each
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(10, 1))  # the root's own: 11
+    plan = StepTraffic(model, blocks, reshard_after_forward=True, param_dtype=torch.bfloat16)
+    assert plan.units == [(220, 440, 2), (220, 440, 2), (22, 44, 1)]  # bf16 gathered, fp32 reduced
+    before = collectives.traffic()
+    plan.record(micro_steps=3)  # gathers on every micro-step, one reduce-scatter per step
+    after = collectives.traffic()
+
+    def moved(kind):
+        c0, b0 = before.get(kind, (0, 0))
+        return after[kind][0] - c0, after[kind][1] - b0
+
+    assert moved("sharded_all_gather") == (2 * 2 * 3 + 3, 2 * 220 * 2 * 3 + 22 * 3)
+    assert moved("reduce_scatter") == (3, 440 + 440 + 44)
+    # (n-1) a + (n-1)/n S b: 3 x 10 us + 3/4 x 1 ms
+    assert cost("sharded_all_gather", 4, 1e6, LINK) == pytest.approx((20e-6, 0.75e-3))

@@ -107,6 +107,7 @@ def cost(kind: str, n: int, nbytes: float, link: Link) -> tuple[float, float]:
 
     all_reduce: ring ``2(n-1) a + 2(n-1)/n S b`` or tree ``2 log2(n) (a + S b)``, whichever is faster;
     all_gather: ring ``(n-1)(a + s b)`` or recursive doubling ``log2(n) a + (n-1) s b``;
+    sharded_all_gather (S = the whole result): ``(n-1) a`` or ``log2(n) a``, plus ``(n-1)/n S b``;
     gather: binomial tree ``log2(n) a + (n-1) s b``; broadcast: tree ``log2(n) (a + S b)``;
     reduce_scatter: ring ``(n-1)(a + S/n b)``; all_to_all: pairwise ``(n-1) a + (n-1)/n S b``;
     p2p: ``a + s b``. ``a`` = latency, ``b`` = 1 / bandwidth.
@@ -118,6 +119,8 @@ def cost(kind: str, n: int, nbytes: float, link: Link) -> tuple[float, float]:
         options = [(2 * (n - 1) * a, 2 * (n - 1) / n * s * b), (2 * lg * a, 2 * lg * s * b)]
     elif kind == "all_gather":
         options = [((n - 1) * a, (n - 1) * s * b), (lg * a, (n - 1) * s * b)]
+    elif kind == "sharded_all_gather":  # S: the whole gathered tensor (FSDP's parameters), 1/n from each rank
+        options = [((n - 1) * a, (n - 1) / n * s * b), (lg * a, (n - 1) / n * s * b)]
     elif kind == "gather":
         options = [(lg * a, (n - 1) * s * b)]
     elif kind == "broadcast":

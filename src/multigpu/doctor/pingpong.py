@@ -3,8 +3,8 @@
     fig = measure_link()     # {"alpha_s": ..., "bandwidth": ..., "one_way_s": {bytes: seconds}}
 
 Two CPU ranks (one thread each) bounce messages of 8 B to 4 MiB; *alpha* is the
-one-way time of the smallest message, *bandwidth* the slope between the two
-largest (bytes per extra second). ``multigpu bench --predict --interconnect loopback``
+shortest one-way time of the small messages (all but the two largest), *bandwidth*
+the slope between the two largest (bytes per extra second). ``multigpu bench --predict --interconnect loopback``
 uses these figures for its alpha-beta model.
 """
 
@@ -21,7 +21,8 @@ __all__ = ["fit_alpha_beta", "measure_link"]
 def fit_alpha_beta(one_way: dict[int, float]) -> tuple[float, float]:
     """``(alpha seconds, bandwidth bytes/s)`` from one-way times by message size (at least two sizes)."""
     sizes = sorted(one_way)
-    alpha = one_way[sizes[0]]
+    # the quickest of the small messages: on a busy host one of them may have waited for a core
+    alpha = min(one_way[s] for s in sizes[:max(len(sizes) - 2, 1)])
     big, bigger = sizes[-2], sizes[-1]
     extra = one_way[bigger] - one_way[big]
     bandwidth = (bigger - big) / extra if extra > 0 else (bigger / max(one_way[bigger] - alpha, 1e-9))

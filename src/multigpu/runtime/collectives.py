@@ -62,13 +62,15 @@ def collective_seconds() -> float:
 
 _TRAFFIC: dict[str, list[int]] = {}  # kind -> [calls, bytes this rank put in] (read by StepMeter, bench --predict)
 
-TRAFFIC_KINDS = ("all_reduce", "all_gather", "gather", "broadcast", "reduce_scatter", "all_to_all", "p2p")
+TRAFFIC_KINDS = ("all_reduce", "all_gather", "sharded_all_gather", "gather", "broadcast", "reduce_scatter",
+                 "all_to_all", "p2p")
 """What :func:`record_traffic` counts: the collective patterns ``multigpu bench --predict`` has a cost formula for."""
 
 
 def record_traffic(kind: str, nbytes: int, calls: int = 1) -> None:
     """Count one collective (or ``calls``) of ``kind`` into which this rank put ``nbytes`` bytes: the tensor of an
-    all-reduce or broadcast, this rank's part of an all-gather or gather, what it sends in an all-to-all or a send.
+    all-reduce or broadcast, this rank's part of an all-gather or gather, what it sends in an all-to-all or a send;
+    for ``reduce_scatter`` and ``sharded_all_gather`` (FSDP's), the whole tensor reduced or gathered.
 
     Workloads that call ``torch.distributed`` directly (DDP's hooks, the simulation's exchanges) count here too, so
     the figures are the job's own collectives, not an estimate."""
