@@ -92,19 +92,22 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
 
     cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
     name = args.interconnect or (LOOPBACK if cpu_ranks else "nvlink4")
-    measured = None
+    measured, sweep = None, None
     if name == LOOPBACK and (args.alpha_us is None or args.bandwidth_gbs is None):
         from multigpu.doctor.pingpong import measure_link
 
         print("multigpu bench: measuring this host's loopback (ping-pong, 2 ranks) for the prediction",
               file=sys.stderr, flush=True)
         fig = measure_link()
+        sweep = {str(k): v for k, v in fig["one_way_s"].items()}
         measured = Link(LOOPBACK_NAME, fig["alpha_s"], fig["bandwidth"], "measured by a ping-pong sweep, gloo")
     elif name == LOOPBACK:
         measured = Link(LOOPBACK_NAME, 0.0, 1.0, "flags")
     link = resolve_link(name, alpha_us=args.alpha_us, bandwidth_gbs=args.bandwidth_gbs, measured=measured)
     result["prediction"] = predict(result["runs"], parse_predict(args.predict), link, scaling=result["scaling"],
                                    cores=result["host"]["cores"], cpu_ranks=cpu_ranks, threads=launch_cfg.threads)
+    if sweep:
+        result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
     write_json_atomic(out / "bench.json", result)
     print_prediction(result["prediction"])
 
