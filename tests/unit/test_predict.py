@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.bench.predict import LINKS, Link, cost, fit_sizes, parse_predict, predict, resolve_link
+from multigpu.bench.predict import LINKS, Link, busy_cores, cost, fit_sizes, parse_predict, predict, resolve_link
 from multigpu.doctor.pingpong import fit_alpha_beta
 from multigpu.errors import ConfigError
 
@@ -94,6 +94,12 @@ def test_on_this_host_ranks_beyond_the_cores_share_them():
     runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050])]
     row = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
     assert row["step_time_s"] == pytest.approx(0.025 * 2, rel=1e-3)  # 4 ranks on 2 cores: each at half speed
+    # a core busy with other work: 2 ranks compute at 2/3 speed (75 ms for 50), 4 ranks at 2/5 (25 ms -> 62.5)
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.075, 64, [0.075, 0.075])]
+    busy = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1, other_work=1.0)["rows"][0]
+    assert busy["step_time_s"] == pytest.approx(0.0625, rel=1e-3)
+    sampled = [dict(r, cpu={"host_percent": 100.0, "rank_percent": 50.0 * (2 // r["world_size"])}) for r in runs]
+    assert busy_cores(sampled, [1, 2], cores=2) == pytest.approx(1.0)  # 2 cores busy, the ranks used 1
 
 
 def test_flags_and_bad_input():

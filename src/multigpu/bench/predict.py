@@ -5,8 +5,9 @@
 From the bench's own runs (one ``summary.json`` each, written by ``StepMeter``):
 
 * *compute* per step: the measured step time minus the modelled communication, fitted as
-  ``a + b / N`` (strong scaling: ``a`` is the part more ranks do not share) or held at its last
-  value (weak scaling); the slowest rank's busy time over the mean (imbalance) is kept as measured;
+  ``a + b x`` with ``x`` the items one rank handles per step (``a``: the part no split shares); items
+  per step follow ``N ** g`` as measured (g = 0: a fixed global problem, 1: a fixed share per rank);
+  the slowest rank's busy time over the mean (imbalance) is kept as measured;
 * *traffic* per step: the calls and bytes of every collective the job made
   (``collectives.record_traffic``: DDP's gradient buckets, the simulation's halo and migration,
   inference's window exchange), as measured at the largest world size fitted on;
@@ -28,7 +29,7 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["LINKS", "Link", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link"]
+__all__ = ["LINKS", "Link", "busy_cores", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,14 @@ def resolve_link(name: str | None, *, alpha_us: float | None = None, bandwidth_g
         link = replace(link, alpha_s=link.alpha_s if alpha_us is None else alpha_us * 1e-6,
                        bandwidth=link.bandwidth if bandwidth_gbs is None else bandwidth_gbs * 1e9, source="flags")
     return link
+
+
+def busy_cores(runs: Sequence[dict[str, Any]], sizes: Sequence[int], cores: int) -> float:
+    """Cores this host spent on other work during the runs at ``sizes`` (mean), from the device sampler's
+    host and rank CPU figures (bench's ``cpu``); 0 when none was sampled."""
+    seen = [max(0.0, r["cpu"]["host_percent"] / 100 * cores - r["cpu"]["rank_percent"] / 100 * int(r["world_size"]))
+            for r in runs if int(r["world_size"]) in sizes and r.get("cpu")]
+    return statistics.fmean(seen) if seen else 0.0
 
 
 # ----------------------------------------------------------------------------- the alpha-beta model
@@ -197,11 +206,13 @@ def _ranks(n: int) -> str:
 
 
 def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *, scaling: str = "strong",
-            cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None) -> dict[str, Any]:
+            cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None,
+            other_work: float = 0.0) -> dict[str, Any]:
     """Predicted rows at ``sizes`` from bench runs (``[{"world_size": N, "summary": {...}}, ...]``).
 
     ``cpu_ranks``: the ranks computed on this host's CPU; with ``link.source == "measured"`` on loopback the
-    prediction is for this host, whose ``cores`` the ranks share (``threads`` each; default ``cores // N``).
+    prediction is for this host, whose ``cores`` the ranks share (``threads`` each; default ``cores // N``) with
+    ``other_work`` cores busy with other processes (:func:`busy_cores`).
     """
     by_size: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
@@ -217,7 +228,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
 
     def crowding(n: int) -> float:
         """How much slower a rank computes because the ranks' threads outnumber this host's cores."""
-        return max(1.0, n * threads_at(n) / cores) if on_host else 1.0
+        return max(1.0, (n * threads_at(n) + other_work) / cores) if on_host else 1.0
 
     with_traffic = [p for p in fits if p.n >= 2]
     traffic_from = with_traffic[-1] if with_traffic else None
@@ -225,28 +236,31 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     # the slowest rank's compute: the measured step minus the modelled communication. Not the ranks' busy time:
     # an overlapped all-reduce (DDP's) is timed over the backward it overlaps, so busy time under-counts compute
     computes = [max(p.step_s - sum(_comm(traffic, p.n, link)), 0.0) for p in fits]
-    norm = [c / crowding(p.n) for c, p in zip(computes, fits, strict=True)]
-    if scaling == "strong":
-        a, b = _fit([1.0 / p.n for p in fits], norm)
-    else:
-        a, b = norm[-1], 0.0
-    last = fits[-1]
-    imbalance = (last.compute_max_s / last.compute_mean_s
-                 if last.compute_max_s and last.compute_mean_s else 1.0)
+    last, first = fits[-1], fits[0]
     # items per step grow as N ** growth: 0 when the global problem is fixed, 1 when each rank's share is (a
     # workload whose per-rank batch is set, even under strong scaling); measured where two sizes were fitted
-    first = fits[0]
     if last.n > first.n and first.items_per_step > 0 and last.items_per_step > 0:
         growth = math.log(last.items_per_step / first.items_per_step) / math.log(last.n / first.n)
     else:
         growth = 1.0 if scaling == "weak" else 0.0
+
+    def per_rank(n: int) -> float:
+        """Items per rank per step at N."""
+        return last.items_per_step * (n / last.n) ** growth / n
+
+    # compute = a + b x, x = the items each rank handles per step: a is what no split shares (the replicated
+    # part), b the cost of one item
+    norm = [c / crowding(p.n) for c, p in zip(computes, fits, strict=True)]
+    a, b = _fit([per_rank(p.n) for p in fits], norm)
+    imbalance = (last.compute_max_s / last.compute_mean_s
+                 if last.compute_max_s and last.compute_mean_s else 1.0)
     rows = []
     for n in sizes:
-        slow = (a + b / n) * crowding(n)
+        slow = (a + b * per_rank(n)) * crowding(n)
         compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
         latency, bandwidth = _comm(traffic, n, link)
         step = slow + latency + bandwidth
-        items = last.items_per_step * (n / last.n) ** growth
+        items = per_rank(n) * n
         throughput = items / step if step > 0 else 0.0
         base_throughput = base.items_per_step / base.step_s if base.step_s > 0 else 0.0
         speedup = throughput / base_throughput if base_throughput > 0 else 0.0
@@ -262,13 +276,14 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         "sizes": list(sizes),
         "fit_on": list(fit_on),
         "link": asdict(link),
-        "compute_fit": {"serial_s": a, "parallel_s": b, "imbalance": imbalance,
+        "compute_fit": {"fixed_s": a, "per_item_s": b, "items_per_rank": {n: per_rank(n) for n in sizes},
+                        "imbalance": imbalance,
                         "measured_s": {p.n: c for p, c in zip(fits, computes, strict=True)}},
         "traffic": traffic,
         "traffic_at": traffic_from.n if traffic_from else None,
         "rows": rows,
-        "assumptions": _assumptions(link, fit_on, scaling, a, b, imbalance, traffic_from, on_host, cores,
-                                    threads_at),
+        "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
+                                    threads_at, other_work),
         "cannot_know": CANNOT_KNOW,
     }
 
@@ -284,21 +299,21 @@ CANNOT_KNOW = [
 ]
 
 
-def _assumptions(link: Link, fit_on, scaling, a, b, imbalance, traffic_from, on_host, cores, threads_at) -> list[str]:
+def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores, threads_at,
+                 busy) -> list[str]:
     out = [f"interconnect: {link.name}, latency {link.alpha_s * 1e6:.3g} us and {link.bandwidth / 1e9:.3g} GB/s per "
            f"rank and direction ({link.source})"]
     sizes = ", ".join(map(str, fit_on))
-    if scaling == "strong":
-        out.append(f"compute per step fitted on N = {sizes}: "
-                   f"{a * 1e3:.3g} ms + {b * 1e3:.3g} ms / N (the first part does not shrink with more ranks)")
-    else:
-        out.append(f"weak scaling: compute per rank per step stays {a * 1e3:.3g} ms (as at N = {fit_on[-1]})")
+    out.append(f"compute per step fitted on N = {sizes}: {a * 1e3:.3g} ms + {b * 1e6:.3g} us per item a rank "
+               f"handles per step (items per step grow as N^{growth:.2g}, as measured; the first part does not "
+               "shrink with more ranks)")
     out.append("compute per step = the measured step time minus the modelled communication (time the model does not "
                "explain, such as waiting for a core or an overlapped all-reduce, counts as compute)")
     out.append(f"load imbalance: the slowest rank computes {imbalance:.2f}x the mean, as at N = {fit_on[-1]}")
     if on_host:
         out.append(f"ranks share this host's {cores} cores ({threads_at(fit_on[-1])} thread(s) per rank at "
-                   f"N = {fit_on[-1]}): beyond them compute slows by N x threads / cores")
+                   f"N = {fit_on[-1]}) with {busy:.2g} core(s) of other work (as sampled during the fitted runs): "
+                   "beyond them compute slows by (N x threads + other work) / cores")
     else:
         out.append("each added rank computes as fast as a measured one (on its own device)")
     if traffic_from is None:

@@ -87,7 +87,16 @@ def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
 
 def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, launch_cfg) -> None:
     """Predict, print the table and its assumptions, and add ``prediction`` to bench.json."""
-    from multigpu.bench.predict import LOOPBACK, LOOPBACK_NAME, Link, parse_predict, predict, resolve_link
+    from multigpu.bench.predict import (
+        LOOPBACK,
+        LOOPBACK_NAME,
+        Link,
+        busy_cores,
+        fit_sizes,
+        parse_predict,
+        predict,
+        resolve_link,
+    )
     from multigpu.monitor import write_json_atomic
 
     cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
@@ -104,8 +113,10 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
     elif name == LOOPBACK:
         measured = Link(LOOPBACK_NAME, 0.0, 1.0, "flags")
     link = resolve_link(name, alpha_us=args.alpha_us, bandwidth_gbs=args.bandwidth_gbs, measured=measured)
-    result["prediction"] = predict(result["runs"], parse_predict(args.predict), link, scaling=result["scaling"],
-                                   cores=result["host"]["cores"], cpu_ranks=cpu_ranks, threads=launch_cfg.threads)
+    sizes, cores = parse_predict(args.predict), result["host"]["cores"]
+    others = busy_cores(result["runs"], fit_sizes(result["nproc"], sizes), cores) if cpu_ranks else 0.0
+    result["prediction"] = predict(result["runs"], sizes, link, scaling=result["scaling"], cores=cores,
+                                   cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others)
     if sweep:
         result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
     write_json_atomic(out / "bench.json", result)
