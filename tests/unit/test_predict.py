@@ -98,6 +98,13 @@ def test_on_this_host_ranks_beyond_the_cores_share_them():
     runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.075, 64, [0.075, 0.075])]
     busy = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1, other_work=1.0)["rows"][0]
     assert busy["step_time_s"] == pytest.approx(0.0625, rel=1e-3)
+    # ranks that wait in collectives half of their step hold the cores half the time: 4 x 1/2 + 1 = 3 of 2 cores
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.075, 64, [0.0375, 0.0375])]
+    half = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1, other_work=1.0)
+    assert half["compute_fit"]["held_share"] == pytest.approx(0.5)
+    # 2 ranks: (2 x 1/2 + 1) / 2 = no crowding, so a + b x through (64, 0.1) and (32, 0.075): a = 0.05,
+    # b = 0.025 / 32; at 4 ranks x = 16, crowded 1.5x
+    assert half["rows"][0]["step_time_s"] == pytest.approx((0.05 + 16 * 0.025 / 32) * 1.5, rel=1e-3)
     sampled = [dict(r, cpu={"host_percent": 100.0, "rank_percent": 50.0 * (2 // r["world_size"])}) for r in runs]
     assert busy_cores(sampled, [1, 2], cores=2) == pytest.approx(1.0)  # 2 cores busy, the ranks used 1
 

@@ -226,9 +226,15 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     def threads_at(n: int) -> int:
         return threads or max(1, (cores or 1) // n)
 
+    # a rank holds its cores only while it computes, not while it waits in a collective: the share of its step
+    # outside collectives, as at the largest size fitted on (1 where that was not measured)
+    held = fits[-1].compute_mean_s / fits[-1].step_s if fits[-1].compute_mean_s and fits[-1].step_s else 1.0
+    held = min(max(held, 0.0), 1.0)
+
     def crowding(n: int) -> float:
         """How much slower a rank computes because the ranks' threads outnumber this host's cores."""
-        return max(1.0, (n * threads_at(n) + other_work) / cores) if on_host else 1.0
+        busy = n * threads_at(n) * (held if n > 1 else 1.0)
+        return max(1.0, (busy + other_work) / cores) if on_host else 1.0
 
     with_traffic = [p for p in fits if p.n >= 2]
     traffic_from = with_traffic[-1] if with_traffic else None
@@ -276,14 +282,14 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         "sizes": list(sizes),
         "fit_on": list(fit_on),
         "link": asdict(link),
-        "compute_fit": {"fixed_s": a, "per_item_s": b, "items_per_rank": {n: per_rank(n) for n in sizes},
+        "compute_fit": {"held_share": held, "fixed_s": a, "per_item_s": b, "items_per_rank": {n: per_rank(n) for n in sizes},
                         "imbalance": imbalance,
                         "measured_s": {p.n: c for p, c in zip(fits, computes, strict=True)}},
         "traffic": traffic,
         "traffic_at": traffic_from.n if traffic_from else None,
         "rows": rows,
         "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
-                                    threads_at, other_work),
+                                    threads_at, other_work, held),
         "cannot_know": CANNOT_KNOW,
     }
 
@@ -300,7 +306,7 @@ CANNOT_KNOW = [
 
 
 def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores, threads_at,
-                 busy) -> list[str]:
+                 busy, held) -> list[str]:
     out = [f"interconnect: {link.name}, latency {link.alpha_s * 1e6:.3g} us and {link.bandwidth / 1e9:.3g} GB/s per "
            f"rank and direction ({link.source})"]
     sizes = ", ".join(map(str, fit_on))
@@ -312,8 +318,9 @@ def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_h
     out.append(f"load imbalance: the slowest rank computes {imbalance:.2f}x the mean, as at N = {fit_on[-1]}")
     if on_host:
         out.append(f"ranks share this host's {cores} cores ({threads_at(fit_on[-1])} thread(s) per rank at "
-                   f"N = {fit_on[-1]}) with {busy:.2g} core(s) of other work (as sampled during the fitted runs): "
-                   "beyond them compute slows by (N x threads + other work) / cores")
+                   f"N = {fit_on[-1]}) with {busy:.2g} core(s) of other work (as sampled during the fitted runs); a "
+                   f"rank holds its cores {held:.0%} of its step (outside collectives, as at N = {fit_on[-1]}): "
+                   "beyond the cores compute slows by (N x threads x that share + other work) / cores")
     else:
         out.append("each added rank computes as fast as a measured one (on its own device)")
     if traffic_from is None:
