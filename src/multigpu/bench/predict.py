@@ -10,9 +10,14 @@ From the bench's own runs (one ``summary.json`` each, written by ``StepMeter``):
   the slowest rank's busy time over the mean (imbalance) is kept as measured;
 * *traffic* per step: the calls and bytes of every collective the job made
   (``collectives.record_traffic``: DDP's gradient buckets, the simulation's halo and migration,
-  inference's window exchange), as measured at the largest world size fitted on;
+  inference's window exchange; FSDP's all-gathers and reduce-scatters from its sharding), as measured
+  at the largest world size fitted on;
 * *the interconnect*: an alpha-beta model, ``latency + bytes / bandwidth`` per message, with the
   textbook ring/tree costs of each collective (:func:`cost`), from :data:`LINKS` or measured figures.
+
+On ``loopback`` (this host, CPU ranks) the ranks also share its cores: compute slows by
+``(N x threads x held + other work) / cores`` beyond them, where *held* is the share of a rank's step
+outside collectives and *other work* the cores the device sampler saw busy beside the ranks.
 
 Predicted step = slowest rank's compute + communication (no overlap). The fit uses
 the measured world sizes below the smallest one predicted: a size that was also
