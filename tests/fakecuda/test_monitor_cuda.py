@@ -110,7 +110,8 @@ def test_a_cuda_collective_is_timed_on_the_device_not_by_the_host_clock(events):
             mock.patch("multigpu.runtime.group.get_env", lambda *a: _nccl_env()), \
             mock.patch("torch.distributed.all_reduce", all_reduce):
         before = collectives.collective_seconds()
-        cuda_tensor = mock.Mock(device=torch.device("cuda", 0))
+        # a stand-in for a CUDA tensor of 4 float32 (its bytes are counted for bench --predict)
+        cuda_tensor = mock.Mock(device=torch.device("cuda", 0), **{"numel.return_value": 4, "element_size.return_value": 4})
         collectives.all_reduce(cuda_tensor, check_shapes=False)
         device_s = collectives.collective_seconds() - before
         collectives.all_reduce(torch.ones(2), check_shapes=False)  # a CPU tensor (gloo beside NCCL): host clock

@@ -58,6 +58,108 @@ def add_own_flags(parser: argparse.ArgumentParser) -> None:
                          help="keep each rank's share fixed: the global problem grows with the world size")
     parser.add_argument("--repeat", type=positive_int, help="runs per world size (table: min and median; default 1)")
     add_flag(parser, "--run-dir", "-o", help="output folder (default runs/bench/<timestamp>)")
+    add_predict_flags(parser)
+
+
+def add_predict_flags(parser: argparse.ArgumentParser) -> None:
+    from multigpu.bench.predict import LINKS, LOOPBACK
+
+    group = parser.add_argument_group("prediction")
+    group.add_argument("--predict", default=None, metavar="N,M,...",
+                       help="also predict step time, speedup and efficiency at these world sizes (e.g. 8,64,512) "
+                            "from the measured runs below the smallest of them and an alpha-beta model")
+    group.add_argument("--interconnect", default=None, choices=[*LINKS, LOOPBACK],
+                       help="the network of the prediction (default: loopback, this host measured, on CPU ranks; "
+                            "nvlink4 on GPUs)")
+    group.add_argument("--alpha-us", type=float, default=None, metavar="US",
+                       help="latency per message in microseconds (overrides the interconnect's)")
+    group.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
+                       help="bandwidth per rank and direction in GB/s (overrides the interconnect's; e.g. from "
+                            "`multigpu doctor`'s bus bandwidth)")
+
+
+def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
+    """The prediction's flags, checked before anything runs; whether there is a prediction to make."""
+    from multigpu.bench.predict import LOOPBACK, fit_sizes, parse_predict, resolve_link
+    from multigpu.errors import ConfigError
+
+    if args.predict is None:
+        if args.interconnect or args.alpha_us is not None or args.bandwidth_gbs is not None:
+            raise ConfigError("--interconnect, --alpha-us and --bandwidth-gbs describe a prediction; "
+                              "valid: add --predict N,M (e.g. --predict 8,64)")
+        return False
+    for flag, value in (("--alpha-us", args.alpha_us), ("--bandwidth-gbs", args.bandwidth_gbs)):
+        if value is not None and not (value > 0 and value != float("inf")):
+            raise ConfigError(f"{flag} {value} is invalid; valid: a positive number")
+    fit_sizes(nproc, parse_predict(args.predict))
+    if args.interconnect not in (None, LOOPBACK):
+        resolve_link(args.interconnect, alpha_us=args.alpha_us, bandwidth_gbs=args.bandwidth_gbs)
+    return True
+
+
+def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, launch_cfg) -> None:
+    """Predict, print the table and its assumptions, and add ``prediction`` to bench.json."""
+    from multigpu.bench.predict import (
+        LOOPBACK,
+        LOOPBACK_NAME,
+        Link,
+        busy_cores,
+        fit_sizes,
+        parse_predict,
+        predict,
+        resolve_link,
+    )
+    from multigpu.monitor import write_json_atomic
+
+    cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
+    name = args.interconnect or (LOOPBACK if cpu_ranks else "nvlink4")
+    measured, sweep = None, None
+    if name == LOOPBACK and (args.alpha_us is None or args.bandwidth_gbs is None):
+        from multigpu.doctor.pingpong import measure_link
+
+        print("multigpu bench: measuring this host's loopback (ping-pong, 2 ranks) for the prediction",
+              file=sys.stderr, flush=True)
+        fig = measure_link()
+        sweep = {str(k): v for k, v in fig["one_way_s"].items()}
+        measured = Link(LOOPBACK_NAME, fig["alpha_s"], fig["bandwidth"], "measured by a ping-pong sweep, gloo")
+    elif name == LOOPBACK:
+        measured = Link(LOOPBACK_NAME, 0.0, 1.0, "flags")
+    link = resolve_link(name, alpha_us=args.alpha_us, bandwidth_gbs=args.bandwidth_gbs, measured=measured)
+    sizes, cores = parse_predict(args.predict), result["host"]["cores"]
+    others = busy_cores(result["runs"], fit_sizes(result["nproc"], sizes), cores) if cpu_ranks else 0.0
+    result["prediction"] = predict(result["runs"], sizes, link, scaling=result["scaling"], cores=cores,
+                                   cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others)
+    if sweep:
+        result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
+    write_json_atomic(out / "bench.json", result)
+    print_prediction(result["prediction"])
+
+
+def print_prediction(pred: dict[str, Any], out=None) -> None:
+    """The predicted rows, then the assumptions and what the prediction cannot know."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = out or console()
+    fit = ", ".join(map(str, pred["fit_on"]))
+    table = Table(title=f"predicted (fitted on {fit} rank(s); {pred['link']['name']})")
+    for name in ("ranks", "step (ms)", "speedup", "efficiency", "compute", "imbalance", "latency", "bandwidth",
+                 "bottleneck", "measured (ms)", "error"):
+        table.add_column(name, justify="right")
+    for r in pred["rows"]:
+        table.add_row(str(r["world_size"]), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
+                      f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in
+                                                   ("compute", "imbalance", "latency", "bandwidth")),
+                      r["bottleneck"], shown(None if r["measured_step_time_s"] is None
+                                             else r["measured_step_time_s"] * 1e3, ".2f"),
+                      shown(r["error"], "+.0%"))
+    out.print(table)
+    out.print("assumptions:", highlight=False)
+    for line in pred["assumptions"]:
+        out.print(f"  - {escape(line)}", highlight=False)
+    out.print("the prediction cannot know:", highlight=False)
+    for line in pred["cannot_know"]:
+        out.print(f"  - {escape(line)}", highlight=False)
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -121,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     bench = BenchConfig(nproc=parse_nproc(args.nproc), scaling=args.scaling or "strong", repeat=args.repeat or 1)
     launch_cfg = config_from_args(args)
     target = target_from_args(args, launch_cfg)
+    predicting = check_predict(args, bench.nproc)
     out = _out_dir(args)
 
     def announce(n: int, k: int, run_dir: Path) -> None:
@@ -130,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     command = ["multigpu", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else []
     result = run_bench(bench, launch_cfg, target, out, command=command, on_run=announce)
     print_table(result)
+    if predicting:
+        add_prediction(args, result, out, launch_cfg)
     print(f"wrote {out / 'bench.json'}" + (f" and {out / result['plot']}" if result.get("plot") else ""))
     print(f"report: multigpu report {out}")
     return 0

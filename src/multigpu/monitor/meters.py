@@ -26,7 +26,9 @@ Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 * *busy* - wall minus comm: the compute this rank did;
 * *throughput* - items of all ranks / the slowest rank's wall time;
 * *comm share* - comm / wall, averaged over ranks;
-* *load imbalance* - the slowest rank's busy time / the fastest's (1.0 = even).
+* *load imbalance* - the slowest rank's busy time / the fastest's (1.0 = even);
+* *traffic* - per collective kind, the calls and bytes per step of the busiest rank
+  (``collectives.record_traffic``: what ``multigpu bench --predict`` extrapolates).
 
 Metrics are reduced across ranks (one small collective every ``log_every``
 steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
@@ -107,6 +109,37 @@ def _quarters(step_times: list[float], step_items: list[int]) -> list[float] | N
     return out
 
 
+def _delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for kind, (calls, nbytes) in after.items():
+        c0, b0 = before.get(kind, (0, 0))
+        if calls > c0:
+            out[kind] = (calls - c0, nbytes - b0)
+    return out
+
+
+def _per_step(steps: list[dict[str, tuple[int, int]]]) -> dict[str, dict[str, float]]:
+    """``{kind: {"calls": per step, "bytes": per step}}`` averaged over ``steps``."""
+    total: dict[str, list[int]] = {}
+    for step in steps:
+        for kind, (calls, nbytes) in step.items():
+            entry = total.setdefault(kind, [0, 0])
+            entry[0] += calls
+            entry[1] += nbytes
+    n = max(len(steps), 1)
+    return {kind: {"calls": c / n, "bytes": b / n} for kind, (c, b) in sorted(total.items())}
+
+
+def _busiest(ranks) -> dict[str, dict[str, float]]:
+    """Per kind, the most calls and bytes any rank made per step (the rank the others wait for)."""
+    out: dict[str, dict[str, float]] = {}
+    for rank in ranks:
+        for kind, fig in rank.items():
+            have = out.setdefault(kind, {"calls": 0.0, "bytes": 0.0})
+            have["calls"], have["bytes"] = max(have["calls"], fig["calls"]), max(have["bytes"], fig["bytes"])
+    return out
+
+
 def sum_comm(comm_times: list[float | None]) -> float:
     """The total of per-step comm times; NaN when any step's was not measured (None)."""
     return float("nan") if any(c is None for c in comm_times) else float(sum(comm_times))
@@ -161,6 +194,8 @@ class StepMeter:
         self.comm_times: list[float | None] = []
         """Per step; None where the step's communication was not measured (``add_comm(None)``)."""
         self.items: list[int] = []
+        self.traffic: list[dict[str, tuple[int, int]]] = []
+        """Per step: ``{kind: (calls, bytes)}`` of the collectives this rank made in it (``collectives.traffic``)."""
         self._extra_comm: float | None = 0.0
         self._last_log = (0, 0.0, 0.0, 0)  # step, wall, comm, items at the previous log point
         self._progress = _Progress(description or unit, total_steps, unit, progress)
@@ -194,6 +229,7 @@ class StepMeter:
         """Time one step that processes ``items`` items on this rank. When the count is known only
         inside the step, set it on what the block receives: ``with meter.step() as s: ...; s.items = n``."""
         comm_before = collectives.collective_seconds()
+        traffic_before = collectives.traffic()
         self._extra_comm = 0.0
         count = StepCount(items)
         device = self.device or group.current_device()
@@ -208,6 +244,7 @@ class StepMeter:
         watchdog.heartbeat(f"step {self.steps} of {self.unit}")
         self.step_times.append(wall)
         self.comm_times.append(None if comm is None else min(comm, wall))
+        self.traffic.append(_delta(traffic_before, collectives.traffic()))
         self.items.append(int(items))
         if self._profiler is not None:
             self._profiler.step()
@@ -261,6 +298,7 @@ class StepMeter:
             "steps": len(self.step_times[m]),
             "step_times": self.step_times[m],
             "step_items": self.items[m],
+            "traffic": _per_step(self.traffic[m]),
         }
         mine["busy_s"] = None if mine["comm_s"] is None else mine["wall_s"] - mine["comm_s"]
         ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
@@ -286,6 +324,7 @@ class StepMeter:
             if measured else None,
             "imbalance": (max(busy) / min(busy) if min(busy) > 0 else 1.0) if measured else None,
             "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
+            "traffic": _busiest(r["traffic"] for r in ranks),
             "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
         }
 

@@ -32,10 +32,12 @@ __all__ = [
     "broadcast",
     "broadcast_object",
     "collective_seconds",
+    "record_traffic",
     "gather",
     "isend",
     "recv",
     "send",
+    "traffic",
 ]
 
 _MAX_DIMS = 8
@@ -56,6 +58,34 @@ def collective_seconds() -> float:
     (``StepMeter`` waits for its step's end event first).
     """
     return _COLLECTIVE_S + _DEVICE_SPANS.seconds()
+
+
+_TRAFFIC: dict[str, list[int]] = {}  # kind -> [calls, bytes this rank put in] (read by StepMeter, bench --predict)
+
+TRAFFIC_KINDS = ("all_reduce", "all_gather", "sharded_all_gather", "gather", "broadcast", "reduce_scatter",
+                 "all_to_all", "p2p")
+"""What :func:`record_traffic` counts: the collective patterns ``multigpu bench --predict`` has a cost formula for."""
+
+
+def record_traffic(kind: str, nbytes: int, calls: int = 1) -> None:
+    """Count one collective (or ``calls``) of ``kind`` into which this rank put ``nbytes`` bytes: the tensor of an
+    all-reduce or broadcast, this rank's part of an all-gather or gather, what it sends in an all-to-all or a send;
+    for ``reduce_scatter`` and ``sharded_all_gather`` (FSDP's), the whole tensor reduced or gathered.
+
+    Workloads that call ``torch.distributed`` directly (DDP's hooks, the simulation's exchanges) count here too, so
+    the figures are the job's own collectives, not an estimate."""
+    entry = _TRAFFIC.setdefault(kind, [0, 0])
+    entry[0] += calls
+    entry[1] += int(nbytes)
+
+
+def traffic() -> dict[str, tuple[int, int]]:
+    """``{kind: (calls, bytes)}`` this rank has counted since it started (see :func:`record_traffic`)."""
+    return {k: (v[0], v[1]) for k, v in _TRAFFIC.items()}
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _active() -> bool:
@@ -151,6 +181,7 @@ def _all_metas(tensor: torch.Tensor, op: str) -> list[tuple[tuple[int, ...], tor
     """
     mine = _meta(tensor)
     parts = [torch.empty_like(mine) for _ in range(group.get_env().world_size)]
+    record_traffic("all_gather", _nbytes(mine))
     with _translate(op):
         dist.all_gather(parts, mine, group=group.host_group())
     out = []
@@ -189,6 +220,7 @@ def _gather_tensor(tensor: torch.Tensor, dst: int | None) -> torch.Tensor | None
     padded = padded.contiguous()
     receive = dst is None or env.rank == dst
     buffers = [torch.empty_like(padded) for _ in shapes] if receive else None
+    record_traffic("all_gather" if dst is None else "gather", _nbytes(padded))
     with _translate("gather", padded.device):
         if dst is None:
             dist.all_gather(buffers, padded)
@@ -265,6 +297,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check_shapes: bool = Tr
         return tensor
     if check_shapes:
         _check_shapes(tensor, "all_reduce", allow_dim0=False)
+    record_traffic("all_reduce", _nbytes(tensor))
     with _translate("all_reduce", tensor.device):
         dist.all_reduce(tensor, op=_OPS[op])
     if op == "mean":
@@ -281,6 +314,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         group.get_env("broadcast")
         return tensor
     _check_shapes(tensor, "broadcast", allow_dim0=False)
+    record_traffic("broadcast", _nbytes(tensor))
     with _translate("broadcast", tensor.device):
         dist.broadcast(tensor, src=src)
     return tensor
@@ -336,6 +370,7 @@ def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0, pg=None) -> Pending:
         tensor = tensor.cpu()
     header, data = _meta(tensor).to(tensor.device), tensor.contiguous()
     pg, peer = _route(pg, dst, sending=True)
+    record_traffic("p2p", _nbytes(header) + _nbytes(data), calls=2 if data.numel() else 1)
     with _translate("send"):
         works = [dist.isend(header, group=pg, group_dst=peer, tag=tag)]
         if data.numel():

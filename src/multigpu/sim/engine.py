@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import ConfigError
-from multigpu.runtime import group
+from multigpu.runtime import collectives, group
 from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, models, native, network, partition, population
@@ -377,6 +377,7 @@ class SimEngine:
         # a CPU tensor (the gloo half of an NCCL group), one number on every rank: no shape check (a GPU sync)
         mine = torch.tensor([self.state.n], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
+        collectives.record_traffic("all_gather", mine.numel() * mine.element_size())
         with _translate("agent_counts"):
             dist.all_gather(parts, mine)
         return torch.cat(parts).tolist()

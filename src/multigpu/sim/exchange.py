@@ -53,6 +53,7 @@ def halo(rows: torch.Tensor, radius: int) -> torch.Tensor:
     every = borders
     if world > 1:  # every rank's border rows have this shape by construction: no shape exchange (a host sync)
         parts = [torch.empty_like(borders) for _ in range(world)]
+        collectives.record_traffic("all_gather", borders.numel() * borders.element_size())
         with _translate("halo"):
             dist.all_gather(parts, borders)
         every = torch.cat(parts)
@@ -66,6 +67,7 @@ def start_sum(field: torch.Tensor):
     """Start summing an integer field over all ranks, in place; :func:`finish` the handle. Call on all ranks."""
     if _world() == 1:
         return None
+    collectives.record_traffic("all_reduce", field.numel() * field.element_size())
     with _translate("all_reduce"):
         return dist.all_reduce(field, op=dist.ReduceOp.SUM, async_op=True)
 
@@ -97,12 +99,14 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overl
     dest64 = dest.to(torch.int64)  # index_add_, not bincount: bincount reads its size back from a GPU
     send_counts = torch.zeros(world, dtype=torch.int64, device=dest.device).index_add_(0, dest64, torch.ones_like(dest64))
     recv_counts = torch.empty_like(send_counts)
+    collectives.record_traffic("all_to_all", send_counts.numel() * send_counts.element_size())
     with _translate("migrate"):
         work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)
     records = state.pack(state.take(index))  # with overlap: while the counts travel
     finish(work, "migrate")  # synchronous: work is None
     width = state.bytes_per_agent
     received = torch.empty((int(recv_counts.sum()), width), dtype=torch.uint8, device=records.device)
+    collectives.record_traffic("all_to_all", records.numel())  # uint8 records: one byte each
     with _translate("migrate"):
         work = dist.all_to_all_single(received.view(-1), records.view(-1), (recv_counts * width).tolist(),
                                       (send_counts * width).tolist(), async_op=overlap)

@@ -141,12 +141,40 @@ def _mesh(device: torch.device, world_size: int):
     return init_device_mesh(device.type, (world_size,))
 
 
+class StepTraffic:
+    """FSDP2's collectives of one optimizer step, for ``collectives.record_traffic`` (FSDP2 calls torch's
+    collectives itself, so they are counted from the sharding, the same every step): per unit (each block, then
+    the root's own parameters) one all-gather of its parameters per micro-step in forward, another in backward
+    when blocks reshard after forward (the root never does), and one reduce-scatter of its fp32 gradients on the
+    step that syncs. Bytes are whole units (``sharded_all_gather``, ``reduce_scatter``), which do not change
+    with the world size."""
+
+    def __init__(self, module: nn.Module, blocks: list[nn.Module], reshard_after_forward: bool,
+                 param_dtype: torch.dtype | None):
+        def nbytes(params, dtype=None) -> int:
+            return sum(p.numel() * (dtype.itemsize if dtype else p.element_size()) for p in params)
+
+        in_blocks = {id(p) for b in blocks for p in b.parameters()}
+        root = [p for p in {id(p): p for p in module.parameters()}.values() if id(p) not in in_blocks]
+        self.units = [(nbytes(b.parameters(), param_dtype), nbytes(b.parameters(), torch.float32),
+                       2 if reshard_after_forward else 1) for b in blocks]
+        if root:
+            self.units.append((nbytes(root, param_dtype), nbytes(root, torch.float32), 1))
+
+    def record(self, micro_steps: int) -> None:
+        from multigpu.runtime.collectives import record_traffic
+
+        for gathered, grads, gathers in self.units:
+            record_traffic("sharded_all_gather", gathered * gathers * micro_steps, calls=gathers * micro_steps)
+            record_traffic("reduce_scatter", grads)
+
+
 def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
                 class_names: Iterable[str] = (), reshard_after_forward: bool = True,
-                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> int:
+                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> StepTraffic:
     """``fully_shard`` each block, then the root; the optimizer is pointed at the sharded parameters.
 
-    Call on all ranks, before the optimizer's first step. Returns the number of blocks sharded.
+    Call on all ranks, before the optimizer's first step. Returns what one optimizer step communicates.
 
     Args:
         module: The model, on the host (not yet on ``device``); it is changed in place, and each rank keeps
@@ -175,10 +203,11 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
     blocks = block_modules(module, class_names)
+    traffic = StepTraffic(module, blocks, reshard_after_forward, param_dtype)
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
     fully_shard(module, **options)
     new = dict(module.named_parameters(remove_duplicate=False))
     for group in optimizer.param_groups:
         group["params"] = [new[names[id(p)]] for p in group["params"]]
-    return len(blocks)
+    return traffic

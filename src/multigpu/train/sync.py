@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from multigpu.errors import ConfigError, DeviceError
+from multigpu.runtime.collectives import record_traffic
 from multigpu.runtime.env import DistEnv
 
 __all__ = ["CommTimer", "NotTimed", "cpu_allreduce_hook", "timed_allreduce_hook", "wrap_ddp"]
@@ -71,6 +72,7 @@ def timed_allreduce_hook(state: CommTimer, bucket: dist.GradBucket) -> torch.fut
     """DDP's default all-reduce (average, asynchronous), timed from launch to completion."""
     start = time.perf_counter()
     buf = bucket.buffer().div_(state.world_size)
+    record_traffic("all_reduce", buf.numel() * buf.element_size())
     fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:
@@ -84,6 +86,7 @@ def cpu_allreduce_hook(state: CommTimer, bucket: dist.GradBucket) -> torch.futur
     """Stage the bucket through host memory and average it over a gloo group, then copy it back."""
     start = time.perf_counter()
     buf = bucket.buffer()
+    record_traffic("all_reduce", buf.numel() * buf.element_size())
     host = buf.to("cpu", copy=True)  # a real copy even on CPU ranks, so this path is what runs on GPUs
     host.div_(state.world_size)
     dist.all_reduce(host, group=state.group)

@@ -230,13 +230,14 @@ class Trainer:
 
             checkpoint_blocks(self.module)
         self.model, self.ddp, self.comm = self.module, None, None
+        self.fsdp_traffic = None  # fsdp: what each step communicates (counted for bench --predict)
         if self.sharded:  # fully_shard changes self.module in place; the optimizer gets the sharded parameters
             from multigpu.train.fsdp import compile_blocks, shard_model
 
             if cfg.compile:  # per block, before sharding (torchtitan's order): FSDP's hooks stay outside the graphs
                 compile_blocks(self.module, cfg.fsdp_blocks, self.env.device)
             param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
-            shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
+            self.fsdp_traffic = shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
                         param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
                         cpu_offload=cfg.fsdp_cpu_offload)
             return
@@ -471,6 +472,8 @@ class Trainer:
                 self.scheduler.step()
             if self.comm is not None:
                 self.meter.add_comm(self.comm.pop_seconds())
+            if self.fsdp_traffic is not None:
+                self.fsdp_traffic.record(self.accum)
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _skips(self, grad_norm: torch.Tensor) -> bool:

@@ -1,0 +1,343 @@
+"""``multigpu bench --predict 8,64,512``: step time, speedup and efficiency at world sizes not run (in the launcher).
+
+    pred = predict(runs, sizes=(8, 64), link=LINKS["ib-ndr"], scaling="strong", cores=16, cpu_ranks=False)
+
+From the bench's own runs (one ``summary.json`` each, written by ``StepMeter``):
+
+* *compute* per step: the measured step time minus the modelled communication, fitted as
+  ``a + b x`` with ``x`` the items one rank handles per step (``a``: the part no split shares); items
+  per step follow ``N ** g`` as measured (g = 0: a fixed global problem, 1: a fixed share per rank);
+  the slowest rank's busy time over the mean (imbalance) is kept as measured;
+* *traffic* per step: the calls and bytes of every collective the job made
+  (``collectives.record_traffic``: DDP's gradient buckets, the simulation's halo and migration,
+  inference's window exchange; FSDP's all-gathers and reduce-scatters from its sharding), as measured
+  at the largest world size fitted on;
+* *the interconnect*: an alpha-beta model, ``latency + bytes / bandwidth`` per message, with the
+  textbook ring/tree costs of each collective (:func:`cost`), from :data:`LINKS` or measured figures.
+
+On ``loopback`` (this host, CPU ranks) the ranks also share its cores: compute slows by
+``(N x threads x held + other work) / cores`` beyond them, where *held* is the share of a rank's step
+outside collectives and *other work* the cores the device sampler saw busy beside the ranks.
+
+Predicted step = slowest rank's compute + communication (no overlap). The fit uses
+the measured world sizes below the smallest one predicted: a size that was also
+measured shows both, and the error.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from multigpu.errors import ConfigError
+
+__all__ = ["LINKS", "Link", "busy_cores", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect as the alpha-beta model sees it."""
+
+    name: str
+    alpha_s: float
+    """Latency of one message (seconds)."""
+    bandwidth: float
+    """Bytes per second one rank can send (and receive at once) to another."""
+    source: str = "nominal"
+    """Where the figures came from: nominal (the table), measured, or flags."""
+
+
+LINKS: dict[str, Link] = {
+    "nvlink4": Link("NVLink 4 (H100 SXM, GPUs of one node)", 3e-6, 450e9),
+    "pcie5": Link("PCIe 5 x16 (GPUs of one node, no NVLink)", 5e-6, 64e9),
+    "ib-ndr": Link("InfiniBand NDR 400 Gb/s, one port per GPU", 5e-6, 50e9),
+    "eth400": Link("400 GbE with RoCE, one port per GPU", 10e-6, 50e9),
+    "eth100": Link("100 GbE over TCP, one port per node's rank", 30e-6, 12.5e9),
+}
+"""Nominal per-direction figures; real collectives reach 70-90% of these bandwidths (NCCL's busbw)."""
+LOOPBACK = "loopback"
+"""This host's gloo over loopback, measured by a ping-pong sweep after the bench runs (ranks share its cores)."""
+
+
+def parse_predict(text: str) -> tuple[int, ...]:
+    """``"8,64,512"`` -> ``(8, 64, 512)``: distinct whole numbers >= 2, ascending."""
+    try:
+        sizes = sorted({int(p.strip()) for p in text.split(",") if p.strip()})
+    except ValueError:
+        raise ConfigError(f"--predict {text!r} is invalid; valid: world sizes such as 8,64,512") from None
+    if not sizes or sizes[0] < 2:
+        raise ConfigError(f"--predict {text!r} is invalid; valid: world sizes >= 2 such as 8,64,512")
+    return tuple(sizes)
+
+
+def fit_sizes(measured: Sequence[int], predicted: Sequence[int]) -> tuple[int, ...]:
+    """The measured world sizes the model is fitted on: those below the smallest predicted one.
+
+    Raises ConfigError (before anything runs) when there is none."""
+    below = tuple(n for n in sorted(measured) if n < min(predicted))
+    if not below:
+        raise ConfigError(f"--predict {','.join(map(str, predicted))} needs a measured world size below "
+                          f"{min(predicted)} to fit on; valid: --nproc 1,2 --predict 4,8 (or larger --predict sizes)")
+    return below
+
+
+def resolve_link(name: str | None, *, alpha_us: float | None = None, bandwidth_gbs: float | None = None,
+                 measured: Link | None = None) -> Link:
+    """The interconnect: a table entry or ``loopback`` (``measured``), then the flags' figures over it."""
+    if name == LOOPBACK:
+        if measured is None:
+            raise ConfigError("--interconnect loopback needs its measured figures; valid: --alpha-us and "
+                              "--bandwidth-gbs, or let bench measure them")
+        link = measured
+    elif name in LINKS:
+        link = LINKS[name]
+    else:
+        raise ConfigError(f"--interconnect {name!r} is unknown; valid: {', '.join([*LINKS, LOOPBACK])}")
+    if alpha_us is not None or bandwidth_gbs is not None:
+        link = replace(link, alpha_s=link.alpha_s if alpha_us is None else alpha_us * 1e-6,
+                       bandwidth=link.bandwidth if bandwidth_gbs is None else bandwidth_gbs * 1e9, source="flags")
+    return link
+
+
+def busy_cores(runs: Sequence[dict[str, Any]], sizes: Sequence[int], cores: int) -> float:
+    """Cores this host spent on other work during the runs at ``sizes`` (mean), from the device sampler's
+    host and rank CPU figures (bench's ``cpu``); 0 when none was sampled."""
+    seen = [max(0.0, r["cpu"]["host_percent"] / 100 * cores - r["cpu"]["rank_percent"] / 100 * int(r["world_size"]))
+            for r in runs if int(r["world_size"]) in sizes and r.get("cpu")]
+    return statistics.fmean(seen) if seen else 0.0
+
+
+# ----------------------------------------------------------------------------- the alpha-beta model
+def _log2(n: int) -> int:
+    return math.ceil(math.log2(n))
+
+
+def cost(kind: str, n: int, nbytes: float, link: Link) -> tuple[float, float]:
+    """``(latency seconds, bandwidth seconds)`` of one collective of ``kind`` at ``n`` ranks, into which each
+    rank puts ``nbytes`` (as ``collectives.record_traffic`` counts them).
+
+    all_reduce: ring ``2(n-1) a + 2(n-1)/n S b`` or tree ``2 log2(n) (a + S b)``, whichever is faster;
+    all_gather: ring ``(n-1)(a + s b)`` or recursive doubling ``log2(n) a + (n-1) s b``;
+    sharded_all_gather (S = the whole result): ``(n-1) a`` or ``log2(n) a``, plus ``(n-1)/n S b``;
+    gather: binomial tree ``log2(n) a + (n-1) s b``; broadcast: tree ``log2(n) (a + S b)``;
+    reduce_scatter: ring ``(n-1)(a + S/n b)``; all_to_all: pairwise ``(n-1) a + (n-1)/n S b``;
+    p2p: ``a + s b``. ``a`` = latency, ``b`` = 1 / bandwidth.
+    """
+    if n < 2:
+        return 0.0, 0.0
+    a, b, s, lg = link.alpha_s, 1.0 / link.bandwidth, float(nbytes), _log2(n)
+    if kind == "all_reduce":
+        options = [(2 * (n - 1) * a, 2 * (n - 1) / n * s * b), (2 * lg * a, 2 * lg * s * b)]
+    elif kind == "all_gather":
+        options = [((n - 1) * a, (n - 1) * s * b), (lg * a, (n - 1) * s * b)]
+    elif kind == "sharded_all_gather":  # S: the whole gathered tensor (FSDP's parameters), 1/n from each rank
+        options = [((n - 1) * a, (n - 1) / n * s * b), (lg * a, (n - 1) / n * s * b)]
+    elif kind == "gather":
+        options = [(lg * a, (n - 1) * s * b)]
+    elif kind == "broadcast":
+        options = [(lg * a, lg * s * b)]
+    elif kind in ("reduce_scatter", "all_to_all"):  # S: a rank's whole input, of which it keeps 1/n
+        options = [((n - 1) * a, (n - 1) / n * s * b)]
+    elif kind == "p2p":
+        options = [(a, s * b)]
+    else:
+        raise ValueError(f"no cost formula for collective kind {kind!r}")
+    return min(options, key=sum)
+
+
+# ----------------------------------------------------------------------------- what was measured
+@dataclass(frozen=True)
+class _Point:
+    """One measured world size (median over repeats)."""
+
+    n: int
+    step_s: float
+    compute_mean_s: float | None
+    """Mean over ranks of busy (non-communication) seconds per step; None when comm was not measured."""
+    compute_max_s: float | None
+    """The slowest rank's busy seconds per step (their ratio to the mean is the load imbalance)."""
+    items_per_step: float
+    traffic: dict[str, dict[str, float]]
+
+
+def _point(n: int, summaries: list[dict[str, Any]]) -> _Point:
+    means, maxes = [], []
+    for s in summaries:
+        per = [r["busy_s"] / r["steps"] for r in s.get("per_rank", []) if r.get("busy_s") is not None and r["steps"]]
+        if per and len(per) == len(s.get("per_rank", [])):
+            means.append(statistics.fmean(per))
+            maxes.append(max(per))
+    traffic = summaries[len(summaries) // 2].get("traffic") or {}
+    return _Point(
+        n=n,
+        step_s=statistics.median(s["step_time_s"]["median"] for s in summaries),
+        compute_mean_s=statistics.median(means) if len(means) == len(summaries) else None,
+        compute_max_s=statistics.median(maxes) if len(maxes) == len(summaries) else None,
+        items_per_step=statistics.median(s["items"] / max(s["steps"], 1) for s in summaries),
+        traffic=traffic,
+    )
+
+
+def _comm(traffic: dict[str, dict[str, float]], n: int, link: Link) -> tuple[float, float]:
+    latency = bandwidth = 0.0
+    for kind, fig in traffic.items():
+        if not fig["calls"]:
+            continue
+        lat, bw = cost(kind, n, fig["bytes"] / fig["calls"], link)
+        latency += fig["calls"] * lat
+        bandwidth += fig["calls"] * bw
+    return latency, bandwidth
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` with a, b >= 0; one point: ``a = 0``."""
+    if len(xs) == 1 or len(set(xs)) == 1:
+        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys, strict=True))
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    a = my - b * mx
+    if b < 0:  # more ranks made each rank slower: nothing shrinks with N; keep the mean
+        return my, 0.0
+    if a < 0:
+        return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys, strict=True))
+    return a, b
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *, scaling: str = "strong",
+            cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None,
+            other_work: float = 0.0) -> dict[str, Any]:
+    """Predicted rows at ``sizes`` from bench runs (``[{"world_size": N, "summary": {...}}, ...]``).
+
+    ``cpu_ranks``: the ranks computed on this host's CPU; with ``link.source == "measured"`` on loopback the
+    prediction is for this host, whose ``cores`` the ranks share (``threads`` each; default ``cores // N``) with
+    ``other_work`` cores busy with other processes (:func:`busy_cores`).
+    """
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_size.setdefault(int(run["world_size"]), []).append(run["summary"])
+    fit_on = fit_sizes(list(by_size), sizes)
+    points = {n: _point(n, by_size[n]) for n in by_size}
+    fits = [points[n] for n in fit_on]
+    base = points[min(by_size)]
+    on_host = cpu_ranks and link.name == LOOPBACK_NAME and cores
+
+    def threads_at(n: int) -> int:
+        return threads or max(1, (cores or 1) // n)
+
+    # a rank holds its cores only while it computes, not while it waits in a collective: the share of its step
+    # outside collectives, as at the largest size fitted on (1 where that was not measured)
+    held = fits[-1].compute_mean_s / fits[-1].step_s if fits[-1].compute_mean_s and fits[-1].step_s else 1.0
+    held = min(max(held, 0.0), 1.0)
+
+    def crowding(n: int) -> float:
+        """How much slower a rank computes because the ranks' threads outnumber this host's cores."""
+        busy = n * threads_at(n) * (held if n > 1 else 1.0)
+        return max(1.0, (busy + other_work) / cores) if on_host else 1.0
+
+    with_traffic = [p for p in fits if p.n >= 2]
+    traffic_from = with_traffic[-1] if with_traffic else None
+    traffic = traffic_from.traffic if traffic_from else {}
+    # the slowest rank's compute: the measured step minus the modelled communication. Not the ranks' busy time:
+    # an overlapped all-reduce (DDP's) is timed over the backward it overlaps, so busy time under-counts compute
+    computes = [max(p.step_s - sum(_comm(traffic, p.n, link)), 0.0) for p in fits]
+    last, first = fits[-1], fits[0]
+    # items per step grow as N ** growth: 0 when the global problem is fixed, 1 when each rank's share is (a
+    # workload whose per-rank batch is set, even under strong scaling); measured where two sizes were fitted
+    if last.n > first.n and first.items_per_step > 0 and last.items_per_step > 0:
+        growth = math.log(last.items_per_step / first.items_per_step) / math.log(last.n / first.n)
+    else:
+        growth = 1.0 if scaling == "weak" else 0.0
+
+    def per_rank(n: int) -> float:
+        """Items per rank per step at N."""
+        return last.items_per_step * (n / last.n) ** growth / n
+
+    # compute = a + b x, x = the items each rank handles per step: a is what no split shares (the replicated
+    # part), b the cost of one item
+    norm = [c / crowding(p.n) for c, p in zip(computes, fits, strict=True)]
+    a, b = _fit([per_rank(p.n) for p in fits], norm)
+    imbalance = (last.compute_max_s / last.compute_mean_s
+                 if last.compute_max_s and last.compute_mean_s else 1.0)
+    rows = []
+    for n in sizes:
+        slow = (a + b * per_rank(n)) * crowding(n)
+        compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
+        latency, bandwidth = _comm(traffic, n, link)
+        step = slow + latency + bandwidth
+        items = per_rank(n) * n
+        throughput = items / step if step > 0 else 0.0
+        base_throughput = base.items_per_step / base.step_s if base.step_s > 0 else 0.0
+        speedup = throughput / base_throughput if base_throughput > 0 else 0.0
+        parts = {"compute": compute, "imbalance": slow - compute, "latency": latency, "bandwidth": bandwidth}
+        row = {"world_size": n, "step_time_s": step, "throughput": throughput, "speedup": speedup,
+               "ideal": n / base.n, "efficiency": speedup / (n / base.n), **{f"{k}_s": v for k, v in parts.items()},
+               "bottleneck": max(parts, key=parts.get), "measured_step_time_s": None, "error": None}
+        if n in points:
+            row["measured_step_time_s"] = points[n].step_s
+            row["error"] = step / points[n].step_s - 1 if points[n].step_s > 0 else None
+        rows.append(row)
+    return {
+        "sizes": list(sizes),
+        "fit_on": list(fit_on),
+        "link": asdict(link),
+        "compute_fit": {"held_share": held, "fixed_s": a, "per_item_s": b, "items_per_rank": {n: per_rank(n) for n in sizes},
+                        "imbalance": imbalance,
+                        "measured_s": {p.n: c for p, c in zip(fits, computes, strict=True)}},
+        "traffic": traffic,
+        "traffic_at": traffic_from.n if traffic_from else None,
+        "rows": rows,
+        "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
+                                    threads_at, other_work, held),
+        "cannot_know": CANNOT_KNOW,
+    }
+
+
+LOOPBACK_NAME = "this host's gloo over loopback"
+
+CANNOT_KNOW = [
+    "the topology: which ranks share a node, a switch or a link, and how many hops lie between them",
+    "congestion: other jobs on the network, and stragglers (a slow node or GPU sets everyone's pace)",
+    "the algorithm the collective library picks at each size (the faster of ring and tree is assumed)",
+    "compute that changes with the shard: a smaller batch per rank often runs below the measured rate",
+    "memory: whether the job fits at that size (multigpu's --dry-run checks that)",
+]
+
+
+def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores, threads_at,
+                 busy, held) -> list[str]:
+    out = [f"interconnect: {link.name}, latency {link.alpha_s * 1e6:.3g} us and {link.bandwidth / 1e9:.3g} GB/s per "
+           f"rank and direction ({link.source})"]
+    sizes = ", ".join(map(str, fit_on))
+    out.append(f"compute per step fitted on N = {sizes}: {a * 1e3:.3g} ms + {b * 1e6:.3g} us per item a rank "
+               f"handles per step (items per step grow as N^{growth:.2g}, as measured; the first part does not "
+               "shrink with more ranks)")
+    out.append("compute per step = the measured step time minus the modelled communication (time the model does not "
+               "explain, such as waiting for a core or an overlapped all-reduce, counts as compute)")
+    out.append(f"load imbalance: the slowest rank computes {imbalance:.2f}x the mean, as at N = {fit_on[-1]}")
+    if on_host:
+        out.append(f"ranks share this host's {cores} cores ({threads_at(fit_on[-1])} thread(s) per rank at "
+                   f"N = {fit_on[-1]}) with {busy:.2g} core(s) of other work (as sampled during the fitted runs); a "
+                   f"rank holds its cores {held:.0%} of its step (outside collectives, as at N = {fit_on[-1]}): "
+                   "beyond the cores compute slows by (N x threads x that share + other work) / cores")
+    else:
+        out.append("each added rank computes as fast as a measured one (on its own device)")
+    if traffic_from is None:
+        out.append("communication: none measured (fit on 1 rank only): the prediction counts compute alone; "
+                   "bench at 2 ranks or more to count the job's collectives")
+    else:
+        kinds = ", ".join(f"{k} {v['calls']:.3g} call(s) {v['bytes'] / 1e6:.3g} MB" for k, v in
+                          traffic_from.traffic.items()) or "none"
+        out.append(f"communication per step: the job's own collectives counted at N = {traffic_from.n} ({kinds}); "
+                   "each keeps that message size at every N (true of gradient all-reduces and halos; a gather of a "
+                   "fixed result shrinks with N, so its time is over-estimated)")
+    out.append("collectives: the faster of ring and tree per call; all-to-all and gathers assume full bisection "
+               "bandwidth; communication does not overlap compute (DDP overlaps its all-reduce with the backward "
+               "pass, so a real step can be faster)")
+    return out

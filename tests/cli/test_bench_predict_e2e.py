@@ -1,0 +1,50 @@
+"""`multigpu bench --predict`: a real bench of a small script at 1 and 2 CPU ranks, then the predicted table,
+its assumptions and what it cannot know, printed and in bench.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_bench_predicts_larger_world_sizes_with_its_assumptions(tmp_path):
+    out = tmp_path / "b"
+    proc = run_cli("bench", "--nproc", "1,2", "--threads", "1", "--predict", "4,8", "--interconnect", "ib-ndr",
+                   "-o", str(out), "examples/allreduce_dp.py", "--steps", "8", "--batch", "256",
+                   env={"COLUMNS": "200"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for words in ("predicted (fitted on 1, 2 rank(s); InfiniBand NDR", "bottleneck", "assumptions:",
+                  "latency 5 us and 50 GB/s per rank and direction (nominal)",
+                  "the job's own collectives counted at N = 2 (all_reduce", "the prediction cannot know:",
+                  "the topology", "congestion"):
+        assert words in proc.stdout, proc.stdout
+    pred = json.loads((out / "bench.json").read_text())["prediction"]
+    assert [r["world_size"] for r in pred["rows"]] == [4, 8] and pred["fit_on"] == [1, 2]
+    # each step the example all-reduces its MLP's gradient (256*512 + 512 + 512 + 1 float32) and its loss
+    assert pred["traffic"]["all_reduce"] == {"calls": 2, "bytes": (256 * 512 + 512 + 512 + 1) * 4 + 4}
+    for row in pred["rows"]:
+        assert row["step_time_s"] > 0 and row["bottleneck"] in ("compute", "imbalance", "latency", "bandwidth")
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
+    assert pred["assumptions"] and pred["cannot_know"]
+
+
+def test_predict_flags_are_checked_before_anything_runs(tmp_path, capsys):
+    from multigpu.cli import main
+
+    out = tmp_path / "never"
+    for args, words in [
+        (["--predict", "1"], "--predict '1' is invalid; valid: world sizes >= 2"),
+        (["--predict", "2,4"], "needs a measured world size below 2"),
+        (["--nproc", "1,2", "--interconnect", "ib-ndr"], "describe a prediction; valid: add --predict"),
+        (["--predict", "8", "--bandwidth-gbs", "-3"], "--bandwidth-gbs -3.0 is invalid"),
+    ]:
+        nproc = [] if "--nproc" in args else ["--nproc", "2"]
+        code = main(["bench", *nproc, *args, "-o", str(out), "examples/allreduce_dp.py"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert not out.exists()

@@ -1,0 +1,147 @@
+"""bench --predict's alpha-beta model and fit, against hand-computed cases (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from multigpu.bench.predict import LINKS, Link, busy_cores, cost, fit_sizes, parse_predict, predict, resolve_link
+from multigpu.doctor.pingpong import fit_alpha_beta
+from multigpu.errors import ConfigError
+
+# 10 us per message, 1 GB/s: a byte costs 1 ns
+LINK = Link("test", 10e-6, 1e9)
+
+
+@pytest.mark.parametrize(("kind", "n", "nbytes", "expected"), [
+    # ring: 2(n-1) a = 2*3*10us; 2(n-1)/n S b = 1.5 * 1 MB * 1 ns  (tree: 2*2*(10us + 1ms) is slower)
+    ("all_reduce", 4, 1e6, (60e-6, 1.5e-3)),
+    # tiny message: tree 2 log2(8) a = 60 us beats ring 2*7*10 = 140 us; its bytes: 2*3*8 ns
+    ("all_reduce", 8, 8, (60e-6, 48e-9)),
+    # recursive doubling: log2(4) a = 20 us, (n-1) s b = 3 * 1 ms
+    ("all_gather", 4, 1e6, (20e-6, 3e-3)),
+    ("gather", 5, 1e3, (30e-6, 4e-6)),  # ceil(log2 5) = 3 hops
+    ("broadcast", 4, 1e6, (20e-6, 2e-3)),
+    ("reduce_scatter", 4, 1e6, (30e-6, 0.75e-3)),
+    ("all_to_all", 4, 1e6, (30e-6, 0.75e-3)),
+    ("p2p", 64, 1e6, (10e-6, 1e-3)),
+    ("all_reduce", 1, 1e9, (0.0, 0.0)),  # one rank: an identity
+])
+def test_collective_costs_match_hand_computed_values(kind, n, nbytes, expected):
+    assert cost(kind, n, nbytes, LINK) == pytest.approx(expected)
+
+
+def test_unknown_collective_kind_is_an_error():
+    with pytest.raises(ValueError, match="no cost formula"):
+        cost("scatter_gather", 4, 1, LINK)
+
+
+def test_alpha_beta_from_a_ping_pong_sweep():
+    one_way = {8: 35e-6, 1024: 20e-6, 1_000_000: 1.02e-3, 2_000_000: 2.02e-3}  # 8 B waited for a core
+    alpha, bandwidth = fit_alpha_beta(one_way)
+    assert alpha == 20e-6 and bandwidth == pytest.approx(1e9)
+
+
+def _run(n: int, step_s: float, items: int, busy: list[float], traffic: dict | None = None) -> dict:
+    steps = 10
+    return {"world_size": n, "summary": {
+        "step_time_s": {"median": step_s}, "items": items * steps, "steps": steps,
+        "per_rank": [{"busy_s": b * steps, "steps": steps} for b in busy], "traffic": traffic or {}}}
+
+
+def test_strong_scaling_prediction_by_hand():
+    # 1 rank: 100 ms; 2 ranks: 60 ms, of which one 1 MB all-reduce (ring at 2: 2 a + S b = 20 us + 1 ms)
+    comm2 = 20e-6 + 1e-3
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.060, 64, [0.050, 0.050],
+                                              {"all_reduce": {"calls": 1, "bytes": 1e6}})]
+    pred = predict(runs, [4], LINK, scaling="strong")
+    # compute = a + b/N through (1, 0.100) and (2, 0.060 - comm2)
+    b = 2 * (0.100 - (0.060 - comm2))
+    a = 0.100 - b
+    row = pred["rows"][0]
+    comm4 = 6 * 10e-6 + 1.5 * 1e-3
+    assert row["step_time_s"] == pytest.approx(a + b / 4 + comm4)
+    assert row["latency_s"] == pytest.approx(60e-6) and row["bandwidth_s"] == pytest.approx(1.5e-3)
+    assert row["speedup"] == pytest.approx(0.100 / row["step_time_s"])  # the same 64 items per step
+    assert row["efficiency"] == pytest.approx(row["speedup"] / 4)
+    assert row["bottleneck"] == "compute" and row["measured_step_time_s"] is None
+    assert pred["fit_on"] == [1, 2] and pred["traffic_at"] == 2
+
+
+def test_a_measured_size_is_left_out_of_the_fit_and_compared():
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050]), _run(4, 0.040, 64, [0.03] * 4)]
+    row = predict(runs, [4], LINK)["rows"][0]
+    assert row["step_time_s"] == pytest.approx(0.025)  # 0.1 / 4: the 4-rank run did not move the fit
+    assert row["measured_step_time_s"] == 0.040 and row["error"] == pytest.approx(0.025 / 0.040 - 1)
+
+
+def test_imbalance_and_bandwidth_bottlenecks_are_named():
+    # the slowest of 2 ranks computes 1.5x the mean; an all-reduce of 1 GB dominates the step
+    runs = [_run(1, 0.100, 8, [0.100]), _run(2, 0.060 + 1.00002, 8, [0.040, 0.060],
+                                            {"all_reduce": {"calls": 1, "bytes": 1e9}})]
+    row = predict(runs, [8], LINK)["rows"][0]
+    assert row["bottleneck"] == "bandwidth" and row["imbalance_s"] == pytest.approx(row["compute_s"] * 0.2 / 1.0)
+
+
+def test_items_per_step_growing_with_the_world_size_are_followed():
+    # each rank keeps its batch of 16 (a per-rank batch): items per step double from 1 to 2 ranks
+    runs = [_run(1, 0.100, 16, [0.100]), _run(2, 0.100, 32, [0.100, 0.100])]
+    row = predict(runs, [8], LINK)["rows"][0]
+    assert row["throughput"] == pytest.approx(128 / row["step_time_s"]) and row["speedup"] == pytest.approx(8.0)
+
+
+def test_on_this_host_ranks_beyond_the_cores_share_them():
+    link = Link("this host's gloo over loopback", 1e-9, 1e15, "measured")
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050])]
+    row = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
+    assert row["step_time_s"] == pytest.approx(0.025 * 2, rel=1e-3)  # 4 ranks on 2 cores: each at half speed
+    # a core busy with other work: 2 ranks compute at 2/3 speed (75 ms for 50), 4 ranks at 2/5 (25 ms -> 62.5)
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.075, 64, [0.075, 0.075])]
+    busy = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1, other_work=1.0)["rows"][0]
+    assert busy["step_time_s"] == pytest.approx(0.0625, rel=1e-3)
+    # ranks that wait in collectives half of their step hold the cores half the time: 4 x 1/2 + 1 = 3 of 2 cores
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.075, 64, [0.0375, 0.0375])]
+    half = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1, other_work=1.0)
+    assert half["compute_fit"]["held_share"] == pytest.approx(0.5)
+    # 2 ranks: (2 x 1/2 + 1) / 2 = no crowding, so a + b x through (64, 0.1) and (32, 0.075): a = 0.05,
+    # b = 0.025 / 32; at 4 ranks x = 16, crowded 1.5x
+    assert half["rows"][0]["step_time_s"] == pytest.approx((0.05 + 16 * 0.025 / 32) * 1.5, rel=1e-3)
+    sampled = [dict(r, cpu={"host_percent": 100.0, "rank_percent": 50.0 * (2 // r["world_size"])}) for r in runs]
+    assert busy_cores(sampled, [1, 2], cores=2) == pytest.approx(1.0)  # 2 cores busy, the ranks used 1
+
+
+def test_flags_and_bad_input():
+    assert parse_predict("64, 8,512") == (8, 64, 512)
+    for bad in ("1", "x", ""):
+        with pytest.raises(ConfigError, match="--predict"):
+            parse_predict(bad)
+    assert fit_sizes([1, 2, 4], [4, 8]) == (1, 2)
+    with pytest.raises(ConfigError, match="needs a measured world size below 2"):
+        fit_sizes([2, 4], [2])
+    link = resolve_link("ib-ndr", alpha_us=2.0)
+    assert link.alpha_s == 2e-6 and link.bandwidth == LINKS["ib-ndr"].bandwidth and link.source == "flags"
+    with pytest.raises(ConfigError, match="valid: nvlink4"):
+        resolve_link("token-ring")
+
+
+def test_fsdp_step_traffic_from_the_sharding():
+    import torch
+
+    from multigpu.runtime import collectives
+    from multigpu.train.fsdp import StepTraffic
+
+    blocks = [torch.nn.Linear(10, 10), torch.nn.Linear(10, 10)]  # 110 weights each
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(10, 1))  # the root's own: 11
+    plan = StepTraffic(model, blocks, reshard_after_forward=True, param_dtype=torch.bfloat16)
+    assert plan.units == [(220, 440, 2), (220, 440, 2), (22, 44, 1)]  # bf16 gathered, fp32 reduced
+    before = collectives.traffic()
+    plan.record(micro_steps=3)  # gathers on every micro-step, one reduce-scatter per step
+    after = collectives.traffic()
+
+    def moved(kind):
+        c0, b0 = before.get(kind, (0, 0))
+        return after[kind][0] - c0, after[kind][1] - b0
+
+    assert moved("sharded_all_gather") == (2 * 2 * 3 + 3, 2 * 220 * 2 * 3 + 22 * 3)
+    assert moved("reduce_scatter") == (3, 440 + 440 + 44)
+    # (n-1) a + (n-1)/n S b: 3 x 10 us + 3/4 x 1 ms
+    assert cost("sharded_all_gather", 4, 1e6, LINK) == pytest.approx((20e-6, 0.75e-3))
