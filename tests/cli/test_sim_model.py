@@ -104,6 +104,24 @@ RANK_MODEL = Model(name="rank-dependent", fields=MODEL.fields, params=RumourPara
                    substeps=["movement", Substep("oops", apply=_rank_dependent)])
 
 
+def _bit_init(ctx, ids):
+    return {"id": ids, "bit": ctx.bernoulli(ids, 0.5, "init").to(torch.uint8)}
+
+
+def _ones(ctx, agents, acc):
+    acc += agents["bit"].sum(dtype=torch.int64).reshape(1)
+
+
+def _count_ones(ctx, agents, total):
+    # WRONG on purpose: ``total`` is the global count every rank holds; returned as a series it is summed again
+    return total.reshape(1)
+
+
+GLOBAL_AS_SERIES = Model(name="global-as-series", fields={"id": torch.int32, "bit": torch.uint8}, init=_bit_init,
+                         substeps=[Substep("count", apply=_count_ones, field="global", field_size=1,
+                                           contribute=_ones, series=["ones"])])
+
+
 def make_model() -> Model:
     """A factory works as well as the object: ``--model tests.cli.test_sim_model:make_model``."""
     return MODEL
@@ -199,3 +217,14 @@ def test_check_split_names_the_field_of_a_model_that_depends_on_the_rank(tmp_pat
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: check-split failed") and "field 'informed' differs" in last, last
+    assert "after substep 'oops' of step 1" in last, last  # the first substep and step where it differs
+
+
+@pytest.mark.e2e
+def test_check_split_says_a_global_count_returned_as_a_series_doubles_on_two_ranks(tmp_path):
+    proc = run_cli("sim", "--model", "tests.cli.test_sim_model:GLOBAL_AS_SERIES", "--check-split",
+                   "--run-dir", str(tmp_path / "check"), timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "data strategy on 2 rank(s) vs data on 1: the series 'ones' (substep 'count') is 2x on 2 ranks" in last, last
+    assert "named in globals=, not returned as a series" in last, last

@@ -36,7 +36,7 @@ functions of (agents, fields, random numbers, parameters):
     # multigpu sim --model mypkg.flips:MODEL params.p_flip=0.2 --agents 1_000_000 --check-split
 
 The rules that make a model's result independent of the split (``--check-split``
-runs it on 1 and 2 ranks and compares every agent):
+runs it on 1 and 2 ranks and names the first substep and field that differ):
 
 1. randomness only from ``ctx.random_bits / uniform / bernoulli / randint(ids, ..., stream)``:
    counter-based numbers keyed by (seed, agent id, step, stream), never ``torch.rand``;
@@ -48,6 +48,30 @@ runs it on 1 and 2 ranks and compares every agent):
    (a float sum depends on the order of the additions, so fields are integers);
 4. decisions compare integers (``ctx.bernoulli`` compares 24-bit integers with
    an integer threshold); floats are fine inside one agent's own update.
+
+The rules of the spatial strategies (agents live on the rank that owns their grid row):
+
+5. a substep that changes ``x`` or ``y`` is marked ``moves=True`` (the engine then sends
+   agents that left this rank's rows to their new owner); a substep without it that
+   leaves agents outside this rank's rows stops the run with "substep 'walk' moved
+   agents but is not marked moves=True"; positions stay on the grid (wrap them);
+6. a cell field's ``acc`` is ``[rows * width + 1]`` (or ``[rows * width + 1, channels]``):
+   this rank's cells, row-major from row ``ctx.lo``, and one *drop slot* at the end.
+   ``contribute`` may see agents that just left this rank's rows (the rank that
+   receives them counts them); they go to the drop slot. ``ctx.cell(agents)`` does
+   this (an agent outside the rows gets ``rows * width``), so use it;
+7. ``prepare`` of a cell field gets ``[rows + 2 * halo, width]`` (plus ``channels``):
+   this rank's rows with ``halo`` rows of the neighbours above and below (periodic
+   in y over the whole grid), summed over every rank; :func:`neighbourhood_sum`
+   turns it into the sum within ``halo`` cells (periodic in x), ``[rows, width, ...]``,
+   which ``ctx.cell(agents)`` indexes once flattened to ``[rows * width, ...]``.
+
+And one of every strategy:
+
+8. ``apply``'s sums (``series``) are summed over ranks, so each rank returns its own
+   agents' share; a value every rank already holds (a global count from a "global"
+   field's ``prepare``) would be counted once per rank: store it in
+   ``ctx.env["series"]`` and name it in ``globals=`` instead.
 
 Built-in substeps (``"movement"``, ``"sir"``, ...) can be named in ``substeps``.
 A spatial model (fields ``x`` and ``y``, int16) can use every strategy; others use ``data``.
@@ -67,7 +91,7 @@ from multigpu.errors import ConfigError
 from multigpu.sim import rng
 
 __all__ = ["FIELD_KINDS", "MODELS", "SUBSTEPS", "Context", "Model", "NoParams", "Substep", "get_model",
-           "model_params", "register_model", "stream_id"]
+           "model_params", "neighbourhood_sum", "register_model", "spawn_on_grid", "stream_id"]
 
 FIELD_KINDS = (None, "cell", "global", "network")
 """What a substep's field is: none, per grid cell, a few global sums, or per agent over a contact network."""
@@ -132,8 +156,38 @@ class Context:
 
     # ---------------------------------------------------------------- grid helpers
     def cell(self, agents: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Each agent's index into this rank's cell field (int64), from its ``x`` and ``y``."""
-        return (agents["y"].to(torch.int64) - self.lo) * self.grid[1] + agents["x"].to(torch.int64)
+        """Each agent's index into this rank's cell field (int64), from its ``x`` and ``y``.
+
+        An agent outside this rank's rows (it just moved away; ``contribute`` may see it) gets the drop
+        slot ``rows * width``, the last slot of a cell field's ``acc``: no other rank's cell is counted here.
+        """
+        y = agents["y"].to(torch.int64) - self.lo
+        cell = y * self.grid[1] + agents["x"].to(torch.int64)
+        return torch.where((y >= 0) & (y < self.rows), cell, self.rows * self.grid[1])
+
+
+def neighbourhood_sum(field: torch.Tensor, radius: int) -> torch.Tensor:
+    """Sum of a cell field within ``radius`` cells, periodic in x: the 3x3 neighbourhood for radius 1.
+
+    ``field`` is what a cell field's ``prepare`` gets, ``[rows + 2 * radius, width, ...]`` (halo rows
+    included); returns ``[rows, width, ...]``, this rank's rows. Integer sums: exact on any split.
+    """
+    if radius == 0:
+        return field
+    rows = field.shape[0] - 2 * radius
+    total = torch.zeros((rows, *field.shape[1:]), dtype=field.dtype, device=field.device)
+    for dy in range(2 * radius + 1):
+        band = field[dy : dy + rows]
+        for dx in range(-radius, radius + 1):
+            total += torch.roll(band, dx, dims=1)
+    return total
+
+
+def spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """``id``, ``x`` and ``y`` of agents placed uniformly at random on the grid (a function of seed and id)."""
+    bx = rng.random_bits(ids, rng.step_key(seed, -1, 10)) & 0x7FFFFFFF
+    by = rng.random_bits(ids, rng.step_key(seed, -1, 11)) & 0x7FFFFFFF
+    return {"id": ids.to(torch.int32), "x": (bx % grid[1]).to(torch.int16), "y": (by % grid[0]).to(torch.int16)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,7 @@ from multigpu.runtime import group
 from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, models, native, network, partition, population
-from multigpu.sim.api import Context, Substep, get_model, model_params
+from multigpu.sim.api import SUBSTEPS, Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
 from multigpu.sim.models import FUSED_KERNELS, KERNELS
 from multigpu.sim.state import AgentState
@@ -85,6 +85,7 @@ class SimEngine:
         self.timers: dict[str, float] = defaultdict(float)
         self.rebalances: list[dict] = []
         self._row_owner: tuple[list[int], torch.Tensor] | None = None  # (borders, row -> rank) for _owner
+        self.after_substep = None  # after_substep(engine, substep): --check-split records every agent there
         self.uses_network = any(s.field == "network" for s in self.substeps)
         self.graph = None
         if self.uses_network:  # agents stay in id order on the rank that owns their id (see sim.network)
@@ -168,7 +169,7 @@ class SimEngine:
     def initial_agents(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's ``init`` for agents ``ids`` (int32), checked: every field, one value per agent, its dtype."""
         ctx = Context(seed=self.cfg.seed, step=-1, params=self.params, grid=tuple(self.cfg.grid),
-                      num_agents=self.num_agents, env=dict(self.ctx.env))
+                      rows=self.cfg.grid[0], num_agents=self.num_agents, env=dict(self.ctx.env))
         fields = self.model.init(ctx, ids)
         where = f"sim model {self.model.name!r}: init"
         if not isinstance(fields, dict):
@@ -199,6 +200,8 @@ class SimEngine:
             sums_i, early = self._apply(sub, prepared, following)
             sums.extend(sums_i)
             values.extend(ctx.env["series"][n] for n in sub.globals(self.params))
+            if self.after_substep is not None:
+                self.after_substep(self, sub)
         local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=self.device)
         # kept on the device: read on the host once per flush, not once per step (a GPU sync each)
         self._pending.append((self.step_index, local.to(torch.int64), values))
@@ -228,6 +231,8 @@ class SimEngine:
         if sub.moves and self._wants_cell_field(following):
             early = self._new_cell_acc(following)
         fused = self._fuses(sub, following, early)
+        # a user's substep without moves=True must leave every agent on this rank's rows (rule 5 of sim.api)
+        watch = not sub.moves and self.spatial and self.world > 1 and SUBSTEPS.get(sub.name) is not sub
         for start, chunk in self._chunks():
             if fused:  # move, count the infected, find the strays: one C pass per chunk
                 out, away = models.move_and_count(ctx, chunk, early)
@@ -243,7 +248,9 @@ class SimEngine:
             if out is not None:
                 total = out.to(torch.int64) if total is None else total + out
             if early is not None:
-                following.contribute(ctx, chunk, early)
+                self._contribute(following, chunk, early)
+            if watch:
+                self._check_stayed(sub, chunk)
             if sub.moves and self.spatial and self.world > 1:  # one rank owns every row: no agent leaves
                 y = chunk["y"]
                 away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
@@ -258,11 +265,35 @@ class SimEngine:
             self._migrate(index)
             if early is not None and self.state.n > before:  # count the agents that just arrived
                 arrived = {k: b[before : self.state.n] for k, b in self.state.buffers.items()}
-                following.contribute(ctx, arrived, early)
+                self._contribute(following, arrived, early)
             self.timers["migrate"] += time.perf_counter() - t
         if total is None:  # no agents here (or no sums): zeros on the device, stacked with the other substeps'
             total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64, device=self.device)
         return list(total.reshape(-1)), early
+
+    def _contribute(self, sub: Substep, agents: dict[str, torch.Tensor], acc: torch.Tensor) -> None:
+        """``sub.contribute`` into ``acc``; an index outside ``acc`` becomes one line naming the substep and the rule."""
+        try:
+            sub.contribute(self.ctx, agents, acc)
+        except IndexError as exc:
+            if sub.field == "cell":
+                rule = (f"a cell field has {acc.shape[0]} slots, this rank's {acc.shape[0] - 1} cells (rows "
+                        f"{self.ctx.lo}..{self.ctx.lo + self.ctx.rows - 1}) and a drop slot: agents outside this "
+                        "rank's rows (they just moved away) go to the drop slot acc[-1]; ctx.cell(agents) does that")
+            else:
+                rule = f"its field has {acc.shape[0]} slots (field_size)"
+            raise ConfigError(f"substep {sub.name!r}: contribute indexed outside its field ({exc}); {rule}") from exc
+
+    def _check_stayed(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
+        """ConfigError when ``sub`` (not marked moves=True) left agents of ``chunk`` outside this rank's rows."""
+        lo, hi = self.ctx.lo, self.ctx.lo + self.ctx.rows
+        y = chunk["y"]
+        outside = (y < lo) | (y >= hi)
+        if bool(outside.any()):  # a host read per chunk of a user's substep, on spatial strategies only
+            first = int(torch.nonzero(outside)[0])
+            raise ConfigError(f"substep {sub.name!r} moved agents but is not marked moves=True (agent id "
+                              f"{int(chunk['id'][first])} is on row {int(y[first])}, outside this rank's rows "
+                              f"{lo}..{hi - 1}); give the substep moves=True")
 
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
         """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
@@ -290,7 +321,7 @@ class SimEngine:
         if sub.field == "global":
             acc = torch.zeros(sub.field_size, dtype=torch.int64, device=self.device)
             for _, chunk in self._chunks():
-                sub.contribute(ctx, chunk, acc)
+                self._contribute(sub, chunk, acc)
             self.timers[f"{sub.name}.field"] += time.perf_counter() - t
             return exchange.sum_field(acc)
         if not self._wants_cell_field(sub):  # data strategy, sync_frequency > 1: the last summed field
@@ -299,7 +330,7 @@ class SimEngine:
         if acc is None:
             acc = self._new_cell_acc(sub)
             for _, chunk in self._chunks():
-                sub.contribute(ctx, chunk, acc)
+                self._contribute(sub, chunk, acc)
         acc = acc[:-1]
         self.timers[f"{sub.name}.field"] += time.perf_counter() - t
         t = time.perf_counter()
