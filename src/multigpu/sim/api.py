@@ -90,7 +90,7 @@ import torch
 from multigpu.errors import ConfigError
 from multigpu.sim import rng
 
-__all__ = ["FIELD_KINDS", "MODELS", "SUBSTEPS", "Context", "Model", "NoParams", "Substep", "get_model",
+__all__ = ["FIELD_KINDS", "MODELS", "SUBSTEPS", "Context", "Model", "NoParams", "Substep", "float_params", "get_model",
            "model_params", "neighbourhood_sum", "register_model", "spawn_on_grid", "stream_id"]
 
 FIELD_KINDS = (None, "cell", "global", "network")
@@ -144,10 +144,30 @@ class Context:
     def bernoulli(self, ids: torch.Tensor, p: float | torch.Tensor, stream: int | str) -> torch.Tensor:
         """True with probability ``p`` per agent, decided on integers (exact on every rank).
 
-        ``p`` is a float, or an int32 tensor of 24-bit thresholds (``rng.threshold(p)`` per agent).
+        ``p`` is a float, or an int32 tensor of 24-bit thresholds (``rng.threshold(p)`` per agent), or a
+        floating tensor of probabilities (per agent, or one learned parameter). A floating tensor gives floats
+        0/1 with the straight-through gradient (AgentTorch's choice): hard decisions forward, d decision / d p
+        = 1 backward, so a substep written with it is differentiable in calibration without autograd code.
         """
         u = rng.low_bits(self.random_bits(ids, stream), 24, shift=8)
+        if isinstance(p, torch.Tensor) and p.is_floating_point():
+            p = p.to(torch.float64)
+            hard = (u.to(torch.float64) * (1.0 / (1 << 24)) < p).to(p.dtype)
+            return hard + p - p.detach()  # the value of hard; the gradient of p
         return u < (rng.threshold(p) if isinstance(p, (int, float)) else p)
+
+    def categorical(self, ids: torch.Tensor, probs: torch.Tensor, stream: int | str) -> torch.Tensor:
+        """One choice per agent among ``probs.shape[1]`` (rows of probabilities summing to 1), one-hot float64.
+
+        Straight-through as :meth:`bernoulli`: the one-hot choice forward, the gradient of ``probs``
+        backward (a relaxed ``randint`` is ``categorical`` with equal probabilities). Decided by the agent's
+        own uniform number against the running sum of its row.
+        """
+        probs = probs.to(torch.float64)
+        u = rng.low_bits(self.random_bits(ids, stream), 24, shift=8).to(torch.float64) * (1.0 / (1 << 24))
+        below = (probs.detach().cumsum(1) <= u[:, None]).sum(1).clamp(max=probs.shape[1] - 1)
+        hard = torch.nn.functional.one_hot(below, probs.shape[1]).to(probs.dtype)
+        return hard + probs - probs.detach()
 
     def randint(self, ids: torch.Tensor, n: int | torch.Tensor, stream: int | str) -> torch.Tensor:
         """An int64 in [0, n) per agent (``n`` < 2**31; a tensor gives one bound per agent)."""
@@ -262,6 +282,12 @@ class Substep:
             object.__setattr__(self, "prepare", lambda ctx, f: f)
 
 
+def float_params(params: type) -> list[str]:
+    """The fields of a parameter dataclass whose default is a float: what calibration can learn."""
+    return [f.name for f in dataclasses.fields(params)
+            if isinstance(f.default, float) and not isinstance(f.default, bool)]
+
+
 SUBSTEPS: dict[str, Substep] = {}
 """The built-in substeps by name (``"movement"``, ``"sir"``, ...), usable in any model's ``substeps``."""
 
@@ -285,6 +311,9 @@ class Model:
     """Global values at step 0 (``ctx.env``), from the parameters."""
     check: Callable[[Any], None] | None = None
     """``check(params)`` raises ConfigError for parameter values the model cannot use."""
+    learnable: Sequence[str] = ()
+    """Float parameters that calibration learns unless ``calibrate.learn`` names others (AgentTorch's
+    ``learnable: true``); any float field of ``params`` can be learned."""
 
     def __post_init__(self) -> None:
         where = f"sim model {self.name!r}"
@@ -306,6 +335,12 @@ class Model:
             raise ConfigError(f"{where}: params must be a dataclass class, got {self.params!r}")
         if isinstance(self.substeps, (str, Substep)) or not self.substeps:
             raise ConfigError(f"{where} needs a list of substeps (Substep objects or built-in names)")
+        bad = [n for n in self.learnable if n not in float_params(self.params)]
+        if isinstance(self.learnable, str) or bad:
+            raise ConfigError(f"{where}: learnable={list(self.learnable) if not isinstance(self.learnable, str) else self.learnable!r} "
+                              f"is invalid; valid: float fields of {self.params.__name__}: "
+                              f"{', '.join(float_params(self.params)) or 'none'}")
+        object.__setattr__(self, "learnable", tuple(self.learnable))
         object.__setattr__(self, "fields", fields)
         object.__setattr__(self, "spatial", spatial)
         steps = tuple(self._resolve(s) for s in self.substeps)

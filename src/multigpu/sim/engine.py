@@ -244,7 +244,11 @@ class SimEngine:
                 n = chunk["id"].shape[0]
                 out = sub.apply(ctx, chunk, _rows(prepared, start, n, self.state.n))
             else:
+                views = dict(chunk)
                 out = sub.apply(ctx, chunk, prepared)
+                for k, v in chunk.items():  # a field assigned (agents[k] = new), not updated in place
+                    if v is not views[k]:
+                        views[k].copy_(v)
             if out is not None:
                 total = out.to(torch.int64) if total is None else total + out
             if early is not None:

@@ -258,7 +258,7 @@ SUBSTEPS["sir"] = Substep(
 )
 MODELS["sir"] = Model(
     "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
-    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin,
+    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin, learnable=("beta",),
 )
 
 
