@@ -221,10 +221,12 @@ def test_check_split_names_the_field_of_a_model_that_depends_on_the_rank(tmp_pat
 
 
 @pytest.mark.e2e
-def test_check_split_says_a_global_count_returned_as_a_series_doubles_on_two_ranks(tmp_path):
-    proc = run_cli("sim", "--model", "tests.cli.test_sim_model:GLOBAL_AS_SERIES", "--check-split",
+def test_check_split_says_a_global_count_returned_as_a_series_is_counted_per_chunk_and_rank(tmp_path):
+    # 3000 agents in chunks of 1024: apply runs 3 times on 1 rank, 2 + 2 times on 2 ranks (4000 would hide it: 4 and 4)
+    proc = run_cli("sim", "--model", "tests.cli.test_sim_model:GLOBAL_AS_SERIES", "--check-split", "--agents", "3000",
                    "--run-dir", str(tmp_path / "check"), timeout=240)
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert "data strategy on 2 rank(s) vs data on 1: the series 'ones' (substep 'count') is 2x on 2 ranks" in last, last
+    assert ("data strategy on 2 rank(s) vs data on 1: the series 'ones' (substep 'count') is 1.33333x the 1-rank "
+            "series on 2 ranks at every step") in last, last
     assert "named in globals=, not returned as a series" in last, last

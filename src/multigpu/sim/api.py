@@ -68,10 +68,12 @@ The rules of the spatial strategies (agents live on the rank that owns their gri
 
 And one of every strategy:
 
-8. ``apply``'s sums (``series``) are summed over ranks, so each rank returns its own
-   agents' share; a value every rank already holds (a global count from a "global"
-   field's ``prepare``) would be counted once per rank: store it in
-   ``ctx.env["series"]`` and name it in ``globals=`` instead.
+8. ``apply`` runs once per chunk of agents, and its sums (``series``) are added over
+   chunks and ranks, so it returns its own agents' share; a value every rank already
+   holds (a global count from a "global" field's ``prepare``) would be counted once per
+   chunk and rank (twice on 2 ranks): store it in ``ctx.env["series"]`` in ``prepare``
+   and name it in ``globals=`` instead (``--check-split`` says when a series is a
+   multiple of the 1-rank one).
 
 Built-in substeps (``"movement"``, ``"sir"``, ...) can be named in ``substeps``.
 A spatial model (fields ``x`` and ``y``, int16) can use every strategy; others use ``data``.

@@ -171,10 +171,12 @@ def _series_difference(got: dict[str, list], ref: dict[str, list], owners: dict[
     a, b = got.get(column) or [], ref[column]
     step = next((ref["step"][i] for i, (x, y) in enumerate(zip(a, b)) if x != y), None) if "step" in ref else None
     at = f" from step {step}" if step is not None else ""
-    if ranks > 1 and any(b) and len(a) == len(b) and all(x == ranks * y for x, y in zip(a, b)):
-        return (f"the series {column!r}{of} is {ranks}x on {ranks} ranks: series are summed over ranks, so a value "
-                "every rank already holds (a global count from prepare) must be stored in ctx.env['series'] and "
-                "named in globals=, not returned as a series")
+    ratios = {x / y for x, y in zip(a, b) if y} if len(a) == len(b) and all(x == 0 for x, y in zip(a, b) if not y) \
+        else set()
+    if len(ratios) == 1 and ratios != {1.0}:
+        return (f"the series {column!r}{of} is {ratios.pop():g}x the 1-rank series on {ranks} ranks at every step: "
+                "apply's sums are added over chunks and ranks, so a value every rank already holds (a global count "
+                "from prepare) must be stored in ctx.env['series'] and named in globals=, not returned as a series")
     return f"the series {column!r}{of} differs{at}"
 
 
