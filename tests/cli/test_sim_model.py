@@ -230,3 +230,14 @@ def test_check_split_says_a_global_count_returned_as_a_series_is_counted_per_chu
     assert ("data strategy on 2 rank(s) vs data on 1: the series 'ones' (substep 'count') is 1.33333x the 1-rank "
             "series on 2 ranks at every step") in last, last
     assert "named in globals=, not returned as a series" in last, last
+
+
+def test_sim_help_lists_every_built_in_model_and_where_a_relative_agents_file_goes(capsys):
+    from multigpu.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "movement | sir | network_sir | market, or your model" in text, text
+    assert "(a relative path is inside the run directory)" in text, text
