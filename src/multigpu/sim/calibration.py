@@ -386,7 +386,7 @@ def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, lo
         loss.backward()
         grad_series = {c: got.grad[:, j] for j, c in enumerate("SIR") if c in target}
         grads = model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate)
-        return float(loss), grads, series
+        return float(loss.detach()), grads, series
 
     return _descend(values, learn, cfg, evaluate, clamp=True, log=log)
 
@@ -407,7 +407,7 @@ def descend_model(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig,
         loss.backward()
         grads = run.all_reduce_grads(leaves).tolist()  # every rank: the same gradient, the same step
         series = {n: got[:, j].detach().round().to(torch.int64).tolist() for j, n in enumerate(names)}
-        return float(loss), dict(zip(learn, grads, strict=True)), series
+        return float(loss.detach()), dict(zip(learn, grads, strict=True)), series
 
     values = {p: float(getattr(engine.params, p)) for p in learn}
     return _descend(values, learn, cfg, evaluate, clamp=False, log=log)
