@@ -65,3 +65,18 @@ def test_a_flat_target_is_no_fit_and_says_why(tmp_path):
                                     "forgot by 0): too little signal")
     assert '"fitted": false' in (tmp_path / "calibration.json").read_text()
     assert flat_target({"I": torch.tensor([0.0, 30.0])}, 2000) == ""
+
+
+def test_a_parameter_the_series_do_not_depend_on_is_no_fit():
+    """move_prob enters the built-in movement kernel as an integer threshold: no gradient reaches it."""
+    from multigpu.sim.engine import SimEngine
+
+    base = dict(model=RUMOUR, agents=2000, grid=(16, 16), steps=6, params={"seeded": 0.05})
+    want = SimEngine(SimConfig(**base)).run()
+    target = {c: torch.tensor(want[c], dtype=torch.float64) for c in ("informed", "forgot")}
+    cfg = SimConfig(**{**base, "seed": 1, "params": {"seeded": 0.05, "move_prob": 0.3}},
+                    calibrate={"target": "unused.csv", "learn": ["move_prob"]})
+    result = calibrate(cfg, target)
+    assert not result.fitted and result.params == {"move_prob": 0.3} and len(result.history) == 1
+    assert result.reason == ("the loss does not change with move_prob (gradient +0.0e+00 at the start): the target "
+                             "series carry no signal about them"), result.reason

@@ -404,7 +404,8 @@ def descend_model(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig,
         leaves = {p: torch.full((), values[p], dtype=torch.float64, device=dev, requires_grad=True) for p in learn}
         got = run.series(leaves)
         loss = series_loss(got, names, target, engine.num_agents, cfg)
-        loss.backward()
+        if loss.requires_grad:  # not when no learned parameter reaches the series (then: no fit)
+            loss.backward()
         grads = run.all_reduce_grads(leaves).tolist()  # every rank: the same gradient, the same step
         series = {n: got[:, j].detach().round().to(torch.int64).tolist() for j, n in enumerate(names)}
         return float(loss.detach()), dict(zip(learn, grads, strict=True)), series

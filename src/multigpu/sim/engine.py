@@ -85,6 +85,7 @@ class SimEngine:
         self.timers: dict[str, float] = defaultdict(float)
         self.rebalances: list[dict] = []
         self._row_owner: tuple[list[int], torch.Tensor] | None = None  # (borders, row -> rank) for _owner
+        self._left_rows: dict[str, torch.Tensor] = {}  # GPU: substep -> "left agents off this rank's rows" flag
         self.after_substep = None  # after_substep(engine, substep): --check-split records every agent there
         self.uses_network = any(s.field == "network" for s in self.substeps)
         self.graph = None
@@ -289,15 +290,31 @@ class SimEngine:
             raise ConfigError(f"substep {sub.name!r}: contribute indexed outside its field ({exc}); {rule}") from exc
 
     def _check_stayed(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
-        """ConfigError when ``sub`` (not marked moves=True) left agents of ``chunk`` outside this rank's rows."""
+        """ConfigError when ``sub`` (not marked moves=True) left agents of ``chunk`` outside this rank's rows.
+
+        On the CPU at once (before the next substep looks the agents up). On a GPU a host read per chunk
+        would wait for the GPU: the flag stays on the device and is read with the series, at the next flush.
+        """
         lo, hi = self.ctx.lo, self.ctx.lo + self.ctx.rows
         y = chunk["y"]
         outside = (y < lo) | (y >= hi)
-        if bool(outside.any()):  # a host read per chunk of a user's substep, on spatial strategies only
+        if self.device.type != "cpu":
+            flag = self._left_rows.get(sub.name)
+            self._left_rows[sub.name] = outside.any() if flag is None else flag | outside.any()
+            return
+        if bool(outside.any()):
             first = int(torch.nonzero(outside)[0])
             raise ConfigError(f"substep {sub.name!r} moved agents but is not marked moves=True (agent id "
                               f"{int(chunk['id'][first])} is on row {int(y[first])}, outside this rank's rows "
                               f"{lo}..{hi - 1}); give the substep moves=True")
+
+    def _raise_if_left_rows(self) -> None:
+        """The GPU side of :meth:`_check_stayed`: read the device flags (at a flush, which reads the series)."""
+        flags, self._left_rows = self._left_rows, {}
+        for name, flag in flags.items():
+            if bool(flag):
+                raise ConfigError(f"substep {name!r} moved agents but is not marked moves=True (agents were left "
+                                  "outside this rank's rows); give the substep moves=True")
 
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
         """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
@@ -439,6 +456,7 @@ class SimEngine:
         work, total, pending = self._inflight
         self._inflight = None
         exchange.finish(work)
+        self._raise_if_left_rows()
         for (step, _, values), row in zip(pending, total.tolist(), strict=True):
             self.history["step"].append(step + 1)
             for name, v in zip(self.series_names, row, strict=True):
