@@ -5,6 +5,7 @@ the user's own function (``index 3551 is out of bounds for dimension 0 with
 size 1800``). Now each is one line naming the substep and the rule:
 
 * ``WALK`` changes ``y`` in a substep without ``moves=True``;
+* ``OFFGRID`` moves agents (``moves=True``) off the grid instead of wrapping them;
 * ``DROP`` adds agents that just left this rank's rows into the cell field at
   their raw index instead of the drop slot;
 * ``SHAPES`` follows the rules: ``contribute`` uses ``ctx.cell`` (which sends
@@ -45,6 +46,11 @@ def _walk(ctx, agents, _):
     agents["y"].copy_((agents["y"] + 1) % ctx.grid[0])
 
 
+def _jump(ctx, agents, _):
+    # WRONG on purpose: marked moves=True, but the new rows are not wrapped onto the grid
+    agents["y"].add_(100)
+
+
 def _raw_count(ctx, agents, acc):
     # WRONG on purpose: the raw cell index, not the drop slot, for agents that just left this rank's rows
     cell = (agents["y"].to(torch.int64) - ctx.lo) * ctx.grid[1] + agents["x"].to(torch.int64)
@@ -72,6 +78,7 @@ def _noop(ctx, agents, prepared):
 
 
 WALK = Model(name="walk-not-marked", fields=FIELDS, init=_init, substeps=[Substep("walk", apply=_walk)])
+OFFGRID = Model(name="off-the-grid", fields=FIELDS, init=_init, substeps=[Substep("jump", apply=_jump, moves=True)])
 DROP = Model(name="no-drop-slot", fields=FIELDS, init=_init, params=MovementParams,
              substeps=["movement", Substep("count", apply=_noop, field="cell", contribute=_raw_count)])
 SHAPES = Model(name="halo-shapes", fields=FIELDS, init=_init, params=MovementParams,
@@ -79,7 +86,7 @@ SHAPES = Model(name="halo-shapes", fields=FIELDS, init=_init, params=MovementPar
                                              contribute=_count, prepare=_near, series=["heard"])])
 
 CASES = {name: SimConfig(model=f"tests.dist.test_sim_rules:{name}", agents=4000, grid=(24, 20), steps=4,
-                         chunk_size=1024, strategy="spatial", plot=False) for name in ("WALK", "DROP", "SHAPES")}
+                         chunk_size=1024, strategy="spatial", plot=False) for name in ("WALK", "OFFGRID", "DROP", "SHAPES")}
 
 
 def _run_cases():
@@ -100,7 +107,9 @@ def test_each_broken_rule_is_one_line_naming_the_substep_and_the_rule_on_two_ran
     want = ref.run()
     assert ref.ctx.env["shapes"][0] == ((24 + 2, 20, 2), 24)
     for rank, got in enumerate(run_on_ranks(_run_cases, 2, timeout_s=240)):
-        walk, drop = got["WALK"], got["DROP"]
+        walk, drop, jump = got["WALK"], got["DROP"], got["OFFGRID"]
+        assert jump.startswith("substep 'jump' moved agent id ") and "off the grid" in jump, jump
+        assert "valid: 0 <= x < 20, 0 <= y < 24); wrap positions" in jump, jump
         assert walk.startswith("substep 'walk' moved agents but is not marked moves=True (agent id "), walk
         assert "outside this rank's rows" in walk and "\n" not in walk, walk
         assert drop.startswith("substep 'count': contribute indexed outside its field (index out of range"), drop

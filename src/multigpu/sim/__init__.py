@@ -17,8 +17,18 @@ over all ranks; *partition* = one rank's rows of the grid; *halo* = rows
 copied from the neighbouring ranks; *step* = one simulation update.
 """
 
-from multigpu.sim.api import (MODELS, SUBSTEPS, Context, Model, NoParams, Substep, get_model, neighbourhood_sum,
-                              register_model, spawn_on_grid)
+from multigpu.sim.api import (
+    MODELS,
+    SUBSTEPS,
+    Context,
+    Model,
+    NoParams,
+    Substep,
+    get_model,
+    neighbourhood_sum,
+    register_model,
+    spawn_on_grid,
+)
 from multigpu.sim.calibration import calibrate
 from multigpu.sim.config import STRATEGIES, SimConfig
 from multigpu.sim.engine import SimEngine

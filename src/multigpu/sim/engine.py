@@ -233,7 +233,9 @@ class SimEngine:
             early = self._new_cell_acc(following)
         fused = self._fuses(sub, following, early)
         # a user's substep without moves=True must leave every agent on this rank's rows (rule 5 of sim.api)
-        watch = not sub.moves and self.spatial and self.world > 1 and SUBSTEPS.get(sub.name) is not sub
+        user = SUBSTEPS.get(sub.name) is not sub
+        watch = not sub.moves and self.spatial and self.world > 1 and user
+        on_grid = sub.moves and user and self.device.type == "cpu"  # a GPU would wait for the host read
         for start, chunk in self._chunks():
             if fused:  # move, count the infected, find the strays: one C pass per chunk
                 out, away = models.move_and_count(ctx, chunk, early)
@@ -256,6 +258,8 @@ class SimEngine:
                 self._contribute(following, chunk, early)
             if watch:
                 self._check_stayed(sub, chunk)
+            if on_grid:
+                self._check_on_grid(sub, chunk)
             if sub.moves and self.spatial and self.world > 1:  # one rank owns every row: no agent leaves
                 y = chunk["y"]
                 away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
@@ -307,6 +311,17 @@ class SimEngine:
             raise ConfigError(f"substep {sub.name!r} moved agents but is not marked moves=True (agent id "
                               f"{int(chunk['id'][first])} is on row {int(y[first])}, outside this rank's rows "
                               f"{lo}..{hi - 1}); give the substep moves=True")
+
+    def _check_on_grid(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
+        """ConfigError when ``sub`` (a user's moving substep) put agents of ``chunk`` off the grid."""
+        height, width = self.cfg.grid
+        x, y = chunk["x"], chunk["y"]
+        off = (y < 0) | (y >= height) | (x < 0) | (x >= width)
+        if bool(off.any()):
+            i = int(torch.nonzero(off)[0])
+            raise ConfigError(f"substep {sub.name!r} moved agent id {int(chunk['id'][i])} off the grid (x {int(x[i])}, "
+                              f"y {int(y[i])}; valid: 0 <= x < {width}, 0 <= y < {height}); wrap positions "
+                              "(the grid is periodic: x % width, y % height)")
 
     def _raise_if_left_rows(self) -> None:
         """The GPU side of :meth:`_check_stayed`: read the device flags (at a flush, which reads the series)."""

@@ -169,10 +169,11 @@ def _series_difference(got: dict[str, list], ref: dict[str, list], owners: dict[
     column = next((c for c in ref if got.get(c) != ref[c]), "?")
     of = f" (substep {owners[column]!r})" if column in owners else ""
     a, b = got.get(column) or [], ref[column]
-    step = next((ref["step"][i] for i, (x, y) in enumerate(zip(a, b)) if x != y), None) if "step" in ref else None
+    pairs = list(zip(a, b, strict=False))  # a run that stopped early has fewer steps
+    step = next((ref["step"][i] for i, (x, y) in enumerate(pairs) if x != y), None) if "step" in ref else None
     at = f" from step {step}" if step is not None else ""
-    ratios = {x / y for x, y in zip(a, b) if y} if len(a) == len(b) and all(x == 0 for x, y in zip(a, b) if not y) \
-        else set()
+    same_zeros = len(a) == len(b) and all(x == 0 for x, y in pairs if not y)
+    ratios = {x / y for x, y in pairs if y} if same_zeros else set()
     if len(ratios) == 1 and ratios != {1.0}:
         return (f"the series {column!r}{of} is {ratios.pop():g}x the 1-rank series on {ranks} ranks at every step: "
                 "apply's sums are added over chunks and ranks, so a value every rank already holds (a global count "
