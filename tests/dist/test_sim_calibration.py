@@ -61,8 +61,9 @@ def test_one_and_two_ranks_give_the_same_series_and_gradients():
         (["--calibrate", "{csv}", "--steps", "50"], "has no row for step 11"),
         (["--calibrate", "{csv}", "calibrate.columns=[E]"], "are not series of sir"),
         (["--calibrate", "{csv}", "calibrate.learn=[sigma]"], "valid: some of beta, gamma"),
-        (["--calibrate", "{csv}", "--strategy", "spatial"], "supports model sir without seir, strategy data"),
-        (["--model", "market", "differentiable=true"], "supports model sir"),
+        (["--calibrate", "{csv}", "--strategy", "spatial"], "supports strategy data, models without a network field"),
+        (["--model", "network_sir", "network.kind=households", "differentiable=true"], "substep 'network_sir'"),
+        (["--calibrate", "{csv}", "calibrate.loss=l2"], "sim.calibrate.loss 'l2' is invalid; valid: mse, poisson"),
     ],
 )
 def test_bad_calibration_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
@@ -75,7 +76,7 @@ def test_bad_calibration_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch,
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError, match="supports model sir"):
+    with pytest.raises(ConfigError, match="sir without seir"):
         SimConfig(model="sir", differentiable=True, params={"seir": True})
 
 
