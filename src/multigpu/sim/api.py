@@ -77,6 +77,13 @@ And one of every strategy:
 
 Built-in substeps (``"movement"``, ``"sir"``, ...) can be named in ``substeps``.
 A spatial model (fields ``x`` and ``y``, int16) can use every strategy; others use ``data``.
+
+Calibration (``--calibrate SERIES.csv``, :mod:`multigpu.sim.calibration`) learns any float
+parameter (``Model(learnable=[...])`` or ``calibrate.learn``) by gradient descent. The same
+substeps run differentiably when they decide with ``ctx.bernoulli(ids, p, stream)`` where ``p``
+is a tensor (a learned parameter, or computed from one: straight-through), keep what carries
+the gradient in float fields, and add fields as ``values.to(acc.dtype)``; see
+:mod:`multigpu.sim.differentiable` and ``examples/sim_rumour.py``.
 """
 
 from __future__ import annotations
