@@ -32,7 +32,7 @@ from multigpu.errors import ConfigError
 from multigpu.runtime import group
 from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
-from multigpu.sim import exchange, models, native, network, partition, population
+from multigpu.sim import exchange, models, native, network, partition, population, rules
 from multigpu.sim.api import SUBSTEPS, Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
 from multigpu.sim.models import FUSED_KERNELS, KERNELS
@@ -259,7 +259,7 @@ class SimEngine:
             if watch:
                 self._check_stayed(sub, chunk)
             if on_grid:
-                self._check_on_grid(sub, chunk)
+                rules.check_on_grid(sub, chunk, self.cfg.grid)
             if sub.moves and self.spatial and self.world > 1:  # one rank owns every row: no agent leaves
                 y = chunk["y"]
                 away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
@@ -281,55 +281,12 @@ class SimEngine:
         return list(total.reshape(-1)), early
 
     def _contribute(self, sub: Substep, agents: dict[str, torch.Tensor], acc: torch.Tensor) -> None:
-        """``sub.contribute`` into ``acc``; an index outside ``acc`` becomes one line naming the substep and the rule."""
-        try:
-            sub.contribute(self.ctx, agents, acc)
-        except IndexError as exc:
-            if sub.field == "cell":
-                rule = (f"a cell field has {acc.shape[0]} slots, this rank's {acc.shape[0] - 1} cells (rows "
-                        f"{self.ctx.lo}..{self.ctx.lo + self.ctx.rows - 1}) and a drop slot: agents outside this "
-                        "rank's rows (they just moved away) go to the drop slot acc[-1]; ctx.cell(agents) does that")
-            else:
-                rule = f"its field has {acc.shape[0]} slots (field_size)"
-            raise ConfigError(f"substep {sub.name!r}: contribute indexed outside its field ({exc}); {rule}") from exc
+        rules.contribute(sub, self.ctx, agents, acc)
 
     def _check_stayed(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
-        """ConfigError when ``sub`` (not marked moves=True) left agents of ``chunk`` outside this rank's rows.
-
-        On the CPU at once (before the next substep looks the agents up). On a GPU a host read per chunk
-        would wait for the GPU: the flag stays on the device and is read with the series, at the next flush.
-        """
-        lo, hi = self.ctx.lo, self.ctx.lo + self.ctx.rows
-        y = chunk["y"]
-        outside = (y < lo) | (y >= hi)
-        if self.device.type != "cpu":
-            flag = self._left_rows.get(sub.name)
-            self._left_rows[sub.name] = outside.any() if flag is None else flag | outside.any()
-            return
-        if bool(outside.any()):
-            first = int(torch.nonzero(outside)[0])
-            raise ConfigError(f"substep {sub.name!r} moved agents but is not marked moves=True (agent id "
-                              f"{int(chunk['id'][first])} is on row {int(y[first])}, outside this rank's rows "
-                              f"{lo}..{hi - 1}); give the substep moves=True")
-
-    def _check_on_grid(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
-        """ConfigError when ``sub`` (a user's moving substep) put agents of ``chunk`` off the grid."""
-        height, width = self.cfg.grid
-        x, y = chunk["x"], chunk["y"]
-        off = (y < 0) | (y >= height) | (x < 0) | (x >= width)
-        if bool(off.any()):
-            i = int(torch.nonzero(off)[0])
-            raise ConfigError(f"substep {sub.name!r} moved agent id {int(chunk['id'][i])} off the grid (x {int(x[i])}, "
-                              f"y {int(y[i])}; valid: 0 <= x < {width}, 0 <= y < {height}); wrap positions "
-                              "(the grid is periodic: x % width, y % height)")
-
-    def _raise_if_left_rows(self) -> None:
-        """The GPU side of :meth:`_check_stayed`: read the device flags (at a flush, which reads the series)."""
-        flags, self._left_rows = self._left_rows, {}
-        for name, flag in flags.items():
-            if bool(flag):
-                raise ConfigError(f"substep {name!r} moved agents but is not marked moves=True (agents were left "
-                                  "outside this rank's rows); give the substep moves=True")
+        flag = rules.check_stayed(sub, self.ctx, chunk, defer=self.device.type != "cpu")
+        if flag is not None:  # on a GPU: kept on the device, read at the next flush (with the series)
+            self._left_rows[sub.name] = flag if sub.name not in self._left_rows else self._left_rows[sub.name] | flag
 
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
         """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
@@ -471,7 +428,8 @@ class SimEngine:
         work, total, pending = self._inflight
         self._inflight = None
         exchange.finish(work)
-        self._raise_if_left_rows()
+        flags, self._left_rows = self._left_rows, {}
+        rules.raise_if_left_rows(flags)
         for (step, _, values), row in zip(pending, total.tolist(), strict=True):
             self.history["step"].append(step + 1)
             for name, v in zip(self.series_names, row, strict=True):
