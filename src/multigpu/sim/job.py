@@ -140,7 +140,10 @@ def _differentiable(cfg: SimConfig, ctx: RunContext) -> int:
                 print(f"calibrate: no fit: {result.reason}", flush=True)
             return 0
         if mg.is_main():
-            learned = ", ".join(f"{k} {v:.5f}" for k, v in result.params.items())
+            from multigpu.sim.api import get_model
+
+            learn = cfg.calibrate.learn or get_model(cfg.model).learnable
+            learned = ", ".join(f"{k} {result.params[k]:.5f}" for k in learn)
             print(f"calibrated in {len(result.history)} iterations: {learned} "
                   f"(loss {result.history[-1]['loss']:.3e}); history: {ctx.run_dir}/calibration.csv", flush=True)
         return 0
