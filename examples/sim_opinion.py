@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from multigpu.errors import ConfigError
-from multigpu.sim import Model, Substep
-from multigpu.sim.models import pressure, spawn_on_grid
+from multigpu.sim import Model, Substep, neighbourhood_sum, spawn_on_grid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,17 +59,15 @@ def init(ctx, ids):
 
 
 def count_opinions(ctx, agents, acc):
-    """acc[cell, opinion] += 1; agents outside this rank's rows (about to migrate) go to the drop row."""
+    """acc[cell, opinion] += 1; ctx.cell sends agents outside this rank's rows (about to migrate) to the drop row."""
     cell = ctx.cell(agents)
-    cells = acc.shape[0] - 1
-    cell = torch.where((cell >= 0) & (cell < cells), cell, cells)
     acc.index_put_((cell, agents["opinion"].to(torch.int64)),
                    torch.ones_like(cell, dtype=acc.dtype), accumulate=True)
 
 
 def cumulative(ctx, counts):
     """Per local cell, the running sum of opinion counts within the radius: [cells, opinions] int64."""
-    near = pressure(counts, ctx.params.radius).reshape(-1, ctx.params.opinions)
+    near = neighbourhood_sum(counts, ctx.params.radius).reshape(-1, ctx.params.opinions)
     return near.to(torch.int64).cumsum(1)
 
 

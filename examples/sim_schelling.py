@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from multigpu.errors import ConfigError
-from multigpu.sim import Model, Substep
-from multigpu.sim.models import pressure, spawn_on_grid
+from multigpu.sim import Model, Substep, neighbourhood_sum, spawn_on_grid
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +59,7 @@ def count_groups(ctx, agents, acc):
 
 def neighbourhood(ctx, counts):
     """[rows + 2 * radius, width, 2] summed counts -> per local cell, the counts within the radius."""
-    return pressure(counts, ctx.params.radius).reshape(-1, 2)
+    return neighbourhood_sum(counts, ctx.params.radius).reshape(-1, 2)
 
 
 def relocate(ctx, agents, near):

@@ -104,6 +104,24 @@ RANK_MODEL = Model(name="rank-dependent", fields=MODEL.fields, params=RumourPara
                    substeps=["movement", Substep("oops", apply=_rank_dependent)])
 
 
+def _bit_init(ctx, ids):
+    return {"id": ids, "bit": ctx.bernoulli(ids, 0.5, "init").to(torch.uint8)}
+
+
+def _ones(ctx, agents, acc):
+    acc += agents["bit"].sum(dtype=torch.int64).reshape(1)
+
+
+def _count_ones(ctx, agents, total):
+    # WRONG on purpose: ``total`` is the global count every rank holds; returned as a series it is summed again
+    return total.reshape(1)
+
+
+GLOBAL_AS_SERIES = Model(name="global-as-series", fields={"id": torch.int32, "bit": torch.uint8}, init=_bit_init,
+                         substeps=[Substep("count", apply=_count_ones, field="global", field_size=1,
+                                           contribute=_ones, series=["ones"])])
+
+
 def make_model() -> Model:
     """A factory works as well as the object: ``--model tests.cli.test_sim_model:make_model``."""
     return MODEL
@@ -199,3 +217,43 @@ def test_check_split_names_the_field_of_a_model_that_depends_on_the_rank(tmp_pat
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: check-split failed") and "field 'informed' differs" in last, last
+    assert "after substep 'oops' of step 1" in last, last  # the first substep and step where it differs
+
+
+@pytest.mark.e2e
+def test_check_split_says_a_global_count_returned_as_a_series_is_counted_per_chunk_and_rank(tmp_path):
+    # 3000 agents in chunks of 1024: apply runs 3 times on 1 rank, 2 + 2 times on 2 ranks (4000 would hide it: 4 and 4)
+    proc = run_cli("sim", "--model", "tests.cli.test_sim_model:GLOBAL_AS_SERIES", "--check-split", "--agents", "3000",
+                   "--run-dir", str(tmp_path / "check"), timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert ("data strategy on 2 rank(s) vs data on 1: the series 'ones' (substep 'count') is 1.33333x the 1-rank "
+            "series on 2 ranks at every step") in last, last
+    assert "named in globals=, not returned as a series" in last, last
+
+
+def test_sim_help_lists_every_built_in_model_and_where_a_relative_agents_file_goes(capsys):
+    from multigpu.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "movement | sir | network_sir | market, or your model" in text, text
+    assert "(a relative path is inside the run directory)" in text, text
+
+
+@pytest.mark.e2e
+def test_calibrating_against_a_flat_target_says_no_fit_instead_of_a_fit(tmp_path):
+    """The README's old recipe fitted 0.032 to a target whose epidemic never started; now: no fit, and why
+    (the run itself did not fail: exit 0, and calibration.json says "fitted": false)."""
+    flat = tmp_path / "flat.csv"
+    flat.write_text("step,moved,informed,forgot\n" + "".join(f"{s},250,3,0\n" for s in range(1, 6)))
+    proc = run_cli("sim", "--model", "examples.sim_rumour:MODEL", "--agents", "500", "--steps", "5", "grid=[8,8]",
+                   "--calibrate", str(flat), "--run-dir", str(tmp_path / "fit"), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith(
+        "calibrate: no fit: the target series vary by less than 1% of the 500 agents (moved by 0, informed by 0, "
+        "forgot by 0): too little signal to learn from"), proc.stdout[-2000:]
+    assert json.loads((tmp_path / "fit" / "calibration.json").read_text())["fitted"] is False
+    assert "calibrated in" not in proc.stdout

@@ -61,8 +61,9 @@ def test_one_and_two_ranks_give_the_same_series_and_gradients():
         (["--calibrate", "{csv}", "--steps", "50"], "has no row for step 11"),
         (["--calibrate", "{csv}", "calibrate.columns=[E]"], "are not series of sir"),
         (["--calibrate", "{csv}", "calibrate.learn=[sigma]"], "valid: some of beta, gamma"),
-        (["--calibrate", "{csv}", "--strategy", "spatial"], "supports model sir without seir, strategy data"),
-        (["--model", "market", "differentiable=true"], "supports model sir"),
+        (["--calibrate", "{csv}", "--strategy", "spatial"], "supports strategy data, models without a network field"),
+        (["--model", "network_sir", "network.kind=households", "differentiable=true"], "substep 'network_sir'"),
+        (["--calibrate", "{csv}", "calibrate.loss=l2"], "sim.calibrate.loss 'l2' is invalid; valid: mse, poisson"),
     ],
 )
 def test_bad_calibration_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
@@ -75,7 +76,7 @@ def test_bad_calibration_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch,
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError, match="supports model sir"):
+    with pytest.raises(ConfigError, match="sir without seir"):
         SimConfig(model="sir", differentiable=True, params={"seir": True})
 
 
@@ -97,3 +98,38 @@ def test_calibration_on_two_ranks_recovers_beta_within_five_percent(tmp_path):
     result = json.loads((tmp_path / "run" / "calibration.json").read_text())
     assert abs(result["params"]["beta"] - 0.05) <= 0.05 * 0.05, result
     assert "calibrated in" in proc.stdout and (tmp_path / "run" / "calibration.csv").is_file()
+
+
+RUMOUR = SimConfig(model="examples.sim_rumour:MODEL", agents=3001, grid=(20, 20), steps=10, seed=1, chunk_size=1024,
+                   params={"p_tell": 0.08, "p_forget": 0.06})
+
+
+def _rumour_gradients(loss: str):
+    from multigpu.sim.calibration import CalibrateConfig, series_loss
+    from multigpu.sim.differentiable import DiffRun
+
+    target_cfg = SimConfig(model=RUMOUR.model, agents=RUMOUR.agents, grid=RUMOUR.grid, steps=RUMOUR.steps)
+    want = SimEngine(target_cfg).run()  # the exact model at p_tell 0.05, p_forget 0.1, on this rank alone
+    target = {c: torch.tensor(want[c], dtype=torch.float64) for c in ("informed", "forgot")}
+    engine = SimEngine(RUMOUR)
+    leaves = {p: torch.tensor(v, dtype=torch.float64, requires_grad=True) for p, v in RUMOUR.params.items()
+              if p in ("p_tell", "p_forget")}
+    got = DiffRun(engine).series(leaves)
+    cfg = CalibrateConfig(loss=loss, columns=("informed", "forgot"), weights=(1.0, 2.0))
+    value = series_loss(got, engine.series_names, target, engine.num_agents, cfg)
+    value.backward()
+    return got.detach(), float(value.detach()), DiffRun.all_reduce_grads(leaves).tolist()
+
+
+@pytest.mark.dist
+def test_a_user_model_gives_the_same_gradient_on_one_and_two_ranks():
+    """The example's model (examples/sim_rumour.py): its forward series is the exact model's, and each rank's
+    gradient of both learned parameters, after the all-reduce, is one process's (MSE and Poisson losses)."""
+    exact = SimEngine(RUMOUR).run()
+    for loss in ("mse", "poisson"):
+        series, value, grads = _rumour_gradients(loss)
+        assert series[:, 1].tolist() == exact["informed"] and series[:, 2].tolist() == exact["forgot"]
+        assert grads[0] > 0 and grads[1] < 0, grads  # p_tell too high, p_forget too low: the gradient says so
+        for got_series, got_value, got_grads in run_on_ranks(_rumour_gradients, 2, args=(loss,), timeout_s=180):
+            assert torch.equal(got_series, series) and got_value == pytest.approx(value, rel=1e-12)
+            assert got_grads == pytest.approx(grads, rel=1e-9, abs=1e-12), loss

@@ -17,7 +17,18 @@ over all ranks; *partition* = one rank's rows of the grid; *halo* = rows
 copied from the neighbouring ranks; *step* = one simulation update.
 """
 
-from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, NoParams, Substep, get_model, register_model
+from multigpu.sim.api import (
+    MODELS,
+    SUBSTEPS,
+    Context,
+    Model,
+    NoParams,
+    Substep,
+    get_model,
+    neighbourhood_sum,
+    register_model,
+    spawn_on_grid,
+)
 from multigpu.sim.calibration import calibrate
 from multigpu.sim.config import STRATEGIES, SimConfig
 from multigpu.sim.engine import SimEngine
@@ -25,4 +36,4 @@ from multigpu.sim.models import MODELS as _BUILTIN_MODELS  # noqa: F401 - regist
 from multigpu.sim.runner import SimResult, run
 
 __all__ = ["MODELS", "STRATEGIES", "SUBSTEPS", "Context", "Model", "NoParams", "SimConfig", "SimEngine", "SimResult",
-           "Substep", "calibrate", "get_model", "register_model", "run"]
+           "Substep", "calibrate", "get_model", "neighbourhood_sum", "register_model", "run", "spawn_on_grid"]

@@ -36,7 +36,7 @@ functions of (agents, fields, random numbers, parameters):
     # multigpu sim --model mypkg.flips:MODEL params.p_flip=0.2 --agents 1_000_000 --check-split
 
 The rules that make a model's result independent of the split (``--check-split``
-runs it on 1 and 2 ranks and compares every agent):
+runs it on 1 and 2 ranks and names the first substep and field that differ):
 
 1. randomness only from ``ctx.random_bits / uniform / bernoulli / randint(ids, ..., stream)``:
    counter-based numbers keyed by (seed, agent id, step, stream), never ``torch.rand``;
@@ -49,8 +49,41 @@ runs it on 1 and 2 ranks and compares every agent):
 4. decisions compare integers (``ctx.bernoulli`` compares 24-bit integers with
    an integer threshold); floats are fine inside one agent's own update.
 
+The rules of the spatial strategies (agents live on the rank that owns their grid row):
+
+5. a substep that changes ``x`` or ``y`` is marked ``moves=True`` (the engine then sends
+   agents that left this rank's rows to their new owner); a substep without it that
+   leaves agents outside this rank's rows stops the run with "substep 'walk' moved
+   agents but is not marked moves=True"; positions stay on the grid (wrap them);
+6. a cell field's ``acc`` is ``[rows * width + 1]`` (or ``[rows * width + 1, channels]``):
+   this rank's cells, row-major from row ``ctx.lo``, and one *drop slot* at the end.
+   ``contribute`` may see agents that just left this rank's rows (the rank that
+   receives them counts them); they go to the drop slot. ``ctx.cell(agents)`` does
+   this (an agent outside the rows gets ``rows * width``), so use it;
+7. ``prepare`` of a cell field gets ``[rows + 2 * halo, width]`` (plus ``channels``):
+   this rank's rows with ``halo`` rows of the neighbours above and below (periodic
+   in y over the whole grid), summed over every rank; :func:`neighbourhood_sum`
+   turns it into the sum within ``halo`` cells (periodic in x), ``[rows, width, ...]``,
+   which ``ctx.cell(agents)`` indexes once flattened to ``[rows * width, ...]``.
+
+And one of every strategy:
+
+8. ``apply`` runs once per chunk of agents, and its sums (``series``) are added over
+   chunks and ranks, so it returns its own agents' share; a value every rank already
+   holds (a global count from a "global" field's ``prepare``) would be counted once per
+   chunk and rank (twice on 2 ranks): store it in ``ctx.env["series"]`` in ``prepare``
+   and name it in ``globals=`` instead (``--check-split`` says when a series is a
+   multiple of the 1-rank one).
+
 Built-in substeps (``"movement"``, ``"sir"``, ...) can be named in ``substeps``.
 A spatial model (fields ``x`` and ``y``, int16) can use every strategy; others use ``data``.
+
+Calibration (``--calibrate SERIES.csv``, :mod:`multigpu.sim.calibration`) learns any float
+parameter (``Model(learnable=[...])`` or ``calibrate.learn``) by gradient descent. The same
+substeps run differentiably when they decide with ``ctx.bernoulli(ids, p, stream)`` where ``p``
+is a tensor (a learned parameter, or computed from one: straight-through), keep what carries
+the gradient in float fields, and add fields as ``values.to(acc.dtype)``; see
+:mod:`multigpu.sim.differentiable` and ``examples/sim_rumour.py``.
 """
 
 from __future__ import annotations
@@ -66,8 +99,8 @@ import torch
 from multigpu.errors import ConfigError
 from multigpu.sim import rng
 
-__all__ = ["FIELD_KINDS", "MODELS", "SUBSTEPS", "Context", "Model", "NoParams", "Substep", "get_model",
-           "model_params", "register_model", "stream_id"]
+__all__ = ["FIELD_KINDS", "MODELS", "SUBSTEPS", "Context", "Model", "NoParams", "Substep", "float_params", "get_model",
+           "model_params", "neighbourhood_sum", "register_model", "spawn_on_grid", "stream_id"]
 
 FIELD_KINDS = (None, "cell", "global", "network")
 """What a substep's field is: none, per grid cell, a few global sums, or per agent over a contact network."""
@@ -120,10 +153,30 @@ class Context:
     def bernoulli(self, ids: torch.Tensor, p: float | torch.Tensor, stream: int | str) -> torch.Tensor:
         """True with probability ``p`` per agent, decided on integers (exact on every rank).
 
-        ``p`` is a float, or an int32 tensor of 24-bit thresholds (``rng.threshold(p)`` per agent).
+        ``p`` is a float, or an int32 tensor of 24-bit thresholds (``rng.threshold(p)`` per agent), or a
+        floating tensor of probabilities (per agent, or one learned parameter). A floating tensor gives floats
+        0/1 with the straight-through gradient (AgentTorch's choice): hard decisions forward, d decision / d p
+        = 1 backward, so a substep written with it is differentiable in calibration without autograd code.
         """
         u = rng.low_bits(self.random_bits(ids, stream), 24, shift=8)
+        if isinstance(p, torch.Tensor) and p.is_floating_point():
+            p = p.to(torch.float64)
+            hard = (u.to(torch.float64) * (1.0 / (1 << 24)) < p).to(p.dtype)
+            return hard + p - p.detach()  # the value of hard; the gradient of p
         return u < (rng.threshold(p) if isinstance(p, (int, float)) else p)
+
+    def categorical(self, ids: torch.Tensor, probs: torch.Tensor, stream: int | str) -> torch.Tensor:
+        """One choice per agent among ``probs.shape[1]`` (rows of probabilities summing to 1), one-hot float64.
+
+        Straight-through as :meth:`bernoulli`: the one-hot choice forward, the gradient of ``probs``
+        backward (a relaxed ``randint`` is ``categorical`` with equal probabilities). Decided by the agent's
+        own uniform number against the running sum of its row.
+        """
+        probs = probs.to(torch.float64)
+        u = rng.low_bits(self.random_bits(ids, stream), 24, shift=8).to(torch.float64) * (1.0 / (1 << 24))
+        below = (probs.detach().cumsum(1) <= u[:, None]).sum(1).clamp(max=probs.shape[1] - 1)
+        hard = torch.nn.functional.one_hot(below, probs.shape[1]).to(probs.dtype)
+        return hard + probs - probs.detach()
 
     def randint(self, ids: torch.Tensor, n: int | torch.Tensor, stream: int | str) -> torch.Tensor:
         """An int64 in [0, n) per agent (``n`` < 2**31; a tensor gives one bound per agent)."""
@@ -132,8 +185,38 @@ class Context:
 
     # ---------------------------------------------------------------- grid helpers
     def cell(self, agents: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Each agent's index into this rank's cell field (int64), from its ``x`` and ``y``."""
-        return (agents["y"].to(torch.int64) - self.lo) * self.grid[1] + agents["x"].to(torch.int64)
+        """Each agent's index into this rank's cell field (int64), from its ``x`` and ``y``.
+
+        An agent outside this rank's rows (it just moved away; ``contribute`` may see it) gets the drop
+        slot ``rows * width``, the last slot of a cell field's ``acc``: no other rank's cell is counted here.
+        """
+        y = agents["y"].to(torch.int64) - self.lo
+        cell = y * self.grid[1] + agents["x"].to(torch.int64)
+        return torch.where((y >= 0) & (y < self.rows), cell, self.rows * self.grid[1])
+
+
+def neighbourhood_sum(field: torch.Tensor, radius: int) -> torch.Tensor:
+    """Sum of a cell field within ``radius`` cells, periodic in x: the 3x3 neighbourhood for radius 1.
+
+    ``field`` is what a cell field's ``prepare`` gets, ``[rows + 2 * radius, width, ...]`` (halo rows
+    included); returns ``[rows, width, ...]``, this rank's rows. Integer sums: exact on any split.
+    """
+    if radius == 0:
+        return field
+    rows = field.shape[0] - 2 * radius
+    total = torch.zeros((rows, *field.shape[1:]), dtype=field.dtype, device=field.device)
+    for dy in range(2 * radius + 1):
+        band = field[dy : dy + rows]
+        for dx in range(-radius, radius + 1):
+            total += torch.roll(band, dx, dims=1)
+    return total
+
+
+def spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """``id``, ``x`` and ``y`` of agents placed uniformly at random on the grid (a function of seed and id)."""
+    bx = rng.random_bits(ids, rng.step_key(seed, -1, 10)) & 0x7FFFFFFF
+    by = rng.random_bits(ids, rng.step_key(seed, -1, 11)) & 0x7FFFFFFF
+    return {"id": ids.to(torch.int32), "x": (bx % grid[1]).to(torch.int16), "y": (by % grid[0]).to(torch.int16)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +291,12 @@ class Substep:
             object.__setattr__(self, "prepare", lambda ctx, f: f)
 
 
+def float_params(params: type) -> list[str]:
+    """The fields of a parameter dataclass whose default is a float: what calibration can learn."""
+    return [f.name for f in dataclasses.fields(params)
+            if isinstance(f.default, float) and not isinstance(f.default, bool)]
+
+
 SUBSTEPS: dict[str, Substep] = {}
 """The built-in substeps by name (``"movement"``, ``"sir"``, ...), usable in any model's ``substeps``."""
 
@@ -231,6 +320,9 @@ class Model:
     """Global values at step 0 (``ctx.env``), from the parameters."""
     check: Callable[[Any], None] | None = None
     """``check(params)`` raises ConfigError for parameter values the model cannot use."""
+    learnable: Sequence[str] = ()
+    """Float parameters that calibration learns unless ``calibrate.learn`` names others (AgentTorch's
+    ``learnable: true``); any float field of ``params`` can be learned."""
 
     def __post_init__(self) -> None:
         where = f"sim model {self.name!r}"
@@ -252,6 +344,12 @@ class Model:
             raise ConfigError(f"{where}: params must be a dataclass class, got {self.params!r}")
         if isinstance(self.substeps, (str, Substep)) or not self.substeps:
             raise ConfigError(f"{where} needs a list of substeps (Substep objects or built-in names)")
+        bad = [n for n in self.learnable if n not in float_params(self.params)]
+        if isinstance(self.learnable, str) or bad:
+            raise ConfigError(f"{where}: learnable={list(self.learnable) if not isinstance(self.learnable, str) else self.learnable!r} "
+                              f"is invalid; valid: float fields of {self.params.__name__}: "
+                              f"{', '.join(float_params(self.params)) or 'none'}")
+        object.__setattr__(self, "learnable", tuple(self.learnable))
         object.__setattr__(self, "fields", fields)
         object.__setattr__(self, "spatial", spatial)
         steps = tuple(self._resolve(s) for s in self.substeps)

@@ -1,4 +1,16 @@
-"""Differentiable SIR and gradient-descent calibration of its parameters (inside each rank).
+"""Gradient-descent calibration of any model's float parameters; the differentiable SIR (inside each rank).
+
+    multigpu sim --model examples.sim_rumour:MODEL --calibrate target.csv calibrate.learn=[p_tell,p_forget]
+
+Any model: ``calibrate.learn`` names float fields of its parameters (default: the model's
+``learnable``); :mod:`multigpu.sim.differentiable` runs its substeps with those parameters as
+tensors and ``ctx.bernoulli`` straight-through, and the loss (``calibrate.loss``: mse or poisson,
+``calibrate.weights`` per series) compares any of its series with the target. The built-in SIR
+uses its own differentiable model below (checkpointed steps, 5 bytes per agent-step).
+
+Before a fit is reported, the target must carry signal: a target whose series all vary by less
+than 1% of the agents, or a first gradient that is zero for every learned parameter, ends with
+"no fit: ..." (``CalibrationResult.fitted`` False) instead of a fitted value.
 
     multigpu sim -f sir params.beta=0.05 --agents 1_000_000 --steps 40 --run-dir runs/target   # a target
     multigpu sim -f sir params.beta=0.02 --agents 1_000_000 --steps 40 --nproc-per-node 2 \\
@@ -44,10 +56,14 @@ from multigpu.runtime import group
 from multigpu.sim import exchange, rng
 from multigpu.sim.models import I, R, S, move_kernel, pressure
 
-__all__ = ["LEARNABLE", "CalibrateConfig", "CalibrationResult", "DiffSIR", "calibrate", "descend", "read_target",
-           "relaxed_run"]
+__all__ = ["LEARNABLE", "LOSSES", "CalibrateConfig", "CalibrationResult", "DiffSIR", "calibrate", "check_learning",
+           "descend", "descend_model", "flat_target", "read_target", "relaxed_run", "series_loss", "target_columns"]
 
 LEARNABLE = ("beta", "gamma")
+"""What the built-in SIR's differentiable model learns."""
+LOSSES = ("mse", "poisson")
+FLAT = 0.01
+"""A target column varies by less than this share of the agents over the run: too little signal to fit."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,10 +71,17 @@ class CalibrateConfig:
     target: str = ""
     """CSV of the observed series (a ``step`` column and some of S, I, R; e.g. an exact run's series.csv).
     Set: ``multigpu sim`` calibrates instead of running once."""
-    learn: tuple[str, ...] = ("beta",)
-    """Parameters to learn: beta and/or gamma (their starting values are ``params.*``)."""
+    learn: tuple[str, ...] = ()
+    """Float parameters of the model to learn, starting from ``params.*`` (default: the model's ``learnable``;
+    sir: beta; sir learns some of beta, gamma)."""
     columns: tuple[str, ...] = ()
-    """Series the loss compares (default: those of I and R the target has)."""
+    """Series the loss compares (default: sir: those of I and R the target has; others: every series of the
+    model the target has)."""
+    loss: str = "mse"
+    """mse (of the series as shares of the agents) or poisson (negative log-likelihood of the target's counts
+    given the model's series as their means)."""
+    weights: tuple[float, ...] = ()
+    """A weight per entry of ``columns`` (default: 1 each)."""
     iterations: int = 40
     """Gradient steps at most."""
     lr: float = 0.1
@@ -71,20 +94,44 @@ class CalibrateConfig:
     """Backpropagate through the last K steps only (0: all steps)."""
 
     def __post_init__(self) -> None:
-        bad = [p for p in self.learn if p not in LEARNABLE]
-        if bad or not self.learn:
-            raise ConfigError(f"sim.calibrate.learn={list(self.learn)} is invalid; valid: some of {', '.join(LEARNABLE)}")
-        bad = [c for c in self.columns if c not in ("S", "I", "R")]
-        if bad:
-            raise ConfigError(f"sim.calibrate.columns: {bad} are not series of sir; valid: S, I, R")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"sim.calibrate.loss {self.loss!r} is invalid; valid: {', '.join(LOSSES)}")
+        if self.weights and (len(self.weights) != len(self.columns) or min(self.weights) < 0):
+            raise ConfigError(f"sim.calibrate.weights={list(self.weights)} is invalid; valid: one weight >= 0 per "
+                              f"entry of calibrate.columns ({list(self.columns)})")
         if self.iterations < 1 or self.truncate < 0 or not self.lr > 0 or not self.tolerance >= 0 \
                 or not 0 < self.decay <= 1:
             raise ConfigError("sim.calibrate: valid: iterations >= 1, lr > 0, 0 < decay <= 1, tolerance >= 0, "
                               "truncate >= 0")
 
 
-def read_target(path: str | Path, steps: int, columns: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """The target series for steps 1..``steps`` from a CSV (header: step and series names). One-line errors."""
+def check_learning(cfg, model) -> None:
+    """ConfigError unless ``cfg.calibrate`` can serve ``model``: what it learns, the columns it compares."""
+    from multigpu.sim.api import float_params, model_params
+
+    ccfg = cfg.calibrate
+    learn = ccfg.learn or model.learnable
+    valid = LEARNABLE if model.name == "sir" else float_params(model.params)
+    bad = [p for p in learn if p not in valid]
+    if bad or not learn:
+        raise ConfigError(f"sim.calibrate.learn={list(learn)} is invalid; valid: some of {', '.join(valid) or 'none'}"
+                          + ("" if valid else f" (model {model.name!r} has no float parameters)"))
+    params = model_params(model, cfg.params)
+    names = [n for s in (model.substep(n) for n in cfg.substep_names) for n in s.series(params)]
+    bad = [c for c in ccfg.columns if c not in names]
+    if bad:
+        raise ConfigError(f"sim.calibrate.columns: {bad} are not series of {model.name}; valid: {', '.join(names)}")
+    if any(getattr(params, p) <= 0 for p in learn):
+        raise ConfigError(f"sim.calibrate.learn: {[p for p in learn if getattr(params, p) <= 0]} start at 0 or "
+                          "below; valid: a start > 0 (parameters are learned on a log scale)")
+
+
+def read_target(path: str | Path, steps: int, columns: tuple[str, ...] = (),
+                default: tuple[str, ...] = ("I", "R")) -> dict[str, torch.Tensor]:
+    """The target series for steps 1..``steps`` from a CSV (header: step and series names). One-line errors.
+
+    Without ``columns``, those of ``default`` the CSV has.
+    """
     path = Path(path)
     try:
         with open(path, newline="") as fh:
@@ -93,10 +140,10 @@ def read_target(path: str | Path, steps: int, columns: tuple[str, ...] = ()) -> 
         raise ConfigError(f"sim.calibrate.target '{path}' cannot be read: {exc.strerror}") from None
     if not rows or "step" not in rows[0]:
         raise ConfigError(f"sim.calibrate.target '{path}' needs a header with a 'step' column and S, I or R")
-    wanted = list(columns) or [c for c in ("I", "R") if c in rows[0]]
+    wanted = list(columns) or [c for c in default if c in rows[0]]
     missing = [c for c in wanted if c not in rows[0]]
     if missing or not wanted:
-        raise ConfigError(f"sim.calibrate.target '{path}' has no column {missing or ['I', 'R']}; "
+        raise ConfigError(f"sim.calibrate.target '{path}' has no column {missing or list(default)}; "
                           f"it has {', '.join(rows[0])}")
     try:
         by_step = {int(float(r["step"])): r for r in rows}
@@ -233,11 +280,14 @@ class CalibrationResult:
     """What :func:`calibrate` returns (the same on every rank)."""
 
     params: dict[str, float]
-    """The learned parameters."""
+    """The learned parameters (the starting values when there was no fit)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """Per iteration: loss, parameters, gradients, seconds."""
-    series: dict[str, list[int]] = field(default_factory=dict)
-    """The last forward pass's S, I, R."""
+    series: dict[str, list] = field(default_factory=dict)
+    """The last forward pass's series."""
+    fitted: bool = True
+    """False when the target carried too little signal to fit (``reason`` says why)."""
+    reason: str = ""
 
 
 def loss_and_grads(series: dict[str, list[int]], target: dict[str, torch.Tensor], num_agents: int):
@@ -252,21 +302,53 @@ def loss_and_grads(series: dict[str, list[int]], target: dict[str, torch.Tensor]
     return total, grads
 
 
-def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
-    """Gradient descent (Adam on log-parameters) on the loss of ``target``. Call on all ranks."""
-    model = DiffSIR(engine)
-    values = {"beta": engine.params.beta, "gamma": engine.params.gamma}
-    logs = {p: torch.tensor(math.log(max(values[p], 1e-9)), dtype=torch.float64, requires_grad=True)
-            for p in cfg.learn}
+def series_loss(got: torch.Tensor, names: list[str], target: dict[str, torch.Tensor], num_agents: int,
+                cfg: CalibrateConfig) -> torch.Tensor:
+    """The loss of ``got`` ([steps, len(names)], differentiable) against ``target``, per ``cfg.loss`` and weights.
+
+    mse: the mean squared difference of the series as shares of the agents; poisson: the mean Poisson
+    negative log-likelihood of the target's counts with the series as their means, over the agents.
+    """
+    weights = dict(zip(cfg.columns, cfg.weights, strict=True)) if cfg.weights else {}
+    count = sum(t.numel() for t in target.values())
+    total = torch.zeros((), dtype=torch.float64, device=got.device)
+    for name, want in target.items():
+        g, w = got[: want.numel(), names.index(name)], want.to(got.device)
+        if cfg.loss == "poisson":
+            term = torch.nn.functional.poisson_nll_loss(g, w, log_input=False, full=False, eps=1e-8,
+                                                        reduction="sum") / num_agents
+        else:
+            term = (((g - w) / num_agents) ** 2).sum()
+        total = total + weights.get(name, 1.0) * term
+    return total / count
+
+
+def flat_target(target: dict[str, torch.Tensor], num_agents: int) -> str:
+    """Why ``target`` carries too little signal (every column varies by < FLAT of the agents), or ""."""
+    ranges = {c: float(v.max() - v.min()) if v.numel() else 0.0 for c, v in target.items()}
+    if all(r < FLAT * num_agents for r in ranges.values()):
+        spans = ", ".join(f"{c} by {r:,.0f}" for c, r in ranges.items())
+        return (f"the target series vary by less than {FLAT:.0%} of the {num_agents:,} agents ({spans}): too "
+                "little signal to learn from; make a target where they change (more steps, agents closer "
+                "together, more of them active at the start)")
+    return ""
+
+
+def _descend(values: dict[str, float], learn: tuple[str, ...], cfg: CalibrateConfig, evaluate, *, clamp: bool,
+             log) -> CalibrationResult:
+    """Adam on log-parameters; ``evaluate(values)`` -> (loss, {param: gradient}, series). Call on all ranks."""
+    logs = {p: torch.tensor(math.log(values[p]), dtype=torch.float64, requires_grad=True) for p in learn}
     opt = torch.optim.Adam(list(logs.values()), lr=cfg.lr, betas=(0.5, 0.9))  # short memory: the loss is noisy
     decay = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=cfg.decay)
     result = CalibrationResult(params=dict(values))
     for it in range(cfg.iterations):
         t = time.perf_counter()
-        kept, series = model.forward(values["beta"], values["gamma"])
-        loss, grad_series = loss_and_grads(series, target, engine.num_agents)
-        grads = model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate)
-        del kept
+        loss, grads, series = evaluate(values)
+        if it == 0 and loss > 0 and all(abs(grads[p] * values[p]) <= 1e-9 * loss for p in learn):
+            result.fitted = False
+            result.reason = (f"the loss does not change with {', '.join(learn)} (gradient "
+                             f"{', '.join(f'{grads[p]:+.1e}' for p in learn)} at the start): the target series "
+                             "carry no signal about them")
         opt.zero_grad()
         for p, theta in logs.items():
             theta.grad = torch.tensor(grads[p] * values[p], dtype=torch.float64)  # chain rule through exp
@@ -274,17 +356,62 @@ def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, lo
         decay.step()
         before = dict(values)
         for p, theta in logs.items():
-            values[p] = min(max(math.exp(float(theta.detach())), 1e-6), 1.0 - 1e-6)
-        record = {"iteration": it, "loss": loss, **{p: before[p] for p in cfg.learn},
-                  **{f"grad_{p}": grads[p] for p in cfg.learn}, "seconds": time.perf_counter() - t}
+            v = math.exp(float(theta.detach()))
+            values[p] = min(max(v, 1e-6), 1.0 - 1e-6) if clamp else v
+        record = {"iteration": it, "loss": loss, **{p: before[p] for p in learn},
+                  **{f"grad_{p}": grads[p] for p in learn}, "seconds": time.perf_counter() - t}
         result.history.append(record)
         result.series = series
-        log(f"iteration {it}: loss {loss:.3e}, " + ", ".join(f"{p} {before[p]:.5f} -> {values[p]:.5f} "
-                                                             f"(grad {grads[p]:+.3e})" for p in cfg.learn))
-        if all(abs(values[p] - before[p]) <= cfg.tolerance * before[p] for p in cfg.learn):
+        if not result.fitted:
+            values = before
             break
-    result.params = values
+        log(f"iteration {it}: loss {loss:.3e}, " + ", ".join(f"{p} {before[p]:.5f} -> {values[p]:.5f} "
+                                                             f"(grad {grads[p]:+.3e})" for p in learn))
+        if all(abs(values[p] - before[p]) <= cfg.tolerance * before[p] for p in learn):
+            break
+    result.params = {**result.params, **values}
     return result
+
+
+def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
+    """The built-in SIR: gradient descent on its differentiable model (checkpointed steps). Call on all ranks."""
+    model = DiffSIR(engine)
+    learn = cfg.learn or ("beta",)
+    values = {"beta": engine.params.beta, "gamma": engine.params.gamma}
+
+    def evaluate(values):
+        kept, series = model.forward(values["beta"], values["gamma"])
+        got = torch.tensor([series[c] for c in "SIR"], dtype=torch.float64).T.requires_grad_()
+        loss = series_loss(got, list("SIR"), target, engine.num_agents, cfg)
+        loss.backward()
+        grad_series = {c: got.grad[:, j] for j, c in enumerate("SIR") if c in target}
+        grads = model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate)
+        return float(loss.detach()), grads, series
+
+    return _descend(values, learn, cfg, evaluate, clamp=True, log=log)
+
+
+def descend_model(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
+    """Any model: gradient descent through :class:`DiffRun` (data strategy). Call on all ranks."""
+    from multigpu.sim.differentiable import DiffRun
+
+    run = DiffRun(engine, cfg.truncate)
+    learn = cfg.learn or engine.model.learnable
+    names = engine.series_names
+    dev = engine.device
+
+    def evaluate(values):
+        leaves = {p: torch.full((), values[p], dtype=torch.float64, device=dev, requires_grad=True) for p in learn}
+        got = run.series(leaves)
+        loss = series_loss(got, names, target, engine.num_agents, cfg)
+        if loss.requires_grad:  # not when no learned parameter reaches the series (then: no fit)
+            loss.backward()
+        grads = run.all_reduce_grads(leaves).tolist()  # every rank: the same gradient, the same step
+        series = {n: got[:, j].detach().round().to(torch.int64).tolist() for j, n in enumerate(names)}
+        return float(loss.detach()), dict(zip(learn, grads, strict=True)), series
+
+    values = {p: float(getattr(engine.params, p)) for p in learn}
+    return _descend(values, learn, cfg, evaluate, clamp=False, log=log)
 
 
 def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: str | Path | None = None,
@@ -292,45 +419,75 @@ def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: st
     """Learn ``cfg.calibrate.learn`` from ``target`` (default: the CSV ``cfg.calibrate.target``). Call on all ranks.
 
     Starts from ``cfg.params``. Every rank returns the same result; rank 0 prints each iteration and, with
-    ``run_dir``, writes ``calibration.csv`` (one row per iteration) and ``calibration.json``.
+    ``run_dir``, writes ``calibration.csv`` (one row per iteration) and ``calibration.json``. A target with
+    too little signal returns ``fitted=False`` and the reason, without descending.
 
-    Example (2 ranks, 1M agents; the target made by an exact run with beta 0.05)::
+    Example (2 ranks, 1M agents about 8 per cell; the target made by an exact run with beta 0.05)::
 
-        cfg = mg.sim.SimConfig(model="sir", agents=1_000_000, steps=40, params={"beta": 0.02},
-                               calibrate={"target": "runs/target/series.csv", "learn": ["beta"]})
+        cfg = mg.sim.SimConfig(model="sir", agents=1_000_000, steps=30, grid=(350, 350), params={"beta": 0.02,
+                               "initial_infected": 0.01}, calibrate={"target": "runs/target/series.csv"})
         result = mg.sim.calibrate(cfg)          # result.params["beta"] close to 0.05
     """
     from multigpu.monitor import write_json_atomic
     from multigpu.sim.engine import SimEngine
 
     ccfg = cfg.calibrate
+    sir = cfg.model == "sir"
     if target is None:
-        target = read_target(ccfg.target, cfg.steps, ccfg.columns)
+        target = read_target(ccfg.target, cfg.steps, ccfg.columns, default=target_columns(cfg))
     main = group.rank() == 0
     printer = log or ((lambda line: print(f"calibrate: {line}", flush=True)) if main else (lambda line: None))
     engine = SimEngine(cfg)
-    result = descend(engine, target, ccfg, log=printer)
+    flat = flat_target(target, engine.num_agents)
+    if flat:
+        learn = ccfg.learn or engine.model.learnable
+        result = CalibrationResult(params={p: float(getattr(engine.params, p)) for p in learn}, fitted=False,
+                                   reason=flat)
+    else:
+        result = (descend if sir else descend_model)(engine, target, ccfg, log=printer)
     if run_dir is not None and main:
         from multigpu.sim.runner import write_csv
 
         run_dir = Path(run_dir)
-        names = list(result.history[0])
-        write_csv({n: [h[n] for h in result.history] for n in names}, run_dir / "calibration.csv")
+        if result.history:
+            names = list(result.history[0])
+            write_csv({n: [h[n] for h in result.history] for n in names}, run_dir / "calibration.csv")
         import resource
 
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
         write_json_atomic(run_dir / "calibration.json", {
-            "params": result.params, "iterations": len(result.history), "final_loss": result.history[-1]["loss"],
-            "learn": list(ccfg.learn), "target": ccfg.target, "world_size": group.world_size(),
-            "agents": engine.num_agents, "steps": cfg.steps, "peak_rss_mb_rank0": peak_mb,
-            "seconds_per_iteration": sum(h["seconds"] for h in result.history) / len(result.history)})
+            "params": result.params, "fitted": result.fitted, "reason": result.reason,
+            "iterations": len(result.history), "final_loss": result.history[-1]["loss"] if result.history else None,
+            "learn": list(ccfg.learn or engine.model.learnable), "loss": ccfg.loss, "target": ccfg.target,
+            "world_size": group.world_size(), "agents": engine.num_agents, "steps": cfg.steps,
+            "peak_rss_mb_rank0": peak_mb,
+            "seconds_per_iteration": (sum(h["seconds"] for h in result.history) / len(result.history)
+                                      if result.history else None)})
     return result
 
 
-def relaxed_run(cfg) -> dict[str, list[int]]:
+def target_columns(cfg) -> tuple[str, ...]:
+    """The series a target is compared on by default: sir's I and R; every series of another model."""
+    if cfg.model == "sir":
+        return ("I", "R")
+    from multigpu.sim.api import get_model, model_params
+
+    model = get_model(cfg.model)
+    params = model_params(model, cfg.params)
+    return tuple(n for s in (model.substep(n) for n in cfg.substep_names) for n in s.series(params))
+
+
+def relaxed_run(cfg) -> dict[str, list]:
     """The differentiable model's forward pass alone (``differentiable: true`` without a target). Call on all ranks."""
     from multigpu.sim.engine import SimEngine
 
     engine = SimEngine(cfg)
-    _, series = DiffSIR(engine).forward(engine.params.beta, engine.params.gamma)
-    return {"step": list(range(1, cfg.steps + 1)), **series}
+    if cfg.model == "sir":
+        _, series = DiffSIR(engine).forward(engine.params.beta, engine.params.gamma)
+        return {"step": list(range(1, cfg.steps + 1)), **series}
+    from multigpu.sim.differentiable import DiffRun
+
+    with torch.no_grad():
+        got = DiffRun(engine).series({})
+    return {"step": list(range(1, cfg.steps + 1)),
+            **{n: got[:, j].round().to(torch.int64).tolist() for j, n in enumerate(engine.series_names)}}

@@ -42,7 +42,7 @@ _STRATEGY_ALIASES = {"data_parallel": "data", "spatial_parallel": "spatial"}
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimConfig:
     model: str = "sir"
-    """A built-in model (movement, sir, market), a registered one, or ``pkg.module:MODEL`` (a
+    """A built-in model (movement, sir, network_sir, market), a registered one, or ``pkg.module:MODEL`` (a
     :class:`multigpu.sim.Model`, or a function returning one; importing the module runs its code)."""
 
     agents: int = 1_000_000
@@ -118,11 +118,13 @@ class SimConfig:
 
     differentiable: bool = False
     """Relax the stochastic decisions (straight-through Bernoulli) so gradients flow through the steps
-    (model sir, strategy data); see :mod:`multigpu.sim.calibration`. False: the exact model, unchanged."""
+    (strategy data; any model without a network field); see :mod:`multigpu.sim.calibration`. False: the exact
+    model, unchanged."""
 
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     """Learn parameters by gradient descent: ``calibrate.target`` (a CSV series) turns a run into a calibration
-    (implies ``differentiable``); ``calibrate.learn``, ``iterations``, ``lr``, ``truncate``."""
+    (implies ``differentiable``); ``calibrate.learn`` (any float parameter), ``columns``, ``loss``, ``weights``,
+    ``iterations``, ``lr``, ``truncate``."""
 
     population: str = ""
     """Read the agents from this file instead of the model's generator: ``.npz``, ``.csv``, ``.parquet`` or a
@@ -181,9 +183,16 @@ class SimConfig:
                                   "to households, geometric or file (with sim.network.path)")
             if strategy != "data":
                 raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
-        if self.differentiable and (self.model != "sir" or strategy != "data" or self.params.get("seir")):
-            raise ConfigError("sim.differentiable (and calibrate) supports model sir without seir, strategy data; "
-                              f"got model {self.model!r}, strategy {strategy!r}")
+        if self.differentiable:
+            nets = [s.name for s in steps if s.field == "network"]
+            if strategy != "data" or (self.model == "sir" and self.params.get("seir")) or nets:
+                raise ConfigError("sim.differentiable (and calibrate) supports strategy data, models without a "
+                                  "network field, sir without seir; got "
+                                  f"model {self.model!r}, strategy {strategy!r}" + (f", substep {nets[0]!r}" if nets else ""))
+            if self.calibrate.target:
+                from multigpu.sim.calibration import check_learning
+
+                check_learning(self, model)
         if strategy != "data" and not model.spatial:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "
                               "positions; use strategy data")

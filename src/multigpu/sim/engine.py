@@ -32,8 +32,8 @@ from multigpu.errors import ConfigError
 from multigpu.runtime import collectives, group
 from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
-from multigpu.sim import exchange, models, native, network, partition, population
-from multigpu.sim.api import Context, Substep, get_model, model_params
+from multigpu.sim import exchange, models, native, network, partition, population, rules
+from multigpu.sim.api import SUBSTEPS, Context, Substep, get_model, model_params
 from multigpu.sim.config import SimConfig
 from multigpu.sim.models import FUSED_KERNELS, KERNELS
 from multigpu.sim.state import AgentState
@@ -85,6 +85,8 @@ class SimEngine:
         self.timers: dict[str, float] = defaultdict(float)
         self.rebalances: list[dict] = []
         self._row_owner: tuple[list[int], torch.Tensor] | None = None  # (borders, row -> rank) for _owner
+        self._left_rows: dict[str, torch.Tensor] = {}  # GPU: substep -> "left agents off this rank's rows" flag
+        self.after_substep = None  # after_substep(engine, substep): --check-split records every agent there
         self.uses_network = any(s.field == "network" for s in self.substeps)
         self.graph = None
         if self.uses_network:  # agents stay in id order on the rank that owns their id (see sim.network)
@@ -168,7 +170,7 @@ class SimEngine:
     def initial_agents(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's ``init`` for agents ``ids`` (int32), checked: every field, one value per agent, its dtype."""
         ctx = Context(seed=self.cfg.seed, step=-1, params=self.params, grid=tuple(self.cfg.grid),
-                      num_agents=self.num_agents, env=dict(self.ctx.env))
+                      rows=self.cfg.grid[0], num_agents=self.num_agents, env=dict(self.ctx.env))
         fields = self.model.init(ctx, ids)
         where = f"sim model {self.model.name!r}: init"
         if not isinstance(fields, dict):
@@ -199,6 +201,8 @@ class SimEngine:
             sums_i, early = self._apply(sub, prepared, following)
             sums.extend(sums_i)
             values.extend(ctx.env["series"][n] for n in sub.globals(self.params))
+            if self.after_substep is not None:
+                self.after_substep(self, sub)
         local = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=self.device)
         # kept on the device: read on the host once per flush, not once per step (a GPU sync each)
         self._pending.append((self.step_index, local.to(torch.int64), values))
@@ -228,6 +232,10 @@ class SimEngine:
         if sub.moves and self._wants_cell_field(following):
             early = self._new_cell_acc(following)
         fused = self._fuses(sub, following, early)
+        # a user's substep without moves=True must leave every agent on this rank's rows (rule 5 of sim.api)
+        user = SUBSTEPS.get(sub.name) is not sub
+        watch = not sub.moves and self.spatial and self.world > 1 and user
+        on_grid = sub.moves and user and self.device.type == "cpu"  # a GPU would wait for the host read
         for start, chunk in self._chunks():
             if fused:  # move, count the infected, find the strays: one C pass per chunk
                 out, away = models.move_and_count(ctx, chunk, early)
@@ -239,11 +247,19 @@ class SimEngine:
                 n = chunk["id"].shape[0]
                 out = sub.apply(ctx, chunk, _rows(prepared, start, n, self.state.n))
             else:
+                views = dict(chunk)
                 out = sub.apply(ctx, chunk, prepared)
+                for k, v in chunk.items():  # a field assigned (agents[k] = new), not updated in place
+                    if v is not views[k]:
+                        views[k].copy_(v)
             if out is not None:
                 total = out.to(torch.int64) if total is None else total + out
             if early is not None:
-                following.contribute(ctx, chunk, early)
+                self._contribute(following, chunk, early)
+            if watch:
+                self._check_stayed(sub, chunk)
+            if on_grid:
+                rules.check_on_grid(sub, chunk, self.cfg.grid)
             if sub.moves and self.spatial and self.world > 1:  # one rank owns every row: no agent leaves
                 y = chunk["y"]
                 away = native.outside(y, ctx.lo, ctx.lo + ctx.rows) if self.use_native else None
@@ -258,11 +274,19 @@ class SimEngine:
             self._migrate(index)
             if early is not None and self.state.n > before:  # count the agents that just arrived
                 arrived = {k: b[before : self.state.n] for k, b in self.state.buffers.items()}
-                following.contribute(ctx, arrived, early)
+                self._contribute(following, arrived, early)
             self.timers["migrate"] += time.perf_counter() - t
         if total is None:  # no agents here (or no sums): zeros on the device, stacked with the other substeps'
             total = torch.zeros(len(sub.series(self.params)), dtype=torch.int64, device=self.device)
         return list(total.reshape(-1)), early
+
+    def _contribute(self, sub: Substep, agents: dict[str, torch.Tensor], acc: torch.Tensor) -> None:
+        rules.contribute(sub, self.ctx, agents, acc)
+
+    def _check_stayed(self, sub: Substep, chunk: dict[str, torch.Tensor]) -> None:
+        flag = rules.check_stayed(sub, self.ctx, chunk, defer=self.device.type != "cpu")
+        if flag is not None:  # on a GPU: kept on the device, read at the next flush (with the series)
+            self._left_rows[sub.name] = flag if sub.name not in self._left_rows else self._left_rows[sub.name] | flag
 
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
         """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
@@ -290,7 +314,7 @@ class SimEngine:
         if sub.field == "global":
             acc = torch.zeros(sub.field_size, dtype=torch.int64, device=self.device)
             for _, chunk in self._chunks():
-                sub.contribute(ctx, chunk, acc)
+                self._contribute(sub, chunk, acc)
             self.timers[f"{sub.name}.field"] += time.perf_counter() - t
             return exchange.sum_field(acc)
         if not self._wants_cell_field(sub):  # data strategy, sync_frequency > 1: the last summed field
@@ -299,7 +323,7 @@ class SimEngine:
         if acc is None:
             acc = self._new_cell_acc(sub)
             for _, chunk in self._chunks():
-                sub.contribute(ctx, chunk, acc)
+                self._contribute(sub, chunk, acc)
         acc = acc[:-1]
         self.timers[f"{sub.name}.field"] += time.perf_counter() - t
         t = time.perf_counter()
@@ -405,6 +429,8 @@ class SimEngine:
         work, total, pending = self._inflight
         self._inflight = None
         exchange.finish(work)
+        flags, self._left_rows = self._left_rows, {}
+        rules.raise_if_left_rows(flags)
         for (step, _, values), row in zip(pending, total.tolist(), strict=True):
             self.history["step"].append(step + 1)
             for name, v in zip(self.series_names, row, strict=True):

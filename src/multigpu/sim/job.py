@@ -60,10 +60,10 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             target = Path(plan.run.run_dir) / target  # where the ranks will write it (sim.runner)
         population.check_target(target, get_model(cfg.model).fields)  # never replace what we did not write
     if cfg.calibrate.target:
-        from multigpu.sim.calibration import read_target
+        from multigpu.sim.calibration import read_target, target_columns
 
         target = Path(cfg.calibrate.target).resolve()
-        read_target(target, cfg.steps, cfg.calibrate.columns)  # one line now if it cannot serve
+        read_target(target, cfg.steps, cfg.calibrate.columns, target_columns(cfg))  # one line now if it cannot serve
         cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, target=str(target)))
     if cfg.network.kind == "file":
         edges = Path(cfg.network.path).resolve()
@@ -137,8 +137,15 @@ def _differentiable(cfg: SimConfig, ctx: RunContext) -> int:
 
     if cfg.calibrate.target:
         result = calibrate(cfg, run_dir=ctx.run_dir)
+        if not result.fitted:  # not a failure of the run: calibration.json says "fitted": false as well
+            if mg.is_main():
+                print(f"calibrate: no fit: {result.reason}", flush=True)
+            return 0
         if mg.is_main():
-            learned = ", ".join(f"{k} {result.params[k]:.5f}" for k in cfg.calibrate.learn)
+            from multigpu.sim.api import get_model
+
+            learn = cfg.calibrate.learn or get_model(cfg.model).learnable
+            learned = ", ".join(f"{k} {result.params[k]:.5f}" for k in learn)
             print(f"calibrated in {len(result.history)} iterations: {learned} "
                   f"(loss {result.history[-1]['loss']:.3e}); history: {ctx.run_dir}/calibration.csv", flush=True)
         return 0
@@ -187,21 +194,22 @@ WORKLOAD = Workload(
     launch=_launch,
     resumable=True,
     resume_keeps=("model", "seed", "grid", "agents", "params"),
-    help="run an agent-based simulation (movement, sir, market, or your model) split over ranks",
+    help="run an agent-based simulation (movement, sir, network_sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(
         Flag("--model", "model", metavar="NAME|pkg.mod:MODEL",
-             help="movement | sir | market, or your model as pkg.module:MODEL (see multigpu.sim.api)"),
+             help="movement | sir | network_sir | market, or your model as pkg.module:MODEL (see multigpu.sim.api)"),
         Flag("--check-split", "check_split", action="store_true",
              help="check the model instead: run it on 1 and 2 ranks (every strategy, a small population) "
                   "and compare every agent"),
         Flag("--save-agents", "save_agents", metavar="FILE",
-             help="write the final agents by id: .npz, .parquet, or a folder of .npy per field"),
+             help="write the final agents by id: .npz, .parquet, or a folder of .npy per field (a relative "
+                  "path is inside the run directory)"),
         Flag("--population", "population", metavar="FILE",
              help="read the agents from .npz, .csv, .parquet or a folder of .npy (row i = agent i)"),
         Flag("--calibrate", "calibrate.target", metavar="SERIES.csv",
-             help="learn calibrate.learn (default [beta]) by gradient descent on the differentiable model "
-                  "so its series matches this CSV"),
+             help="learn calibrate.learn (float parameters; default: the model's learnable) by gradient descent "
+                  "on the differentiable model so its series match this CSV"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),

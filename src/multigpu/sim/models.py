@@ -26,7 +26,7 @@ import torch
 
 from multigpu.errors import ConfigError
 from multigpu.sim import rng
-from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, Substep, model_params
+from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, Substep, model_params, neighbourhood_sum, spawn_on_grid
 
 __all__ = ["FUSED_KERNELS", "KERNELS", "MODELS", "SUBSTEPS", "Context", "Model", "Substep", "model_params"]
 
@@ -117,13 +117,6 @@ def _move_apply(ctx: Context, chunk, _prepared):
     return moved.reshape(1)
 
 
-def spawn_on_grid(ids: torch.Tensor, seed: int, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """``id``, ``x`` and ``y`` of agents placed uniformly at random on the grid (a function of seed and id)."""
-    bx = rng.random_bits(ids, rng.step_key(seed, -1, 10)) & 0x7FFFFFFF
-    by = rng.random_bits(ids, rng.step_key(seed, -1, 11)) & 0x7FFFFFFF
-    return {"id": ids.to(torch.int32), "x": (bx % grid[1]).to(torch.int16), "y": (by % grid[0]).to(torch.int16)}
-
-
 SUBSTEPS["movement"] = Substep(
     "movement", ("id", "x", "y"), _move_apply, moves=True, series=["moved"],
 )
@@ -209,20 +202,7 @@ def infection_table(beta: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32)
 
 
-def pressure(counts: torch.Tensor, radius: int) -> torch.Tensor:
-    """Sum of counts within ``radius`` cells (periodic in x): the 3x3 neighbourhood for radius 1.
-
-    ``counts`` is [rows + 2 * radius, width, ...] (halo rows included); returns [rows, width, ...].
-    """
-    if radius == 0:
-        return counts
-    rows = counts.shape[0] - 2 * radius
-    total = torch.zeros((rows, *counts.shape[1:]), dtype=counts.dtype, device=counts.device)
-    for dy in range(2 * radius + 1):
-        band = counts[dy : dy + rows]
-        for dx in range(-radius, radius + 1):
-            total += torch.roll(band, dx, dims=1)
-    return total
+pressure = neighbourhood_sum  # the built-in name (tests and benchmarks use it)
 
 
 def _on_device(ctx: Context, name: str, device, make) -> torch.Tensor:
@@ -278,7 +258,7 @@ SUBSTEPS["sir"] = Substep(
 )
 MODELS["sir"] = Model(
     "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
-    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin,
+    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin, learnable=("beta",),
 )
 
 

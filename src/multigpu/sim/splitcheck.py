@@ -10,9 +10,12 @@ chunked paths run). Inside the ranks (:func:`record`), every strategy the
 model allows runs in turn; rank 0 records the final agents (sorted by id) and
 the aggregate series with :func:`multigpu.verify.record`. Back in the launcher
 every (ranks, strategy) result is compared, bit for bit, with 1 rank's
-``data`` result. What this catches: a model that breaks the rules in
-:mod:`multigpu.sim.api` (random numbers from the rank or the position, float
-sums across agents, reading other rows of a chunk).
+``data`` result. Every agent is recorded after every substep of every step,
+so the failure names the first substep and field that differ (``field 'x'
+differs after substep 'walk' of step 3``). What this catches: a model that
+breaks the rules in :mod:`multigpu.sim.api` (random numbers from the rank or
+the position, float sums across agents, reading other rows of a chunk, a
+global count returned as a series).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import torch
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.sim.config import STRATEGIES, SimConfig
 
-__all__ = ["AGENTS", "GRID", "STEPS", "agents_on_rank0", "compare", "launch_check", "record", "small_config", "strategies"]
+__all__ = ["AGENTS", "GRID", "STEPS", "agents_on_rank0", "compare", "launch_check", "record", "series_owners",
+           "small_config", "strategies"]
 
 AGENTS = 4000
 STEPS = 10
@@ -73,8 +77,15 @@ def record(cfg: SimConfig) -> None:
     from multigpu import verify
     from multigpu.sim.engine import SimEngine
 
+    def trace(engine, sub) -> None:  # every agent after every substep: the failure names the first that differs
+        agents = agents_on_rank0(engine)
+        if agents is not None:
+            i = engine.substeps.index(sub)  # keys sort in the order the substeps ran
+            verify.record(f"{engine.cfg.strategy}.trace.{engine.step_index + 1:04d}.{i:02d}.{sub.name}", agents)
+
     for strategy in strategies(cfg):
         engine = SimEngine(dataclasses.replace(cfg, strategy=strategy, check_split=False))
+        engine.after_substep = trace
         series = engine.run()
         agents = agents_on_rank0(engine)
         if agents is not None:
@@ -83,8 +94,12 @@ def record(cfg: SimConfig) -> None:
             verify.record(f"{strategy}.series", series)
 
 
-def compare(results: dict[int, dict[str, Any]], names: tuple[str, ...]) -> list[str]:
-    """What differs from 1 rank's ``data`` result, one line per (ranks, strategy); empty when all agree."""
+def compare(results: dict[int, dict[str, Any]], names: tuple[str, ...],
+            owners: dict[str, str] | None = None) -> list[str]:
+    """What differs from 1 rank's ``data`` result, one line per (ranks, strategy); empty when all agree.
+
+    ``owners`` maps each series to the substep that returns it (named in the line).
+    """
     ref_n = min(results)
     ref = {k.partition(".")[2]: v for k, v in results[ref_n].items() if k.startswith("data.")}
     problems = []
@@ -92,32 +107,88 @@ def compare(results: dict[int, dict[str, Any]], names: tuple[str, ...]) -> list[
         for strategy in names:
             got = {k.partition(".")[2]: v for k, v in found.items() if k.startswith(f"{strategy}.")}
             where = f"{strategy} strategy on {n} rank(s) vs data on {ref_n}"
-            problem = _difference(got, ref)
+            problem = _first_trace_difference(got, ref) or _difference(got, ref, owners or {}, n)
             if problem:
                 problems.append(f"{where}: {problem}")
     return problems
 
 
-def _difference(got: dict[str, Any], ref: dict[str, Any]) -> str | None:
-    if set(got) != set(ref):
-        return f"recorded {sorted(got)}, expected {sorted(ref)} (did a run fail?)"
-    ids = ref.get("agents.id")
-    for key in sorted(ref):
-        a, b = got[key], ref[key]
-        if key == "series":
-            if a != b:
-                column = next((c for c in b if a.get(c) != b[c]), "?")
-                return f"the aggregate {column!r} differs"
-            continue
+def _first_trace_difference(got: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """The first (step, substep) after which some agent's field differs, named; None when all agree.
+
+    Keys are ``trace.<step>.<index>.<substep>`` (step 1 is the first), which sort in the order they ran.
+    """
+    for key in sorted(k for k in ref if k.startswith("trace.")):
+        if key not in got:
+            return None  # a run stopped early: the final comparison says what is missing
+        _, step, _, name = key.split(".", 3)
+        problem = _agents_difference(got[key], ref[key])
+        if problem:
+            return f"{problem} after substep {name!r} of step {int(step)}"
+    return None
+
+
+def _agents_difference(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> str | None:
+    ids = ref.get("id")
+    for name in ref:
+        a, b = got[name], ref[name]
         if a.shape != b.shape:
-            return f"{key} has {a.shape[0]} agents, expected {b.shape[0]}"
+            return f"{a.shape[0]} agents instead of {b.shape[0]}"
         if not torch.equal(a, b):
             diff = (a != b) if not a.is_floating_point() else ~((a == b) | (a.isnan() & b.isnan()))
             first = int(torch.nonzero(diff)[0])
-            who = f"id {int(ids[first])}" if ids is not None else f"row {first}"
-            return (f"field {key.removeprefix('agents.')!r} differs for {int(diff.sum())} of {b.shape[0]} agents "
+            who = f"id {int(ids[first])}" if ids is not None and ids.shape == b.shape else f"row {first}"
+            return (f"field {name!r} differs for {int(diff.sum())} of {b.shape[0]} agents "
                     f"(first: {who}, {a[first].item()} vs {b[first].item()})")
     return None
+
+
+def _difference(got: dict[str, Any], ref: dict[str, Any], owners: dict[str, str], ranks: int) -> str | None:
+    got = {k: v for k, v in got.items() if not k.startswith("trace.")}
+    ref = {k: v for k, v in ref.items() if not k.startswith("trace.")}
+    if set(got) != set(ref):
+        return f"recorded {sorted(got)}, expected {sorted(ref)} (did a run fail?)"
+    for key in sorted(ref):
+        a, b = got[key], ref[key]
+        if key == "series":
+            a, b = _lists(a), _lists(b)
+            if a != b:
+                return _series_difference(a, b, owners, ranks)
+            continue
+    problem = _agents_difference({k.removeprefix("agents."): v for k, v in got.items() if k.startswith("agents.")},
+                                 {k.removeprefix("agents."): v for k, v in ref.items() if k.startswith("agents.")})
+    return f"{problem} at the end" if problem else None
+
+
+def _lists(series: dict[str, Any]) -> dict[str, list]:
+    """A recorded series with plain lists (``verify.record`` may store a column as a tensor)."""
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else list(v) for k, v in series.items()}
+
+
+def _series_difference(got: dict[str, list], ref: dict[str, list], owners: dict[str, str], ranks: int) -> str:
+    column = next((c for c in ref if got.get(c) != ref[c]), "?")
+    of = f" (substep {owners[column]!r})" if column in owners else ""
+    a, b = got.get(column) or [], ref[column]
+    pairs = list(zip(a, b, strict=False))  # a run that stopped early has fewer steps
+    step = next((ref["step"][i] for i, (x, y) in enumerate(pairs) if x != y), None) if "step" in ref else None
+    at = f" from step {step}" if step is not None else ""
+    same_zeros = len(a) == len(b) and all(x == 0 for x, y in pairs if not y)
+    ratios = {x / y for x, y in pairs if y} if same_zeros else set()
+    if len(ratios) == 1 and ratios != {1.0}:
+        return (f"the series {column!r}{of} is {ratios.pop():g}x the 1-rank series on {ranks} ranks at every step: "
+                "apply's sums are added over chunks and ranks, so a value every rank already holds (a global count "
+                "from prepare) must be stored in ctx.env['series'] and named in globals=, not returned as a series")
+    return f"the series {column!r}{of} differs{at}"
+
+
+def series_owners(cfg: SimConfig) -> dict[str, str]:
+    """Each series column -> the substep that returns it (or stores it, for ``globals``)."""
+    from multigpu.sim.api import get_model, model_params
+
+    model = get_model(cfg.model)
+    params = model_params(model, cfg.params)
+    steps = [model.substep(n) for n in cfg.substep_names]
+    return {c: s.name for s in steps for c in [*s.series(params), *s.globals(params)]}
 
 
 def launch_check(job) -> int | None:
@@ -143,7 +214,7 @@ def launch_check(job) -> int | None:
               f"strategies {', '.join(names)} -> {folder}", file=sys.stderr, flush=True)
         launch_job(sub, RunContext(run_dir=str(folder.resolve()), verify_dir=str((folder / "verify").resolve())))
         results[n] = load_results(folder / "verify") if (folder / "verify").is_dir() else {}
-    problems = compare(results, names)
+    problems = compare(results, names, series_owners(small))
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise MultigpuError(f"check-split failed for model {cfg.model}: {problems[0]}{more}; see the rules "
