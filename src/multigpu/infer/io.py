@@ -4,6 +4,7 @@ Used on both sides of the launch: the launcher probes headers (``probe``, no
 pixel decoding) to reject bad input before anything starts; the ranks read
 (``read_image``) and rank 0 writes (``write_image``, atomically). Both libraries
 are optional (``pip install 'multigpu[image]'``) and imported only here.
+``.npy`` arrays and NIfTI volumes are handed to ``formats`` (the hooks below).
 
 Pixel values: 8- and 16-bit images become float32 in [0, 1]; float TIFFs are
 kept as they are. Outputs go back as the input's kind: PNG (8-bit, clipped to
@@ -21,6 +22,7 @@ import torch
 
 from multigpu.errors import ConfigError
 from multigpu.files import atomic_path
+from multigpu.infer import formats
 
 __all__ = ["IMAGE_SUFFIXES", "ImageInfo", "output_path", "probe", "read_image", "write_image"]
 
@@ -61,7 +63,8 @@ def _kind(path: Path) -> str:
         return "pil"
     if suffix in TIFF_SUFFIXES:
         return "tiff"
-    raise ConfigError(f"input '{path}' has an unsupported type '{suffix or '(none)'}'; valid: {', '.join(IMAGE_SUFFIXES)}")
+    raise ConfigError(f"input '{path}' has an unsupported type '{suffix or '(none)'}'; valid: "
+                      f"{', '.join(IMAGE_SUFFIXES + formats.SUFFIXES)}")
 
 
 def _tiff_layout(shape: tuple[int, ...], path: Path) -> tuple[int, tuple[int, ...]]:
@@ -77,6 +80,8 @@ def probe(path: str | os.PathLike) -> ImageInfo:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"input '{path}' does not exist")
+    if formats.handles(path):
+        return ImageInfo(str(path), *formats.probe(path))
     kind = _kind(path)
     try:
         if kind == "pil":
@@ -103,8 +108,10 @@ def _to_float(array: np.ndarray) -> np.ndarray:
 
 
 def read_image(path: str | os.PathLike) -> torch.Tensor:
-    """The image as a float32 tensor ``(1, C, H, W)``."""
+    """The image as a float32 tensor ``(1, C, H, W)`` (arrays and volumes: see ``formats.read``)."""
     path = Path(path)
+    if formats.handles(path):
+        return formats.read(path)
     if _kind(path) == "pil":
         with _pil().open(path) as im:
             if im.mode not in _PIL_CHANNELS:
@@ -121,13 +128,18 @@ def read_image(path: str | os.PathLike) -> torch.Tensor:
 def output_path(output_dir: str | os.PathLike, input_path: str | os.PathLike) -> Path:
     """Where the output of ``input_path`` goes: same stem, PNG for Pillow inputs, TIFF for TIFF."""
     src = Path(input_path)
+    if formats.handles(src):
+        return formats.output_path(output_dir, src)
     suffix = ".tif" if src.suffix.lower() in TIFF_SUFFIXES else ".png"
     return Path(output_dir) / f"{src.stem}{suffix}"
 
 
-def write_image(path: str | os.PathLike, image: torch.Tensor) -> None:
-    """Write ``(C, H, W)`` (or ``(1, C, H, W)``) atomically: temporary file, then rename."""
+def write_image(path: str | os.PathLike, image: torch.Tensor, source: str | os.PathLike | None = None) -> None:
+    """Write ``(C, H, W)`` (or ``(1, C, H, W)``) atomically: temporary file, then rename. ``source``: the input
+    it came from (arrays and volumes are written in its format: see ``formats.write``)."""
     path = Path(path)
+    if source is not None and formats.handles(source):
+        return formats.write(path, image, source)
     if image.dim() == 4:
         image = image[0]
     array = image.detach().float().cpu().numpy().transpose(1, 2, 0)
