@@ -137,8 +137,10 @@ def _probe_nifti(path: Path) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - nibabel's header errors are many kinds; all mean "not readable"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"input '{path}' cannot be read as NIfTI: {first}") from None
-    if dtype.kind in "biuf" and int(header["bitpix"]) != dtype.itemsize * 8:
-        raise ConfigError(f"NIfTI '{path}' does not match its header: bitpix {int(header['bitpix'])} for datatype "
+    with nib.openers.ImageOpener(path) as f:  # as stored: nib.load quietly fixes a wrong bitpix in its copy
+        bitpix = int(type(header).from_fileobj(f, check=False)["bitpix"])
+    if dtype.kind in "biuf" and bitpix != dtype.itemsize * 8:
+        raise ConfigError(f"NIfTI '{path}' does not match its header: bitpix {bitpix} for datatype "
                           f"{dtype} ({dtype.itemsize * 8} bits); valid: a file written by nibabel or a NIfTI tool")
     size = _check_array(path, "NIfTI", _nifti_shape(shape), dtype)
     try:
@@ -174,11 +176,9 @@ def read(path: str | os.PathLike) -> torch.Tensor:
         _check_array(path, ".npy array", array.shape, array.dtype)
         return _as_tensor(array)
     image = _nibabel().load(path, mmap="c")
-    slope, inter = image.dataobj.slope, image.dataobj.inter
-    if (slope, inter) == (1.0, 0.0):
-        array = np.asanyarray(image.dataobj)  # a memmap for .nii (Fortran order: torch views its strides)
-    else:
-        array = image.get_fdata(dtype=np.float32)  # scaled values: computed, so read whole
+    # unscaled: a memmap for .nii (Fortran order: torch views its strides); scaled values are computed: read whole
+    unscaled = (image.dataobj.slope, image.dataobj.inter) == (1.0, 0.0)
+    array = np.asanyarray(image.dataobj) if unscaled else image.get_fdata(dtype=np.float32)
     shape = _nifti_shape(array.shape)
     return _as_tensor(array.reshape(shape, order="A") if shape != array.shape else array)
 
