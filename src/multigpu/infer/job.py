@@ -261,7 +261,7 @@ WORKLOAD = Workload(
              help="PNG/JPEG/BMP/TIFF images, .npy arrays or NIfTI .nii/.nii.gz volumes (2-D or 3-D; sizes may "
                   "differ); default: the noisy demo photo"),
         Flag("--output", "output", metavar="DIR", help="folder for the outputs (default: out/ in the run directory)"),
-        Flag("--roi", "roi", nargs="+", type=positive_int, metavar="N", help="window size: one value or H W (default 256)"),
+        Flag("--roi", "roi", nargs="+", type=positive_int, metavar="N", help="window size: one value, or one per dim: H W (D H W for 3-D volumes) (default 256)"),
         Flag("--overlap", "overlap", nargs="+", type=float, metavar="F",
              help="overlap fraction in [0, 1): one value or per dim (default 0.25)"),
         Flag("--batch-size", "batch_size", type=positive_int, help="windows per model call (default 8)"),
