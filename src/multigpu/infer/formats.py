@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -163,9 +162,7 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
     """``(1, 1, *spatial)``: a view of the map for the dtypes torch can view, else float32 read whole."""
     if array.dtype not in _MAPPED:  # float64/float16 or byte-swapped: a copy, as MONAI's loaders make
         array = np.asarray(array, dtype=np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a read-only map: nothing here writes into the input
-        return torch.from_numpy(array)[None, None]
+    return torch.from_numpy(array)[None, None]  # a copy-on-write map ("c"): writable, yet never writes the file
 
 
 def read(path: str | os.PathLike) -> torch.Tensor:
