@@ -10,7 +10,8 @@ rank 0, bitwise identical on any number of ranks. From the command line::
 Modules: ``windows`` (window grid, pure), ``stitch`` (blending weights and
 canvases, pure), ``runner`` (the split over ranks and the exchange),
 ``config`` (``InferConfig`` for the command), ``models`` (demo models with
-fixed filters), ``io`` (PNG/TIFF reading and writing), ``job`` (the
+fixed filters), ``io`` (PNG/TIFF reading and writing), ``formats`` (``.npy`` arrays
+and NIfTI volumes, memory-mapped where the file allows), ``job`` (the
 ``infer`` workload: its launcher-side check and rank-side main).
 """
 

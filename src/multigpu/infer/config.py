@@ -23,7 +23,8 @@ class InferConfig:
     """Extra keyword arguments of every model call (e.g. ``sigma: 0.05`` for a DRUNet taking ``(x, sigma)``)."""
 
     inputs: list[str] = field(default_factory=list)
-    """Image files (PNG, JPEG, BMP, TIFF); sizes may differ. Empty: the demo photo with noise added."""
+    """Image files (PNG, JPEG, BMP, TIFF), ``.npy`` arrays or NIfTI volumes (``.nii``, ``.nii.gz``), 2-D or 3-D
+    (3-D volumes get 3-D windows); sizes may differ. Empty: the demo photo with noise added."""
 
     output: str = ""
     """Folder for the outputs (one file per input, same stem). Empty: ``out/`` in the run directory."""

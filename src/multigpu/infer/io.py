@@ -4,6 +4,7 @@ Used on both sides of the launch: the launcher probes headers (``probe``, no
 pixel decoding) to reject bad input before anything starts; the ranks read
 (``read_image``) and rank 0 writes (``write_image``, atomically). Both libraries
 are optional (``pip install 'multigpu[image]'``) and imported only here.
+``.npy`` arrays and NIfTI volumes are handed to ``formats`` (the hooks below).
 
 Pixel values: 8- and 16-bit images become float32 in [0, 1]; float TIFFs are
 kept as they are. Outputs go back as the input's kind: PNG (8-bit, clipped to
@@ -30,6 +31,7 @@ import torch
 
 from multigpu.errors import ConfigError
 from multigpu.files import atomic_path
+from multigpu.infer import formats
 
 __all__ = ["BOMB_FLOOR_BYTES", "IMAGE_SUFFIXES", "MAX_DECODE_RATIO", "ImageInfo", "output_path", "probe", "read_image",
            "write_image"]
@@ -111,7 +113,8 @@ def _kind(path: Path) -> str:
         return "pil"
     if suffix in TIFF_SUFFIXES:
         return "tiff"
-    raise ConfigError(f"input '{path}' has an unsupported type '{suffix or '(none)'}'; valid: {', '.join(IMAGE_SUFFIXES)}")
+    raise ConfigError(f"input '{path}' has an unsupported type '{suffix or '(none)'}'; valid: "
+                      f"{', '.join(IMAGE_SUFFIXES + formats.SUFFIXES)}")
 
 
 def _tiff_layout(shape: tuple[int, ...], path: Path) -> tuple[int, tuple[int, ...]]:
@@ -131,6 +134,8 @@ def probe(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RATIO) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"input '{path}' does not exist")
+    if formats.handles(path):
+        return ImageInfo(str(path), *formats.probe(path))
     kind = _kind(path)
     try:
         if kind == "pil":
@@ -186,8 +191,11 @@ def _pil_array(path: Path) -> np.ndarray:
 
 
 def read_image(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RATIO) -> torch.Tensor:
-    """The image as a float32 tensor ``(1, C, H, W)`` (a decompression bomb refused first, as in :func:`probe`)."""
+    """The image as a float32 tensor ``(1, C, H, W)`` (a decompression bomb refused first, as in :func:`probe`;
+    arrays and volumes: see ``formats.read``)."""
     path = Path(path)
+    if formats.handles(path):
+        return formats.read(path)
     probe(path, max_decode_ratio)
     if _kind(path) == "pil":
         array = _pil_array(path)
@@ -202,13 +210,18 @@ def read_image(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RAT
 def output_path(output_dir: str | os.PathLike, input_path: str | os.PathLike) -> Path:
     """Where the output of ``input_path`` goes: same stem, PNG for Pillow inputs, TIFF for TIFF."""
     src = Path(input_path)
+    if formats.handles(src):
+        return formats.output_path(output_dir, src)
     suffix = ".tif" if src.suffix.lower() in TIFF_SUFFIXES else ".png"
     return Path(output_dir) / f"{src.stem}{suffix}"
 
 
-def write_image(path: str | os.PathLike, image: torch.Tensor) -> None:
-    """Write ``(C, H, W)`` (or ``(1, C, H, W)``) atomically: temporary file, then rename."""
+def write_image(path: str | os.PathLike, image: torch.Tensor, source: str | os.PathLike | None = None) -> None:
+    """Write ``(C, H, W)`` (or ``(1, C, H, W)``) atomically: temporary file, then rename. ``source``: the input
+    it came from (arrays and volumes are written in its format: see ``formats.write``)."""
     path = Path(path)
+    if source is not None and formats.handles(source):
+        return formats.write(path, image, source)
     if image.dim() == 4:
         image = image[0]
     array = image.detach().float().cpu().numpy().transpose(1, 2, 0)

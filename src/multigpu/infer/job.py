@@ -68,14 +68,13 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
 
     infos = ([io.probe(p, cfg.max_decode_ratio) for p in cfg.inputs] if cfg.inputs
              else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)])
-    if len(cfg.roi) == 3 or len(cfg.overlap) == 3:
-        raise ConfigError(f"--roi {cfg.roi} / --overlap {cfg.overlap}: images are 2-D; give one value or two (H W)")
-    roi = as_tuple(cfg.roi, 2, "roi")
-    as_tuple(cfg.overlap, 2, "overlap")
-    largest = tuple(max(i.size[d] for i in infos) for d in range(2))
+    ndim = _spatial_dims(infos)
+    roi = as_tuple(cfg.roi, ndim, "roi")
+    as_tuple(cfg.overlap, ndim, "overlap")
+    largest = tuple(max(i.size[d] for i in infos) for d in range(ndim))
     if any(r > s for r, s in zip(roi, largest, strict=True)):
         raise ConfigError(f"--roi {' '.join(map(str, cfg.roi))} is larger than the largest input "
-                          f"({largest[0]}x{largest[1]}); valid: a roi up to that size (smaller images are padded)")
+                          f"({'x'.join(map(str, largest))}); valid: a roi up to that size (smaller images are padded)")
     channels = {i.channels for i in infos}
     if len(channels) > 1:
         raise ConfigError("the inputs have different channel counts: "
@@ -95,17 +94,28 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model on a test window
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"the model {name} failed on a test window of shape (1, {c}, {roi[0]}, {roi[1]}) "
+        raise ConfigError(f"the model {name} failed on a test window of shape {(1, c, *roi)} "
                           f"(the images have {c} channel(s)): {first}") from None
-    if not isinstance(out, torch.Tensor) or out.dim() != 4 or any(o % r for o, r in zip(out.shape[2:], roi, strict=True)):
+    if (not isinstance(out, torch.Tensor) or out.dim() != ndim + 2
+            or any(o % r for o, r in zip(out.shape[2:], roi, strict=True))):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"the model {name} turned a window (1, {c}, {roi[0]}, {roi[1]}) into {shape}; "
-                          "it must return (1, C_out, H*k, W*k) for a whole number k")
+        axes = ", ".join(f"{a}*k" for a in "DHW"[3 - ndim:])
+        raise ConfigError(f"the model {name} turned a window {(1, c, *roi)} into {shape}; "
+                          f"it must return (1, C_out, {axes}) for a whole number k")
     if out.shape[1] not in (1, 3, 4) and any(io.output_path(cfg.output or ".", p).suffix == ".png" for p in cfg.inputs):
         raise ConfigError(f"the model returns {out.shape[1]} channels, which PNG cannot hold; use TIFF inputs")
     if cfg.output and Path(cfg.output).exists() and not Path(cfg.output).is_dir():
         raise ConfigError(f"--output '{cfg.output}' exists and is not a folder")
     return infos, c, tuple(out.shape[1:])
+
+
+def _spatial_dims(infos: list) -> int:
+    """2 or 3: every input must have the same (3-D volumes get 3-D windows)."""
+    dims = {len(i.size) for i in infos}
+    if len(dims) > 1:
+        raise ConfigError("the inputs mix 2-D images and 3-D volumes: "
+                          + ", ".join(f"{i.path}: {len(i.size)}-D" for i in infos) + "; run them separately")
+    return dims.pop()
 
 
 def _passes(sizes: list[tuple[int, ...]], roi: tuple[int, ...], overlap: tuple[float, ...]) -> tuple[int, float]:
@@ -122,15 +132,17 @@ def check_windows(cfg: InferConfig, infos: list) -> None:
     """Refuse an overlap that makes far more windows than the images have pixels to cover."""
     from multigpu.infer.windows import as_tuple
 
-    roi, overlap = as_tuple(cfg.roi, 2, "roi"), as_tuple(cfg.overlap, 2, "overlap")
+    ndim = _spatial_dims(infos)
+    roi, overlap = as_tuple(cfg.roi, ndim, "roi"), as_tuple(cfg.overlap, ndim, "overlap")
     sizes = [tuple(i.size) for i in infos]
     windows, passes = _passes(sizes, roi, overlap)
     if passes <= MAX_PASSES:
         return
-    step = max(-(-r // round(MAX_PASSES ** 0.5)) for r in roi)  # the smallest window step that keeps to the limit
+    # the smallest window step that keeps to the limit (the passes of the ndim dims multiply)
+    step = max(-(-r // round(MAX_PASSES ** (1 / ndim))) for r in roi)
     candidates = [1 - step / max(roi), 0.875, 0.75, 0.5, 0.25, 0.0]
-    valid = next(o for o in candidates if _passes(sizes, roi, (o, o))[1] <= MAX_PASSES)
-    image = f"{sizes[0][0]}x{sizes[0][1]} image" if len(sizes) == 1 else f"{len(sizes)} images"
+    valid = next(o for o in candidates if _passes(sizes, roi, (o,) * ndim)[1] <= MAX_PASSES)
+    image = f"{'x'.join(map(str, sizes[0]))} image" if len(sizes) == 1 else f"{len(sizes)} images"
     raise ConfigError(
         f"--overlap {' '.join(f'{o:g}' for o in cfg.overlap)} with --roi {' '.join(map(str, cfg.roi))} makes "
         f"{windows:,} windows for the {image}: every pixel would go through the model about {passes:,.0f} times "
@@ -146,7 +158,7 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
     memory = plan.devices.memory_per_rank("cpu")
     if memory is None:
         return
-    roi = cfg.roi * 2 if len(cfg.roi) == 1 else cfg.roi
+    roi = cfg.roi * len(infos[0].size) if len(cfg.roi) == 1 else cfg.roi
     zoom = math.prod(o // r for o, r in zip(out_shape[1:], roi, strict=True))
     copies = plan.run.problem_scale(plan.world_size)  # weak scaling repeats the image list
     held = [i.channels * math.prod(i.size) * 4 for i in infos]  # float32, every image on every rank
@@ -246,7 +258,7 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
         Path(output).mkdir(parents=True, exist_ok=True)
         for path, out in zip(inputs, outputs, strict=False):
             target = io.output_path(output, path)
-            io.write_image(target, out)
+            io.write_image(target, out, source=path)
             written.append(str(target))
     ndim = images[0].dim() - 2
     num_windows = WindowPlan([im.shape[2:] for im in images], as_tuple(cfg.roi, ndim, "roi"),
@@ -276,9 +288,10 @@ WORKLOAD = Workload(
         Flag("--call-arg", "call_kwargs", action="append", metavar="NAME=VALUE",
              help="an extra argument of every model call, repeatable, e.g. sigma=0.05 for a DRUNet"),
         Flag("--input", "inputs", nargs="+", metavar="IMAGE",
-             help="PNG/JPEG/BMP/TIFF images (sizes may differ); default: the noisy demo photo"),
+             help="PNG/JPEG/BMP/TIFF images, .npy arrays or NIfTI .nii/.nii.gz volumes (2-D or 3-D; sizes may "
+                  "differ); default: the noisy demo photo"),
         Flag("--output", "output", metavar="DIR", help="folder for the outputs (default: out/ in the run directory)"),
-        Flag("--roi", "roi", nargs="+", type=positive_int, metavar="N", help="window size: one value or H W (default 256)"),
+        Flag("--roi", "roi", nargs="+", type=positive_int, metavar="N", help="window size: one value, or one per dim: H W (D H W for 3-D volumes) (default 256)"),
         Flag("--overlap", "overlap", nargs="+", type=float, metavar="F",
              help="overlap fraction in [0, 1): one value or per dim (default 0.25)"),
         Flag("--batch-size", "batch_size", type=positive_int, help="windows per model call (default 8)"),
