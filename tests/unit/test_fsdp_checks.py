@@ -16,6 +16,29 @@ def no_params():
     return torch.nn.Identity()
 
 
+def reads_a_weight():
+    """A model factory that reads a parameter's value while building (cannot run on the meta device)."""
+    net = torch.nn.Linear(4, 4)
+    if net.weight.sum().item() > 1e9:
+        raise AssertionError("unreachable")
+    return net
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.gain = torch.nn.Parameter(torch.ones(4))  # its own parameter, and no reset_parameters()
+
+    def forward(self, x):
+        return self.linear(x) * self.gain
+
+
+def no_reset():
+    """A model factory whose module holds a parameter that nothing can initialize after a meta build."""
+    return _Scale()
+
+
 def test_check_sharding_refuses_what_cannot_be_sharded():
     with pytest.raises(ConfigError, match="has no parameters"):
         check_sharding(torch.nn.ReLU(), 2)
@@ -41,6 +64,11 @@ def test_bad_fsdp_input_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):
         (["strategy=fsdp", "--model", "tests.unit.test_fsdp_checks:no_params"], "has no parameters"),
         (["--strategy", "fsdp", "fsdp_cpu_offload=true"], "fsdp_cpu_offload=true needs GPU ranks"),
         (["--strategy", "fsdp", "--precision", "fp16"], "strategy=fsdp with precision=fp16"),
+        (["strategy=fsdp", "--model", "tests.unit.test_fsdp_checks:reads_a_weight"],
+         "cannot be built on the meta device (model.factory 'tests.unit.test_fsdp_checks:reads_a_weight': calling "
+         "it failed: RuntimeError: Tensor.item() cannot be called on meta tensors"),
+        (["strategy=fsdp", "--model", "tests.unit.test_fsdp_checks:no_reset"],
+         "the root module (_Scale) has parameters or buffers but no reset_parameters()"),
     ]:
         code = cli_main(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", *argv])
         err = capsys.readouterr().err.strip()

@@ -36,7 +36,7 @@ from torch import nn
 
 from multigpu.errors import ConfigError
 
-__all__ = ["block_modules", "check_placement", "check_sharding", "compile_blocks", "shard_model",
+__all__ = ["block_modules", "check_fits", "check_placement", "check_sharding", "compile_blocks", "shard_model",
            "training_state_bytes"]
 
 _ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, the size of the parameters each
@@ -119,6 +119,32 @@ def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> di
     return {"params": total, "grads": grads, "optimizer": _ADAM_MOMENTS * total}
 
 
+def check_fits(model: nn.Module, world_size: int, strategy: str, budget: int, where: str) -> None:
+    """Raise a one-line ConfigError when the planned training state of one rank exceeds ``budget`` bytes (pure).
+
+    ``where`` says where the budget comes from (it ends the "a rank may fill about ..." clause)."""
+    sharded = strategy != "ddp" and world_size > 1
+    plan = training_state_bytes(model, world_size, sharded)
+    need = sum(plan.values())
+    if need <= budget:
+        return
+    how = f"sharded over {world_size} ranks" if sharded else "a whole replica on every rank"
+    parts = (f"parameters {_mib(plan['params'])}, gradients {_mib(plan['grads'])}, "
+             f"Adam {_mib(plan['optimizer'])}: {how}")
+    if sharded:
+        valid = "more ranks (fsdp holds 1/N of it each), fewer ranks on this node, or a machine with more memory"
+    else:
+        fsdp = sum(training_state_bytes(model, world_size, True).values()) if world_size > 1 else need
+        valid = (f"--strategy fsdp ({_mib(fsdp)} per rank on {world_size} ranks), " if world_size > 1 else
+                 "2 or more ranks with --strategy fsdp, ") + "fewer ranks on this node, or more memory"
+    raise ConfigError(f"strategy={strategy}: the planned training state per rank is {_mib(need)} ({parts}) but a "
+                      f"rank may fill about {_mib(budget)} ({where}); valid: {valid}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
 def compile_blocks(module: nn.Module, class_names: Iterable[str], device: torch.device) -> int:
     """``torch.compile`` each block in place (``Module.compile``: names and state-dict keys unchanged), before
     ``fully_shard``, so FSDP's all-gather and reduce-scatter hooks stay outside the compiled graphs (torchtitan's
@@ -143,7 +169,7 @@ def _mesh(device: torch.device, world_size: int):
 
 def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
                 class_names: Iterable[str] = (), reshard_after_forward: bool = True,
-                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> int:
+                param_dtype: torch.dtype | None = None, cpu_offload: bool = False, seed: int = 0) -> int:
     """``fully_shard`` each block, then the root; the optimizer is pointed at the sharded parameters.
 
     Call on all ranks, before the optimizer's first step. Returns the number of blocks sharded.
@@ -159,6 +185,8 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
         param_dtype: Compute dtype of the gathered parameters (bf16 mixed precision); gradients are
             reduced in fp32 and the sharded parameters stay in their own dtype.
         cpu_offload: Keep the sharded parameters, gradients and optimizer state in host memory (GPUs).
+        seed: For a model built on the meta device: the seed its shards are initialized from
+            (:func:`multigpu.train.meta.materialize`).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -178,6 +206,10 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
     fully_shard(module, **options)
+    from multigpu.train.meta import is_on_meta, materialize
+
+    if is_on_meta(module):  # built on meta: only now, sharded, does each rank get storage for its own rows
+        materialize(module, torch.device("cpu") if cpu_offload else device, seed)  # offloaded shards: on the host
     new = dict(module.named_parameters(remove_duplicate=False))
     for group in optimizer.param_groups:
         group["params"] = [new[names[id(p)]] for p in group["params"]]

@@ -118,6 +118,38 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
         else:
             _check_resume_file(plan.run.resume)
     _check_resume_fits(cfg, plan)
+    _check_memory(cfg, plan)
+
+
+def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
+    """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp) must fit in what
+    a rank of this node may fill: its GPU, or its share of the host memory the job may use (the cgroup's limit
+    where a scheduler set one). The model is built on meta; one that cannot be (under ddp) is not checked."""
+    import torch
+
+    from multigpu.train.fsdp import check_fits
+    from multigpu.train.meta import build_on_meta
+
+    budgets = [(t, b) for t in plan.device_types if (b := plan.devices.memory_per_rank(t)) is not None]
+    if not budgets:
+        return
+    try:
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
+    except ConfigError:
+        return
+    if not isinstance(model, torch.nn.Module):
+        return
+    from multigpu.launch.devices import RANK_RESIDENT_BYTES, format_bytes
+    from multigpu.launch.memlimit import effective_memory_limit
+
+    capped = effective_memory_limit()
+    n = plan.devices.nproc_per_node
+    host = f"{format_bytes(plan.devices.available_bytes or 0)} available"
+    if capped is not None and (plan.devices.available_bytes or 0) >= capped.available:
+        host += f" under the cgroup memory limit of {format_bytes(capped.limit)}"
+    host += f" ÷ {n} rank{'s' if n > 1 else ''} on this node, less {format_bytes(RANK_RESIDENT_BYTES)} each"
+    for device_type, budget in budgets:
+        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host)
 
 
 def _check_precision(cfg: TrainJobConfig, plan: JobPlan, device_type: str) -> None:
@@ -176,23 +208,27 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
 def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """The model shards over the job: it has parameters, the named block classes exist, no rank is left empty.
 
-    The model is built on the ``meta`` device (shapes only, no memory); a factory that cannot build
-    there is checked by the ranks instead (:func:`multigpu.train.fsdp.shard_model` runs the same checks).
+    The model is built on the ``meta`` device (shapes only, no memory), as the ranks will build it: a factory
+    that cannot run there, or a model whose values cannot be made after it (:mod:`multigpu.train.meta`), is
+    refused in one line.
     """
     import torch
 
     from multigpu.train.fsdp import check_placement, check_sharding
 
+    from multigpu.train.meta import build_on_meta, check_initializable
+
     check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
-    try:
-        with torch.device("meta"):
-            model = cfg.model.build("model.factory", _context(cfg))
+    try:  # the ranks build it on meta too (2 or more ranks): a factory that cannot is refused before anything spawns
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
     except ConfigError:
-        raise
-    except Exception:  # noqa: BLE001 - the factory needs real tensors or data: the ranks check it
-        return
+        if plan.world_size > 1:
+            raise
+        return  # one rank: nothing is sharded, the model is built on the host as under ddp
     if isinstance(model, torch.nn.Module):
         check_sharding(model, plan.world_size, cfg.fsdp_blocks)
+        if plan.world_size > 1:
+            check_initializable(model)
 
 
 def _check_sharded_resume(resume: str) -> None:
@@ -226,7 +262,13 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
 
     train_set, val_set = _datasets(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = cfg.model.build("model.factory", _context(cfg, getattr(train_set, "vocab_size", None)))
+    context = _context(cfg, getattr(train_set, "vocab_size", None))
+    if cfg.strategy == "fsdp" and mg.world_size() > 1:  # no memory yet: each rank materializes only its shards
+        from multigpu.train.meta import build_on_meta
+
+        model = build_on_meta(lambda: cfg.model.build("model.factory", context), cfg.model.factory)
+    else:
+        model = cfg.model.build("model.factory", context)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model.factory {cfg.model.factory!r} returned {type(model).__name__}, not an nn.Module")
     if mg.is_main():

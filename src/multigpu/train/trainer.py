@@ -199,6 +199,10 @@ class Trainer:
             check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload)
         self.sharded = cfg.strategy == "fsdp" and self.world_size > 1
         self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
+        from multigpu.train.meta import is_on_meta, materialize
+
+        if not self.sharded and is_on_meta(self.module):  # built on meta, not sharded here: all of it on this rank
+            materialize(self.module, self.env.device, cfg.seed, self.optimizer)
         # in place: the optimizer keeps its params. Under fsdp the whole model never goes to the device:
         # fully_shard moves one block at a time there and keeps only this rank's shard of it
         self.module.to(device=None if self.sharded else self.env.device, dtype=DTYPES[cfg.dtype])
@@ -215,7 +219,7 @@ class Trainer:
             param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
             shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
                         param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                        cpu_offload=cfg.fsdp_cpu_offload)
+                        cpu_offload=cfg.fsdp_cpu_offload, seed=cfg.seed)
             return
         if self.world_size > 1:
             self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
