@@ -8,7 +8,7 @@ import torch
 from multigpu.cli import main as cli_main
 from multigpu.errors import ConfigError
 from multigpu.train import TrainConfig
-from multigpu.train.fsdp import check_sharding, training_state_bytes
+from multigpu.train.fsdp import check_fits, check_sharding, training_state_bytes
 
 
 def no_params():
@@ -55,6 +55,17 @@ def test_planned_training_state_falls_with_the_ranks():
     assert training_state_bytes(net, 3, sharded=False)["params"] == 240  # DDP: a whole replica on every rank
     assert training_state_bytes(net, 3, sharded=True) == {"params": 80, "grads": 80, "optimizer": 160}
     assert training_state_bytes(net, 4, sharded=True)["params"] == 80  # ceil(6/4) = 2 rows on the largest shard
+
+
+def test_a_replica_that_does_not_fit_is_refused_naming_the_planned_memory():
+    net = torch.nn.Linear(1024, 1024, bias=False)  # 4 MiB of fp32 parameters: 16 MiB of training state
+    with pytest.raises(ConfigError, match=r"^strategy=ddp: the planned training state per rank is 16 MiB \(parameters "
+                       r"4 MiB, gradients 4 MiB, Adam 8 MiB: a whole replica on every rank\) but a rank may fill about "
+                       r"10 MiB \(the cap\); valid: --strategy fsdp \(8 MiB per rank on 2 ranks\)"):
+        check_fits(net, 2, "ddp", 10 << 20, "the cap")
+    check_fits(net, 2, "fsdp", 10 << 20, "the cap")  # 8 MiB each
+    with pytest.raises(ConfigError, match=r"^strategy=fsdp: .* is 8 MiB .*sharded over 2 ranks.*valid: more ranks"):
+        check_fits(net, 2, "fsdp", 6 << 20, "the cap")
 
 
 def test_bad_fsdp_input_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):

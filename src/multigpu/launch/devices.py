@@ -76,9 +76,13 @@ class HostFacts:
         from multigpu.runtime.env import cpu_count
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        from multigpu.launch.memlimit import effective_memory_limit
+
         vm = psutil.virtual_memory()
+        capped = effective_memory_limit()  # a scheduler's cgroup may allow far less than the machine has free
+        available = min(vm.available, capped.available) if capped else vm.available
         facts = cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
-                    memory_bytes=vm.total, available_bytes=vm.available,
+                    memory_bytes=min(vm.total, capped.limit) if capped else vm.total, available_bytes=available,
                     gpu_memory_bytes=_gpu_memory() if count else None)
         return replace(facts, gpu_capabilities=_gpu_capabilities(facts.physical_ids())) if count else facts
 

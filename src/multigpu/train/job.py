@@ -110,6 +110,9 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     check_trackers(cfg.logger)  # logger: wandb without wandb installed: one line, before anything spawns
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
+    if cfg.strategy == "hsdp":  # its checkpoints need the one checkpoint store (sharded on a 2-D mesh)
+        raise ConfigError("strategy=hsdp runs through the Trainer API for now: `multigpu train` checkpoints every "
+                          "run, and HSDP checkpoints wait for the one checkpoint store; valid: strategy=fsdp or ddp")
     if cfg.strategy == "fsdp":
         _check_fsdp(cfg, plan)
     if plan.run.resume not in (None, "auto"):
@@ -119,6 +122,23 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
             _check_resume_file(plan.run.resume)
     _check_resume_fits(cfg, plan)
     _check_memory(cfg, plan)
+    if cfg.init_from:
+        _check_init_from(cfg)
+
+
+def _check_init_from(cfg: TrainJobConfig) -> None:
+    """``init_from`` holds a tensor of the right shape for every parameter of the model (headers only; the model
+    on meta). Shapes only with the default data (another data factory may set the vocabulary: the ranks check
+    them before reading); where the factory cannot build on meta, only the file itself is checked."""
+    from multigpu.train.meta import build_on_meta
+    from multigpu.train.pretrained import check_weights, weight_files
+
+    try:
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
+    except ConfigError:
+        weight_files(cfg.init_from)
+        return
+    check_weights(cfg.init_from, model, shapes=cfg.data.factory == DEFAULT_DATA)
 
 
 def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
@@ -263,7 +283,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     train_set, val_set = _datasets(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     context = _context(cfg, getattr(train_set, "vocab_size", None))
-    if cfg.strategy == "fsdp" and mg.world_size() > 1:  # no memory yet: each rank materializes only its shards
+    if cfg.strategy != "ddp" and mg.world_size() > 1:  # no memory yet: each rank materializes only its shards
         from multigpu.train.meta import build_on_meta
 
         model = build_on_meta(lambda: cfg.model.build("model.factory", context), cfg.model.factory)
