@@ -169,6 +169,8 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
         host += f" under the cgroup memory limit of {format_bytes(capped.limit)}"
     host += f" ÷ {n} rank{'s' if n > 1 else ''} on this node, less {format_bytes(RANK_RESIDENT_BYTES)} each"
     for device_type, budget in budgets:
+        if device_type == "cuda" and cfg.fsdp_cpu_offload:
+            continue  # the sharded state lives in host memory (it is checked against the host's share, if any)
         check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host)
 
 
