@@ -111,3 +111,26 @@ def test_the_trainer_refuses_cpu_offload_alone_too(single_rank_group):
                       config=TrainConfig(strategy="fsdp", fsdp_cpu_offload=True, global_batch_size=2))
     with pytest.raises(ConfigError, match="fsdp_cpu_offload=true at world size 1"):
         trainer.setup()
+
+
+def test_init_from_is_checked_against_the_model_the_ranks_will_build(tmp_path, capsys, fake_gpus):
+    """A Hugging Face model takes its vocabulary from the (default) data: the launcher's check builds it with that
+    vocabulary too (it built it with the config's 32,000 and refused the matching weights); another model's
+    weights are one line and exit 2."""
+    from multigpu.factory import Factory
+    from multigpu.train.data import VOCAB
+    from multigpu.train.hf import causal_lm
+    from multigpu.train.job import TrainJobConfig, _check_init_from
+    from tests.conftest import assert_bad_input
+
+    fake_gpus(0)
+    shape = {"config": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 2}
+    weights = tmp_path / "weights"
+    causal_lm(vocab_size=len(VOCAB), **shape).save_pretrained(weights)
+    cfg = TrainJobConfig(model=Factory(factory="multigpu.train.hf:causal_lm", kwargs=shape), init_from=str(weights),
+                         strategy="fsdp")
+    _check_init_from(cfg)  # the ranks' model: no error
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert_bad_input(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", f"init_from={weights}"],
+                     "no tensor named 'tok.weight' or 'head.weight' for this model", capsys, tmp_path / "run")

@@ -93,6 +93,16 @@ def _context(cfg: TrainJobConfig, vocab_size: int | None = None) -> dict:
     return {"block_size": cfg.block_size, "vocab_size": vocab_size}
 
 
+def _planned_context(cfg: TrainJobConfig) -> dict:
+    """The factory context the ranks will use, as far as the launcher knows it: the default data's vocabulary
+    (a model factory such as ``causal_lm`` takes it from the data; other data factories: unknown)."""
+    if cfg.data.factory != DEFAULT_DATA:
+        return _context(cfg)
+    from multigpu.train.data import VOCAB
+
+    return _context(cfg, len(VOCAB))
+
+
 def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
     from multigpu.factory import import_object
@@ -134,7 +144,7 @@ def _check_init_from(cfg: TrainJobConfig) -> None:
     from multigpu.train.pretrained import check_weights, weight_files
 
     try:
-        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _planned_context(cfg)), cfg.model.factory)
     except ConfigError:
         weight_files(cfg.init_from)
         return
@@ -154,7 +164,7 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     if not budgets:
         return
     try:
-        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _planned_context(cfg)), cfg.model.factory)
     except ConfigError:
         return
     if not isinstance(model, torch.nn.Module):
