@@ -251,16 +251,11 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     from multigpu.train.meta import build_on_meta, check_initializable
 
     check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
-    try:  # the ranks build it on meta too (2 or more ranks): a factory that cannot is refused before anything spawns
-        model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
-    except ConfigError:
-        if plan.world_size > 1:
-            raise
-        return  # one rank: nothing is sharded, the model is built on the host as under ddp
+    # the ranks build it on meta too: a factory that cannot is refused before anything spawns
+    model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
     if isinstance(model, torch.nn.Module):
         check_sharding(model, plan.world_size, cfg.fsdp_blocks)
-        if plan.world_size > 1:
-            check_initializable(model)
+        check_initializable(model)
 
 
 def _check_sharded_resume(resume: str) -> None:
@@ -295,7 +290,8 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     train_set, val_set = _datasets(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     context = _context(cfg, getattr(train_set, "vocab_size", None))
-    if cfg.strategy != "ddp" and mg.world_size() > 1:  # no memory yet: each rank materializes only its shards
+    # fsdp/hsdp: no memory yet, each rank materializes only its shards (on one rank: all of it, the same values)
+    if cfg.strategy != "ddp":
         from multigpu.train.meta import build_on_meta
 
         model = build_on_meta(lambda: cfg.model.build("model.factory", context), cfg.model.factory)

@@ -1,6 +1,7 @@
 """Build a model without memory, then give each rank only its own shards (inside each rank).
 
-Under ``strategy: fsdp`` on 2 or more ranks no rank ever holds the whole model:
+Under ``strategy: fsdp`` (or ``hsdp``) no rank ever holds the whole model (on one rank the same
+build is materialized whole, with the same values):
 
 1. :func:`build_on_meta` runs the model factory under ``torch.device("meta")``:
    parameters and buffers have shapes and no storage.
