@@ -247,7 +247,6 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     import torch
 
     from multigpu.train.fsdp import check_placement, check_sharding
-
     from multigpu.train.meta import build_on_meta, check_initializable
 
     check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)

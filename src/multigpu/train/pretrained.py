@@ -48,7 +48,7 @@ def weight_files(path: str | Path) -> dict[str, Path]:
                           "model folder")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {name: path for name in f.keys()}
+            return {name: path for name in f.keys()}  # noqa: SIM118 - safe_open is not iterable
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a bad header
         raise ConfigError(f"init_from={path}: not a safetensors file ({str(exc).splitlines()[0]})") from None
 
