@@ -88,12 +88,17 @@ class TrainConfig:
     blocks: the largest ModuleList of same-type modules, e.g. GPT's ``blocks``, Hugging Face's ``h``/``layers``)."""
     peak_tflops: float | None = None
     """Peak TFLOP/s of one device, for MFU where the built-in table does not know the device (CPUs)."""
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    strategy: Literal["ddp", "fsdp", "hsdp"] = "ddp"
     """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
     fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
     :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. On 2 or more
     ranks the whole model is never put on a GPU: it stays on the host and each rank keeps its shards on its
-    device. Not in hybrid jobs (GPU and CPU ranks)."""
+    device. Not in hybrid jobs (GPU and CPU ranks). hsdp: fsdp within groups of ``hsdp_shard_size`` ranks
+    (default: a node), replicated across groups."""
+    hsdp_shard_size: int | None = None
+    """hsdp: ranks that shard one replica (a 2-D ``(replicate, shard)`` mesh: sharded within a group, typically a
+    node, replicated across groups, so only the gradient all-reduce between replicas crosses nodes); None: the
+    ranks per node (``local_world_size``). Must divide the world size."""
     fsdp_blocks: list[str] = field(default_factory=list)
     """Module class names sharded one by one under fsdp (default: the model's repeated blocks, as for
     ``activation_checkpointing``)."""
@@ -102,6 +107,10 @@ class TrainConfig:
     fsdp_cpu_offload: bool = False
     """fsdp on GPUs, 2 or more ranks: keep sharded parameters, gradients and optimizer state in host memory (the
     optimizer steps on the CPU). Refused at world size 1 (nothing is sharded there) and on CPU ranks."""
+    init_from: str | None = None
+    """Start from these weights: a safetensors file or a Hugging Face folder (``model.safetensors`` or its sharded
+    index). Each rank reads only its own shards' rows under fsdp (:mod:`multigpu.train.pretrained`); a resumed
+    run's checkpoint takes precedence."""
     find_unused_parameters: bool = False
     """DDP's find_unused_parameters (only when some parameters get no gradient)."""
     bucket_cap_mb: float = 25.0
@@ -152,6 +161,8 @@ class TrainConfig:
                  f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
         _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
         _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        _require(self.hsdp_shard_size is None or self.hsdp_shard_size >= 1,
+                 f"hsdp_shard_size={self.hsdp_shard_size} must be >= 1")
         _require(self.strategy == "ddp" or self.precision != "fp16",
                  "strategy=fsdp with precision=fp16: FSDP's mixed precision here is bf16 (parameters in bf16, "
                  "gradients reduced in fp32); valid: precision bf16 or fp32")

@@ -12,14 +12,18 @@ block runs (all-gathered before its forward and backward, freed after).
   visible, which would put a CPU rank's parameters on ``cuda:0``), and points
   the optimizer at the new (sharded) parameters. It is given the model on the
   host: ``fully_shard`` moves one block at a time to the device and keeps this
-  rank's shard of it, so the whole unsharded model never has to fit on a GPU.
+  rank's shard of it, so the whole unsharded model never has to fit on a GPU. Given a model built on
+  the ``meta`` device (as ``multigpu train`` builds it), it materializes only this rank's shards
+  (:mod:`multigpu.train.meta`): no rank ever holds the whole model, in host memory or on a GPU.
+  ``shard_size`` makes the mesh 2-D, ``(replicate, shard)``: HSDP (``strategy: hsdp``).
 * :func:`check_sharding` (pure; the launcher runs it on a model built on the
   ``meta`` device) refuses a model without parameters, an unknown block class,
   and a world size that would leave a rank holding nothing;
   :func:`check_placement` refuses what FSDP cannot do on the job's devices
   (a hybrid job of GPU and CPU ranks, CPU offload without GPUs or alone).
 * :func:`training_state_bytes` is the planned per-rank memory of parameters,
-  gradients and Adam's two moments.
+  gradients and Adam's two moments; :func:`check_fits` refuses (in the launcher) a plan
+  larger than what a rank may fill, naming it.
 
 Gradient accumulation skips the reduce-scatter on all but the last micro-step
 (``set_requires_gradient_sync``, FSDP2's ``no_sync``); ``clip_grad_norm_`` over
@@ -36,7 +40,7 @@ from torch import nn
 
 from multigpu.errors import ConfigError
 
-__all__ = ["block_modules", "check_placement", "check_sharding", "compile_blocks", "shard_model",
+__all__ = ["block_modules", "check_fits", "check_hsdp", "check_placement", "check_sharding", "compile_blocks", "shard_model",
            "training_state_bytes"]
 
 _ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, the size of the parameters each
@@ -119,6 +123,32 @@ def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> di
     return {"params": total, "grads": grads, "optimizer": _ADAM_MOMENTS * total}
 
 
+def check_fits(model: nn.Module, world_size: int, strategy: str, budget: int, where: str) -> None:
+    """Raise a one-line ConfigError when the planned training state of one rank exceeds ``budget`` bytes (pure).
+
+    ``where`` says where the budget comes from (it ends the "a rank may fill about ..." clause)."""
+    sharded = strategy != "ddp" and world_size > 1
+    plan = training_state_bytes(model, world_size, sharded)
+    need = sum(plan.values())
+    if need <= budget:
+        return
+    how = f"sharded over {world_size} ranks" if sharded else "a whole replica on every rank"
+    parts = (f"parameters {_mib(plan['params'])}, gradients {_mib(plan['grads'])}, "
+             f"Adam {_mib(plan['optimizer'])}: {how}")
+    if sharded:
+        valid = "more ranks (fsdp holds 1/N of it each), fewer ranks on this node, or a machine with more memory"
+    else:
+        fsdp = sum(training_state_bytes(model, world_size, True).values()) if world_size > 1 else need
+        valid = (f"--strategy fsdp ({_mib(fsdp)} per rank on {world_size} ranks), " if world_size > 1 else
+                 "2 or more ranks with --strategy fsdp, ") + "fewer ranks on this node, or more memory"
+    raise ConfigError(f"strategy={strategy}: the planned training state per rank is {_mib(need)} ({parts}) but a "
+                      f"rank may fill about {_mib(budget)} ({where}); valid: {valid}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
 def compile_blocks(module: nn.Module, class_names: Iterable[str], device: torch.device) -> int:
     """``torch.compile`` each block in place (``Module.compile``: names and state-dict keys unchanged), before
     ``fully_shard``, so FSDP's all-gather and reduce-scatter hooks stay outside the compiled graphs (torchtitan's
@@ -133,12 +163,25 @@ def compile_blocks(module: nn.Module, class_names: Iterable[str], device: torch.
     return len(blocks)
 
 
-def _mesh(device: torch.device, world_size: int):
-    """A 1-D mesh over every rank, of this rank's device type (never FSDP's default, which is CUDA's whenever a
-    GPU is visible)."""
+def check_hsdp(world_size: int, shard_size: int) -> None:
+    """Raise a one-line ConfigError when ``shard_size`` ranks per replica do not tile ``world_size`` (pure)."""
+    if shard_size < 1 or world_size % shard_size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(f"strategy=hsdp: hsdp_shard_size={shard_size} does not divide the world size {world_size} "
+                          f"into whole replicas; valid: {', '.join(map(str, divisors))}")
+
+
+def _mesh(device: torch.device, world_size: int, shard_size: int | None = None):
+    """The mesh of this rank's device type (never FSDP's default, which is CUDA's whenever a GPU is visible):
+    1-D over every rank (fsdp), or 2-D ``(replicate, shard)`` with ``shard_size`` ranks per replica (hsdp:
+    parameters sharded within a group of ranks, typically a node, and replicated across groups; consecutive
+    ranks share a replica, so with torchrun's numbering a replica is one node)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (world_size,))
+    if shard_size is None:
+        return init_device_mesh(device.type, (world_size,))
+    check_hsdp(world_size, shard_size)
+    return init_device_mesh(device.type, (world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
 
 
 class StepTraffic:
@@ -171,7 +214,8 @@ class StepTraffic:
 
 def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
                 class_names: Iterable[str] = (), reshard_after_forward: bool = True,
-                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> StepTraffic:
+                param_dtype: torch.dtype | None = None, cpu_offload: bool = False, seed: int = 0,
+                shard_size: int | None = None) -> StepTraffic:
     """``fully_shard`` each block, then the root; the optimizer is pointed at the sharded parameters.
 
     Call on all ranks, before the optimizer's first step. Returns what one optimizer step communicates.
@@ -187,6 +231,10 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
         param_dtype: Compute dtype of the gathered parameters (bf16 mixed precision); gradients are
             reduced in fp32 and the sharded parameters stay in their own dtype.
         cpu_offload: Keep the sharded parameters, gradients and optimizer state in host memory (GPUs).
+        seed: For a model built on the meta device: the seed its shards are initialized from
+            (:func:`multigpu.train.meta.materialize`).
+        shard_size: HSDP: shard over groups of this many ranks and replicate across the groups (a 2-D mesh);
+            None: shard over every rank.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -195,10 +243,10 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
     import torch.distributed as dist
 
     world_size = dist.get_world_size()
-    check_sharding(module, world_size, class_names)
+    check_sharding(module, shard_size or world_size, class_names)
     names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
     options = {
-        "mesh": _mesh(device, world_size),
+        "mesh": _mesh(device, world_size, shard_size),
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
@@ -207,6 +255,10 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
     fully_shard(module, **options)
+    from multigpu.train.meta import is_on_meta, materialize
+
+    if is_on_meta(module):  # built on meta: only now, sharded, does each rank get storage for its own rows
+        materialize(module, torch.device("cpu") if cpu_offload else device, seed)  # offloaded shards: on the host
     new = dict(module.named_parameters(remove_duplicate=False))
     for group in optimizer.param_groups:
         group["params"] = [new[names[id(p)]] for p in group["params"]]

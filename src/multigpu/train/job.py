@@ -90,6 +90,16 @@ def _context(cfg: TrainJobConfig, vocab_size: int | None = None) -> dict:
     return {"block_size": cfg.block_size, "vocab_size": vocab_size}
 
 
+def _planned_context(cfg: TrainJobConfig) -> dict:
+    """The factory context the ranks will use, as far as the launcher knows it: the default data's vocabulary
+    (a model factory such as ``causal_lm`` takes it from the data; other data factories: unknown)."""
+    if cfg.data.factory != DEFAULT_DATA:
+        return _context(cfg)
+    from multigpu.train.data import VOCAB
+
+    return _context(cfg, len(VOCAB))
+
+
 def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
     from multigpu.factory import import_object
@@ -107,11 +117,62 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     check_trackers(cfg.logger)  # logger: wandb without wandb installed: one line, before anything spawns
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
+    if cfg.strategy == "hsdp":  # its checkpoints need the one checkpoint store (sharded on a 2-D mesh)
+        raise ConfigError("strategy=hsdp runs through the Trainer API for now: `multigpu train` checkpoints every "
+                          "run, and HSDP checkpoints wait for the one checkpoint store; valid: strategy=fsdp or ddp")
     if cfg.strategy == "fsdp":
         _check_fsdp(cfg, plan)
     if plan.run.resume not in (None, "auto"):
         _check_resume_path(plan.run.resume)
     _check_resume_fits(cfg, plan)
+    _check_memory(cfg, plan)
+    if cfg.init_from:
+        _check_init_from(cfg)
+
+
+def _check_init_from(cfg: TrainJobConfig) -> None:
+    """``init_from`` holds a tensor of the right shape for every parameter of the model (headers only; the model
+    on meta). Shapes only with the default data (another data factory may set the vocabulary: the ranks check
+    them before reading); where the factory cannot build on meta, only the file itself is checked."""
+    from multigpu.train.meta import build_on_meta
+    from multigpu.train.pretrained import check_weights, weight_files
+
+    try:
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _planned_context(cfg)), cfg.model.factory)
+    except ConfigError:
+        weight_files(cfg.init_from)
+        return
+    check_weights(cfg.init_from, model, shapes=cfg.data.factory == DEFAULT_DATA)
+
+
+def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
+    """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp) must fit in what
+    a rank of this node may fill: its GPU, or its share of the host memory the job may use (the cgroup's limit
+    where a scheduler set one). The model is built on meta; one that cannot be (under ddp) is not checked."""
+    import torch
+
+    from multigpu.train.fsdp import check_fits
+    from multigpu.train.meta import build_on_meta
+
+    budgets = [(t, b) for t in plan.device_types if (b := plan.devices.memory_per_rank(t)) is not None]
+    if not budgets:
+        return
+    try:
+        model = build_on_meta(lambda: cfg.model.build("model.factory", _planned_context(cfg)), cfg.model.factory)
+    except ConfigError:
+        return
+    if not isinstance(model, torch.nn.Module):
+        return
+    from multigpu.launch.devices import RANK_RESIDENT_BYTES, format_bytes
+    n = plan.devices.nproc_per_node
+    host = f"{format_bytes(plan.devices.available_bytes or 0)} available"
+    if plan.devices.memory_source:  # a cgroup's limit (a container, SLURM, Kubernetes): launch/memlimit.py
+        host += f" under {plan.devices.memory_source}"
+    host += f" ÷ {n} rank{'s' if n > 1 else ''} on this node, less {format_bytes(RANK_RESIDENT_BYTES)} each"
+    for device_type, budget in budgets:
+        if device_type == "cuda" and cfg.fsdp_cpu_offload:
+            continue  # the sharded state lives in host memory (it is checked against the host's share, if any)
+        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host)
 
 
 def _check_precision(cfg: TrainJobConfig, plan: JobPlan, device_type: str) -> None:
@@ -170,23 +231,21 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
 def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """The model shards over the job: it has parameters, the named block classes exist, no rank is left empty.
 
-    The model is built on the ``meta`` device (shapes only, no memory); a factory that cannot build
-    there is checked by the ranks instead (:func:`multigpu.train.fsdp.shard_model` runs the same checks).
+    The model is built on the ``meta`` device (shapes only, no memory), as the ranks will build it: a factory
+    that cannot run there, or a model whose values cannot be made after it (:mod:`multigpu.train.meta`), is
+    refused in one line.
     """
     import torch
 
     from multigpu.train.fsdp import check_placement, check_sharding
+    from multigpu.train.meta import build_on_meta, check_initializable
 
     check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
-    try:
-        with torch.device("meta"):
-            model = cfg.model.build("model.factory", _context(cfg))
-    except ConfigError:
-        raise
-    except Exception:  # noqa: BLE001 - the factory needs real tensors or data: the ranks check it
-        return
+    # the ranks build it on meta too: a factory that cannot is refused before anything spawns
+    model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
     if isinstance(model, torch.nn.Module):
         check_sharding(model, plan.world_size, cfg.fsdp_blocks)
+        check_initializable(model)
 
 
 def _datasets(cfg: TrainJobConfig):
@@ -209,7 +268,14 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
 
     train_set, val_set = _datasets(cfg)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = cfg.model.build("model.factory", _context(cfg, getattr(train_set, "vocab_size", None)))
+    context = _context(cfg, getattr(train_set, "vocab_size", None))
+    # fsdp/hsdp: no memory yet, each rank materializes only its shards (on one rank: all of it, the same values)
+    if cfg.strategy != "ddp":
+        from multigpu.train.meta import build_on_meta
+
+        model = build_on_meta(lambda: cfg.model.build("model.factory", context), cfg.model.factory)
+    else:
+        model = cfg.model.build("model.factory", context)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model.factory {cfg.model.factory!r} returned {type(model).__name__}, not an nn.Module")
     if mg.is_main():

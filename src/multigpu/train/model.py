@@ -9,6 +9,7 @@ Pre-LayerNorm blocks, causal self-attention through
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn as nn
@@ -56,23 +57,36 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
+        # drawn first, from the global generator on the host (also under torch.device("meta")): every value below
+        # depends on this seed and the parameter's name only, so a meta build materialized shard by shard
+        # (multigpu.train.meta) gets exactly the values of a build on the host
+        self.init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
         self.tok = nn.Embedding(vocab_size, cfg.n_embd)
         self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
         self.head.weight = self.tok.weight  # weight tying
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
-            if name.endswith(("attn.proj.weight", "out.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+        if not self.tok.weight.is_meta:
+            self.init_weights()
 
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2's initialization of every parameter in place (see :meth:`init_parameter`)."""
+        for name, p in self.named_parameters():  # the tied embedding once
+            self.init_parameter(name, p)
+
+    @torch.no_grad()
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Fill ``tensor``, the whole of parameter ``name``: GPT-2's init (normal(0, 0.02) for weights, scaled
+        by 1/sqrt(2 n_layer) on residual projections; LayerNorm weights 1, biases 0), drawn from a generator of
+        its own seeded by ``init_seed`` and ``name``."""
+        if tensor.dim() < 2:
+            tensor.fill_(1.0 if name.endswith("weight") else 0.0)  # LayerNorms' weights; biases
+            return
+        std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("attn.proj.weight", "out.weight")) else 0.02
+        generator = torch.Generator().manual_seed((self.init_seed + zlib.crc32(name.encode())) % 2**63)
+        tensor.normal_(0.0, std, generator=generator)
 
     def num_params(self) -> int:
         """Parameters, counting the tied embedding once and leaving out position embeddings (nanoGPT's count)."""

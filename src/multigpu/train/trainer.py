@@ -112,7 +112,9 @@ class Trainer:
     """Trains ``model`` with ``optimizer`` on ``train_data`` across all ranks; see the module docstring.
 
     Args:
-        model: The plain model (not yet on the device, not wrapped in DDP).
+        model: The plain model (not yet on the device, not wrapped in DDP), or one built on the ``meta`` device
+            (``multigpu.train.meta.build_on_meta``): under fsdp/hsdp each rank then materializes only its shards,
+            otherwise the whole model on this rank (see :mod:`multigpu.train.meta` for how values are made).
         optimizer: Built on ``model.parameters()``.
         train_data: A map-style dataset; each rank reads its share through ``mg.TrainSampler``.
         config: The knobs (``TrainConfig``); ``model``/``data`` sections are not used here.
@@ -214,14 +216,20 @@ class Trainer:
         if not optimized <= {id(p) for p in self.module.parameters()}:
             raise ConfigError("the optimizer holds tensors that are not parameters of the model; "
                               "build it with the model's own parameters, e.g. AdamW(model.parameters())")
-        if cfg.strategy == "fsdp":
+        if cfg.strategy != "ddp":
             from multigpu.train.fsdp import check_placement
 
             run = context.current()
             kinds = ["cuda", "cpu"] if run.hybrid else [self.env.device.type]
             check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload)
-        self.sharded = cfg.strategy == "fsdp" and self.world_size > 1
+        self.sharded = cfg.strategy != "ddp" and self.world_size > 1
+        # hsdp: shard within groups of hsdp_shard_size ranks (default: a node), replicate across them
+        self.shard_size = (cfg.hsdp_shard_size or self.env.local_world_size) if cfg.strategy == "hsdp" else None
         self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
+        from multigpu.train.meta import is_on_meta, materialize
+
+        if not self.sharded and is_on_meta(self.module):  # built on meta, not sharded here: all of it on this rank
+            materialize(self.module, self.env.device, cfg.seed, self.optimizer)
         # in place: the optimizer keeps its params. Under fsdp the whole model never goes to the device:
         # fully_shard moves one block at a time there and keeps only this rank's shard of it
         self.module.to(device=None if self.sharded else self.env.device, dtype=DTYPES[cfg.dtype])
@@ -239,8 +247,10 @@ class Trainer:
             param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
             self.fsdp_traffic = shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
                         param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                        cpu_offload=cfg.fsdp_cpu_offload)
+                        cpu_offload=cfg.fsdp_cpu_offload, seed=cfg.seed, shard_size=self.shard_size)
+            self._load_pretrained()
             return
+        self._load_pretrained()  # before DDP: every rank holds the same whole weights
         if self.world_size > 1:
             self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
                                            find_unused_parameters=cfg.find_unused_parameters,
@@ -250,6 +260,13 @@ class Trainer:
             from multigpu.train.speed import compiled
 
             self.model = compiled(self.model, self.env.device)
+
+    def _load_pretrained(self) -> None:
+        """``init_from``: each rank reads its own rows of every parameter (all of them when not sharded)."""
+        if self.config.init_from:
+            from multigpu.train.pretrained import load_weights
+
+            load_weights(self.module, self.config.init_from)
 
     def _setup_data(self, state: dict | None) -> None:
         cfg = self.config
@@ -311,8 +328,9 @@ class Trainer:
               + (f"; resumed at step {self.step}" if self.step else ""), flush=True)
         from multigpu.train.fsdp import training_state_bytes
 
-        plan = training_state_bytes(self.module, self.world_size, self.sharded)
-        how = f"sharded over {self.world_size} ranks" if self.sharded else "a whole replica"
+        shards = self.shard_size or self.world_size
+        plan = training_state_bytes(self.module, shards, self.sharded)
+        how = f"sharded over {shards} ranks" if self.sharded else "a whole replica"
         print(f"training state per rank (planned, strategy {cfg.strategy}: {how}): parameters "
               f"{_mib(plan['params'])}, gradients {_mib(plan['grads'])}, optimizer (Adam) {_mib(plan['optimizer'])}"
               f" = {_mib(sum(plan.values()))}", flush=True)
