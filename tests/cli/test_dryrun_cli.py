@@ -35,7 +35,7 @@ def test_train_at_64_ranks_measures_memory_in_seconds_and_writes_nothing(tmp_pat
 
 
 def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path):
-    out, _ = _dry(tmp_path, "train", "--world-size", "64", "--device-memory", "10MiB", *SMALL, "batch_size=16")
+    out = _dry(tmp_path, "train", "--world-size", "64", "--device-memory", "10MiB", *SMALL, "batch_size=16")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr
@@ -46,12 +46,12 @@ def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path)
 
 def test_every_size_error_of_the_real_run_is_listed(tmp_path):
     # fsdp over more ranks than the largest parameter has rows, and more ranks than a batch per rank
-    out, _ = _dry(tmp_path, "train", "--strategy", "fsdp", "--world-size", "1024", *SMALL, "batch_size=512")
+    out = _dry(tmp_path, "train", "--strategy", "fsdp", "--world-size", "1024", *SMALL, "batch_size=512")
     assert out.returncode == 2
     assert "error: strategy=fsdp on 1024 ranks leaves rank" in out.stdout
     assert "error: each rank gets" in out.stdout and "fewer than batch_size=512" in out.stdout
     assert "(and 1 more error(s) listed above)" in out.stderr
-    out, _ = _dry(tmp_path, "train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
+    out = _dry(tmp_path, "train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
     assert out.returncode == 2
     assert "global_batch_size=1000 is not divisible by world_size × grad_accum = 64 × 1 = 64" in out.stderr
     assert list(tmp_path.iterdir()) == []
@@ -63,7 +63,7 @@ def test_sim_at_1024_ranks_and_infer_at_64(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "rank 1 holds agents [976,563, 1,953,126): 976,563 of them" in out.stdout
     assert re.search(r"peak of a step\s+[\d.]+ MiB\s+estimated", out.stdout)
-    out, _ = _dry(tmp_path, "sim", "--strategy", "spatial", "--world-size", "1024")
+    out = _dry(tmp_path, "sim", "--strategy", "spatial", "--world-size", "1024")
     assert out.returncode == 2 and "sim.grid has 1000 rows, fewer than the 1024 ranks" in out.stderr
     out = _dry(tmp_path, "infer", "--world-size", "64", "--device-memory", "L4", "batch_size=2")
     assert out.returncode == 0, out.stderr
@@ -84,7 +84,7 @@ def test_per_rank_state_agrees_with_a_real_cpu_run(tmp_path, strategy, nproc):
     per-rank accounting in a real run of the same model on 1 and 2 CPU ranks: within 2% (the trainer prints
     one decimal of MiB)."""
     args = ["train", "--strategy", strategy, *SMALL]
-    dry, _ = _dry(tmp_path, *args, "--world-size", str(nproc), "--cpu")
+    dry = _dry(tmp_path, *args, "--world-size", str(nproc), "--cpu")
     assert dry.returncode == 0, dry.stderr
     real = run_cli(*args, "--nproc-per-node", str(nproc), "--cpu", "--run-dir", str(tmp_path / "run"), "steps=1",
                    "eval_every=0", "checkpoint_every=0", "sample_chars=0", env={"OMP_NUM_THREADS": "1"}, timeout=300)

@@ -181,9 +181,9 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_naming_the_step_and_keeps_the_g
         assert r["error"] is not None and r["step"] == 6, r  # the log point (or checkpoint) after step 5
         assert r["error"].startswith("the loss is nan and the gradient norm nan at step 5 on rank 1 (its first "
                                      "non-finite step); training stopped at step 6, before a checkpoint"), r["error"]
-    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt_*.pt"))
-    assert kept == ["ckpt_00000002.pt", "ckpt_00000004.pt"]  # no step-6 checkpoint of NaN weights
-    state = torch.load(tmp_path / "checkpoints" / "ckpt_00000004.pt", weights_only=True)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000002", "step_00000004"]  # no step-6 checkpoint of NaN weights
+    state = torch.load(tmp_path / "checkpoints" / "step_00000004" / "state.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 

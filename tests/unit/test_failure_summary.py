@@ -67,3 +67,23 @@ def test_assumption_hints_name_what_to_change_and_stay_quiet_otherwise():
     assert "WORLD_SIZE" in assumption_hint(asserted)
     assert assumption_hint("ValueError: bad batch") is None
     assert assumption_hint("AssertionError: loss is nan") is None
+
+
+def test_a_rank_that_lost_its_peer_to_another_ranks_timeout_is_not_named_as_the_cause():
+    """Rank 1 timed out in a barrier and exited; rank 0, waiting in an all_reduce, then lost its peer within the
+    same second. Error files time failures to the second, so torch's "first" was rank 0's consequence."""
+    from multigpu.launch.agent import _root_failure
+
+    def failure(message: str, timestamp: int):
+        return SimpleNamespace(error_file_data={"message": {"message": message}}, exitcode=1, timestamp=timestamp)
+
+    lost = failure("CollectiveError: all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer", 100)
+    timed_out = failure("CollectiveTimeoutError: barrier() on rank 1 of 2 timed out after 5s", 100)
+    err = SimpleNamespace(failures={0: lost, 1: timed_out}, get_first_failure=lambda: (0, lost))
+    assert _root_failure(err) == (1, timed_out)
+    late = failure("CollectiveTimeoutError: barrier() on rank 1 of 2 timed out after 5s", 130)
+    err = SimpleNamespace(failures={0: lost, 1: late}, get_first_failure=lambda: (0, lost))
+    assert _root_failure(err) == (0, lost)  # a timeout long after is not what cut the connection
+    crash = failure("ValueError: boom", 100)
+    err = SimpleNamespace(failures={0: crash, 1: timed_out}, get_first_failure=lambda: (0, crash))
+    assert _root_failure(err) == (0, crash)

@@ -407,6 +407,20 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
+def _root_failure(err: ChildFailedError):
+    """torch's first failure, unless it is a rank that lost its peer while another rank's collective timed out
+    within the same second: the timeout is the cause (the rank that timed out exited, closing the connection
+    the other was waiting on), and error files time failures to the second only."""
+    rank, failure = err.get_first_failure()
+    if "lost a peer" not in _message(failure):
+        return rank, failure
+    when = failure.timestamp
+    for other, candidate in sorted(err.failures.items()):
+        if other != rank and abs(candidate.timestamp - when) <= 1 and "timed out after" in _message(candidate):
+            return other, candidate
+    return rank, failure
+
+
 def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True,
                       nccl_dump: str | None = None, memory: MemoryWatch | None = None) -> WorkerFailedError:
     """One readable summary: which rank failed first, how, its traceback's tail, where the logs are.
@@ -415,7 +429,7 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     ``memory`` (taken when the job started) names the OOM killer when the rank died by SIGKILL and the
     kernel counted an OOM kill meanwhile, or the cgroup's memory peaked at its limit.
     """
-    rank, failure = err.get_first_failure()
+    rank, failure = _root_failure(err)
     text = _message(failure)
     oom = memory.explain_sigkill() if memory is not None and failure.exitcode == -signal.SIGKILL else None
     if oom is not None and text.startswith("killed by signal"):
