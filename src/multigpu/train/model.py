@@ -60,7 +60,7 @@ class GPT(nn.Module):
         # drawn first, from the global generator on the host (also under torch.device("meta")): every value below
         # depends on this seed and the parameter's name only, so a meta build materialized shard by shard
         # (multigpu.train.meta) gets exactly the values of a build on the host
-        self.init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
+        self.init_seed = _draw_seed()
         self.tok = nn.Embedding(vocab_size, cfg.n_embd)
         self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layer))
@@ -114,3 +114,12 @@ class GPT(nn.Module):
             nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
+
+
+def _draw_seed() -> int:
+    """A seed from torch's global generator (``torch.manual_seed`` decides it), drawn on the host also under
+    ``FakeTensorMode``, where a dry run builds models (reading a fake tensor's value would raise)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return int(torch.randint(0, 2**62, (), device="cpu"))
