@@ -52,10 +52,36 @@ META_HELP = ("strategy=fsdp builds the model on the meta device (no memory) and 
              "data-dependent init); valid: such a factory, or strategy=ddp")
 
 
+_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+"""``torch.nn.init``'s in-place initializers: on meta tensors they write nothing, yet run through torch's
+reference implementations, which import ``torch._dynamo`` (and sympy): seconds of a launcher's start-up."""
+
+
+@contextlib.contextmanager
+def _no_init_on_meta() -> Iterator[None]:
+    """The initializers above return a meta tensor untouched (its values do not exist anyway)."""
+    originals = {name: getattr(nn.init, name) for name in _INITS if hasattr(nn.init, name)}
+
+    def skipping(original):
+        def init(tensor, *args, **kwargs):
+            return tensor if getattr(tensor, "is_meta", False) else original(tensor, *args, **kwargs)
+
+        return init
+
+    try:
+        for name, original in originals.items():
+            setattr(nn.init, name, skipping(original))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(nn.init, name, original)
+
+
 def build_on_meta(build: Callable[[], nn.Module], factory: str) -> nn.Module:
     """``build()`` under ``torch.device("meta")``; a factory that cannot run there is one ConfigError line."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _no_init_on_meta():
             return build()
     except Exception as exc:  # noqa: BLE001 - the user's factory can fail in any way (Factory.build: a ConfigError)
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

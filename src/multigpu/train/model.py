@@ -118,8 +118,12 @@ class GPT(nn.Module):
 
 def _draw_seed() -> int:
     """A seed from torch's global generator (``torch.manual_seed`` decides it), drawn on the host also under
-    ``FakeTensorMode``, where a dry run builds models (reading a fake tensor's value would raise)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
+    ``FakeTensorMode``, where a dry run builds models (reading a fake tensor's value raises there; the fake-tensor
+    module is imported only then: it pulls in sympy, seconds of a launcher's start-up)."""
+    try:
         return int(torch.randint(0, 2**62, (), device="cpu"))
+    except Exception:  # noqa: BLE001 - torch's DataDependentOutputException under FakeTensorMode
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return int(torch.randint(0, 2**62, (), device="cpu"))
