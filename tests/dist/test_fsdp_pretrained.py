@@ -17,24 +17,16 @@ import pytest
 import torch
 
 from multigpu.testing import run_on_ranks
+from tests.dist._tiny import VOCAB, tiny_gpt, tiny_hf
 
 pytestmark = pytest.mark.dist
 
-VOCAB = 37
-
 
 def _gpt():
-    from multigpu.train import ModelConfig
-    from multigpu.train.model import GPT
-
-    return GPT(ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8), VOCAB)
+    return tiny_gpt(block_size=8)
 
 
-def _hf():
-    from multigpu.train.hf import causal_lm
-
-    return causal_lm("llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+_hf = tiny_hf
 
 
 def _load_and_export(build, weights: str, out: str) -> int | None:
