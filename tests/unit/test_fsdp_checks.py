@@ -39,6 +39,11 @@ def no_reset():
     return _Scale()
 
 
+def two_rows():
+    """A model factory whose largest parameter has 2 rows (weight 2 x 3, bias 2)."""
+    return torch.nn.Linear(3, 2)
+
+
 def test_check_sharding_refuses_what_cannot_be_sharded():
     with pytest.raises(ConfigError, match="has no parameters"):
         check_sharding(torch.nn.ReLU(), 2)
@@ -100,6 +105,73 @@ def test_fsdp_where_it_cannot_run_on_the_job_devices_is_one_line_and_exit_2(tmp_
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
         assert not (tmp_path / "run").exists()
+
+
+def test_bad_hsdp_input_is_one_line_and_exit_2(tmp_path, capsys, fake_gpus):
+    """hsdp from the command line (it was refused whole: "runs through the Trainer API for now"): a shard size
+    that does not tile the world size, a hybrid job, a replica whose ranks would hold nothing."""
+    fake_gpus(0)
+    for argv, message in [
+        (["--nproc-per-node", "4", "--strategy", "hsdp", "hsdp_shard_size=3"],
+         "strategy=hsdp: hsdp_shard_size=3 does not divide the world size 4 into whole replicas; valid: 1, 2, 4"),
+        (["--nproc-per-node", "4", "--strategy", "hsdp", "hsdp_shard_size=4", "--model",
+          "tests.unit.test_fsdp_checks:two_rows"],
+         "strategy=hsdp with hsdp_shard_size=4 leaves rank 2 of each replica with no parameters (the largest "
+         "parameter has 2 rows); valid: hsdp_shard_size at most 2, or strategy=ddp"),
+    ]:
+        code = cli_main(["train", "--run-dir", str(tmp_path / "run"), *argv])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
+        assert not (tmp_path / "run").exists()
+    fake_gpus(1)
+    code = cli_main(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--allow-cpu-ranks",
+                     "--strategy", "hsdp"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "error: strategy=hsdp in a hybrid job (GPU and CPU ranks)" in err, err
+
+
+def test_hsdp_plans_one_shard_of_a_replica_per_rank():
+    """Each rank holds 1/hsdp_shard_size of the state (a replica's share), not 1/world_size."""
+    net = torch.nn.Linear(1024, 1024, bias=False)  # 16 MiB of training state: 8 MiB over 2 ranks, 4 MiB over 4
+    check_fits(net, 4, "hsdp", 5 << 20, "the cap", shard_size=4)
+    with pytest.raises(ConfigError, match=r"^strategy=hsdp: the planned training state per rank is 8 MiB \(parameters "
+                       r"2 MiB, gradients 2 MiB, Adam 4 MiB: sharded over 2 ranks of a replica, 2 replicas\) but a "
+                       r"rank may fill about 5 MiB \(the cap\); valid: a larger hsdp_shard_size \(up to 4: 4 MiB "
+                       r"per rank\)"):
+        check_fits(net, 4, "hsdp", 5 << 20, "the cap", shard_size=2)
+
+
+def test_the_launcher_plans_hsdp_memory_per_replica_shard(tmp_path, capsys, fake_gpus):
+    """`multigpu train --strategy hsdp` on 4 ranks: with hsdp_shard_size=2 each rank plans half the 85M GPT's
+    1,298 MiB (649 MiB), more than its 500 MiB share of this node, so it is refused before anything starts,
+    where fsdp over the 4 ranks would plan 325 MiB."""
+    from multigpu.launch.devices import RANK_RESIDENT_BYTES
+
+    fake_gpus(0, available_bytes=4 * ((500 << 20) + RANK_RESIDENT_BYTES))
+    code = cli_main(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "4", "--strategy", "hsdp",
+                     "hsdp_shard_size=2", "model.kwargs.n_layer=12", "model.kwargs.n_embd=768",
+                     "model.kwargs.n_head=12", "block_size=64"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith("error: strategy=hsdp: the planned training state per rank is 649 MiB (") and \
+        "sharded over 2 ranks of a replica, 2 replicas) but a rank may fill about 500 MiB" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_ddp_checkpoint_is_refused_under_fsdp_and_hsdp_before_anything_starts(tmp_path, capsys, fake_gpus):
+    """Whole state dicts (ddp's) do not load into shards: one line in the launcher, naming what would load it
+    (under fsdp the ranks used to start and fail: "it holds no sharded state"). DCP shards load under any
+    strategy (tests/cli/test_hsdp_e2e.py resumes an hsdp checkpoint under ddp)."""
+    from multigpu.checkpoint import CheckpointStore
+    from tests.conftest import assert_bad_input
+
+    fake_gpus(0)
+    path = CheckpointStore(tmp_path / "old" / "checkpoints").save(1, {"model": {"w": torch.zeros(2)}, "trainer": {}})
+    for strategy in ("fsdp", "hsdp"):
+        assert_bad_input(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", "--strategy", strategy,
+                          "--resume", str(path)],
+                         f"checkpoint {path} holds whole state dicts (written under strategy=ddp), which "
+                         f"strategy={strategy} does not load; valid: resume it with strategy=ddp", capsys, tmp_path / "run")
 
 
 def test_the_trainer_refuses_cpu_offload_alone_too(single_rank_group):

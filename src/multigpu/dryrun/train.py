@@ -2,9 +2,10 @@
 
 The data factory runs for real (its length and one batch's shapes); the model is built inside torch's
 ``FakeTensorMode`` (no memory), sharded with ``fully_shard`` on a device mesh of N fake ranks under
-``strategy=fsdp``, and steps twice (forward, backward, the optimizer; the second step has the optimizer
-state that every later step has) under torch's ``MemTracker`` (``FSDPMemTracker`` for fsdp), which counts
-the bytes of the fake tensors alive at each moment: parameters, gradients, optimizer state, activations.
+``strategy=fsdp`` (2-D, ``(replicate, shard)``, under ``strategy=hsdp``), and steps twice (forward, backward,
+the optimizer; the second step has the optimizer state that every later step has) under torch's
+``MemTracker`` (``FSDPMemTracker`` for fsdp and hsdp), which counts the bytes of the fake tensors alive at
+each moment: parameters, gradients, optimizer state, activations.
 DDP keeps its gradients in its buckets (``gradient_as_bucket_view``), so buckets add nothing here.
 A model that cannot be built or stepped on fake tensors gets the planned figures of
 :func:`multigpu.train.fsdp.training_state_bytes` instead (estimated), and no activation figure.
@@ -44,7 +45,13 @@ def examine(cfg, plan, rank: int, report: Report) -> None:
         return
     train = out[0] if isinstance(out, tuple) else out
     _shard(cfg, train, world, rank, batch, accum, report)
-    measure_step(cfg, train, world, rank, batch, report)
+    from multigpu.train.job import shard_size
+
+    shards = shard_size(cfg, plan)
+    if shards is not None:
+        report.lines.append(f"hsdp: {world // shards if world % shards == 0 else '?'} replica(s) × {shards} ranks "
+                            f"(each rank holds 1/{shards} of the training state)")
+    measure_step(cfg, train, world, rank, batch, report, shards)
 
 
 def _shard(cfg, train, world: int, rank: int, batch: int, accum: int, report: Report) -> None:
@@ -72,15 +79,16 @@ def _collate(train, batch: int):
     return default_collate([train[i % len(train)] for i in range(batch)])
 
 
-def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report) -> None:
-    """Two training steps of rank ``rank`` on fake tensors; the figures go into ``report``."""
+def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report, shard_size: int | None = None) -> None:
+    """Two training steps of rank ``rank`` on fake tensors; the figures go into ``report``. ``shard_size``: hsdp's
+    ranks per replica."""
     import torch.distributed as dist
 
     if dist.is_initialized():  # a process group already here (tests in one process): do not replace it
         raise RuntimeError("the dry run needs this process to have no process group")
     with fake_world(rank, world):
         try:
-            figures, peak = _fake_steps(cfg, train, world, batch)
+            figures, peak = _fake_steps(cfg, train, world, batch, shard_size=shard_size)
         except ConfigError as exc:
             report.errors.append(str(exc))
             return
@@ -89,7 +97,7 @@ def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report) 
             report.warnings.append(f"one step on fake tensors failed ({type(exc).__name__}: {first[:200]}); "
                                    "parameters, gradients and optimizer state are the planned figures, "
                                    "activations are not measured")
-            figures, peak = _planned(cfg, train, world), None
+            figures, peak = _planned(cfg, train, world, shard_size), None
     report.memory.extend(figures)
     if peak is None:
         state = sum(f.bytes for f in figures if f.bytes is not None)
@@ -102,19 +110,21 @@ def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report) 
         report.warnings.append("activation_checkpointing=true: activations were measured without it (an upper bound)")
 
 
-def _planned(cfg, train, world: int) -> list[Figure]:
+def _planned(cfg, train, world: int, shard_size: int | None = None) -> list[Figure]:
     from multigpu.train.fsdp import training_state_bytes
 
     with torch.device("meta"):
         model = cfg.model.build("model.factory", _context(cfg, getattr(train, "vocab_size", None)))
-    plan = training_state_bytes(model.to(_DTYPES[cfg.dtype]), world, cfg.strategy == "fsdp")
+    plan = training_state_bytes(model.to(_DTYPES[cfg.dtype]), shard_size or world, cfg.strategy != "ddp")
     note = "from parameter shapes"
     return [Figure("parameters", plan["params"], "estimated", note), Figure("gradients", plan["grads"], "estimated", note),
             Figure("optimizer state", plan["optimizer"], "estimated", "AdamW: 2 moments")]
 
 
-def _fake_steps(cfg, train, world: int, batch: int, *, fake: bool = True) -> tuple[list[Figure], Figure]:
-    """Two steps under the tracker; ``fake=False`` runs them on real CPU tensors (what the tests compare with)."""
+def _fake_steps(cfg, train, world: int, batch: int, *, fake: bool = True,
+                shard_size: int | None = None) -> tuple[list[Figure], Figure]:
+    """Two steps under the tracker; ``fake=False`` runs them on real CPU tensors (what the tests compare with).
+    ``shard_size``: hsdp's ranks per replica (a 2-D ``(replicate, shard)`` mesh, as the trainer makes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -125,12 +135,12 @@ def _fake_steps(cfg, train, world: int, batch: int, *, fake: bool = True) -> tup
     from multigpu.train.trainer import default_loss
 
     real = _collate(train, batch)
-    sharded = cfg.strategy == "fsdp"
+    sharded = cfg.strategy != "ddp"
     mesh = None
     if sharded:  # made outside fake mode: init_device_mesh needs real values
-        from torch.distributed.device_mesh import init_device_mesh
+        from multigpu.train.fsdp import device_mesh
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = device_mesh(torch.device("cpu"), world, shard_size if cfg.strategy == "hsdp" else None)
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     precision = _DTYPES[cfg.precision]
     with FakeTensorMode() if fake else contextlib.nullcontext() as mode:
@@ -184,7 +194,8 @@ def _shard_model(cfg, model, optimizer, mesh, precision):
 
     from multigpu.train.fsdp import block_modules, check_sharding
 
-    check_sharding(model, mesh.size(), cfg.fsdp_blocks)
+    shards = mesh.size(mesh.ndim - 1)  # hsdp: the ranks of one replica (the mesh's last dimension)
+    check_sharding(model, shards, cfg.fsdp_blocks, cfg.strategy)
     param_dtype = precision if precision != torch.float32 else None
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}

@@ -27,7 +27,9 @@ from multigpu.runtime.rng import capture_rng, restore_rng  # re-exported: checkp
 __all__ = [
     "capture_rng",
     "check_model_fits",
+    "check_layout",
     "check_resume_fits",
+    "is_sharded",
     "recorded_params",
     "restore_rng",
 ]
@@ -101,6 +103,25 @@ def recorded_params(path: str | Path) -> dict[str, list[int]] | None:
     except CorruptCheckpointError:
         return None
     return params if isinstance(params, dict) else None
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether checkpoint folder ``path`` holds its tensors as DCP shards (written under fsdp or hsdp), read from its
+    manifest (the launcher calls this too: nothing is unpickled). Those load into any layout, ddp's whole model
+    included (DCP reshards); whole state dicts (ddp's) load only into a whole model.
+    """
+    from multigpu.checkpoint import read_manifest
+
+    return ".metadata" in read_manifest(path)["files"]
+
+
+def check_layout(path: str | Path, strategy: str) -> bool:
+    """:func:`is_sharded`, refusing in one line a checkpoint of whole state dicts under a sharded strategy."""
+    sharded = is_sharded(path)
+    if not sharded and strategy != "ddp":
+        raise ConfigError(f"checkpoint {path} holds whole state dicts (written under strategy=ddp), which "
+                          f"strategy={strategy} does not load; valid: resume it with strategy=ddp")
+    return sharded
 
 
 def check_resume_fits(path: str | Path, model: torch.nn.Module, config: dict[str, Any] | None = None,

@@ -164,8 +164,8 @@ class TrainConfig:
         _require(self.hsdp_shard_size is None or self.hsdp_shard_size >= 1,
                  f"hsdp_shard_size={self.hsdp_shard_size} must be >= 1")
         _require(self.strategy == "ddp" or self.precision != "fp16",
-                 "strategy=fsdp with precision=fp16: FSDP's mixed precision here is bf16 (parameters in bf16, "
-                 "gradients reduced in fp32); valid: precision bf16 or fp32")
+                 f"strategy={self.strategy} with precision=fp16: FSDP's mixed precision here is bf16 (parameters in "
+                 "bf16, gradients reduced in fp32); valid: precision bf16 or fp32")
         _require(self.peak_tflops is None or self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be > 0")
 
     def accum_per_rank(self, world_size: int) -> int:

@@ -15,15 +15,18 @@ block runs (all-gathered before its forward and backward, freed after).
   rank's shard of it, so the whole unsharded model never has to fit on a GPU. Given a model built on
   the ``meta`` device (as ``multigpu train`` builds it), it materializes only this rank's shards
   (:mod:`multigpu.train.meta`): no rank ever holds the whole model, in host memory or on a GPU.
-  ``shard_size`` makes the mesh 2-D, ``(replicate, shard)``: HSDP (``strategy: hsdp``).
+  ``shard_size`` makes the mesh 2-D, ``(replicate, shard)``: HSDP (``strategy: hsdp``): each rank keeps
+  ``1/shard_size`` (the same shard as its peers in the other replicas); gradients are reduce-scattered
+  within a replica, then all-reduced across replicas (:func:`device_mesh`).
 * :func:`check_sharding` (pure; the launcher runs it on a model built on the
   ``meta`` device) refuses a model without parameters, an unknown block class,
-  and a world size that would leave a rank holding nothing;
+  and a world size (hsdp: a shard size) that would leave a rank holding nothing; :func:`check_hsdp` a shard
+  size that does not divide the world size;
   :func:`check_placement` refuses what FSDP cannot do on the job's devices
   (a hybrid job of GPU and CPU ranks, CPU offload without GPUs or alone).
 * :func:`training_state_bytes` is the planned per-rank memory of parameters,
   gradients and Adam's two moments; :func:`check_fits` refuses (in the launcher) a plan
-  larger than what a rank may fill, naming it.
+  larger than what a rank may fill, naming it (under hsdp: one shard of a replica's state).
 
 Gradient accumulation skips the reduce-scatter on all but the last micro-step
 (``set_requires_gradient_sync``, FSDP2's ``no_sync``); ``clip_grad_norm_`` over
@@ -40,8 +43,8 @@ from torch import nn
 
 from multigpu.errors import ConfigError
 
-__all__ = ["block_modules", "check_fits", "check_hsdp", "check_placement", "check_sharding", "compile_blocks", "shard_model",
-           "training_state_bytes"]
+__all__ = ["block_modules", "check_fits", "check_hsdp", "check_placement", "check_sharding", "compile_blocks",
+           "device_mesh", "shard_model", "training_state_bytes"]
 
 _ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, the size of the parameters each
 
@@ -72,14 +75,15 @@ def _rows_by_rank(shape: torch.Size, world_size: int) -> list[int]:
     return [max(0, min(rows, (r + 1) * per) - r * per) for r in range(world_size)]
 
 
-def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str] = ()) -> None:
-    """Raise a one-line ConfigError when ``model`` cannot be sharded usefully over ``world_size`` ranks.
+def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str] = (), strategy: str = "fsdp") -> None:
+    """Raise a one-line ConfigError when ``model`` cannot be sharded usefully over ``world_size`` ranks
+    (under hsdp: the ``hsdp_shard_size`` ranks of one replica).
 
     Pure: reads parameter shapes only (a model on the ``meta`` device will do).
     """
     params = list(model.parameters())
     if not params:
-        raise ConfigError(f"strategy=fsdp: the model ({type(model).__name__}) has no parameters to shard; "
+        raise ConfigError(f"strategy={strategy}: the model ({type(model).__name__}) has no parameters to shard; "
                           "valid: a model with parameters, or strategy=ddp")
     block_modules(model, class_names)
     held = [0] * world_size
@@ -89,6 +93,10 @@ def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str]
     empty = [r for r, n in enumerate(held) if n == 0]
     if empty:
         largest = max((p.shape[0] if p.dim() else 1) for p in params)
+        if strategy == "hsdp":
+            raise ConfigError(f"strategy=hsdp with hsdp_shard_size={world_size} leaves rank {empty[0]} of each replica "
+                              f"with no parameters (the largest parameter has {largest} rows); valid: "
+                              f"hsdp_shard_size at most {largest}, or strategy=ddp")
         raise ConfigError(f"strategy=fsdp on {world_size} ranks leaves rank {empty[0]} with no parameters "
                           f"(the largest parameter has {largest} rows); valid: at most {largest} ranks, "
                           "or strategy=ddp")
@@ -96,15 +104,15 @@ def check_sharding(model: nn.Module, world_size: int, class_names: Iterable[str]
 
 OFFLOAD_ALONE = ("fsdp_cpu_offload=true at world size 1: sharding over one rank needs a process group this job "
                  "does not have, so nothing would be offloaded; valid: 2 or more ranks, or fsdp_cpu_offload=false")
-HYBRID = ("strategy=fsdp in a hybrid job (GPU and CPU ranks): one sharded model cannot live on both kinds of device; "
-          "valid: strategy=ddp, every rank on a GPU (no --allow-cpu-ranks), or every rank on the CPU (--cpu)")
+HYBRID = ("strategy={strategy} in a hybrid job (GPU and CPU ranks): one sharded model cannot live on both kinds of "
+          "device; valid: strategy=ddp, every rank on a GPU (no --allow-cpu-ranks), or every rank on the CPU (--cpu)")
 
 
-def check_placement(world_size: int, device_types: Iterable[str], cpu_offload: bool) -> None:
-    """Raise a one-line ConfigError where FSDP cannot run on the job's devices as configured (pure)."""
+def check_placement(world_size: int, device_types: Iterable[str], cpu_offload: bool, strategy: str = "fsdp") -> None:
+    """Raise a one-line ConfigError where FSDP (or HSDP) cannot run on the job's devices as configured (pure)."""
     kinds = set(device_types)
     if kinds == {"cuda", "cpu"}:
-        raise ConfigError(HYBRID)
+        raise ConfigError(HYBRID.format(strategy=strategy))
     if cpu_offload and world_size == 1:
         raise ConfigError(OFFLOAD_ALONE)
     if cpu_offload and "cuda" not in kinds:
@@ -123,19 +131,29 @@ def training_state_bytes(model: nn.Module, world_size: int, sharded: bool) -> di
     return {"params": total, "grads": grads, "optimizer": _ADAM_MOMENTS * total}
 
 
-def check_fits(model: nn.Module, world_size: int, strategy: str, budget: int, where: str) -> None:
+def check_fits(model: nn.Module, world_size: int, strategy: str, budget: int, where: str,
+               shard_size: int | None = None) -> None:
     """Raise a one-line ConfigError when the planned training state of one rank exceeds ``budget`` bytes (pure).
 
-    ``where`` says where the budget comes from (it ends the "a rank may fill about ..." clause)."""
+    ``where`` says where the budget comes from (it ends the "a rank may fill about ..." clause). ``shard_size``:
+    under hsdp, the ranks of one replica (each holds 1/shard_size of the state, not 1/world_size)."""
+    shards = shard_size if strategy == "hsdp" and shard_size else world_size
     sharded = strategy != "ddp" and world_size > 1
-    plan = training_state_bytes(model, world_size, sharded)
+    plan = training_state_bytes(model, shards, sharded)
     need = sum(plan.values())
     if need <= budget:
         return
-    how = f"sharded over {world_size} ranks" if sharded else "a whole replica on every rank"
+    how = f"sharded over {shards} ranks" if sharded else "a whole replica on every rank"
+    if strategy == "hsdp":
+        replicas = world_size // shards
+        how += f" of a replica, {replicas} replica{'s' if replicas > 1 else ''}"
     parts = (f"parameters {_mib(plan['params'])}, gradients {_mib(plan['grads'])}, "
              f"Adam {_mib(plan['optimizer'])}: {how}")
-    if sharded:
+    if strategy == "hsdp" and shards < world_size:
+        whole = sum(training_state_bytes(model, world_size, True).values())
+        valid = (f"a larger hsdp_shard_size (up to {world_size}: {_mib(whole)} per rank), --strategy fsdp, "
+                 "more ranks per node, or a machine with more memory")
+    elif sharded:
         valid = "more ranks (fsdp holds 1/N of it each), fewer ranks on this node, or a machine with more memory"
     else:
         fsdp = sum(training_state_bytes(model, world_size, True).values()) if world_size > 1 else need
@@ -171,7 +189,7 @@ def check_hsdp(world_size: int, shard_size: int) -> None:
                           f"into whole replicas; valid: {', '.join(map(str, divisors))}")
 
 
-def _mesh(device: torch.device, world_size: int, shard_size: int | None = None):
+def device_mesh(device: torch.device, world_size: int, shard_size: int | None = None):
     """The mesh of this rank's device type (never FSDP's default, which is CUDA's whenever a GPU is visible):
     1-D over every rank (fsdp), or 2-D ``(replicate, shard)`` with ``shard_size`` ranks per replica (hsdp:
     parameters sharded within a group of ranks, typically a node, and replicated across groups; consecutive
@@ -239,14 +257,15 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if any(optimizer.state.values()):
-        raise ConfigError("strategy=fsdp: the optimizer has already stepped; shard before training starts")
+        raise ConfigError(f"strategy={'hsdp' if shard_size else 'fsdp'}: the optimizer has already stepped; shard "
+                          "before training starts")
     import torch.distributed as dist
 
     world_size = dist.get_world_size()
-    check_sharding(module, shard_size or world_size, class_names)
+    check_sharding(module, shard_size or world_size, class_names, "hsdp" if shard_size else "fsdp")
     names = {id(p): name for name, p in module.named_parameters(remove_duplicate=False)}
     options = {
-        "mesh": _mesh(device, world_size, shard_size),
+        "mesh": device_mesh(device, world_size, shard_size),
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }

@@ -6,6 +6,7 @@
     multigpu train --data multigpu.train.data:token_files data.kwargs.path=shakespeare/   # nanoGPT's train.bin
     multigpu train --model multigpu.train.hf:causal_lm model.kwargs.config=gpt2 model.kwargs.n_layer=2
     multigpu train --resume auto steps=400                    # continue the newest run, longer
+    multigpu train --strategy hsdp --nnodes 2 ...              # sharded within each node, replicated across nodes
     multigpu train --logger wandb wandb.project=mine          # W&B on rank 0 beside metrics.jsonl (multigpu[tracking])
 
 ``check`` validates everything that needs the job's shape before a rank is
@@ -35,7 +36,7 @@ from multigpu.runtime.context import RunContext
 from multigpu.train.config import TrainConfig
 
 __all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "WORKLOAD", "TrainJobConfig", "build", "check", "export", "export_state",
-           "full_state", "main", "sample"]
+           "full_state", "main", "sample", "shard_size"]
 
 DEFAULT_MODEL = "multigpu.train.nano:gpt"
 """nanoGPT's GPT (:func:`multigpu.train.nano.gpt`)."""
@@ -117,10 +118,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     check_trackers(cfg.logger)  # logger: wandb without wandb installed: one line, before anything spawns
     if cfg.export == "safetensors":
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
-    if cfg.strategy == "hsdp":  # its checkpoints need the one checkpoint store (sharded on a 2-D mesh)
-        raise ConfigError("strategy=hsdp runs through the Trainer API for now: `multigpu train` checkpoints every "
-                          "run, and HSDP checkpoints wait for the one checkpoint store; valid: strategy=fsdp or ddp")
-    if cfg.strategy == "fsdp":
+    if cfg.strategy != "ddp":  # fsdp, hsdp
         _check_fsdp(cfg, plan)
     if plan.run.resume not in (None, "auto"):
         _check_resume_path(plan.run.resume)
@@ -145,8 +143,17 @@ def _check_init_from(cfg: TrainJobConfig) -> None:
     check_weights(cfg.init_from, model, shapes=cfg.data.factory == DEFAULT_DATA)
 
 
+def shard_size(cfg: TrainJobConfig, plan: JobPlan) -> int | None:
+    """hsdp: the ranks of one replica (``hsdp_shard_size``, default the ranks per node, as the trainer's
+    ``local_world_size``); None under ddp and fsdp."""
+    if cfg.strategy != "hsdp":
+        return None
+    return cfg.hsdp_shard_size or plan.devices.nproc_per_node
+
+
 def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
-    """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp) must fit in what
+    """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp, 1/shard_size
+    under hsdp) must fit in what
     a rank of this node may fill: its GPU, or its share of the host memory the job may use (the cgroup's limit
     where a scheduler set one). The model is built on meta; one that cannot be (under ddp) is not checked."""
     import torch
@@ -172,7 +179,8 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     for device_type, budget in budgets:
         if device_type == "cuda" and cfg.fsdp_cpu_offload:
             continue  # the sharded state lives in host memory (it is checked against the host's share, if any)
-        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host)
+        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host,
+                   shard_size(cfg, plan))
 
 
 def _check_precision(cfg: TrainJobConfig, plan: JobPlan, device_type: str) -> None:
@@ -198,20 +206,18 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """The checkpoint a resume would load must hold this model's parameters (shapes from its manifest entry,
     compared with the model built on the meta device: no memory, nothing unpickled). Only where the launcher
     knows the model's shape: the default data (another data factory may set the vocabulary; the ranks then
-    check the same before loading)."""
+    check the same before loading). A checkpoint of whole state dicts (ddp's) is refused under fsdp and hsdp."""
     import json
 
     import torch
 
-    from multigpu.checkpoint import CHECKPOINTS, CheckpointStore
+    from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, CorruptCheckpointError
     from multigpu.config import to_dict
-    from multigpu.train.checkpoint import check_resume_fits
+    from multigpu.train.checkpoint import check_layout, check_resume_fits
 
     resume = plan.run.resume
-    if resume is None or (resume == "auto" and not plan.run.run_dir) or cfg.data.factory != DEFAULT_DATA:
+    if resume is None or (resume == "auto" and not plan.run.run_dir):
         return
-    if cfg.strategy == "fsdp":
-        return  # sharded checkpoints: their shapes are DCP's, checked when loading
     if resume == "auto":  # the newest complete one (the ranks verify its bytes; this reads its manifest only)
         folders = CheckpointStore(Path(plan.run.run_dir) / CHECKPOINTS).folders()
         if not folders:
@@ -219,6 +225,12 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
         path = folders[-1]
     else:
         path = Path(resume)
+    try:  # DCP shards (fsdp, hsdp) load into any strategy and layout; whole state dicts (ddp) into ddp only
+        sharded = check_layout(path, cfg.strategy)
+    except CorruptCheckpointError:
+        return  # (auto: the ranks skip it for an intact one; a given path was verified before)
+    if sharded or cfg.data.factory != DEFAULT_DATA:
+        return  # sharded checkpoints: their shapes are DCP's, checked when loading
     written_by = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads((path.parent.parent / "run.json").read_text())
@@ -229,7 +241,8 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
 
 
 def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
-    """The model shards over the job: it has parameters, the named block classes exist, no rank is left empty.
+    """The model shards over the job (fsdp) or over each replica (hsdp: ``hsdp_shard_size`` ranks, which must
+    divide the world size): it has parameters, the named block classes exist, no rank is left empty.
 
     The model is built on the ``meta`` device (shapes only, no memory), as the ranks will build it: a factory
     that cannot run there, or a model whose values cannot be made after it (:mod:`multigpu.train.meta`), is
@@ -237,14 +250,17 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """
     import torch
 
-    from multigpu.train.fsdp import check_placement, check_sharding
+    from multigpu.train.fsdp import check_hsdp, check_placement, check_sharding
     from multigpu.train.meta import build_on_meta, check_initializable
 
-    check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload)
+    check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload, cfg.strategy)
+    shards = shard_size(cfg, plan)
+    if shards is not None:
+        check_hsdp(plan.world_size, shards)
     # the ranks build it on meta too: a factory that cannot is refused before anything spawns
     model = build_on_meta(lambda: cfg.model.build("model.factory", _context(cfg)), cfg.model.factory)
     if isinstance(model, torch.nn.Module):
-        check_sharding(model, plan.world_size, cfg.fsdp_blocks)
+        check_sharding(model, shards or plan.world_size, cfg.fsdp_blocks, cfg.strategy)
         check_initializable(model)
 
 
@@ -320,7 +336,7 @@ def export(model, path: Path, state: dict | None = None) -> Path:
 
 
 def full_state(model) -> dict | None:
-    """The whole state dict of a sharded (fsdp) model, gathered to rank 0's CPU memory (None elsewhere).
+    """The whole state dict of a sharded (fsdp, hsdp) model, gathered to rank 0's CPU memory (None elsewhere).
 
     Call on all ranks. Tied parameters (GPT's embedding and head) are one tensor under each of their
     names, as in the plain model's ``state_dict()``, so the export stores them once.
@@ -429,8 +445,9 @@ WORKLOAD = Workload(
              help=f"data factory returning (train, val) datasets (data.kwargs.NAME=...; default {DEFAULT_DATA}; "
                   "also multigpu.train.data:token_files, :bytes_file, multigpu.train.hf:saved_dataset)"),
         Flag("--loss", "loss", metavar="PKG.MODULE:FN", help="loss function fn(model, batch) -> loss"),
-        Flag("--strategy", "strategy", choices=["ddp", "fsdp"],
-             help="ddp: a whole replica per rank; fsdp: parameters, gradients and optimizer state sharded"),
+        Flag("--strategy", "strategy", choices=["ddp", "fsdp", "hsdp"],
+             help="ddp: a whole replica per rank; fsdp: parameters, gradients and optimizer state sharded; "
+                  "hsdp: sharded within each node (hsdp_shard_size=K ranks), replicated across nodes"),
         Flag("--compile", "compile", action="store_true", help="torch.compile the model"),
         Flag("--logger", "logger", metavar="NAME[,NAME]",
              help="trackers beside metrics.jsonl: tensorboard, wandb (wandb.project=..., wandb.mode=offline)"),

@@ -47,7 +47,7 @@ from multigpu.errors import ConfigError
 
 __all__ = ["META_HELP", "build_on_meta", "check_initializable", "copy_full", "is_on_meta", "materialize"]
 
-META_HELP = ("strategy=fsdp builds the model on the meta device (no memory) and materializes only this rank's "
+META_HELP = ("strategy=fsdp (or hsdp) builds the model on the meta device (no memory) and materializes only this rank's "
              "shards, so the factory must create its parameters without reading their values (no .item(), no "
              "data-dependent init); valid: such a factory, or strategy=ddp")
 
@@ -176,7 +176,7 @@ def _init_kind(module: nn.Module) -> str:
         own = [*child.parameters(recurse=False), *child.buffers(recurse=False)]
         if own and not callable(getattr(child, "reset_parameters", None)):
             where = name or "the root module"
-            raise ConfigError(f"strategy=fsdp: {where} ({type(child).__name__}) has parameters or buffers but no "
+            raise ConfigError(f"strategy=fsdp/hsdp: {where} ({type(child).__name__}) has parameters or buffers but no "
                               "reset_parameters(), so its values cannot be made after a meta build; valid: give the "
                               "model init_parameter(name, tensor) or each such module reset_parameters(), or "
                               "strategy=ddp")

@@ -1,8 +1,9 @@
-"""The sharded (``strategy: fsdp``) model and optimizer as one checkpoint part (inside each rank).
+"""The sharded (``strategy: fsdp`` or ``hsdp``) model and optimizer as one checkpoint part (inside each rank).
 
 Each rank writes its own shard of the model and of the optimizer state through the checkpoint store's
 DCP part (:class:`multigpu.checkpoint.Sharded`); a run saved on N ranks resumes on any number of ranks
-(DCP reshards on load). The optimizer's ``param_groups`` (plain values) travel in the trainer's plain
+and mesh (DCP reshards on load: fsdp's 1-D, hsdp's 2-D, or a whole model under ddp). Under hsdp the
+replicas hold equal shards; DCP writes each once. The optimizer's ``param_groups`` (plain values) travel in the trainer's plain
 part and are handed back through :attr:`FsdpTensors.param_groups` before the tensors are loaded.
 """
 

@@ -8,7 +8,8 @@ Every rank builds the same model and optimizer, then::
     trainer.close()      # summary.json (via StepMeter) on rank 0
 
 Checkpoints: ``<run_dir>/checkpoints/step_*`` of :class:`multigpu.checkpoint.CheckpointStore`
-(model, optimizer, trainer state, every rank's random state; under fsdp the tensors as DCP shards).
+(model, optimizer, trainer state, every rank's random state; under fsdp and hsdp the tensors as DCP shards,
+which resume on any layout and strategy; a ddp checkpoint resumes under ddp only).
 ``resume_from`` (the job's ``ctx.resume_from``, decided by the rank entry point) is loaded as it is; a
 plain script gives ``resume`` ("auto" or a path) and ``setup()`` decides the same way, so a worker group
 that torchrun's agent restarts (``--max-restarts``) resumes from the run's newest valid checkpoint
@@ -33,6 +34,8 @@ everything else is the same code.
 replicating them (:mod:`multigpu.train.fsdp`): the optimizer is re-pointed at the
 sharded parameters in ``setup()``, accumulation uses ``set_requires_gradient_sync``,
 and checkpoints hold the tensors as DCP shards (:mod:`multigpu.train.sharded`) on any world size.
+``strategy="hsdp"`` is the same on a 2-D ``(replicate, shard)`` mesh: sharded over ``hsdp_shard_size``
+ranks (default: a node's), replicated across those groups.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, RngState,
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.runtime import context
-from multigpu.train.checkpoint import check_model_fits, param_shapes, restore_rng
+from multigpu.train.checkpoint import check_layout, check_model_fits, param_shapes, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.finite import FiniteGuard
 from multigpu.train.interrupt import InterruptFlag
@@ -187,7 +190,7 @@ class Trainer:
         self._setup_precision()
         self._setup_model()
         state = self._resume_state()
-        if state is not None and self.config.strategy != "fsdp":  # (sharded states are checked by DCP)
+        if state is not None and "sharded_dir" not in state:  # (sharded states are checked by DCP)
             # another model's checkpoint: one line, not load_state_dict's page of mismatches
             check_model_fits(self._resumed_from, state, self.module, _plain(self.config))
         if state is not None:
@@ -221,7 +224,7 @@ class Trainer:
 
             run = context.current()
             kinds = ["cuda", "cpu"] if run.hybrid else [self.env.device.type]
-            check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload)
+            check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload, cfg.strategy)
         self.sharded = cfg.strategy != "ddp" and self.world_size > 1
         # hsdp: shard within groups of hsdp_shard_size ranks (default: a node), replicate across them
         self.shard_size = (cfg.hsdp_shard_size or self.env.local_world_size) if cfg.strategy == "hsdp" else None
@@ -346,7 +349,8 @@ class Trainer:
         if path is None:
             return None
         self._resumed_from = path
-        sharded = self.config.strategy == "fsdp"
+        # what the checkpoint holds, not this run's strategy: DCP shards (fsdp, hsdp) load into any layout
+        sharded = check_layout(path, self.config.strategy)
         into = {"trainer": None, "rng": PerRank(None), **({} if sharded else {"model": None, "optimizer": None})}
         loaded = CheckpointStore(path.parent).load(path, into)
         state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"]}
@@ -418,7 +422,7 @@ class Trainer:
             return None
         self.finite.check(self.step, "the checkpoints written before it are kept")
         state: dict[str, Any] = {"rng": PerRank(RngState())}
-        if self.config.strategy == "fsdp":
+        if self.config.strategy != "ddp":  # fsdp, hsdp: every rank writes its shards (DCP)
             from multigpu.train.sharded import FsdpTensors
 
             tensors = FsdpTensors(self.module, self.optimizer)
