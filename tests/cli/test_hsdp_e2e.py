@@ -85,7 +85,8 @@ def _assert_close(got: dict, want: dict, what: str) -> None:
 def test_hsdp_on_two_nodes_trains_like_ddp_and_resumes_on_the_same_and_another_layout(tmp_path):
     hsdp, ddp, same, other = (tmp_path / name for name in ("hsdp", "ddp", "same", "other"))
     out = _two_nodes(hsdp)
-    assert "training state per rank (planned, strategy hsdp: sharded over 2 ranks)" in out
+    # the shard group defaults to the ranks per node: 2 replicas (one per node) of 2 shards
+    assert "training state per rank (planned, strategy hsdp: sharded over 2 ranks of a replica, 2 replicas)" in out
     step2 = hsdp / "checkpoints" / "step_00000002"
     assert {".metadata", "manifest.json", "state.pt"} < {p.name for p in step2.iterdir()}  # DCP shards
 

@@ -334,6 +334,8 @@ class Trainer:
         shards = self.shard_size or self.world_size
         plan = training_state_bytes(self.module, shards, self.sharded)
         how = f"sharded over {shards} ranks" if self.sharded else "a whole replica"
+        if self.sharded and self.shard_size is not None:  # hsdp: the same shards in every replica
+            how += f" of a replica, {self.world_size // shards} replica{'s' if self.world_size > shards else ''}"
         print(f"training state per rank (planned, strategy {cfg.strategy}: {how}): parameters "
               f"{_mib(plan['params'])}, gradients {_mib(plan['grads'])}, optimizer (Adam) {_mib(plan['optimizer'])}"
               f" = {_mib(sum(plan.values()))}", flush=True)
