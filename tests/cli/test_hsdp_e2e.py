@@ -2,14 +2,15 @@
 
 Two launchers meet at one rendezvous endpoint, as two machines would; the shard group defaults to the ranks
 per node, so each parameter is sharded over a node's 2 ranks and replicated across the 2 nodes. One test,
-four launches of the same tiny job (4 steps of 8 samples, a checkpoint every 2 steps, the export at the end):
+three launches of the same tiny job (4 steps of 8 samples, a checkpoint every 2 steps, the export at the end):
 
 1. hsdp on 2 nodes × 2 ranks, uninterrupted: its losses and exported weights equal those of
 2. ddp on 1 node × 2 ranks (the same global batches) within fp32 tolerance;
 3. hsdp on the same 2 × 2 layout, resumed from run 1's checkpoint of step 2 (DCP shards on the 2-D mesh):
-   steps 3 and 4 and the export are run 1's bit for bit;
-4. the same checkpoint resumed on another layout and strategy, ddp on 1 node × 2 ranks (DCP reshards the
-   replicated shards into whole tensors): steps 3 and 4 equal run 1's within tolerance.
+   steps 3 and 4 and the export are run 1's bit for bit.
+
+The same kind of checkpoint resumed on other layouts (2 ranks under ddp, fsdp, and hsdp as 1 replica × 2)
+is tested through the Trainer in tests/dist/test_hsdp.py (fewer processes than more launches here).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def _assert_close(got: dict, want: dict, what: str) -> None:
         assert torch.allclose(got[key], value, rtol=1e-5, atol=1e-6), f"{what}: {key} differs by {diff:.3g}"
 
 
-def test_hsdp_on_two_nodes_trains_like_ddp_and_resumes_on_the_same_and_another_layout(tmp_path):
-    hsdp, ddp, same, other = (tmp_path / name for name in ("hsdp", "ddp", "same", "other"))
+def test_hsdp_on_two_nodes_trains_like_ddp_and_resumes_bit_identically_on_two_nodes(tmp_path):
+    hsdp, ddp, same = (tmp_path / name for name in ("hsdp", "ddp", "same"))
     out = _two_nodes(hsdp)
     # the shard group defaults to the ranks per node: 2 replicas (one per node) of 2 shards
     assert "training state per rank (planned, strategy hsdp: sharded over 2 ranks of a replica, 2 replicas)" in out
@@ -100,8 +101,3 @@ def test_hsdp_on_two_nodes_trains_like_ddp_and_resumes_on_the_same_and_another_l
     assert _losses(same) == {k: v for k, v in _losses(hsdp).items() if k > 2}  # bit for bit
     whole = _weights(hsdp)
     assert all(torch.equal(v, whole[k]) for k, v in _weights(same).items()), "2x2 -> 2x2: not bit-identical"
-
-    out = _one_node(other, "--strategy", "ddp", "--resume", str(step2))
-    assert "note: checkpoint was written by 4 rank(s), this job has 2" in out and "resumed at step 2" in out
-    assert _losses(other) == pytest.approx({k: v for k, v in _losses(hsdp).items() if k > 2}, rel=1e-5)
-    _assert_close(_weights(other), whole, "2x2 hsdp -> 2 ranks ddp")
