@@ -153,9 +153,9 @@ def shard_size(cfg: TrainJobConfig, plan: JobPlan) -> int | None:
 
 def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp, 1/shard_size
-    under hsdp) must fit in what
-    a rank of this node may fill: its GPU, or its share of the host memory the job may use (the cgroup's limit
-    where a scheduler set one). The model is built on meta; one that cannot be (under ddp) is not checked."""
+    under hsdp) must fit in what a rank of this node may fill: its GPU, or its share of the host memory the job
+    may use (the cgroup's limit where a scheduler set one). The model is built on meta; one that cannot be (under
+    ddp) is not checked."""
     import torch
 
     from multigpu.train.fsdp import check_fits
