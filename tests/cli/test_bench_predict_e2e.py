@@ -1,5 +1,5 @@
 """`multigpu bench --predict`: a real bench of a small script at 1 and 2 CPU ranks, then the predicted table,
-its assumptions and what it cannot know, printed and in bench.json."""
+its assumptions and what it cannot know, printed, in bench.json and drawn in bench.png."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ def test_bench_predicts_larger_world_sizes_with_its_assumptions(tmp_path):
         assert row["step_time_s"] > 0 and row["bottleneck"] in ("compute", "imbalance", "latency", "bandwidth")
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
     assert pred["assumptions"] and pred["cannot_know"]
+    # bench.png was drawn again once the prediction existed: it is the figure of bench.json with the prediction
+    pytest.importorskip("matplotlib")
+    from multigpu.report.plots import bench_figure, save_png
+
+    bench = json.loads((out / "bench.json").read_text())
+    with_it, without = tmp_path / "with.png", tmp_path / "without.png"
+    save_png(bench_figure(bench), with_it)
+    save_png(bench_figure({k: v for k, v in bench.items() if k != "prediction"}), without)
+    drawn = (out / "bench.png").read_bytes()
+    assert drawn == with_it.read_bytes() and drawn != without.read_bytes()
 
 
 def test_predict_flags_are_checked_before_anything_runs(tmp_path, capsys):

@@ -28,7 +28,7 @@ from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
 
-__all__ = ["Launcher", "configs_for", "cpu_usage", "run_bench", "wall_summary", "write_bench"]
+__all__ = ["Launcher", "configs_for", "cpu_usage", "run_bench", "save_plot", "wall_summary", "write_bench"]
 
 
 class Launcher:
@@ -220,6 +220,13 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         "runs": runs,
     }
     write_json_atomic(out_dir / "bench.json", result)
+    save_plot(result, out_dir)
+    return result
+
+
+def save_plot(result: dict[str, Any], out_dir: Path) -> None:
+    """Draw ``bench.png`` from ``result`` (again after ``bench --predict`` added its prediction) and name it in
+    ``result["plot"]``; without matplotlib, one line saying so and no plot."""
     try:
         from multigpu.report.plots import bench_figure, save_png
 
@@ -227,4 +234,3 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         result["plot"] = "bench.png"
     except ImportError as exc:
         print(f"multigpu: no plot ({exc})", file=sys.stderr)
-    return result

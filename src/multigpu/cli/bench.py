@@ -98,7 +98,7 @@ def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
 
 
 def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, launch_cfg) -> None:
-    """Predict, print the table and its assumptions, and add ``prediction`` to bench.json."""
+    """Predict, print the table and its assumptions, add ``prediction`` to bench.json and draw it in bench.png."""
     from multigpu.bench.predict import (
         LOOPBACK,
         LOOPBACK_NAME,
@@ -109,6 +109,7 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
         predict,
         resolve_link,
     )
+    from multigpu.bench.runner import save_plot
     from multigpu.monitor import write_json_atomic
 
     cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
@@ -131,6 +132,8 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
                                    cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others)
     if sweep:
         result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
+    if result.get("plot"):
+        save_plot(result, out)  # bench.png again, now with the predicted sizes and the assumptions' caption
     write_json_atomic(out / "bench.json", result)
     print_prediction(result["prediction"])
 

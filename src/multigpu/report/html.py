@@ -6,7 +6,8 @@ One file, no external resources: plots are embedded as base64 PNG. It shows
 the run's configuration, the scaling table, verdicts and plots (bench folders),
 throughput over time (``metrics.jsonl``), CPU/GPU utilization per device over
 time (``samples_node*.jsonl``), and the communication share and load imbalance
-of every run (``summary.json``).
+of every run (``summary.json``); a bench run with ``--predict`` adds the predicted rows, the interconnect, the
+assumptions and what the prediction cannot know.
 """
 
 from __future__ import annotations
@@ -150,7 +151,45 @@ def _scaling_section(bench: dict[str, Any]) -> str:
         + _table(["ranks", f"{unit}/s median", f"{unit}/s min", "speedup", "ideal", "efficiency", "step ms",
                   "comm share", "imbalance"], rows)
         + (f"<ul>{notes}</ul>" if notes else "")
-        + _img(bench_figure(bench), "speedup vs ideal, and compute/communication split")
+        + _img(bench_figure(bench), "speedup vs ideal, and compute/communication split"
+               + (", measured and predicted" if bench.get("prediction") else ""))
+        + (_prediction_section(bench["prediction"]) if bench.get("prediction") else "")
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return shown(None if seconds is None else seconds * 1000, ".2f")
+
+
+def _short_time(seconds: float) -> str:
+    return f"{seconds * 1e6:.3g} us" if seconds < 1e-3 else f"{seconds * 1e3:.3g} ms"
+
+
+def _prediction_section(pred: dict[str, Any]) -> str:
+    """The predicted rows (``bench --predict``), the interconnect, the assumptions and what the model cannot know."""
+    from multigpu.report.plots import pred_parts
+
+    parts = pred_parts(pred["rows"])
+    rows = [[str(r["world_size"]), _ms(r["step_time_s"]), f"{r['speedup']:.2f}x", f"{r['efficiency']:.0%}",
+             *(_ms(r.get(f"{p}_s")) for p in parts), str(r.get("bottleneck", "")),
+             _ms(r.get("measured_step_time_s")), shown(r.get("error"), "+.0%")]
+            for r in pred["rows"]]
+    link = pred["link"]
+    fit = ", ".join(map(str, pred["fit_on"]))
+    sweep = pred.get("ping_pong_one_way_s") or {}
+    return (
+        "<h3>Predicted scaling</h3>"
+        f"<p>fitted on the measured world size(s) {html.escape(fit)}; interconnect: "
+        f"<b>{html.escape(str(link['name']))}</b>, latency {link['alpha_s'] * 1e6:.3g} us and "
+        f"{link['bandwidth'] / 1e9:.3g} GB/s per rank and direction ({html.escape(str(link['source']))})</p>"
+        + ('<p class="meta">ping-pong one-way times it was measured from: '
+           + html.escape(", ".join(f"{int(b):,} B {_short_time(t)}" for b, t in sweep.items())) + "</p>"
+           if sweep else "")
+        + _table(["ranks", "step ms", "speedup", "efficiency", *(f"{p} ms" for p in parts), "bottleneck",
+                  "measured step ms", "error"], rows)
+        + "<h4>Assumptions</h4><ul>" + "".join(f"<li>{html.escape(str(a))}</li>" for a in pred["assumptions"])
+        + "</ul><h4>What the prediction cannot know</h4><ul>"
+        + "".join(f"<li>{html.escape(str(c))}</li>" for c in pred["cannot_know"]) + "</ul>"
     )
 
 

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from multigpu.bench.table import shown
 
-__all__ = ["bench_figure", "png_base64", "save_png", "throughput_figure", "utilization_figure"]
+__all__ = ["bench_figure", "png_base64", "pred_parts", "save_png", "throughput_figure", "utilization_figure"]
 
 _IDEAL = "#888888"
 _COMPUTE = "#4C78A8"
 _COMM = "#F58518"
+_PRED = "#54A24B"
+_PRED_COLORS = {"compute": _COMPUTE, "imbalance": "#B279A2", "latency": "#E45756", "bandwidth": _COMM}
+_EXTRA_COLORS = ("#72B7B2", "#EECA3B", "#9D755D", "#BAB0AC")
+_WIDE = 16
+"""World sizes (or step times) spanning more than this factor are drawn on log-2 axes (or as shares)."""
 
 
 def _nan(value: float | None) -> float:
@@ -52,32 +58,165 @@ def png_base64(fig) -> str:
 
 
 def bench_figure(result: dict[str, Any]):
-    """Speedup vs ideal (left) and the step time split into compute and communication (right)."""
+    """Speedup vs ideal (left) and where a step's time goes (right).
+
+    With ``result["prediction"]`` (``bench --predict``) the predicted sizes are drawn too: hollow markers on a
+    dashed line (its step time error written beside a size also measured), hatched bars split into the model's
+    parts, and a caption of its assumptions. World sizes spanning more than 16x get log-2 axes; step times
+    spanning more than 16x are drawn as shares of the step, its time written above each bar."""
+    pred = result.get("prediction") or {}
+    prows = pred.get("rows") or []
+    fig, (ax1, ax2) = _figure(10, 4.8 if prows else 4, ncols=2)
+    _speedup_panel(ax1, result, pred, prows)
+    _split_panel(ax2, result["rows"], prows)
+    if prows:
+        fig.supxlabel(_caption(pred), fontsize=8, color="#444444")
+    return fig
+
+
+def _speedup_panel(ax, result: dict[str, Any], pred: dict[str, Any], prows: list[dict[str, Any]]) -> None:
     rows = result["rows"]
     sizes = [r["world_size"] for r in rows]
-    fig, (ax1, ax2) = _figure(10, 4, ncols=2)
-    ax1.plot(sizes, [r["ideal"] for r in rows], "--", color=_IDEAL, label="ideal")
-    ax1.plot(sizes, [r["speedup"] for r in rows], "o-", color=_COMPUTE, label="measured (median)")
+    ideal = {r["world_size"]: r["ideal"] for r in [*rows, *prows]}
+    every = sorted(ideal)
+    ax.plot(every, [ideal[n] for n in every], "--", color=_IDEAL, label="ideal")
+    ax.plot(sizes, [r["speedup"] for r in rows], "o-", color=_COMPUTE, label="measured (median)")
     if rows and rows[0]["throughput_median"] > 0:
         base = rows[0]["throughput_median"]
-        ax1.plot(sizes, [r["throughput_min"] / base for r in rows], "v", color=_COMPUTE, alpha=0.5, label="min")
-    ax1.set(xlabel="world size (ranks)", ylabel="speedup", xticks=sizes,
-            title=f"{result.get('scaling', 'strong')} scaling: speedup vs ideal")
-    ax1.grid(alpha=0.3)
-    ax1.legend()
-    shares = [r["comm_share"] or 0.0 for r in rows]  # not measured (None): the whole step drawn as compute
-    compute = [r["step_time_s"] * (1 - s) * 1000 for r, s in zip(rows, shares, strict=True)]
-    comm = [r["step_time_s"] * s * 1000 for r, s in zip(rows, shares, strict=True)]
-    labels = [str(s) for s in sizes]
-    ax2.bar(labels, compute, color=_COMPUTE, label="compute")
-    ax2.bar(labels, comm, bottom=compute, color=_COMM, label="communication")
-    for i, r in enumerate(rows):
-        ax2.annotate(f"{shown(r['comm_share'], '.0%')} comm", (i, compute[i] + comm[i]), ha="center", va="bottom", fontsize=8)
-    top = max((c + m for c, m in zip(compute, comm, strict=True)), default=1.0)
-    ax2.set(xlabel="world size (ranks)", ylabel="median step time (ms)", title="where a step's time goes",
-            ylim=(0, top * 1.18 or 1.0))
-    ax2.legend()
-    return fig
+        ax.plot(sizes, [r["throughput_min"] / base for r in rows], "v", color=_COMPUTE, alpha=0.5, label="min")
+    if prows:
+        ax.plot([r["world_size"] for r in prows], [r["speedup"] for r in prows], "o--", color=_PRED,
+                markerfacecolor="white", markeredgewidth=1.5, markersize=8, label=_predicted_label(pred))
+        for r in prows:
+            if r.get("error") is not None:  # a size also measured: how far off the predicted step time was
+                ax.annotate(f"step {r['error']:+.0%}\nvs measured", (r["world_size"], r["speedup"]), xytext=(7, -5),
+                            textcoords="offset points", fontsize=7, color=_PRED, va="top")
+    ax.set(xlabel="world size (ranks)", ylabel="speedup",
+           title=f"{result.get('scaling', 'strong')} scaling: speedup vs ideal")
+    if every and every[-1] > _WIDE * every[0]:
+        _log2(ax, "x", every)
+        _log2(ax, "y")
+        ys = [y for y in [*ideal.values(), *(r["speedup"] for r in [*rows, *prows])] if y > 0]
+        low, high = min(ys) / 1.5, max(ys) * 1.5
+        ax.set_ylim(low, low * (high / low) ** 1.45)  # the top third left free for the legend
+    else:
+        ax.set_xticks(every)
+    ax.grid(alpha=0.3)
+    if prows:
+        ax.legend(fontsize=8, loc="upper left")  # above the ideal line, which the predicted sizes stretch out
+    else:
+        ax.legend()
+
+
+class _Bar(NamedTuple):
+    label: str
+    parts: dict[str, float]
+    """Seconds per step in each part (stacked in the order of the panel's series)."""
+    predicted: bool
+    step_s: float
+    note: str
+    """Written above the bar: the measured communication share, or the predicted bottleneck."""
+
+
+def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) -> None:
+    measured = {r["world_size"]: r for r in rows}
+    predicted = {r["world_size"]: r for r in prows}
+    parts = pred_parts(prows)
+    bars = []
+    for n in sorted(measured.keys() | predicted.keys()):
+        if n in measured:
+            r = measured[n]
+            share = r["comm_share"] or 0.0  # not measured (None): the whole step drawn as compute
+            bars.append(_Bar(str(n), {"compute": r["step_time_s"] * (1 - share), "communication": r["step_time_s"] * share},
+                             False, r["step_time_s"], f"{shown(r['comm_share'], '.0%')} comm"))
+        if n in predicted:
+            r = predicted[n]
+            bars.append(_Bar(f"{n}\npredicted", {p: float(r.get(f"{p}_s") or 0.0) for p in parts}, True,
+                             r["step_time_s"], str(r.get("bottleneck") or "")))
+    steps = [b.step_s for b in bars if b.step_s > 0]
+    shares = bool(steps) and max(steps) > _WIDE * min(steps)  # bars too far apart to read on one time axis
+    scale = [100 / (sum(b.parts.values()) or 1.0) if shares else 1000 for b in bars]
+    bottom = [0.0] * len(bars)
+    series = [("compute", False, _COMPUTE), ("communication", False, _COMM)]
+    series += [(p, True, _PRED_COLORS.get(p) or _EXTRA_COLORS[i % len(_EXTRA_COLORS)]) for i, p in enumerate(parts)]
+    for part, is_pred, color in series:
+        idx = [i for i, b in enumerate(bars) if b.predicted == is_pred]
+        if not idx:
+            continue
+        heights = [bars[i].parts.get(part, 0.0) * scale[i] for i in idx]
+        style = ({"facecolor": _to_rgba(color, 0.35), "edgecolor": color, "hatch": "///", "linewidth": 0}
+                 if is_pred else {"color": color})
+        ax.bar(idx, heights, bottom=[bottom[i] for i in idx], label=f"predicted {part}" if is_pred else part, **style)
+        for i, h in zip(idx, heights, strict=True):
+            bottom[i] += h
+    for i, b in enumerate(bars):
+        note = _duration(b.step_s) if shares else b.note
+        if shares and b.predicted:
+            note += f"\n{b.note}"
+        ax.annotate(note, (i, bottom[i]), ha="center", va="bottom", fontsize=7 if prows else 8)
+    top = max(bottom, default=1.0) or 1.0
+    ax.set_xticks(range(len(bars)), [b.label for b in bars], fontsize=8 if prows else None)
+    ax.set(xlabel="world size (ranks)" + ("; above a predicted bar: its bottleneck" if prows else ""),
+           ylabel="share of the step (%)" if shares else "median step time (ms)",
+           title="where a step's time goes", ylim=(0, top * (1.45 if prows else 1.18)))
+    if shares:
+        ax.set_yticks(range(0, 101, 20))
+    ax.legend(fontsize=7 if prows else None, ncols=2 if len(series) > 3 else 1)
+
+
+def pred_parts(rows: list[dict[str, Any]]) -> list[str]:
+    """The parts a predicted step is split into: the model's known ones first, then any other ``*_s`` number its
+    rows carry (a newer model's), in the order they come."""
+    parts = [p for p in _PRED_COLORS if any(f"{p}_s" in r for r in rows)]
+    for r in rows:
+        for key, value in r.items():
+            if (key.endswith("_s") and key not in ("step_time_s", "measured_step_time_s") and key[:-2] not in parts
+                    and isinstance(value, (int, float)) and not isinstance(value, bool)):
+                parts.append(key[:-2])
+    return parts
+
+
+def _predicted_label(pred: dict[str, Any]) -> str:
+    fit = ", ".join(map(str, pred.get("fit_on", [])))
+    return f"predicted ({pred.get('link', {}).get('name', 'interconnect not named')}, fitted on N = {fit})"
+
+
+def _caption(pred: dict[str, Any]) -> str:
+    """The prediction's assumptions in short; ``multigpu report`` lists them all."""
+    link = pred.get("link", {})
+    figures = ""
+    if isinstance(link.get("alpha_s"), (int, float)) and isinstance(link.get("bandwidth"), (int, float)):
+        figures = f"latency {link['alpha_s'] * 1e6:.3g} us, {link['bandwidth'] / 1e9:.3g} GB/s per rank and direction, "
+    text = (f"Predicted with an alpha-beta model of {link.get('name', 'an interconnect not named')} ({figures}"
+            f"{link.get('source', 'source not given')}); compute fitted on the measured N = "
+            f"{', '.join(map(str, pred.get('fit_on', [])))}; "
+            + ("the job's collectives as counted there, not overlapped with compute" if pred.get("traffic_at")
+               else "no communication counted (none measured on 1 rank)")
+            + "; topology, congestion and memory not known. All assumptions: multigpu report.")
+    return textwrap.fill(text, 150)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _log2(ax, which: str, ticks: Sequence[int] | None = None) -> None:
+    """``ax``'s ``which`` axis ("x" or "y") on a log-2 scale with plain numbers (at ``ticks`` when given)."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    getattr(ax, f"set_{which}scale")("log", base=2)
+    axis = getattr(ax, f"{which}axis")
+    if ticks is not None:
+        axis.set_ticks(list(ticks), [str(t) for t in ticks])
+    else:
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
+def _to_rgba(color: str, alpha: float):
+    from matplotlib.colors import to_rgba
+
+    return to_rgba(color, alpha)
 
 
 def throughput_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], unit: str = "items"):
