@@ -19,7 +19,12 @@ def _imbalanced_steps(run_dir: str) -> dict:
     meter = StepMeter("items", run_dir=run_dir, log_every=2, warmup_steps=1, progress=False)
     for _ in range(5):
         with meter.step(items=10):
-            time.sleep(0.02 if mg.rank() == 0 else 0.08)  # rank 1 computes 4x longer
+            if mg.rank() == 0:
+                time.sleep(0.02)
+            else:  # rank 1 computes 4x longer, on the CPU
+                end = time.perf_counter() + 0.08
+                while time.perf_counter() < end:
+                    pass
             mg.all_reduce(torch.ones(1), check_shapes=False)  # rank 0 waits here for rank 1
     return meter.close(extra={"note": "test"})
 
@@ -31,6 +36,9 @@ def test_meter_reduces_across_ranks_and_measures_imbalance(tmp_path):
     assert 2.5 < a["imbalance"] < 6  # busy 0.08 vs 0.02 per step
     assert a["per_rank"][0]["comm_s"] > a["per_rank"][1]["comm_s"]  # rank 0 waited on rank 1
     assert a["comm_share"] > 0.2
+    # CPU seconds per rank: rank 0 slept, rank 1 spun (at most its wall time, however loaded the machine)
+    cpu0, cpu1 = a["per_rank"][0]["cpu_s"], a["per_rank"][1]["cpu_s"]
+    assert cpu0 < 0.5 * cpu1 and 0 < cpu1 <= a["per_rank"][1]["wall_s"] + 0.05
     assert a["imbalance"] == b["imbalance"]  # every rank gets the same reduced figures
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["note"] == "test" and written["items"] == 80

@@ -145,3 +145,52 @@ def test_fsdp_step_traffic_from_the_sharding():
     assert moved("reduce_scatter") == (3, 440 + 440 + 44)
     # (n-1) a + (n-1)/n S b: 3 x 10 us + 3/4 x 1 ms
     assert cost("sharded_all_gather", 4, 1e6, LINK) == pytest.approx((20e-6, 0.75e-3))
+
+
+def _cpu_run(n: int, step_s: float, items: int, busy: list[float], cpu: list[float], traffic: dict | None = None):
+    """A run whose meter also measured each rank's CPU seconds per step, and its wall time (the mean step)."""
+    run = _run(n, step_s, items, busy, traffic)
+    summary = run["summary"]
+    summary["wall_s"] = step_s * summary["steps"]
+    for rank, seconds in zip(summary["per_rank"], cpu, strict=True):
+        rank["cpu_s"] = seconds * summary["steps"]
+    return run
+
+
+def test_ranks_beyond_the_cores_take_at_least_the_cpu_they_need_over_the_cores():
+    from multigpu.bench.predict import LOOPBACK_NAME
+
+    # a per-rank batch of 64 items. 1 rank: 100 ms computing, 100 ms of CPU. 2 ranks: 100 ms busy + 10 ms in one
+    # small all-reduce, 110 ms of CPU: the all-reduce's own CPU is 10 ms, for 2 messages (2 x 1 ms latency)
+    traffic = {"all_reduce": {"calls": 1, "bytes": 8}}
+    runs = [_cpu_run(1, 0.100, 64, [0.100], [0.100]),
+            _cpu_run(2, 0.110, 128, [0.100, 0.100], [0.110, 0.110], traffic)]
+    link = Link(LOOPBACK_NAME, 1e-3, 1e15, "measured")
+    row = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
+    # at 4 ranks a rank waits for 4 messages (tree: 2 log2 4): its collective CPU doubles to 20 ms, so the step is
+    # at least 4 ranks x 120 ms of CPU / 2 cores
+    assert row["step_time_s"] == pytest.approx(4 * 0.120 / 2)
+    # without that bound: the compute fitted through 100 and 110 - 2 ms (per item), crowded by 4 ranks holding
+    # their core 100/110 of the step, plus the 4 ms latency
+    unbound = 0.104 * (4 * (0.100 / 0.110) / 2) + 0.004
+    assert row["cores_s"] == pytest.approx(0.240 - unbound)
+    assert row["compute_s"] + row["imbalance_s"] + row["latency_s"] + row["bandwidth_s"] + row["cores_s"] == \
+        pytest.approx(row["step_time_s"])
+    # the same runs without CPU figures (bench.json files written before they were measured): no such bound
+    for run in runs:
+        for rank in run["summary"]["per_rank"]:
+            del rank["cpu_s"]
+    old = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
+    assert old["cores_s"] == 0.0 and old["step_time_s"] == pytest.approx(unbound)
+    # and never on ranks with a device each (the bound is this host's cores)
+    other = predict(runs, [4], LINK, cores=2, cpu_ranks=False)["rows"][0]
+    assert other["cores_s"] == 0.0
+
+
+def test_the_step_is_the_slowest_ranks_mean_pace_not_the_median_of_per_step_maxima():
+    # ranks late in turns: each step's slowest rank took 150 ms (the median), yet the job kept 100 ms a step
+    runs = [_cpu_run(1, 0.100, 64, [0.100], [0.100]), _cpu_run(2, 0.050, 64, [0.050] * 2, [0.050] * 2),
+            _cpu_run(4, 0.040, 64, [0.030] * 4, [0.030] * 4)]
+    runs[2]["summary"]["step_time_s"]["median"] = 0.060
+    row = predict(runs, [4], LINK)["rows"][0]
+    assert row["measured_step_time_s"] == pytest.approx(0.040)  # wall_s / steps, not the 60 ms median

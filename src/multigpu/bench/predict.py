@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -161,11 +161,26 @@ class _Point:
     """The slowest rank's busy seconds per step (their ratio to the mean is the load imbalance)."""
     items_per_step: float
     traffic: dict[str, dict[str, float]]
+    cpu_mean_s: float | None = None
+    """Mean over ranks of the CPU seconds a rank's process spent per step (all its threads); None: not measured."""
+
+
+def _mean_step(summary: dict[str, Any]) -> float:
+    """The job's step time as its throughput sees it: the slowest rank's wall time over the measured steps.
+
+    Not the median of each step's slowest rank: where ranks share cores, which rank is late changes from step to
+    step, and the per-step maximum then sits above the pace the job keeps (10-20% at 3 and 4 ranks on 2 cores)."""
+    if summary.get("wall_s") and summary.get("steps"):
+        return summary["wall_s"] / summary["steps"]
+    return summary["step_time_s"]["median"]
 
 
 def _point(n: int, summaries: list[dict[str, Any]]) -> _Point:
-    means, maxes = [], []
+    means, maxes, cpus = [], [], []
     for s in summaries:
+        cpu = [r["cpu_s"] / r["steps"] for r in s.get("per_rank", []) if r.get("cpu_s") is not None and r["steps"]]
+        if cpu and len(cpu) == len(s.get("per_rank", [])):
+            cpus.append(statistics.fmean(cpu))
         per = [r["busy_s"] / r["steps"] for r in s.get("per_rank", []) if r.get("busy_s") is not None and r["steps"]]
         if per and len(per) == len(s.get("per_rank", [])):
             means.append(statistics.fmean(per))
@@ -173,11 +188,12 @@ def _point(n: int, summaries: list[dict[str, Any]]) -> _Point:
     traffic = summaries[len(summaries) // 2].get("traffic") or {}
     return _Point(
         n=n,
-        step_s=statistics.median(s["step_time_s"]["median"] for s in summaries),
+        step_s=statistics.median(_mean_step(s) for s in summaries),
         compute_mean_s=statistics.median(means) if len(means) == len(summaries) else None,
         compute_max_s=statistics.median(maxes) if len(maxes) == len(summaries) else None,
         items_per_step=statistics.median(s["items"] / max(s["steps"], 1) for s in summaries),
         traffic=traffic,
+        cpu_mean_s=statistics.median(cpus) if len(cpus) == len(summaries) else None,
     )
 
 
@@ -204,6 +220,35 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     if a < 0:
         return 0.0, statistics.fmean(y / x for x, y in zip(xs, ys, strict=True))
     return a, b
+
+
+def _hops(traffic: dict[str, dict[str, float]], n: int, link: Link) -> float:
+    """Messages one rank waits for per step at N (the latency term over one message's latency)."""
+    unit = link if link.alpha_s > 0 else replace(link, alpha_s=1.0)
+    return _comm(traffic, n, unit)[0] / unit.alpha_s
+
+
+def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict[str, dict[str, float]],
+              link: Link) -> Callable[[int], float] | None:
+    """CPU seconds one rank's process needs per step at N (all its threads), from the measured CPU time; None
+    where it was not measured.
+
+    Computing takes the CPU it took at the smallest size fitted on (per second of its busy time there), scaled as
+    the fitted compute; the collectives' own CPU (copies, reductions, socket wake-ups: the rest of a rank's CPU
+    at the largest size fitted on) grows with the messages a rank waits for (:func:`_hops`)."""
+    first, last = fits[0], fits[-1]
+    if any(p.cpu_mean_s is None or not p.compute_mean_s for p in fits):
+        return None
+    per_busy = first.cpu_mean_s / first.compute_mean_s  # CPU seconds per second of computing
+    base = compute(first.n)
+    comm_cpu = max(0.0, last.cpu_mean_s - last.compute_mean_s * per_busy) if last.n > first.n else 0.0
+    hops_last = _hops(traffic, last.n, link)
+
+    def need(n: int) -> float:
+        grown = comm_cpu * _hops(traffic, n, link) / hops_last if hops_last > 0 else comm_cpu
+        return first.cpu_mean_s * (compute(n) / base if base > 0 else 1.0) + grown
+
+    return need
 
 
 def _ranks(n: int) -> str:
@@ -265,17 +310,23 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     a, b = _fit([per_rank(p.n) for p in fits], norm)
     imbalance = (last.compute_max_s / last.compute_mean_s
                  if last.compute_max_s and last.compute_mean_s else 1.0)
+    cpu_need = _cpu_need(fits, lambda n: a + b * per_rank(n), traffic, link) if on_host else None
+    free_cores = max(float(cores or 1) - other_work, 1.0)
     rows = []
     for n in sizes:
         slow = (a + b * per_rank(n)) * crowding(n)
         compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
         latency, bandwidth = _comm(traffic, n, link)
         step = slow + latency + bandwidth
+        # the cores' bound: N ranks cannot finish a step before the cores free to them have run the CPU it needs
+        waiting = max(0.0, n * cpu_need(n) / free_cores - step) if cpu_need else 0.0
+        step += waiting
         items = per_rank(n) * n
         throughput = items / step if step > 0 else 0.0
         base_throughput = base.items_per_step / base.step_s if base.step_s > 0 else 0.0
         speedup = throughput / base_throughput if base_throughput > 0 else 0.0
-        parts = {"compute": compute, "imbalance": slow - compute, "latency": latency, "bandwidth": bandwidth}
+        parts = {"compute": compute, "imbalance": slow - compute, "latency": latency, "bandwidth": bandwidth,
+                 "cores": waiting}
         row = {"world_size": n, "step_time_s": step, "throughput": throughput, "speedup": speedup,
                "ideal": n / base.n, "efficiency": speedup / (n / base.n), **{f"{k}_s": v for k, v in parts.items()},
                "bottleneck": max(parts, key=parts.get), "measured_step_time_s": None, "error": None}
@@ -294,7 +345,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         "traffic_at": traffic_from.n if traffic_from else None,
         "rows": rows,
         "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
-                                    threads_at, other_work, held),
+                                    threads_at, other_work, held, cpu_need is not None),
         "cannot_know": CANNOT_KNOW,
     }
 
@@ -311,7 +362,7 @@ CANNOT_KNOW = [
 
 
 def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores, threads_at,
-                 busy, held) -> list[str]:
+                 busy, held, cpu_model) -> list[str]:
     out = [f"interconnect: {link.name}, latency {link.alpha_s * 1e6:.3g} us and {link.bandwidth / 1e9:.3g} GB/s per "
            f"rank and direction ({link.source})"]
     sizes = ", ".join(map(str, fit_on))
@@ -320,12 +371,18 @@ def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_h
                "shrink with more ranks)")
     out.append("compute per step = the measured step time minus the modelled communication (time the model does not "
                "explain, such as waiting for a core or an overlapped all-reduce, counts as compute)")
+    out.append("step time: the slowest rank's mean over the measured steps (the pace throughput and speedup come "
+               "from), measured and predicted alike")
     out.append(f"load imbalance: the slowest rank computes {imbalance:.2f}x the mean, as at N = {fit_on[-1]}")
     if on_host:
         out.append(f"ranks share this host's {cores} cores ({threads_at(fit_on[-1])} thread(s) per rank at "
                    f"N = {fit_on[-1]}) with {busy:.2g} core(s) of other work (as sampled during the fitted runs); a "
                    f"rank holds its cores {held:.0%} of its step (outside collectives, as at N = {fit_on[-1]}): "
                    "beyond the cores compute slows by (N x threads x that share + other work) / cores")
+        if cpu_model:
+            out.append("and a step takes at least N x the CPU one rank needs per step / the cores free of other "
+                       "work: computing as at the fitted sizes, plus the collectives' own CPU (copies, reductions, "
+                       f"wake-ups) as measured at N = {fit_on[-1]}, growing with the messages a rank waits for")
     else:
         out.append("each added rank computes as fast as a measured one (on its own device)")
     if traffic_from is None:

@@ -146,13 +146,14 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
     out = out or console()
     fit = ", ".join(map(str, pred["fit_on"]))
     table = Table(title=f"predicted (fitted on {fit} rank(s); {pred['link']['name']})")
-    for name in ("ranks", "step (ms)", "speedup", "efficiency", "compute", "imbalance", "latency", "bandwidth",
-                 "bottleneck", "measured (ms)", "error"):
+    # "cores": waiting for this host's cores (ranks beyond them), shown where the model has it
+    parts = ["compute", "imbalance", "latency", "bandwidth"] + (["cores"] if any(r.get("cores_s") for r in
+                                                                                 pred["rows"]) else [])
+    for name in ("ranks", "step (ms)", "speedup", "efficiency", *parts, "bottleneck", "measured (ms)", "error"):
         table.add_column(name, justify="right")
     for r in pred["rows"]:
         table.add_row(str(r["world_size"]), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
-                      f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in
-                                                   ("compute", "imbalance", "latency", "bandwidth")),
+                      f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in parts),
                       r["bottleneck"], shown(None if r["measured_step_time_s"] is None
                                              else r["measured_step_time_s"] * 1e3, ".2f"),
                       shown(r["error"], "+.0%"))

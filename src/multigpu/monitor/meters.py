@@ -191,6 +191,8 @@ class StepMeter:
         self.steps = 0
         self.device = torch.device(device) if device is not None else None
         self.step_times: list[float] = []
+        self.cpu_times: list[float] = []
+        """Per step: CPU seconds this rank's process spent in it (all its threads: the collective library's too)."""
         self.comm_times: list[float | None] = []
         """Per step; None where the step's communication was not measured (``add_comm(None)``)."""
         self.items: list[int] = []
@@ -233,11 +235,12 @@ class StepMeter:
         self._extra_comm = 0.0
         count = StepCount(items)
         device = self.device or group.current_device()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         yield count
         items = count.items
         devicetime.wait_for(device)  # on CUDA: the step's kernels have run, not only been queued
         wall = time.perf_counter() - start
+        self.cpu_times.append(time.process_time() - cpu_start)
         extra = self._extra_comm
         comm = None if extra is None else collectives.collective_seconds() - comm_before + extra
         self.steps += 1
@@ -293,6 +296,7 @@ class StepMeter:
         comm_s = sum_comm(self.comm_times[m])
         mine = {
             "wall_s": sum(self.step_times[m]),
+            "cpu_s": sum(self.cpu_times[m]),
             "comm_s": None if comm_s != comm_s else comm_s,  # NaN: not measured
             "items": sum(self.items[m]),
             "steps": len(self.step_times[m]),
@@ -323,7 +327,7 @@ class StepMeter:
             "comm_share": statistics.fmean(r["comm_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0 for r in ranks)
             if measured else None,
             "imbalance": (max(busy) / min(busy) if min(busy) > 0 else 1.0) if measured else None,
-            "per_rank": [{k: r[k] for k in ("wall_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
+            "per_rank": [{k: r[k] for k in ("wall_s", "cpu_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
             "traffic": _busiest(r["traffic"] for r in ranks),
             "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
         }
