@@ -367,6 +367,10 @@ def _main(argv: list[str]) -> None:
     _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _reserve_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
+    # torch.distributed.nn before any script joins: imported after its group exists (DDP does, through dynamo), its
+    # ``group=group.WORLD`` defaults would hold that group, which destroy_process_group() then never frees
+    # (multigpu.runtime.group says more)
+    import torch.distributed.nn  # noqa: F401
     from torch.distributed.elastic.multiprocessing.errors import record
 
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
