@@ -190,3 +190,13 @@ def test_a_script_that_assumes_cuda_or_its_world_size_gets_a_hint_saying_what_to
     assert proc.returncode == 1
     assert words in proc.stderr, proc.stderr
     assert proc.stderr.count("hint:") == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_plain_script_that_destroys_its_group_after_ddp_leaves_no_gloo_thread_running(tmp_path):
+    """torch.distributed.nn binds the live default group as default arguments when DDP imports it after
+    init_process_group; destroy_process_group() then freed nothing and gloo's threads ran on into the
+    interpreter's exit (see tests/dist/test_shutdown.py). The worker wrapper imports it before the script joins."""
+    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}

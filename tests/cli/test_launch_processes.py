@@ -185,6 +185,34 @@ def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_o
     assert _private_folders() == private
 
 
+_SLOW_SITE = "import os, time\nif os.environ.get('RANK') is not None:  # the workers only\n    time.sleep(3)\n"
+"""A ``sitecustomize`` that keeps each worker's interpreter 3 s inside ``import site`` (its start-up)."""
+
+
+def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_path):
+    """Issue 23 (minor): SIGINT reaching a worker while its interpreter still imported ``site`` printed Python's
+    "Fatal Python error: init_import_site: Failed to import the site module ... KeyboardInterrupt", once per worker
+    (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT as soon as both workers
+    exist, while both are in ``site``."""
+    slow = tmp_path / "slow_site"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(_SLOW_SITE)
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),
+                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")])})
+    deadline = time.monotonic() + 90
+    while len(_workers(proc)) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, f"the workers did not start (exit {proc.poll()})"
+        time.sleep(0.02)
+    pids = jobs.watch(sorted(_workers(proc)))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Fatal Python error" not in err and "init_import_site" not in err and "Traceback" not in err, err
+    assert proc.returncode == 130, err
+    assert _stderr_lines(err) == ["error: interrupted"], err
+    _gone_within(pids, WITHIN_S)
+    assert not list(tmp_path.glob("pid*")), "the script ran after Ctrl-C"
+
+
 def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
     """Item 2: SIGKILL of the launcher (torchrun: every worker runs on with parent 1)."""
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),

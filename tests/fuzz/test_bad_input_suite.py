@@ -369,6 +369,38 @@ def _cut_population(tmp: Path) -> str:
     return str(path)
 
 
+def _edges(tmp: Path, src: list, dst: list) -> str:
+    """An .npz edge list for ``network.kind=file`` (numpy picks the dtype: a float anywhere makes it float64)."""
+    import numpy as np
+
+    path = tmp / "edges.npz"
+    np.savez(path, src=np.array(src), dst=np.array(dst))
+    return f"network.path={path}"
+
+
+def _exposed_in_sir(tmp: Path) -> str:
+    """An .npz population for plain SIR in which one agent is in state 1 (E, a state only SEIR has)."""
+    import numpy as np
+
+    path = tmp / "pop.npz"
+    state = np.zeros(3000, np.uint8)
+    state[1234] = 1
+    np.savez(path, x=np.zeros(3000, np.int16), y=np.zeros(3000, np.int16), state=state)
+    return str(path)
+
+
+def _cut_png(tmp: Path) -> str:
+    """A PNG of noise (so its data is most of the file) cut in half, as a copy that stopped half-way leaves it."""
+    import numpy as np
+    from PIL import Image
+
+    whole, cut = tmp / "whole.png", tmp / "cut.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(whole)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    whole.unlink()
+    return str(cut)
+
+
 def _link(path: Path, to: Path) -> str:
     path.symlink_to(to)
     return str(path)
@@ -466,6 +498,18 @@ LIMIT_CASES = [
      "train.bin holds token id 49 but the vocabulary has 40 ids (data.kwargs.vocab_size)"),
     ("data values", None, lambda t: ["sim", "-f", "sir", "--population", _cut_population(t), "--run-dir", str(t / "r")],
      "pop.npz': column 'y' declares 3,000 rows but holds 500 (1,128 of 6,128 bytes): the file is cut short"),
+    # issue 23 (minor): float edge ids were read as a "population" with a wrong range, by the ranks (exit 1)
+    ("data values", None, lambda t: ["sim", "--model", "network_sir", "--agents", "10", "network.kind=file",
+                                     _edges(t, [0, 1.5, 2], [1, 2, 3]), "--run-dir", str(t / "r")],
+     "edges.npz': column 'src' holds float64 values; valid: agent ids as integers"),
+    ("data values", None, lambda t: ["sim", "--model", "network_sir", "--agents", "10", "network.kind=file",
+                                     _edges(t, [0, 1, 2], [1.0, 2.0, 3.0]), "--run-dir", str(t / "r")],
+     "edges.npz': column 'dst' holds float64 values; valid: agent ids as integers"),
+    ("data values", None, lambda t: ["sim", "-f", "sir", "--population", _exposed_in_sir(t), "--run-dir", str(t / "r")],
+     "pop.npz': column 'state' holds 1 in row 1,234, a value model 'sir' does not use; valid: 0 (S), 2 (I), 3 (R)"),
+    ("data values", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
+                                     _cut_png(t), "--run-dir", str(t / "r")],
+     "error: input '{t}/cut.png' is cut short or damaged (Truncated File Read); valid: a complete PNG file"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],

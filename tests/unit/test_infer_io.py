@@ -107,3 +107,23 @@ def test_a_decompression_bomb_is_refused_from_its_header_unless_the_guard_is_off
     assert io.probe(bomb, max_decode_ratio=0).size == (12000, 12000)  # the explicit opt-out
     assert io.probe(png_bomb(tmp_path / "flat.png", 2000)).size == (2000, 2000)  # 12 MB: too small to be a bomb
     assert cap == Image.MAX_IMAGE_PIXELS  # Pillow's own guard is never lifted for the whole process
+
+
+@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+def test_an_image_file_cut_short_is_refused_from_the_launcher_naming_it(tmp_path, suffix):
+    """Issue 23 (minor): a PNG cut in half passed the launcher's header check and failed in the ranks
+    ("OSError: image file is truncated", exit 1, no file named)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    whole = tmp_path / f"whole{suffix}"
+    Image.fromarray(rng.integers(0, 255, (64, 48, 3), dtype=np.uint8)).save(whole)
+    cut = tmp_path / f"cut{suffix}"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert io.probe(whole).size == (64, 48) and io.read_image(whole).shape == (1, 3, 64, 48)
+    for read in (io.probe, io.read_image):
+        with pytest.raises(ConfigError) as info:
+            read(cut)
+        message = str(info.value)
+        assert message.startswith(f"input '{cut}' is cut short or damaged (") and message.endswith(
+            f"valid: a complete {'PNG' if suffix == '.png' else 'JPEG'} file (copy or write it again)"), message

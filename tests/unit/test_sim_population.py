@@ -124,6 +124,34 @@ def test_bad_population_values_name_the_rows(tmp_path, agents):
         SimEngine(dataclasses.replace(SIR, population=str(tmp_path / "x.npy")))
 
 
+def _with_state(agents, row: int, value: int) -> dict[str, np.ndarray]:
+    state = agents["state"].copy()
+    state[row] = value
+    return {**agents, "state": state}
+
+
+def test_a_state_the_model_does_not_have_is_refused_naming_the_row(tmp_path, agents):
+    """Issue 23 (minor): state=1 (E) in plain SIR was taken silently, and S + I + R no longer summed to the agents."""
+    path = tmp_path / "pop.npz"
+    np.savez(path, **_with_state(agents, 2500, 1))
+    expected = (f"sim.population '{path}': column 'state' holds 1 in row 2,500, a value model 'sir' does not use; "
+                "valid: 0 (S), 2 (I), 3 (R)")
+    with pytest.raises(ValueError) as err:  # the ranks (and mg.sim.run), for a run the launcher did not check
+        SimEngine(dataclasses.replace(SIR, population=str(path)))
+    assert str(err.value) == expected
+    model = SimEngine(SIR, populate=False).model
+    with pytest.raises(ConfigError) as err:  # the launcher's check, a chunk at a time
+        population.check_values(path, model, model.params(), chunk=1000)
+    assert str(err.value) == expected
+    seir = model.params(seir=True)  # SEIR has E: the same file is valid there
+    population.check_values(path, model, seir, chunk=1000)
+    SimEngine(dataclasses.replace(SIR, population=str(path), params={"seir": True}, steps=1)).run()
+    np.savez(path, **_with_state(agents, 7, 4))
+    with pytest.raises(ConfigError, match=r"holds 4 in row 7, a value model 'sir' does not use; valid: 0 \(S\), "
+                                          r"1 \(E\), 2 \(I\), 3 \(R\)"):
+        population.check_values(path, model, seir)
+
+
 # ----------------------------------------------------------------------------- issue 23.2: never delete what we did not write
 def _tree(root) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}

@@ -144,6 +144,8 @@ def probe(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RATIO) -
                 channels = _PIL_CHANNELS.get(im.mode, 3)
                 info = ImageInfo(str(path), channels, (im.height, im.width), _PIL_SAMPLE_BYTES.get(im.mode, 1),
                                  path.stat().st_size)
+                _refuse_bomb(info, max_decode_ratio)  # before anything reads further than the header
+                _refuse_cut(im, path)
         else:
             with _tifffile().TiffFile(path) as tif:
                 series = tif.series[0]
@@ -155,6 +157,21 @@ def probe(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RATIO) -
         raise ConfigError(f"input '{path}' cannot be read as an image: {exc}") from None
     _refuse_bomb(info, max_decode_ratio)
     return info
+
+
+def _refuse_cut(im, path: Path) -> None:
+    """Refuse a PNG or JPEG whose file is cut short (a copy that stopped half-way), cheaply: a PNG's chunks are
+    read and their checksums checked without decompressing them; a JPEG is decoded at 1/8 of its size (libjpeg's
+    DCT scaling reads all of its data for 1/64 of the pixels)."""
+    try:
+        if im.format == "PNG":
+            im.verify()
+        elif im.format == "JPEG":
+            im.draft(im.mode, (max(1, im.width // 8), max(1, im.height // 8)))
+            im.load()
+    except Exception as exc:  # noqa: BLE001 - Pillow says "Truncated File Read", "image file is truncated", ...
+        raise ConfigError(f"input '{path}' is cut short or damaged ({exc}); valid: a complete {im.format} file "
+                          "(copy or write it again)") from None
 
 
 def _refuse_bomb(info: ImageInfo, max_decode_ratio: float) -> None:

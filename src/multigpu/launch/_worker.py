@@ -39,7 +39,11 @@ an exception lands in the worker's error file with its traceback, which the
 launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
 and no traceback: the launcher says "interrupted" once for the whole job
-(``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks).
+(``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks). Workers
+are born with SIGINT blocked (see :mod:`multigpu.launch.processes`), and unblocking
+it is the first thing this wrapper does, inside that handler: a Ctrl-C while the
+interpreter was still starting (importing ``site``, a fatal error there) ends the
+worker the same way.
 Before the script runs it also notes, in ``<stacks dir>/joined/rank<R>``, the first time this rank joins a
 process group (``torch.distributed.init_process_group``, which ``mg.init``, accelerate, Lightning and
 ``init_device_mesh`` all reach), so the launcher can tell a job from N independent copies of a script.
@@ -338,6 +342,21 @@ def _timed(target, wall_file: str | None):
 
 
 def main(argv: list[str]) -> None:
+    try:
+        # born with SIGINT blocked (the launcher's processes.py): a Ctrl-C during the interpreter's start-up
+        # is pending, and raises KeyboardInterrupt here, where it ends this worker quietly
+        import signal
+
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _main(argv)
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_VAR) == "1":
+            raise
+        sys.exit(130)  # the launcher reports the interrupt once, for the whole job
+
+
+def _main(argv: list[str]) -> None:
     _die_with_launcher(_launcher_pid())
     run_file = _run_file()
     gpu_ranks = run_file.get("gpu_ranks")
@@ -348,6 +367,10 @@ def main(argv: list[str]) -> None:
     _register_stack_dumps(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _reserve_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
+    # torch.distributed.nn before any script joins: imported after its group exists (DDP does, through dynamo), its
+    # ``group=group.WORLD`` defaults would hold that group, which destroy_process_group() then never frees
+    # (multigpu.runtime.group says more)
+    import torch.distributed.nn  # noqa: F401
     from torch.distributed.elastic.multiprocessing.errors import record
 
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
@@ -355,10 +378,6 @@ def main(argv: list[str]) -> None:
 
     try:
         record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
-    except KeyboardInterrupt:
-        if os.environ.get(DEBUG_VAR) == "1":
-            raise
-        sys.exit(130)  # the launcher reports the interrupt once, for the whole job
     except Exception:
         # torch's record() has written the traceback into this rank's error file; the launcher prints the
         # failing rank's own frames from it under its one-line summary. Printing it here as well put every

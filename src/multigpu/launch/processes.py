@@ -29,6 +29,12 @@ It also raises torch's ``SignalException`` on SIGTERM, SIGHUP and SIGQUIT from
 the start (torch registers its handlers only when it starts the workers, so a
 SIGTERM during rendezvous used to end the launcher without a word), and puts
 the previous handlers back afterwards (torch never does).
+
+Workers are born with SIGINT *blocked* (the signal mask survives ``exec``; torch's agent starts them with
+:func:`_spawn_with_sigint_blocked` in place of its own function): Ctrl-C forwarded by the agent to a worker
+whose interpreter is still starting stays pending instead of raising ``KeyboardInterrupt`` inside
+``import site``, which is a fatal error of the interpreter ("Fatal Python error: init_import_site"). The
+worker wrapper unblocks it first thing, inside its handler of ``KeyboardInterrupt`` (exit 130, no traceback).
 """
 
 from __future__ import annotations
@@ -211,6 +217,30 @@ def _set_handlers(handlers: dict) -> dict:
 
 
 @contextlib.contextmanager
+def _workers_born_with_sigint_blocked() -> Iterator[None]:
+    """While the job runs, torch's agent starts every worker (restarts too) with SIGINT blocked."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = api.get_subprocess_handler
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: workers start as torch starts them
+        yield
+        return
+
+    def _spawn_with_sigint_blocked(*args, **kwargs):
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only; the child inherits it
+        try:
+            return original(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C meanwhile is delivered here, not lost
+
+    api.get_subprocess_handler = _spawn_with_sigint_blocked
+    try:
+        yield
+    finally:
+        api.get_subprocess_handler = original
+
+
+@contextlib.contextmanager
 def job_processes(grace_s: float = 3.0, remove_on_death: list[str] | None = None) -> Iterator[list[int]]:
     """Wrap one launch; see the module docstring. Yields a list that ends holding the pids stopped at the end.
 
@@ -231,7 +261,8 @@ def job_processes(grace_s: float = 3.0, remove_on_death: list[str] | None = None
     # SIGINT stays Python's KeyboardInterrupt until torch takes it over
     _set_handlers({sig: _raise_signal for sig in HANDLED_SIGNALS if sig != signal.SIGINT})
     try:
-        yield stopped
+        with _workers_born_with_sigint_blocked():
+            yield stopped
     finally:
         _set_handlers({sig: _ignore for sig in HANDLED_SIGNALS})
         try:

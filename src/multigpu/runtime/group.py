@@ -219,6 +219,12 @@ def _init_process_group(pg_backend: str, placement, dev: torch.device, init_meth
     )
     if pg_backend == "nccl":
         kwargs["device_id"] = dev
+    # torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is first imported.
+    # Imported after the group exists (DDP imports it through torch._dynamo), those defaults hold the default group
+    # for the life of the process: destroy_process_group() in shutdown() then frees nothing, and gloo's threads run
+    # on into the interpreter's exit, where the group is freed, if at all, while Python is torn down (an rl rank
+    # aborted there once: "terminate called without an active exception"). Imported now, the defaults are None.
+    import torch.distributed.nn  # noqa: F401
     if init_method is None and launcher_variable() is None:
         dist.init_process_group(store=_store_without_launcher(placement, found, wait_s), **kwargs)
         return

@@ -323,6 +323,9 @@ class Model:
     learnable: Sequence[str] = ()
     """Float parameters that calibration learns unless ``calibrate.learn`` names others (AgentTorch's
     ``learnable: true``); any float field of ``params`` can be learned."""
+    values: Callable[[Any], Mapping[str, Mapping[int, str]]] | None = None
+    """``values(params)`` -> ``{field: {value: name}}``: the only values those integer fields may hold (the
+    built-in SIR's ``state``: S, I, R, and E with ``seir``). A population file holding another is refused."""
 
     def __post_init__(self) -> None:
         where = f"sim model {self.name!r}"

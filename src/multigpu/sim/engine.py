@@ -159,6 +159,12 @@ class SimEngine:
         fields = {k: v.to(self.device) for k, v in columns.items()}
         if set(self.model.fields) - set(fields):
             fields = {**self.initial_agents(ids), **fields}
+        allowed = self.model.values(self.params) if self.model.values is not None else {}
+        for name in set(allowed) & set(columns):
+            bad = population.unused_value(columns[name], allowed[name])
+            if bad is not None:
+                raise ValueError(population.unused_value_message(self.cfg.population, name, int(ids[bad[0]]), bad[1],
+                                                                 self.model.name, allowed[name]))
         if self.model.spatial:
             for axis, size in (("x", self.cfg.grid[1]), ("y", self.cfg.grid[0])):
                 v = fields[axis]

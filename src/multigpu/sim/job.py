@@ -68,16 +68,24 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     if cfg.network.kind == "file":
         edges = Path(cfg.network.path).resolve()
         try:
-            heads = set(population._headers(edges))
+            heads = population._headers(edges)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
-        if heads != {"src", "dst"}:
+        if set(heads) != {"src", "dst"}:
             raise ConfigError(f"sim.network.path {cfg.network.path!r} has columns {sorted(heads)}; valid: src, dst")
+        for name, (_, dtype) in heads.items():  # CSV (no dtype here) is refused by the ranks, naming the value
+            if dtype is not None and dtype.kind not in "iu":  # 1.0 too: ids are written as integers, never rounded
+                raise ConfigError(f"sim.network.path {cfg.network.path!r}: column {name!r} holds {dtype} values; "
+                                  "valid: agent ids as integers (an integer dtype such as int32 or int64)")
         cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, path=str(edges)))
     if not cfg.population:
         return cfg
+    from multigpu.sim.api import model_params
+
     path = Path(cfg.population).resolve()
-    rows, _ = population.columns(path, get_model(cfg.model).fields)
+    model = get_model(cfg.model)
+    rows, _ = population.columns(path, model.fields)
+    population.check_values(path, model, model_params(model, cfg.params))  # e.g. SIR's state 1 (E) without seir
     return dataclasses.replace(cfg, population=str(path), agents=rows)
 
 

@@ -256,9 +256,15 @@ SUBSTEPS["sir"] = Substep(
     prepare=_sir_prepare, series=lambda p: ["S", "E", "I", "R"] if p.seir else ["S", "I", "R"],
     halo=lambda p: p.radius,
 )
+def _epidemic_states(p: Any) -> dict[str, dict[int, str]]:
+    """The states a population file may give: E only where the model has it (SEIR)."""
+    states = {S: "S", E: "E", I: "I", R: "R"} if getattr(p, "seir", False) else {S: "S", I: "I", R: "R"}
+    return {"state": states}
+
+
 MODELS["sir"] = Model(
     "sir", {"id": torch.int32, "x": torch.int16, "y": torch.int16, "state": torch.uint8},
-    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin, learnable=("beta",),
+    ("movement", "sir"), SIRParams, init=_sir_init, check=_check_builtin, learnable=("beta",), values=_epidemic_states,
 )
 
 
@@ -302,7 +308,7 @@ SUBSTEPS["network_sir"] = Substep(
 )
 MODELS["network_sir"] = Model(
     "network_sir", {"id": torch.int32, "state": torch.uint8}, ("network_sir",), NetworkSIRParams, init=_net_init,
-    check=_check_builtin,
+    check=_check_builtin, values=_epidemic_states,
 )
 
 

@@ -183,7 +183,7 @@ def _from_file(cfg: NetworkConfig, num_agents: int) -> torch.Tensor:
     lo, hi = shard_bounds(total, rank, world)
     blocks = max(1, -(-total // (_EDGE_CHUNK * world)))  # the same number of routing rounds on every rank
     per = max(1, -(-(hi - lo) // blocks))
-    reader = population.read_rows(cfg.path, fields, lo, hi, per) if hi > lo else iter(())
+    reader = population.read_rows(cfg.path, fields, lo, hi, per, "sim.network.path") if hi > lo else iter(())
     parts = []
     for _ in range(blocks):
         got = next(reader, None)

@@ -42,7 +42,8 @@ import torch
 from multigpu.errors import ConfigError, OutputError
 from multigpu.files import cannot_write
 
-__all__ = ["agents_by_id", "check_target", "columns", "num_rows", "read_rows", "save"]
+__all__ = ["agents_by_id", "check_target", "check_values", "columns", "num_rows", "read_rows", "save",
+           "unused_value"]
 
 _SUFFIXES = (".npz", ".csv", ".parquet")
 
@@ -205,29 +206,33 @@ def _read_block(path: Path, kind: str, names: list[str], lo: int, hi: int, state
     return {n: np.concatenate(v) if v else np.zeros(0) for n, v in parts.items()}
 
 
-def _to_field(values: np.ndarray, dtype: torch.dtype, name: str, path: Path) -> torch.Tensor:
-    """Column values as the field's dtype; refused when they do not fit (never silently wrapped)."""
+def _to_field(values: np.ndarray, dtype: torch.dtype, name: str, path: Path, what: str) -> torch.Tensor:
+    """Column values as the field's dtype; refused when they do not fit (never silently wrapped or rounded)."""
     if values.dtype.kind in "UO":  # CSV text
         try:
             values = values.astype(np.float64 if dtype.is_floating_point else np.int64)
         except ValueError:
-            raise ValueError(f"population {path}: column {name!r} holds text that is not a "
+            raise ValueError(f"{what} {path}: column {name!r} holds text that is not a "
                              f"{'number' if dtype.is_floating_point else 'whole number'}") from None
     tensor = torch.from_numpy(np.ascontiguousarray(values))
     if not dtype.is_floating_point and tensor.numel():
+        kind = str(dtype).removeprefix("torch.")
+        if tensor.is_floating_point():
+            raise ValueError(f"{what} {path}: column {name!r} holds floats ({values.dtype}); valid: whole numbers "
+                             f"({kind}) written as integers")
         info = torch.iinfo(dtype) if dtype is not torch.bool else None
         low, high = (0, 1) if info is None else (info.min, info.max)
-        if tensor.is_floating_point() or int(tensor.min()) < low or int(tensor.max()) > high:
-            raise ValueError(f"population {path}: column {name!r} has values outside "
-                             f"{str(dtype).removeprefix('torch.')} ({int(tensor.min())}..{int(tensor.max())})")
+        if int(tensor.min()) < low or int(tensor.max()) > high:
+            raise ValueError(f"{what} {path}: column {name!r} has values outside {kind} "
+                             f"({int(tensor.min())}..{int(tensor.max())})")
     return tensor.to(dtype)
 
 
 def read_rows(path: str | Path, fields: Mapping[str, torch.dtype], lo: int, hi: int,
-              chunk: int) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+              chunk: int, what: str = "population") -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
     """Rows ``[lo, hi)`` of the file, ``chunk`` rows at a time: (first row, {column: tensor of the field dtype}).
 
-    Only the file's columns are returned (the caller fills the other fields).
+    Only the file's columns are returned (the caller fills the other fields). ``what`` names the file in errors.
     """
     path = Path(path)
     kind = _kind(path)
@@ -237,12 +242,48 @@ def read_rows(path: str | Path, fields: Mapping[str, torch.dtype], lo: int, hi: 
         for start in range(lo, hi, chunk):
             stop = min(start + chunk, hi)
             block = _read_block(path, kind, names, start, stop, state)
-            yield start, {n: _to_field(block[n], fields[n], n, path) for n in names}
+            yield start, {n: _to_field(block[n], fields[n], n, path, what) for n in names}
     finally:
         if "zip" in state:
             state["zip"].close()
         if state.get("csv", (None,))[0] is not None:
             state["csv"][0].close()
+
+
+def unused_value(column: torch.Tensor, allowed: Mapping[int, str]) -> tuple[int, int] | None:
+    """(index, value) of the first entry of ``column`` that is not a key of ``allowed``; None when all are."""
+    ok = torch.isin(column.to(torch.int64), torch.tensor(sorted(allowed), dtype=torch.int64))
+    if bool(ok.all()):
+        return None
+    first = int(torch.nonzero(~ok)[0, 0])
+    return first, int(column[first])
+
+
+def unused_value_message(path: str | Path, name: str, row: int, value: int, model: str,
+                         allowed: Mapping[int, str]) -> str:
+    valid = ", ".join(f"{v} ({label})" for v, label in sorted(allowed.items()))
+    return (f"sim.population {str(path)!r}: column {name!r} holds {value} in row {row:,}, a value model {model!r} "
+            f"does not use; valid: {valid}")
+
+
+def check_values(path: str | Path, model, params, chunk: int = 1 << 20) -> None:
+    """Refuse (one-line ConfigError) the first row whose column holds a value ``model`` does not use
+    (:attr:`multigpu.sim.api.Model.values`). Reads only those columns, ``chunk`` rows at a time."""
+    allowed = model.values(params) if model.values is not None else {}
+    fields = {n: model.fields[n] for n in _headers(Path(path)) if n in allowed}
+    if not fields:
+        return
+    try:
+        for start, block in read_rows(path, fields, 0, num_rows(path), chunk):
+            for name, column in block.items():
+                bad = unused_value(column, allowed[name])
+                if bad is not None:
+                    raise ConfigError(unused_value_message(path, name, start + bad[0], bad[1], model.name,
+                                                           allowed[name]))
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a value outside the field's dtype, text in a CSV: the same one line, now
+        raise ConfigError(str(exc)) from None
 
 
 # ----------------------------------------------------------------------------- writing

@@ -1,0 +1,21 @@
+"""A plain torch script: joins with torch.distributed itself, trains DDP a step, destroys its group, then writes
+the gloo threads still running in this rank to <folder>/threads<rank> (the shutdown test)."""
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def step() -> None:
+    model = DDP(torch.nn.Linear(4, 2))
+    model(torch.ones(3, 4)).sum().backward()
+
+
+dist.init_process_group("gloo")
+step()
+dist.destroy_process_group()
+names = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+Path(sys.argv[1], f"threads{os.environ['RANK']}").write_text(",".join(sorted(n for n in names if "gloo" in n)))
