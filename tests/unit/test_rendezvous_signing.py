@@ -85,3 +85,23 @@ def test_nodes_with_different_secrets_are_told_so_and_state_is_signed_in_the_sto
     store.set("torch.rendezvous.r", base64.b64encode(b"short"))
     with pytest.raises(RendezvousStateError, match=re.escape(stores.TAMPERED)):
         ours.get_state()
+
+
+def test_after_a_worker_fails_the_launcher_can_tell_a_planted_state_from_a_signed_one(tmp_path, monkeypatch):
+    """Several nodes: a node whose workers failed because another node stopped on a planted state asks
+    ``stores.tampered`` and names the cause (the race the store-attack e2e test lost under load)."""
+    monkeypatch.setenv(stores.SECRET_VAR, SECRET)
+    stores.register()
+    handler = get_rendezvous_handler(_params("after-failure", is_host=True))
+    try:
+        assert handler.num_nodes_waiting() == 0  # its own state, signed, is in the store
+        assert stores.tampered("after-failure") is None
+        assert stores.tampered("another-run") is None  # no backend of this launcher: nothing to say
+        port = handler._inner._state_holder._backend._inner._store.port
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        _plant(client, "after-failure", tmp_path / "pwned")
+        refused = stores.tampered("after-failure")
+        assert isinstance(refused, RendezvousStateError) and stores.TAMPERED in str(refused)
+        assert not (tmp_path / "pwned").exists()
+    finally:
+        handler.shutdown()

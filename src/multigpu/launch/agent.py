@@ -534,6 +534,9 @@ def launch(
             try:
                 _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
+                # a planted rendezvous state that another node refused first: that is why the workers failed
+                if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
+                    raise LaunchError(f"the job was stopped: {refused}") from None
                 raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump,
                                         memory) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest

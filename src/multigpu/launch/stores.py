@@ -78,7 +78,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from multigpu.errors import RendezvousTimeoutError
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
-__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "register", "secret_from_env", "wait_for_store"]
+__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "register", "secret_from_env", "tampered", "wait_for_store"]
 
 BACKEND = "multigpu"
 """The rendezvous backend name given to torch's agent."""
@@ -90,6 +90,7 @@ TAMPERED = "was not written by this job (its signature does not match)"
 _WORKER_STORE_KEY = "multigpu/worker_store"
 _RETRY_S = 0.5
 _secrets: dict[str, tuple[bytes, str | None]] = {}  # run id -> (secret, private folder), kept by register()
+_backends: dict[str, RendezvousBackend] = {}  # run id -> this launcher's signed backend (read again by tampered())
 
 
 def _mac(secret: bytes, data: bytes) -> bytes:
@@ -251,10 +252,29 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
         store = TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout))
         address = None
     backend = _SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
+    _backends[params.run_id] = backend
     handler = create_handler(store, backend, params)
     single_node = params.max_nodes == 1 and address is not None
     return _WorkerStoreHandler(handler, address if single_node else None, (host, port), read_timeout, secret,
                                private_dir)
+
+
+def tampered(run_id: str) -> RendezvousStateError | None:
+    """The refusal of ``run_id``'s rendezvous state as the store holds it now, or None: signed by this job, or
+    unreadable for another reason (the store gone with its node is not tampering).
+
+    Several nodes: after a worker fails, the cause may be another node that stopped on a planted state before
+    this node's agent read it again; the launcher asks here so that its last line names the cause."""
+    backend = _backends.get(run_id)
+    if backend is None:
+        return None
+    try:
+        backend.get_state()
+    except RendezvousStateError as exc:
+        return exc if TAMPERED in str(exc) else None
+    except Exception:  # noqa: BLE001 - a store that cannot be read says nothing about tampering
+        return None
+    return None
 
 
 def register(run_id: str | None = None, secret: bytes | None = None, folder: str | None = None) -> None:
