@@ -65,6 +65,11 @@ def test_faster_than_ideal_and_a_saturated_machine_are_called_out():
     waiting = {"host_percent": 60.0, "rank_percent": 30.0}  # low, but half the time is spent waiting in collectives
     assert not any(n.startswith("CAUTION") for n in explain(scaling_rows([_run(1, 1000, cpu=waiting | {"rank_percent": 90.0}), _run(2, 1500, comm=0.6, cpu=waiting)])))
     assert explain(scaling_rows([_run(1, 1000)])) == []
+    # 4 ranks on 2 cores: 46% of a core each is most of their 50% share: their own crowding, not other processes
+    crowded = {"host_percent": 88.0, "rank_percent": 46.0}
+    rows = scaling_rows([_run(1, 1000, cpu={"host_percent": 50.0, "rank_percent": 99.0}), _run(4, 2000, cpu=crowded)])
+    assert not any(n.startswith("CAUTION") for n in explain(rows, cores=2))
+    assert explain(rows, cores=8)[-1].startswith("CAUTION")  # on 8 cores each rank should have had a whole one
 
 
 def test_nproc_and_bench_config_reject_bad_input_with_the_valid_form():

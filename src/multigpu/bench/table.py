@@ -244,8 +244,13 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
         else:
             notes.append(f"{n}: {row['speedup']:.2f}x speedup ({row['efficiency']:.0%} efficiency).")
     # a rank's CPU use is judged against its computing share of time: unknown without a measured comm share
+    # ... and against its share of the cores: more ranks than cores (3 on 2) get cores/N each from one another,
+    # which is the job's own crowding, not other processes
+    def share(r: dict[str, Any]) -> float:
+        return min(1.0, cores / r["world_size"]) if cores else 1.0
+
     starved = [r for r in rows if cpu_ranks and r.get("rank_cpu_percent") is not None and r["comm_share"] is not None
-               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"])]
+               and r["rank_cpu_percent"] < STARVED_RANK * (1 - r["comm_share"]) * share(r)]
     if starved:
         which = ", ".join(f"{_ranks(r['world_size'])}: {r['rank_cpu_percent']:.0f}% of a core per rank, "
                           f"host {r['host_cpu_percent']:.0f}%" for r in starved)
