@@ -69,6 +69,11 @@ def test_the_predicted_speedup_is_drawn_beside_the_measured_one(bench):
             tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
     assert tops[3] == pytest.approx(pred["rows"][0]["step_time_s"] * 1000)  # ms, stacked to the predicted step
     assert split.get_ylabel() == "median step time (ms)"
+    # on each predicted bar of a size also measured: the measured mean step the error is against
+    mark = _lines(split)["measured mean step"]
+    assert list(mark.get_ydata()) == [pred["rows"][0]["measured_step_time_s"] * 1000] * 2
+    assert mark.get_xdata()[0] < 3 < mark.get_xdata()[1]
+    assert len([line for line in split.get_lines() if line.get_color() == "black"]) == 2  # at 3 and at 4
     caption = fig.get_supxlabel()
     assert "this host's gloo over loopback" in caption and "fitted on the measured N = 1, 2" in caption
 

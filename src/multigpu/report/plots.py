@@ -149,6 +149,15 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
         ax.bar(idx, heights, bottom=[bottom[i] for i in idx], label=f"predicted {part}" if is_pred else part, **style)
         for i, h in zip(idx, heights, strict=True):
             bottom[i] += h
+    # where a predicted size was also measured: the measured pace on its bar (the step the error is against: the
+    # slowest rank's mean, which the measured bars' per-step median can sit above when ranks share cores)
+    marked = [(i, predicted[int(b.label.split()[0])]["measured_step_time_s"]) for i, b in enumerate(bars)
+              if b.predicted and predicted[int(b.label.split()[0])].get("measured_step_time_s")]
+    for k, (i, seconds) in enumerate(marked):
+        if not shares:
+            ax.plot([i - 0.42, i + 0.42], [seconds * 1000] * 2, color="black", linewidth=2,
+                    label="measured mean step" if k == 0 else None)
+            bottom[i] = max(bottom[i], seconds * 1000)
     for i, b in enumerate(bars):
         note = _duration(b.step_s) if shares else b.note
         if shares and b.predicted:
