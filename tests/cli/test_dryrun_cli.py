@@ -1,10 +1,11 @@
 """``--dry-run --world-size N``: the job at scale in one process, in seconds, writing nothing (issue 26, part 2)."""
 
 import re
+import subprocess
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import assert_bad_input, run_cli
 
 SMALL = ["model.kwargs.n_layer=2", "model.kwargs.n_embd=128", "data.kwargs.max_chars=200000", "batch_size=4"]
 """A small nano GPT on little text (the real runs below take seconds)."""
@@ -21,10 +22,28 @@ def _dry(tmp_path, *args):
     return run_cli(*args, "--dry-run", cwd=tmp_path, timeout=180)
 
 
+@pytest.fixture
+def dry(tmp_path, monkeypatch, capsys):
+    """The dry run through the command line's own entry point (``multigpu.cli.main``, as the bad-input suite calls
+    it) in this process, run from ``tmp_path``: the same report, exit code and files as ``python -m multigpu``
+    (the subprocess path is the one ``_dry`` takes below), without a new interpreter and torch import per call."""
+    from multigpu.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = main([*args, "--dry-run"])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_train_at_64_ranks_measures_memory_in_seconds_and_writes_nothing(tmp_path, strategy):
-    out = _dry(tmp_path, "train", "--strategy", strategy, "--world-size", "64", "--dry-run-rank", "63",
-                     "--device-memory", "H100", *SMALL)
+def test_train_at_64_ranks_measures_memory_in_seconds_and_writes_nothing(tmp_path, dry, strategy):
+    out = dry("train", "--strategy", strategy, "--world-size", "64", "--dry-run-rank", "63",
+                 "--device-memory", "H100", *SMALL)
     assert out.returncode == 0, out.stderr
     assert "rank 63 of 64 (8 node(s) × 8 GPUs)" in out.stdout
     assert re.search(r"rank 63 gets \d+ per epoch", out.stdout)
@@ -34,8 +53,8 @@ def test_train_at_64_ranks_measures_memory_in_seconds_and_writes_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []  # no runs/ folder, nothing half-written
 
 
-def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path):
-    out = _dry(tmp_path, "train", "--world-size", "64", "--device-memory", "10MiB", *SMALL, "batch_size=16")
+def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path, dry):
+    out = dry("train", "--world-size", "64", "--device-memory", "10MiB", *SMALL, "batch_size=16")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr
@@ -44,37 +63,37 @@ def test_a_config_that_cannot_fit_is_one_line_exit_2_naming_both_sizes(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_every_size_error_of_the_real_run_is_listed(tmp_path):
+def test_every_size_error_of_the_real_run_is_listed(tmp_path, dry):
     # fsdp over more ranks than the largest parameter has rows, and more ranks than a batch per rank
-    out = _dry(tmp_path, "train", "--strategy", "fsdp", "--world-size", "1024", *SMALL, "batch_size=512")
+    out = dry("train", "--strategy", "fsdp", "--world-size", "1024", *SMALL, "batch_size=512")
     assert out.returncode == 2
     assert "error: strategy=fsdp on 1024 ranks leaves rank" in out.stdout
     assert "error: each rank gets" in out.stdout and "fewer than batch_size=512" in out.stdout
     assert "(and 1 more error(s) listed above)" in out.stderr
-    out = _dry(tmp_path, "train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
+    out = dry("train", "--world-size", "64", *SMALL, "global_batch_size=1000")  # does not split
     assert out.returncode == 2
     assert "global_batch_size=1000 is not divisible by world_size × grad_accum = 64 × 1 = 64" in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sim_at_1024_ranks_and_infer_at_64(tmp_path):
-    out = _dry(tmp_path, "sim", "--agents", "1_000_000_000", "--world-size", "1024", "--dry-run-rank", "1",
-                     "--device-memory", "80GB")
+def test_sim_at_1024_ranks_and_infer_at_64(tmp_path, dry):
+    out = dry("sim", "--agents", "1_000_000_000", "--world-size", "1024", "--dry-run-rank", "1",
+                 "--device-memory", "80GB")
     assert out.returncode == 0, out.stderr
     assert "rank 1 holds agents [976,563, 1,953,126): 976,563 of them" in out.stdout
     assert re.search(r"peak of a step\s+[\d.]+ MiB\s+estimated", out.stdout)
-    out = _dry(tmp_path, "sim", "--strategy", "spatial", "--world-size", "1024")
+    out = dry("sim", "--strategy", "spatial", "--world-size", "1024")
     assert out.returncode == 2 and "sim.grid has 1000 rows, fewer than the 1024 ranks" in out.stderr
-    out = _dry(tmp_path, "infer", "--world-size", "64", "--device-memory", "L4", "batch_size=2")
+    out = dry("infer", "--world-size", "64", "--device-memory", "L4", "batch_size=2")
     assert out.returncode == 0, out.stderr
     assert "rank 0 runs windows [0, 2)" in out.stdout and "rank(s) get no window" in out.stdout
     assert re.search(r"peak of a model call\s+[\d.]+ MiB\s+measured", out.stdout)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_dry_run_flags_need_dry_run(tmp_path):
-    out = run_cli("train", "--world-size", "64", cwd=tmp_path, timeout=60)
-    assert out.returncode == 2 and "add --dry-run" in out.stderr
+def test_dry_run_flags_need_dry_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert_bad_input(["train", "--world-size", "64"], "add --dry-run", capsys)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -94,6 +94,9 @@ def _rank1_never_arrives() -> None:
 
 
 def _rank0_sleeps() -> None:
+    # both ranks meet first: rank 1 must not exit while rank 0 is still in init's gloo handshake (rank 0 then fails
+    # with "Connection closed by peer" instead of sleeping past the deadline; seen once in a loaded full run)
+    mg.barrier()
     time.sleep(60 if mg.rank() == 0 else 0)
 
 
