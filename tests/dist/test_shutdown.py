@@ -41,6 +41,9 @@ def _train_a_step() -> list[str]:
 
 
 def _ddp_then_shutdown() -> dict:
+    import gc
+
+    gc.disable()  # the collector not having run yet, as it may not have in a real rank: DDP's cycles still alive
     during = _train_a_step()  # the model is gone when it returns, as a workload's is before the rank's shutdown
     mg.shutdown()
     return {"during": during, "after": _gloo_threads()}

@@ -377,7 +377,14 @@ def _main(argv: list[str]) -> None:
     _accelerate_on_cpu_ranks()
 
     try:
-        record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
+        try:
+            record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
+        finally:
+            # a group the script destroyed can still be held by garbage (a DDP model is a reference cycle): free
+            # it now, so gloo's threads end while the interpreter is whole, not during its exit
+            import gc
+
+            gc.collect()
     except Exception:
         # torch's record() has written the traceback into this rank's error file; the launcher prints the
         # failing rank's own frames from it under its one-line summary. Printing it here as well put every

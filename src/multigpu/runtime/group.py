@@ -23,6 +23,7 @@ still uses the TCP store.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import warnings
@@ -315,6 +316,9 @@ def shutdown(*, barrier: bool = True) -> None:
         _barrier()
     if dist.is_initialized():
         dist.destroy_process_group()
+        # a DDP model its workload dropped is a reference cycle that still holds the group (its reducer): collect
+        # it now, or gloo's threads live until the collector happens to run, possibly into the interpreter's exit
+        gc.collect()
     _ENV = None
     _INIT_ARGS = None
     _MONITOR_GROUP = _EXCHANGE_GROUP = None
