@@ -19,7 +19,12 @@ On ``loopback`` (this host, CPU ranks) the ranks also share its cores: compute s
 ``(N x threads x held + other work) / cores`` beyond them, where *held* is the share of a rank's step
 outside collectives and *other work* the cores the device sampler saw busy beside the ranks.
 
-Predicted step = slowest rank's compute + communication (no overlap). The fit uses
+Where each rank's CPU seconds per step were measured (``StepMeter``), the cores also bound the step from below:
+N ranks need N x the CPU one rank used per step (computing, scaled as the fit, plus the collectives' own CPU at
+the largest size fitted on, grown with the messages a rank waits for) from the cores free of other work; the
+excess over the step below is the ``cores`` part.
+
+Predicted step = slowest rank's compute + communication (no overlap), or that bound. The fit uses
 the measured world sizes below the smallest one predicted: a size that was also
 measured shows both, and the error.
 """
