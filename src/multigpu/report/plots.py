@@ -109,6 +109,7 @@ def _speedup_panel(ax, result: dict[str, Any], pred: dict[str, Any], prows: list
 
 
 class _Bar(NamedTuple):
+    world_size: int
     label: str
     parts: dict[str, float]
     """Seconds per step in each part (stacked in the order of the panel's series)."""
@@ -127,11 +128,11 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
         if n in measured:
             r = measured[n]
             share = r["comm_share"] or 0.0  # not measured (None): the whole step drawn as compute
-            bars.append(_Bar(str(n), {"compute": r["step_time_s"] * (1 - share), "communication": r["step_time_s"] * share},
+            bars.append(_Bar(n, str(n), {"compute": r["step_time_s"] * (1 - share), "communication": r["step_time_s"] * share},
                              False, r["step_time_s"], f"{shown(r['comm_share'], '.0%')} comm"))
         if n in predicted:
             r = predicted[n]
-            bars.append(_Bar(f"{n}\npredicted", {p: float(r.get(f"{p}_s") or 0.0) for p in parts}, True,
+            bars.append(_Bar(n, f"{n}\npredicted", {p: float(r.get(f"{p}_s") or 0.0) for p in parts}, True,
                              r["step_time_s"], str(r.get("bottleneck") or "")))
     steps = [b.step_s for b in bars if b.step_s > 0]
     shares = bool(steps) and max(steps) > _WIDE * min(steps)  # bars too far apart to read on one time axis
@@ -151,8 +152,8 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
             bottom[i] += h
     # where a predicted size was also measured: the measured pace on its bar (the step the error is against: the
     # slowest rank's mean, which the measured bars' per-step median can sit above when ranks share cores)
-    marked = [(i, predicted[int(b.label.split()[0])]["measured_step_time_s"]) for i, b in enumerate(bars)
-              if b.predicted and predicted[int(b.label.split()[0])].get("measured_step_time_s")]
+    marked = [(i, predicted[b.world_size]["measured_step_time_s"]) for i, b in enumerate(bars)
+              if b.predicted and predicted[b.world_size].get("measured_step_time_s")]
     for k, (i, seconds) in enumerate(marked):
         if not shares:
             ax.plot([i - 0.42, i + 0.42], [seconds * 1000] * 2, color="black", linewidth=2,
