@@ -228,8 +228,8 @@ def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path)
     they started (a child and a setsid daemon each) ran on with parent 1. The reaper that outlives the launcher
     stops every process carrying the job's token, then removes the job's private store folder."""
     private = _private_folders()
-    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_wait.py"), str(tmp_path),
-                      capture=False)
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_children.py"), str(tmp_path),
+                      "wait", capture=False)
     workers = jobs.watch(_pids(tmp_path, "pid", 2, proc))
     started = jobs.watch([int((tmp_path / f"{kind}{r}").read_text()) for kind in ("child", "daemon") for r in (0, 1)])
     assert len(_alive(started)) == 4
@@ -270,7 +270,7 @@ def test_a_signal_while_workers_start_stops_those_started_and_starts_no_more(job
 
 def test_processes_a_rank_started_end_with_the_job(jobs, tmp_path):
     """Item 2: a rank that forks left its children behind after a successful run; a daemon (its own session) too."""
-    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_exit.py"), str(tmp_path))
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_children.py"), str(tmp_path))
     _, err = proc.communicate(timeout=180)
     started = jobs.watch([int(p.read_text()) for p in [*tmp_path.glob("child*"), *tmp_path.glob("daemon*")]])
     assert proc.returncode == 0, err
@@ -281,7 +281,7 @@ def test_processes_a_rank_started_end_with_the_job(jobs, tmp_path):
 
 def test_processes_left_by_a_failed_run_are_stopped_and_said_before_the_error(jobs, tmp_path):
     """Issue 23 (minor): "stopped N process(es)" was printed only after a successful run."""
-    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_and_exit.py"), str(tmp_path), "3")
+    proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_children.py"), str(tmp_path), "3")
     _, err = proc.communicate(timeout=180)
     started = jobs.watch([int(p.read_text()) for p in [*tmp_path.glob("child*"), *tmp_path.glob("daemon*")]])
     assert proc.returncode == 1, err
