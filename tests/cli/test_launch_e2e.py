@@ -193,7 +193,7 @@ def test_a_script_that_assumes_cuda_or_its_world_size_gets_a_hint_saying_what_to
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_plain_script_that_destroys_its_group_after_ddp_leaves_no_gloo_thread_running(tmp_path):
+def test_a_plain_script_that_destroys_its_group_after_ddp_or_not_leaves_no_gloo_thread_running(tmp_path):
     """torch.distributed.nn binds the live default group as default arguments when DDP imports it after
     init_process_group; destroy_process_group() then freed nothing and gloo's threads ran on into the
     interpreter's exit (see tests/dist/test_shutdown.py). The worker wrapper imports it before the script joins."""
@@ -205,5 +205,12 @@ def test_a_plain_script_that_destroys_its_group_after_ddp_leaves_no_gloo_thread_
     for p in tmp_path.glob("threads*"):
         p.unlink()
     proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), "atexit")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}
+    # a script that never destroys its group (an accelerate script once aborted at exit, -6): the wrapper destroys
+    # it once the script has ended well
+    for p in tmp_path.glob("threads*"):
+        p.unlink()
+    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), "never")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}

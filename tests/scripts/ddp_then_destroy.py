@@ -2,7 +2,8 @@
 the gloo threads still running in this rank to <folder>/threads<rank> (the shutdown test).
 
 With a second argument ``atexit``: the collector is off (as if it had not run yet: the DDP model's reference cycle
-still holds the group) and the threads are listed at the interpreter's exit, after the script has ended."""
+still holds the group) and the threads are listed at the interpreter's exit, after the script has ended. With
+``never``: the same, and the script never destroys its group (as accelerate's and many plain scripts do not)."""
 import atexit
 import gc
 import os
@@ -24,12 +25,13 @@ def write_threads() -> None:
     Path(sys.argv[1], f"threads{os.environ['RANK']}").write_text(",".join(sorted(n for n in names if "gloo" in n)))
 
 
-at_exit = sys.argv[2:] == ["atexit"]
+at_exit = sys.argv[2:] in (["atexit"], ["never"])
 if at_exit:
     gc.disable()
 dist.init_process_group("gloo")
 step()
-dist.destroy_process_group()
+if sys.argv[2:] != ["never"]:
+    dist.destroy_process_group()
 if at_exit:
     atexit.register(write_threads)
 else:

@@ -33,10 +33,11 @@ from multigpu.errors import ConfigError
 from multigpu.files import atomic_path
 from multigpu.infer import formats
 
-__all__ = ["BOMB_FLOOR_BYTES", "IMAGE_SUFFIXES", "MAX_DECODE_RATIO", "ImageInfo", "output_path", "probe", "read_image",
+__all__ = ["BOMB_FLOOR_BYTES", "IMAGE_SUFFIXES", "MAX_DECODE_RATIO", "READ_FIXED_BYTES", "ImageInfo", "output_path", "probe", "read_image",
            "write_image"]
 
 MAX_DECODE_RATIO = 100.0
+READ_FIXED_BYTES = 6 << 20  # the decoder's cost whatever the image's size (see ImageInfo.read_bytes)
 """Most times a file may grow when decoded. Photographs and scans compress 2-10x, TIFF float data less;
 a crafted PNG or a deflated TIFF of one flat colour reaches about 1000x (12000x12000 RGB from 420 KB)."""
 
@@ -95,16 +96,19 @@ class ImageInfo:
         return self.pixels * self.channels * self.sample_bytes
 
     def read_bytes(self) -> int:
-        """Peak memory of :func:`read_image` for this image: the decoded array beside the float32 result.
+        """Peak memory of :func:`read_image` for this image: the decoded array beside the float32 result, plus
+        the decoder's fixed cost.
 
-        Measured (peak RSS, ``VmHWM``, of a 3000x3000 read; tests/unit/test_infer_io.py): 15.1 B/px for RGB,
-        20.1 for RGBA, 5.1 for grey, 6.1 for 16-bit grey; Pillow's own buffer and ``tobytes`` come before
-        the result and stay below it. Counted with 1 B/px to spare. The old read (``astype``, then ``/ 255``, then
-        a transposed copy) peaked at 31 B/px for RGB where the launcher counted 12.
+        Measured (peak RSS, ``VmHWM``, in a fresh process; tests/unit/test_infer_io.py): 15 B/px for RGB, 20 for
+        RGBA, 5 for grey, 6 for 16-bit grey, plus about 4.3 MB whatever the size (Pillow 13 and zlib paging in
+        their code and buffers on a first read: 4.3 MB over a 10x10 image). Pillow's own buffer and ``tobytes``
+        come before the result and stay below it. Counted with :data:`READ_FIXED_BYTES` and 1/4 B/px to spare.
+        The old read (``astype``, then ``/ 255``, then a transposed copy) peaked at 31 B/px for RGB where the
+        launcher counted 12.
         """
         c, s = self.channels, self.sample_bytes
         pillow = 4 if c >= 3 else c * s  # Pillow keeps RGB and RGBA as 4 bytes a pixel
-        return self.pixels * (max(c * (4 + s), pillow + 2 * c * s) + 1)
+        return self.pixels * max(c * (4 + s), pillow + 2 * c * s) + self.pixels // 4 + READ_FIXED_BYTES
 
 
 def _kind(path: Path) -> str:

@@ -341,6 +341,18 @@ def _timed(target, wall_file: str | None):
     return run
 
 
+def _destroy_left_group() -> None:
+    """Destroy the default process group a script that ended well left behind (an accelerate or Lightning script,
+    or a plain one, that never called ``destroy_process_group``): torch would free it during the interpreter's
+    exit, where gloo's threads have aborted a finished rank ("terminate called without an active exception",
+    exit -6, seen with accelerate's ``Accelerator``). Only after success: a failing rank leaves at once (its
+    peers may be stuck in a collective that a destroy would wait on)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):  # ending is all that is left to do: never fail a finished rank here
+            dist.destroy_process_group()
+
+
 def main(argv: list[str]) -> None:
     try:
         # born with SIGINT blocked (the launcher's processes.py): a Ctrl-C during the interpreter's start-up
@@ -379,6 +391,7 @@ def _main(argv: list[str]) -> None:
     try:
         try:
             record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
+            _destroy_left_group()
         finally:
             # a group the script destroyed can still be held by garbage (a DDP model is a reference cycle): free
             # it now, so gloo's threads end while the interpreter is whole, not during its exit
