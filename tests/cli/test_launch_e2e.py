@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,7 +68,9 @@ def test_every_rank_stalled_ends_the_job_with_where_each_stood():
 
 @pytest.mark.fault
 @pytest.mark.parametrize("script,needle", [
-    ("exit_early.py", "all_reduce() on rank 0 of 2 lost a peer: Connection closed by peer"),
+    # gloo says "closed" or "reset" as the peer closed its sockets: exited with the group, or destroyed it first (the
+    # worker wrapper destroys what a finished script left)
+    ("exit_early.py", r"all_reduce\(\) on rank 0 of 2 lost a peer: (Read error \S+ )?Connection (closed|reset) by peer"),
     # both ranks wait (rank 0 in all_reduce, rank 1 in the barrier); whichever times out first is reported
     ("skip_collective.py", "of 2 timed out after 5s"),
 ])
@@ -76,7 +79,7 @@ def test_mismatched_ranks_end_in_bounded_time(script, needle):
     start = time.monotonic()
     proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "5", str(SCRIPTS / script))
     assert proc.returncode == 1
-    assert "of 2 failed first" in proc.stderr and needle in proc.stderr
+    assert "of 2 failed first" in proc.stderr and re.search(needle, proc.stderr), proc.stderr
     assert "pair.cc" not in proc.stderr.split("error:")[-1]  # gloo's internals are trimmed
     assert time.monotonic() - start < 60
 

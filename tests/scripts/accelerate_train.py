@@ -1,6 +1,7 @@
 """A plain accelerate training script (as its docs write one): prints what each rank saw, as JSON lines."""
 import json
 import os
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -21,7 +22,9 @@ for x, y in loader:
     seen += x[:, 0].int().tolist()
 ranks = accelerator.gather(torch.tensor([accelerator.process_index])).tolist()
 weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach().view(1, -1)).tolist()
-print(json.dumps({"rank": int(os.environ["RANK"]), "num_processes": accelerator.num_processes,
+# one write per line: the ranks share the console, and print()'s text and newline are two writes under python -u
+sys.stdout.write(json.dumps({"rank": int(os.environ["RANK"]), "num_processes": accelerator.num_processes,
                   "distributed_type": str(accelerator.distributed_type), "ranks": ranks, "seen": seen,
                   "weights_equal": all(w == weights[0] for w in weights),
-                  "mixed_precision": accelerator.mixed_precision}), flush=True)
+                  "mixed_precision": accelerator.mixed_precision}) + "\n")
+sys.stdout.flush()
