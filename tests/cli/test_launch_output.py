@@ -51,3 +51,18 @@ def test_rank_prefix_and_a_filter_show_one_ranks_lines_prefixed():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "did its work alone" in line]
     assert lines == ["[rank1]: copy 1 of 2 did its work alone"], proc.stdout
+
+
+@pytest.mark.e2e
+def test_lines_printed_by_two_ranks_at_once_reach_the_console_whole():
+    """Under ``python -u`` a print() wrote its text and its newline apart, and the two ranks broke each other's
+    lines (1,100-9,000 of 40,000 printed at once, in three runs of this script before the wrapper's fix)."""
+    import re
+
+    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "print_lines.py"), "20000",
+                   env={"OMP_NUM_THREADS": "1"}, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    broken = [line for line in lines if not re.fullmatch(r"rank[01]-x{80}-\d+", line)]
+    assert not broken, f"{len(broken)} broken lines, e.g. {broken[:2]}"
+    assert sorted(lines) == sorted(f"rank{r}-" + "x" * 80 + f"-{i}" for r in (0, 1) for i in range(20000))

@@ -368,8 +368,19 @@ def main(argv: list[str]) -> None:
         sys.exit(130)  # the launcher reports the interrupt once, for the whole job
 
 
+def _whole_lines() -> None:
+    """Each line the script prints reaches the console in one write (``python -u`` writes ``print``'s text and its
+    newline apart, and the ranks sharing the console broke each other's lines: thousands in 40,000 printed at once
+    by two ranks). Line-buffered text streams flush at every newline, as a terminal's stdout does, so output still
+    comes as it is printed; a line up to the pipe's atomic size (4 KiB) is never split by another rank's."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # replaced or closed by an embedding process
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def _main(argv: list[str]) -> None:
     _die_with_launcher(_launcher_pid())
+    _whole_lines()
     run_file = _run_file()
     gpu_ranks = run_file.get("gpu_ranks")
     os.environ.update(worker_device_env(os.environ, int(os.environ.get("LOCAL_RANK", "0")),
