@@ -90,6 +90,11 @@ def test_hsdp_on_two_nodes_trains_like_ddp_and_resumes_bit_identically_on_two_no
     assert "training state per rank (planned, strategy hsdp: sharded over 2 ranks of a replica, 2 replicas)" in out
     step2 = hsdp / "checkpoints" / "step_00000002"
     assert {".metadata", "manifest.json", "state.pt"} < {p.name for p in step2.iterdir()}  # DCP shards
+    # what bench --predict reads: the layout, and the collectives counted on the groups of the 2-D mesh
+    summary = json.loads((hsdp / "summary.json").read_text())
+    assert summary["hsdp"] == {"shard_size": 2, "set": False}
+    assert set(summary["traffic"]) == {"sharded_all_gather:shard", "reduce_scatter:shard", "all_reduce:replicate"}
+    assert summary["traffic"]["all_reduce:replicate"] == summary["traffic"]["reduce_scatter:shard"]
 
     _one_node(ddp, "--strategy", "ddp")
     assert _losses(hsdp) == pytest.approx(_losses(ddp), rel=1e-5)

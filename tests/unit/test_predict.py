@@ -194,3 +194,56 @@ def test_the_step_is_the_slowest_ranks_mean_pace_not_the_median_of_per_step_maxi
     runs[2]["summary"]["step_time_s"]["median"] = 0.060
     row = predict(runs, [4], LINK)["rows"][0]
     assert row["measured_step_time_s"] == pytest.approx(0.040)  # wall_s / steps, not the 60 ms median
+
+
+def test_hsdp_step_traffic_runs_over_the_groups_of_its_mesh():
+    import torch
+
+    from multigpu.runtime import collectives
+    from multigpu.train.fsdp import StepTraffic
+
+    blocks = [torch.nn.Linear(10, 10)]
+    plan = StepTraffic(torch.nn.Sequential(*blocks), blocks, reshard_after_forward=False, param_dtype=None,
+                       shard_size=2)
+    before = collectives.traffic()
+    plan.record(micro_steps=1)
+    after = collectives.traffic()
+    moved = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1]) for k in after
+             if after[k] != before.get(k)}
+    assert moved == {"sharded_all_gather:shard": (1, 440), "reduce_scatter:shard": (1, 440),
+                     "all_reduce:replicate": (1, 440)}
+    with pytest.raises(ValueError, match="valid: shard, replicate"):
+        collectives.record_traffic("all_reduce", 8, group="node")
+
+
+def _hsdp_run(n: int, step_s: float, shard_size: int, chosen: bool = False) -> dict:
+    run = _run(n, step_s, 64, [step_s] * n, {"sharded_all_gather:shard": {"calls": 1, "bytes": 1e6},
+                                             "reduce_scatter:shard": {"calls": 1, "bytes": 1e6},
+                                             "all_reduce:replicate": {"calls": 1, "bytes": 1e6}} if n > 1 else None)
+    run["summary"]["hsdp"] = {"shard_size": shard_size, "set": chosen}
+    return run
+
+
+def test_hsdp_prediction_by_hand_shards_within_a_node_and_all_reduces_across_replicas():
+    runs = [_hsdp_run(1, 0.100, 1), _hsdp_run(2, 0.060, 2)]  # 2 ranks on one node: one replica, no all-reduce
+    row = predict(runs, [8], LINK, ranks_per_node=4)["rows"][0]
+    # 8 ranks = 2 replicas x 4: all-gather over 4 (log2(4) a, 3/4 S b), reduce-scatter over 4 (3 a, 3/4 S b),
+    # the 1/4 shard all-reduced over 2 replicas (ring: 2 a, S/4 b)
+    assert row["hsdp"] == [2, 4]
+    assert row["latency_s"] == pytest.approx(7 * 10e-6) and row["bandwidth_s"] == pytest.approx(1.75e-3)
+    # the fit's 2-rank run took its own layout (shards over 2, nothing to all-reduce): a = 0, b = 2 x 0.1 ...
+    comm2 = 10e-6 + 0.5e-3 + 10e-6 + 0.5e-3
+    b = 2 * (0.100 - (0.060 - comm2))
+    assert row["step_time_s"] == pytest.approx(0.100 - b + b / 8 + 7e-5 + 1.75e-3)
+    # a chosen hsdp_shard_size stays at every size: 4 replicas of 2 ranks
+    runs = [_hsdp_run(1, 0.100, 2, True), _hsdp_run(2, 0.060, 2, True)]  # a 1-rank run keeps the size it was given
+    pred = predict(runs, [8], LINK, ranks_per_node=4)
+    assert pred["rows"][0]["hsdp"] == [4, 2] and "hsdp_shard_size=2, as the job sets it" in pred["assumptions"][-1]
+    # one host (loopback): every rank shards the one replica, as fsdp does
+    host = Link("this host's gloo over loopback", 10e-6, 1e9, "measured")
+    assert predict([_hsdp_run(1, 0.1, 1), _hsdp_run(2, 0.06, 2)], [4], host)["rows"][0]["hsdp"] == [1, 4]
+    # a GPU interconnect without --ranks-per-node: nodes of 8
+    assert predict([_hsdp_run(1, 0.1, 1), _hsdp_run(2, 0.06, 2)], [64], LINK)["rows"][0]["hsdp"] == [8, 8]
+    with pytest.raises(ConfigError, match=r"--predict 12: an hsdp replica is sharded over 8 ranks .* valid: world "
+                                          r"sizes that are multiples of 8"):
+        predict([_hsdp_run(1, 0.1, 1), _hsdp_run(2, 0.06, 2)], [12], LINK)

@@ -11,7 +11,8 @@ From the bench's own runs (one ``summary.json`` each, written by ``StepMeter``):
 * *traffic* per step: the calls and bytes of every collective the job made
   (``collectives.record_traffic``: DDP's gradient buckets, the simulation's halo and migration,
   inference's window exchange; FSDP's all-gathers and reduce-scatters from its sharding), as measured
-  at the largest world size fitted on;
+  at the largest world size fitted on; HSDP's run over the groups of its mesh (all-gathers and reduce-scatters
+  within a replica, the gradient shards' all-reduce across replicas: ``_shards`` says how large at each N);
 * *the interconnect*: an alpha-beta model, ``latency + bytes / bandwidth`` per message, with the
   textbook ring/tree costs of each collective (:func:`cost`), from :data:`LINKS` or measured figures.
 
@@ -168,6 +169,10 @@ class _Point:
     traffic: dict[str, dict[str, float]]
     cpu_mean_s: float | None = None
     """Mean over ranks of the CPU seconds a rank's process spent per step (all its threads); None: not measured."""
+    shard_size: int | None = None
+    """HSDP: the ranks of one replica in this run; None: not HSDP."""
+    shard_set: bool = False
+    """HSDP: whether the shard size was chosen (``hsdp_shard_size``) rather than the ranks per node."""
 
 
 def _mean_step(summary: dict[str, Any]) -> float:
@@ -191,6 +196,7 @@ def _point(n: int, summaries: list[dict[str, Any]]) -> _Point:
             means.append(statistics.fmean(per))
             maxes.append(max(per))
     traffic = summaries[len(summaries) // 2].get("traffic") or {}
+    hsdp = summaries[0].get("hsdp") or {}
     return _Point(
         n=n,
         step_s=statistics.median(_mean_step(s) for s in summaries),
@@ -199,15 +205,26 @@ def _point(n: int, summaries: list[dict[str, Any]]) -> _Point:
         items_per_step=statistics.median(s["items"] / max(s["steps"], 1) for s in summaries),
         traffic=traffic,
         cpu_mean_s=statistics.median(cpus) if len(cpus) == len(summaries) else None,
+        shard_size=hsdp.get("shard_size"),
+        shard_set=bool(hsdp.get("set")),
     )
 
 
-def _comm(traffic: dict[str, dict[str, float]], n: int, link: Link) -> tuple[float, float]:
+Shards = Callable[[int], int]
+"""HSDP: the ranks of one replica at world size N."""
+
+
+def _comm(traffic: dict[str, dict[str, float]], n: int, link: Link, shards: Shards | None = None) -> tuple[float, float]:
     latency = bandwidth = 0.0
-    for kind, fig in traffic.items():
+    for key, fig in traffic.items():
         if not fig["calls"]:
             continue
-        lat, bw = cost(kind, n, fig["bytes"] / fig["calls"], link)
+        kind, _, over = key.partition(":")  # HSDP's collectives run over a group of its mesh (record_traffic)
+        ranks, nbytes = n, fig["bytes"] / fig["calls"]
+        if over:
+            k = shards(n) if shards else n
+            ranks, nbytes = (k, nbytes) if over == "shard" else (n // k, nbytes / k)
+        lat, bw = cost(kind, ranks, nbytes, link)
         latency += fig["calls"] * lat
         bandwidth += fig["calls"] * bw
     return latency, bandwidth
@@ -227,14 +244,14 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return a, b
 
 
-def _hops(traffic: dict[str, dict[str, float]], n: int, link: Link) -> float:
+def _hops(traffic: dict[str, dict[str, float]], n: int, link: Link, shards: Shards | None = None) -> float:
     """Messages one rank waits for per step at N (the latency term over one message's latency)."""
     unit = link if link.alpha_s > 0 else replace(link, alpha_s=1.0)
-    return _comm(traffic, n, unit)[0] / unit.alpha_s
+    return _comm(traffic, n, unit, shards)[0] / unit.alpha_s
 
 
 def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict[str, dict[str, float]],
-              link: Link) -> Callable[[int], float] | None:
+              link: Link, shards: Shards | None = None) -> Callable[[int], float] | None:
     """CPU seconds one rank's process needs per step at N (all its threads), from the measured CPU time; None
     where it was not measured.
 
@@ -247,13 +264,46 @@ def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict
     per_busy = first.cpu_mean_s / first.compute_mean_s  # CPU seconds per second of computing
     base = compute(first.n)
     comm_cpu = max(0.0, last.cpu_mean_s - last.compute_mean_s * per_busy) if last.n > first.n else 0.0
-    hops_last = _hops(traffic, last.n, link)
+    hops_last = _hops(traffic, last.n, link, shards)
 
     def need(n: int) -> float:
-        grown = comm_cpu * _hops(traffic, n, link) / hops_last if hops_last > 0 else comm_cpu
+        grown = comm_cpu * _hops(traffic, n, link, shards) / hops_last if hops_last > 0 else comm_cpu
         return first.cpu_mean_s * (compute(n) / base if base > 0 else 1.0) + grown
 
     return need
+
+
+def _shards(points: dict[int, _Point], sizes: Sequence[int], ranks_per_node: int | None,
+             one_host: bool) -> tuple[Shards | None, str | None]:
+    """HSDP's shard group at each N, and the assumption that says how (None, None: not an HSDP job).
+
+    Measured sizes keep their own; elsewhere a chosen ``hsdp_shard_size`` stays, and the default (the ranks per
+    node) is ``ranks_per_node``: every rank on this host, 8 on a GPU interconnect unless given."""
+    hsdp = [p for p in points.values() if p.shard_size]
+    if not hsdp:
+        return None, None
+    chosen = next((p.shard_size for p in sorted(hsdp, key=lambda p: -p.n) if p.shard_set), None)
+    per_node = ranks_per_node or (None if one_host else 8)
+    if chosen:
+        rule = f"hsdp_shard_size={chosen}, as the job sets it"
+    elif per_node:
+        rule = f"the {per_node} ranks of a node ({'--ranks-per-node' if ranks_per_node else 'by default; --ranks-per-node sets it'})"
+    else:
+        rule = "every rank (one host: the ranks per node)"
+    size = chosen or per_node
+
+    def shards(n: int) -> int:
+        if n in points and points[n].shard_size:
+            return min(points[n].shard_size, n)  # a 1-rank run names the shard size it was given
+        return min(size, n) if size else n
+
+    for n in sizes:
+        if n % shards(n):
+            raise ConfigError(f"--predict {n}: an hsdp replica is sharded over {shards(n)} ranks ({rule}), which does "
+                              f"not divide {n}; valid: world sizes that are multiples of {shards(n)}")
+    return shards, (f"hsdp: each replica is sharded over {rule}; its all-gathers and reduce-scatters run over those "
+                    "ranks and the gradient shards' all-reduce over the replicas, all on the one interconnect "
+                    "above (a node's faster links are not modelled)")
 
 
 def _ranks(n: int) -> str:
@@ -262,12 +312,13 @@ def _ranks(n: int) -> str:
 
 def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *, scaling: str = "strong",
             cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None,
-            other_work: float = 0.0) -> dict[str, Any]:
+            other_work: float = 0.0, ranks_per_node: int | None = None) -> dict[str, Any]:
     """Predicted rows at ``sizes`` from bench runs (``[{"world_size": N, "summary": {...}}, ...]``).
 
     ``cpu_ranks``: the ranks computed on this host's CPU; with ``link.source == "measured"`` on loopback the
     prediction is for this host, whose ``cores`` the ranks share (``threads`` each; default ``cores // N``) with
-    ``other_work`` cores busy with other processes (:func:`busy_cores`).
+    ``other_work`` cores busy with other processes (:func:`busy_cores`). ``ranks_per_node``: an HSDP job's default
+    shard group at the predicted sizes (see :func:`_shards`).
     """
     by_size: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
@@ -277,6 +328,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     fits = [points[n] for n in fit_on]
     base = points[min(by_size)]
     on_host = cpu_ranks and link.name == LOOPBACK_NAME and cores
+    shards, hsdp_rule = _shards(points, sizes, ranks_per_node, one_host=link.name == LOOPBACK_NAME)
 
     def threads_at(n: int) -> int:
         return threads or max(1, (cores or 1) // n)
@@ -296,7 +348,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     traffic = traffic_from.traffic if traffic_from else {}
     # the slowest rank's compute: the measured step minus the modelled communication. Not the ranks' busy time:
     # an overlapped all-reduce (DDP's) is timed over the backward it overlaps, so busy time under-counts compute
-    computes = [max(p.step_s - sum(_comm(traffic, p.n, link)), 0.0) for p in fits]
+    computes = [max(p.step_s - sum(_comm(traffic, p.n, link, shards)), 0.0) for p in fits]
     last, first = fits[-1], fits[0]
     # items per step grow as N ** growth: 0 when the global problem is fixed, 1 when each rank's share is (a
     # workload whose per-rank batch is set, even under strong scaling); measured where two sizes were fitted
@@ -315,13 +367,13 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     a, b = _fit([per_rank(p.n) for p in fits], norm)
     imbalance = (last.compute_max_s / last.compute_mean_s
                  if last.compute_max_s and last.compute_mean_s else 1.0)
-    cpu_need = _cpu_need(fits, lambda n: a + b * per_rank(n), traffic, link) if on_host else None
+    cpu_need = _cpu_need(fits, lambda n: a + b * per_rank(n), traffic, link, shards) if on_host else None
     free_cores = max(float(cores or 1) - other_work, 1.0)
     rows = []
     for n in sizes:
         slow = (a + b * per_rank(n)) * crowding(n)
         compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
-        latency, bandwidth = _comm(traffic, n, link)
+        latency, bandwidth = _comm(traffic, n, link, shards)
         step = slow + latency + bandwidth
         # the cores' bound: N ranks cannot finish a step before the cores free to them have run the CPU it needs
         waiting = max(0.0, n * cpu_need(n) / free_cores - step) if cpu_need else 0.0
@@ -335,6 +387,8 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         row = {"world_size": n, "step_time_s": step, "throughput": throughput, "speedup": speedup,
                "ideal": n / base.n, "efficiency": speedup / (n / base.n), **{f"{k}_s": v for k, v in parts.items()},
                "bottleneck": max(parts, key=parts.get), "measured_step_time_s": None, "error": None}
+        if shards:  # hsdp: replicas x ranks per replica
+            row["hsdp"] = [n // shards(n), shards(n)]
         if n in points:
             row["measured_step_time_s"] = points[n].step_s
             row["error"] = step / points[n].step_s - 1 if points[n].step_s > 0 else None
@@ -350,7 +404,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         "traffic_at": traffic_from.n if traffic_from else None,
         "rows": rows,
         "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
-                                    threads_at, other_work, held, cpu_need is not None),
+                                    threads_at, other_work, held, cpu_need is not None) + ([hsdp_rule] if hsdp_rule else []),
         "cannot_know": CANNOT_KNOW,
     }
 

@@ -76,6 +76,9 @@ def add_predict_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
                        help="bandwidth per rank and direction in GB/s (overrides the interconnect's; e.g. from "
                             "`multigpu doctor`'s bus bandwidth)")
+    group.add_argument("--ranks-per-node", type=int, default=None, metavar="R",
+                       help="ranks on one node at the predicted sizes: an hsdp job's default shard group (default: "
+                            "every rank with loopback, 8 on a GPU interconnect)")
 
 
 def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
@@ -84,10 +87,13 @@ def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
     from multigpu.errors import ConfigError
 
     if args.predict is None:
-        if args.interconnect or args.alpha_us is not None or args.bandwidth_gbs is not None:
-            raise ConfigError("--interconnect, --alpha-us and --bandwidth-gbs describe a prediction; "
-                              "valid: add --predict N,M (e.g. --predict 8,64)")
+        if (args.interconnect or args.alpha_us is not None or args.bandwidth_gbs is not None
+                or args.ranks_per_node is not None):
+            raise ConfigError("--interconnect, --alpha-us, --bandwidth-gbs and --ranks-per-node describe a "
+                              "prediction; valid: add --predict N,M (e.g. --predict 8,64)")
         return False
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise ConfigError(f"--ranks-per-node {args.ranks_per_node} is invalid; valid: a positive whole number")
     for flag, value in (("--alpha-us", args.alpha_us), ("--bandwidth-gbs", args.bandwidth_gbs)):
         if value is not None and not (value > 0 and value != float("inf")):
             raise ConfigError(f"{flag} {value} is invalid; valid: a positive number")
@@ -110,6 +116,7 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
         resolve_link,
     )
     from multigpu.bench.runner import save_plot
+    from multigpu.errors import ConfigError
     from multigpu.monitor import write_json_atomic
 
     cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
@@ -128,8 +135,12 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
     link = resolve_link(name, alpha_us=args.alpha_us, bandwidth_gbs=args.bandwidth_gbs, measured=measured)
     sizes, cores = parse_predict(args.predict), result["host"]["cores"]
     others = busy_cores(result["runs"], fit_sizes(result["nproc"], sizes), cores) if cpu_ranks else 0.0
-    result["prediction"] = predict(result["runs"], sizes, link, scaling=result["scaling"], cores=cores,
-                                   cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others)
+    try:
+        result["prediction"] = predict(result["runs"], sizes, link, scaling=result["scaling"], cores=cores,
+                                       cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others,
+                                       ranks_per_node=args.ranks_per_node)
+    except ConfigError as e:  # what only the runs could tell (an hsdp layout): the measured runs stay
+        raise ConfigError(f"{e} (the measured runs are in {out / 'bench.json'})") from e
     if sweep:
         result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
     if result.get("plot"):
@@ -152,7 +163,7 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
     for name in ("ranks", "step (ms)", "speedup", "efficiency", *parts, "bottleneck", "measured (ms)", "error"):
         table.add_column(name, justify="right")
     for r in pred["rows"]:
-        table.add_row(str(r["world_size"]), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
+        table.add_row(str(r["world_size"]) + (" ({} x {})".format(*r["hsdp"]) if r.get("hsdp") else ""), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
                       f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in parts),
                       r["bottleneck"], shown(None if r["measured_step_time_s"] is None
                                              else r["measured_step_time_s"] * 1e3, ".2f"),

@@ -67,13 +67,25 @@ TRAFFIC_KINDS = ("all_reduce", "all_gather", "sharded_all_gather", "gather", "br
 """What :func:`record_traffic` counts: the collective patterns ``multigpu bench --predict`` has a cost formula for."""
 
 
-def record_traffic(kind: str, nbytes: int, calls: int = 1) -> None:
+TRAFFIC_GROUPS = ("shard", "replicate")
+"""The groups of a 2-D ``(replicate, shard)`` mesh (HSDP) a collective may run over instead of every rank."""
+
+
+def record_traffic(kind: str, nbytes: int, calls: int = 1, group: str | None = None) -> None:
     """Count one collective (or ``calls``) of ``kind`` into which this rank put ``nbytes`` bytes: the tensor of an
     all-reduce or broadcast, this rank's part of an all-gather or gather, what it sends in an all-to-all or a send;
     for ``reduce_scatter`` and ``sharded_all_gather`` (FSDP's), the whole tensor reduced or gathered.
 
+    ``group``: over every rank (None), or over one group of HSDP's mesh (counted as ``kind:group``): ``shard``, the
+    ranks of a replica; ``replicate``, the ranks holding the same shard, for which ``nbytes`` is the whole tensor
+    of which each rank reduces its shard (1 / the shard group's size).
+
     Workloads that call ``torch.distributed`` directly (DDP's hooks, the simulation's exchanges) count here too, so
     the figures are the job's own collectives, not an estimate."""
+    if group is not None:
+        if group not in TRAFFIC_GROUPS:
+            raise ValueError(f"no collective group {group!r}; valid: {', '.join(TRAFFIC_GROUPS)}")
+        kind = f"{kind}:{group}"
     entry = _TRAFFIC.setdefault(kind, [0, 0])
     entry[0] += calls
     entry[1] += int(nbytes)

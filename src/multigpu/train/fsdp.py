@@ -208,10 +208,11 @@ class StepTraffic:
     the root's own parameters) one all-gather of its parameters per micro-step in forward, another in backward
     when blocks reshard after forward (the root never does), and one reduce-scatter of its fp32 gradients on the
     step that syncs. Bytes are whole units (``sharded_all_gather``, ``reduce_scatter``), which do not change
-    with the world size."""
+    with the world size. Under HSDP (``shard_size``) those run over the ranks of a replica (group ``shard``), and
+    the gradient shards are then all-reduced across the replicas (group ``replicate``)."""
 
     def __init__(self, module: nn.Module, blocks: list[nn.Module], reshard_after_forward: bool,
-                 param_dtype: torch.dtype | None):
+                 param_dtype: torch.dtype | None, shard_size: int | None = None):
         def nbytes(params, dtype=None) -> int:
             return sum(p.numel() * (dtype.itemsize if dtype else p.element_size()) for p in params)
 
@@ -221,13 +222,18 @@ class StepTraffic:
                        2 if reshard_after_forward else 1) for b in blocks]
         if root:
             self.units.append((nbytes(root, param_dtype), nbytes(root, torch.float32), 1))
+        self.hsdp = shard_size is not None
 
     def record(self, micro_steps: int) -> None:
         from multigpu.runtime.collectives import record_traffic
 
+        within = "shard" if self.hsdp else None
         for gathered, grads, gathers in self.units:
-            record_traffic("sharded_all_gather", gathered * gathers * micro_steps, calls=gathers * micro_steps)
-            record_traffic("reduce_scatter", grads)
+            record_traffic("sharded_all_gather", gathered * gathers * micro_steps, calls=gathers * micro_steps,
+                           group=within)
+            record_traffic("reduce_scatter", grads, group=within)
+            if self.hsdp:  # each rank's reduced shard, summed over the replicas (whole bytes: see record_traffic)
+                record_traffic("all_reduce", grads, group="replicate")
 
 
 def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
@@ -270,7 +276,7 @@ def shard_model(module: nn.Module, optimizer: torch.optim.Optimizer, *, device: 
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
     blocks = block_modules(module, class_names)
-    traffic = StepTraffic(module, blocks, reshard_after_forward, param_dtype)
+    traffic = StepTraffic(module, blocks, reshard_after_forward, param_dtype, shard_size)
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
     fully_shard(module, **options)

@@ -565,6 +565,8 @@ class Trainer:
         fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
                  "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
                  "peak_memory_bytes": peaks, **(extra or {})}
+        if self.config.strategy == "hsdp":  # bench --predict: the shard group, and whether it was chosen or a node
+            fixed["hsdp"] = {"shard_size": self.shard_size, "set": self.config.hsdp_shard_size is not None}
         summary = self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
         # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
         self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
