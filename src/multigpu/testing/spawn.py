@@ -80,6 +80,13 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
             group._testing_group_of_one()
         mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads,
                 init_method=f"file://{store_dir}/store")  # its own rendezvous: no launcher variable is faked
+        if world_size > 1:
+            # every rank's group is whole before any fn runs: a rank whose fn returned at once used to destroy its
+            # group while a peer was still in gloo's connectFullMesh ("Connection closed by peer", seen in a full
+            # run). torch's own barrier: nothing the meters count
+            import torch.distributed as dist
+
+            dist.barrier()
         value = fn(*args, **kwargs)
         mg.shutdown(barrier=False)
         # plain pickle copies tensor data; the queue's own pickler would share memory that dies with this process
