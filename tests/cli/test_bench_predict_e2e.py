@@ -52,6 +52,10 @@ def test_predict_flags_are_checked_before_anything_runs(tmp_path, capsys):
         (["--predict", "2,4"], "needs a measured world size below 2"),
         (["--nproc", "1,2", "--interconnect", "ib-ndr"], "describe a prediction; valid: add --predict"),
         (["--predict", "8", "--bandwidth-gbs", "-3"], "--bandwidth-gbs -3.0 is invalid"),
+        (["--nproc", "1,2", "--ranks-per-node", "4"], "describe a prediction; valid: add --predict"),
+        (["--predict", "8", "--ranks-per-node", "0"], "--ranks-per-node 0 is invalid; valid: a positive whole"),
+        (["--predict", "8", "--node-interconnect", "nvlink4"], "--node-interconnect nvlink4 needs a network between "
+                                                               "the nodes; valid: --interconnect one of nvlink4"),
     ]:
         nproc = [] if "--nproc" in args else ["--nproc", "2"]
         code = main(["bench", *nproc, *args, "-o", str(out), "examples/allreduce_dp.py"])

@@ -247,3 +247,24 @@ def test_hsdp_prediction_by_hand_shards_within_a_node_and_all_reduces_across_rep
     with pytest.raises(ConfigError, match=r"--predict 12: an hsdp replica is sharded over 8 ranks .* valid: world "
                                           r"sizes that are multiples of 8"):
         predict([_hsdp_run(1, 0.1, 1), _hsdp_run(2, 0.06, 2)], [12], LINK)
+
+
+def test_collectives_within_a_node_run_on_its_link_and_across_nodes_on_the_network():
+    node = Link("node", 1e-6, 100e9)  # 1 us, 100 GB/s: a byte costs 0.01 ns
+    runs = [_hsdp_run(1, 0.100, 1), _hsdp_run(2, 0.060, 2)]
+    # 16 ranks = 2 replicas x 8 (nodes of 8): the replica's all-gather and reduce-scatter within a node (node link),
+    # the 1/8 gradient shard all-reduced across the 2 replicas, which span the nodes (LINK: 10 us, 1 GB/s)
+    pred = predict(runs, [16], LINK, ranks_per_node=8, node_link=node)
+    row = pred["rows"][0]
+    within = (3 * 1e-6 + 7 * 1e-6, 2 * 7 / 8 * 1e6 * 1e-11)  # log2(8) a + (n-1) a; (n-1)/n S b twice
+    across = (2 * 10e-6, 1e6 / 8 * 1e-9)  # ring over 2: 2 a, 2 (1/2) s b with s = S/8
+    assert row["latency_s"] == pytest.approx(within[0] + across[0])
+    assert row["bandwidth_s"] == pytest.approx(within[1] + across[1])
+    assert "nodes of 8 ranks: a collective among the ranks of one node runs on node" in " ".join(pred["assumptions"])
+    # a plain (ddp) job: its all-reduce within a node at 8 ranks, across nodes at 16
+    flat = [_run(1, 0.1, 64, [0.1]), _run(2, 0.06, 64, [0.05] * 2, {"all_reduce": {"calls": 1, "bytes": 1e6}})]
+    rows = predict(flat, [8, 16], LINK, ranks_per_node=8, node_link=node)["rows"]
+    assert rows[0]["bandwidth_s"] == pytest.approx(2 * 7 / 8 * 1e6 * 1e-11)
+    assert rows[1]["bandwidth_s"] == pytest.approx(2 * 15 / 16 * 1e6 * 1e-9)
+    # without a node link every collective is on the one link, as before
+    assert predict(runs, [16], LINK, ranks_per_node=8)["rows"][0]["latency_s"] == pytest.approx((3 + 7 + 2) * 10e-6)

@@ -214,17 +214,43 @@ Shards = Callable[[int], int]
 """HSDP: the ranks of one replica at world size N."""
 
 
-def _comm(traffic: dict[str, dict[str, float]], n: int, link: Link, shards: Shards | None = None) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _Net:
+    """Where each collective runs: ``link`` between nodes; ``node_link`` (when given) among the ranks of one
+    node, i.e. a collective whose ranks all fit in one node of ``per_node`` consecutive ranks; ``shards``: an HSDP
+    job's shard group at N."""
+
+    link: Link
+    node_link: Link | None = None
+    per_node: int | None = None
+    shards: Shards | None = None
+
+    def over(self, span: int) -> Link:
+        """The link of a collective among ``span`` consecutive ranks."""
+        if self.node_link is not None and self.per_node and span <= self.per_node:
+            return self.node_link
+        return self.link
+
+
+def _comm(traffic: dict[str, dict[str, float]], n: int, net: _Net, messages: bool = False) -> tuple[float, float]:
+    """``(latency, bandwidth)`` seconds of one step's collectives at N; ``messages``: the latency term counted in
+    messages instead (each collective's latency over its link's, the faster of ring and tree chosen as in time)."""
     latency = bandwidth = 0.0
     for key, fig in traffic.items():
         if not fig["calls"]:
             continue
         kind, _, over = key.partition(":")  # HSDP's collectives run over a group of its mesh (record_traffic)
-        ranks, nbytes = n, fig["bytes"] / fig["calls"]
+        ranks, nbytes, span = n, fig["bytes"] / fig["calls"], n
         if over:
-            k = shards(n) if shards else n
-            ranks, nbytes = (k, nbytes) if over == "shard" else (n // k, nbytes / k)
+            k = net.shards(n) if net.shards else n
+            # a replica's ranks are consecutive (one node by default); the replicas of a shard are spread over all
+            ranks, nbytes, span = (k, nbytes, k) if over == "shard" else (n // k, nbytes / k, n)
+        link = net.over(span)
+        if messages and link.alpha_s <= 0:
+            link = replace(link, alpha_s=1.0)
         lat, bw = cost(kind, ranks, nbytes, link)
+        if messages:
+            lat /= link.alpha_s
         latency += fig["calls"] * lat
         bandwidth += fig["calls"] * bw
     return latency, bandwidth
@@ -244,14 +270,13 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return a, b
 
 
-def _hops(traffic: dict[str, dict[str, float]], n: int, link: Link, shards: Shards | None = None) -> float:
-    """Messages one rank waits for per step at N (the latency term over one message's latency)."""
-    unit = link if link.alpha_s > 0 else replace(link, alpha_s=1.0)
-    return _comm(traffic, n, unit, shards)[0] / unit.alpha_s
+def _hops(traffic: dict[str, dict[str, float]], n: int, net: _Net) -> float:
+    """Messages one rank waits for per step at N (the latency term counted in messages)."""
+    return _comm(traffic, n, net, messages=True)[0]
 
 
 def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict[str, dict[str, float]],
-              link: Link, shards: Shards | None = None) -> Callable[[int], float] | None:
+              net: _Net) -> Callable[[int], float] | None:
     """CPU seconds one rank's process needs per step at N (all its threads), from the measured CPU time; None
     where it was not measured.
 
@@ -264,10 +289,10 @@ def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict
     per_busy = first.cpu_mean_s / first.compute_mean_s  # CPU seconds per second of computing
     base = compute(first.n)
     comm_cpu = max(0.0, last.cpu_mean_s - last.compute_mean_s * per_busy) if last.n > first.n else 0.0
-    hops_last = _hops(traffic, last.n, link, shards)
+    hops_last = _hops(traffic, last.n, net)
 
     def need(n: int) -> float:
-        grown = comm_cpu * _hops(traffic, n, link, shards) / hops_last if hops_last > 0 else comm_cpu
+        grown = comm_cpu * _hops(traffic, n, net) / hops_last if hops_last > 0 else comm_cpu
         return first.cpu_mean_s * (compute(n) / base if base > 0 else 1.0) + grown
 
     return need
@@ -302,8 +327,7 @@ def _shards(points: dict[int, _Point], sizes: Sequence[int], ranks_per_node: int
             raise ConfigError(f"--predict {n}: an hsdp replica is sharded over {shards(n)} ranks ({rule}), which does "
                               f"not divide {n}; valid: world sizes that are multiples of {shards(n)}")
     return shards, (f"hsdp: each replica is sharded over {rule}; its all-gathers and reduce-scatters run over those "
-                    "ranks and the gradient shards' all-reduce over the replicas, all on the one interconnect "
-                    "above (a node's faster links are not modelled)")
+                    "ranks and the gradient shards' all-reduce over the replicas")
 
 
 def _ranks(n: int) -> str:
@@ -312,13 +336,15 @@ def _ranks(n: int) -> str:
 
 def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *, scaling: str = "strong",
             cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None,
-            other_work: float = 0.0, ranks_per_node: int | None = None) -> dict[str, Any]:
+            other_work: float = 0.0, ranks_per_node: int | None = None,
+            node_link: Link | None = None) -> dict[str, Any]:
     """Predicted rows at ``sizes`` from bench runs (``[{"world_size": N, "summary": {...}}, ...]``).
 
     ``cpu_ranks``: the ranks computed on this host's CPU; with ``link.source == "measured"`` on loopback the
     prediction is for this host, whose ``cores`` the ranks share (``threads`` each; default ``cores // N``) with
-    ``other_work`` cores busy with other processes (:func:`busy_cores`). ``ranks_per_node``: an HSDP job's default
-    shard group at the predicted sizes (see :func:`_shards`).
+    ``other_work`` cores busy with other processes (:func:`busy_cores`). ``ranks_per_node``: the ranks of one node
+    at the predicted sizes (an HSDP job's default shard group: see :func:`_shards`). ``node_link``: the link among
+    the ranks of one node, for collectives that stay within a node (``link`` is then the network between nodes).
     """
     by_size: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
@@ -328,7 +354,10 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     fits = [points[n] for n in fit_on]
     base = points[min(by_size)]
     on_host = cpu_ranks and link.name == LOOPBACK_NAME and cores
-    shards, hsdp_rule = _shards(points, sizes, ranks_per_node, one_host=link.name == LOOPBACK_NAME)
+    one_host = link.name == LOOPBACK_NAME
+    shards, hsdp_rule = _shards(points, sizes, ranks_per_node, one_host=one_host)
+    per_node = ranks_per_node or (None if one_host else 8)
+    net = _Net(link, node_link if per_node else None, per_node, shards)
 
     def threads_at(n: int) -> int:
         return threads or max(1, (cores or 1) // n)
@@ -348,7 +377,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     traffic = traffic_from.traffic if traffic_from else {}
     # the slowest rank's compute: the measured step minus the modelled communication. Not the ranks' busy time:
     # an overlapped all-reduce (DDP's) is timed over the backward it overlaps, so busy time under-counts compute
-    computes = [max(p.step_s - sum(_comm(traffic, p.n, link, shards)), 0.0) for p in fits]
+    computes = [max(p.step_s - sum(_comm(traffic, p.n, net)), 0.0) for p in fits]
     last, first = fits[-1], fits[0]
     # items per step grow as N ** growth: 0 when the global problem is fixed, 1 when each rank's share is (a
     # workload whose per-rank batch is set, even under strong scaling); measured where two sizes were fitted
@@ -367,13 +396,13 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     a, b = _fit([per_rank(p.n) for p in fits], norm)
     imbalance = (last.compute_max_s / last.compute_mean_s
                  if last.compute_max_s and last.compute_mean_s else 1.0)
-    cpu_need = _cpu_need(fits, lambda n: a + b * per_rank(n), traffic, link, shards) if on_host else None
+    cpu_need = _cpu_need(fits, lambda n: a + b * per_rank(n), traffic, net) if on_host else None
     free_cores = max(float(cores or 1) - other_work, 1.0)
     rows = []
     for n in sizes:
         slow = (a + b * per_rank(n)) * crowding(n)
         compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
-        latency, bandwidth = _comm(traffic, n, link, shards)
+        latency, bandwidth = _comm(traffic, n, net)
         step = slow + latency + bandwidth
         # the cores' bound: N ranks cannot finish a step before the cores free to them have run the CPU it needs
         waiting = max(0.0, n * cpu_need(n) / free_cores - step) if cpu_need else 0.0
@@ -404,7 +433,8 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
         "traffic_at": traffic_from.n if traffic_from else None,
         "rows": rows,
         "assumptions": _assumptions(link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores,
-                                    threads_at, other_work, held, cpu_need is not None) + ([hsdp_rule] if hsdp_rule else []),
+                                    threads_at, other_work, held, cpu_need is not None)
+                       + _network(net) + ([hsdp_rule] if hsdp_rule else []),
         "cannot_know": CANNOT_KNOW,
     }
 
@@ -418,6 +448,15 @@ CANNOT_KNOW = [
     "compute that changes with the shard: a smaller batch per rank often runs below the measured rate",
     "memory: whether the job fits at that size (multigpu's --dry-run checks that)",
 ]
+
+
+def _network(net: _Net) -> list[str]:
+    """What the prediction assumes of nodes (nothing where one link carries every collective)."""
+    if net.node_link is None:
+        return []
+    return [f"nodes of {net.per_node} ranks: a collective among the ranks of one node runs on {net.node_link.name} "
+            f"(latency {net.node_link.alpha_s * 1e6:.3g} us, {net.node_link.bandwidth / 1e9:.3g} GB/s), one that "
+            f"spans nodes at the pace of {net.link.name} (no hierarchical algorithm is assumed)"]
 
 
 def _assumptions(link: Link, fit_on, growth, a, b, imbalance, traffic_from, on_host, cores, threads_at,

@@ -79,21 +79,28 @@ def add_predict_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ranks-per-node", type=int, default=None, metavar="R",
                        help="ranks on one node at the predicted sizes: an hsdp job's default shard group (default: "
                             "every rank with loopback, 8 on a GPU interconnect)")
+    group.add_argument("--node-interconnect", default=None, choices=list(LINKS),
+                       help="the link among the ranks of one node (e.g. nvlink4 under --interconnect ib-ndr): "
+                            "collectives within a node (an hsdp replica's) run on it, those across nodes on "
+                            "--interconnect (default: --interconnect for both)")
 
 
 def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
     """The prediction's flags, checked before anything runs; whether there is a prediction to make."""
-    from multigpu.bench.predict import LOOPBACK, fit_sizes, parse_predict, resolve_link
+    from multigpu.bench.predict import LINKS, LOOPBACK, fit_sizes, parse_predict, resolve_link
     from multigpu.errors import ConfigError
 
     if args.predict is None:
         if (args.interconnect or args.alpha_us is not None or args.bandwidth_gbs is not None
-                or args.ranks_per_node is not None):
-            raise ConfigError("--interconnect, --alpha-us, --bandwidth-gbs and --ranks-per-node describe a "
-                              "prediction; valid: add --predict N,M (e.g. --predict 8,64)")
+                or args.ranks_per_node is not None or args.node_interconnect):
+            raise ConfigError("--interconnect, --alpha-us, --bandwidth-gbs, --ranks-per-node and --node-interconnect "
+                              "describe a prediction; valid: add --predict N,M (e.g. --predict 8,64)")
         return False
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise ConfigError(f"--ranks-per-node {args.ranks_per_node} is invalid; valid: a positive whole number")
+    if args.node_interconnect and args.interconnect in (None, LOOPBACK):
+        raise ConfigError(f"--node-interconnect {args.node_interconnect} needs a network between the nodes; valid: "
+                          f"--interconnect one of {', '.join(LINKS)} beside it")
     for flag, value in (("--alpha-us", args.alpha_us), ("--bandwidth-gbs", args.bandwidth_gbs)):
         if value is not None and not (value > 0 and value != float("inf")):
             raise ConfigError(f"{flag} {value} is invalid; valid: a positive number")
@@ -106,6 +113,7 @@ def check_predict(args: argparse.Namespace, nproc: tuple[int, ...]) -> bool:
 def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, launch_cfg) -> None:
     """Predict, print the table and its assumptions, add ``prediction`` to bench.json and draw it in bench.png."""
     from multigpu.bench.predict import (
+        LINKS,
         LOOPBACK,
         LOOPBACK_NAME,
         Link,
@@ -138,7 +146,8 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
     try:
         result["prediction"] = predict(result["runs"], sizes, link, scaling=result["scaling"], cores=cores,
                                        cpu_ranks=cpu_ranks, threads=launch_cfg.threads, other_work=others,
-                                       ranks_per_node=args.ranks_per_node)
+                                       ranks_per_node=args.ranks_per_node,
+                                       node_link=LINKS[args.node_interconnect] if args.node_interconnect else None)
     except ConfigError as e:  # what only the runs could tell (an hsdp layout): the measured runs stay
         raise ConfigError(f"{e} (the measured runs are in {out / 'bench.json'})") from e
     if sweep:
