@@ -159,3 +159,23 @@ def test_a_report_without_a_prediction_has_no_predicted_section(bench, tmp_path)
     (tmp_path / "bench.json").write_text(json.dumps(old))
     page = build_report(tmp_path)
     assert "Scaling (weak)" in page and "Predicted scaling" not in page
+
+
+def test_an_hsdp_prediction_shows_its_layout_in_the_report_and_the_printed_table(tmp_path):
+    """A real bench.json of `train strategy=hsdp hsdp_shard_size=2` (2 and 4 CPU ranks, predicted at 4)."""
+    import io
+
+    from rich.console import Console
+
+    from multigpu.cli.bench import print_prediction
+    from multigpu.report import build_report
+
+    bench = json.loads((Path(__file__).parent / "data" / "bench_predict_hsdp.json").read_text())
+    assert bench["prediction"]["rows"][0]["hsdp"] == [2, 2]
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    section = build_report(tmp_path)
+    assert "<tr><td>4 (2 x 2)</td>" in section[section.index("<h3>Predicted scaling</h3>"):]
+    out = io.StringIO()
+    print_prediction(bench["prediction"], Console(file=out, width=200))
+    assert "│ 4 (2 x 2) │" in out.getvalue()
+    assert "hsdp: each replica is sharded over hsdp_shard_size=2, as the job sets it" in out.getvalue()

@@ -40,7 +40,7 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["LINKS", "Link", "busy_cores", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link"]
+__all__ = ["LINKS", "Link", "busy_cores", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link", "row_label"]
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,12 @@ def _shards(points: dict[int, _Point], sizes: Sequence[int], ranks_per_node: int
                               f"not divide {n}; valid: world sizes that are multiples of {shards(n)}")
     return shards, (f"hsdp: each replica is sharded over {rule}; its all-gathers and reduce-scatters run over those "
                     "ranks and the gradient shards' all-reduce over the replicas")
+
+
+def row_label(row: dict[str, Any]) -> str:
+    """A predicted row's world size as tables show it: ``64``, or ``64 (8 x 8)`` for hsdp (replicas x ranks each)."""
+    layout = row.get("hsdp")
+    return f"{row['world_size']} ({layout[0]} x {layout[1]})" if layout else str(row["world_size"])
 
 
 def _ranks(n: int) -> str:

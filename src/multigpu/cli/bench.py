@@ -163,6 +163,8 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from multigpu.bench.predict import row_label
+
     out = out or console()
     fit = ", ".join(map(str, pred["fit_on"]))
     table = Table(title=f"predicted (fitted on {fit} rank(s); {pred['link']['name']})")
@@ -172,7 +174,7 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
     for name in ("ranks", "step (ms)", "speedup", "efficiency", *parts, "bottleneck", "measured (ms)", "error"):
         table.add_column(name, justify="right")
     for r in pred["rows"]:
-        table.add_row(str(r["world_size"]) + (" ({} x {})".format(*r["hsdp"]) if r.get("hsdp") else ""), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
+        table.add_row(row_label(r), f"{r['step_time_s'] * 1e3:.2f}", f"{r['speedup']:.2f}x",
                       f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in parts),
                       r["bottleneck"], shown(None if r["measured_step_time_s"] is None
                                              else r["measured_step_time_s"] * 1e3, ".2f"),

@@ -167,10 +167,11 @@ def _short_time(seconds: float) -> str:
 
 def _prediction_section(pred: dict[str, Any]) -> str:
     """The predicted rows (``bench --predict``), the interconnect, the assumptions and what the model cannot know."""
+    from multigpu.bench.predict import row_label
     from multigpu.report.plots import pred_parts
 
     parts = pred_parts(pred["rows"])
-    rows = [[str(r["world_size"]), _ms(r["step_time_s"]), f"{r['speedup']:.2f}x", f"{r['efficiency']:.0%}",
+    rows = [[row_label(r), _ms(r["step_time_s"]), f"{r['speedup']:.2f}x", f"{r['efficiency']:.0%}",
              *(_ms(r.get(f"{p}_s")) for p in parts), str(r.get("bottleneck", "")),
              _ms(r.get("measured_step_time_s")), shown(r.get("error"), "+.0%")]
             for r in pred["rows"]]
