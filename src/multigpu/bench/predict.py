@@ -298,21 +298,20 @@ def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict
     return need
 
 
-def _shards(points: dict[int, _Point], sizes: Sequence[int], ranks_per_node: int | None,
-             one_host: bool) -> tuple[Shards | None, str | None]:
+def _shards(points: dict[int, _Point], sizes: Sequence[int], per_node: int | None,
+             given: bool) -> tuple[Shards | None, str | None]:
     """HSDP's shard group at each N, and the assumption that says how (None, None: not an HSDP job).
 
     Measured sizes keep their own; elsewhere a chosen ``hsdp_shard_size`` stays, and the default (the ranks per
-    node) is ``ranks_per_node``: every rank on this host, 8 on a GPU interconnect unless given."""
+    node) is ``per_node`` (``given``: by ``--ranks-per-node``); None: every rank, on this one host."""
     hsdp = [p for p in points.values() if p.shard_size]
     if not hsdp:
         return None, None
     chosen = next((p.shard_size for p in sorted(hsdp, key=lambda p: -p.n) if p.shard_set), None)
-    per_node = ranks_per_node or (None if one_host else 8)
     if chosen:
         rule = f"hsdp_shard_size={chosen}, as the job sets it"
     elif per_node:
-        rule = f"the {per_node} ranks of a node ({'--ranks-per-node' if ranks_per_node else 'by default; --ranks-per-node sets it'})"
+        rule = f"the {per_node} ranks of a node ({'--ranks-per-node' if given else 'by default; --ranks-per-node sets it'})"
     else:
         rule = "every rank (one host: the ranks per node)"
     size = chosen or per_node
@@ -360,9 +359,9 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     fits = [points[n] for n in fit_on]
     base = points[min(by_size)]
     on_host = cpu_ranks and link.name == LOOPBACK_NAME and cores
-    one_host = link.name == LOOPBACK_NAME
-    shards, hsdp_rule = _shards(points, sizes, ranks_per_node, one_host=one_host)
-    per_node = ranks_per_node or (None if one_host else 8)
+    # nodes at the predicted sizes: this host alone on loopback, else GPU nodes of 8 unless given
+    per_node = ranks_per_node or (None if link.name == LOOPBACK_NAME else 8)
+    shards, hsdp_rule = _shards(points, sizes, per_node, given=ranks_per_node is not None)
     net = _Net(link, node_link if per_node else None, per_node, shards)
 
     def threads_at(n: int) -> int:

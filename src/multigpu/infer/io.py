@@ -33,13 +33,14 @@ from multigpu.errors import ConfigError
 from multigpu.files import atomic_path
 from multigpu.infer import formats
 
-__all__ = ["BOMB_FLOOR_BYTES", "IMAGE_SUFFIXES", "MAX_DECODE_RATIO", "READ_FIXED_BYTES", "ImageInfo", "output_path", "probe", "read_image",
-           "write_image"]
+__all__ = ["BOMB_FLOOR_BYTES", "IMAGE_SUFFIXES", "MAX_DECODE_RATIO", "READ_FIXED_BYTES", "ImageInfo", "output_path",
+           "probe", "read_image", "write_image"]
 
 MAX_DECODE_RATIO = 100.0
-READ_FIXED_BYTES = 6 << 20  # the decoder's cost whatever the image's size (see ImageInfo.read_bytes)
 """Most times a file may grow when decoded. Photographs and scans compress 2-10x, TIFF float data less;
 a crafted PNG or a deflated TIFF of one flat colour reaches about 1000x (12000x12000 RGB from 420 KB)."""
+READ_FIXED_BYTES = 6 << 20
+"""What a read costs whatever the image's size (the decoder's code and buffers: see ImageInfo.read_bytes)."""
 
 BOMB_FLOOR_BYTES = 256 << 20
 """Images that decode to less than this are never called bombs, however well they compress."""
