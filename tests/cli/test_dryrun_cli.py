@@ -113,3 +113,30 @@ def test_per_rank_state_agrees_with_a_real_cpu_run(tmp_path, strategy, nproc):
     assert said, real.stdout[-2000:]
     for name, value in zip(("parameters", "gradients", "optimizer state"), said.groups(), strict=True):
         assert _mib(dry.stdout, name) == pytest.approx(float(value), rel=0.02), name
+
+
+def test_the_readmes_dry_run_block_says_what_the_readme_says(tmp_path, dry):
+    """The four commands of README "Will it fit?", as written (the infer line on a big.tif made here): three fit,
+    and the fsdp line at 1,024 ranks exits 2 with the two errors the README names."""
+    import numpy as np
+    import tifffile
+
+    from tests.cli.test_readme_examples import README
+
+    block = README[README.index("**Will it fit? `--dry-run --world-size N`.**"):]
+    block = re.search(r"```bash\n(.*?)```", block, flags=re.S).group(1)
+    lines = [line.split("#")[0].split()[1:] for line in block.strip().splitlines()]
+    assert [argv[0] for argv in lines] == ["train", "train", "sim", "infer"]
+    tifffile.imwrite(tmp_path / "big.tif", np.random.default_rng(0).random((512, 512, 3), dtype=np.float32),
+                     photometric="rgb")
+    for argv in lines:
+        assert argv.count("--dry-run") == 1
+        out = dry(*(a for a in argv if a != "--dry-run"))
+        if argv[:3] == ["train", "--strategy", "fsdp"]:
+            assert out.returncode == 2, out.stdout
+            assert "leaves rank 768 with no parameters (the largest parameter has 768 rows)" in out.stdout
+            assert "each rank gets 13 samples per epoch, fewer than batch_size=16" in out.stdout
+        else:
+            assert out.returncode == 0, out.stderr
+            assert re.search(r"fits (H100|A100|L4) \([\d,]+ MiB\): yes", out.stdout), out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.tif"]  # nothing written
