@@ -268,3 +268,26 @@ def test_collectives_within_a_node_run_on_its_link_and_across_nodes_on_the_netwo
     assert rows[1]["bandwidth_s"] == pytest.approx(2 * 15 / 16 * 1e6 * 1e-9)
     # without a node link every collective is on the one link, as before
     assert predict(runs, [16], LINK, ranks_per_node=8)["rows"][0]["latency_s"] == pytest.approx((3 + 7 + 2) * 10e-6)
+
+
+def test_collectives_the_busy_time_holds_untimed_count_as_the_collectives_cpu():
+    """FSDP's all-gathers and reduce-scatters run inside autograd, untimed: a rank's busy time is its whole step. The
+    CPU that grew from 1 to 2 ranks is then the collectives' (the per-rank work is the same), not computing's."""
+    from multigpu.bench.predict import LOOPBACK_NAME
+
+    # 1 rank: 100 ms computing and CPU; 2 ranks: 110 ms busy (one 8-byte reduce-scatter inside it), 110 ms of CPU
+    runs = [_cpu_run(1, 0.100, 64, [0.100], [0.100]),
+            _cpu_run(2, 0.110, 128, [0.110, 0.110], [0.110, 0.110], {"reduce_scatter": {"calls": 1, "bytes": 8}})]
+    link = Link(LOOPBACK_NAME, 1e-3, 1e15, "measured")
+    row = predict(runs, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]
+    # the reduce-scatter's 10 ms of CPU for 1 message at 2 ranks grows to 3 messages at 4 (ring: n - 1): each rank
+    # needs 100 + 30 ms of CPU, and 4 of them on 2 cores take at least 260 ms
+    assert row["step_time_s"] == pytest.approx(4 * 0.130 / 2)
+    # over the step without that bound: compute fitted through 100 and 110 - 1 ms, doubled by 4 ranks on 2 cores,
+    # plus 3 ms of latency
+    assert row["cores_s"] == pytest.approx(0.260 - (0.1045 * 2 + 0.003))
+    # the same step with a timed collective (an all-reduce, outside the busy time) keeps the busy-time account:
+    # 110 ms busy x 1 CPU second per busy second leaves the all-reduce no CPU of its own
+    timed = [_cpu_run(1, 0.100, 64, [0.100], [0.100]),
+             _cpu_run(2, 0.110, 128, [0.110, 0.110], [0.110, 0.110], {"all_reduce": {"calls": 1, "bytes": 8}})]
+    assert predict(timed, [4], link, cores=2, cpu_ranks=True, threads=1)["rows"][0]["cores_s"] == 0.0

@@ -8,3 +8,8 @@ flock -x /tmp/multigpu-bench.lock $M bench --weak --nproc 2,4 --threads 1 --repe
   train strategy=hsdp hsdp_shard_size=2 steps=10
 flock -x /tmp/multigpu-bench.lock $M bench --weak --nproc 1,2,3,4 --threads 1 --repeat 2 --predict 3,4 -o /tmp/hs/h2 \
   train strategy=hsdp steps=10
+# fsdp after the untimed-collectives change (predict.UNTIMED_KINDS), fresh runs: f1-f3
+for job in "train strategy=fsdp steps=10" "train strategy=fsdp steps=10 model.kwargs.n_layer=6" \
+           "train strategy=fsdp steps=10 batch_size=8 block_size=256"; do
+  flock -x /tmp/multigpu-bench.lock $M bench --weak --nproc 1,2,3,4 --threads 1 --repeat 2 --predict 3,4 -o /tmp/hs/f $job
+done

@@ -275,6 +275,11 @@ def _hops(traffic: dict[str, dict[str, float]], n: int, net: _Net) -> float:
     return _comm(traffic, n, net, messages=True)[0]
 
 
+UNTIMED_KINDS = ("sharded_all_gather", "reduce_scatter")
+"""Collectives counted from FSDP's sharding (``train.fsdp.StepTraffic``) but never timed: FSDP2 calls them inside
+autograd, so a rank's busy time includes them."""
+
+
 def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict[str, dict[str, float]],
               net: _Net) -> Callable[[int], float] | None:
     """CPU seconds one rank's process needs per step at N (all its threads), from the measured CPU time; None
@@ -282,13 +287,21 @@ def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict
 
     Computing takes the CPU it took at the smallest size fitted on (per second of its busy time there), scaled as
     the fitted compute; the collectives' own CPU (copies, reductions, socket wake-ups: the rest of a rank's CPU
-    at the largest size fitted on) grows with the messages a rank waits for (:func:`_hops`)."""
+    at the largest size fitted on, beside its busy time's computing, or beside the scaled computing where the busy
+    time holds collectives it did not time: :data:`UNTIMED_KINDS`) grows with the messages a rank waits for
+    (:func:`_hops`)."""
     first, last = fits[0], fits[-1]
     if any(p.cpu_mean_s is None or not p.compute_mean_s for p in fits):
         return None
     per_busy = first.cpu_mean_s / first.compute_mean_s  # CPU seconds per second of computing
     base = compute(first.n)
-    comm_cpu = max(0.0, last.cpu_mean_s - last.compute_mean_s * per_busy) if last.n > first.n else 0.0
+    if any(key.partition(":")[0] in UNTIMED_KINDS for key in traffic):
+        # the busy time holds collectives it never timed (FSDP's, inside autograd): computing at the last size is
+        # the first size's CPU scaled as the fitted compute, and the rest of the CPU the collectives'
+        computing = first.cpu_mean_s * (compute(last.n) / base if base > 0 else 1.0)
+    else:
+        computing = last.compute_mean_s * per_busy
+    comm_cpu = max(0.0, last.cpu_mean_s - computing) if last.n > first.n else 0.0
     hops_last = _hops(traffic, last.n, net)
 
     def need(n: int) -> float:
