@@ -349,6 +349,9 @@ def _destroy_left_group() -> None:
     peers may be stuck in a collective that a destroy would wait on)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        import gc
+
+        gc.collect()  # the script's dropped DDP models first, on this thread (see multigpu.runtime.group.shutdown)
         with contextlib.suppress(Exception):  # ending is all that is left to do: never fail a finished rank here
             dist.destroy_process_group()
 

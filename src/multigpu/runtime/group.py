@@ -315,9 +315,13 @@ def shutdown(*, barrier: bool = True) -> None:
 
         _barrier()
     if dist.is_initialized():
-        dist.destroy_process_group()
         # a DDP model its workload dropped is a reference cycle that still holds the group (its reducer): collect
-        # it now, or gloo's threads live until the collector happens to run, possibly into the interpreter's exit
+        # it here, on this thread, before the group is destroyed and after. Otherwise the collector may run first
+        # on one of gloo's own threads (a comm hook's callback allocating), free the group there and join that
+        # very thread ("terminate called after throwing ... Resource deadlock avoided", once in a full run), or
+        # run into the interpreter's exit with gloo's threads alive
+        gc.collect()
+        dist.destroy_process_group()
         gc.collect()
     _ENV = None
     _INIT_ARGS = None
