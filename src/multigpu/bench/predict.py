@@ -293,20 +293,24 @@ def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict
     first, last = fits[0], fits[-1]
     if any(p.cpu_mean_s is None or not p.compute_mean_s for p in fits):
         return None
-    per_busy = first.cpu_mean_s / first.compute_mean_s  # CPU seconds per second of computing
     base = compute(first.n)
+
+    def computing(n: int) -> float:
+        """The CPU of computing at N: the first size's, scaled as the fitted compute."""
+        return first.cpu_mean_s * (compute(n) / base if base > 0 else 1.0)
+
     if any(key.partition(":")[0] in UNTIMED_KINDS for key in traffic):
-        # the busy time holds collectives it never timed (FSDP's, inside autograd): computing at the last size is
-        # the first size's CPU scaled as the fitted compute, and the rest of the CPU the collectives'
-        computing = first.cpu_mean_s * (compute(last.n) / base if base > 0 else 1.0)
-    else:
-        computing = last.compute_mean_s * per_busy
-    comm_cpu = max(0.0, last.cpu_mean_s - computing) if last.n > first.n else 0.0
+        # the busy time holds collectives it never timed (FSDP's, inside autograd): the CPU beyond computing's is
+        # the collectives'
+        computing_last = computing(last.n)
+    else:  # the busy time is computing alone: its CPU per second of busy time at the first size
+        computing_last = last.compute_mean_s * first.cpu_mean_s / first.compute_mean_s
+    comm_cpu = max(0.0, last.cpu_mean_s - computing_last) if last.n > first.n else 0.0
     hops_last = _hops(traffic, last.n, net)
 
     def need(n: int) -> float:
         grown = comm_cpu * _hops(traffic, n, net) / hops_last if hops_last > 0 else comm_cpu
-        return first.cpu_mean_s * (compute(n) / base if base > 0 else 1.0) + grown
+        return computing(n) + grown
 
     return need
 
@@ -320,7 +324,8 @@ def _shards(points: dict[int, _Point], sizes: Sequence[int], per_node: int | Non
     hsdp = [p for p in points.values() if p.shard_size]
     if not hsdp:
         return None, None
-    chosen = next((p.shard_size for p in sorted(hsdp, key=lambda p: -p.n) if p.shard_set), None)
+    chosen = max((p for p in hsdp if p.shard_set), key=lambda p: p.n, default=None)
+    chosen = chosen.shard_size if chosen else None
     if chosen:
         rule = f"hsdp_shard_size={chosen}, as the job sets it"
     elif per_node:

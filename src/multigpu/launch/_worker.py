@@ -343,9 +343,9 @@ def _timed(target, wall_file: str | None):
 
 def _destroy_left_group() -> None:
     """Destroy the default process group a script that ended well left behind (accelerate's scripts, and many plain
-    ones, never call ``destroy_process_group``): torch would free it during the interpreter's
-    exit, where gloo's threads have aborted a finished rank ("terminate called without an active exception",
-    exit -6, seen with accelerate's ``Accelerator``). Only after success: a failing rank leaves at once (its
+    ones, never call ``destroy_process_group``): torch would free it during the interpreter's exit, where gloo's
+    threads have aborted a finished rank ("terminate called without an active exception", exit -6, seen with
+    accelerate's ``Accelerator``). Only after success: a failing rank leaves at once (its
     peers may be stuck in a collective that a destroy would wait on)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
