@@ -42,9 +42,12 @@ _ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):`(~?)([^`]+)`")
 
 
 def md(text: str) -> str:
-    """A docstring's reStructuredText inline markup as Markdown: ``:func:`~a.b``` -> `b`, ````x```` -> `x`."""
+    """A docstring's reStructuredText markup as Markdown: ``:func:`~a.b``` -> `b`, ````x```` -> `x`, and a
+    paragraph ending in ``::`` (an indented block follows, which Markdown shows as code too) ends in ``:``."""
     text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
-    return re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r"^[ \t]*::[ \t]*$", "", text, flags=re.M)
+    return re.sub(r"(\S)::[ \t]*$", r"\1:", text, flags=re.M)
 
 
 def cell(text: str) -> str:
@@ -85,8 +88,8 @@ def _default(action: argparse.Action) -> str:
 def _rows(actions: list[argparse.Action]) -> list[str]:
     rows = []
     for action in actions:
-        if action.help == argparse.SUPPRESS or isinstance(action, (argparse._HelpAction,)):
-            continue
+        if action.help == argparse.SUPPRESS or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue  # the commands have a table and a section each
         name = _option_name(action) if action.option_strings else code(action.metavar or action.dest)
         rows.append(f"| {name} | {_value(action)} | {_default(action)} | {cell(action.help or '')} |")
     return rows
@@ -353,12 +356,34 @@ def api_modules() -> list[str]:
             "multigpu.jobs", "multigpu.testing"]
 
 
-def api_page(module: str) -> str:
+def _shadowed(module: str) -> list[str]:
+    """The functions and classes of ``module.__all__`` that mkdocstrings would take for a module: re-exported
+    from a package that also has a submodule of that name (``multigpu.device`` is ``multigpu.runtime``'s function
+    ``device``, and ``multigpu/runtime/device.py`` exists), as their own paths."""
     import importlib
+    import importlib.util
 
-    doc = inspect.cleandoc(importlib.import_module(module).__doc__ or "").split("\n")[0]
+    mod = importlib.import_module(module)
+    out = []
+    for name in getattr(mod, "__all__", []):
+        obj = getattr(mod, name)
+        home = getattr(obj, "__module__", None)
+        if inspect.ismodule(obj) or not home or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        parts = home.split(".")
+        packages = [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                    if p == module or p.startswith(module + ".")]  # the ones the re-export passes through
+        if any(importlib.util.find_spec(f"{package}.{name}") is not None for package in packages):
+            out.append(f"{home}.{obj.__qualname__}")
+    return out
+
+
+def api_page(module: str) -> str:
     title = "`multigpu` (the runtime API)" if module == "multigpu" else f"`{module}`"
-    return f"# {title}\n\n{GENERATED_NOTE}\n\n{md(doc)}\n\n::: {module}\n"
+    out = f"# {title}\n\n{GENERATED_NOTE}\n\n::: {module}\n"
+    for path in _shadowed(module):
+        out += f"\n::: {path}\n    options:\n      show_root_heading: true\n      show_root_full_path: false\n"
+    return out
 
 
 def api_index() -> str:
