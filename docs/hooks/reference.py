@@ -316,22 +316,27 @@ def errors_page() -> str:
 
 
 def messages() -> list[tuple[str, str, str]]:
-    """``(error class, message template, file:line)`` of every ``raise XError("...")`` in the package, an
-    f-string's expressions shown as ``<expr>``."""
+    """``(error class, message template, file:line)`` of every ``raise XError("...")`` in the package that the
+    user can see: an error class derived from ``MultigpuError`` (shown as ``error: <message>``) or argparse's
+    ``ArgumentTypeError`` (a flag's value); an f-string's expressions shown as ``<expr>``. In file order."""
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(SRC.rglob("*.py"))}
+    bases = {node.name: {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+             for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    ours, grown = {"MultigpuError"}, True
+    while grown:
+        more = {name for name, parents in bases.items() if parents & ours} - ours
+        ours, grown = ours | more, bool(more)
     found = []
-    for path in sorted(SRC.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+    for path, tree in trees.items():
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
                 continue
             func = node.exc.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            if not name.endswith("Error"):
-                continue
             text = template(node.exc.args[0])
-            if text:
+            if text and (name in ours or name == "ArgumentTypeError"):
                 found.append((name, text, f"{path.relative_to(SRC.parent)}:{node.lineno}"))
-    return found
+    return sorted(found, key=lambda m: (m[2].split(":")[0], int(m[2].split(":")[1])))
 
 
 def template(node: ast.AST) -> str | None:

@@ -216,3 +216,15 @@ def test_the_code_cites_pages_of_the_site_not_files_outside_the_repository():
                     f"{path.relative_to(ROOT)} cites the section {heading!r} of docs/{page}, which has none")
             cited += 1
     assert cited >= 2
+
+
+def test_the_message_list_finds_what_the_package_raises_at_users():
+    """``python docs/hooks/reference.py --messages``, the starting point of the reliability table: the messages
+    of our error classes (an f-string's parts that vary as ``<expr>``), not of Python's own."""
+    found = _generator().messages()
+    assert ("ConfigError", "--world-size and --device-memory are the dry run's; add --dry-run, or use "
+            "--nproc-per-node/--nnodes for a real job") in [(name, text) for name, text, _ in found]
+    assert any(name == "ConfigError" and "<args.resume>" in text and where.startswith("multigpu/jobs/command.py:")
+               for name, text, where in found)
+    assert {name for name, _, _ in found} >= {"ConfigError", "DeviceError", "UsageError"}
+    assert "AttributeError" not in {name for name, _, _ in found}
