@@ -13,11 +13,14 @@ DOCS = ROOT / "docs"
 LINKS = {"examples": ROOT / "examples"}
 """What a clone holds beside the user's own files: the pages' commands run examples/ as written."""
 
-CHAINS = [chain for page in sorted(DOCS.rglob("*.md")) for chain in chains(page)]
+CHAINS = [
+    pytest.param(chain, id=f"{chain[0].page.relative_to(DOCS)}:{chain[0].line}",
+                 marks=pytest.mark.timeout(60 + sum(block.timeout for block in chain)))
+    for page in sorted(DOCS.rglob("*.md")) for chain in chains(page)
+]
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("chain", CHAINS, ids=[f"{c[0].page.relative_to(DOCS)}:{c[0].line}" for c in CHAINS])
-def test_the_example_runs_as_written(chain, tmp_path, request):
-    request.node.add_marker(pytest.mark.timeout(60 + sum(b.timeout for b in chain)))
+@pytest.mark.parametrize("chain", CHAINS)
+def test_the_example_runs_as_written(chain, tmp_path):
     run_chain(chain, tmp_path, LINKS)
