@@ -173,6 +173,8 @@ def type_name(tp: Any) -> str:
         return " | ".join(type_name(a) for a in args)
     if tp is type(None):
         return "None"
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # written as a list in YAML and key=a,b
+        return f"list[{type_name(args[0])}]"
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
         return f"{name}[{', '.join(type_name(a) for a in args)}]" if args else name
@@ -189,8 +191,9 @@ def _default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def config_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, Any, str]]:
-    """``(key, type, default, doc)`` of every key of a config class, a nested section's keys dotted."""
+def config_keys(cls: type, prefix: str = "", defaults: Any = None) -> Iterator[tuple[str, str, Any, str]]:
+    """``(key, type, default, doc)`` of every key of a config class, a nested section's keys dotted; a section's
+    keys default to what the section's own default holds (``model.factory`` of train is its default model's)."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -198,10 +201,11 @@ def config_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, Any, st
             continue
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
+        default = getattr(defaults, f.name) if dataclasses.is_dataclass(defaults) else _default_of(f)
         section = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
-        yield key, type_name(tp), _default_of(f), docs.get(f.name, "")
+        yield key, type_name(tp), default, docs.get(f.name, "")
         if section is not None:
-            yield from config_keys(section, key + ".")
+            yield from config_keys(section, key + ".", default)
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
