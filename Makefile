@@ -4,12 +4,12 @@
 # from the CUDA index, or TORCH= to keep the torch already in the venv.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev,report
+EXTRAS ?= dev,report,docs
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick lint setup clean bench
+.PHONY: demo test test-quick lint setup clean bench docs docs-serve
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py --out benchmarks/results/bench.json; rc=$$?; \
 	$(PY) benchmarks/render.py benchmarks/results/bench.json --results benchmarks/RESULTS.md && exit $$rc
 
+# The docs site, offline and strict (a broken link or anchor, a page left out of the nav, a warning: it fails),
+# into site/. Its reference pages are generated from the code at every build (docs/hooks/reference.py), so
+# this one command also regenerates them; `make test` builds it the same way and runs its examples.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/ruff check src tests examples benchmarks docs
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

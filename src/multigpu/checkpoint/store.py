@@ -1,7 +1,7 @@
 """The one checkpoint store of every workload: step folders with a checksummed manifest (inside each rank).
 
 A workload names *what* is stateful; the store owns the folders, the manifest, the rotation and the
-checks (STYLE.md section 9)::
+checks (docs/architecture.md, "The checkpoint store")::
 
     store = CheckpointStore(run_dir / "checkpoints", keep_last=3)
     state = {"model": model, "optim": opt, "rng": PerRank(RngState()), "progress": progress}
