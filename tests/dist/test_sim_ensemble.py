@@ -26,9 +26,8 @@ ENSEMBLES = {
                    ensemble={"replicates": 5}),
     # float series (the price), every replicate split over all ranks
     "market": dict(model="market", agents=700, steps=10, ensemble={"replicates": 3, "split": "agents"}),
-    # rounds until the bands are narrow enough, on a contact network
-    "network": dict(model="network_sir", agents=800, steps=15, network={"kind": "households", "household_size": 1,
-                                                                        "contacts": 3},
+    # rounds until the bands are narrow enough, on a contact network; replicates run in batches
+    "network": dict(model="network_sir", agents=800, steps=15, network={"kind": "random", "contacts": 3},
                     params={"beta": 0.1, "initial_infected": 0.02},
                     ensemble={"replicates": 40, "min_replicates": 4, "until_ci": "95:0.3", "ci_series": ["I"],
                               "sweep": ["params.gamma=0.1,0.2"]}),

@@ -115,7 +115,7 @@ class SimConfig:
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
-    households or geometric (see :mod:`multigpu.sim.network`)."""
+    households, random or geometric (see :mod:`multigpu.sim.network`)."""
 
     differentiable: bool = False
     """Relax the stochastic decisions (straight-through Bernoulli) so gradients flow through the steps
@@ -186,7 +186,7 @@ class SimConfig:
         if any(s.field == "network" for s in steps):
             if self.network.kind == "none":
                 raise ConfigError(f"sim.model {self.model!r} interacts along a contact network; set sim.network.kind "
-                                  "to households, geometric or file (with sim.network.path)")
+                                  "to households, random, geometric or file (with sim.network.path)")
             if strategy != "data":
                 raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
         if self.differentiable:

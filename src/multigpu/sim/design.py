@@ -191,6 +191,11 @@ class Point:
         return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.values.items()) \
             or "all replicates"
 
+    @property
+    def where(self) -> str:
+        """What an error message about this point starts with ("" for the only point of a plain ensemble)."""
+        return f"--sweep point {self.index} ({self.label}): " if self.values else ""
+
 
 def _key(name: str, param_names: Sequence[str], sim_keys: Sequence[str]) -> str:
     """The dotted simulation key a swept ``name`` sets (a bare parameter name is ``params.<name>``)."""

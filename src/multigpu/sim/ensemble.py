@@ -81,7 +81,7 @@ def point_configs(cfg: SimConfig, points: Sequence[Point]) -> list[SimConfig]:
         try:
             out.append(from_dict(SimConfig, data, prefix="sim"))
         except ConfigError as exc:
-            raise ConfigError(f"--sweep point {point.index} ({point.label}): {exc}") from None
+            raise ConfigError(f"{point.where}{exc}") from None
     return out
 
 
@@ -137,7 +137,7 @@ def _run_alone(items, configs, seeds, batch: int) -> list[tuple[int, int, dict[s
             cfg = configs[p]
             if batch > 1 and len(reps) > 1 and batching.supports(cfg):
                 watchdog.heartbeat(f"ensemble point {p}, replicates {reps[0]}..{reps[-1]} (a batch)")
-                runs = batching.run_batch(cfg, [seeds(p, r) for r in reps])
+                runs = batching.run_batch(cfg, [seeds(p, r) for r in reps], device=group.current_device())
                 out += [(p, r, s) for r, s in zip(reps, runs, strict=True)]
                 continue
             for r in reps:

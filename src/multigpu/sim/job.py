@@ -66,7 +66,7 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
         except ConfigError as exc:
             more = ("; or ensemble.split=agents (each replicate split over every rank)"
                     if whole and "does not fit" in str(exc) else "")
-            raise ConfigError(f"--sweep point {point.index} ({point.label}): {exc}{more}") from None
+            raise ConfigError(f"{point.where}{exc}{more}") from None
     if plan.run.resume and plan.run.run_dir:
         from multigpu.sim.ensemble_store import check_resumable
 
