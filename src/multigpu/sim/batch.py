@@ -45,16 +45,16 @@ def auto_batch(cfg) -> int:
     return max(1, min(MAX_BATCH, BATCH_AGENTS // max(1, cfg.agents)))
 
 
-def _graphs(cfg, seeds: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _edges(cfg, seeds: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every replicate's edges (made from its seed as its own engine makes them, self-loops dropped as there),
-    shifted to its rows: (src, dst), int64."""
+    shifted to its rows: (src, dst), int64, on the CPU (sizes read on the host, as the engine's graph setup)."""
     src, dst = [], []
     for b, seed in enumerate(seeds):
         edges = network.incoming(cfg.network, n, seed)  # one rank: every edge into this replicate's agents
         edges = edges[edges[:, 0] != edges[:, 1]] + b * n
         src.append(edges[:, 0])
         dst.append(edges[:, 1])
-    return torch.cat(src).to(device), torch.cat(dst).to(device)
+    return torch.cat(src), torch.cat(dst)
 
 
 def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list[dict[str, list]]:
@@ -70,18 +70,23 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
     ids = torch.arange(n, dtype=torch.int32, device=device)
     state = torch.cat([model.init(Context(seed=s, step=-1, params=params, grid=tuple(cfg.grid), rows=cfg.grid[0],
                                           num_agents=n, env=model.env(params)), ids)["state"] for s in seeds])
-    src, dst = _graphs(cfg, seeds, n, device)
+    src, dst = (t.to(device) for t in _edges(cfg, seeds, n))
     every_id = ids.repeat(batch)
     table = infection_table(params.beta).to(device)
     recover = rng.threshold(params.gamma)
+    sparse = torch.device(device).type == "cpu"
     counts = torch.zeros((cfg.steps, batch, 3), dtype=torch.int64, device=device)
     for step in range(cfg.steps):
-        # per agent, its infected neighbours: the edges from an infected agent, counted by their end (exact)
+        # per agent, its infected neighbours (exact integer sums). CPU: only the edges from an infected agent, counted
+        # by their end; a GPU adds every edge (selecting them would read their count on the host each step)
         infected = state == I
         inbox = torch.zeros(batch * n, dtype=torch.int64, device=device)
         for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
             stop = min(start + _EDGE_CHUNK, dst.numel())
-            inbox += torch.bincount(dst[start:stop][infected[src[start:stop]]], minlength=batch * n)
+            if sparse:
+                inbox += torch.bincount(dst[start:stop][infected[src[start:stop]]], minlength=batch * n)
+            else:
+                inbox.index_add_(0, dst[start:stop], infected[src[start:stop]].to(torch.int64))
         thr = table[inbox.clamp(max=table.numel() - 1)]
         keys = torch.tensor([rng.step_key(s, step, rng.STREAM_TRANSITION) for s in seeds], dtype=torch.int32,
                             device=device)

@@ -272,6 +272,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     split, per_rank = _wave_size(cfg, configs, world)
     ran = 0
     agent_steps = 0
+    shown = time.perf_counter()
     while True:
         items = _broadcast(book.next_items() if book is not None else None)
         if not items:
@@ -289,6 +290,10 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
                 book.take(results)
             ran += len(chunk)
             agent_steps += sum(configs[p].agents * configs[p].steps for p, _ in chunk)
+            if book is not None and time.perf_counter() - shown > 10 and start + wave < len(items):
+                shown = time.perf_counter()
+                log(f"ensemble: {start + len(chunk):,} of this round's {len(items):,} replicates done "
+                    f"({ran / (shown - t0):,.1f} replicates/s)")
         if book is not None:
             book.rounds.append({"round": len(book.rounds) + 1, "replicates": len(items),
                                 "seconds": round(time.perf_counter() - t_round, 3)})
