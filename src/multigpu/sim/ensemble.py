@@ -26,6 +26,7 @@ replicates only to the points whose bands are still too wide.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -246,8 +247,8 @@ def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig], world: int) -> tupl
     return split, max(1, per_rank)
 
 
-def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: bool = False,
-                 log=None) -> EnsembleResult | None:
+def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: bool = False, log=None,
+                 run=None, progress: bool = False) -> EnsembleResult | None:
     """Run the ensemble ``cfg.ensemble`` of the simulation ``cfg``. Call on all ranks.
 
     Args:
@@ -256,6 +257,9 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             replicates are kept in memory and nothing is written.
         resume: Continue the ensemble already in ``run_dir`` (its replicates are kept, the others run).
         log: Rank 0's printer (default: print).
+        run: The run context (the job's ``ctx``): with it, a StepMeter times every wave (agent-steps) and
+            writes ``<run_dir>/summary.json``, the figures ``multigpu bench`` reads; None: no meter.
+        progress: Show the meter's progress bar (a terminal only).
 
     Returns:
         On rank 0 an :class:`EnsembleResult`; None on the other ranks.
@@ -270,6 +274,13 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     root = Path(run_dir) / "ensemble" if run_dir is not None else None
     book = _Rank0(cfg, points, configs, names, root, resume, log) if rank == 0 else None
     split, per_rank = _wave_size(cfg, configs, world)
+    meter = None
+    if run is not None:
+        from multigpu.monitor import StepMeter
+
+        meter = StepMeter.from_context("agent-steps", dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None),
+                                       description=f"ensemble {cfg.model.rpartition(':')[2]}", log_every=0,
+                                       warmup_steps=1, progress=progress)
     ran = 0
     agent_steps = 0
     shown = time.perf_counter()
@@ -282,10 +293,13 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
         for start in range(0, len(items), wave):
             chunk = items[start : start + wave]
             agents_split = world > 1 and (split == "agents" or (split == "auto" and 2 * len(chunk) <= world))
-            if agents_split:
-                results = _split_agents(chunk, configs, seeds)
-            else:
-                results = _gather(_run_alone(chunk[rank::world], configs, seeds, per_rank))
+            mine = chunk if agents_split else chunk[rank::world]
+            work = sum(configs[p].agents * configs[p].steps for p, _ in mine) // (world if agents_split else 1)
+            with meter.step(items=work) if meter is not None else contextlib.nullcontext():
+                if agents_split:
+                    results = _split_agents(chunk, configs, seeds)
+                else:
+                    results = _gather(_run_alone(mine, configs, seeds, per_rank))
             if book is not None:
                 book.take(results)
             ran += len(chunk)
@@ -300,9 +314,12 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             _log_round(book, len(items))
         if cfg.ensemble.ci is None:
             break
+    seconds = time.perf_counter() - t0
+    if meter is not None:  # a collective: every rank
+        meter.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
     if book is None:
         return None
-    return _finish(cfg, book, root, ran, agent_steps, time.perf_counter() - t0, split, per_rank, world, seeds)
+    return _finish(cfg, book, root, ran, agent_steps, seconds, split, per_rank, world, seeds)
 
 
 def _log_round(book: _Rank0, count: int) -> None:
@@ -361,7 +378,7 @@ def report(result: EnsembleResult, *, most: int = 8) -> list[str]:
     """The lines ``multigpu sim`` prints about an ensemble (rank 0)."""
     s = result.summary
     lines = [f"ensemble {s['model']}: {len(result.points)} point(s), {s['replicates']:,} replicates "
-             f"({s['replicates_run']:,} run here) on {s['world_size']} rank(s) in {s['seconds']:.1f} s "
+             f"({s['replicates_run']:,} new) on {s['world_size']} rank(s) in {s['seconds']:.1f} s "
              f"({s['replicates_per_s'] or 0:,.1f} replicates/s, {s['agent_steps_per_s'] or 0:,.3g} agent-steps/s)"]
     if s["until_ci"]:
         ok = s["narrow_enough"]

@@ -185,7 +185,7 @@ def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
                                                                     replicates=cfg.ensemble.replicates * scale))
     # continued (--resume, or a worker group restarted by the launcher): the replicates already written are kept
     resume = bool(ctx.resume) or restart_count() > 0
-    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=resume)
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=resume, run=ctx, progress=True)
     if result is not None:
         print("\n".join(report(result)), flush=True)
     return 0
