@@ -76,12 +76,16 @@ def test_a_killed_ensemble_continues_with_the_replicates_it_has(tmp_path):
     before = _replicate_files(run)
     assert 6 <= len(before) < 60, f"{len(before)} replicates before the kill: the run ended before it"
     assert not (run / "ensemble" / "bands.csv").exists()
+    half = run / "ensemble" / "replicates" / "p000001" / ".r000029.csv.tmp99999"  # as if killed mid-write
+    half.parent.mkdir(parents=True, exist_ok=True)
+    half.write_text("step,moved,S,I,R\n1,2,")
 
     done = run_cli("sim", "--resume", "auto", "--run-dir", str(run), "--nproc-per-node", "1", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     after = _replicate_files(run)
     assert len(after) == 60
     assert all(after[p] == before[p] for p in before), "a replicate written before the kill was written again"
+    assert not half.exists() and not list(run.glob("ensemble/replicates/p*/.r*"))
     summary = json.loads((run / "ensemble" / "summary.json").read_text())
     assert summary["replicates_run"] == 60 - len(before) and summary["world_size"] == 1
     assert [p["replicates"] for p in summary["points"]] == [30, 30]
@@ -90,7 +94,7 @@ def test_a_killed_ensemble_continues_with_the_replicates_it_has(tmp_path):
     # a replicate from before the kill and one from after: the series of a single run with its seed
     resolved = json.loads((run / "run.json").read_text())["config"]
     resolved.pop("ensemble")
-    for path in (min(before), max(set(after) - set(before))):
+    for path in (min(before), max(set(after) - set(before)), half.with_name("r000029.csv")):
         p, r = int(path.parent.name[1:]), int(path.stem[1:])
         cfg = from_dict(SimConfig, {**resolved, "params": {**resolved["params"], "beta": (0.05, 0.1)[p]},
                                     "seed": replicate_seed(resolved["seed"], p, r)})

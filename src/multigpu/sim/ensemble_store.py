@@ -40,6 +40,7 @@ __all__ = ["FOLDER", "ReplicateStore", "check_resumable", "plot_bands", "read_re
 FOLDER = "ensemble"
 FORMAT = 1
 _FILE = re.compile(r"^r(\d{6,})\.csv$")
+_LEFT = re.compile(r"^\.r\d{6,}\.csv\.tmp\d+$")  # a replicate being written when the ensemble was killed
 
 
 def _point_dir(root: Path, p: int) -> Path:
@@ -106,6 +107,9 @@ class ReplicateStore:
         if not (self.root / "manifest.json").exists():
             write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
             return {}
+        for left in (self.root / "replicates").glob("p*/.r*"):
+            if _LEFT.match(left.name):
+                left.unlink(missing_ok=True)
         return {p["index"]: self.replicates(p["index"]) for p in self.manifest["points"]}
 
     def replicates(self, p: int) -> list[int]:
