@@ -122,3 +122,12 @@ def test_running_bands_equal_numpy_and_are_t_intervals():
     peak = np.abs(b.mean).max(0)
     assert math.isclose(b.widest(0.01), max((2 * half[:, j]).max() / (0.01 * peak[j]) for j in range(3)))
     assert Running().bands(0.95).widest(0.01) is None
+
+
+def test_which_waves_split_their_replicates_over_the_ranks():
+    from multigpu.sim.ensemble import splits_agents
+
+    assert not splits_agents("auto", 1, 1) and not splits_agents("agents", 3, 1)  # one rank: nothing to split
+    assert splits_agents("auto", 1, 2) and not splits_agents("auto", 2, 2)  # the last replicate of an odd count
+    assert splits_agents("auto", 2, 4) and not splits_agents("auto", 3, 4)
+    assert splits_agents("agents", 8, 2) and not splits_agents("replicates", 1, 8)

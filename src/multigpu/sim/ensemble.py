@@ -14,10 +14,11 @@ would; several at once in one engine where the model has a batched form, see
 :mod:`multigpu.sim.batch`), or every replicate is split over all ranks, one after
 another (``agents``: for populations too large for one rank); ``auto`` runs whole
 replicates and splits the agents of the last ones when fewer are left than half
-the ranks. Replicates go out in *waves* (each rank's share of a wave is one
-replicate, or one batch); rank 0 gathers each wave's series, writes one file per
-replicate (:mod:`multigpu.sim.ensemble_store`) and folds it into the running
-mean and variance of its point, so memory holds one wave, never the ensemble.
+the ranks. Replicates go out in *waves* (each rank's share of a wave: one
+replicate, or as many small ones as a batch of populations holds); rank 0
+gathers each wave's series, writes one file per replicate
+(:mod:`multigpu.sim.ensemble_store`) and folds it into the running mean and
+variance of its point, so memory holds one wave, never the ensemble.
 
 With ``until_ci`` the ensemble runs in *rounds* (:func:`multigpu.sim.design.next_counts`):
 after each, rank 0 measures every point's widest band and the next round adds
@@ -137,9 +138,11 @@ def _run_alone(items, configs, seeds, batch: int) -> list[tuple[int, int, dict[s
         for p, reps in by_point.items():
             cfg = configs[p]
             if batch > 1 and len(reps) > 1 and batching.supports(cfg):
-                watchdog.heartbeat(f"ensemble point {p}, replicates {reps[0]}..{reps[-1]} (a batch)")
-                runs = batching.run_batch(cfg, [seeds(p, r) for r in reps], device=group.current_device())
-                out += [(p, r, s) for r, s in zip(reps, runs, strict=True)]
+                for i in range(0, len(reps), batch):
+                    some = reps[i : i + batch]
+                    watchdog.heartbeat(f"ensemble point {p}, replicates {some[0]}..{some[-1]} (a batch)")
+                    runs = batching.run_batch(cfg, [seeds(p, r) for r in some], device=group.current_device())
+                    out += [(p, r, s) for r, s in zip(some, runs, strict=True)]
                 continue
             for r in reps:
                 watchdog.heartbeat(f"ensemble point {p}, replicate {r}")
@@ -236,15 +239,22 @@ class _Rank0:
             self.done[p].add(r)
 
 
-def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig], world: int) -> tuple[str, int]:
-    """(split, replicates per rank at once) for this ensemble."""
+def splits_agents(split: str, replicates: int, world: int) -> bool:
+    """Whether a wave of ``replicates`` runs each replicate split over all ``world`` ranks: always with
+    ``agents``; with ``auto`` when at most half the ranks would have a replicate of their own."""
+    return world > 1 and (split == "agents" or (split == "auto" and 2 * replicates <= world))
+
+
+def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig]) -> tuple[int, int]:
+    """(replicates per rank in a wave, replicates per batch): small replicates go out many to a rank at once (one
+    gather for many), about as many as a batch of populations holds; a batch only where every point has one."""
     from multigpu.sim import batch as batching
 
-    split = cfg.ensemble.split
-    per_rank = cfg.ensemble.batch or max(batching.auto_batch(c) for c in configs)
+    batch = cfg.ensemble.batch or min(batching.auto_batch(c) for c in configs)
     if not all(batching.supports(c) for c in configs):
-        per_rank = 1
-    return split, max(1, per_rank)
+        batch = 1
+    small = min(batching.MAX_BATCH, batching.BATCH_AGENTS // max(1, max(c.agents for c in configs)))
+    return max(1, small, batch), batch
 
 
 def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: bool = False, log=None,
@@ -273,7 +283,8 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     seeds = _seed_of(cfg)
     root = Path(run_dir) / "ensemble" if run_dir is not None else None
     book = _Rank0(cfg, points, configs, names, root, resume, log) if rank == 0 else None
-    split, per_rank = _wave_size(cfg, configs, world)
+    split = cfg.ensemble.split
+    per_rank, batch = _wave_size(cfg, configs)
     meter = None
     if run is not None:
         from multigpu.monitor import StepMeter
@@ -292,14 +303,14 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
         wave = world * per_rank
         for start in range(0, len(items), wave):
             chunk = items[start : start + wave]
-            agents_split = world > 1 and (split == "agents" or (split == "auto" and 2 * len(chunk) <= world))
+            agents_split = splits_agents(split, len(chunk), world)
             mine = chunk if agents_split else chunk[rank::world]
             work = sum(configs[p].agents * configs[p].steps for p, _ in mine) // (world if agents_split else 1)
             with meter.step(items=work) if meter is not None else contextlib.nullcontext():
                 if agents_split:
                     results = _split_agents(chunk, configs, seeds)
                 else:
-                    results = _gather(_run_alone(mine, configs, seeds, per_rank))
+                    results = _gather(_run_alone(mine, configs, seeds, batch))
             if book is not None:
                 book.take(results)
             ran += len(chunk)
@@ -319,7 +330,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
         meter.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
     if book is None:
         return None
-    return _finish(cfg, book, root, ran, agent_steps, seconds, split, per_rank, world, seeds)
+    return _finish(cfg, book, root, ran, agent_steps, seconds, split, batch, world, seeds)
 
 
 def _log_round(book: _Rank0, count: int) -> None:
@@ -333,7 +344,7 @@ def _log_round(book: _Rank0, count: int) -> None:
     book.log(line)
 
 
-def _finish(cfg, book: _Rank0, root, ran, agent_steps, seconds, split, per_rank, world, seeds) -> EnsembleResult:
+def _finish(cfg, book: _Rank0, root, ran, agent_steps, seconds, split, batch, world, seeds) -> EnsembleResult:
     from multigpu.sim.ensemble_store import plot_bands, write_tables
 
     ecfg = cfg.ensemble
@@ -357,7 +368,7 @@ def _finish(cfg, book: _Rank0, root, ran, agent_steps, seconds, split, per_rank,
         "level": book.level, "quantiles": list(ecfg.quantiles), "max_replicates": ecfg.replicates,
         "narrow_enough": (all(w is not None and w <= 1.0 for w in widest) if book.ci is not None else None),
         "rounds": book.rounds, "seconds": round(seconds, 3), "world_size": world, "split": split,
-        "batch": per_rank, "replicates_per_s": ran / seconds if seconds > 0 else None,
+        "batch": batch, "replicates_per_s": ran / seconds if seconds > 0 else None,
         "agent_steps_per_s": agent_steps / seconds if seconds > 0 else None, "same_seeds": ecfg.same_seeds,
     }
     result = EnsembleResult(points=book.points, names=book.names, counts=counts, bands=bands, summary=summary,
