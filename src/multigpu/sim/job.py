@@ -271,7 +271,7 @@ WORKLOAD = Workload(
         Flag("--calibrate", "calibrate.target", metavar="SERIES.csv",
              help="learn calibrate.learn (float parameters; default: the model's learnable) by gradient descent "
                   "on the differentiable model so its series match this CSV"),
-        Flag("--replicates", "ensemble.replicates", type=positive_int,
+        Flag("--replicates", "ensemble.replicates", type=positive_int, metavar="N",
              help="run N replicates (each its own seed) per sweep point and write the mean and band of every "
                   "series; with --until-ci: the most per point"),
         Flag("--sweep", "ensemble.sweep", action="append", metavar="NAME=V1,V2,...",
