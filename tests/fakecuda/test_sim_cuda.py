@@ -292,3 +292,18 @@ def test_saved_agents_are_received_on_the_senders_device():
         fields = {"id": torch.zeros(5, dtype=torch.int32, device="cuda")}
         list(population._slices_on_rank0(engine, fields, "id"))
     assert received == [torch.device("cuda:0")]  # rank 1 sends a CUDA tensor: it goes over NCCL
+
+
+# -------------------------------------------------------------------- ensembles
+def test_a_batch_of_network_sir_runs_on_cuda_with_one_host_read():
+    """A batch of populations (sim.batch) on a rank's GPU: every tensor there, and the series read once, at the
+    end (a read per step would make the GPU wait every step)."""
+    from multigpu.sim import batch
+
+    cfg = SimConfig(model="network_sir", agents=40, steps=3, network={"kind": "random", "contacts": 2})
+    edges = batch._edges(cfg, [1, 2], cfg.agents)  # set up on the CPU (host reads there), as for real
+    with _rank(0, 1) as reads, mock.patch.object(batch, "_edges", lambda *a: edges):
+        out = batch.run_batch(cfg, [1, 2], device=group.current_device())
+    assert len(out) == 2 and set(out[0]) == {"step", "S", "I", "R"}
+    # the one tolist of the [batch, series, steps] counts (fake tensors answer it element by element)
+    assert reads.reads == [("run_batch", "value")] * (2 * 3 * cfg.steps), reads.reads
