@@ -97,6 +97,22 @@ def _tensors_in(values: Any) -> Iterator[torch.Tensor]:
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
+def _touches_gpu(args: tuple, kwargs: dict) -> bool:
+    """Whether a call involves fake data or names a GPU (else it is host work, run on real tensors)."""
+    def gpu(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return is_fake(value)
+        if isinstance(value, torch.device):
+            return value.type == "cuda"
+        if isinstance(value, str):
+            return value.split(":")[0] == "cuda"
+        if isinstance(value, (list, tuple)):
+            return any(gpu(v) for v in value)
+        return False
+
+    return any(gpu(v) for v in (*args, *kwargs.values()))
+
+
 def _where(tensor: torch.Tensor) -> torch.device:
     """The device a tensor is on, also while the fake mode runs a kernel on its meta stand-in."""
     return getattr(tensor, "fake_device", None) or tensor.device
@@ -121,6 +137,7 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
         self.written: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """tensor -> (stream, position): CUDA data, and host buffers of non-blocking copies from a GPU."""
         self.pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._lock = threading.RLock()
 
     def _fake(self, like: torch.Tensor, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -248,10 +265,14 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self._check_reads(func, args, kwargs)
-        result = self._call(func, args, kwargs)
-        self._note_writes(func, args, kwargs, result)
-        return result
+        if not (_touches_gpu(args, kwargs) or func is torch.Tensor.cuda):
+            return self._call(func, args, kwargs)  # host work: real tensors, any thread at once
+        # one thread at a time in the fake mode (it keeps per-call state on itself, not per thread)
+        with self._lock:
+            self._check_reads(func, args, kwargs)
+            result = self._call(func, args, kwargs)
+            self._note_writes(func, args, kwargs, result)
+            return result
 
     def _call(self, func, args: tuple, kwargs: dict) -> Any:
         if func is torch.Tensor.to:
@@ -290,18 +311,17 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             return self._pin(args[0])
         elif func is torch.Tensor.is_pinned:
             return args[0] in self.pinned
-        elif func is torch.Tensor.record_stream:
-            if not isinstance(args[1], _Stream):
-                raise TypeError(f"record_stream() needs a torch.cuda.Stream, got {type(args[1]).__name__}")
-            if args[0].device.type != "cuda" or args[1].device != args[0].device:
-                raise RuntimeError(f"record_stream: a {args[0].device} tensor cannot be recorded on {args[1]}")
-            return None
         if func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
             raise RuntimeError(
                 "backward on fake CUDA tensors would abort this process (a CPU build of torch has no CUDA device "
                 "guard for the autograd engine): call the Function's forward/backward directly, or run the "
                 "backward on the meta device"
             )
+        if not _touches_gpu(args, kwargs):  # host work (data loading, a sampler, a seed) runs for real, on values
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         # Recording an autograd node on a fake CUDA tensor aborts the process for the same reason:
         # every call runs without a graph (placement and shapes are what this mode proves).
         with torch.no_grad():
@@ -314,6 +334,7 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
                 tensor.dtype, f"{str(tensor.dtype).removeprefix('torch.')} tensor")
             raise RuntimeError(f"cannot pin 'torch.{tensor.device.type}.{kind}' only dense CPU tensors can be pinned")
         self.pinned[tensor] = True
+        self.cuda.pinned += 1
         return tensor
 
 
@@ -417,6 +438,8 @@ class FakeCuda:
     events_recorded: int = 0
     events_synchronized: int = 0
     streams_made: list[_Stream] = dataclasses.field(default_factory=list)
+    pinned: int = 0
+    """Host tensors pinned (``pin_memory()``)."""
 
     def __post_init__(self) -> None:
         self._defaults = [_Stream(self, i, "default") for i in range(self.devices)]
@@ -550,6 +573,14 @@ class FakeCuda:
         return index
 
 
+def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream`` (its argument parser takes only torch's own streams, so it is replaced)."""
+    if not isinstance(stream, _Stream):
+        raise TypeError(f"record_stream() needs a torch.cuda.Stream, got {type(stream).__name__}")
+    if _where(tensor) != stream.device:
+        raise RuntimeError(f"record_stream: a {_where(tensor)} tensor cannot be recorded on {stream}")
+
+
 def _refuse_runtime(name: str):
     def call(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"fake_cuda: torch.cuda.{name}() would start the real CUDA runtime (a CPU build has "
@@ -575,6 +606,7 @@ def _cuda_patches(cuda: FakeCuda, devices: int) -> list:
         mock.patch("torch.cuda.is_current_stream_capturing", lambda: False),  # asked by every optimizer step
         mock.patch("torch.cuda.random.get_rng_state", cuda.get_rng_state),
         mock.patch("torch.cuda.random.set_rng_state", cuda.set_rng_state),
+        mock.patch.object(torch.Tensor, "record_stream", _record_stream),
         mock.patch("torch.cuda._lazy_init", _refuse_runtime("_lazy_init")),
         mock.patch("torch.cuda.init", _refuse_runtime("init")),
         # torch.accelerator: DataLoader's pinning, init_process_group's device_id check
@@ -622,9 +654,24 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, 
             mode = stack.enter_context(fake_tensor.FakeTensorMode(allow_non_fake_inputs=True))
             # no dispatch cache: its key holds ``device="cuda"`` as written, not the device it meant when cached
             mode.cache_enabled = False
-            stack.enter_context(_CudaMoves(mode, cuda))
+            moves = stack.enter_context(_CudaMoves(mode, cuda))
+            stack.enter_context(_in_new_threads(mode, moves))
             stack.enter_context(mock.patch.object(torch.nn.Module, "_apply", _apply_in_place))
         yield cuda
+
+
+def _in_new_threads(*modes):
+    """Threads started inside the block run under ``modes`` too (torch's modes are per thread): a data
+    prefetcher's or a receiver's work is faked as the main thread's is."""
+    real_run = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                stack.enter_context(mode)
+            real_run(self)
+
+    return mock.patch.object(threading.Thread, "run", run)
 
 
 def _apply_in_place(self: torch.nn.Module, fn, recurse: bool = True) -> torch.nn.Module:

@@ -276,7 +276,7 @@ class Trainer:
         self.batches = BatchStream(
             self.train_data, self.batch_size, device=self.env.device, seed=cfg.seed, num_workers=cfg.num_workers,
             prefetch=cfg.prefetch, collate_fn=self.collate_fn, sampler_state=state["sampler"] if state else None,
-            shard=self.shard_data,
+            shard=self.shard_data, pin_memory=cfg.pin_memory,
         )
         self.sampler_state = self.batches.sampler.state_dict()
 
