@@ -174,3 +174,28 @@ def test_fsdp_shards_from_the_host_on_a_mesh_of_the_rank_device(text, monkeypatc
     assert events[:2] == [("compile", blocks[0]), ("compile", blocks[1])]
     host, mesh = {torch.device("cpu")}, (device.type, (8,))
     assert events[2:] == [("shard", "_Block", host, mesh), ("shard", "_Block", host, mesh), ("shard", "GPT", host, mesh)]
+
+
+def test_adamw_is_fused_on_gpu_ranks_only(text):
+    """On CUDA the trainer steps AdamW with its fused kernel (one kernel for every parameter, as nanoGPT's loop
+    does), and makes ``GradScaler`` hand it the inf check (no host sync per fp16 step); on CPU ranks the
+    optimizer is left as built. Before: AdamW was built without ``fused=True`` and stayed so on CUDA."""
+    trainer = _trainer(text)
+    with fake_cuda(devices=1):
+        mg.init(seed=0)
+        trainer.setup()
+        groups = trainer.optimizer.param_groups
+        assert [g["fused"] for g in groups] == [True, True] and trainer.optimizer._step_supports_amp_scaling
+        for p in trainer.module.parameters():
+            p.grad = torch.zeros_like(p)
+        trainer.scaler.step(trainer.optimizer)  # the fused kernel, on cuda:0
+        steps = [s["step"] for s in trainer.optimizer.state.values()]
+        assert steps and {t.device for t in steps} == {torch.device("cuda", 0)}  # fused keeps its step on the GPU
+        trainer.batches.close()
+    mg.shutdown()
+    cpu = _trainer(text)
+    mg.init(backend="cpu")
+    cpu.setup()
+    assert [g["fused"] for g in cpu.optimizer.param_groups] == [None, None]
+    cpu.batches.close()
+    mg.shutdown()
