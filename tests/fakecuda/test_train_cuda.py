@@ -199,3 +199,28 @@ def test_adamw_is_fused_on_gpu_ranks_only(text):
     assert [g["fused"] for g in cpu.optimizer.param_groups] == [None, None]
     cpu.batches.close()
     mg.shutdown()
+
+
+@pytest.mark.parametrize("strategy,world_size,extra", [("fsdp", 2, {}), ("hsdp", 4, {"hsdp_shard_size": 2})])
+def test_fsdp_steps_for_real_and_reports_its_communication_as_not_measured(text, monkeypatch, strategy, world_size,
+                                                                           extra):
+    """The real ``init_device_mesh`` and ``fully_shard`` on CPU ranks of the fake group (rank 1 of 2, a 2x2 mesh
+    under hsdp): the trainer's whole step runs, forward, backward with FSDP's hooks, clipping over DTensor
+    shards and the optimizer step. FSDP2's all-gathers and reduce-scatters are torch's own, timed by nobody:
+    the summary says "not measured" (None, shown as "—"), never a share of 0 and an imbalance computed as if
+    communication had been measured. Before: comm_share 0.0 and imbalance 1.0.
+    (On fake CUDA ``fully_shard`` cannot run: it sets ``param.data`` to its fake CUDA shard, which a CPU build
+    cannot dispatch; the test below records its calls instead.)"""
+    trainer = _trainer(text, strategy=strategy, **extra)
+    with _rank_of(monkeypatch, 1, world_size):
+        mg.init(backend="cpu")
+        trainer.setup()
+        from torch.distributed.tensor import DTensor
+
+        assert all(isinstance(p, DTensor) for p in trainer.module.parameters())
+        for _ in range(3):
+            metrics = trainer.train_step()
+        assert metrics["grad_norm"].shape == ()
+        summary = trainer.close()
+    assert summary["comm_share"] is None and summary["imbalance"] is None
+    assert summary["per_rank"][0]["comm_s"] is None

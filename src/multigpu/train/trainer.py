@@ -501,6 +501,7 @@ class Trainer:
                 self.meter.add_comm(self.comm.pop_seconds())
             if self.fsdp_traffic is not None:
                 self.fsdp_traffic.record(self.accum)
+                self.meter.add_comm(None)  # FSDP's all-gathers and reduce-scatters are torch's: nobody times them
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _skips(self, grad_norm: torch.Tensor) -> bool:
