@@ -77,6 +77,7 @@ class MetricLogger:
 
     def _reduce(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         m = self.meter
+        m.flush()  # the step just ended too (on CUDA its figures are read one step later): a log point syncs anyway
         window = slice(self._mark, len(m.step_times))
         # step times end on the device (StepMeter reads each step's CUDA events); comm not measured
         # (DDP's NCCL all-reduce, FSDP's collectives) is NaN here, and None in the record: never a share of 0
