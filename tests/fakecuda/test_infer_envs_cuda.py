@@ -201,7 +201,9 @@ def test_harness_additions_used_here_behave_as_cuda_does():
         with pytest.raises(RuntimeError, match="broadcast"):
             state.copy_(torch.ones(4, device="cuda"))
         host = torch.ones(3)
-        assert host.pin_memory() is host
+        assert host.pin_memory() is host and host.is_pinned()
+        with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):  # torch's words
+            torch.ones(3, device="cuda").pin_memory()
         event = torch.cuda.Event()
         with pytest.raises(RuntimeError, match="never recorded"):
             event.synchronize()
