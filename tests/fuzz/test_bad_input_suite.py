@@ -542,3 +542,97 @@ def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, arg
     assert expected.format(t=tmp_path) in err, err
     assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
     tripwire.assert_not_called()
+
+
+# ----------------------------------------------------------------------------- tiny inputs, unbounded work
+def _npy_header_only(path: Path, shape: tuple[int, ...], data: bytes = b"") -> str:
+    """A .npy of a 128-byte header saying ``shape`` float32, and ``data``: as much as ``np.prod(shape)``, which
+    wraps around in int64, says the shape holds (0 elements for (2**32, 2**32), 4 for (2**62 + 1, 4))."""
+    import io
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    path.write_bytes(header.getvalue() + data)
+    return str(path)
+
+
+def _npz_header_only(path: Path, shape: tuple[int, ...]) -> str:
+    """An .npz population whose column ``x`` is a header saying ``shape`` int16, and no data."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i2", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", header.getvalue())
+        zf.writestr("y.npy", header.getvalue())
+    return str(path)
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A "billion laughs" in YAML: each level lists the previous one nine times (342 bytes, 9**9 values)."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _config(tmp: Path, text: str) -> str:
+    path = tmp / "cfg.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+# (argv builder over the case's folder, what the line must say); each used to take minutes or end in a MemoryError
+TINY_INPUT_CASES = [
+    (lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--model-arg", "channels=1", "--input",
+                _npy_header_only(t / "huge.npy", (2**32, 2**32)), "--run-dir", str(t / "r")],
+     "huge.npy' is truncated: its header says shape (4294967296, 4294967296) float32 "
+     "(73,786,976,294,838,206,464 bytes of data) but the file holds 0"),
+    (lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--model-arg", "channels=1", "--input",
+                _npy_header_only(t / "huge.npy", (2**62 + 1, 4), bytes(16)), "--run-dir", str(t / "r")],
+     "huge.npy' is truncated: its header says shape (4611686018427387905, 4) float32 "
+     "(73,786,976,294,838,206,480 bytes of data) but the file holds 16"),
+    (lambda t: ["sim", "-f", "sir", "--population", _npz_header_only(t / "pop.npz", (2**32, 2**32)),
+                "--run-dir", str(t / "r")],
+     "column 'x' declares 4,294,967,296 rows but holds 0"),
+    (lambda t: ["train", "-f", _config(t, _alias_bomb()), "--run-dir", str(t / "r")],
+     "cfg.yaml' is refused: its aliases (*name) expand it to 490,329,064 values (aliases may add at most 100,000)"),
+    (lambda t: ["sim", "-f", _config(t, "agents: 1000\ngrid: &g [64, *g]\n"), "--run-dir", str(t / "r")],
+     "cfg.yaml' is refused: an alias (*name) refers to a list or mapping that contains it"),
+    (lambda t: ["train", "-f", "nano", "--run-dir", str(t / "r"),
+                "x=" + "[" + ", ".join([f"&a0 [{','.join(['1'] * 9)}]"] + [
+                    f"&a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"],
+     "override 'x=...' is refused: its aliases (*name) expand it to"),
+    (lambda t: ["train", "-f", "nano", "--dry-run", "--world-size", "1000000000"],
+     "--world-size 1000000000: a dry run plans at most 1,048,576 ranks"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), TINY_INPUT_CASES, ids=[f"tiny-{i}" for i in range(len(TINY_INPUT_CASES))])
+def test_a_tiny_input_that_would_cost_unbounded_work_gets_one_line_within_seconds(argv, expected, tmp_path, capsys,
+                                                                                   monkeypatch, fake_gpus):
+    """A 128-byte .npy whose header's shape overflows ``np.prod`` to 0 (150 s and 2.8 GB of window planning), a 1 KB
+    YAML alias bomb in a config file or an override (a hang), ``--dry-run --world-size 1000000000`` (a MemoryError
+    after 27 s): each is refused in one line, exit 2, before any work that grows with what it declares."""
+    import time
+
+    fake_gpus(0)
+    tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+    command = argv(tmp_path)
+    before = _snapshot(tmp_path)
+    start = time.monotonic()
+    code = main(command)
+    took = time.monotonic() - start
+    err = capsys.readouterr().err.strip()
+    CASES["tiny inputs"] += 1
+    assert code == 2, f"{command} exited {code}: {err}"
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert expected in err, err
+    assert took < 10, f"{command} took {took:.1f} s to refuse"  # seconds, not minutes: nothing was expanded or planned
+    assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
+    tripwire.assert_not_called()

@@ -28,6 +28,7 @@ divides the voxel size by ``k``, keeping the volume where it was in space).
 from __future__ import annotations
 
 import gzip
+import math
 import os
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def _probe_npy(path: Path) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - a bad magic string, header or version means the same to the user
         raise ConfigError(f"input '{path}' cannot be read as a .npy array: {exc}") from None
     size = _check_array(path, ".npy array", shape, dtype)
-    _check_length(path, ".npy array", path.stat().st_size - offset, int(np.prod(shape)) * dtype.itemsize,
+    _check_length(path, ".npy array", path.stat().st_size - offset, math.prod(shape) * dtype.itemsize,
                   f"shape {shape} {dtype}")
     return size
 
@@ -146,7 +147,7 @@ def _probe_nifti(path: Path) -> tuple[int, ...]:
         stored = _gzip_length(path) if path.name.lower().endswith(".gz") else path.stat().st_size
     except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
         raise ConfigError(f"NIfTI '{path}' is truncated or corrupt: {exc}") from None
-    _check_length(path, "NIfTI", stored - offset, int(np.prod(shape)) * dtype.itemsize, f"shape {shape} {dtype}")
+    _check_length(path, "NIfTI", stored - offset, math.prod(shape) * dtype.itemsize, f"shape {shape} {dtype}")
     return size
 
 
