@@ -111,7 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if script is not None:  # --print-sbatch / --print-k8s: the job file for this command, nothing launched
             print(script, end="")
             return 0
-        return int(args._run(args) or 0)
+        from multigpu.files import private_files
+
+        with private_files():  # what the command and its ranks write is this user's only (0700 / 0600)
+            return int(args._run(args) or 0)
     except MultigpuError as exc:
         if debug:
             raise

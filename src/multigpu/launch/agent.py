@@ -48,7 +48,7 @@ from multigpu.errors import (
     RendezvousTimeoutError,
     WorkerFailedError,
 )
-from multigpu.files import write_json_atomic
+from multigpu.files import user_umask, write_json_atomic
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
@@ -184,6 +184,8 @@ def build_plan(
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
+    if job is None:  # a user's script: its own files get the user's umask back (the worker wrapper sets it)
+        run_data["umask"] = user_umask()
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
