@@ -414,6 +414,11 @@ def _users_folder(tmp: Path) -> str:
     return str(folder)
 
 
+def _file(path: Path) -> str:
+    path.write_text("a file, not a folder")
+    return str(path)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -510,6 +515,17 @@ LIMIT_CASES = [
     ("data values", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
                                      _cut_png(t), "--run-dir", str(t / "r")],
      "error: input '{t}/cut.png' is cut short or damaged (Truncated File Read); valid: a complete PNG file"),
+    # a --log-dir that is a file (torch's NotADirectoryError, an internal error), a rendezvous setting torch reads
+    # as a number (its error came as the job started: two lines, exit 1)
+    ("log dir", None, lambda t: ["launch", "--log-dir", _file(t / "afile"), SCRIPT],
+     "error: --log-dir {t}/afile is a file, not a folder; valid: a folder (it is created if missing)"),
+    ("log dir", None, lambda t: ["train", "-f", "nano", "--log-dir", _file(t / "afile"), "--run-dir", str(t / "r")],
+     "error: --log-dir {t}/afile is a file, not a folder"),
+    ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timeout=abc", SCRIPT],
+     "error: --rdzv-conf join_timeout=abc is invalid; valid: a whole number of seconds, 1 or more"),
+    ("rdzv conf", None, lambda t: ["sim", "-f", "sir", "--rdzv-conf", "is_host=true,keep_alive_max_attempt=0",
+                                   "--run-dir", str(t / "r")],
+     "error: --rdzv-conf keep_alive_max_attempt=0 is invalid; valid: a whole number of attempts, 1 or more"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
@@ -636,3 +652,29 @@ def test_a_tiny_input_that_would_cost_unbounded_work_gets_one_line_within_second
     assert took < 10, f"{command} took {took:.1f} s to refuse"  # seconds, not minutes: nothing was expanded or planned
     assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
     tripwire.assert_not_called()
+
+
+def test_a_log_dir_on_a_read_only_file_system_gets_one_line_and_exit_2(tmp_path):
+    """A --log-dir on a read-only file system (to be made in it, or the folder itself) ended in an internal OSError,
+    exit 1. Mounted read-only in a mount namespace of its own (root only), so nothing outside the test sees it."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("mounting a read-only file system needs root and unshare; CI runs as root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    run = tmp_path / "run"
+    python = f"{sys.executable} -m multigpu"
+    script = (f"mount -t tmpfs -o ro,size=1m tmpfs {ro} || exit 99; "
+              f"{python} launch --log-dir {ro}/logs {SCRIPT}; echo rc=$?; "
+              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    if proc.returncode == 99:
+        pytest.skip(f"this machine does not let a mount namespace mount tmpfs: {proc.stderr.strip()}")
+    assert proc.stdout.split() == ["rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == [f"error: could not create --log-dir {ro}/logs: Read-only file system (EROFS)",
+                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)"]
+    assert not run.exists()

@@ -306,9 +306,17 @@ def _nccl_dumps(prefix: str) -> str:
 def _private_folder(path: str) -> None:
     """Create the log folder for this user only (0700): worker output, error files and the folder names that
     carry the run id are nobody else's to read. A folder that exists keeps the mode its owner gave it."""
-    with contextlib.suppress(OSError):  # one that cannot be made is named by the first write into it
+    from multigpu.jobs.rundir import cannot_create
+
+    try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise ConfigError(f"--log-dir {path} is a file, not a folder; valid: a folder (it is created if "
+                              "missing)") from None
+    except OSError as exc:  # checked before (launch.flags); here only if it changed since
+        raise cannot_create(Path(path), exc, "--log-dir") from None
 
 
 @contextlib.contextmanager
