@@ -92,6 +92,9 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
+    from multigpu import _startup
+
+    _startup.restore()  # a Ctrl-C from here on is KeyboardInterrupt, answered below with one line
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
     if debug and os.environ.get(envvars.DEBUG) != "1":
