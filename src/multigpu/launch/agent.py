@@ -53,7 +53,7 @@ from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
-from multigpu.launch.memlimit import MemoryWatch
+from multigpu.launch.memlimit import MemoryWatch, explain_address_space
 from multigpu.launch.rendezvous import (
     gloo_interface,
     hosts_store,
@@ -457,6 +457,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     hint = assumption_hint("\n".join([text, *tail]))
     if hint:
         lines.append(f"  hint: {hint}")
+    address_space = explain_address_space("\n".join([text, *tail]))
+    if address_space:
+        lines.append(f"  memory: {address_space}")
     others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
     if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
