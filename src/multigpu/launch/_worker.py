@@ -34,7 +34,9 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
    (the usual reason a rank fails late) cannot leave the file empty and the
    launcher without the cause;
 
-then it runs the script as ``__main__`` under torch's ``record`` decorator, so
+then it gives a script the user's umask back (the launcher runs under 0077, so that its logs, stack dumps
+and run files are the user's only, and the worker inherited that; a workload's ranks keep it: what they
+write is the run's), and runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
 launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
@@ -246,8 +248,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
         result = original(*args, **kwargs)
         marker = os.path.join(folder, "joined", f"rank{rank}")
         if not os.path.exists(marker):
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "w").close()  # noqa: SIM115
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))  # the job's file: not the script's umask
         return result
 
     init_process_group.__wrapped__ = original
@@ -332,9 +334,9 @@ def _timed(target, wall_file: str | None):
         start = time.time()
         target(argv)
         end = time.time()
-        os.makedirs(os.path.dirname(wall_file), exist_ok=True)
+        os.makedirs(os.path.dirname(wall_file), mode=0o700, exist_ok=True)
         tmp = f"{wall_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
             json.dump({"start": start, "end": end}, fh)
         os.replace(tmp, wall_file)
 
@@ -402,6 +404,8 @@ def _main(argv: list[str]) -> None:
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _accelerate_on_cpu_ranks()
 
+    if isinstance(run_file.get("umask"), int):  # a user's script: the user's umask, not the launcher's (0077)
+        os.umask(run_file["umask"])
     try:
         try:
             record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
