@@ -161,6 +161,12 @@ def fake_gpus(monkeypatch):
     return install
 
 
+def not_tested_here(request, what: str) -> None:
+    """Say that part of this test could not run in this environment (the rest did): the run's last lines group it
+    with the skipped tests' reasons, so a green run says what it did not test."""
+    request.node.user_properties.append(("not_tested_here", what))
+
+
 def assert_bad_input(argv: list[str], message: str, capsys, written: Path | None = None) -> str:
     """The bad-input contract through the real entry point: exit 2, one ``error:`` line holding ``message``,
     and ``written`` (a run directory, an output) not created. Returns the line."""
@@ -311,12 +317,40 @@ def _per(counts) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ").strip()
+
+
+def untested_line(stats: dict) -> str | None:
+    """One line: what this run could not test here, by reason, with counts (the skipped tests' reasons, and the
+    parts of tests that ran without them: ``not_tested_here``); None when it tested everything. ``stats``: the
+    terminal reporter's, by outcome."""
+    reasons: Counter = Counter(_skip_reason(r) for r in stats.get("skipped", []))
+    for outcome in ("passed", "failed"):
+        for r in stats.get(outcome, []):
+            if getattr(r, "when", None) == "call":
+                reasons.update(value for name, value in r.user_properties if name == "not_tested_here")
+    if not reasons:
+        return None
+    parts = "; ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"not tested here: {sum(reasons.values())} ({parts})"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter):
-    """Print the fault suite's and the bad-input suite's counts (and whether every case was handled), and the seed
-    of the run's random draws."""
-    seed_line = _seed_line(terminalreporter)
-    if seed_line:
-        terminalreporter.write_line(seed_line)
+    """At the very end (after pytest's own summaries): the fault suite's and the bad-input suite's counts (and
+    whether every case was handled), the seed of the run's random draws, and what the run could not test in this
+    environment."""
+    yield
+    _suite_counts(terminalreporter)
+    for line in (_seed_line(terminalreporter), untested_line(terminalreporter.stats)):
+        if line:
+            terminalreporter.write_line(line)
+
+
+def _suite_counts(terminalreporter) -> None:
     faults = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
               if r.when == "call" and "fault" in r.keywords]
     if faults:

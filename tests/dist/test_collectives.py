@@ -17,6 +17,8 @@ pytestmark = pytest.mark.dist
 def _collectives_body(n_items: int) -> dict:
     env = mg.get_env()
     out: dict = {"rank": env.rank, "world": env.world_size, "backend": env.backend, "threads": torch.get_num_threads()}
+    said = mg.rank_zero_only(lambda who: f"said by rank {mg.rank()} of {who}")  # one-per-job messages
+    out["api"] = (mg.local_rank(), mg.backend(), said(env.world_size))
     items = list(range(n_items))
     mine = mg.shard(items)
     # tensors with uneven first dims come back in the original order
@@ -62,6 +64,7 @@ def test_gather_order_reduce_broadcast_and_shape_errors(world_size, n_items):
     expected_rows = [[i, i * i] for i in range(n_items)]
     for r, out in enumerate(results):
         assert (out["rank"], out["world"], out["backend"], out["threads"]) == (r, world_size, "gloo", 1)
+        assert out["api"] == (r, "gloo", f"said by rank 0 of {world_size}" if r == 0 else None)  # one node
         assert out["tensor_all_gather"].tolist() == expected_rows
         assert out["sum"] == sum(range(1, world_size + 1))
         assert out["mean"] == pytest.approx(sum(range(1, world_size + 1)) / world_size)

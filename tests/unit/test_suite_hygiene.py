@@ -27,6 +27,18 @@ def test_draw(fault_rng):
 def test_examples(n):
     with open(os.environ["DRAWS"], "a") as fh:
         fh.write(f"example {n}\\n")
+
+def test_needs_two_gpus():
+    pytest.skip("needs 2 CUDA GPU(s), found 0")
+
+@pytest.mark.skipif(True, reason="needs 2 CUDA GPU(s), found 0")
+def test_also_needs_two_gpus():
+    pass
+
+def test_partly_here(request):
+    from conftest import not_tested_here
+
+    not_tested_here(request, "the page in a browser: no chromium")
 '''
 
 
@@ -47,11 +59,15 @@ def test_a_random_draw_comes_again_from_the_seed_the_run_printed(tmp_path):
     """The fault tests drew their kill steps with ``random.Random()``: a failure at one step could not be
     replayed. Now the header prints the session's seed, the main process hands it to its xdist workers, and
     ``--fault-seed`` (``make test FAULT_SEED=N``) or the variable draws the same again. Hypothesis, under the
-    profile ``make test`` loads, draws the same examples every run."""
+    profile ``make test`` loads, draws the same examples every run. The run's last lines also say what it could not
+    test in this environment (it skipped silently: no root, no ``cc``, no AVX, no chromium, no cgroup v2)."""
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "test_draws.py").write_text(_DRAWS)
     header, first = _inner_pytest(tmp_path, "-n", "2", "--hypothesis-profile=ci")
     seed = int(re.search(r"fault seed: (\d+) \(random kill steps of 1 test\(s\); --fault-seed \1, ", header)[1])
+    # and the last line says what was not tested here, skipped or in part (the summary adds up xdist's workers)
+    assert header.strip().splitlines()[-2] == ("not tested here: 3 (needs 2 CUDA GPU(s), found 0 (2); "
+                                               "the page in a browser: no chromium (1))"), header
     _, again = _inner_pytest(tmp_path, "--fault-seed", str(seed), "--hypothesis-profile=ci")
     _, other = _inner_pytest(tmp_path, "-k", "not examples", env={SEED_VAR: str(seed + 1)})
     kills = [line for line in first if line.startswith("kill")]
