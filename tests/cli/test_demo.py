@@ -3,6 +3,7 @@ part's command is one the command line accepts (checked in-process, nothing spaw
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import pytest
 
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "examples"))
-import demo  # noqa: E402 - examples/ is not a package
+_spec = importlib.util.spec_from_file_location("examples_demo", ROOT / "examples" / "demo.py")  # not a package
+demo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(demo)
 
 WORKLOADS = ("sim", "train", "infer", "rl")
 
