@@ -36,7 +36,9 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
 
 then it runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
-launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
+launcher summarises; a rank whose script failed (an exception, ``sys.exit(N)``
+with N != 0, Ctrl-C) then ends at once, past the interpreter's teardown
+(``_leave``: ``atexit`` functions run first). A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
 and no traceback: the launcher says "interrupted" once for the whole job
 (``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks). Workers

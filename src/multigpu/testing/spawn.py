@@ -180,7 +180,7 @@ def run_on_ranks(
 
     Raises:
         RankFailedError: the first rank that raised, with its traceback; the others are stopped.
-        TimeoutError: ranks that did not finish in time, with every such rank's stack.
+        TimeoutError: ranks that did not start, or did not finish, in time, with every such rank's stack.
     """
     if group_of_one and world_size != 1:
         raise ValueError(f"group_of_one=True needs world_size=1, got {world_size}")
