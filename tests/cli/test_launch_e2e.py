@@ -16,13 +16,8 @@ from tests.conftest import ROOT, SCRIPTS, run_cli
 pytestmark = pytest.mark.e2e
 
 
-def test_two_ranks_print_their_share_and_the_gathered_result_in_order():
-    proc = run_cli("launch", "--nproc-per-node", "2", "examples/hello.py")
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    assert "rank 0/2 on cpu: items [1, 2, 3, 4, 5]" in out
-    assert "rank 1/2 on cpu: items [6, 7, 8, 9, 10]" in out
-    assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100] (sum 385)" in out
+# two ranks of examples/hello.py printing their shares and the gathered result: tests/cli/test_demo.py (the demo's
+# hello part is that launch)
 
 
 def _open_to_others(folder) -> dict[str, str]:
@@ -33,14 +28,19 @@ def _open_to_others(folder) -> dict[str, str]:
 
 @pytest.mark.fault
 def test_a_failing_rank_is_summarised(tmp_path):
-    """Also: a --log-dir that exists with 0755 keeps its mode, but everything the job writes there (run.json,
+    """The failing rank still has an all-reduce in flight whose future calls back into Python. It left through the
+    interpreter's teardown: it waited there for the collective timeout, then gloo's thread aborted it (exit code
+    -6 after 30 s, "terminate called after throwing an instance of 'gloo::IoException'"). It leaves at once now.
+
+    Also: a --log-dir that exists with 0755 keeps its mode, but everything the job writes there (run.json,
     stack dumps, torch's logs and error files) is 0700 / 0600, as in a folder multigpu makes; the script's own
     files keep the user's umask."""
     logs, out = tmp_path / "logs", tmp_path / "out"
     logs.mkdir()
     logs.chmod(0o755)
     out.mkdir()
-    proc = run_cli("launch", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPTS / "fail_rank1.py"), str(out))
+    proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "30", "--log-dir", str(logs),
+                   str(SCRIPTS / "fail_rank1.py"), str(out))
     assert proc.returncode == 1
     err = proc.stderr
     assert "error: rank 1 of 2 failed first (exit code 1): ValueError: simulated failure on rank 1" in err

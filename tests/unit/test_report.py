@@ -40,14 +40,18 @@ def make_bench_dir(root):
     return write_bench(root, BenchConfig(nproc=(1, 2)), runs, command=["multigpu", "bench", "--nproc", "1,2", "x.py"])
 
 
-def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path):
-    from multigpu.report import write_report
+def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path, capsys):
+    """Through the command (`multigpu report RUN_DIR`, in-process): the page, and the line naming it."""
+    from multigpu.cli import main
 
     result = make_bench_dir(tmp_path)
     assert result["notes"][0].startswith("SLOWER: 2 ranks ran slower than 1 rank") and (tmp_path / "bench.png").is_file()
-    path = write_report(tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    path = tmp_path / "report.html"
+    assert capsys.readouterr().out == f"report: {path}\n"
     page = path.read_text()
-    assert path == tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "elsewhere.html")]) == 0
+    assert "Scaling (strong)" in (tmp_path / "elsewhere.html").read_text()  # -o: the page goes there
     for section in ("Configuration", "Scaling (strong)", "Throughput over time", "np1_r0", "np2_r0", "SLOWER"):
         assert section in page
     images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)

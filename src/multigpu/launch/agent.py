@@ -417,16 +417,26 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
+_CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
+"""What a collective says when another rank left under it (multigpu.runtime.collectives): a consequence."""
+
+
 def _root_failure(err: ChildFailedError):
-    """torch's first failure, unless it is a rank that lost its peer while another rank's collective timed out
-    within the same second: the timeout is the cause (the rank that timed out exited, closing the connection
-    the other was waiting on), and error files time failures to the second only."""
+    """torch's first failure, unless it is a rank that lost its peer while another rank failed within the same
+    second: a collective that timed out there, else an error of its own (not another lost peer) is the cause
+    (that rank exited, closing the connection the other was waiting on), and error files time failures to the
+    second only (torch's "first" of a tie is the lowest rank)."""
     rank, failure = err.get_first_failure()
-    if "lost a peer" not in _message(failure):
+    if not any(c in _message(failure) for c in _CONSEQUENCES):
         return rank, failure
     when = failure.timestamp
-    for other, candidate in sorted(err.failures.items()):
-        if other != rank and abs(candidate.timestamp - when) <= 1 and "timed out after" in _message(candidate):
+    near = [(other, candidate) for other, candidate in sorted(err.failures.items())
+            if other != rank and candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
+    for other, candidate in near:
+        if "timed out after" in _message(candidate):
+            return other, candidate
+    for other, candidate in near:
+        if not any(c in _message(candidate) for c in _CONSEQUENCES):
             return other, candidate
     return rank, failure
 
