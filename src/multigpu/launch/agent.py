@@ -183,9 +183,9 @@ def build_plan(
         log_line_prefix_template="[rank${rank}]: " if cfg.log_dir or cfg.rank_prefix else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
-    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
-    if job is None:  # a user's script: its own files get the user's umask back (the worker wrapper sets it)
-        run_data["umask"] = user_umask()
+    # the user's umask: a user's script gets it back (the worker wrapper sets it); a built-in workload keeps 0077
+    # for its run folder and gives it to the outputs the user names (files.user_made)
+    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict(), "umask": user_umask()}
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)

@@ -111,7 +111,8 @@ class SimConfig:
 
     callbacks: list[str] = field(default_factory=list)
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
-    ``on_step(engine)`` runs on every rank after each step (importing the module runs its code)."""
+    ``on_step(engine)`` runs on every rank after each step (importing the module runs its code); in an ensemble,
+    ``on_step(wave)`` after each wave (:class:`multigpu.sim.ensemble.Wave`: waves and replicates done)."""
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
@@ -213,8 +214,7 @@ class SimConfig:
                  (self.differentiable, "sim.differentiable", "run the relaxed model on its own"),
                  (self.save_agents, "--save-agents", "save the agents of one run (seed=...) on its own"),
                  (self.checkpoint_every, "--checkpoint-every", "leave it out: an ensemble keeps every finished "
-                                                               "replicate, and --resume auto runs the others"),
-                 (self.callbacks, "sim.callbacks", "run them on one run at a time")]
+                                                               "replicate, and --resume auto runs the others")]
         for value, name, instead in clash:
             if value:
                 raise ConfigError(f"{name} does not combine with an ensemble (--replicates, --sweep); valid: {instead}")

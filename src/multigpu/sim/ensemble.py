@@ -174,6 +174,17 @@ def _broadcast(obj: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- the ensemble
+@dataclass(frozen=True)
+class Wave:
+    """What the config's ``callbacks`` get after each wave, on every rank (their ``on_step(wave)``), once its
+    replicates are written."""
+
+    step: int
+    """Waves done in this run."""
+    replicates: int
+    """Replicates done in this run."""
+
+
 @dataclass
 class EnsembleResult:
     """What rank 0 gets back from :func:`run_ensemble`."""
@@ -253,6 +264,8 @@ def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig]) -> tuple[int, int]:
     batch = cfg.ensemble.batch or min(batching.auto_batch(c) for c in configs)
     if not all(batching.supports(c) for c in configs):
         batch = 1
+    if cfg.ensemble.wave:  # asked for: a batch never holds more than a wave
+        return cfg.ensemble.wave, min(batch, cfg.ensemble.wave)
     small = min(batching.MAX_BATCH, batching.BATCH_AGENTS // max(1, max(c.agents for c in configs)))
     return max(1, small, batch), batch
 
@@ -292,7 +305,12 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
         meter = StepMeter.from_context("agent-steps", dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None),
                                        description=f"ensemble {cfg.model.rpartition(':')[2]}", log_every=0,
                                        warmup_steps=1, progress=progress)
-    ran = 0
+    callbacks = []
+    if cfg.callbacks:
+        from multigpu.factory import call_factory
+
+        callbacks = [call_factory(spec, what="sim.callbacks") for spec in cfg.callbacks]
+    ran = waves = 0
     agent_steps = 0
     shown = time.perf_counter()
     while True:
@@ -314,7 +332,10 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             if book is not None:
                 book.take(results)
             ran += len(chunk)
+            waves += 1
             agent_steps += sum(configs[p].agents * configs[p].steps for p, _ in chunk)
+            for callback in callbacks:
+                callback.on_step(Wave(step=waves, replicates=ran))
             if book is not None and time.perf_counter() - shown > 10 and start + wave < len(items):
                 shown = time.perf_counter()
                 log(f"ensemble: {start + len(chunk):,} of this round's {len(items):,} replicates done "
