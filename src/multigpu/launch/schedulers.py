@@ -37,12 +37,16 @@ class SchedulerPlacement:
     nproc_per_node: int | None = None
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
-    raw = env[name]
-    try:
-        return int(raw.split("(")[0])  # SLURM writes "4(x2)" for 4 on each of 2 nodes
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} must be a whole number") from None
+def _int(env: Mapping[str, str], name: str, **kwargs) -> int:
+    from multigpu.runtime.env import read_int
+
+    return read_int(env, name, **kwargs)
+
+
+def _port(env: Mapping[str, str], name: str) -> int:
+    from multigpu.runtime.env import read_port
+
+    return read_port(env, name)
 
 
 def _derived_port(job_id: str | None) -> int:
@@ -55,48 +59,80 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _slurm(env: Mapping[str, str]) -> SchedulerPlacement:
-    from multigpu.runtime.env import expand_slurm_nodelist
+def _gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs per node from ``SLURM_GPUS_ON_NODE``, else the count of ``SLURM_GPUS_PER_NODE`` (``h100:4``)."""
+    if env.get("SLURM_GPUS_ON_NODE"):
+        name, text = "SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]
+    elif env.get("SLURM_GPUS_PER_NODE"):
+        name, text = "SLURM_GPUS_PER_NODE", env["SLURM_GPUS_PER_NODE"].rpartition(":")[2]
+    else:
+        return None
+    return _int({name: text}, name, slurm_count=True) or None
 
-    tasks = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE") or "1"
-    if tasks.split("(")[0] not in ("", "1"):
-        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {tasks} tasks per node "
-                          "(SLURM_NTASKS_PER_NODE); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
+
+def _slurm(env: Mapping[str, str]) -> SchedulerPlacement:
+    from multigpu.runtime.hostlist import count_hosts, first_host
+
+    tasks_var = next((n for n in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE") if env.get(n)), None)
+    tasks = _int(env, tasks_var, minimum=1, slurm_count=True) if tasks_var else 1
+    if tasks != 1:
+        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {env[tasks_var]} tasks "
+                          f"per node ({tasks_var}); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
                           "your script under srun directly without the launcher (mg.init reads SLURM)")
-    hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("SLURM_JOB_ID"))
-    host = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
-    gpus = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
+    variable = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = env.get(variable) or ""  # parsed, never expanded: only its first host and its length are needed
+    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else _derived_port(env.get("SLURM_JOB_ID"))
+    host = env.get("MASTER_ADDR") or first_host(nodelist, variable)
+    nnodes = _int(env, "SLURM_NNODES", minimum=1) if env.get("SLURM_NNODES") else \
+        max(count_hosts(nodelist, variable), 1)
     return SchedulerPlacement(
-        "SLURM", _int(env, "SLURM_NNODES") if "SLURM_NNODES" in env else max(len(hosts), 1),
-        _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
-        _host_port(host, port) if host else None,
-        int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
+        "SLURM", nnodes, _int(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0,
+        _host_port(host, port) if host else None, _gpus(env),
     )
 
 
 def _pet(env: Mapping[str, str]) -> SchedulerPlacement:
     endpoint = env.get("PET_RDZV_ENDPOINT")
     if not endpoint and env.get("PET_MASTER_ADDR"):
-        endpoint = _host_port(env["PET_MASTER_ADDR"], _int(env, "PET_MASTER_PORT") if "PET_MASTER_PORT" in env
+        endpoint = _host_port(env["PET_MASTER_ADDR"], _port(env, "PET_MASTER_PORT") if env.get("PET_MASTER_PORT")
                               else 29500)
-    nproc = env.get("PET_NPROC_PER_NODE")
-    return SchedulerPlacement("PET_* (Kubeflow PyTorchJob / torchrun)", _int(env, "PET_NNODES"),
-                              _int(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else 0, endpoint,
-                              int(nproc) if nproc and nproc.isdigit() else None)
+    nproc = _int(env, "PET_NPROC_PER_NODE", minimum=1) if env.get("PET_NPROC_PER_NODE", "auto") != "auto" else None
+    return SchedulerPlacement("PET_* (Kubeflow PyTorchJob / torchrun)", _int(env, "PET_NNODES", minimum=1),
+                              _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else 0, endpoint, nproc)
+
+
+_RANK_FILE_MAX_BYTES = 16 << 20
+"""LSF's rank file lists one line per task slot: a few MB at most on the largest machines."""
 
 
 def _lsf(env: Mapping[str, str], hostname: str) -> SchedulerPlacement:
+    import os
+    import stat
+
+    path = env["LSB_DJOB_RANKFILE"]
     try:
-        with open(env["LSB_DJOB_RANKFILE"], encoding="utf-8") as fh:
-            lines = [line.strip() for line in fh if line.strip()]
+        # never open a FIFO or a device (opening a FIFO blocks until someone writes to it): a regular file only
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"LSB_DJOB_RANKFILE={path} is not a regular file (LSF writes one host name per "
+                                  "line there); valid: the rank file LSF wrote, or unset LSB_DJOB_RANKFILE")
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read(_RANK_FILE_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
-        raise ConfigError(f"LSB_DJOB_RANKFILE={env['LSB_DJOB_RANKFILE']} cannot be read: {exc.strerror}") from None
+        raise ConfigError(f"LSB_DJOB_RANKFILE={path} cannot be read: {exc.strerror}") from None
+    if len(data) > _RANK_FILE_MAX_BYTES:
+        raise ConfigError(f"LSB_DJOB_RANKFILE={path} is larger than {_RANK_FILE_MAX_BYTES >> 20} MiB, which no rank "
+                          "file is; valid: the rank file LSF wrote")
+    lines = [line.strip() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
     hosts = list(dict.fromkeys(lines[1:] or lines))  # the first line is LSF's launch node, not a compute node
     if hostname not in hosts:
-        raise ConfigError(f"this host ({hostname}) is not in LSF's rank file {env['LSB_DJOB_RANKFILE']} "
+        raise ConfigError(f"this host ({hostname}) is not in LSF's rank file {path} "
                           f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})")
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("LSB_JOBID"))
+    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else _derived_port(env.get("LSB_JOBID"))
     return SchedulerPlacement("LSF", len(hosts), hosts.index(hostname), _host_port(hosts[0], port))
 
 
@@ -104,9 +140,9 @@ def _openmpi(env: Mapping[str, str]) -> SchedulerPlacement:
     if not env.get("MASTER_ADDR"):
         raise ConfigError("started by mpirun (OMPI_COMM_WORLD_SIZE is set) but MASTER_ADDR is not: MPI names no "
                           "rendezvous host; set MASTER_ADDR (and MASTER_PORT) or pass --rdzv-endpoint HOST:PORT")
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
-    return SchedulerPlacement("Open MPI", _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_RANK"),
-                              _host_port(env["MASTER_ADDR"], port))
+    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else 29500
+    return SchedulerPlacement("Open MPI", _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
+                              _int(env, "OMPI_COMM_WORLD_RANK"), _host_port(env["MASTER_ADDR"], port))
 
 
 def from_environment(env: Mapping[str, str], hostname: str | None = None) -> SchedulerPlacement | None:

@@ -27,7 +27,8 @@ from multigpu import envvars
 from multigpu.errors import ConfigError
 
 __all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist",
-           "found_variables", "launcher_variable", "read_placement", "restart_count", "slurm_master_port"]
+           "first_slurm_host", "found_variables", "launcher_variable", "read_int", "read_placement", "read_port",
+           "restart_count", "slurm_master_port"]
 
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", envvars.RUN_FILE, "SLURM_STEP_ID", "SLURM_STEPID")
 """Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch`` and ``srun`` (a job
@@ -87,28 +88,57 @@ class DistEnv:
         shutdown(barrier=exc_type is None)
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
+_SLURM_COUNT = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?(?:,.*)?")
+"""SLURM's per-node counts: ``4``, ``4(x2)`` (4 on each of 2 nodes), ``4(x2),2`` (then 2 on the next)."""
+
+
+def read_int(env: Mapping[str, str], name: str, *, minimum: int = 0, maximum: int | None = None,
+             slurm_count: bool = False) -> int:
+    """``env[name]`` as a whole number of ASCII digits, else one line naming the variable (the one parser of
+    every scheduler's and launcher's variable, in the launcher and in the ranks).
+
+    ``slurm_count``: SLURM's ``N(xM)`` form is read as ``N`` (the first node's count).
+    Raises:
+        ConfigError: not such a number (``int()`` alone takes ``'²'``-like digits no launcher writes, ``' 4'``
+            and ``'4_0'``), or outside ``[minimum, maximum]``.
+    """
     raw = env[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
+    match = (_SLURM_COUNT if slurm_count else _DIGITS).fullmatch(raw)
+    if match is None:
+        form = "a whole number such as 4 (SLURM also writes 4(x2))" if slurm_count else "a whole number such as 4"
+        raise ConfigError(f"environment variable {name}={raw!r} must be a whole number; valid: {form}")
+    value = int(match.group(1))
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" to {maximum}" if maximum is not None else " or more"
+        raise ConfigError(f"environment variable {name}={raw} is out of range; valid: {minimum}{upper}")
+    return value
 
 
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM node list such as ``gpu[01-03,7],login1`` into host names."""
-    hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                hosts.append(f"{prefix}{part}")
-    return hosts
+_DIGITS = re.compile(r"([0-9]+)")
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    return read_int(env, name)
+
+
+def read_port(env: Mapping[str, str], name: str) -> int:
+    """A port variable (``MASTER_PORT``...): 0 to 65535, one line naming it otherwise."""
+    return read_int(env, name, maximum=65535)
+
+
+def first_slurm_host(env: Mapping[str, str]) -> str | None:
+    """The first host of ``SLURM_JOB_NODELIST`` (else ``SLURM_NODELIST``), without expanding the list."""
+    from multigpu.runtime.hostlist import first_host
+
+    name = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    return first_host(env.get(name, ""), name)
+
+
+def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Every host of a SLURM node list such as ``gpu[01-03,7],login1`` (see :mod:`multigpu.runtime.hostlist`)."""
+    from multigpu.runtime.hostlist import iter_hosts
+
+    return list(iter_hosts(nodelist, variable))
 
 
 def slurm_master_port(job_id: str | None) -> int:
@@ -116,18 +146,15 @@ def slurm_master_port(job_id: str | None) -> int:
 
     SLURM gives no rendezvous port; ``MASTER_PORT`` wins when set.
     """
-    if job_id and job_id.isdigit():
+    if job_id and _DIGITS.fullmatch(job_id):
         return 15000 + int(job_id[-4:]) % 20000
     return 29500
 
 
 def _slurm_local_world_size(env: Mapping[str, str], ntasks: int) -> int:
     for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        raw = env.get(name)
-        if raw:
-            match = re.match(r"(\d+)", raw)  # "4(x2)" means 4 tasks on each of 2 nodes
-            if match:
-                return int(match.group(1))
+        if env.get(name):
+            return read_int(env, name, minimum=1, slurm_count=True)  # "4(x2)": 4 tasks on each of 2 nodes
     return ntasks
 
 
@@ -140,23 +167,21 @@ def read_placement(env: Mapping[str, str] | None = None) -> Placement:
         local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0
         local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
         node_rank = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // max(local_world, 1)
-        port = env.get("MASTER_PORT")
         placement = Placement(
             rank, local_rank, world_size, local_world, node_rank,
-            env.get("MASTER_ADDR"), int(port) if port else None, "torchrun",
+            env.get("MASTER_ADDR"), read_port(env, "MASTER_PORT") if env.get("MASTER_PORT") else None, "torchrun",
         )
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         world_size = _int(env, "SLURM_NTASKS")
-        hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
-        port = env.get("MASTER_PORT")
         placement = Placement(
             rank=_int(env, "SLURM_PROCID"),
             local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
             world_size=world_size,
             local_world_size=_slurm_local_world_size(env, world_size),
             node_rank=_int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
-            master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
-            master_port=int(port) if port else slurm_master_port(env.get("SLURM_JOB_ID")),
+            master_addr=env.get("MASTER_ADDR") or first_slurm_host(env) or "127.0.0.1",
+            master_port=read_port(env, "MASTER_PORT") if env.get("MASTER_PORT") else
+            slurm_master_port(env.get("SLURM_JOB_ID")),
             source="slurm",
         )
     else:
