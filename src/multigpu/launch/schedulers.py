@@ -164,21 +164,53 @@ def from_environment(env: Mapping[str, str], hostname: str | None = None) -> Sch
 
 _NODE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--print-sbatch", "--print-k8s")
 """Flags a scheduler's job file leaves out of the command: the scheduler says them on every node."""
+_NO_VALUE = ("--print-sbatch", "--print-k8s")
 
 
-def command_for_scheduler(argv: list[str]) -> list[str]:
-    """``argv`` without the flags each node gets from its scheduler (and without the print flags)."""
+def command_for_scheduler(ours: list[str], script_args: list[str] = ()) -> list[str]:
+    """The command without the flags each node gets from its scheduler (and without the print flags).
+
+    ``ours``: the command line up to and including the script; ``script_args``: everything after the script,
+    which belongs to the script and is kept verbatim (``--nnodes 7`` there is the script's own argument).
+    """
     out, skip = [], False
-    for arg in argv:
+    for arg in ours:
         if skip:
             skip = False
             continue
         name = arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
         if name in _NODE_FLAGS:
-            skip = "=" not in arg and name not in ("--print-sbatch", "--print-k8s")
+            skip = "=" not in arg and name not in _NO_VALUE
             continue
         out.append(arg)
-    return out
+    return [*out, *script_args]
+
+
+@dataclass(frozen=True)
+class JobResources:
+    """What one node of the job asks its scheduler for, from the job's own flags (never from this machine)."""
+
+    nnodes: int
+    workers: int
+    """Workers (ranks) per node."""
+    gpus: int
+    """GPUs per node (0: a CPU job)."""
+    cpus: int | None
+    """CPU cores per node (``--threads`` × workers), None: the whole node (``--exclusive``)."""
+    said: str
+    """Where ``gpus`` came from, for the job file's comment."""
+
+
+def rfc1123_name(what: str, *, limit: int = 40) -> str:
+    """A Kubernetes object name for ``what`` (a script path or a workload): ``multigpu-<stem>``, lower case
+    letters, digits and '-', starting with a letter and ending with a letter or digit, at most ``limit``
+    characters (the operator names pods and services ``<name>-worker-<i>``, which must stay within 63)."""
+    import re
+
+    stem = what.rsplit("/", 1)[-1].removesuffix(".py").lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
+    name = f"multigpu-{stem}" if stem else "multigpu-job"
+    return name[:limit].rstrip("-")
 
 
 def _job_name(what: str) -> str:
@@ -188,48 +220,128 @@ def _job_name(what: str) -> str:
     return "multigpu-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "job")
 
 
-def sbatch_script(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int, gpus_note: str) -> str:
-    """A ready ``sbatch`` script for ``multigpu ARGV`` on ``nnodes`` nodes: one launcher per node under srun,
-    which reads SLURM's variables (:func:`from_environment`)."""
+_SECRET_LINE = ("export MULTIGPU_RDZV_SECRET=\"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"")
+"""Made once per job by the batch script, before ``srun``: srun hands the environment to every node's launcher;
+the secret is never written to a file."""
+
+
+def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources) -> str:
+    """A ready ``sbatch`` script for ``multigpu OURS SCRIPT_ARGS``: one launcher per node under srun, which reads
+    SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job."""
     import shlex
 
     name = _job_name(what)
-    command = shlex.join(["multigpu", *command_for_scheduler(argv)])
+    command = shlex.join(["multigpu", *command_for_scheduler(ours, script_args)])
+    r = resources
+    gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else []
+    cpus = (f"#SBATCH --cpus-per-task={r.cpus}           # --threads × {r.workers} worker(s)" if r.cpus else
+            "#SBATCH --exclusive                  # the whole node: each worker gets cores // workers threads "
+            "(or pass --threads T for --cpus-per-task)")
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
-        f"#SBATCH --nodes={nnodes}",
-        "#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts one worker per GPU",
-        f"#SBATCH --gpus-per-node={gpus_per_node}            # {gpus_note}",
-        "#SBATCH --cpus-per-task=16           # the launcher gives each worker cores // GPUs threads",
+        f"#SBATCH --nodes={r.nnodes}",
+        f"#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts {r.workers} worker(s)",
+        *gpus,
+        cpus,
         "#SBATCH --time=01:00:00              # edit: the job's time limit",
         f"#SBATCH --output={name}-%j.out",
         f"#SBATCH --error={name}-%j.err",
+        "set -euo pipefail",
         "",
+        "# Every node signs the rendezvous state with one secret, made here once per job; srun passes it to each",
+        "# node's launcher in the environment (it is in no file).",
+        _SECRET_LINE,
         "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
-        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed.",
-        f"srun {command}",
+        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed. The",
+        "# nodes agree on one run folder (under this folder, which every node must see: a shared file system).",
+        "# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
+        f"srun --kill-on-bad-exit=1 {command}",
         "",
     ])
 
 
-def pytorchjob_manifest(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int,
-                        image: str = "<your-image>") -> str:
-    """A Kubeflow ``PyTorchJob`` manifest for ``multigpu ARGV``: one pod per node (a Master and nnodes - 1
-    Workers); Kubeflow sets the PET_* variables each node's launcher reads."""
+RUNS_MOUNT = "/runs"
+"""Where the PyTorchJob mounts its shared volume: every pod's run folders and logs."""
+RUNS_CLAIM = "multigpu-runs"
+"""The ReadWriteMany PersistentVolumeClaim of that volume, shared by every job made this way."""
+
+
+class _Quoted(str):
+    """A string YAML must keep a string: ``1e-3``, ``5E-4``, ``0o17``, ``yes`` are numbers or booleans to a YAML 1.2
+    (or 1.1) reader when written bare."""
+
+
+def _yaml_dump(documents: list[dict]) -> str:
     import yaml
 
-    command = ["multigpu", *command_for_scheduler(argv)]
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:  # no &id001 anchors: every value written out where it is used
+            return True
+
+    Dumper.add_representer(_Quoted, lambda dumper, data: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", str(data), style='"'))
+    return "---\n".join(yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=1 << 16) for doc in documents)
+
+
+def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
+                        run_folder: bool | None = None, image: str = "<your-image>") -> str:
+    """Kubernetes manifests for ``multigpu OURS SCRIPT_ARGS`` as a Kubeflow ``PyTorchJob`` (a Master and
+    nnodes - 1 Workers; Kubeflow sets the PET_* variables each node's launcher reads), with:
+
+    * a ``Secret`` holding the rendezvous secret, made here once per job and given to every pod through
+      ``secretKeyRef`` (the job's spec holds only its name);
+    * a ReadWriteMany ``PersistentVolumeClaim`` mounted at :data:`RUNS_MOUNT` in every pod, where a workload's
+      run folder goes (``run_folder``: add ``--run-dir RUNS_MOUNT/<job name>``, and ``--resume auto`` when True,
+      so that a pod Kubernetes restarts continues its run instead of refusing the used folder; None: add
+      nothing), and ``/dev/shm`` in memory (the container runtime's 64 MB default is too small for data-loader
+      workers and NCCL);
+    * one name per printed job: ``multigpu-<script or workload>-<6 random hex digits>``, a valid RFC 1123 label
+      (applying the same file again is the same job: same folder, same secret).
+    * ``restartPolicy: ExitCode``: a pod is restarted when killed (exit code 128 + signal: preemption, OOM), not
+      when the job's own input is wrong (exit 2) or a rank failed (exit 1).
+    """
+    import secrets
+
+    name = f"{rfc1123_name(what, limit=33)}-{secrets.token_hex(3)}"
+    r = resources
+    run_flags = [] if run_folder is None else \
+        ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
+    command = [_Quoted(a) for a in ["multigpu", *command_for_scheduler([*ours, *run_flags], script_args)]]
+    secret_name = f"{name}-rdzv"
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name}, "type": "Opaque",
+              "stringData": {"MULTIGPU_RDZV_SECRET": _Quoted(secrets.token_hex(16))}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": RUNS_CLAIM},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}}}
 
     def replica(count: int) -> dict:
-        container = {"name": "pytorch", "image": image, "command": command,
-                     "resources": {"limits": {"nvidia.com/gpu": gpus_per_node}}}
-        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+        limits: dict = {"nvidia.com/gpu": r.gpus} if r.gpus else {}
+        if r.cpus:
+            limits["cpu"] = r.cpus
+        container = {
+            "name": "pytorch", "image": image, "command": command,
+            "env": [{"name": "MULTIGPU_RDZV_SECRET",
+                     "valueFrom": {"secretKeyRef": {"name": secret_name, "key": "MULTIGPU_RDZV_SECRET"}}}],
+            "volumeMounts": [{"name": "runs", "mountPath": RUNS_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}],
+        }
+        if limits:
+            container["resources"] = {"limits": limits}
+        volumes = [{"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}},
+                   {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        return {"replicas": count, "restartPolicy": "ExitCode",
+                "template": {"spec": {"containers": [container], "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
-    if nnodes > 1:
-        specs["Worker"] = replica(nnodes - 1)
-    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                "metadata": {"name": _job_name(what).lower().replace("_", "-").replace(".", "-")},
-                "spec": {"nprocPerNode": str(gpus_per_node), "pytorchReplicaSpecs": specs}}
-    return yaml.safe_dump(manifest, sort_keys=False)
+    if r.nnodes > 1:
+        specs["Worker"] = replica(r.nnodes - 1)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+           "spec": {"nprocPerNode": _Quoted(str(r.workers)), "pytorchReplicaSpecs": specs}}
+    header = "\n".join([
+        f"# {name}: a Kubeflow PyTorchJob of {r.nnodes} pod(s), {r.workers} worker(s) each. Apply with kubectl apply -f.",
+        "# The Secret below holds this job's rendezvous secret (made when this file was printed): keep the file",
+        f"# private, or pipe it straight into kubectl apply -f -. The run folder is on the claim {RUNS_CLAIM}",
+        "# (ReadWriteMany: NFS, CephFS, EFS, Filestore...; edit its storageClassName/size, or point claimName at",
+        "# yours). Edit the image.",
+        "",
+    ])
+    return header + _yaml_dump([secret, claim, job])

@@ -79,6 +79,9 @@ class RunContext:
     """The process-group backend the launcher chose ("gloo" when ranks share a GPU); None: by the devices."""
     record_wall: bool = False
     """The worker wrapper writes when the script started and ended (``multigpu bench`` on any script)."""
+    resume_command: str | None = None
+    """The whole command that continues this run (the job's own flags, ``--run-dir`` this folder,
+    ``--resume auto``), for a workload that stops early to print; None: not launched from a command line."""
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
