@@ -17,6 +17,7 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
 from __future__ import annotations
 
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -111,6 +112,11 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]  # one line, not one per rank
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
     assert len(stopped) == 1, stdout[-2000:]
+    # the whole command continues the run: --nproc-per-node and all (it used to drop them: 1 rank, half the batch)
+    again = shlex.join(["multigpu", "train", "-f", "nano", "--nproc-per-node", "2", "--checkpoint-on-interrupt", *TINY,
+                        "steps=100000", "checkpoint_every=0", "log_every=1", "--run-dir", str(run_dir.resolve()),
+                        "--resume", "auto"])
+    assert stopped[0].endswith(f"; continue with: {again}"), stopped[0]
     step = int(stopped[0].split()[3].rstrip(":"))
     store = CheckpointStore(run_dir / "checkpoints", warn=pytest.fail)
     assert store.latest() == store.path_for(step)  # complete, every file full size, checksums match

@@ -386,9 +386,10 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         name = session.agree("resumed_run", lambda: "" if fresh else run_dir.name)
         run_dir, fresh = (RUNS / workload.name / name, False) if name else (run_dir, True)
     if args.resume == "auto":
-        from multigpu.checkpoint.resume import refuse_old_layout
+        from multigpu.checkpoint.resume import refuse_old_layout, refuse_unusable
 
         refuse_old_layout(run_dir)
+        refuse_unusable(run_dir)  # checkpoints, none usable: one line, never a quiet start from step 0
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
     cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
     if saved is not None:
