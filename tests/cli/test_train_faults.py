@@ -16,9 +16,11 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
 
 from __future__ import annotations
 
+import json
 import random
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -59,6 +61,14 @@ def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_
     else:  # killed before the first checkpoint: the restarted group starts over
         assert "resume=auto" not in faulty.stdout and "restart 1: resuming" not in faulty.stdout
     assert f"done: step {STEPS}" in faulty.stdout
+    # the death and the restart are named where they happen and in the run's summary (they used to go unsaid)
+    host = socket.gethostname()
+    assert (f"multigpu: rank 1 (local rank 1 on node 0, {host}) died (exit code -9): killed by signal SIGKILL; "
+            "restarting the worker group (restart 1 of 1)") in faulty.stderr, faulty.stderr[-3000:]
+    deaths = json.loads((tmp_path / "faulty" / "summary.json").read_text())["restarts"]
+    assert [{k: d[k] for k in ("restart", "rank", "local_rank", "node", "host", "exitcode", "signal")}
+            for d in deaths] == [{"restart": 1, "rank": 1, "local_rank": 1, "node": 0, "host": host,
+                                  "exitcode": -9, "signal": "SIGKILL"}]
 
     clean = _train(tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr[-3000:]

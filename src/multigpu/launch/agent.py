@@ -48,7 +48,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import write_json_atomic
-from multigpu.launch import _worker, nodes, processes, stores
+from multigpu.launch import _worker, nodes, processes, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -541,8 +541,10 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
             if plan.devices.note:  # after the run file: a disk too full for it is the only line
                 print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)
+            recorded = plan.run_data["run"].get("run_dir") or cfg.log_dir
             try:
-                _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+                with restarts.reporting(recorded) if cfg.max_restarts else contextlib.nullcontext():
+                    _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
                 # a planted rendezvous state that another node refused first: that is why the workers failed
                 if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
