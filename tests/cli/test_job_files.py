@@ -61,7 +61,7 @@ def test_everything_after_the_script_is_the_scripts_in_both_files_and_in_the_lau
 @pytest.mark.parametrize("argv,word", [
     (["--nnod", "2", "--print-sb"], "--nnod"),
     (["--nproc", "2"], "--nproc"),
-    (["--std"], "--std"),
+    (["--stand"], "--stand"),  # --standalone, abbreviated
 ])
 def test_abbreviated_launcher_flags_are_refused(argv, word, capsys):
     assert main(["launch", *argv, HELLO]) == 2

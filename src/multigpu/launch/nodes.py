@@ -61,15 +61,14 @@ def job_run_id(run_id: str | None, nnodes: int) -> str:
     return run_id or ("multigpu" if nnodes > 1 else uuid.uuid4().hex[:12])
 
 
-def _join_timeout(rdzv_conf: dict[str, str]) -> float:
-    text = str(rdzv_conf.get("join_timeout", "600"))
+def _seconds(rdzv_conf: dict[str, str], key: str, default: int) -> float:
+    text = str(rdzv_conf.get(key, default))
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"--rdzv-conf join_timeout={text} is not a number of seconds; valid: e.g. "
-                          "join_timeout=600") from None
+        raise ConfigError(f"--rdzv-conf {key}={text} is not a number of seconds; valid: e.g. {key}={default}") from None
     if not value > 0:
-        raise ConfigError(f"--rdzv-conf join_timeout={text} is invalid; valid: seconds > 0, e.g. join_timeout=600")
+        raise ConfigError(f"--rdzv-conf {key}={text} is invalid; valid: seconds > 0, e.g. {key}={default}")
     return value
 
 
@@ -88,6 +87,7 @@ class Nodes:
     join_timeout_s: float
     host: str
     endpoint: str
+    read_timeout_s: float = 60.0
     told: bool = False
     """This node's failure (or another's) was written to the store and the rendezvous closed."""
     _store: object = None
@@ -105,7 +105,8 @@ class Nodes:
             from multigpu.launch.stores import open_store
 
             host, port = parse_endpoint(self.endpoint, nnodes=self.nnodes)
-            self._store, self._address = open_store(host, port, is_host=self.hosts_store, read_timeout=60,
+            self._store, self._address = open_store(host, port, is_host=self.hosts_store,
+                                                    read_timeout=self.read_timeout_s,
                                                     join_timeout=join_timeout_s or self.join_timeout_s)
         return self._store, self._address
 
@@ -289,8 +290,8 @@ def _session(cfg) -> Nodes:
 
     parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
     session = Nodes(secret_from_env(cfg.nnodes), job_run_id(cfg.run_id, cfg.nnodes), cfg.nnodes, cfg.node_rank,
-                    hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf), _join_timeout(cfg.rdzv_conf),
-                    socket.gethostname(), cfg.rdzv_endpoint)
+                    hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf), _seconds(cfg.rdzv_conf, "join_timeout", 600),
+                    socket.gethostname(), cfg.rdzv_endpoint, _seconds(cfg.rdzv_conf, "read_timeout", 60))
     _sessions[session.run_id] = session
     hand_over(session.run_id, session.connect)  # torch's rendezvous handler takes this session's store
     return session

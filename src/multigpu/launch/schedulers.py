@@ -1,23 +1,19 @@
-"""The node's place in a job, read from the scheduler that started the launcher (runs in the launcher).
+"""The node's place in a job, read from the scheduler that started the launcher, and job files for schedulers
+(runs in the launcher).
 
 ``multigpu launch`` (and every workload command) started once per node by a scheduler takes the node
 count, this node's rank, the rendezvous endpoint and the workers per node from the scheduler's
-environment, the same set Lightning Fabric reads (``lightning.fabric.plugins.environments``):
+environment: SLURM, Kubeflow's PET_*, LSF and Open MPI, each one class of :mod:`multigpu.runtime.clusters`
+(Lightning Fabric's cluster environments), which the ranks read too. Flags given by hand win; a flag that
+contradicts the scheduler (``--nnodes 4`` in a 2-node SLURM step) is one line naming both. Pure:
+everything is read from the mapping passed in.
 
-| scheduler | recognised by | nnodes | node_rank | endpoint | nproc_per_node |
-|---|---|---|---|---|---|
-| SLURM (``srun``, one task per node) | ``SLURM_STEP_ID`` | ``SLURM_NNODES`` | ``SLURM_NODEID`` | first host of ``SLURM_JOB_NODELIST``, ``MASTER_PORT`` or a port derived from ``SLURM_JOB_ID`` | ``SLURM_GPUS_ON_NODE`` / ``SLURM_GPUS_PER_NODE`` |
-| Kubeflow PyTorchJob, torchrun's ``PET_*`` | ``PET_NNODES`` | ``PET_NNODES`` | ``PET_NODE_RANK`` | ``PET_RDZV_ENDPOINT``, else ``PET_MASTER_ADDR:PET_MASTER_PORT`` | ``PET_NPROC_PER_NODE`` |
-| LSF (``jsrun``/``blaunch``) | ``LSB_JOBID`` + ``LSB_DJOB_RANKFILE`` | hosts in the rank file | this host's place in it | first host, ``MASTER_PORT`` or one derived from ``LSB_JOBID`` | — |
-| Open MPI (``mpirun -N 1``) | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_RANK`` | ``MASTER_ADDR:MASTER_PORT`` (required) | — |
-
-Flags given by hand win; a flag that contradicts the scheduler (``--nnodes 4`` in a 2-node SLURM step)
-is one line naming both. Pure: everything is read from the mapping passed in.
+``--print-sbatch`` and ``--print-k8s`` write the job file for a command (:func:`sbatch_script`,
+:func:`pytorchjob_manifest`) with the resources its flags ask for (:class:`JobResources`).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,129 +33,24 @@ class SchedulerPlacement:
     nproc_per_node: int | None = None
 
 
-def _int(env: Mapping[str, str], name: str, **kwargs) -> int:
-    from multigpu.runtime.env import read_int
-
-    return read_int(env, name, **kwargs)
-
-
-def _port(env: Mapping[str, str], name: str) -> int:
-    from multigpu.runtime.env import read_port
-
-    return read_port(env, name)
-
-
-def _derived_port(job_id: str | None) -> int:
-    from multigpu.runtime.env import slurm_master_port
-
-    return slurm_master_port(job_id)
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _gpus(env: Mapping[str, str]) -> int | None:
-    """GPUs per node from ``SLURM_GPUS_ON_NODE``, else the count of ``SLURM_GPUS_PER_NODE`` (``h100:4``)."""
-    if env.get("SLURM_GPUS_ON_NODE"):
-        name, text = "SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]
-    elif env.get("SLURM_GPUS_PER_NODE"):
-        name, text = "SLURM_GPUS_PER_NODE", env["SLURM_GPUS_PER_NODE"].rpartition(":")[2]
-    else:
-        return None
-    return _int({name: text}, name, slurm_count=True) or None
-
-
-def _slurm(env: Mapping[str, str]) -> SchedulerPlacement:
-    from multigpu.runtime.hostlist import count_hosts, first_host
-
-    tasks_var = next((n for n in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE") if env.get(n)), None)
-    tasks = _int(env, tasks_var, minimum=1, slurm_count=True) if tasks_var else 1
-    if tasks != 1:
-        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {env[tasks_var]} tasks "
-                          f"per node ({tasks_var}); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
-                          "your script under srun directly without the launcher (mg.init reads SLURM)")
-    variable = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
-    nodelist = env.get(variable) or ""  # parsed, never expanded: only its first host and its length are needed
-    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else _derived_port(env.get("SLURM_JOB_ID"))
-    host = env.get("MASTER_ADDR") or first_host(nodelist, variable)
-    nnodes = _int(env, "SLURM_NNODES", minimum=1) if env.get("SLURM_NNODES") else \
-        max(count_hosts(nodelist, variable), 1)
-    return SchedulerPlacement(
-        "SLURM", nnodes, _int(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0,
-        _host_port(host, port) if host else None, _gpus(env),
-    )
-
-
-def _pet(env: Mapping[str, str]) -> SchedulerPlacement:
-    endpoint = env.get("PET_RDZV_ENDPOINT")
-    if not endpoint and env.get("PET_MASTER_ADDR"):
-        endpoint = _host_port(env["PET_MASTER_ADDR"], _port(env, "PET_MASTER_PORT") if env.get("PET_MASTER_PORT")
-                              else 29500)
-    nproc = _int(env, "PET_NPROC_PER_NODE", minimum=1) if env.get("PET_NPROC_PER_NODE", "auto") != "auto" else None
-    return SchedulerPlacement("PET_* (Kubeflow PyTorchJob / torchrun)", _int(env, "PET_NNODES", minimum=1),
-                              _int(env, "PET_NODE_RANK") if env.get("PET_NODE_RANK") else 0, endpoint, nproc)
-
-
-_RANK_FILE_MAX_BYTES = 16 << 20
-"""LSF's rank file lists one line per task slot: a few MB at most on the largest machines."""
-
-
-def _lsf(env: Mapping[str, str], hostname: str) -> SchedulerPlacement:
-    import os
-    import stat
-
-    path = env["LSB_DJOB_RANKFILE"]
-    try:
-        # never open a FIFO or a device (opening a FIFO blocks until someone writes to it): a regular file only
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ConfigError(f"LSB_DJOB_RANKFILE={path} is not a regular file (LSF writes one host name per "
-                                  "line there); valid: the rank file LSF wrote, or unset LSB_DJOB_RANKFILE")
-            with os.fdopen(os.dup(fd), "rb") as fh:
-                data = fh.read(_RANK_FILE_MAX_BYTES + 1)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise ConfigError(f"LSB_DJOB_RANKFILE={path} cannot be read: {exc.strerror}") from None
-    if len(data) > _RANK_FILE_MAX_BYTES:
-        raise ConfigError(f"LSB_DJOB_RANKFILE={path} is larger than {_RANK_FILE_MAX_BYTES >> 20} MiB, which no rank "
-                          "file is; valid: the rank file LSF wrote")
-    lines = [line.strip() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    hosts = list(dict.fromkeys(lines[1:] or lines))  # the first line is LSF's launch node, not a compute node
-    if hostname not in hosts:
-        raise ConfigError(f"this host ({hostname}) is not in LSF's rank file {path} "
-                          f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})")
-    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else _derived_port(env.get("LSB_JOBID"))
-    return SchedulerPlacement("LSF", len(hosts), hosts.index(hostname), _host_port(hosts[0], port))
-
-
-def _openmpi(env: Mapping[str, str]) -> SchedulerPlacement:
-    if not env.get("MASTER_ADDR"):
-        raise ConfigError("started by mpirun (OMPI_COMM_WORLD_SIZE is set) but MASTER_ADDR is not: MPI names no "
-                          "rendezvous host; set MASTER_ADDR (and MASTER_PORT) or pass --rdzv-endpoint HOST:PORT")
-    port = _port(env, "MASTER_PORT") if env.get("MASTER_PORT") else 29500
-    return SchedulerPlacement("Open MPI", _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
-                              _int(env, "OMPI_COMM_WORLD_RANK"), _host_port(env["MASTER_ADDR"], port))
-
-
 def from_environment(env: Mapping[str, str], hostname: str | None = None) -> SchedulerPlacement | None:
     """The scheduler's placement of this node, or None when no scheduler started this launcher.
 
-    SLURM counts only inside an ``srun`` step (``SLURM_STEP_ID``): an ``sbatch`` script's own shell also
-    carries ``SLURM_NNODES``, but there only one launcher runs.
+    Each scheduler is one class of :mod:`multigpu.runtime.clusters`, which the ranks read too. SLURM counts only
+    inside an ``srun`` step (``SLURM_STEP_ID``): an ``sbatch`` script's own shell also carries ``SLURM_NNODES``,
+    but there only one launcher runs; a step of several tasks per node is refused (one launcher per node).
     """
-    if "PET_NNODES" in env:
-        return _pet(env)
-    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
-        return _slurm(env)
-    if env.get("LSB_JOBID") and env.get("LSB_DJOB_RANKFILE"):
-        return _lsf(env, hostname or socket.gethostname())
-    if "OMPI_COMM_WORLD_SIZE" in env:
-        return _openmpi(env)
-    return None
+    from multigpu.runtime import clusters
+
+    cluster = clusters.node_environment(env, hostname)
+    if cluster is None:
+        return None
+    if isinstance(cluster, clusters.SLURM) and (tasks := cluster.tasks_per_node()) is not None and tasks[0] != 1:
+        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {env[tasks[1]]} tasks "
+                          f"per node ({tasks[1]}); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
+                          "your script under srun directly without the launcher (mg.init reads SLURM)")
+    return SchedulerPlacement(cluster.name, cluster.nnodes(), cluster.node_rank(), cluster.rdzv_endpoint(),
+                              cluster.nproc_per_node())
 
 
 _NODE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--print-sbatch", "--print-k8s")

@@ -16,7 +16,6 @@ without one, ``mg.init`` says what it found and waits only briefly.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -25,6 +24,7 @@ import torch
 
 from multigpu import envvars
 from multigpu.errors import ConfigError
+from multigpu.runtime.clusters import read_int, read_port, slurm_master_port  # noqa: F401 - re-exported
 
 __all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist",
            "first_slurm_host", "found_variables", "launcher_variable", "read_int", "read_placement", "read_port",
@@ -88,50 +88,15 @@ class DistEnv:
         shutdown(barrier=exc_type is None)
 
 
-_SLURM_COUNT = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?(?:,.*)?")
-"""SLURM's per-node counts: ``4``, ``4(x2)`` (4 on each of 2 nodes), ``4(x2),2`` (then 2 on the next)."""
-
-
-def read_int(env: Mapping[str, str], name: str, *, minimum: int = 0, maximum: int | None = None,
-             slurm_count: bool = False) -> int:
-    """``env[name]`` as a whole number of ASCII digits, else one line naming the variable (the one parser of
-    every scheduler's and launcher's variable, in the launcher and in the ranks).
-
-    ``slurm_count``: SLURM's ``N(xM)`` form is read as ``N`` (the first node's count).
-    Raises:
-        ConfigError: not such a number (``int()`` alone takes ``'²'``-like digits no launcher writes, ``' 4'``
-            and ``'4_0'``), or outside ``[minimum, maximum]``.
-    """
-    raw = env[name]
-    match = (_SLURM_COUNT if slurm_count else _DIGITS).fullmatch(raw)
-    if match is None:
-        form = "a whole number such as 4 (SLURM also writes 4(x2))" if slurm_count else "a whole number such as 4"
-        raise ConfigError(f"environment variable {name}={raw!r} must be a whole number; valid: {form}")
-    value = int(match.group(1))
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" to {maximum}" if maximum is not None else " or more"
-        raise ConfigError(f"environment variable {name}={raw} is out of range; valid: {minimum}{upper}")
-    return value
-
-
-_DIGITS = re.compile(r"([0-9]+)")
-
-
 def _int(env: Mapping[str, str], name: str) -> int:
     return read_int(env, name)
 
 
-def read_port(env: Mapping[str, str], name: str) -> int:
-    """A port variable (``MASTER_PORT``...): 0 to 65535, one line naming it otherwise."""
-    return read_int(env, name, maximum=65535)
-
-
 def first_slurm_host(env: Mapping[str, str]) -> str | None:
     """The first host of ``SLURM_JOB_NODELIST`` (else ``SLURM_NODELIST``), without expanding the list."""
-    from multigpu.runtime.hostlist import first_host
+    from multigpu.runtime.clusters import SLURM
 
-    name = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
-    return first_host(env.get(name, ""), name)
+    return SLURM(env).first_host()
 
 
 def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
@@ -141,51 +106,20 @@ def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -
     return list(iter_hosts(nodelist, variable))
 
 
-def slurm_master_port(job_id: str | None) -> int:
-    """A port derived from the SLURM job id, so every task of a job agrees without talking.
-
-    SLURM gives no rendezvous port; ``MASTER_PORT`` wins when set.
-    """
-    if job_id and _DIGITS.fullmatch(job_id):
-        return 15000 + int(job_id[-4:]) % 20000
-    return 29500
-
-
-def _slurm_local_world_size(env: Mapping[str, str], ntasks: int) -> int:
-    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        if env.get(name):
-            return read_int(env, name, minimum=1, slurm_count=True)  # "4(x2)": 4 tasks on each of 2 nodes
-    return ntasks
-
-
 def read_placement(env: Mapping[str, str] | None = None) -> Placement:
-    """Read rank coordinates from torchrun's variables, else SLURM's, else world_size 1."""
-    env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world_size = _int(env, "WORLD_SIZE")
-        rank = _int(env, "RANK")
-        local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0
-        local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
-        node_rank = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // max(local_world, 1)
-        placement = Placement(
-            rank, local_rank, world_size, local_world, node_rank,
-            env.get("MASTER_ADDR"), read_port(env, "MASTER_PORT") if env.get("MASTER_PORT") else None, "torchrun",
-        )
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        world_size = _int(env, "SLURM_NTASKS")
-        placement = Placement(
-            rank=_int(env, "SLURM_PROCID"),
-            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-            world_size=world_size,
-            local_world_size=_slurm_local_world_size(env, world_size),
-            node_rank=_int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
-            master_addr=env.get("MASTER_ADDR") or first_slurm_host(env) or "127.0.0.1",
-            master_port=read_port(env, "MASTER_PORT") if env.get("MASTER_PORT") else
-            slurm_master_port(env.get("SLURM_JOB_ID")),
-            source="slurm",
-        )
-    else:
+    """Read rank coordinates from torchrun's variables, else SLURM's, else world_size 1 (the cluster environment
+    that started this rank: :func:`multigpu.runtime.clusters.rank_environment`)."""
+    from multigpu.runtime.clusters import SLURM, Local, rank_environment
+
+    cluster = rank_environment(os.environ if env is None else env)
+    if isinstance(cluster, Local):
         return Placement()
+    placement = Placement(
+        rank=cluster.global_rank(), local_rank=cluster.local_rank(), world_size=cluster.world_size(),
+        local_world_size=cluster.local_world_size(), node_rank=cluster.rank_node(),
+        master_addr=cluster.rank_main_address(), master_port=cluster.rank_main_port(),
+        source="slurm" if isinstance(cluster, SLURM) else "torchrun",
+    )
     if not 0 <= placement.rank < placement.world_size:
         raise ConfigError(f"rank {placement.rank} is outside [0, {placement.world_size}) (world_size)")
     if not 0 <= placement.local_rank < placement.local_world_size:
