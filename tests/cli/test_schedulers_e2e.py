@@ -241,12 +241,12 @@ def test_nodes_that_do_not_share_the_run_folder_stop_in_one_line(tmp_path):
         argv = [sys.executable, "-m", "multigpu", "train", "--nnodes", "2", "--node-rank", str(rank), "--cpu",
                 "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false",
                 *_TINY, "steps=2"]
-        procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1",
-                                                          "PYTHONPATH": str(ROOT)},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=120) for p in procs]
-    errors = [err.strip().splitlines()[-1] for _, err in outs]
+        procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1"},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    outs = _finish(procs, 120)
     assert [p.returncode for p in procs] == [1, 2], outs
+    errors = [err.strip().splitlines()[-1] for _, err in outs]
     assert errors[1].startswith("error: the run folder is not shared between nodes: node 0 made runs/train/")
     assert f"on node 1 ({socket.gethostname()}) runs/train/" in errors[1] and "does not exist" in errors[1]
     assert errors[0] == f"error: node 1 ({socket.gethostname()}) stopped before the job formed: {errors[1][7:]}"
@@ -275,10 +275,11 @@ def test_a_node_that_fails_before_the_job_forms_stops_the_others_within_seconds(
     scripts = ["examples/hello.py", "examples/hello.py" if case.startswith("node 0") else str(tmp_path / "gone.py")]
     start = time.monotonic()
     procs = [subprocess.Popen([*base, "--node-rank", str(r), scripts[r]], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1"})
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1"},
+                              start_new_session=True)
              for r in range(2)]
     try:
-        outs = [p.communicate(timeout=90) for p in procs]
+        outs = _finish(procs, 90)
     finally:
         port.close()
     took = time.monotonic() - start
@@ -292,3 +293,15 @@ def test_a_node_that_fails_before_the_job_forms_stops_the_others_within_seconds(
 
 
 _SECRET = {"MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
+
+
+def _finish(procs, timeout: float) -> list[tuple[str, str]]:
+    """Every process's output; one still running after ``timeout`` (a node left waiting) is killed, with its
+    children (its own session), and the test fails."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
