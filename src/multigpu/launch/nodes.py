@@ -201,16 +201,17 @@ class Nodes:
         with contextlib.suppress(Exception):  # noqa: BLE001 - a store already gone has nobody left to tell
             self._set(f"ack/{self.node_rank}", True)
 
-    def tell(self, reason: str, *, linger: bool = True) -> None:
+    def tell(self, reason: str, *, linger: bool = True, reach: bool = True) -> None:
         """Say in the store that this node stopped before the job formed (the first failure wins), close
         torch's rendezvous so that the nodes waiting in it stop, and, on the node hosting the store, keep it
-        open until every other node has read why (at most :data:`LINGER_S`)."""
+        open until every other node has read why (at most :data:`LINGER_S`). ``reach=False`` (Ctrl-C): tell only
+        over a store already open, waiting for nothing."""
         from multigpu.launch.stores import seal
 
         if self.told:
             return
         self.told = True
-        if not self.connected and not self._reach():
+        if not self.connected and (not reach or not self._reach()):
             return
         mine = seal(self.secret, json.dumps({"node": self.node_rank, "host": self.host,
                                              "reason": reason}).encode())
@@ -316,11 +317,18 @@ def joined(cfg) -> Iterator[Nodes | None]:
         yield session
     except (MultigpuError, KeyboardInterrupt, Exception) as exc:
         if not isinstance(exc, NodeFailedError) and not formed(run_id):
-            session.tell(_reason(exc), linger=not isinstance(exc, KeyboardInterrupt))
+            interrupted = _interrupted(exc)  # Ctrl-C or a signal stops at once: no waiting to tell anyone
+            session.tell(_reason(exc), linger=not interrupted, reach=not interrupted)
         raise
     finally:
         _sessions.pop(run_id, None)
         release(run_id)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    from multigpu.errors import InterruptedBySignalError
+
+    return isinstance(exc, (KeyboardInterrupt, InterruptedBySignalError))
 
 
 def _reason(exc: BaseException) -> str:
@@ -341,7 +349,8 @@ def tell_others(cfg, exc: BaseException) -> None:
     with contextlib.suppress(MultigpuError, OSError, RuntimeError, ValueError):
         session = _session(cfg)
         try:
-            session.tell(_reason(exc), linger=not isinstance(exc, KeyboardInterrupt))
+            interrupted = _interrupted(exc)
+            session.tell(_reason(exc), linger=not interrupted, reach=not interrupted)
         finally:
             _sessions.pop(session.run_id, None)
             release(session.run_id)
