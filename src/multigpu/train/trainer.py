@@ -433,10 +433,12 @@ class Trainer:
             tensors = FsdpTensors(self.module, self.optimizer)
             state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
             state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.param_groups})
-            return self.checkpoints.save(self.step, state)
+            return self.checkpoints.save(self.step, state, meta={"global_batch": self.effective_batch})
         model = self.module.state_dict()
         state.update(model=model, optimizer=self.optimizer.state_dict(), trainer=self._run_state())
-        return self.checkpoints.save(self.step, state, meta={"params": param_shapes(model)})
+        # the global batch (samples per step): a resume at another world size keeps it (read by the launcher)
+        meta = {"params": param_shapes(model), "global_batch": self.effective_batch}
+        return self.checkpoints.save(self.step, state, meta=meta)
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
