@@ -342,12 +342,26 @@ def _accelerate_on_cpu_ranks() -> None:
     """
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes"):
         return
+
+    def patch(module) -> None:
+        init = module.PartialState.__init__
+
+        def __init__(self, cpu: bool = True, **kwargs):
+            init(self, cpu, **kwargs)
+
+        module.PartialState.__init__ = __init__
+
+    _after_import(("accelerate.state",), patch)
+
+
+def _after_import(names: tuple[str, ...], patch) -> None:
+    """Call ``patch(module)`` right after any of the modules ``names`` is imported (nothing is imported here)."""
     import importlib.abc
     import importlib.machinery
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path, target=None):
-            if fullname != "accelerate.state":
+            if fullname not in names:
                 return None
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None:
@@ -356,17 +370,33 @@ def _accelerate_on_cpu_ranks() -> None:
 
             def exec_module(module):
                 load(module)
-                init = module.PartialState.__init__
-
-                def __init__(self, cpu: bool = True, **kwargs):
-                    init(self, cpu, **kwargs)
-
-                module.PartialState.__init__ = __init__
+                patch(module)
 
             spec.loader.exec_module = exec_module
             return spec
 
     sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def _fabric_on_cpu_ranks() -> None:
+    """Lightning Fabric's ``devices="auto"`` on CPU ranks counts the processes the launcher started on this node.
+
+    Fabric counts one CPU device for "auto" (``CPUAccelerator.auto_device_count``), so under a launch of N CPU
+    ranks per node a script with ``Fabric(devices="auto")`` (its default) ran as N single-process copies, each on
+    all the data. Here a CPU "device" is a process, and the launcher has decided how many: ``LOCAL_WORLD_SIZE``.
+    (On GPUs "auto" stays the GPU count, which is the job's only when every visible GPU has a rank.)
+    """
+    try:
+        count = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if count < 2:
+        return
+
+    def patch(module) -> None:
+        module.CPUAccelerator.auto_device_count = staticmethod(lambda: count)
+
+    _after_import(("lightning_fabric.accelerators.cpu", "lightning.fabric.accelerators.cpu"), patch)
 
 
 def _run_file() -> dict:
@@ -506,6 +536,7 @@ def _main(argv: list[str]) -> None:
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _hold_groups()
     _accelerate_on_cpu_ranks()
+    _fabric_on_cpu_ranks()
 
     try:
         try:
