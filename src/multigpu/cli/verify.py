@@ -6,14 +6,17 @@
     multigpu verify train --nproc 1,2 -f nano eval_every=20       # after a workload: its command line, in any order
 
 The script names its results with ``mg.verify.record(name, value)``; each run
-gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
-compared with the smallest world size's. Exit code 1 when any result differs
+gets its own verify folder in its run context (``<run-dir>/np<N>``) and its run folder
+(``<run-dir>/runs/np<N>``: a workload's outputs, the logs), and every result is
+compared with the smallest world size's. Without ``--run-dir`` all of it is in a temporary
+folder, removed afterwards (kept, and named, when a run failed). Exit code 1 when any result differs
 beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -62,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     from multigpu.cli.workload_line import merge_workload_line, require_nproc, target_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.launch.flags import config_from_args
-    from multigpu.verify import load_results
     from multigpu.verify.compare import compare, tolerance_hint
 
     merge_workload_line(args, "verify", add_own_flags)
@@ -73,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     from multigpu.jobs import rundir
-    from multigpu.runtime.context import RunContext
 
     launch_cfg = config_from_args(args)
     target = target_from_args(args, launch_cfg)
@@ -81,18 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.run_dir:
         rundir.refuse_used(args.run_dir, hint="give a new folder")
         rundir.check_free_space(args.run_dir)
-    with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp, \
-            rundir.hold(args.run_dir or tmp, fresh_only=True, hint="give a new folder"):
-        root = Path(args.run_dir) if args.run_dir else Path(tmp)
-        results = {}
-        for n in sizes:
-            folder = root / f"np{n}"
-            print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
-            # with --run-dir a script's run (its logs, kept after a failure) lives in its own folder there,
-            # not in a temporary multigpu_logs_* folder elsewhere
-            run_dir = str((root / "runs" / f"np{n}").resolve()) if args.run_dir and not target.workload else None
-            launcher(n, RunContext(verify_dir=str(folder.resolve()), run_dir=run_dir))
-            results[n] = load_results(folder) if folder.is_dir() else {}
+    root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_verify_"))
+    try:
+        results = _run_sizes(launcher, sizes, root)
+    except BaseException:
+        if not args.run_dir:  # its logs are what the error names: kept
+            print(f"multigpu verify: its runs are kept in {root}", file=sys.stderr)
+        raise
+    if not args.run_dir:
+        shutil.rmtree(root, ignore_errors=True)
     if not any(results.values()):
         raise MultigpuError(f"{args.target} recorded no result at any world size: "
                             "call mg.verify.record(name, value) for what should not depend on the world size")
@@ -109,6 +107,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
           f"(atol {args.atol:g}, rtol {args.rtol:g})")
     return 0
+
+
+def _run_sizes(launcher, sizes: tuple[int, ...], root: Path) -> dict[int, dict]:
+    """Run at every world size, each with its verify folder ``root/np<N>`` and its run folder ``root/runs/np<N>``
+    (a workload's outputs, a script's logs); the recorded results by world size."""
+    from multigpu.jobs import rundir
+    from multigpu.runtime.context import RunContext
+    from multigpu.verify import load_results
+
+    results = {}
+    with rundir.hold(root, fresh_only=True, hint="give a new folder"):
+        for n in sizes:
+            folder = root / f"np{n}"
+            print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
+            launcher(n, RunContext(verify_dir=str(folder.resolve()), run_dir=str((root / "runs" / f"np{n}").resolve())))
+            results[n] = load_results(folder) if folder.is_dir() else {}
+    return results
 
 
 def _print(comparisons, atol: float, rtol: float) -> None:
