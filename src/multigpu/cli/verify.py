@@ -101,12 +101,35 @@ def run(args: argparse.Namespace) -> int:
         first = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         hint = tolerance_hint(failed)
+        if hint is None:
+            _print_causes(target)
         hint = f"; it would pass with {hint}" if hint else ""
         raise MultigpuError(f"verify failed: {first.describe()} (atol {args.atol:g}, rtol {args.rtol:g}){more}{hint}")
     names = sorted({c.name for c in comparisons})
     print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
           f"(atol {args.atol:g}, rtol {args.rtol:g})")
     return 0
+
+
+def _print_causes(target) -> None:
+    """After a FAIL beyond float noise: the script's lines that make a result depend on the world size, else what
+    to check."""
+    from multigpu.verify.causes import CHECKS, likely_causes
+
+    causes = []
+    if not target.workload and not target.module:
+        try:
+            causes = likely_causes(Path(target.target).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            causes = []
+    if causes:
+        print(f"likely causes, seen in {target.target}:")
+        for cause in causes:
+            print(f"  - {cause.describe(target.target)}")
+    else:
+        print("what to check (no line of the script shows a cause):" if not target.workload else "what to check:")
+        for check in CHECKS:
+            print(f"  - {check}")
 
 
 def _run_sizes(launcher, sizes: tuple[int, ...], root: Path) -> dict[int, dict]:
