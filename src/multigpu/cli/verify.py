@@ -10,7 +10,10 @@ gets its own verify folder in its run context (``<run-dir>/np<N>``) and its run 
 (``<run-dir>/runs/np<N>``: a workload's outputs, the logs), and every result is
 compared with the smallest world size's. Without ``--run-dir`` all of it is in a temporary
 folder, removed afterwards (kept, and named, when a run failed). Exit code 1 when any result differs
-beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference.
+beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference, then the script's lines that
+likely cause it. Every world size runs with the same threads per rank (the cores over the largest size, unless
+``--threads``): a kernel whose float result depends on its thread count must not pass for a dependence on
+the world size.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     from multigpu.jobs import rundir
 
-    launch_cfg = config_from_args(args)
+    launch_cfg = same_threads(config_from_args(args), sizes)
     target = target_from_args(args, launch_cfg)
     launcher = Launcher(target, configs_for(launch_cfg, sizes))
     if args.run_dir:
@@ -109,6 +112,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
           f"(atol {args.atol:g}, rtol {args.rtol:g})")
     return 0
+
+
+def same_threads(cfg, sizes: tuple[int, ...]):
+    """The launch config with one thread count per rank for every world size (unless ``--threads`` or
+    ``OMP_NUM_THREADS`` gives one): the cores over the largest size. The float result of some kernels (oneDNN's
+    convolutions on some CPUs) depends on how many threads split its sums; with the cores // N of each size, that
+    would pass for a dependence on the world size."""
+    import dataclasses
+    import os
+
+    from multigpu.runtime.env import cpu_count
+
+    if cfg.threads is not None or os.environ.get("OMP_NUM_THREADS"):
+        return cfg
+    threads = max(1, cpu_count() // max(sizes))
+    print(f"multigpu verify: {threads} thread(s) per rank at every world size (--threads to choose)",
+          file=sys.stderr, flush=True)
+    return dataclasses.replace(cfg, threads=threads)
 
 
 def _print_causes(target) -> None:
