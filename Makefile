@@ -4,12 +4,12 @@
 # from the CUDA index, or TORCH= to keep the torch already in the venv.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev,report
+EXTRAS ?= dev,report,docs
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick lint setup clean bench
+.PHONY: demo test test-quick lint setup clean bench docs docs-serve
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,13 +24,17 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # Two pytest workers (pytest-xdist): the end-to-end tests mostly wait on process start-up and deadlines,
-# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process.
+# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process. Hypothesis runs the same
+# examples every time (its "ci" profile, tests/conftest.py); the fault tests' random draws print their seed in
+# the header: FAULT_SEED=N draws them again.
 TEST_WORKERS ?= 2
+FAULT_SEED ?=
+TEST_FLAGS := --hypothesis-profile=ci $(if $(FAULT_SEED),--fault-seed $(FAULT_SEED))
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
 
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
+	$(PY) -m pytest -q -m "not dist and not e2e and not slow" $(TEST_FLAGS)
 
 # Every side-by-side benchmark in quick mode (takes /tmp/multigpu-bench.lock itself), into one JSON;
 # then the Markdown table and the generated block of benchmarks/RESULTS.md are rendered from it.
@@ -38,8 +42,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py --out benchmarks/results/bench.json; rc=$$?; \
 	$(PY) benchmarks/render.py benchmarks/results/bench.json --results benchmarks/RESULTS.md && exit $$rc
 
+# The docs site, offline and strict (a broken link or anchor, a page left out of the nav, a warning: it fails),
+# into site/. Its reference pages are generated from the code at every build (docs/hooks/reference.py), so
+# this one command also regenerates them; `make test` builds it the same way and runs its examples.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/ruff check src tests examples benchmarks docs
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

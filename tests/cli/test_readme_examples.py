@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 
 import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
+from tests.docs.markdown import bash_line, python_block
 
-README = (ROOT / "README.md").read_text()
+README_PATH = ROOT / "README.md"
+README = README_PATH.read_text()
 
 
 def _python_block(containing: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-    found = [b for b in blocks if containing in b]
-    assert len(found) == 1, f"{len(found)} README python blocks contain {containing!r}"
-    return found[0]
+    return python_block(README_PATH, containing)
 
 
 def _bash_line(starting: str) -> list[str]:
     """A README command (joined across its backslash continuations), as argv after `multigpu`."""
-    text = README.replace("\\\n", " ")
-    lines = [ln.split("#")[0].strip() for ln in text.splitlines() if ln.strip().startswith(starting)]
-    assert lines, f"no README command starts with {starting!r}"
-    return shlex.split(lines[0])[1:]
+    return bash_line(README_PATH, starting)
 
 
 def _user_package(tmp_path, module: str, block_containing: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ the ``c``-th reset of environment ``g`` under seed ``s`` is
 ``uniform(hash(s, g, c, k))``. It depends on nothing else - not on the rank,
 the number of ranks, which other environments reset, or the device's
 generator - so trajectories are bit-identical however the environments are
-split (DESIGN.md invariant 2).
+split (docs/architecture.md, "Independent of the split").
 
 The hash is Chris Wellons' ``lowbias32`` (two multiply-xorshift rounds, a
 well-tested 32-bit integer mixer), computed in int64 tensors with every

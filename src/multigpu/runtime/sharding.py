@@ -77,7 +77,8 @@ def shard(
             slice) so every rank gets the same length, as fixed-shape
             collectives need. The padding is not real work: drop it after
             gathering (``gather`` of unpadded parts needs none).
-        rank, world_size: Override the values from :func:`multigpu.init`.
+        rank: Overrides this rank's from :func:`multigpu.init`.
+        world_size: Overrides the job's from :func:`multigpu.init`.
 
     Returns:
         The slice for this rank.

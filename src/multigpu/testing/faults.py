@@ -30,7 +30,8 @@ __all__ = ["KillAt", "kill_self"]
 class KillAt:
     """A callback (``on_step``) that SIGKILLs rank ``rank`` after step ``step`` of the first attempt.
 
-    Works with the Trainer (its ``step``), the simulation engine (its ``step_index``) and PPO (updates done).
+    Works with the Trainer (its ``step``), the simulation engine (its ``step_index``), PPO (updates done) and a
+    simulation ensemble (waves done).
     """
 
     def __init__(self, rank: int, step: int):
