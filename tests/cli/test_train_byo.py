@@ -139,6 +139,10 @@ def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake
         (["--data", "multigpu.train.data:token_files", f"data.kwargs.path={tmp_path}"], "has no train.bin"),
         (["--loss", "torch.nn.functional:no_such_loss"], "has no callable 'no_such_loss'"),
         (["model.kwargs.n_embd=30", "model.kwargs.n_head=4"], "model.kwargs.n_embd=30 must be divisible"),
+        # nanoGPT's GPT(config): the ranks could not call it; refused before anything starts
+        (["--model", "tests.scripts.nanogpt_model:GPT"],
+         "model.factory 'tests.scripts.nanogpt_model:GPT' cannot be called as it is: GPT() needs 'config' (no "
+         "default); valid: give model.kwargs.config=..., or name a function that builds it"),
     ]
     for argv, message in cases:
         assert_bad_input(["train", *argv, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")

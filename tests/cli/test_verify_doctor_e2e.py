@@ -49,3 +49,15 @@ def test_verify_keeps_a_failed_runs_logs_in_its_run_dir(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"full logs: {keep}/runs/np2/logs" in proc.stderr and "multigpu_logs_" not in proc.stderr
     assert list((keep / "runs" / "np2" / "logs").rglob("error.json"))
+
+
+def test_verify_infer_compares_its_outputs_and_leaves_nothing_behind(tmp_path):
+    """`verify --nproc 1,2 infer` ran 2 minutes, said "infer recorded no result at any world size" and left its
+    ranks' temporary folders (23 MB) behind. infer records its outputs; every run's folder is verify's own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli("verify", "--nproc", "1,2", "infer", env={"COLUMNS": "200", "TMPDIR": str(tmp)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verify passed: 1 result(s) equal at 1, 2 ranks (atol 0, rtol 0)" in proc.stdout
+    assert "│ outputs │" in proc.stdout
+    assert list(tmp.iterdir()) == []  # nothing left in the temporary folder

@@ -85,6 +85,12 @@ def test_assumption_hints_name_what_to_change_and_stay_quiet_otherwise():
     fabric = ("ValueError: You set `devices=2` and `num_nodes=1` in Lightning, but the product (2 * 1) does not "
               "match the world size (1).")
     assert assumption_hint(fabric).startswith("the script fixes devices=2, but this job has 1 rank(s)")
+    # what to type: devices='auto' is 1 on CPU and the GPU count on GPUs, not the job's processes per node
+    assert "Fabric(devices=int(os.environ['LOCAL_WORLD_SIZE']))" in assumption_hint(fabric)
+    # a script that asks for NCCL where the ranks run on the CPU (torch's CPU wheel, or no GPU visible)
+    for nccl in ("RuntimeError: Distributed package doesn't have NCCL built in",
+                 "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"):
+        assert "init_process_group() without backend=" in assumption_hint(nccl), nccl
     asserted = '  File "/home/me/t.py", line 3, in <module>\n    assert world_size == 2\nAssertionError'
     assert "WORLD_SIZE" in assumption_hint(asserted)
     assert assumption_hint("ValueError: bad batch") is None

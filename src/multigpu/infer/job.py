@@ -238,7 +238,9 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     from multigpu.monitor import StepMeter
 
     torch.set_grad_enabled(False)
-    run_dir = Path(ctx.run_dir) if ctx.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_infer_"))
+    # without a run directory (a caller of main() itself): one temporary folder for the job, rank 0's
+    run_dir = Path(ctx.run_dir) if ctx.run_dir else Path(mg.broadcast_object(
+        tempfile.mkdtemp(prefix="multigpu_infer_") if mg.is_main() else None))
     inputs = cfg.inputs or [_demo_input(run_dir)]
     output = cfg.output or str(run_dir / "out")
     model = load_model(cfg.model)
@@ -253,6 +255,8 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
         raise ConfigError("multigpu infer writes one image per input; this model returns several outputs per window "
                           "(use sliding_window from Python for those)")
     seconds = time.perf_counter() - start
+    # what `multigpu verify --nproc 1,2 infer` compares across world sizes: every output, as written (rank 0's)
+    mg.verify.record("outputs", list(outputs) if outputs is not None else None)
     written = []
     if mg.is_main():
         named = cfg.output is not None and not Path(output).exists()  # a folder the user named: made with their umask

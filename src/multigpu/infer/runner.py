@@ -34,10 +34,15 @@ How the work and the output are split (windows.py numbers the windows):
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
-function of its batch (batches are the same on any number of ranks). With
-``precision="fp32"`` a single process performs MONAI's float operations in
-MONAI's order, so it matches ``monai.inferers.sliding_window_inference``
-(bitwise when the model's kernels are batch-invariant, else to float tolerance).
+function of its batch (batches are the same on any number of ranks) and of the
+threads it runs on: a kernel may split its sums over threads (oneDNN's CPU
+convolutions do on some CPUs, differing by ~1e-6), and a rank gets
+``cores // ranks per node`` threads unless ``--threads`` says otherwise. So give
+every run the same ``--threads`` (``multigpu verify`` does) where that matters.
+With ``precision="fp32"`` a single process performs MONAI's float operations in
+MONAI's order, so it matches ``monai.inferers.sliding_window_inference`` run with
+as many threads (``torch.get_num_threads()``) on the same machine: bitwise when the
+model's kernels are batch-invariant, else to float tolerance.
 """
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def independent_copies(stacks_dir: Path, local_world_size: int, nnodes: int) -> 
     return (f"{named}{where} never joined a process group: your script ran as "
             f"{local_world_size * nnodes if nnodes == 1 else local_world_size} independent copies. Call "
             "mg.init() (or torch.distributed.init_process_group) in the script; an accelerate script on CPU "
-            "ranks needs Accelerator(cpu=True) or PartialState(cpu=True)")
+            "ranks needs Accelerator(cpu=True) or PartialState(cpu=True); a Lightning Fabric script needs "
+            "Fabric(devices=int(os.environ['LOCAL_WORLD_SIZE'])), the processes started on each node")
 
 
 def _host_interfaces() -> list[tuple[str, bool]]:

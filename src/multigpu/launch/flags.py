@@ -14,7 +14,7 @@ import argparse
 from multigpu.argtypes import non_negative_int, positive_float, positive_int
 from multigpu.cmdline import add_flag
 from multigpu.errors import ConfigError
-from multigpu.launch.aliases import add_alias_flags, translate
+from multigpu.launch.aliases import add_alias_flags, apply_accelerate_config, translate
 from multigpu.launch.config import LaunchConfig
 
 __all__ = ["add_dry_run_flags", "add_launch_flags", "config_from_args"]
@@ -122,6 +122,7 @@ def _seconds_or_zero(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """LaunchConfig from the parsed launcher flags."""
+    apply_accelerate_config(args)  # before anything reads the accelerate flags it may fill in
     placement = _scheduler_placement(args)
     translate(args)
     _apply_placement(args, placement)

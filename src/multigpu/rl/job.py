@@ -29,12 +29,12 @@ __all__ = ["WORKLOAD", "check", "main"]
 def check(cfg: RLConfig, plan: JobPlan) -> None:
     """In the launcher: the environment factory and the split of the rollout over ``plan.world_size`` ranks."""
     from multigpu.envs import make
-    from multigpu.envs.adapter import autoreset_mode_of
+    from multigpu.envs.adapter import FACTORY_ARGUMENTS, autoreset_mode_of
     from multigpu.rl.policy import policy_for
 
     mode = "same_step"
     if cfg.env is not None:
-        cfg.env.check("env.factory")
+        cfg.env.check("env.factory", dict.fromkeys(FACTORY_ARGUMENTS))  # filled in by the adapter, per rank
         envs = make(cfg.env.factory, 1, seed=0, device="cpu", autoreset_mode="same_step", kwargs=cfg.env.kwargs)
         try:
             mode = autoreset_mode_of(envs)

@@ -70,8 +70,17 @@ __all__ = ["Trainer", "count_items", "default_loss"]
 
 def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     """The loss of one batch: ``(x, y)`` -> cross-entropy of ``model(x)`` against ``y``; a dict (Hugging Face
-    style: ``input_ids``, ``labels``, ...) -> ``model(**batch)``. An output with a ``loss`` (Hugging Face models
-    given labels) is used as it is; an output with ``logits``, or a tensor, is scored against the targets."""
+    style: ``input_ids``, ``labels``, ...) -> ``model(**batch)``.
+
+    What the model returns:
+
+    * an output with a ``loss`` that is not None (Hugging Face models given labels): that loss, as it is;
+    * an output with ``logits``, or a tensor: the logits, scored against the targets;
+    * a tuple or list (nanoGPT's ``(logits, loss)``, Hugging Face's ``return_dict=False``): a 0-dim tensor in it
+      is the loss, as it is; otherwise its first tensor is the logits (nanoGPT called without targets returns
+      ``(logits, None)``). A model whose own loss needs the targets (``model(x, targets)``) wants a loss
+      function instead: ``--loss pkg.module:fn`` with ``fn(model, batch) -> loss``.
+    """
     if isinstance(batch, dict):
         out, target = model(**batch), batch.get("labels")
     else:
@@ -81,6 +90,16 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     if loss is not None:
         return loss
     logits = getattr(out, "logits", out)
+    if isinstance(logits, (tuple, list)):
+        tensors = [t for t in logits if isinstance(t, torch.Tensor)]
+        scalar = next((t for t in tensors if t.dim() == 0), None)
+        if scalar is not None:
+            return scalar
+        logits = next(iter(tensors), logits)
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"the model returned {type(out).__name__}, and the default loss needs logits: a tensor, "
+                          "an output with .logits or .loss, or a tuple whose first tensor is the logits; valid: "
+                          "return one of those, or give a loss function (--loss pkg.module:fn, fn(model, batch))")
     if target is None:
         raise ConfigError("the batch has no targets (no 'labels' key) and the model returned no loss; "
                           "give labels in the batch, or a loss function (--loss pkg.module:fn)")
