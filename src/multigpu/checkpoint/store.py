@@ -54,9 +54,11 @@ import json
 import pickle
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +72,11 @@ from multigpu.checkpoint.files import (
     fsync_dir,
     sha256_file,
 )
+from multigpu.checkpoint.staging import Stager
 from multigpu.files import describe_os_error, os_error_in
 
-__all__ = ["MANIFEST", "STATE", "CheckpointStore", "OldLayoutError", "PerRank", "Sharded", "is_checkpoint",
-           "read_manifest", "verify"]
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Sharded", "Snapshot",
+           "is_checkpoint", "read_manifest", "verify"]
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
@@ -227,10 +230,64 @@ def _torch_load(path: Path) -> Any:
 
 @contextlib.contextmanager
 def _quiet():
-    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent."""
+    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent. (On a
+    writer thread the checkpointer filtered it for the process: ``catch_warnings`` is not thread-safe.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+# ----------------------------------------------------------------------------- saving in two halves
+@dataclass
+class Snapshot:
+    """A checkpoint's content, taken at one step (:meth:`CheckpointStore.snapshot`), not yet written."""
+
+    step: int
+    rank: int
+    world: int
+    sharded: dict[str, Any]
+    """Name -> DCP state dict (every rank writes its shards)."""
+    per_rank: dict[str, Any]
+    """Name -> this rank's state (gathered to rank 0)."""
+    plain: dict[str, Any]
+    """Name -> state (rank 0's; empty elsewhere)."""
+    meta: dict[str, Any]
+
+
+class Exchange:
+    """The collectives a write coordinates the ranks with: the job's own (``group=None``: multigpu's collectives
+    on the default group, named in errors and timed into the step) or those of a process group of its own,
+    called with ``torch.distributed`` directly (a background writer: its messages never pair with the main
+    thread's on the default group, and its time is not the step's)."""
+
+    def __init__(self, group: Any = None):
+        self.group = group
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.broadcast_object(obj)
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0 (None elsewhere)."""
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.gather(obj, dst=0)
+        import torch.distributed as dist
+
+        parts = [None] * dist.get_world_size(self.group) if dist.get_rank(self.group) == 0 else None
+        dist.gather_object(obj, parts, dst=0, group=self.group)
+        return parts
 
 
 # ----------------------------------------------------------------------------- the store
@@ -265,9 +322,12 @@ class CheckpointStore:
         """:func:`verify`: the manifest once every file checks out (bytes only)."""
         return verify(path)
 
-    def latest(self) -> Path | None:
+    def latest(self, *, checksums: bool = True) -> Path | None:
         """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
         ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+
+        ``checksums=False``: its manifest and the files it lists are there, their bytes not read (the launcher's
+        look ahead; the ranks compare every checksum).
 
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
@@ -276,7 +336,7 @@ class CheckpointStore:
             if self.directory.is_dir() else []
         for path in sorted(found, key=lambda p: int(_STEP.match(p.name)[1]), reverse=True):
             try:
-                verify(path)
+                verify(path, only=None if checksums else ())
                 return path
             except CorruptCheckpointError as exc:
                 self.warn(f"skipping {exc}")
@@ -339,7 +399,7 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None) -> Path:
-        """Write checkpoint ``step`` of ``state`` (see the module docstring). Call on all ranks.
+        """Write checkpoint ``step`` of ``state`` now (see the module docstring). Call on all ranks.
 
         ``meta``: plain JSON values recorded in the manifest, read without unpickling anything (the
         launcher checks a resume against them).
@@ -348,27 +408,60 @@ class CheckpointStore:
             CheckpointWriteError: on every rank, when a rank could not write (disk full, permission);
                 the previous checkpoints are intact and no temporary folder is left.
         """
-        from multigpu.runtime import collectives, group
+        return self.write(self.snapshot(step, state, meta=meta))
+
+    def snapshot(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None,
+                 stager: Stager | None = None) -> Snapshot:
+        """What checkpoint ``step`` will hold: every part's state, taken now (the sharded parts first, then the
+        others). Local: no collective, nothing written.
+
+        ``stager``: copy it into host memory (:mod:`~multigpu.checkpoint.staging`), so that :meth:`write` can
+        run on another thread while the run changes the live state; None: the live state itself (write at once).
+        """
+        from multigpu.runtime import group
 
         many = group.is_initialized() and group.world_size() > 1
         rank, world = (group.rank(), group.world_size()) if many else (0, 1)
-        final = self.path_for(step)
+        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
+        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
+        plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))} \
+            if rank == 0 else {}  # written by rank 0 only
+        meta = dict(meta or {})
+        if stager is not None:
+            if sharded:
+                sharded = stager.stage_sharded(sharded)
+            copied = stager.stage({"per_rank": per_rank, "plain": plain, "meta": meta})
+            per_rank, plain, meta = copied["per_rank"], copied["plain"], copied["meta"]
+        return Snapshot(int(step), rank, world, sharded, per_rank, plain, meta)
+
+    def write(self, snap: Snapshot, exchange: Exchange | None = None) -> Path:
+        """Write ``snap`` as ``step_<n>/``: the temporary folder, every rank's DCP shards, rank 0's ``state.pt``
+        and manifest, the rename, the rotation. Call on all ranks, on one thread each.
+
+        ``exchange``: the collectives it coordinates the ranks with (default: the job's own, on the calling
+        thread; a background writer passes a process group of its own, :class:`Exchange`).
+
+        Raises:
+            CheckpointWriteError: on every rank, when a rank could not write; see :meth:`save`.
+        """
+        exchange = exchange or Exchange()
+        rank, many = snap.rank, snap.world > 1
+        final = self.path_for(snap.step)
         tmp = self.directory / f".{final.name}.tmp"
         failure = None
         if rank == 0:
             failure = self._begin(tmp)
         if many:
-            failure = collectives.broadcast_object(failure)
+            failure = exchange.broadcast(failure)
         if failure is not None:
             raise CheckpointWriteError(failure)
-        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
         mine: dict[str, dict[str, Any]] = {}
-        if sharded:
+        if snap.sharded:
             import torch.distributed.checkpoint as dcp
 
             try:
                 with _quiet():
-                    dcp.save(sharded, checkpoint_id=str(tmp))
+                    dcp.save(snap.sharded, checkpoint_id=str(tmp), process_group=exchange.group)
                 names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
                 mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
             except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
@@ -376,20 +469,17 @@ class CheckpointStore:
                 if cause is None:  # only a disk's failure is reported; the rest re-raised
                     raise
                 failure = f"rank {rank}: {describe_os_error(cause)}"
-        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
-        if many:
-            parts = collectives.gather({"files": mine, "failure": failure, "per_rank": per_rank}, dst=0)
-        else:
-            parts = [{"files": mine, "failure": failure, "per_rank": per_rank}]
+        mine_all = {"files": mine, "failure": failure, "per_rank": snap.per_rank}
+        parts = exchange.gather(mine_all) if many else [mine_all]
         if rank == 0:
             failure = next((p["failure"] for p in parts if p["failure"]), None)
             if failure is None:
-                plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))}
-                plain.update({name: [p["per_rank"][name] for p in parts] for name in per_rank})
+                plain = dict(snap.plain)
+                plain.update({name: [p["per_rank"][name] for p in parts] for name in snap.per_rank})
                 files: dict[str, Any] = {}
                 for p in parts:
                     files.update(p["files"])
-                failure = self._finish(tmp, final, step, world, plain, files, meta or {})
+                failure = self._finish(tmp, final, snap.step, snap.world, plain, files, snap.meta)
             if failure is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 previous = [p.name for p in self.folders() if p != final]
@@ -397,7 +487,7 @@ class CheckpointStore:
                     "no earlier checkpoint exists"
                 failure = f"could not write checkpoint {final}: {failure}; {intact}"
         if many:
-            failure = collectives.broadcast_object(failure)  # also the sync point: all ranks see the folder
+            failure = exchange.broadcast(failure)  # also the sync point: all ranks see the folder
         if failure is not None:
             raise CheckpointWriteError(failure)
         return final

@@ -132,7 +132,7 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
         return _differentiable(cfg, ctx)
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
-    result = run(cfg, run_dir=ctx.run_dir, resume_from=ctx.resume_from, run=ctx, profile=ctx.profile)
+    result = run(cfg, ctx)
     if result is not None:
         _report(result)
     return 0
@@ -224,6 +224,8 @@ WORKLOAD = Workload(
         Flag("--sync-frequency", "sync_frequency", type=positive_int,
              help="data strategy: all-reduce fields every k steps (k > 1 is an approximation)"),
         Flag("--checkpoint-every", "checkpoint_every", type=non_negative_int, help="save the state every K steps"),
+        Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
+             help="async: write checkpoints in the background (the default); sync: wait until each is on disk"),
         Flag("--compile", "compile", action="store_true", help="fuse kernels with torch.compile"),
     ),
     bench=("agents=2000000", "steps=20", "plot=false"),
