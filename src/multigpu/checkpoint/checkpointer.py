@@ -113,6 +113,8 @@ class Checkpointer:
         keep_last: Checkpoints kept (older ones are deleted after each successful write).
         mode: "async" (stage, then write on a thread) or "sync" (write before returning).
         say: One line on rank 0 (the wait for a slow write); default: print.
+
+    Make it on every rank at the same point (async: it makes the writer's process group, once per job).
     """
 
     def __init__(self, directory: str | Path, *, every: int = 0, keep_last: int = 3, mode: str = "async",
@@ -125,7 +127,8 @@ class Checkpointer:
         self.every, self.mode = every, mode
         self.say = say or _say
         self._stager = Stager() if mode == "async" else None
-        self._exchange: Exchange | None = None  # made at the first async save: all ranks, main thread
+        # the writer's process group: made here, on every rank's main thread (a collective call), not in a save
+        self._exchange = Exchange(writer_group()) if mode == "async" else None
         self._pending: _Write | None = None
         self._said_wait = False
         self.last: Path | None = None
@@ -134,6 +137,8 @@ class Checkpointer:
         """Per save: seconds the calling thread spent in :meth:`save` (staging, a wait, a sync write)."""
         self.write_s: list[float] = []
         """Per completed write: seconds from its start to its rename (async: on the writer thread)."""
+        self.waits = 0
+        """Saves that came due while the previous write was still running, and waited for it."""
 
     @property
     def directory(self) -> Path:
@@ -165,9 +170,7 @@ class Checkpointer:
                 return path
             self.wait(due=step)
             snap = self.store.snapshot(step, state, meta=meta, stager=self._stager)
-            if self._exchange is None:
-                self._exchange = Exchange(writer_group())
-                _quiet_dcp()
+            _quiet_dcp()
             exchange = self._exchange
             self._pending = _Write(step, lambda: self.store.write(snap, exchange))
             return self.store.path_for(step)
@@ -181,6 +184,8 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is None:
             return self.last
+        if not pending.future.done() and due is not None:
+            self.waits += 1
         if not pending.future.done() and due is not None and not self._said_wait:
             self._said_wait = True
             self.say(f"checkpoint: step_{pending.step:08d} is still being written when step {due} is due; the "

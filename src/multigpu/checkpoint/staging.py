@@ -72,6 +72,8 @@ class Stager:
             out = type(value)() if type(value) is not dict else {}
             for key, item in value.items():
                 out[key] = self._copy(item, (*path, key))
+            if getattr(value, "__dict__", None):  # a module's state dict carries its version table (_metadata)
+                out.__dict__.update(copy.deepcopy(value.__dict__))
             return out
         if isinstance(value, list):
             return [self._copy(item, (*path, i)) for i, item in enumerate(value)]

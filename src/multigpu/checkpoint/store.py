@@ -240,6 +240,18 @@ def _quiet():
         yield
 
 
+def _failed_rank(exc: BaseException, rank: int) -> int:
+    """The rank whose disk failed: DCP reports one rank's failure on every rank (its ``CheckpointException``
+    maps each failed rank to its exception); ``rank`` when it names none."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        failed = sorted(r for r, f in failures.items()
+                        if isinstance(r, int) and os_error_in(f[0] if isinstance(f, tuple) and f else f) is not None)
+        if failed:
+            return failed[0]
+    return rank
+
+
 # ----------------------------------------------------------------------------- saving in two halves
 @dataclass
 class Snapshot:
@@ -468,7 +480,7 @@ class CheckpointStore:
                 cause = os_error_in(exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
                 if cause is None:  # only a disk's failure is reported; the rest re-raised
                     raise
-                failure = f"rank {rank}: {describe_os_error(cause)}"
+                failure = f"rank {_failed_rank(exc, rank)}: {describe_os_error(cause)}"
         mine_all = {"files": mine, "failure": failure, "per_rank": snap.per_rank}
         parts = exchange.gather(mine_all) if many else [mine_all]
         if rank == 0:

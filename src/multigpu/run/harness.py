@@ -108,9 +108,10 @@ class Run:
         """Steps done so far."""
         self.state = state
         self.total = total
+        saves = checkpoint_every > 0 or checkpoint_last or on_interrupt
         self.checkpoints = Checkpointer(self.run_dir / CHECKPOINTS, every=checkpoint_every, keep_last=keep_last,
-                                        mode=mode) if self.run_dir is not None else None
-        """The store, its cadence and its writer (None without a run directory)."""
+                                        mode=mode) if self.run_dir is not None and saves else None
+        """The store, its cadence and its writer (None without a run directory, or for a run that never saves)."""
         self.checkpoint_last = checkpoint_last
         self.callbacks = [_made(c) for c in callbacks]
         self.unit, self.description, self.log_every = unit, description, log_every

@@ -51,8 +51,9 @@ class KillAt:
         if checkpoints is not None:
             if self.while_writing:
                 writing = checkpoints.writing
-                print(f"fault: killing rank {self.rank} after step {self.step} while checkpoint "
-                      f"{'step_%08d' % writing if writing is not None else '(none)'} is being written", flush=True)
+                what = f"step_{writing:08d}" if writing is not None else "(none)"
+                print(f"fault: killing rank {self.rank} after step {self.step} while checkpoint {what} is being "
+                      "written", flush=True)
             else:
                 checkpoints.wait()
         kill_self()

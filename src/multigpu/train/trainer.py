@@ -479,7 +479,7 @@ class Trainer:
         with self.logger.closed_on_error():
             for number in self.run.steps(cfg.steps, timed=False):  # train_step times the part that counts
                 metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
-                step = number + 1
+                self.step = step = number + 1  # done: a failure from here on is after this step
                 last = step == cfg.steps
                 if self.val_data is not None and (last or _due(step, cfg.eval_every)):
                     metrics["val_loss"] = self.last_val_loss = self.evaluate()
