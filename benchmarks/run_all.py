@@ -12,7 +12,7 @@ average before and after, the installed peers, and the script's record
 rewritten after every benchmark, so a run cut short keeps what it finished.
 A benchmark that fails is recorded with its last lines and the rest go on; one
 that does not write its JSON yet is recorded as "not machine-readable yet".
-Peers (accelerate, lightning, monai, gymnasium, agent-torch) are optional:
+Peers (accelerate, lightning, monai, gymnasium, agent-torch, starsim) are optional:
 each script skips a missing one and says so in its record. Then
 benchmarks/render.py writes ``<out>/bench.md`` and the marked block in RESULTS.md.
 
@@ -67,6 +67,8 @@ BENCHMARKS = (
     Benchmark("sim_throughput", "agent-steps/s, 1 thread: ours vs hand-written torch vs AgentTorch", ("agent_torch",)),
     Benchmark("sim_scaling", "SIR: 1 vs 2 ranks per strategy, strong and weak"),
     Benchmark("sim_overlap", "SIR 10M agents, 2 ranks: C kernels vs the torch kernels (target 1.5e8 agent-steps/s)"),
+    Benchmark("sim_starsim", "SIR on a random network: Starsim vs ours, agreement of the mean curves and time to "
+              "the same answer (an ensemble, one large run), 1 and 2 ranks", ("starsim",), timeout_s=1200),
 )
 
 LEFT_OUT = {

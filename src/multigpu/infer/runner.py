@@ -222,6 +222,8 @@ class _Job:
         if item is None or self.device.type == "cpu":
             return item
         windows, x = item
+        if x.device.type != "cpu":  # cut from an image already on a GPU: nothing to pin (torch refuses to)
+            return windows, x.to(self.device, non_blocking=True)
         # pinned memory + non_blocking: the copy overlaps the model still running on the previous batch
         return windows, x.pin_memory().to(self.device, non_blocking=True)
 
@@ -293,7 +295,8 @@ class _Job:
             return y.to("cpu", self.acc_dtype), None
         host = y.to("cpu", non_blocking=True)  # pinned (torch allocates it so for a non-blocking copy to the host)
         ready = torch.cuda.Event()
-        ready.record()
+        # on the stream the copy ran on: the output's device's, which need not be the current device
+        ready.record(torch.cuda.current_stream(y.device))
         return host, ready
 
     def _stitch_when_ready(self, windows: list[Window], host: torch.Tensor, ready) -> None:

@@ -23,6 +23,8 @@ still uses the TCP store.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import os
 import random
@@ -46,6 +48,7 @@ from multigpu.runtime.env import (
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "alone",
     "backend",
     "device",
     "get_env",
@@ -327,6 +330,33 @@ def shutdown(*, barrier: bool = True) -> None:
     _INIT_ARGS = None
     _MONITOR_GROUP = _EXCHANGE_GROUP = None
     _GROUP_OF_ONE = False
+
+
+@contextlib.contextmanager
+def alone():
+    """Inside, this rank works as a job of one: ``world_size()`` is 1, ``rank()`` 0, ``backend()`` "none", so
+    every collective of ours is the identity; its device, threads and process group are kept, and ``rank()``
+    and ``world_size()`` are the job's again on leaving. Not a collective: each rank enters when it likes.
+
+    Simulation ensembles run a whole replicate on one rank this way (the same code as a one-process run,
+    so the same result); code inside must not call ``torch.distributed`` on the default group itself.
+
+    Example (world_size=2)::
+
+        with group.alone():
+            group.world_size(), group.rank()   # rank 0 -> (1, 0); rank 1 -> (1, 0)
+    """
+    global _ENV
+    outer = _ENV
+    if outer is None or outer.world_size == 1 and outer.backend == "none":
+        yield
+        return
+    _ENV = dataclasses.replace(outer, rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                               backend="none")
+    try:
+        yield
+    finally:
+        _ENV = outer
 
 
 def is_initialized() -> bool:

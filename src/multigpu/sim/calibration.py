@@ -92,6 +92,10 @@ class CalibrateConfig:
     """Stop when every learned parameter moved less than this share in an iteration."""
     truncate: int = 0
     """Backpropagate through the last K steps only (0: all steps)."""
+    replicates: int = 1
+    """Fit the mean of this many replicates instead of one run: replicate k runs with the seed of replicate k of
+    an ensemble (``--replicates``), so the fitted mean is the one ``multigpu sim --replicates K`` reports. The
+    gradient is the mean of the replicates' gradients; memory and time grow K-fold. 1: the run's own seed."""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -100,9 +104,9 @@ class CalibrateConfig:
             raise ConfigError(f"sim.calibrate.weights={list(self.weights)} is invalid; valid: one weight >= 0 per "
                               f"entry of calibrate.columns ({list(self.columns)})")
         if self.iterations < 1 or self.truncate < 0 or not self.lr > 0 or not self.tolerance >= 0 \
-                or not 0 < self.decay <= 1:
+                or not 0 < self.decay <= 1 or self.replicates < 1:
             raise ConfigError("sim.calibrate: valid: iterations >= 1, lr > 0, 0 < decay <= 1, tolerance >= 0, "
-                              "truncate >= 0")
+                              "truncate >= 0, replicates >= 1")
 
 
 def check_learning(cfg, model) -> None:
@@ -373,41 +377,62 @@ def _descend(values: dict[str, float], learn: tuple[str, ...], cfg: CalibrateCon
     return result
 
 
-def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
-    """The built-in SIR: gradient descent on its differentiable model (checkpointed steps). Call on all ranks."""
-    model = DiffSIR(engine)
+def _mean_series(runs: list[dict[str, list]]) -> dict[str, list]:
+    """The mean of several runs' series, step by step (one run: its own, as integers)."""
+    if len(runs) == 1:
+        return runs[0]
+    return {c: [sum(v) / len(runs) for v in zip(*(r[c] for r in runs), strict=True)] for c in runs[0]}
+
+
+def descend(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print,
+            engines: list | None = None) -> CalibrationResult:
+    """The built-in SIR: gradient descent on its differentiable model (checkpointed steps). Call on all ranks.
+
+    ``engines``: one per replicate (default: ``[engine]``); the loss is that of their mean series, and the
+    gradient of each replicate's series is the mean's over their number.
+    """
+    models = [DiffSIR(e) for e in (engines or [engine])]
     learn = cfg.learn or ("beta",)
     values = {"beta": engine.params.beta, "gamma": engine.params.gamma}
 
     def evaluate(values):
-        kept, series = model.forward(values["beta"], values["gamma"])
+        runs = [m.forward(values["beta"], values["gamma"]) for m in models]
+        series = _mean_series([s for _, s in runs])
         got = torch.tensor([series[c] for c in "SIR"], dtype=torch.float64).T.requires_grad_()
         loss = series_loss(got, list("SIR"), target, engine.num_agents, cfg)
         loss.backward()
-        grad_series = {c: got.grad[:, j] for j, c in enumerate("SIR") if c in target}
-        grads = model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate)
+        grad_series = {c: got.grad[:, j] / len(models) for j, c in enumerate("SIR") if c in target}
+        grads = {"beta": 0.0, "gamma": 0.0}
+        for model, (kept, _) in zip(models, runs, strict=True):
+            for p, g in model.gradient(kept, grad_series, values["beta"], values["gamma"], cfg.truncate).items():
+                grads[p] += g
         return float(loss.detach()), grads, series
 
     return _descend(values, learn, cfg, evaluate, clamp=True, log=log)
 
 
-def descend_model(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print) -> CalibrationResult:
-    """Any model: gradient descent through :class:`DiffRun` (data strategy). Call on all ranks."""
+def descend_model(engine, target: dict[str, torch.Tensor], cfg: CalibrateConfig, *, log=print,
+                  engines: list | None = None) -> CalibrationResult:
+    """Any model: gradient descent through :class:`DiffRun` (data strategy). Call on all ranks.
+
+    ``engines``: one per replicate (default: ``[engine]``); the loss is that of their mean series.
+    """
     from multigpu.sim.differentiable import DiffRun
 
-    run = DiffRun(engine, cfg.truncate)
+    runs = [DiffRun(e, cfg.truncate) for e in (engines or [engine])]
     learn = cfg.learn or engine.model.learnable
     names = engine.series_names
     dev = engine.device
 
     def evaluate(values):
         leaves = {p: torch.full((), values[p], dtype=torch.float64, device=dev, requires_grad=True) for p in learn}
-        got = run.series(leaves)
+        got = torch.stack([run.series(leaves) for run in runs]).mean(0)
         loss = series_loss(got, names, target, engine.num_agents, cfg)
         if loss.requires_grad:  # not when no learned parameter reaches the series (then: no fit)
             loss.backward()
-        grads = run.all_reduce_grads(leaves).tolist()  # every rank: the same gradient, the same step
-        series = {n: got[:, j].detach().round().to(torch.int64).tolist() for j, n in enumerate(names)}
+        grads = runs[0].all_reduce_grads(leaves).tolist()  # every rank: the same gradient, the same step
+        mean = got.detach() if len(runs) > 1 else got.detach().round().to(torch.int64)
+        series = {n: mean[:, j].tolist() for j, n in enumerate(names)}
         return float(loss.detach()), dict(zip(learn, grads, strict=True)), series
 
     values = {p: float(getattr(engine.params, p)) for p in learn}
@@ -438,13 +463,22 @@ def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: st
     main = group.rank() == 0
     printer = log or ((lambda line: print(f"calibrate: {line}", flush=True)) if main else (lambda line: None))
     engine = SimEngine(cfg)
+    engines = [engine]
+    if ccfg.replicates > 1:  # the seeds of an ensemble's replicates 0..K-1 (its first sweep point)
+        import dataclasses
+
+        from multigpu.sim.design import replicate_seed
+
+        engines = [SimEngine(dataclasses.replace(cfg, seed=replicate_seed(cfg.seed, 0, k)))
+                   for k in range(ccfg.replicates)]
+        engine = engines[0]
     flat = flat_target(target, engine.num_agents)
     if flat:
         learn = ccfg.learn or engine.model.learnable
         result = CalibrationResult(params={p: float(getattr(engine.params, p)) for p in learn}, fitted=False,
                                    reason=flat)
     else:
-        result = (descend if sir else descend_model)(engine, target, ccfg, log=printer)
+        result = (descend if sir else descend_model)(engine, target, ccfg, log=printer, engines=engines)
     if run_dir is not None and main:
         from multigpu.sim.runner import write_csv
 
@@ -460,6 +494,7 @@ def calibrate(cfg, target: dict[str, torch.Tensor] | None = None, *, run_dir: st
             "iterations": len(result.history), "final_loss": result.history[-1]["loss"] if result.history else None,
             "learn": list(ccfg.learn or engine.model.learnable), "loss": ccfg.loss, "target": ccfg.target,
             "world_size": group.world_size(), "agents": engine.num_agents, "steps": cfg.steps,
+            "replicates": ccfg.replicates,
             "peak_rss_mb_rank0": peak_mb,
             "seconds_per_iteration": (sum(h["seconds"] for h in result.history) / len(result.history)
                                       if result.history else None)})

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from multigpu.errors import ConfigError
 from multigpu.sim.calibration import CalibrateConfig
+from multigpu.sim.design import EnsembleConfig
 from multigpu.sim.network import NetworkConfig
 
 __all__ = ["MAX_AGENTS", "STRATEGIES", "WORKING_BYTES_FACTOR", "SimConfig"]
@@ -120,7 +121,7 @@ class SimConfig:
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
-    households or geometric (see :mod:`multigpu.sim.network`)."""
+    households, random or geometric (see :mod:`multigpu.sim.network`)."""
 
     differentiable: bool = False
     """Relax the stochastic decisions (straight-through Bernoulli) so gradients flow through the steps
@@ -141,6 +142,11 @@ class SimConfig:
     """Write the final agents, ordered by id, to this file: ``.npz``, ``.parquet`` (needs pyarrow) or a folder
     of ``<field>.npy`` (any other name). A relative path is inside the run directory. Empty: not written."""
 
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    """Many runs instead of one: ``ensemble.replicates`` (``--replicates N``), ``ensemble.sweep`` (``--sweep
+    beta=0.1,0.2``, a grid), ``ensemble.sweep_file``, ``ensemble.until_ci`` (``--until-ci 95:0.01``); writes the
+    mean and band of every series per point (see :mod:`multigpu.sim.ensemble`)."""
+
     check_split: bool = False
     """Instead of the run, check the model: run it on 1 and 2 ranks, every strategy, on a small population,
     and compare every agent (``multigpu sim --check-split``; see :mod:`multigpu.sim.splitcheck`)."""
@@ -149,7 +155,7 @@ class SimConfig:
         from multigpu.config import from_dict
         from multigpu.sim.api import get_model, model_params
 
-        for key, cls in (("network", NetworkConfig), ("calibrate", CalibrateConfig)):
+        for key, cls in (("network", NetworkConfig), ("calibrate", CalibrateConfig), ("ensemble", EnsembleConfig)):
             if isinstance(getattr(self, key), dict):  # SimConfig(network={"kind": ...}) in Python
                 object.__setattr__(self, key, from_dict(cls, getattr(self, key), prefix=f"sim.{key}"))
         if self.calibrate.target:
@@ -186,7 +192,7 @@ class SimConfig:
         if any(s.field == "network" for s in steps):
             if self.network.kind == "none":
                 raise ConfigError(f"sim.model {self.model!r} interacts along a contact network; set sim.network.kind "
-                                  "to households, geometric or file (with sim.network.path)")
+                                  "to households, random, geometric or file (with sim.network.path)")
             if strategy != "data":
                 raise ConfigError(f"sim.strategy {strategy!r}: a contact network splits agents by id; use strategy data")
         if self.differentiable:
@@ -203,6 +209,21 @@ class SimConfig:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "
                               "positions; use strategy data")
         object.__setattr__(self, "params", dataclasses.asdict(model_params(model, self.params)))
+        if self.ensemble.active:
+            self._check_ensemble()
+
+    def _check_ensemble(self) -> None:
+        """What an ensemble cannot do: one line naming the setting and what to do instead."""
+        clash = [(self.check_split, "--check-split", "run the check on its own"),
+                 (self.calibrate.target, "--calibrate", "fit to the mean of K replicates with calibrate.replicates=K"),
+                 (self.differentiable, "sim.differentiable", "run the relaxed model on its own"),
+                 (self.save_agents, "--save-agents", "save the agents of one run (seed=...) on its own"),
+                 (self.checkpoint_every, "--checkpoint-every", "leave it out: an ensemble keeps every finished "
+                                                               "replicate, and --resume auto runs the others"),
+                 (self.callbacks, "sim.callbacks", "run them on one run at a time")]
+        for value, name, instead in clash:
+            if value:
+                raise ConfigError(f"{name} does not combine with an ensemble (--replicates, --sweep); valid: {instead}")
 
     @property
     def substep_names(self) -> tuple[str, ...]:

@@ -434,7 +434,7 @@ class SimEngine:
             return
         work, total, pending = self._inflight
         self._inflight = None
-        exchange.finish(work)
+        exchange.finish(work, device=total.device)
         flags, self._left_rows = self._left_rows, {}
         rules.raise_if_left_rows(flags)
         for (step, _, values), row in zip(pending, total.tolist(), strict=True):

@@ -6,6 +6,7 @@
     multigpu bench --nproc 1,2 sim agents=2000000
     multigpu sim --model examples.sim_schelling:MODEL --check-split   # your model: same agents on 1 and 2 ranks?
     multigpu sim -f sir params.beta=0.02 --calibrate runs/target/series.csv   # learn beta by gradient descent
+    multigpu sim -f sir --replicates 100 --sweep params.beta=0.03,0.06 --nproc-per-node 2   # an ensemble
 
 Rank 0 prints the figures and the output paths (``series.csv``, ``series.png``,
 ``summary.json`` in the run directory); see :func:`multigpu.sim.run`.
@@ -37,7 +38,39 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
                               "folder written by multigpu sim") from None
     cfg.check_world(plan.world_size)
     cfg = _check_files(cfg, plan)
+    if cfg.ensemble.active:
+        return _check_ensemble(cfg, plan)
     _check_fits(cfg, plan)
+    return cfg
+
+
+def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
+    """Every sweep point is a valid simulation that fits (a whole replicate on one rank, unless the agents are
+    split); a continued ensemble keeps its design."""
+    from pathlib import Path
+
+    from multigpu.sim.ensemble import ensemble_points, manifest_of, point_configs
+
+    ecfg = cfg.ensemble
+    if ecfg.sweep_file:
+        ecfg = dataclasses.replace(ecfg, sweep_file=str(Path(ecfg.sweep_file).resolve()))
+        cfg = dataclasses.replace(cfg, ensemble=ecfg)
+    points = ensemble_points(cfg)
+    configs = point_configs(cfg, points)
+    whole = ecfg.split != "agents"
+    for point, pcfg in zip(points, configs, strict=True):
+        try:
+            pcfg.check_world(plan.world_size)
+            pcfg = _check_files(pcfg, plan)
+            _check_fits(pcfg, dataclasses.replace(plan, world_size=1) if whole else plan)
+        except ConfigError as exc:
+            more = ("; or ensemble.split=agents (each replicate split over every rank)"
+                    if whole and "does not fit" in str(exc) else "")
+            raise ConfigError(f"{point.where}{exc}{more}") from None
+    if plan.run.resume and plan.run.run_dir:
+        from multigpu.sim.ensemble_store import check_resumable
+
+        check_resumable(plan.run.run_dir, manifest_of(cfg, points, configs))
     return cfg
 
 
@@ -130,11 +163,31 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
         return 0
     if cfg.differentiable:
         return _differentiable(cfg, ctx)
+    if cfg.ensemble.active:
+        return _ensemble(cfg, ctx)
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, ctx)
     if result is not None:
         _report(result)
+    return 0
+
+
+def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
+    """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are."""
+    import multigpu as mg
+    from multigpu.checkpoint.resume import restart_count
+    from multigpu.sim.ensemble import report, run_ensemble
+
+    scale = ctx.problem_scale(mg.world_size())  # weak scaling: more replicates, each as large as before
+    if scale > 1:
+        cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble,
+                                                                    replicates=cfg.ensemble.replicates * scale))
+    # continued (--resume, or a worker group restarted by the launcher): the replicates already written are kept
+    resume = bool(ctx.resume) or restart_count() > 0
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=resume, run=ctx, progress=True)
+    if result is not None:
+        print("\n".join(report(result)), flush=True)
     return 0
 
 
@@ -218,6 +271,16 @@ WORKLOAD = Workload(
         Flag("--calibrate", "calibrate.target", metavar="SERIES.csv",
              help="learn calibrate.learn (float parameters; default: the model's learnable) by gradient descent "
                   "on the differentiable model so its series match this CSV"),
+        Flag("--replicates", "ensemble.replicates", type=positive_int, metavar="N",
+             help="run N replicates (each its own seed) per sweep point and write the mean and band of every "
+                  "series; with --until-ci: the most per point"),
+        Flag("--sweep", "ensemble.sweep", action="append", metavar="NAME=V1,V2,...",
+             help="run every value of a parameter or key (beta=0.02,0.05 or beta=0.01:0.1:10); repeated: a grid"),
+        Flag("--sweep-file", "ensemble.sweep_file", metavar="FILE",
+             help="sweep points from a CSV (header of names, a row per point) or a YAML/JSON list of mappings"),
+        Flag("--until-ci", "ensemble.until_ci", metavar="LEVEL:WIDTH",
+             help="add replicates in rounds until every LEVEL%% band is narrower than WIDTH times its series' "
+                  "peak (95:0.01), up to --replicates"),
         Flag("--agents", "agents", type=positive_int, help="global number of agents"),
         Flag("--steps", "steps", type=non_negative_int, help="steps to run"),
         Flag("--strategy", "strategy", help="data | spatial | adaptive"),

@@ -18,6 +18,9 @@ Graphs (``network.kind``), all undirected, the same on any rank count:
 * ``households``: agents ``[h * size, (h + 1) * size)`` form household ``h`` (every
   pair linked), plus ``contacts`` random community links per agent
   (the partner is a hash of (seed, id, k)): households + the wider community.
+* ``random``: ``contacts`` links started by each agent to partners drawn
+  uniformly at random (a hash of (seed, id, k)): mean degree ``2 * contacts``
+  (Starsim's ``RandomNet(n_contacts=2 * contacts, dynamic=False, uniform_targets=True)``);
 * ``geometric``: a random geometric graph: agent i at (x, y) in the unit square,
   y stratified by id (agent i in the i-th N-th of the height, so an id range is
   a strip of space) and x uniform, both from counter-based hashes; agents
@@ -38,7 +41,7 @@ from multigpu.sim import rng
 
 __all__ = ["KINDS", "Graph", "NetworkConfig", "build"]
 
-KINDS = ("none", "file", "households", "geometric")
+KINDS = ("none", "file", "households", "random", "geometric")
 _COORD = 1 << 20  # geometric graph: coordinates are integers in [0, 2**20)
 _EDGE_CHUNK = 1 << 20
 
@@ -46,13 +49,13 @@ _EDGE_CHUNK = 1 << 20
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NetworkConfig:
     kind: str = "none"
-    """none, file (an edge list at ``path``), households or geometric."""
+    """none, file (an edge list at ``path``), households, random or geometric."""
     path: str = ""
     """file: the edge list (columns src, dst): .npz, .csv, .parquet or a folder of .npy."""
     household_size: int = 4
     """households: agents per household (every pair linked)."""
     contacts: int = 2
-    """households: random community links started by each agent."""
+    """households and random: links to random partners started by each agent (mean degree: twice this)."""
     radius: float = 0.01
     """geometric: link agents closer than this (the unit square); mean degree about pi * radius**2 * N."""
 
@@ -91,11 +94,11 @@ def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[t
     values = values[order].contiguous()
     send = torch.bincount(dest.to(torch.int64), minlength=world)
     recv = torch.empty_like(send)
-    with _translate("network"):
+    with _translate("network", send.device):
         dist.all_to_all_single(recv, send)
     w = values.shape[1]
     out = torch.empty((int(recv.sum()), w), dtype=values.dtype)
-    with _translate("network"):
+    with _translate("network", out.device):
         dist.all_to_all_single(out.view(-1), values.view(-1), (recv * w).tolist(), (send * w).tolist())
     return out, recv.tolist()
 
@@ -149,14 +152,22 @@ class Graph:
         if group.world_size() > 1:
             out = flat[self.send_index].contiguous()
             halo = torch.empty((self.num_halo, width), dtype=torch.int64, device=flat.device)
-            with _translate("network halo"):
+            with _translate("network halo", halo.device):  # on CUDA: timed on the stream (events)
                 dist.all_to_all_single(halo.view(-1), out.view(-1), [c * width for c in self.recv_counts],
                                        [c * width for c in self.send_counts])
             table = torch.cat([flat, halo])
         inbox = torch.zeros_like(flat)
+        # on the CPU, one number per agent: only the edges from agents with a nonzero message are added (the
+        # same integer sums; an epidemic's infected are few). A GPU adds every edge: no host read of a count
+        sparse = width == 1 and flat.device.type == "cpu"
+        on = table.reshape(-1) != 0 if sparse else None
         for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
             stop = min(start + _EDGE_CHUNK, self.num_edges)
-            inbox.index_add_(0, self.dst[start:stop], table[self.src_slot[start:stop]])
+            src, dst = self.src_slot[start:stop], self.dst[start:stop]
+            if sparse:
+                keep = on[src]
+                src, dst = src[keep], dst[keep]
+            inbox.index_add_(0, dst, table[src])
         return inbox.reshape(msgs.shape)
 
 
@@ -195,11 +206,11 @@ def _from_file(cfg: NetworkConfig, num_agents: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _households(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
+def _households(cfg: NetworkConfig, num_agents: int, seed: int, size: int | None = None) -> torch.Tensor:
     rank, world = _world()
     lo, hi = shard_bounds(num_agents, rank, world)
     ids = torch.arange(lo, hi, dtype=torch.int64)
-    size = cfg.household_size
+    size = cfg.household_size if size is None else size
     first = (ids // size) * size
     # household links: this rank's agents' own incoming edges, no routing needed
     home = [torch.stack([first + j, ids], 1) for j in range(size)]
@@ -260,15 +271,23 @@ def _geometric(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
 
 def build(cfg: NetworkConfig, num_agents: int, seed: int) -> Graph:
     """This rank's part of the graph ``cfg``. Call on all ranks."""
+    return Graph(num_agents, incoming(cfg, num_agents, seed))
+
+
+def incoming(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
+    """The edges (src id, dst id) [E, 2] int64 into this rank's agents, self-loops included. Call on all ranks."""
     if cfg.kind == "file":
-        incoming = _from_file(cfg, num_agents)
+        edges = _from_file(cfg, num_agents)
     elif cfg.kind == "households":
-        incoming = _households(cfg, num_agents, seed)
+        edges = _households(cfg, num_agents, seed)
+    elif cfg.kind == "random":  # households of one: only the random links
+        edges = _households(cfg, num_agents, seed, size=1)
     elif cfg.kind == "geometric":
-        incoming = _geometric(cfg, num_agents, seed)
+        edges = _geometric(cfg, num_agents, seed)
     else:
-        raise ConfigError("this model reads a contact network; set sim.network.kind to file, households or geometric")
-    return Graph(num_agents, incoming)
+        raise ConfigError("this model reads a contact network; set sim.network.kind to file, households, random or "
+                          "geometric")
+    return edges
 
 
 def degrees(graph: Graph) -> torch.Tensor:

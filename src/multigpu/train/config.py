@@ -120,6 +120,10 @@ class TrainConfig:
     """DataLoader worker processes per rank."""
     prefetch: int = 2
     """Batches moved to the device ahead of use by a background thread (0 = none)."""
+    pin_memory: bool = True
+    """On GPU ranks, copy host batches from page-locked memory (a faster copy, which overlaps compute); tensors
+    a dataset returns on a GPU already are never pinned. False: ordinary host memory (where page-locked
+    memory is scarce). Not used on CPU ranks."""
 
     eval_every: int = 50
     """Validate every N steps (and at the end); 0 = only at the end."""

@@ -61,6 +61,7 @@ from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.finite import FiniteGuard
 from multigpu.train.loader import BatchStream, to_device
 from multigpu.train.metrics import MetricLogger
+from multigpu.train.optim import use_fused
 from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
 from multigpu.train.sync import wrap_ddp
 
@@ -291,8 +292,10 @@ class Trainer:
                         param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
                         cpu_offload=cfg.fsdp_cpu_offload, seed=cfg.seed, shard_size=self.shard_size)
             self._load_pretrained()
+            use_fused(self.optimizer)  # on the sharded parameters (unless offloaded to the host)
             return
         self._load_pretrained()  # before DDP: every rank holds the same whole weights
+        use_fused(self.optimizer)
         if self.world_size > 1:
             self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
                                            find_unused_parameters=cfg.find_unused_parameters,
@@ -315,7 +318,7 @@ class Trainer:
         self.batches = BatchStream(
             self.train_data, self.batch_size, device=self.env.device, seed=cfg.seed, num_workers=cfg.num_workers,
             prefetch=cfg.prefetch, collate_fn=self.collate_fn, sampler_state=state["sampler"] if state else None,
-            shard=self.shard_data,
+            shard=self.shard_data, pin_memory=cfg.pin_memory,
         )
         self.sampler_state = self.batches.sampler.state_dict()
 
@@ -522,6 +525,7 @@ class Trainer:
                 self.meter.add_comm(self.comm.pop_seconds())
             if self.fsdp_traffic is not None:
                 self.fsdp_traffic.record(self.accum)
+                self.meter.add_comm(None)  # FSDP's all-gathers and reduce-scatters are torch's: nobody times them
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _skips(self, grad_norm: torch.Tensor) -> bool:

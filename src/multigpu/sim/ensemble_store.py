@@ -1,0 +1,288 @@
+"""An ensemble's folder: the manifest, one file per finished replicate, the tables and the plot (rank 0).
+
+    <run_dir>/ensemble/
+        manifest.json                  the design: points, seed rule, series; written once, at the start
+        replicates/p000003/r000017.csv replicate 17 of point 3: step and every series (written whole, atomically)
+        bands.csv   (.parquet)         per point, series, step: replicates, mean, sd, ci_low, ci_high, q_low,
+                                       median, q_high (the tidy table; Parquet where pyarrow is installed)
+        finals.csv  (.parquet)         the same figures of the final values
+        replicates.csv (.parquet)      per replicate: its seed, and per series its final value and peak
+        bands.png                      the mean of every series with its band, per point
+        summary.json                   replicates per point, whether the bands are as narrow as asked, timings
+
+A replicate's file appears whole or not at all (written beside, then renamed),
+so the replicates an ensemble has are the files present: a killed ensemble
+keeps every replicate it finished, and continuing it (``--resume auto``) runs
+only the others. Nothing holds every series in memory: the running figures
+are one mean and variance per point; the tables are made one point at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from multigpu.errors import ConfigError
+from multigpu.files import atomic_path, write_json_atomic, write_text_atomic
+from multigpu.sim.bands import Bands, point_bands
+from multigpu.sim.design import Point
+
+__all__ = ["FOLDER", "ReplicateStore", "check_resumable", "plot_bands", "read_replicate"]
+
+FOLDER = "ensemble"
+FORMAT = 1
+_FILE = re.compile(r"^r(\d{6,})\.csv$")
+_LEFT = re.compile(r"^\.r\d{6,}\.csv\.tmp\d+$")  # a replicate being written when the ensemble was killed
+
+
+def _point_dir(root: Path, p: int) -> Path:
+    return root / "replicates" / f"p{p:06d}"
+
+
+def read_replicate(path: str | Path) -> tuple[list[str], np.ndarray]:
+    """One replicate's file: (series names, values [steps, series] as float64; the step column left out)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    names = rows[0][1:]
+    values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
+    return names, values
+
+
+def _format(v: Any) -> str:
+    if v is None:
+        return ""
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _design(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a continued ensemble must keep: everything in the manifest but the run's own counts."""
+    return {k: v for k, v in manifest.items() if k not in ("format", "created")}
+
+
+def check_resumable(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """ConfigError when ``run_dir`` holds an ensemble of another design than ``manifest`` (no folder: fine)."""
+    path = Path(run_dir) / FOLDER / "manifest.json"
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume: {path} cannot be read ({exc}); valid: a new --run-dir") from None
+    old, new = _design(before), _design(json.loads(json.dumps(manifest)))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            raise ConfigError(f"--resume: the ensemble in {path.parent} has another {key} ({_short(old.get(key))}, "
+                              f"now {_short(new.get(key))}); its replicates would not be of this design; valid: the "
+                              "same sweep, seed and model settings (more --replicates or another --until-ci are "
+                              "fine), or a new --run-dir")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class ReplicateStore:
+    """Rank 0's side of an ensemble folder (or, with ``root`` None, the same in memory: nothing written)."""
+
+    def __init__(self, root: Path | None, manifest: dict[str, Any]):
+        self.root = root
+        self.manifest = manifest
+        self._memory: dict[tuple[int, int], dict[str, list]] = {}
+
+    def open(self, resume: bool) -> dict[int, list[int]]:
+        """Write the manifest (or, continuing, check it); return the replicates already there per point."""
+        if self.root is None:
+            return {}
+        if resume:
+            check_resumable(self.root.parent, self.manifest)
+        if not (self.root / "manifest.json").exists():
+            write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
+            return {}
+        for left in (self.root / "replicates").glob("p*/.r*"):
+            if _LEFT.match(left.name):
+                left.unlink(missing_ok=True)
+        return {p["index"]: self.replicates(p["index"]) for p in self.manifest["points"]}
+
+    def replicates(self, p: int) -> list[int]:
+        """The finished replicates of point ``p``, in order."""
+        if self.root is None:
+            return sorted(r for q, r in self._memory if q == p)
+        folder = _point_dir(self.root, p)
+        try:
+            names = [e.name for e in folder.iterdir()]
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _FILE.match(n)))
+
+    def write(self, p: int, r: int, series: dict[str, list]) -> None:
+        """Replicate ``r`` of point ``p`` (a ``step`` column and the series), whole or not at all."""
+        if self.root is None:
+            self._memory[(p, r)] = series
+            return
+        names = list(series)
+        buf = io.StringIO()
+        buf.write(",".join(names) + "\n")
+        for row in zip(*(series[n] for n in names), strict=True):
+            buf.write(",".join(_format(v) for v in row) + "\n")
+        write_text_atomic(_point_dir(self.root, p) / f"r{r:06d}.csv", buf.getvalue())
+
+    def read(self, p: int, r: int) -> np.ndarray:
+        """Replicate ``r`` of point ``p`` as [steps, series] float64 (the step column left out)."""
+        if self.root is None:
+            s = self._memory[(p, r)]
+            return np.array([s[n] for n in s if n != "step"], dtype=np.float64).T.reshape(len(s["step"]), -1)
+        return read_replicate(_point_dir(self.root, p) / f"r{r:06d}.csv")[1]
+
+    def iter_point(self, p: int, upto: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        for r in self.replicates(p):
+            if upto is None or r < upto:
+                yield r, self.read(p, r)
+
+
+# ----------------------------------------------------------------------------- tables
+class _Table:
+    """A tidy table written a point at a time: CSV, and Parquet (one row group per point) where pyarrow is.
+    Each file is written beside its name and renamed at :meth:`close`: a reader never sees half a table."""
+
+    def __init__(self, root: Path, name: str, columns: list[str]):
+        self.columns = columns
+        self.paths = {"csv": root / f"{name}.csv"}
+        try:
+            import pyarrow  # noqa: F401
+            import pyarrow.parquet  # noqa: F401
+
+            self.paths["parquet"] = root / f"{name}.parquet"
+        except ImportError:
+            pass
+        self.tmp = {k: p.with_name(f".{p.name}.tmp{os.getpid()}") for k, p in self.paths.items()}
+        root.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.tmp["csv"], "w", newline="")  # noqa: SIM115 - closed by close(), a point at a time
+        self._writer = csv.writer(self._fh)
+        self._writer.writerow(columns)
+        self._pq = None
+
+    def add(self, rows: list[list[Any]]) -> None:
+        self._writer.writerows([_format(v) for v in row] for row in rows)
+        if "parquet" not in self.paths or not rows:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({c: [row[i] for row in rows] for i, c in enumerate(self.columns)})
+        if self._pq is None:
+            self._pq = pq.ParquetWriter(str(self.tmp["parquet"]), table.schema)
+        self._pq.write_table(table.cast(self._pq.schema))
+
+    def close(self, ok: bool) -> list[Path]:
+        """Rename the finished files into place (``ok``), or remove them; returns the paths written."""
+        self._fh.close()
+        if self._pq is not None:
+            self._pq.close()
+        done = []
+        for k, path in self.paths.items():
+            tmp = self.tmp[k]
+            if ok and tmp.exists():
+                os.replace(tmp, path)
+                done.append(path)
+            else:
+                tmp.unlink(missing_ok=True)
+        return done
+
+
+def _num(v: float) -> float | None:
+    return None if v != v else float(v)  # NaN (no band yet) -> empty
+
+
+def write_tables(root: Path, points: Sequence[Point], names: Sequence[Sequence[str]], store: ReplicateStore,
+                 level: float, quantiles: tuple[float, float], seeds) -> tuple[list[Bands], list[Path]]:
+    """bands, finals and replicates tables from the stored replicates, one point at a time; returns each
+    point's figures (means and bands, for the plot) and the paths written."""
+    keys = list(dict.fromkeys(k for p in points for k in p.values))
+    figures = ["replicates", "mean", "sd", "ci_low", "ci_high", "q_low", "median", "q_high"]
+    bands_t = _Table(root, "bands", ["point", *keys, "series", "step", *figures])
+    finals_t = _Table(root, "finals", ["point", *keys, "series", *figures])
+    reps_t = _Table(root, "replicates", ["point", *keys, "replicate", "seed", "series", "final", "peak", "peak_step"])
+    out = []
+    try:
+        for point, series in zip(points, names, strict=True):
+            head = [point.index, *(point.values.get(k) for k in keys)]
+            reps = list(store.iter_point(point.index))
+            b = point_bands((v for _, v in reps), level, quantiles)
+            out.append(b)
+            rows, finals, per = [], [], []
+            steps = b.mean.shape[0] if b.n else 0
+            for j, name in enumerate(series):
+                for t in range(steps):
+                    rows.append([*head, name, t + 1, b.n, *(_num(a[t, j]) for a in (b.mean, b.sd, b.low, b.high,
+                                                                                   b.q_low, b.median, b.q_high))])
+                if steps:
+                    finals.append([*head, name, b.n, *(_num(a[-1, j]) for a in (b.mean, b.sd, b.low, b.high,
+                                                                                b.q_low, b.median, b.q_high))])
+                for r, v in reps:
+                    if v.shape[0]:
+                        peak = int(np.argmax(v[:, j]))
+                        per.append([*head, r, seeds(point.index, r), name, _num(v[-1, j]), _num(v[peak, j]), peak + 1])
+            bands_t.add(rows)
+            finals_t.add(finals)
+            reps_t.add(per)
+    except BaseException:
+        for t in (bands_t, finals_t, reps_t):
+            t.close(False)
+        raise
+    paths = [p for t in (bands_t, finals_t, reps_t) for p in t.close(True)]
+    return out, paths
+
+
+# ----------------------------------------------------------------------------- plot
+def plot_bands(path: Path, points: Sequence[Point], names: Sequence[Sequence[str]], bands: Sequence[Bands],
+               level: float, title: str) -> Path | None:
+    """Per series a panel: every point's mean, its band (darker) and the spread of its replicates (lighter)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("multigpu sim: no plot written; install matplotlib (pip install 'multigpu[report]')")
+        return None
+    series = list(dict.fromkeys(n for ns in names for n in ns))
+    shown = series[:6]
+    cols = min(3, len(shown)) or 1
+    rows = -(-len(shown) // cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
+    colours = plt.get_cmap("viridis" if len(points) > 10 else "tab10")
+    for k, name in enumerate(shown):
+        ax = axes[k // cols][k % cols]
+        for i, (point, ns, b) in enumerate(zip(points, names, bands, strict=True)):
+            if name not in ns or not b.n:
+                continue
+            j = list(ns).index(name)
+            steps = np.arange(1, b.mean.shape[0] + 1)
+            colour = colours(i / max(1, len(points) - 1)) if len(points) > 10 else colours(i % 10)
+            ax.plot(steps, b.mean[:, j], color=colour, lw=1.5,
+                    label=f"{point.label} (n={b.n})" if len(points) <= 10 else None)
+            if b.q_low is not None:
+                ax.fill_between(steps, b.q_low[:, j], b.q_high[:, j], color=colour, alpha=0.12, lw=0)
+            if b.n > 1:
+                ax.fill_between(steps, b.low[:, j], b.high[:, j], color=colour, alpha=0.35, lw=0)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        if k == 0 and len(points) <= 10:
+            ax.legend(fontsize=7)
+    for k in range(len(shown), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    fig.suptitle(f"{title}: mean, {level:.0%} band of the mean (dark), spread of the replicates (light)", fontsize=9)
+    fig.tight_layout()
+    with atomic_path(path, keep_suffix=True) as tmp:
+        fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    return path

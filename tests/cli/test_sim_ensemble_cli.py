@@ -1,0 +1,101 @@
+"""``multigpu sim --replicates/--sweep/--until-ci``: bad input in one line, and a killed ensemble continued.
+
+The kill test pins the on-disk contract that a resume builds on: a replicate's file is there whole or not
+at all, so the replicates of a killed ensemble are the files present; ``--resume auto`` (here on another
+number of ranks) runs only the others, rewrites none of them, and each file holds exactly the series of a
+single run with that replicate's seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from multigpu.config import from_dict
+from multigpu.sim.config import SimConfig
+from multigpu.sim.design import replicate_seed
+from multigpu.sim.engine import SimEngine
+from tests.conftest import ROOT, assert_bad_input, run_cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicates", "3", "--until-ci", "95"], "sim.ensemble.until_ci '95' is invalid; valid: LEVEL:WIDTH"),
+    (["--until-ci", "95:0.01"], "--until-ci 95:0.01 needs --replicates N"),
+    (["--replicates", "3", "--sweep", "beta"], "--sweep 'beta' is invalid; valid: NAME=v1,v2,..."),
+    (["--replicates", "3", "--sweep", "seed=1,2"], "--sweep seed: seed cannot be swept"),
+    (["--sweep", "bta=1,2"], "--sweep bta: not a parameter of the model nor a simulation key; valid: move_prob"),
+    (["--sweep", "params.beta=0.1,2"], "--sweep point 1 (params.beta=2): sim.params.beta=2.0 is invalid"),
+    (["--sweep", "agents=10,0"], "--sweep point 1 (agents=0): sim.agents=0 is invalid"),
+    (["--replicates", "3", "--save-agents", "x.npz"], "--save-agents does not combine with an ensemble"),
+    (["--replicates", "3", "--checkpoint-every", "2"], "--checkpoint-every does not combine with an ensemble"),
+    (["--sweep-file", "/no/such.csv"], "sim.ensemble.sweep_file '/no/such.csv' cannot be read"),
+    (["--replicates", "2", "--agents", "2000000000", "ensemble.split=replicates"],
+     "does not fit"),
+])
+def test_bad_ensembles_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(ROOT)
+    assert_bad_input(["sim", "-f", "sir", *args, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")
+
+
+def _replicate_files(folder):
+    return {p: (p.read_text(), p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(folder.glob("ensemble/replicates/p*/r*.csv"))}
+
+
+def _series(path) -> dict[str, list]:
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    return {k: [int(r[k]) for r in rows] for k in rows[0]}
+
+
+@pytest.mark.e2e
+def test_a_killed_ensemble_continues_with_the_replicates_it_has(tmp_path):
+    run = tmp_path / "run"
+    args = ["-f", "sir", "--agents", "5000", "--steps", "20", "grid=[25,25]", "plot=false", "compile=false", "--replicates", "30",
+            "--sweep", "params.beta=0.05,0.1", "--run-dir", str(run)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "multigpu", "sim", *args, "--nproc-per-node", "2"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 150
+    try:
+        while len(_replicate_files(run)) < 6:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no replicate written in 150 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its ranks, mid-ensemble
+        proc.wait(30)
+        proc.stdout.close()
+    before = _replicate_files(run)
+    assert 6 <= len(before) < 60, f"{len(before)} replicates before the kill: the run ended before it"
+    assert not (run / "ensemble" / "bands.csv").exists()
+    half = run / "ensemble" / "replicates" / "p000001" / ".r000029.csv.tmp99999"  # as if killed mid-write
+    half.parent.mkdir(parents=True, exist_ok=True)
+    half.write_text("step,moved,S,I,R\n1,2,")
+
+    done = run_cli("sim", "--resume", "auto", "--run-dir", str(run), "--nproc-per-node", "1", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = _replicate_files(run)
+    assert len(after) == 60
+    assert all(after[p] == before[p] for p in before), "a replicate written before the kill was written again"
+    assert not half.exists() and not list(run.glob("ensemble/replicates/p*/.r*"))
+    summary = json.loads((run / "ensemble" / "summary.json").read_text())
+    assert summary["replicates_run"] == 60 - len(before) and summary["world_size"] == 1
+    assert [p["replicates"] for p in summary["points"]] == [30, 30]
+    with open(run / "ensemble" / "finals.csv") as fh:
+        assert {r["replicates"] for r in csv.DictReader(fh)} == {"30"}
+    # a replicate from before the kill and one from after: the series of a single run with its seed
+    resolved = json.loads((run / "run.json").read_text())["config"]
+    resolved.pop("ensemble")
+    for path in (min(before), max(set(after) - set(before)), half.with_name("r000029.csv")):
+        p, r = int(path.parent.name[1:]), int(path.stem[1:])
+        cfg = from_dict(SimConfig, {**resolved, "params": {**resolved["params"], "beta": (0.05, 0.1)[p]},
+                                    "seed": replicate_seed(resolved["seed"], p, r)})
+        assert _series(path) == SimEngine(cfg).run(), path
