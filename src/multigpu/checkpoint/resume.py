@@ -15,8 +15,8 @@ from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "decide", "planned", "refuse_old_layout",
-           "resolve", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "planned",
+           "refuse_old_layout", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -93,6 +93,13 @@ def decide(ctx):
         return ctx
     found = resolve(ctx.resume, ctx.run_dir)
     return dataclasses.replace(ctx, resume_from=str(found) if found else None, resume_decided=True)
+
+
+def continues(ctx) -> bool:
+    """Whether this attempt continues an earlier one of its run: ``--resume`` was given, or torchrun's agent
+    restarted the worker group. For a workload whose progress lives in files of its own rather than in
+    checkpoints (a simulation ensemble's replicates); one that checkpoints reads ``resume_from``."""
+    return bool(ctx.resume) or restart_count() > 0
 
 
 def planned(resume: str | None, run_dir: str | None) -> Path | None:

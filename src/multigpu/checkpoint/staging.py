@@ -83,7 +83,7 @@ class Stager:
 
     def _tensor(self, tensor: torch.Tensor, path: tuple) -> torch.Tensor:
         tensor = tensor.detach()
-        if type(tensor) is not torch.Tensor:  # a subclass (a DTensor in a plain part): copied as it is
+        if hasattr(tensor, "device_mesh"):  # a DTensor in a plain part: copied as it is, layout and all
             return tensor.to("cpu", copy=True)
         # the same memory under two names (tied weights) stays one tensor, as torch.save stores it once
         view = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
@@ -95,7 +95,9 @@ class Stager:
         buffer = self._buffers.get(key)
         self._used.add(key)
         if buffer is None:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=cuda)
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+            if cuda:  # page-locked, once: a copy from the GPU into it runs at full speed and without blocking
+                buffer = buffer.pin_memory()
             self._buffers[key] = buffer
         if cuda:
             self._devices.add(tensor.device)

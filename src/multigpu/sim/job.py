@@ -176,7 +176,7 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
     """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are."""
     import multigpu as mg
-    from multigpu.checkpoint.resume import restart_count
+    from multigpu.checkpoint.resume import continues
     from multigpu.sim.ensemble import report, run_ensemble
 
     scale = ctx.problem_scale(mg.world_size())  # weak scaling: more replicates, each as large as before
@@ -184,8 +184,7 @@ def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
         cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble,
                                                                     replicates=cfg.ensemble.replicates * scale))
     # continued (--resume, or a worker group restarted by the launcher): the replicates already written are kept
-    resume = bool(ctx.resume) or restart_count() > 0
-    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=resume, run=ctx, progress=True)
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=continues(ctx), run=ctx, progress=True)
     if result is not None:
         print("\n".join(report(result)), flush=True)
     return 0
