@@ -71,6 +71,7 @@ from multigpu.checkpoint.files import (
     atomic_write,
     fsync_dir,
     sha256_file,
+    synced_digest,
 )
 from multigpu.checkpoint.staging import Stager
 from multigpu.files import describe_os_error, os_error_in
@@ -472,10 +473,11 @@ class CheckpointStore:
             import torch.distributed.checkpoint as dcp
 
             try:
-                with _quiet():
-                    dcp.save(snap.sharded, checkpoint_id=str(tmp), process_group=exchange.group)
+                with _quiet():  # the files fsynced below, each while it is read back and hashed
+                    dcp.save(snap.sharded, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=False),
+                             process_group=exchange.group)
                 names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
-                mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
+                mine = {p.name: dict(zip(("bytes", "sha256"), synced_digest(p), strict=True)) for p in names}
             except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
                 cause = os_error_in(exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
                 if cause is None:  # only a disk's failure is reported; the rest re-raised

@@ -86,8 +86,12 @@ class Run:
         mode: "async" (staged, then written in the background) or "sync" (written before the next step).
         checkpoint_last: Also a checkpoint after the last step.
         callbacks: Objects with ``on_step(event)``, and ``pkg.module:factory`` names (made here, no arguments).
-        unit, description, log_every, warmup_steps, progress: the step meter's (:class:`StepMeter`); plain
-            attributes, read when the meter is first used.
+        unit: The step meter's unit (:class:`~multigpu.monitor.StepMeter`). This and the four below are plain
+            attributes too, read when the meter is first used.
+        description: The progress bar's label.
+        log_every: Reduce and log the meter's figures every N steps (0: at the end only).
+        warmup_steps: Steps left out of the summary.
+        progress: Show the progress bar (on a terminal).
         on_interrupt: Ctrl-C/SIGTERM end the steps after the current one, with its checkpoint.
         meta: Plain JSON values for each checkpoint's manifest (a dict, or a function called at each save).
         before_save: Called with the step before each checkpoint (it may raise to prevent it).
