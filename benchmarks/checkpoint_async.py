@@ -5,7 +5,7 @@ throughput against this disk's own sequential write bandwidth, side by side in o
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/checkpoint_async.py --dir /scratch/ckpt --cuda
 
 Runs outside the ranks; each contender is a run of 2 real gloo ranks (``multigpu.testing.run_on_ranks``; with
-``--cuda``, NCCL ranks on 2 GPUs) that trains a model with DDP and AdamW through :class:`multigpu.run.Run`,
+``--cuda``, NCCL ranks on 2 GPUs, or 2 ranks sharing one GPU over gloo) that trains a model with DDP and AdamW through :class:`multigpu.run.Run`,
 a checkpoint every ``--every`` steps, once with ``checkpoint_mode=sync`` and once with ``async``. Two models:
 
 * ``nano``: the nano preset's GPT (4 layers, 192 wide: about 1.9M parameters, a checkpoint of about 23 MB);
@@ -21,7 +21,7 @@ Figures, per model and mode:
 * **write throughput**: checkpoint bytes over the write's own time (sync: in the save; async: on the writer
   thread, from its start to the rename), against the **disk's sequential write bandwidth** measured in the
   same folder in the same run (a file of the checkpoint's size in 8 MiB writes, then fsync: what a
-  checkpoint can reach at best), before and after the runs.
+  checkpoint can reach at best), right before and right after each run.
 
 Targets: async stall <= 5% of the sync stall; async throughput >= 70% of the disk's.
 """
@@ -121,10 +121,15 @@ def run_mode(kind: str, mode: str, folder: Path, args) -> dict:
     from multigpu.testing import run_on_ranks
 
     run_dir = folder / f"{kind}-{mode}"
+    placement: dict = {}
+    if args.cuda:  # NCCL on 2 GPUs; on a one-GPU machine both ranks share it over gloo (as the launcher does)
+        from multigpu.runtime.context import RunContext
+
+        placement = ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}} if args.gpus >= 2 else
+                     {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")})
     results = run_on_ranks(_rank, 2, args=(kind, mode, str(run_dir), args.steps, args.every, args.width, args.layers,
                                            args.batch), timeout_s=1800, threads=args.threads,
-                           backend="cuda" if args.cuda else "cpu",
-                           env={"CUDA_VISIBLE_DEVICES": "0,1"} if args.cuda else None)
+                           backend="cuda" if args.cuda else "cpu", **placement)
     r0 = results[0]  # rank 0 writes state.pt: its save holds the most
     step = [max(a, b) for a, b in zip(results[0]["step_s"], results[1]["step_s"], strict=True)]
     quiet = [t for t, w in zip(step[1:], r0["writing"][:-1], strict=True) if not w]  # steps with no write under way
@@ -142,24 +147,34 @@ def run_mode(kind: str, mode: str, folder: Path, args) -> dict:
 
 def main() -> int:
     parser = _record.add_flags(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    parser.add_argument("--dir", help="where the checkpoints go (default: a temporary folder on this disk)")
-    parser.add_argument("--cuda", action="store_true", help="NCCL ranks on GPUs 0 and 1 (pinned staging)")
+    parser.add_argument("--dir", help="where the checkpoints go (default: a temporary folder, $TMPDIR)")
+    parser.add_argument("--cuda", action="store_true",
+                        help="GPU ranks (pinned staging): NCCL on GPUs 0 and 1, or both on GPU 0 over gloo")
     parser.add_argument("--models", default="nano,big", help="nano, big or both")
     args = parser.parse_args()
     size = _record.mode(args)
     args.width, args.layers, args.batch = {"full": (4096, 3, 16), "quick": (2048, 3, 16), "smoke": (256, 2, 4)}[size]
     args.steps, args.every = {"full": (40, 10), "quick": (30, 10), "smoke": (6, 3)}[size]
     args.threads = 1
-    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=ROOT / "benchmarks"))
+    args.gpus = 0
+    if args.cuda:
+        import torch
+
+        args.gpus = torch.cuda.device_count()
+    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     rows, ratios = [], []
     for kind in args.models.split(","):
-        by_mode = {mode: run_mode(kind, mode, folder, args) for mode in ("sync", "async")}
-        nbytes = max(int(by_mode["sync"]["checkpoint MB"] * 1e6), 8 << 20)
-        disk = statistics.mean(disk_bandwidth(folder, nbytes) for _ in range(2)) / 1e6
-        for row in by_mode.values():
-            row["disk MB/s"] = disk
-            row["write / disk"] = row["write MB/s"] / disk
+        model, _ = _model(kind, args.width, args.layers)
+        nbytes = max(3 * sum(p.numel() * p.element_size() for p in model.parameters()), 8 << 20)  # + AdamW's 2
+        del model
+        by_mode = {}
+        for mode in ("sync", "async"):
+            # the disk right before and right after the run: a shared disk's speed moves from minute to minute
+            before = disk_bandwidth(folder, nbytes)
+            row = by_mode[mode] = run_mode(kind, mode, folder, args)
+            row["disk MB/s"] = statistics.mean((before, disk_bandwidth(folder, nbytes))) / 1e6
+            row["write / disk"] = row["write MB/s"] / row["disk MB/s"]
             rows.append(row)
             print(json.dumps(row), flush=True)
         sync, asyn = by_mode["sync"], by_mode["async"]

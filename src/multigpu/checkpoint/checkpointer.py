@@ -30,6 +30,12 @@ job on every rank (``dist.new_group``, a collective call, on the main thread) an
 ``dcp.save(process_group=...)`` as ``dcp.async_save`` asks for (torchtitan does the same): gloo, so that the
 writer sends staged host memory and never queues work on a CUDA stream the step uses.
 
+Why not ``dcp.async_save`` itself: it does the same two halves for the sharded parts only (staged by
+``BlockingAsyncStager``, which staging here uses too, then ``save`` on a thread with the given group), but a
+step folder is complete only once rank 0's ``state.pt``, every file's checksum and the manifest follow DCP's
+files and the folder is renamed; one writer thread runs that whole sequence in order, and a job with no
+sharded part (DDP, rl) gets the same machinery. Only APIs present in torch 2.4 and later are used.
+
 Where async is not the right mode: when the host cannot hold one more copy of what each rank checkpoints
 (the staged copy stays in memory between saves), and where every checkpoint must be on disk before the
 next step starts (nothing in multigpu needs that: a resumed run starts from the newest *complete* one).

@@ -7,7 +7,9 @@ background save takes from the run. :class:`Stager` copies:
 
 * plain values and every rank's own parts (written by rank 0 with ``torch.save``): tensors into host buffers
   kept from one save to the next (pinned on a GPU, so the copy from the device runs at full speed and, queued
-  without blocking, all of them overlap; one wait for the stream at the end), everything else deep-copied;
+  without blocking, all of them overlap), everything else deep-copied. On a GPU the run does not even wait for
+  those copies: they are queued on the streams the next step's kernels follow them on, so they read the state
+  as it was, and the writer waits for them (a CUDA event per device) before it reads the host buffers;
 * the sharded parts (DTensors, written by every rank with ``torch.distributed.checkpoint``): by DCP's own
   stager, ``torch.distributed.checkpoint.staging.BlockingAsyncStager``, the one ``dcp.async_save`` stages
   with, which keeps each DTensor's layout around its copied local shard (pinned and cached on GPUs).
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Stager"]
+__all__ = ["Stager", "landed"]
 
 
 class Stager:
@@ -37,17 +39,30 @@ class Stager:
         self._seen: dict[tuple, torch.Tensor] = {}
         self._used: set[tuple] = set()
 
-    def stage(self, value: Any) -> Any:
+    def stage(self, value: Any, *, wait: bool = True) -> tuple[Any, list]:
         """A copy of ``value`` (a state dict, nested dicts, lists, tuples, tensors, plain values) that shares
-        no memory with it; tensors end up in host memory. Waits until device copies have landed."""
+        no memory with it, tensors in host memory; and the CUDA events that say when its device copies have
+        landed (empty without a GPU).
+
+        ``wait``: return once the copies have landed. False: return as soon as they are queued; whoever reads
+        the copy first waits for the events (:func:`landed`). The run may go on meanwhile: its next kernels
+        are queued on the same streams after the copies, so the copies read the state as it was."""
         self._devices, self._seen, self._used = set(), {}, set()
         try:
-            return self._copy(value, ())
+            out = self._copy(value, ())
         finally:
-            self._synchronize()
-            # buffers no tensor of this save used (a shape that changed) are let go
-            self._buffers = {k: v for k, v in self._buffers.items() if k in self._used}
             self._seen = {}
+        # buffers no tensor of this save used (a shape that changed) are let go
+        self._buffers = {k: v for k, v in self._buffers.items() if k in self._used}
+        events = []
+        for device in self._devices:  # one event per device, after its copies on its current stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        if wait:
+            landed(events)
+            events = []
+        return out, events
 
     def stage_sharded(self, states: dict[str, Any]) -> dict[str, Any]:
         """A host copy of DCP state dicts (DTensors keep their mesh and placements; their local shards are
@@ -105,9 +120,12 @@ class Stager:
         self._seen[view] = buffer
         return buffer
 
-    def _synchronize(self) -> None:
-        for device in self._devices:  # the queued copies have landed in the host buffers
-            torch.cuda.current_stream(device).synchronize()
+
+
+def landed(events: list) -> None:
+    """Wait until the device copies behind ``events`` (from :meth:`Stager.stage`) are in host memory."""
+    for event in events:
+        event.synchronize()
 
 
 def _uses_cuda(value: Any) -> bool:

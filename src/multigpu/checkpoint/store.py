@@ -32,9 +32,13 @@ On disk, one folder per checkpoint::
             .metadata, __0_0.distcp, __1_0.distcp, ...   the sharded parts (DCP; absent when there are none)
         step_00000050/ ...
 
-Saving writes ``.step_<n>.tmp/`` first: every rank its DCP shards (hashing what it wrote), rank 0
-``state.pt`` and, last, ``manifest.json``; then one rename makes it ``step_<n>/`` and the folders beyond
-``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
+A save is two halves: :meth:`CheckpointStore.snapshot` takes every part's state (copied to host memory
+when a background writer will write it: :mod:`multigpu.checkpoint.staging`), and
+:meth:`CheckpointStore.write` writes it, on the calling thread or on a writer's
+(:class:`multigpu.checkpoint.Checkpointer`), coordinating the ranks through an :class:`Exchange`. It writes
+``.step_<n>.tmp/`` first: every rank its DCP shards, rank 0 ``state.pt`` and, last, ``manifest.json``, each
+file fsynced while its bytes are read back and hashed; then one rename makes it ``step_<n>/`` and the folders
+beyond ``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
 :class:`CheckpointWriteError` on every rank, naming the reason and the previous checkpoint, which is
 intact. A process killed mid-save leaves only a hidden ``.step_*.tmp`` folder, which no reader looks at
 and the next save deletes.
@@ -58,7 +62,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +77,7 @@ from multigpu.checkpoint.files import (
     sha256_file,
     synced_digest,
 )
-from multigpu.checkpoint.staging import Stager
+from multigpu.checkpoint.staging import Stager, landed
 from multigpu.files import describe_os_error, os_error_in
 
 __all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Sharded", "Snapshot",
@@ -268,6 +272,8 @@ class Snapshot:
     plain: dict[str, Any]
     """Name -> state (rank 0's; empty elsewhere)."""
     meta: dict[str, Any]
+    ready: list = field(default_factory=list)
+    """CUDA events after the staging copies (:func:`~multigpu.checkpoint.staging.landed`); empty: nothing to wait."""
 
 
 class Exchange:
@@ -440,12 +446,14 @@ class CheckpointStore:
         plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))} \
             if rank == 0 else {}  # written by rank 0 only
         meta = dict(meta or {})
+        ready: list = []
         if stager is not None:
             if sharded:
                 sharded = stager.stage_sharded(sharded)
-            copied = stager.stage({"per_rank": per_rank, "plain": plain, "meta": meta})
+            # the device copies only queued: the writer waits for them (ready), the run goes on at once
+            copied, ready = stager.stage({"per_rank": per_rank, "plain": plain, "meta": meta}, wait=False)
             per_rank, plain, meta = copied["per_rank"], copied["plain"], copied["meta"]
-        return Snapshot(int(step), rank, world, sharded, per_rank, plain, meta)
+        return Snapshot(int(step), rank, world, sharded, per_rank, plain, meta, ready)
 
     def write(self, snap: Snapshot, exchange: Exchange | None = None) -> Path:
         """Write ``snap`` as ``step_<n>/``: the temporary folder, every rank's DCP shards, rank 0's ``state.pt``
@@ -458,6 +466,7 @@ class CheckpointStore:
             CheckpointWriteError: on every rank, when a rank could not write; see :meth:`save`.
         """
         exchange = exchange or Exchange()
+        landed(snap.ready)  # the staged copies from the GPU are in host memory
         rank, many = snap.rank, snap.world > 1
         final = self.path_for(snap.step)
         tmp = self.directory / f".{final.name}.tmp"

@@ -19,11 +19,12 @@ works too: the step that only resets an environment is left out of the update.
 With ``obs_norm`` the observations are normalized by running statistics that
 are all-reduced after each rollout (:mod:`multigpu.rl.normalize`).
 
-Checkpoints (``<run_dir>/checkpoints``, :class:`multigpu.checkpoint.CheckpointStore`) every
-``checkpoint_every`` updates and after the last: the policy, the optimizer, the normalizer's statistics,
-the counters and moving returns, and every rank's environments, current observations and sampling
-generator; a resumed run continues bit-identically to an uninterrupted one on the same world size.
-:func:`load_policy` reads the newest one back as a module.
+The loop is :func:`train`: a :class:`multigpu.run.Run` over the updates, each one :func:`rollout` then
+:func:`learn`. The run owns the checkpoints (``<run_dir>/checkpoints``, every ``checkpoint_every`` updates,
+after the last and when the target is reached; in the background with ``checkpoint_mode=async``): the
+policy, the optimizer, the normalizer's statistics, the counters and moving returns, and every rank's
+environments, current observations and sampling generator; a resumed run continues bit-identically to an
+uninterrupted one on the same world size. :func:`load_policy` reads the newest one back as a module.
 
 Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 *env-step* = one environment advancing once (the meter's unit).

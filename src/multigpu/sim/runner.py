@@ -3,8 +3,9 @@
 
 Rank 0 writes into the run directory: ``series.csv`` (the per-step aggregates),
 ``series.png`` (epidemic curve, price path, ...), ``summary.json`` (throughput,
-comm share, imbalance, memory, bytes per agent; from :class:`StepMeter`) and,
-with ``profile``, ``profile.txt``. Checkpoints go to ``<run_dir>/checkpoints``.
+comm share, imbalance, memory, bytes per agent; the run's step meter) and,
+with ``--profile``, ``profile.txt``. The run writes the checkpoints (``<run_dir>/checkpoints``,
+every ``checkpoint_every`` steps) and calls the callbacks.
 """
 
 from __future__ import annotations
