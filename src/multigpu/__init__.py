@@ -21,6 +21,7 @@ Launch with ``multigpu launch --gpus all script.py`` (see ``multigpu --help``).
 
 from typing import TYPE_CHECKING
 
+from multigpu import _startup  # noqa: F401 - first: a Ctrl-C while the command line imports torch is one line
 from multigpu.errors import (
     CollectiveError,
     CollectiveTimeoutError,

@@ -30,8 +30,36 @@ from typing import Any
 
 from multigpu.errors import OutputError
 
-__all__ = ["JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in", "read_jsonl",
-           "write_failure", "write_json_atomic", "write_text_atomic"]
+__all__ = ["PRIVATE_UMASK", "JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in",
+           "private_files", "read_jsonl", "user_umask", "write_failure", "write_json_atomic", "write_text_atomic"]
+
+PRIVATE_UMASK = 0o077
+"""The umask every ``multigpu`` command runs under: what it writes is its user's only (folders 0700, files 0600),
+in a folder it made and in one that existed with wider permissions (a ``--run-dir`` or ``--log-dir`` of 0755)
+alike. A user's script launched by ``multigpu launch`` gets the user's own umask back (:func:`user_umask`)."""
+
+_USER_UMASK: list[int] = []
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Run the block under :data:`PRIVATE_UMASK` (processes started in it inherit it), then put the umask back."""
+    previous = os.umask(PRIVATE_UMASK)
+    _USER_UMASK.append(previous)
+    try:
+        yield
+    finally:
+        _USER_UMASK.pop()
+        os.umask(previous)
+
+
+def user_umask() -> int:
+    """The umask the user's shell gave this process (read without changing it, also inside :func:`private_files`)."""
+    if _USER_UMASK:
+        return _USER_UMASK[0]
+    current = os.umask(PRIVATE_UMASK)
+    os.umask(current)
+    return current
 
 
 def describe_os_error(exc: OSError) -> str:

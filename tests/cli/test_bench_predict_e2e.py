@@ -13,18 +13,20 @@ pytestmark = pytest.mark.e2e
 
 
 def test_bench_predicts_larger_world_sizes_with_its_assumptions(tmp_path):
+    """--alpha-us over the interconnect's own latency: the table's bandwidth stays, the latency is the flag's."""
     out = tmp_path / "b"
     proc = run_cli("bench", "--nproc", "1,2", "--threads", "1", "--predict", "4,8", "--interconnect", "ib-ndr",
-                   "-o", str(out), "examples/allreduce_dp.py", "--steps", "8", "--batch", "256",
+                   "--alpha-us", "7.5", "-o", str(out), "examples/allreduce_dp.py", "--steps", "8", "--batch", "256",
                    env={"COLUMNS": "200"}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for words in ("predicted (fitted on 1, 2 rank(s); InfiniBand NDR", "bottleneck", "assumptions:",
-                  "latency 5 us and 50 GB/s per rank and direction (nominal)",
+                  "latency 7.5 us and 50 GB/s per rank and direction (flags)",
                   "the job's own collectives counted at N = 2 (all_reduce", "the prediction cannot know:",
                   "the topology", "congestion"):
         assert words in proc.stdout, proc.stdout
     pred = json.loads((out / "bench.json").read_text())["prediction"]
     assert [r["world_size"] for r in pred["rows"]] == [4, 8] and pred["fit_on"] == [1, 2]
+    assert pred["link"]["alpha_s"] == pytest.approx(7.5e-6) and pred["link"]["bandwidth"] == pytest.approx(50e9)
     # each step the example all-reduces its MLP's gradient (256*512 + 512 + 512 + 1 float32) and its loss
     assert pred["traffic"]["all_reduce"] == {"calls": 2, "bytes": (256 * 512 + 512 + 512 + 1) * 4 + 4}
     for row in pred["rows"]:

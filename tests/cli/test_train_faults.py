@@ -17,7 +17,6 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -63,8 +62,8 @@ def _assert_same_end(run_dir, clean, what: str) -> None:
     assert not different, f"{what}: parameters differ from the uninterrupted run: {different}"
 
 
-def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path, clean):
-    kill_at = random.Random().randint(2, STEPS - 1)  # any step: before, at or after a checkpoint (every 3)
+def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path, clean, fault_rng):
+    kill_at = fault_rng.randint(2, STEPS - 1)  # any step: before, at or after a checkpoint (every 3)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     faulty = _train(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
@@ -168,11 +167,11 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     assert not alive, f"orphaned workers: {alive}"
 
 
-def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
+def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path, fault_rng):
     """The same with strategy=fsdp: the sharded checkpoint (DCP shards in the step folder) carries the run."""
     from safetensors.torch import load_file
 
-    kill_at = random.Random().randint(4, STEPS - 1)  # after the first checkpoint (step 3)
+    kill_at = fault_rng.randint(4, STEPS - 1)  # after the first checkpoint (step 3)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     fsdp = ["strategy=fsdp", "export=safetensors"]
     faulty = _train(tmp_path / "faulty", "--max-restarts", "1", *fsdp, fault, env=env)

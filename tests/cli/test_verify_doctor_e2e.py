@@ -34,7 +34,8 @@ def test_doctor_json_answers_every_check_on_this_machine():
     report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
     checks = {c["name"]: c for c in report["checks"]}
     assert len(checks) == 12 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
-    assert proc.returncode == (0 if report["ok"] else 1)
+    failed = [name for name, c in checks.items() if c["status"] == "fail"]  # exit 1 exactly when a check fails
+    assert proc.returncode == (1 if failed else 0) and report["ok"] is (not failed), (failed, proc.stderr[-3000:])
     assert all(c["hint"] for c in checks.values() if c["status"] != "pass")
     bw = checks["all-reduce bandwidth"]
     assert bw["status"] == "pass", bw  # 2 gloo ranks through the real launcher here

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from multigpu.checkpoint.files import CorruptCheckpointError
-from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
+from multigpu.checkpoint.store import CheckpointStore, describe_unusable, is_checkpoint, old_layout, verify
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "planned",
-           "refuse_old_layout", "resolve", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "no_checkpoint_line",
+           "planned", "refuse_old_layout", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -57,6 +57,17 @@ def refuse_old_layout(run_dir: str | Path) -> None:
         raise _old_layout_error(store.directory, what)
 
 
+def no_checkpoint_line(store: CheckpointStore | None) -> str:
+    """What ``--resume auto`` says when ``store.latest()`` found nothing to resume from: no checkpoint yet, or
+    every one there unusable, each with its reason (``store.skipped``)."""
+    unusable = store.skipped if store is not None else []
+    if not unusable:
+        return "resume=auto: no checkpoint yet; starting from step 0"
+    count = f"all {len(unusable)} checkpoints in {store.directory} are" if len(unusable) > 1 else \
+        f"the one checkpoint in {store.directory} is"
+    return f"resume=auto: {count} unusable ({describe_unusable(unusable)}); starting from step 0"
+
+
 def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:
     """The checkpoint to start from (None: from scratch). Local: rank 0 calls it and tells the others.
 
@@ -73,7 +84,7 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
     if resume == "auto":
         found = store.latest() if store is not None else None
         if found is None:
-            say("resume=auto: no checkpoint yet; starting from step 0")
+            say(no_checkpoint_line(store))
             return None
         say(f"resuming from {found}")
         return found

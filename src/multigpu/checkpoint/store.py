@@ -64,7 +64,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -80,8 +80,8 @@ from multigpu.checkpoint.files import (
 from multigpu.checkpoint.staging import Stager, landed
 from multigpu.files import describe_os_error, os_error_in
 
-__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Sharded", "Snapshot",
-           "is_checkpoint", "read_manifest", "verify"]
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Scan", "Sharded",
+           "Snapshot", "describe_unusable", "is_checkpoint", "read_manifest", "verify"]
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
@@ -132,7 +132,9 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """``path/manifest.json``, parsed (no checksum is compared). CorruptCheckpointError when unreadable."""
+    """``path/manifest.json``, parsed and its shape checked (no checksum is compared): a format-2 manifest
+    with a step, a world size and, for every file, a size in bytes and a SHA-256. CorruptCheckpointError
+    otherwise (never a TypeError further on: every reader can trust the types)."""
     path = Path(path)
     try:
         data = json.loads((path / MANIFEST).read_text())
@@ -140,9 +142,33 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise CorruptCheckpointError(path, f"it is not a checkpoint folder (no {MANIFEST})") from None
     except (OSError, ValueError) as exc:
         raise CorruptCheckpointError(path, f"its {MANIFEST} cannot be read ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
-        raise CorruptCheckpointError(path, f"its {MANIFEST} is not a format-{FORMAT} checkpoint manifest")
+    problem = _manifest_problem(data)
+    if problem is not None:
+        raise CorruptCheckpointError(path, f"its {MANIFEST} {problem}")
     return data
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes ``data`` not a manifest this store writes (None: nothing)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        return f"is not a format-{FORMAT} checkpoint manifest"
+    for key, low in (("step", 0), ("world_size", 1)):
+        if not _count(data.get(key), low):
+            return f"records {key} as {json.dumps(data.get(key))[:40]}, not a whole number >= {low}"
+    if not isinstance(data.get("meta", {}), dict):
+        return "records meta as something other than a JSON object"
+    for name, entry in data["files"].items():
+        if not (isinstance(entry, dict) and _count(entry.get("bytes"), 0) and isinstance(entry.get("sha256"), str)
+                and _SHA256.match(entry["sha256"])):
+            return f"records {name} as {json.dumps(entry)[:80]}, not a size in bytes and a SHA-256"
+    return None
 
 
 def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -168,14 +194,13 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
             raise CorruptCheckpointError(path, f"{name} is missing")
         if only is not None and name not in only:
             continue
-        size, digest = sha256_file(path / name)
-        if not isinstance(entry, dict) or size != entry.get("bytes"):
-            what = "truncated" if isinstance(entry, dict) and size < entry.get("bytes", 0) else "not the size written"
-            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, "
-                                               f"{entry.get('bytes') if isinstance(entry, dict) else '?'} written)")
-        if digest != entry.get("sha256"):
+        size, digest = sha256_file(path / name)  # read_manifest checked the entry: an int and a hex string
+        if size != entry["bytes"]:
+            what = "truncated" if size < entry["bytes"] else "not the size written"
+            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {entry['bytes']:,} written)")
+        if digest != entry["sha256"]:
             raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
-                                               f"{str(entry.get('sha256'))[:16]}… written): it was altered or "
+                                               f"{entry['sha256'][:16]}… written): it was altered or "
                                                "damaged after it was saved")
     if STATE in files and (only is None or STATE in only):
         _refuse_globals(path / STATE)
@@ -325,25 +350,45 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.warn = warn or _warn
+        self._verified: dict[Path, tuple] = {}  # folder -> what its files looked like when it last verified
+        self._named: set[Path] = set()  # folders rotation left alone and already said so
+        self.skipped: list[tuple[Path, str]] = []  # what the last latest() skipped, and why
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"{PREFIX}{int(step):08d}"
 
-    def folders(self) -> list[Path]:
-        """Complete checkpoint folders (with a manifest), oldest step first."""
+    def _step_folders(self) -> list[Path]:
+        """Every ``step_<n>`` folder, oldest step first (complete or not, valid or not)."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and is_checkpoint(p)]
+        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir() and not p.is_symlink()]
         return sorted(found, key=lambda p: int(_STEP.match(p.name)[1]))
+
+    def own_problem(self, path: Path) -> str | None:
+        """What makes folder ``path`` not a checkpoint of this store's layout (None: it is one). Its manifest
+        must check out (:func:`read_manifest`) and record the step its folder is named after; the checksums are
+        not compared here."""
+        try:
+            manifest = read_manifest(path)
+        except CorruptCheckpointError as exc:
+            return exc.reason
+        if manifest["step"] != int(_STEP.match(path.name)[1]):
+            return f"its {MANIFEST} records step {manifest['step']}, not the step its folder is named after"
+        return None
+
+    def folders(self) -> list[Path]:
+        """This store's checkpoint folders (a manifest of its layout naming the folder's step; checksums not
+        compared), oldest step first."""
+        return [p for p in self._step_folders() if self.own_problem(p) is None]
 
     # ------------------------------------------------------------------ reading
     def verify(self, path: str | Path) -> dict[str, Any]:
         """:func:`verify`: the manifest once every file checks out (bytes only)."""
         return verify(path)
 
-    def latest(self, *, checksums: bool = True) -> Path | None:
-        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
-        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+    def scan(self, *, checksums: bool = True) -> Scan:
+        """The newest ``step_*`` folder that verifies, and why each newer one cannot be used (newest first;
+        when none verifies: every folder's reason). Warns nothing; local, bytes only.
 
         ``checksums=False``: its manifest and the files it lists are there, their bytes not read (the launcher's
         look ahead; the ranks compare every checksum).
@@ -351,18 +396,32 @@ class CheckpointStore:
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
         """
-        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir()] \
-            if self.directory.is_dir() else []
-        for path in sorted(found, key=lambda p: int(_STEP.match(p.name)[1]), reverse=True):
+        unusable: list[tuple[Path, str]] = []
+        for path in reversed(self._step_folders()):
             try:
                 verify(path, only=None if checksums else ())
-                return path
+                return Scan(path, unusable)
             except CorruptCheckpointError as exc:
-                self.warn(f"skipping {exc}")
+                unusable.append((path, exc.reason))
         what = old_layout(self.directory)
         if what is not None:
             raise _old_layout_error(self.directory, what)
-        return None
+        return Scan(None, unusable)
+
+    def latest(self, *, checksums: bool = True) -> Path | None:
+        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
+        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+        ``self.skipped`` keeps why each was skipped, newest first (:meth:`scan` says it without warning).
+        ``checksums``: as :meth:`scan`'s.
+
+        Raises:
+            OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
+        """
+        found, unusable = self.scan(checksums=checksums)
+        self.skipped = unusable
+        for path, reason in unusable:
+            self.warn(f"skipping checkpoint {path} (unusable: {reason})")
+        return found
 
     def load(self, path: str | Path, into: dict[str, Any]) -> dict[str, Any]:
         """Restore the parts of ``into`` from checkpoint ``path``. Call on all ranks.
@@ -546,6 +605,61 @@ class CheckpointStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             return describe_os_error(cause)
-        for old in self.folders()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._verified[final] = _look(final)  # its checksums were computed from the bytes just written
+        self._rotate(final)
         return None
+
+    def _rotate(self, final: Path) -> None:
+        """Delete this store's checkpoints older than the newest ``keep_last`` valid ones (``final``, just written,
+        is one of them and is never deleted; nor is a folder of a higher step). A checkpoint counts only if it
+        verifies, as resume would use it, and only a folder of this store's layout is deleted: one it does not
+        understand (a stray or planted ``step_*/manifest.json``) is left alone and named once."""
+        valid_newer = 0
+        for path in reversed(self._step_folders()):
+            if path == final:
+                valid_newer += 1
+                continue
+            problem = self.own_problem(path)
+            if problem is not None:
+                if path not in self._named and (path / MANIFEST).exists():  # a save in progress has no manifest
+                    self._named.add(path)
+                    self.warn(f"checkpoint rotation: {path} is left alone ({problem}, so it is not a checkpoint "
+                              "this run wrote and it is never deleted; remove it yourself if it is not needed)")
+                continue
+            if int(_STEP.match(path.name)[1]) < int(_STEP.match(final.name)[1]) and valid_newer >= self.keep_last:
+                shutil.rmtree(path, ignore_errors=True)
+                self._verified.pop(path, None)
+            elif self._is_valid(path):
+                valid_newer += 1
+
+    def _is_valid(self, path: Path) -> bool:
+        """Whether ``path`` verifies; a folder whose files are unchanged since it last did is not hashed again."""
+        look = _look(path)
+        if self._verified.get(path) == look:
+            return True
+        try:
+            verify(path)
+        except CorruptCheckpointError:
+            return False
+        self._verified[path] = look
+        return True
+
+
+class Scan(NamedTuple):
+    """What :meth:`CheckpointStore.scan` found: the checkpoint to use, and each newer one's reason it is unusable."""
+
+    found: Path | None
+    unusable: list[tuple[Path, str]]
+
+
+def describe_unusable(unusable: list[tuple[Path, str]]) -> str:
+    """``step_a: reason; step_b: reason`` (one line, the folders by name) for a message about :meth:`~CheckpointStore.scan`."""
+    return "; ".join(f"{path.name}: {reason}" for path, reason in unusable)
+
+
+def _look(path: Path) -> tuple:
+    """The name, size and modification time of every file in ``path``: what a change to it would alter."""
+    try:
+        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in path.iterdir() for st in [p.stat()]))
+    except OSError:
+        return ()

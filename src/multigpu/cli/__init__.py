@@ -92,6 +92,9 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
+    from multigpu import _startup
+
+    _startup.restore()  # a Ctrl-C from here on is KeyboardInterrupt, answered below with one line
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
     if debug and os.environ.get(envvars.DEBUG) != "1":
@@ -111,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if script is not None:  # --print-sbatch / --print-k8s: the job file for this command, nothing launched
             print(script, end="")
             return 0
-        return int(args._run(args) or 0)
+        from multigpu.files import private_files
+
+        with private_files():  # what the command and its ranks write is this user's only (0700 / 0600)
+            return int(args._run(args) or 0)
     except MultigpuError as exc:
         if debug:
             raise

@@ -34,9 +34,13 @@ worker. Run by path, it imports nothing of multigpu or torch before it has:
    (the usual reason a rank fails late) cannot leave the file empty and the
    launcher without the cause;
 
-then it runs the script as ``__main__`` under torch's ``record`` decorator, so
+then it gives a script the user's umask back (the launcher runs under 0077, so that its logs, stack dumps
+and run files are the user's only, and the worker inherited that; a workload's ranks keep it: what they
+write is the run's), and runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
-launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
+launcher summarises; a rank whose script failed (an exception, ``sys.exit(N)``
+with N != 0, Ctrl-C) then ends at once, past the interpreter's teardown
+(``_leave``: ``atexit`` functions run first). A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
 and no traceback: the launcher says "interrupted" once for the whole job
 (``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks). Workers
@@ -246,8 +250,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
         result = original(*args, **kwargs)
         marker = os.path.join(folder, "joined", f"rank{rank}")
         if not os.path.exists(marker):
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "w").close()  # noqa: SIM115
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))  # the job's file: not the script's umask
         return result
 
     init_process_group.__wrapped__ = original
@@ -332,9 +336,9 @@ def _timed(target, wall_file: str | None):
         start = time.time()
         target(argv)
         end = time.time()
-        os.makedirs(os.path.dirname(wall_file), exist_ok=True)
+        os.makedirs(os.path.dirname(wall_file), mode=0o700, exist_ok=True)
         tmp = f"{wall_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
             json.dump({"start": start, "end": end}, fh)
         os.replace(tmp, wall_file)
 
@@ -368,7 +372,36 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_VAR) == "1":
             raise
-        sys.exit(130)  # the launcher reports the interrupt once, for the whole job
+        _leave(130)  # the launcher reports the interrupt once, for the whole job
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` gives the process (Python prints a code that is not a number, and gives 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    with contextlib.suppress(Exception):
+        print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _leave(code: int) -> None:
+    """End this failed rank now with ``code``, without the interpreter's teardown.
+
+    A rank that failed may still hold its process group with a collective in flight (a DDP comm hook's
+    all-reduce, whose future calls back into Python, that a peer never joins). Leaving through the
+    interpreter's exit, the rank then waited in its finalization for that collective's timeout (the launcher
+    saw it running, the job stood still), and gloo's thread, timing out into the Python callback while the
+    interpreter was torn down, aborted the process: exit 1 became -6 (SIGABRT, "terminate called ..."). Here
+    the error file is already written; what was registered with ``atexit`` runs and the output is flushed while
+    the interpreter is whole, then the process ends at once."""
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()  # the script's own (logging's flush, a tracker's finish), as at a normal exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _whole_lines() -> None:
@@ -402,6 +435,8 @@ def _main(argv: list[str]) -> None:
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _accelerate_on_cpu_ranks()
 
+    if isinstance(run_file.get("umask"), int):  # a user's script: the user's umask, not the launcher's (0077)
+        os.umask(run_file["umask"])
     try:
         try:
             record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
@@ -412,13 +447,18 @@ def _main(argv: list[str]) -> None:
             import gc
 
             gc.collect()
+    except SystemExit as exc:  # the script's sys.exit(N): a failure (N != 0) leaves the same way as an exception
+        code = _exit_code(exc)
+        if code:
+            _leave(code)
+        raise
     except Exception:
         # torch's record() has written the traceback into this rank's error file; the launcher prints the
         # failing rank's own frames from it under its one-line summary. Printing it here as well put every
         # rank's whole traceback (33-190 lines) on the console before that summary.
         if os.environ.get(DEBUG_VAR) == "1" or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            raise
-        sys.exit(1)
+            sys.excepthook(*sys.exc_info())
+        _leave(1)
 
 
 if __name__ == "__main__":

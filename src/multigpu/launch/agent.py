@@ -48,12 +48,12 @@ from multigpu.errors import (
     RendezvousTimeoutError,
     WorkerFailedError,
 )
-from multigpu.files import write_json_atomic
+from multigpu.files import user_umask, write_json_atomic
 from multigpu.launch import _worker, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
-from multigpu.launch.memlimit import MemoryWatch
+from multigpu.launch.memlimit import MemoryWatch, explain_address_space
 from multigpu.launch.rendezvous import (
     gloo_interface,
     hosts_store,
@@ -184,6 +184,8 @@ def build_plan(
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
+    if job is None:  # a user's script: its own files get the user's umask back (the worker wrapper sets it)
+        run_data["umask"] = user_umask()
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
@@ -304,9 +306,17 @@ def _nccl_dumps(prefix: str) -> str:
 def _private_folder(path: str) -> None:
     """Create the log folder for this user only (0700): worker output, error files and the folder names that
     carry the run id are nobody else's to read. A folder that exists keeps the mode its owner gave it."""
-    with contextlib.suppress(OSError):  # one that cannot be made is named by the first write into it
+    from multigpu.jobs.rundir import cannot_create
+
+    try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise ConfigError(f"--log-dir {path} is a file, not a folder; valid: a folder (it is created if "
+                              "missing)") from None
+    except OSError as exc:  # checked before (launch.flags); here only if it changed since
+        raise cannot_create(Path(path), exc, "--log-dir") from None
 
 
 @contextlib.contextmanager
@@ -407,16 +417,26 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
+_CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
+"""What a collective says when another rank left under it (multigpu.runtime.collectives): a consequence."""
+
+
 def _root_failure(err: ChildFailedError):
-    """torch's first failure, unless it is a rank that lost its peer while another rank's collective timed out
-    within the same second: the timeout is the cause (the rank that timed out exited, closing the connection
-    the other was waiting on), and error files time failures to the second only."""
+    """torch's first failure, unless it is a rank that lost its peer while another rank failed within the same
+    second: a collective that timed out there, else an error of its own (not another lost peer) is the cause
+    (that rank exited, closing the connection the other was waiting on), and error files time failures to the
+    second only (torch's "first" of a tie is the lowest rank)."""
     rank, failure = err.get_first_failure()
-    if "lost a peer" not in _message(failure):
+    if not any(c in _message(failure) for c in _CONSEQUENCES):
         return rank, failure
     when = failure.timestamp
-    for other, candidate in sorted(err.failures.items()):
-        if other != rank and abs(candidate.timestamp - when) <= 1 and "timed out after" in _message(candidate):
+    near = [(other, candidate) for other, candidate in sorted(err.failures.items())
+            if other != rank and candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
+    for other, candidate in near:
+        if "timed out after" in _message(candidate):
+            return other, candidate
+    for other, candidate in near:
+        if not any(c in _message(candidate) for c in _CONSEQUENCES):
             return other, candidate
     return rank, failure
 
@@ -447,6 +467,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     hint = assumption_hint("\n".join([text, *tail]))
     if hint:
         lines.append(f"  hint: {hint}")
+    address_space = explain_address_space("\n".join([text, *tail]))
+    if address_space:
+        lines.append(f"  memory: {address_space}")
     others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
     if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")

@@ -144,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             if not sep or not key:
                 raise ConfigError(f"--rdzv-conf {item!r} must look like key=value, e.g. is_host=false")
             rdzv_conf[key.strip()] = value.strip()
+            _check_rdzv_value(key.strip(), value.strip())
     endpoint = args.rdzv_endpoint
     if args.standalone:
         if args.nnodes != 1:
@@ -175,11 +176,36 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         rank_prefix=args.rank_prefix,
     )
+    if cfg.log_dir:
+        from multigpu.jobs.rundir import check_writable
+
+        check_writable(cfg.log_dir, "--log-dir")
     from multigpu.launch.rendezvous import check_endpoint, secret_from_env
 
     check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
     secret_from_env(cfg.nnodes)  # several nodes need a shared secret: refused here, before anything is written
     return cfg
+
+
+_RDZV_COUNTS = {"join_timeout": (1, 600), "last_call_timeout": (0, 30), "close_timeout": (1, 30),
+                "heartbeat_timeout": (1, 30), "read_timeout": (1, 60), "keep_alive_interval": (1, 5),
+                "keep_alive_max_attempt": (1, 3)}
+"""The ``--rdzv-conf`` keys torch's c10d rendezvous reads as whole numbers (seconds; attempts for the last), with
+the least valid value and torch's default; torch's own error for another value came only as the job started."""
+
+
+def _check_rdzv_value(key: str, value: str) -> None:
+    if key not in _RDZV_COUNTS:
+        return
+    low, default = _RDZV_COUNTS[key]
+    try:
+        ok = int(value) >= low
+    except ValueError:
+        ok = False
+    if not ok:
+        what = "attempts" if key == "keep_alive_max_attempt" else "seconds"
+        raise ConfigError(f"--rdzv-conf {key}={value} is invalid; valid: a whole number of {what}, {low} or more "
+                          f"(default {key}={default})")
 
 
 def _scheduler_placement(args: argparse.Namespace):

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from multigpu.bench.table import shown
 
-__all__ = ["bench_figure", "png_base64", "pred_parts", "save_png", "throughput_figure", "utilization_figure"]
+__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "throughput_figure",
+           "utilization_figure"]
 
 _IDEAL = "#888888"
 _COMPUTE = "#4C78A8"
@@ -41,10 +42,20 @@ def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
     return fig, [ax for row in axes for ax in row]
 
 
+def plain_text(fig) -> None:
+    """Show every text of ``fig`` as written: run names, units and labels come from the user's folders and files,
+    and matplotlib would read ``$...$`` in them as mathtext (``$\\macro$`` then fails to render)."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+
+
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` as PNG through a temporary file and a rename."""
     from multigpu.files import atomic_path
 
+    plain_text(fig)
     with atomic_path(path, keep_suffix=True) as tmp:
         fig.savefig(tmp, format="png")
     return Path(path)
@@ -52,6 +63,7 @@ def save_png(fig, path: str | Path) -> Path:
 
 def png_base64(fig) -> str:
     """``fig`` as a base64 PNG, for ``<img src="data:image/png;base64,...">``."""
+    plain_text(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")

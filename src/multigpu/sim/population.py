@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import itertools
+import math
 import os
 import tempfile
 import zipfile
@@ -81,7 +82,7 @@ def _check_length(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype
     if dtype.hasobject:
         raise ConfigError(f"sim.population {str(path)!r}: column {name!r} holds Python objects (dtype {dtype}), "
                           "which would need unpickling; valid: numeric columns (integers or floats)")
-    need = start + int(np.prod(shape)) * dtype.itemsize
+    need = start + math.prod(shape) * dtype.itemsize
     if size < need:
         have = max(size - start, 0) // max(dtype.itemsize, 1)
         raise ConfigError(f"sim.population {str(path)!r}: column {name!r} declares {shape[0] if shape else 0:,} rows "

@@ -175,6 +175,10 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.legend()
         ax.set_title(f"{cfg.model.rpartition(':')[2]}: {title}, {cfg.agents:,} agents")
     ax.set_xlabel("step")
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # a user's model and aggregate names, shown as written (no $...$ mathtext)
+        text.set_parse_math(False)
     fig.tight_layout()
     with atomic_path(path, keep_suffix=True) as tmp:
         fig.savefig(tmp, dpi=100)
