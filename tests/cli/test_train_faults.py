@@ -16,8 +16,11 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,6 +77,14 @@ def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_
     else:  # killed before the first checkpoint: the restarted group starts over
         assert "resume=auto" not in faulty.stdout and "restart 1: resuming" not in faulty.stdout
     assert f"done: step {STEPS}" in faulty.stdout
+    # the death and the restart are named where they happen and in the run's summary (they used to go unsaid)
+    host = socket.gethostname()
+    assert (f"multigpu: rank 1 (local rank 1 on node 0, {host}) died (exit code -9): killed by signal SIGKILL; "
+            "restarting the worker group (restart 1 of 1)") in faulty.stderr, faulty.stderr[-3000:]
+    deaths = json.loads((tmp_path / "faulty" / "summary.json").read_text())["restarts"]
+    assert [{k: d[k] for k in ("restart", "rank", "local_rank", "node", "host", "exitcode", "signal")}
+            for d in deaths] == [{"restart": 1, "rank": 1, "local_rank": 1, "node": 0, "host": host,
+                                  "exitcode": -9, "signal": "SIGKILL"}]
     _assert_same_end(tmp_path / "faulty", clean, f"kill at step {kill_at}")
     steps = [int(line.split('"step": ')[1].split(",")[0])
              for line in (tmp_path / "faulty" / "metrics.jsonl").read_text().splitlines()]
@@ -157,6 +168,11 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]  # one line, not one per rank
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
     assert len(stopped) == 1, stdout[-2000:]
+    # the whole command continues the run: --nproc-per-node and all (it used to drop them: 1 rank, half the batch)
+    again = shlex.join(["multigpu", "train", "-f", "nano", "--nproc-per-node", "2", "--checkpoint-on-interrupt", *TINY,
+                        "steps=100000", "checkpoint_every=0", "log_every=1", "--run-dir", str(run_dir.resolve()),
+                        "--resume", "auto"])
+    assert stopped[0].endswith(f"; continue with: {again}"), stopped[0]
     step = int(stopped[0].split()[3].rstrip(":"))
     store = CheckpointStore(run_dir / "checkpoints", warn=pytest.fail)
     assert store.latest() == store.path_for(step)  # complete, every file full size, checksums match

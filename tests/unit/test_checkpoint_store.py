@@ -236,11 +236,14 @@ def test_when_every_checkpoint_is_unusable_resume_auto_says_so_with_each_reason(
     assert [(p.name, "truncated" in why or "records state.pt as" in why) for p, why in scan.unusable] == [
         ("step_00000004", True), ("step_00000002", True)]
     said: list[str] = []
-    assert choose("auto", str(run), 0, say=said.append) is None
-    assert len(said) == 1 and "no checkpoint yet" not in said[0], said
-    assert said[0].startswith(f"resume=auto: all 2 checkpoints in {store.directory} are unusable ("), said
-    assert "step_00000004: its manifest.json records state.pt as" in said[0]
-    assert "step_00000002: state.pt is truncated" in said[0]
+    with pytest.raises(ConfigError) as info:  # never a quiet start from step 0 over them
+        choose("auto", str(run), 0, say=said.append)
+    message = str(info.value)
+    assert said == [] and "\n" not in message, (said, message)
+    assert message.startswith(f"--resume auto: {store.directory} holds 2 checkpoint folder(s) and none can be "
+                              "used ("), message
+    assert "step_00000004: its manifest.json records state.pt as" in message
+    assert "step_00000002: state.pt is truncated" in message
 
 # ----------------------------------------------------------------------------- on 2 ranks
 class Shards:

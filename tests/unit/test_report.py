@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -52,6 +53,10 @@ def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path, capsys):
     page = path.read_text()
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "elsewhere.html")]) == 0
     assert "Scaling (strong)" in (tmp_path / "elsewhere.html").read_text()  # -o: the page goes there
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "elsewhere.html").stat().st_mode & 0o777 == 0o666 & ~umask  # named: the user's umask
+    assert path.stat().st_mode & 0o777 == 0o600  # in the run folder: private, as the command writes it
     for section in ("Configuration", "Scaling (strong)", "Throughput over time", "np1_r0", "np2_r0", "SLOWER"):
         assert section in page
     images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)

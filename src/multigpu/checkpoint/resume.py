@@ -15,8 +15,8 @@ from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.checkpoint.store import CheckpointStore, describe_unusable, is_checkpoint, old_layout, verify
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "no_checkpoint_line",
-           "planned", "refuse_old_layout", "resolve", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "planned",
+           "refuse_old_layout", "refuse_unusable", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -57,21 +57,48 @@ def refuse_old_layout(run_dir: str | Path) -> None:
         raise _old_layout_error(store.directory, what)
 
 
-def no_checkpoint_line(store: CheckpointStore | None) -> str:
-    """What ``--resume auto`` says when ``store.latest()`` found nothing to resume from: no checkpoint yet, or
-    every one there unusable, each with its reason (``store.skipped``)."""
-    unusable = store.skipped if store is not None else []
-    if not unusable:
-        return "resume=auto: no checkpoint yet; starting from step 0"
-    count = f"all {len(unusable)} checkpoints in {store.directory} are" if len(unusable) > 1 else \
-        f"the one checkpoint in {store.directory} is"
-    return f"resume=auto: {count} unusable ({describe_unusable(unusable)}); starting from step 0"
+def _step_folders(directory: Path) -> list[Path]:
+    """Every ``step_*`` folder (usable or not), newest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdecimal()]
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
+def _none_usable(directory: Path, unusable: list[tuple[Path, str]], why: str) -> ConfigError:
+    """One line: checkpoints are there, none can be used (each with its reason, newest first), and what to do."""
+    count = len(_step_folders(directory))
+    return ConfigError(f"{why}: {directory} holds {count} checkpoint folder(s) and none can be used "
+                       f"({describe_unusable(unusable)}); nothing was loaded, and the run does not start again from "
+                       "step 0 over them; valid: --resume PATH of a checkpoint that verifies, move the unusable step_* "
+                       "folders away, or a new --run-dir")
+
+
+def refuse_unusable(run_dir: str | Path) -> None:
+    """In the launcher, for ``--resume auto``: a run directory that holds checkpoint folders none of which could
+    be used (a manifest that does not parse, a file it lists missing: the cheap checks, no hashing) is refused
+    in one line before anything starts; the ranks verify every byte of the one they pick."""
+    from multigpu.checkpoint.store import verify
+
+    directory = Path(run_dir) / CHECKPOINTS
+    unusable = []
+    for path in _step_folders(directory):
+        try:
+            verify(path, only=())  # every listed file present, none unlisted; sizes and checksums: the ranks
+            return
+        except CorruptCheckpointError as exc:
+            unusable.append((path, exc.reason))
+    if unusable:
+        raise _none_usable(directory, unusable, "--resume auto")
 
 
 def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:
     """The checkpoint to start from (None: from scratch). Local: rank 0 calls it and tells the others.
 
     ``say``: one line about the choice (resuming from, no checkpoint yet).
+
+    Raises:
+        ConfigError: checkpoint folders exist but none can be used (a run never quietly starts over them).
     """
     store = CheckpointStore(Path(run_dir) / CHECKPOINTS) if run_dir else None
     if restarts > 0 and store is not None:
@@ -79,12 +106,16 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
         if found is not None:
             say(f"restart {restarts}: resuming from {found}")
             return found
+        if store.skipped:
+            raise _none_usable(store.directory, store.skipped, f"restart {restarts}")
     if not resume:
         return None
     if resume == "auto":
         found = store.latest() if store is not None else None
         if found is None:
-            say(no_checkpoint_line(store))
+            if store.skipped:
+                raise _none_usable(store.directory, store.skipped, "--resume auto")
+            say("resume=auto: no checkpoint yet; starting from step 0")
             return None
         say(f"resuming from {found}")
         return found

@@ -231,7 +231,7 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     from torch import nn
 
     import multigpu as mg
-    from multigpu.files import write_json_atomic
+    from multigpu.files import user_made, write_json_atomic
     from multigpu.infer import io
     from multigpu.infer.runner import sliding_window
     from multigpu.infer.windows import WindowPlan, as_tuple
@@ -255,11 +255,14 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     seconds = time.perf_counter() - start
     written = []
     if mg.is_main():
+        named = cfg.output is not None and not Path(output).exists()  # a folder the user named: made with their umask
         Path(output).mkdir(parents=True, exist_ok=True)
         for path, out in zip(inputs, outputs, strict=False):
             target = io.output_path(output, path)
             io.write_image(target, out, source=path)
-            written.append(str(target))
+            written.append(str(user_made(target) if cfg.output is not None else target))
+        if named:
+            user_made(output)
     ndim = images[0].dim() - 2
     num_windows = WindowPlan([im.shape[2:] for im in images], as_tuple(cfg.roi, ndim, "roi"),
                              as_tuple(cfg.overlap, ndim, "overlap")).num_windows

@@ -18,6 +18,7 @@ import sys
 import multigpu as mg
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError
+from multigpu.files import set_user_umask
 from multigpu.jobs.registry import get_workload
 from multigpu.runtime import context
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     workload = get_workload(data["workload"])
     cfg = from_dict(workload.config, data.get("config") or {}, prefix=workload.prefix)
     ctx = context.RunContext.from_dict(data.get("run", {}))
+    if isinstance(data.get("umask"), int):
+        set_user_umask(data["umask"])  # for the outputs the user names; the run folder stays 0700 / 0600
     context.set_current(ctx)
     mg.init(**(workload.init(cfg) if workload.init else {}))
     try:

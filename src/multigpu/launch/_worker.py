@@ -435,8 +435,8 @@ def _main(argv: list[str]) -> None:
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _accelerate_on_cpu_ranks()
 
-    if isinstance(run_file.get("umask"), int):  # a user's script: the user's umask, not the launcher's (0077)
-        os.umask(run_file["umask"])
+    if isinstance(run_file.get("umask"), int) and not run_file.get("workload"):
+        os.umask(run_file["umask"])  # a user's script: the user's umask, not the launcher's (0077)
     try:
         try:
             record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)

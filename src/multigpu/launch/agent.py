@@ -29,7 +29,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import user_umask, write_json_atomic
-from multigpu.launch import _worker, processes, stores
+from multigpu.launch import _worker, nodes, processes, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -167,7 +166,7 @@ def build_plan(
         env.update(nccl_flight_recorder(log_dir))
     rdzv_configs: dict[str, object] = dict(cfg.rdzv_conf)
     rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
-    run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
+    run_id = nodes.job_run_id(cfg.run_id, cfg.nnodes)
     torch_config = TorchLaunchConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
@@ -183,9 +182,9 @@ def build_plan(
         log_line_prefix_template="[rank${rank}]: " if cfg.log_dir or cfg.rank_prefix else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
-    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
-    if job is None:  # a user's script: its own files get the user's umask back (the worker wrapper sets it)
-        run_data["umask"] = user_umask()
+    # the user's umask: a user's script gets it back (the worker wrapper sets it); a built-in workload keeps 0077
+    # for its run folder and gives it to the outputs the user names (files.user_made)
+    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict(), "umask": user_umask()}
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
@@ -530,10 +529,21 @@ def launch(
     a process group ran as independent copies of the script: one line says so at the end, and with
     ``require_group`` (``bench``, ``verify``: their figures would be meaningless) it is an error.
 
+    On several nodes the launchers meet first (:func:`multigpu.launch.nodes.joined`): a node that fails before
+    the job forms makes every other node stop within seconds, naming it.
+
     Raises:
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
         RendezvousTimeoutError: the other nodes did not join in time.
+        NodeFailedError: another node stopped before the job formed.
     """
+    with nodes.joined(cfg):
+        return _launch(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job,
+                       require_group=require_group)
+
+
+def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool, facts: HostFacts | None,
+            devices: DevicePlan | None, run: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
@@ -554,12 +564,16 @@ def launch(
             if plan.devices.note:  # after the run file: a disk too full for it is the only line
                 print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)
+            recorded = plan.run_data["run"].get("run_dir") or cfg.log_dir
             try:
-                _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+                with restarts.reporting(recorded) if cfg.max_restarts else contextlib.nullcontext():
+                    _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
                 # a planted rendezvous state that another node refused first: that is why the workers failed
                 if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
                     raise LaunchError(f"the job was stopped: {refused}") from None
+                if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
+                    raise nodes.NodeFailedError(other) from None
                 raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump,
                                         memory) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
@@ -582,6 +596,9 @@ def launch(
                 raise _unreadable_error_file(plan.log_dir, world_size) or LaunchError(
                     f"the launcher could not start the job: {exc}") from None
             except (RuntimeError, ValueError, RendezvousError) as exc:
+                # another node stopped before the job formed and closed the rendezvous: name it
+                if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
+                    raise nodes.NodeFailedError(other) from None
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one
         if stopped:

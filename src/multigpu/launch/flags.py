@@ -182,7 +182,13 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         check_writable(cfg.log_dir, "--log-dir")
     from multigpu.launch.rendezvous import check_endpoint, secret_from_env
 
-    check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    try:
+        check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    except ConfigError as exc:  # e.g. node 0's endpoint resolves to loopback: the other nodes must not wait for it
+        from multigpu.launch.nodes import tell_others
+
+        tell_others(cfg, exc)
+        raise
     secret_from_env(cfg.nnodes)  # several nodes need a shared secret: refused here, before anything is written
     return cfg
 
@@ -244,24 +250,57 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
         args.nproc_per_node = placement.nproc_per_node
 
 
-def scheduler_file(args: argparse.Namespace, argv: list[str]) -> str | None:
-    """The sbatch script or PyTorchJob manifest asked for by ``--print-sbatch``/``--print-k8s``, else None."""
+def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[str] = ()) -> str | None:
+    """The sbatch script or PyTorchJob manifest asked for by ``--print-sbatch``/``--print-k8s``, else None.
+
+    ``ours``: the command line up to the script (the command and our flags); ``script_args``: what follows the
+    script, which is the script's and is written out verbatim. Resources come from the job's flags only.
+    """
     if not (getattr(args, "print_sbatch", False) or getattr(args, "print_k8s", False)):
         return None
     from multigpu.launch import schedulers
-    from multigpu.launch.devices import HostFacts, parse_gpus
 
     if args.print_sbatch and args.print_k8s:
         raise ConfigError("--print-sbatch and --print-k8s each print a whole file; pass one of them")
-    nnodes = args.nnodes or 1
-    if isinstance(args.nproc_per_node, int):
-        gpus, note = args.nproc_per_node, "from --nproc-per-node"
-    elif args.gpus not in (None, "all"):
-        gpus, note = len(parse_gpus(args.gpus, max(64, HostFacts.probe().gpu_count))), "from --gpus"
+    flag = "--print-sbatch" if args.print_sbatch else "--print-k8s"
+    resources = job_resources(args, flag)
+    what = getattr(args, "target", None) or next((a for a in ours if not a.startswith("-")), "job")
+    if args.print_sbatch:
+        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources)
+    workload = getattr(args, "_workload", None)
+    run_folder = None if workload is None or getattr(args, "run_dir", None) else \
+        workload.resumable and getattr(args, "resume", None) is None
+    return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder)
+
+
+def job_resources(args: argparse.Namespace, flag: str):
+    """GPUs, workers and cores per node from the job's flags: a job file asks the scheduler for what the job
+    needs on its nodes, not for what this machine has."""
+    from multigpu.launch.devices import parse_gpus
+    from multigpu.launch.schedulers import JobResources
+
+    nproc, cpu = args.nproc_per_node, args.cpu or args.nproc_per_node == "cpu"
+    if getattr(args, "alias_num_processes", None):  # accelerate's count of all machines' processes
+        from multigpu.launch.aliases import translate
+
+        translate(args, say=lambda line: None)
+        nproc = args.nproc_per_node
+    if isinstance(nproc, int):
+        workers, said = nproc, "from --nproc-per-node"
+    elif args.gpus not in (None, "all") and not cpu:
+        workers, said = len(parse_gpus(args.gpus, 1 << 16)), "from --gpus"
+    elif cpu and nproc == "auto":
+        workers, said = 1, ""
     else:
-        visible = HostFacts.probe().gpu_count
-        gpus, note = max(visible, 1), f"this machine's count ({visible} visible): edit to your nodes' count"
-    make = schedulers.sbatch_script if args.print_sbatch else schedulers.pytorchjob_manifest
-    kwargs = {"gpus_note": note} if args.print_sbatch else {}
-    what = getattr(args, "target", None) or next((a for a in argv if not a.startswith("-")), "job")
-    return make(argv, what=what, nnodes=nnodes, gpus_per_node=gpus, **kwargs)
+        given = {"auto": "--gpus all" if args.gpus == "all" else None}.get(nproc, f"--nproc-per-node {nproc}")
+        what = f"{given} does not say" if given else "nothing says"
+        raise ConfigError(f"{flag}: {what} how many GPUs each node of the job has (this machine's count is no "
+                          "guide to the cluster's); valid: --nproc-per-node N (one worker per GPU) or --gpus N, or "
+                          "--cpu --nproc-per-node N for CPU ranks")
+    if cpu and nproc == "cpu":
+        raise ConfigError(f"{flag}: --nproc-per-node cpu (one worker per core) depends on the node's cores; valid: "
+                          "--cpu --nproc-per-node N")
+    nnodes = args.nnodes or (int(args.alias_num_machines) if str(getattr(args, "alias_num_machines", "") or "")
+                             .isdecimal() else 1)
+    cpus = args.threads * workers if args.threads else None
+    return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said)

@@ -387,5 +387,10 @@ class StepMeter:
         if extra:
             result.update(extra)
         if group.rank() == 0 and self.run_dir is not None:
+            from multigpu.runtime.context import read_restarts
+
+            deaths = read_restarts(self.run_dir)  # ranks that died and made the agent restart the group
+            if deaths:
+                result["restarts"] = deaths
             write_json_atomic(self.run_dir / "summary.json", result)
         return result

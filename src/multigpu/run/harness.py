@@ -129,6 +129,7 @@ class Run:
         self._stop: str | None = None
         self._meter: StepMeter | None = None
         self._count = None
+        self._flag: InterruptFlag | None = None
 
     # ------------------------------------------------------------------ the meter
     @property
@@ -168,31 +169,41 @@ class Run:
             raise ValueError("steps(): give the step to run to (Run(total=...) or steps(total))")
         meter = self.meter
         with InterruptFlag(self.on_interrupt) as flag:
-            while self.step < self.total and self._stop is None:
-                number = self.step
-                if timed:
-                    with meter.step() as count:
-                        self._count = count
+            self._flag = flag
+            try:
+                while self.step < self.total and self._stop is None:
+                    number = self.step
+                    if timed:
+                        with meter.step() as count:
+                            self._count = count
+                            yield number
+                        self._count = None
+                    else:
                         yield number
-                    self._count = None
-                else:
-                    yield number
-                self.step = number + 1
-                self._after_step(flag)
+                    self.step = number
+                    self.end_step()
+            finally:
+                self._flag = None
         self.finish()
 
     def stop(self, why: str = "stopped") -> None:
         """End the steps after the current one, with its checkpoint (a target reached). Call on all ranks."""
         self._stop = why
 
-    def _after_step(self, flag: InterruptFlag) -> None:
+    def end_step(self) -> None:
+        """One more step done, and what :meth:`steps` does after each (callbacks, a signal's agreement, a
+        checkpoint that is due). :meth:`steps` calls it; a loop that cannot be written as ``steps()`` (one whose
+        length is found as it goes: a simulation ensemble's waves) calls it after each of its steps. Call on all
+        ranks."""
+        self.step += 1
         event = StepEvent(self.step, _unwrapped(self.state), self)
         for callback in self.callbacks:
             callback.on_step(event)
-        if flag.enabled and flag.agreed(group.current_device()):  # one tiny all-reduce: all stop at this step
-            self.interrupted, self.signal = True, flag.signum
+        flag = self._flag
+        if flag is not None and flag.enabled and flag.agreed(group.current_device()):  # one tiny all-reduce
+            self.interrupted, self.signal = True, flag.signum  # every rank stops after this same step
             self._stop = "interrupted"
-        last = self.step >= self.total
+        last = self.total is not None and self.step >= self.total
         if (self._stop is not None or (last and self.checkpoint_last) or
                 (self.checkpoints is not None and self.checkpoints.due(self.step))):
             self.save()

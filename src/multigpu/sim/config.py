@@ -116,8 +116,9 @@ class SimConfig:
     callbacks: list[str] = field(default_factory=list)
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
     ``on_step(event)`` runs on every rank after each step, before its checkpoint (``event.step``: steps done;
-    ``event.state["agents"].engine``: the engine; see :class:`multigpu.run.StepEvent`). Importing the module
-    runs its code."""
+    ``event.state["agents"].engine``: the engine; see :class:`multigpu.run.StepEvent`); in an ensemble after each
+    wave (``event.step``: waves done; ``event.state["wave"]``: :class:`multigpu.sim.ensemble.Wave`). Importing
+    the module runs its code."""
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
@@ -219,8 +220,7 @@ class SimConfig:
                  (self.differentiable, "sim.differentiable", "run the relaxed model on its own"),
                  (self.save_agents, "--save-agents", "save the agents of one run (seed=...) on its own"),
                  (self.checkpoint_every, "--checkpoint-every", "leave it out: an ensemble keeps every finished "
-                                                               "replicate, and --resume auto runs the others"),
-                 (self.callbacks, "sim.callbacks", "run them on one run at a time")]
+                                                               "replicate, and --resume auto runs the others")]
         for value, name, instead in clash:
             if value:
                 raise ConfigError(f"{name} does not combine with an ensemble (--replicates, --sweep); valid: {instead}")

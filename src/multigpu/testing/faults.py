@@ -36,8 +36,9 @@ __all__ = ["KillAt", "SlowDisk", "kill_self"]
 class KillAt:
     """A callback (``on_step``) that SIGKILLs rank ``rank`` after step ``step`` of the first attempt.
 
-    ``while_writing``: kill without waiting for the checkpoint being written in the background (and say on
-    stdout which one was in flight); False: once it is on disk.
+    Works with every workload's step (:class:`multigpu.run.StepEvent`: train's optimizer steps, sim's steps or an
+    ensemble's waves, PPO's updates). ``while_writing``: kill without waiting for the checkpoint being written in
+    the background (and say on stdout which one was in flight); False: once it is on disk.
     """
 
     def __init__(self, rank: int, step: int, *, while_writing: bool = False):

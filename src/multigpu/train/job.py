@@ -101,8 +101,11 @@ def _planned_context(cfg: TrainJobConfig) -> dict:
     return _context(cfg, len(VOCAB))
 
 
-def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
-    """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
+def check(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
+    """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError.
+
+    Returns the config to run when the check changed it (a resume at another world size keeps its global batch
+    through the accumulation), else None."""
     from multigpu.factory import import_object
     from multigpu.train.sync import check_sync_backend
     from multigpu.train.trackers import check_trackers
@@ -123,9 +126,85 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     if plan.run.resume not in (None, "auto"):
         _check_resume_path(plan.run.resume)
     _check_resume_fits(cfg, plan)
-    _check_memory(cfg, plan)
+    kept = _keep_global_batch(cfg, plan)
+    _check_memory(kept or cfg, plan)
     if cfg.init_from:
         _check_init_from(cfg)
+    return kept
+
+
+_BATCH_KEYS = ("batch_size", "grad_accum", "grad_accum_scope", "global_batch_size")
+"""What the global batch is made of: a resumed run keeps the saved run's, unless the command gives them."""
+
+
+def _resume_target(plan: JobPlan) -> Path | None:
+    """The checkpoint a resume would start from, as far as the launcher can tell without reading its bytes (the
+    rule the ranks decide by, :func:`multigpu.checkpoint.resume.planned`; they verify every byte of it)."""
+    from multigpu.checkpoint.resume import planned
+
+    return planned(plan.run.resume, plan.run.run_dir)
+
+
+def _keep_global_batch(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
+    """A run resumed at another world size says so in one line and keeps its global batch (samples per optimizer
+    step) by changing the gradient accumulation; where no accumulation keeps it, it is refused, unless the command
+    gives the batch settings itself (then the global batch changes as asked, and the line says so).
+
+    Returns the config with the accumulation that keeps the global batch, or None (unchanged)."""
+    import dataclasses
+    import json
+
+    from multigpu.checkpoint import CorruptCheckpointError
+    from multigpu.checkpoint.store import read_manifest
+    from multigpu.config import from_dict
+
+    path = _resume_target(plan)
+    if path is None:
+        return None
+    try:
+        manifest = read_manifest(path)
+        saved_world = int(manifest["world_size"])
+    except (CorruptCheckpointError, KeyError, TypeError, ValueError):
+        return None  # the ranks name what is wrong with it
+    written = manifest.get("meta", {}).get("global_batch") if isinstance(manifest.get("meta"), dict) else None
+    world = plan.world_size
+    if saved_world == world:
+        return None
+    try:
+        data = json.loads((path.parent.parent / "run.json").read_text())
+        saved = from_dict(TrainJobConfig, data["config"]) if data.get("workload") == "train" else None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        saved = None
+    where = f"resuming a checkpoint written by {saved_world} rank(s) on {world} rank(s)"
+    # the checkpoint's own record of its global batch; the run's config where it has none (written before it did)
+    before = written if isinstance(written, int) and written > 0 else \
+        saved.effective_batch(saved_world) if saved is not None else None
+    now = cfg.effective_batch(world)
+    if before is None:  # the saved run's batch is unknown: say what is known
+        print(f"multigpu train: {where}; the global batch is {now} samples per step here", flush=True)
+        return None
+    given = [k for k in _BATCH_KEYS if saved is not None and getattr(cfg, k) != getattr(saved, k)]
+    if before == now:
+        print(f"multigpu train: {where}: the global batch stays {now} samples per step", flush=True)
+        return None
+    if given:
+        print(f"multigpu train: {where}: the global batch changes from {before} to {now} samples per step, as "
+              f"asked ({', '.join(given)} given here)", flush=True)
+        return None
+    per_rank = cfg.batch_per_rank(world)
+    accum, rest = divmod(before, per_rank * world)
+    if rest or accum < 1:
+        raise ConfigError(
+            f"--resume: the checkpoint was written by {saved_world} rank(s) with a global batch of {before} samples "
+            f"per step, which {world} rank(s) of batch {per_rank} cannot keep ({before} is not a multiple of "
+            f"{per_rank} × {world}); valid: a world size whose ranks split it (--nproc-per-node/--nnodes), or "
+            "give batch_size, grad_accum or global_batch_size to change the global batch on purpose")
+    total = accum * world if cfg.grad_accum_scope == "global" else accum
+    kept = dataclasses.replace(cfg, grad_accum=total)
+    print(f"multigpu train: {where}: grad_accum {cfg.grad_accum} -> {total} keeps the global batch of {before} "
+          f"samples per step (batch {per_rank} × grad_accum {accum} × {world} rank(s)); give batch_size, grad_accum "
+          "or global_batch_size to change it", flush=True)
+    return kept
 
 
 def _check_init_from(cfg: TrainJobConfig) -> None:
@@ -212,11 +291,10 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
     import torch
 
     from multigpu.checkpoint import CorruptCheckpointError
-    from multigpu.checkpoint.resume import planned
     from multigpu.config import to_dict
     from multigpu.train.checkpoint import check_layout, check_resume_fits
 
-    path = planned(plan.run.resume, plan.run.run_dir)  # what the ranks will resume from (manifest only, here)
+    path = _resume_target(plan)
     if path is None:
         return
     try:  # DCP shards (fsdp, hsdp) load into any strategy and layout; whole state dicts (ddp) into ddp only
@@ -391,8 +469,9 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
         trainer.close()
         if mg.is_main():
+            again = ctx.resume_command or f"multigpu train --run-dir {run_dir} --resume auto"
             print(f"interrupted after step {trainer.step}: checkpoint {trainer.checkpoints.path_for(trainer.step)}; "
-                  f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
+                  f"continue with: {again}", flush=True)
         return 128 + result["signal"]  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
     if trainer.last_val_loss is not None:  # what `multigpu verify --nproc 1,2 train` compares across world sizes

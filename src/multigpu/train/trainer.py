@@ -453,9 +453,10 @@ class Trainer:
             tensors = FsdpTensors(self.module, self.optimizer)
             state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
             state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.saved_param_groups})
-            return state, None
+            return state, lambda: {"global_batch": self.effective_batch}
         state.update(model=self.module, optimizer=self.optimizer, trainer=_Later(self._run_state))
-        return state, lambda: {"params": param_shapes(self.module.state_dict())}
+        # the global batch (samples per step): a resume at another world size keeps it (read by the launcher)
+        return state, lambda: {"params": param_shapes(self.module.state_dict()), "global_batch": self.effective_batch}
 
     def _check_finite(self, step: int) -> None:
         """Before a checkpoint: a step since the last check had a non-finite loss or gradient norm: nothing is
