@@ -72,7 +72,7 @@ def digest_check(agents: int, steps: int, chunk_size: int, compile_: bool, devic
     for where, dev in (("cpu", torch.device("cpu")), ("device", device)):
         mg.init(backend=dev.type)
         cfg = _config(agents, steps, chunk_size if dev.type == "cuda" else 1 << 18, compile_ and dev.type == "cuda")
-        result, seconds = _common.timed(lambda cfg=cfg: run(cfg, progress=False), dev)
+        result, seconds = _common.timed(lambda cfg=cfg: run(cfg), dev)
         runs[where] = {"digest": result.summary["state_digest"], "series": result.series, "seconds": seconds}
         mg.shutdown()
     same_series = runs["cpu"]["series"] == runs["device"]["series"]

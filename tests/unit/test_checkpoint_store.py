@@ -298,11 +298,12 @@ def test_the_simulation_keeps_only_its_last_checkpoints(tmp_path):
     """sim kept every checkpoint (and filled a disk): it rotates like every workload now (keep_last)."""
     import multigpu as mg
     from multigpu.config import load_config
+    from multigpu.run import script_context
     from multigpu.sim import runner
     from multigpu.sim.config import SimConfig
 
     mg.init(backend="cpu", threads=1)
     cfg = load_config(SimConfig, "sir", ["steps=8", "agents=2000", "grid=[32,32]", "compile=false", "plot=false",
                                          "checkpoint_every=2", "keep_last=2"], prefix="sim")
-    runner.run(cfg, run_dir=tmp_path / "run", progress=False)
+    runner.run(cfg, script_context(tmp_path / "run"))
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]

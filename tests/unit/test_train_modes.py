@@ -24,8 +24,8 @@ SHAPE = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.1)
 class _EvalInCallback:
     """A callback that leaves the model in eval mode, as one that samples text would."""
 
-    def on_step(self, trainer):
-        trainer.module.eval()
+    def on_step(self, event):
+        event.state["model"].eval()
 
 
 def test_every_training_forward_runs_in_train_mode(single_rank_group):

@@ -15,8 +15,8 @@ from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.checkpoint.store import CheckpointStore, describe_unusable, is_checkpoint, old_layout, verify
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "refuse_old_layout", "refuse_unusable",
-           "resolve", "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "planned",
+           "refuse_old_layout", "refuse_unusable", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -122,6 +122,37 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
     path = check_resume_path(resume)
     say(f"resuming from {path}")
     return path
+
+
+def decide(ctx):
+    """``ctx`` (a :class:`~multigpu.runtime.context.RunContext`) with ``resume_from`` decided: the one rule of
+    which checkpoint a run starts from, for a job (the rank entry point calls this before ``main``) and for a
+    plain script (the run harness calls it when the context it was given is not decided yet). Call on all ranks
+    after ``mg.init``. A context already decided comes back as it is: nothing is decided, or said, twice."""
+    import dataclasses
+
+    if ctx.resume_decided:
+        return ctx
+    found = resolve(ctx.resume, ctx.run_dir)
+    return dataclasses.replace(ctx, resume_from=str(found) if found else None, resume_decided=True)
+
+
+def continues(ctx) -> bool:
+    """Whether this attempt continues an earlier one of its run: ``--resume`` was given, or torchrun's agent
+    restarted the worker group. For a workload whose progress lives in files of its own rather than in
+    checkpoints (a simulation ensemble's replicates); one that checkpoints reads ``resume_from``."""
+    return bool(ctx.resume) or restart_count() > 0
+
+
+def planned(resume: str | None, run_dir: str | None) -> Path | None:
+    """In the launcher: the checkpoint a resume would start from, as far as it can tell without reading a
+    checkpoint's files: ``PATH`` itself; for ``auto`` the newest complete folder of the run (its manifest and
+    the files it lists present; the ranks then compare every checksum and skip a damaged one, see :func:`choose`)."""
+    if resume is None or (resume == "auto" and not run_dir):
+        return None
+    if resume != "auto":
+        return Path(resume)
+    return CheckpointStore(Path(run_dir) / CHECKPOINTS, warn=lambda _: None).latest(checksums=False)
 
 
 def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = None) -> Path | None:

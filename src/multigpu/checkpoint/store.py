@@ -32,9 +32,13 @@ On disk, one folder per checkpoint::
             .metadata, __0_0.distcp, __1_0.distcp, ...   the sharded parts (DCP; absent when there are none)
         step_00000050/ ...
 
-Saving writes ``.step_<n>.tmp/`` first: every rank its DCP shards (hashing what it wrote), rank 0
-``state.pt`` and, last, ``manifest.json``; then one rename makes it ``step_<n>/`` and the folders beyond
-``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
+A save is two halves: :meth:`CheckpointStore.snapshot` takes every part's state (copied to host memory
+when a background writer will write it: :mod:`multigpu.checkpoint.staging`), and
+:meth:`CheckpointStore.write` writes it, on the calling thread or on a writer's
+(:class:`multigpu.checkpoint.Checkpointer`), coordinating the ranks through an :class:`Exchange`. It writes
+``.step_<n>.tmp/`` first: every rank its DCP shards, rank 0 ``state.pt`` and, last, ``manifest.json``, each
+file fsynced while its bytes are read back and hashed; then one rename makes it ``step_<n>/`` and the folders
+beyond ``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
 :class:`CheckpointWriteError` on every rank, naming the reason and the previous checkpoint, which is
 intact. A process killed mid-save leaves only a hidden ``.step_*.tmp`` folder, which no reader looks at
 and the next save deletes.
@@ -54,9 +58,11 @@ import json
 import pickle
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,11 +75,13 @@ from multigpu.checkpoint.files import (
     atomic_write,
     fsync_dir,
     sha256_file,
+    synced_digest,
 )
+from multigpu.checkpoint.staging import Stager, landed
 from multigpu.files import describe_os_error, os_error_in
 
-__all__ = ["MANIFEST", "STATE", "CheckpointStore", "OldLayoutError", "PerRank", "Scan", "Sharded",
-           "describe_unusable", "is_checkpoint", "read_manifest", "verify"]
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Scan", "Sharded",
+           "Snapshot", "describe_unusable", "is_checkpoint", "read_manifest", "verify"]
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
@@ -252,10 +260,78 @@ def _torch_load(path: Path) -> Any:
 
 @contextlib.contextmanager
 def _quiet():
-    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent."""
+    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent. (On a
+    writer thread the checkpointer filtered it for the process: ``catch_warnings`` is not thread-safe.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def _failed_rank(exc: BaseException, rank: int) -> int:
+    """The rank whose disk failed: DCP reports one rank's failure on every rank (its ``CheckpointException``
+    maps each failed rank to its exception); ``rank`` when it names none."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        failed = sorted(r for r, f in failures.items()
+                        if isinstance(r, int) and os_error_in(f[0] if isinstance(f, tuple) and f else f) is not None)
+        if failed:
+            return failed[0]
+    return rank
+
+
+# ----------------------------------------------------------------------------- saving in two halves
+@dataclass
+class Snapshot:
+    """A checkpoint's content, taken at one step (:meth:`CheckpointStore.snapshot`), not yet written."""
+
+    step: int
+    rank: int
+    world: int
+    sharded: dict[str, Any]
+    """Name -> DCP state dict (every rank writes its shards)."""
+    per_rank: dict[str, Any]
+    """Name -> this rank's state (gathered to rank 0)."""
+    plain: dict[str, Any]
+    """Name -> state (rank 0's; empty elsewhere)."""
+    meta: dict[str, Any]
+    ready: list = field(default_factory=list)
+    """CUDA events after the staging copies (:func:`~multigpu.checkpoint.staging.landed`); empty: nothing to wait."""
+
+
+class Exchange:
+    """The collectives a write coordinates the ranks with: the job's own (``group=None``: multigpu's collectives
+    on the default group, named in errors and timed into the step) or those of a process group of its own,
+    called with ``torch.distributed`` directly (a background writer: its messages never pair with the main
+    thread's on the default group, and its time is not the step's)."""
+
+    def __init__(self, group: Any = None):
+        self.group = group
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.broadcast_object(obj)
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0 (None elsewhere)."""
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.gather(obj, dst=0)
+        import torch.distributed as dist
+
+        parts = [None] * dist.get_world_size(self.group) if dist.get_rank(self.group) == 0 else None
+        dist.gather_object(obj, parts, dst=0, group=self.group)
+        return parts
 
 
 # ----------------------------------------------------------------------------- the store
@@ -310,9 +386,12 @@ class CheckpointStore:
         """:func:`verify`: the manifest once every file checks out (bytes only)."""
         return verify(path)
 
-    def scan(self) -> Scan:
+    def scan(self, *, checksums: bool = True) -> Scan:
         """The newest ``step_*`` folder that verifies, and why each newer one cannot be used (newest first;
         when none verifies: every folder's reason). Warns nothing; local, bytes only.
+
+        ``checksums=False``: its manifest and the files it lists are there, their bytes not read (the launcher's
+        look ahead; the ranks compare every checksum).
 
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
@@ -320,7 +399,7 @@ class CheckpointStore:
         unusable: list[tuple[Path, str]] = []
         for path in reversed(self._step_folders()):
             try:
-                verify(path)
+                verify(path, only=None if checksums else ())
                 return Scan(path, unusable)
             except CorruptCheckpointError as exc:
                 unusable.append((path, exc.reason))
@@ -329,15 +408,16 @@ class CheckpointStore:
             raise _old_layout_error(self.directory, what)
         return Scan(None, unusable)
 
-    def latest(self) -> Path | None:
+    def latest(self, *, checksums: bool = True) -> Path | None:
         """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
         ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
         ``self.skipped`` keeps why each was skipped, newest first (:meth:`scan` says it without warning).
+        ``checksums``: as :meth:`scan`'s.
 
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
         """
-        found, unusable = self.scan()
+        found, unusable = self.scan(checksums=checksums)
         self.skipped = unusable
         for path, reason in unusable:
             self.warn(f"skipping checkpoint {path} (unusable: {reason})")
@@ -397,7 +477,7 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None) -> Path:
-        """Write checkpoint ``step`` of ``state`` (see the module docstring). Call on all ranks.
+        """Write checkpoint ``step`` of ``state`` now (see the module docstring). Call on all ranks.
 
         ``meta``: plain JSON values recorded in the manifest, read without unpickling anything (the
         launcher checks a resume against them).
@@ -406,48 +486,82 @@ class CheckpointStore:
             CheckpointWriteError: on every rank, when a rank could not write (disk full, permission);
                 the previous checkpoints are intact and no temporary folder is left.
         """
-        from multigpu.runtime import collectives, group
+        return self.write(self.snapshot(step, state, meta=meta))
+
+    def snapshot(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None,
+                 stager: Stager | None = None) -> Snapshot:
+        """What checkpoint ``step`` will hold: every part's state, taken now (the sharded parts first, then the
+        others). Local: no collective, nothing written.
+
+        ``stager``: copy it into host memory (:mod:`~multigpu.checkpoint.staging`), so that :meth:`write` can
+        run on another thread while the run changes the live state; None: the live state itself (write at once).
+        """
+        from multigpu.runtime import group
 
         many = group.is_initialized() and group.world_size() > 1
         rank, world = (group.rank(), group.world_size()) if many else (0, 1)
-        final = self.path_for(step)
+        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
+        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
+        plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))} \
+            if rank == 0 else {}  # written by rank 0 only
+        meta = dict(meta or {})
+        ready: list = []
+        if stager is not None:
+            if sharded:
+                sharded = stager.stage_sharded(sharded)
+            # the device copies only queued: the writer waits for them (ready), the run goes on at once
+            copied, ready = stager.stage({"per_rank": per_rank, "plain": plain, "meta": meta}, wait=False)
+            per_rank, plain, meta = copied["per_rank"], copied["plain"], copied["meta"]
+        return Snapshot(int(step), rank, world, sharded, per_rank, plain, meta, ready)
+
+    def write(self, snap: Snapshot, exchange: Exchange | None = None) -> Path:
+        """Write ``snap`` as ``step_<n>/``: the temporary folder, every rank's DCP shards, rank 0's ``state.pt``
+        and manifest, the rename, the rotation. Call on all ranks, on one thread each.
+
+        ``exchange``: the collectives it coordinates the ranks with (default: the job's own, on the calling
+        thread; a background writer passes a process group of its own, :class:`Exchange`).
+
+        Raises:
+            CheckpointWriteError: on every rank, when a rank could not write; see :meth:`save`.
+        """
+        exchange = exchange or Exchange()
+        landed(snap.ready)  # the staged copies from the GPU are in host memory
+        rank, many = snap.rank, snap.world > 1
+        final = self.path_for(snap.step)
         tmp = self.directory / f".{final.name}.tmp"
         failure = None
         if rank == 0:
             failure = self._begin(tmp)
         if many:
-            failure = collectives.broadcast_object(failure)
+            failure = exchange.broadcast(failure)
         if failure is not None:
             raise CheckpointWriteError(failure)
-        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
         mine: dict[str, dict[str, Any]] = {}
-        if sharded:
+        if snap.sharded:
             import torch.distributed.checkpoint as dcp
 
             try:
-                with _quiet():
-                    dcp.save(sharded, checkpoint_id=str(tmp))
+                with _quiet():  # the files fsynced below, each while it is read back and hashed
+                    dcp.save(snap.sharded, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=False),
+                             process_group=exchange.group)
                 names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
-                mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
+                mine = {p.name: dict(zip(("bytes", "sha256"), synced_digest(p), strict=True)) for p in names}
             except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
                 cause = os_error_in(exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
                 if cause is None:  # only a disk's failure is reported; the rest re-raised
                     raise
-                failure = f"rank {rank}: {describe_os_error(cause)}"
-        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
-        if many:
-            parts = collectives.gather({"files": mine, "failure": failure, "per_rank": per_rank}, dst=0)
-        else:
-            parts = [{"files": mine, "failure": failure, "per_rank": per_rank}]
+                failure = f"rank {_failed_rank(exc, rank)}: {describe_os_error(cause)}"
+        mine_all = {"files": mine, "failure": failure, "per_rank": snap.per_rank}
+        parts = exchange.gather(mine_all) if many else [mine_all]
         if rank == 0:
             failure = next((p["failure"] for p in parts if p["failure"]), None)
             if failure is None:
-                plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))}
-                plain.update({name: [p["per_rank"][name] for p in parts] for name in per_rank})
+                plain = dict(snap.plain)
+                plain.update({name: [p["per_rank"][name] for p in parts] for name in snap.per_rank})
                 files: dict[str, Any] = {}
                 for p in parts:
                     files.update(p["files"])
-                failure = self._finish(tmp, final, step, world, plain, files, meta or {})
+                failure = self._finish(tmp, final, snap.step, snap.world, plain, files, snap.meta)
             if failure is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 previous = [p.name for p in self.folders() if p != final]
@@ -455,7 +569,7 @@ class CheckpointStore:
                     "no earlier checkpoint exists"
                 failure = f"could not write checkpoint {final}: {failure}; {intact}"
         if many:
-            failure = collectives.broadcast_object(failure)  # also the sync point: all ranks see the folder
+            failure = exchange.broadcast(failure)  # also the sync point: all ranks see the folder
         if failure is not None:
             raise CheckpointWriteError(failure)
         return final

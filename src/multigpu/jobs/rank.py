@@ -12,7 +12,6 @@ and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -39,11 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     context.set_current(ctx)
     mg.init(**(workload.init(cfg) if workload.init else {}))
     try:
-        if workload.resumable:  # the only place a restart is noticed: a workload just loads resume_from
-            from multigpu.checkpoint import resolve
+        if workload.resumable:  # decided here, once, by the rule plain scripts use too: a workload loads resume_from
+            from multigpu.checkpoint.resume import decide
 
-            found = resolve(ctx.resume, ctx.run_dir)
-            ctx = dataclasses.replace(ctx, resume_from=str(found) if found else None)
+            ctx = decide(ctx)
             context.set_current(ctx)
         code = workload.main(cfg, ctx)
     except BaseException:

@@ -79,6 +79,9 @@ class RunContext:
     """The checkpoint this attempt starts from (None: from scratch), decided once by the rank entry point
     from ``resume`` and, for a worker group restarted by torchrun's agent, the run's newest valid checkpoint
     (:func:`multigpu.checkpoint.resolve`)."""
+    resume_decided: bool = False
+    """Whether :attr:`resume_from` is decided (by the rank entry point, or by the run harness for a plain
+    script: :func:`multigpu.checkpoint.resume.decide`), so that nothing decides it twice."""
     scaling: str = "strong"
     """"strong": the global problem is fixed; "weak": it grows with the world size (``multigpu bench --weak``)."""
     profile: bool = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from multigpu.errors import ConfigError
 from multigpu.sim.calibration import CalibrateConfig
@@ -81,6 +81,10 @@ class SimConfig:
     keep_last: int = 3
     """Checkpoints kept in ``<run_dir>/checkpoints``; older ones are deleted after each save."""
 
+    checkpoint_mode: Literal["async", "sync"] = "async"
+    """async: the agents are copied to host memory and written in the background while the simulation goes
+    on; sync: every rank waits until the checkpoint is on disk (where the host cannot hold one more copy)."""
+
     chunk_size: int = 1 << 18
     """Agents processed per vectorized chunk: bounds the step temporaries."""
 
@@ -111,8 +115,10 @@ class SimConfig:
 
     callbacks: list[str] = field(default_factory=list)
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
-    ``on_step(engine)`` runs on every rank after each step (importing the module runs its code); in an ensemble,
-    ``on_step(wave)`` after each wave (:class:`multigpu.sim.ensemble.Wave`: waves and replicates done)."""
+    ``on_step(event)`` runs on every rank after each step, before its checkpoint (``event.step``: steps done;
+    ``event.state["agents"].engine``: the engine; see :class:`multigpu.run.StepEvent`); in an ensemble after each
+    wave (``event.step``: waves done; ``event.state["wave"]``: :class:`multigpu.sim.ensemble.Wave`). Importing
+    the module runs its code."""
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,

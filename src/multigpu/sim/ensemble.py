@@ -174,10 +174,10 @@ def _broadcast(obj: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- the ensemble
-@dataclass(frozen=True)
+@dataclass
 class Wave:
-    """What the config's ``callbacks`` get after each wave, on every rank (their ``on_step(wave)``), once its
-    replicates are written."""
+    """The ensemble's progress, what the config's ``callbacks`` read after each wave on every rank, once its
+    replicates are written: ``on_step(event)`` with ``event.step`` (waves done) and ``event.state["wave"]``."""
 
     step: int
     """Waves done in this run."""
@@ -298,18 +298,15 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     book = _Rank0(cfg, points, configs, names, root, resume, log) if rank == 0 else None
     split = cfg.ensemble.split
     per_rank, batch = _wave_size(cfg, configs)
-    meter = None
-    if run is not None:
-        from multigpu.monitor import StepMeter
+    # the run harness times every wave and calls the callbacks after it; an ensemble writes no checkpoints (its
+    # replicates are its progress) and finds its length as it goes, so it ends each step itself (end_step)
+    from multigpu.run import Run, script_context
 
-        meter = StepMeter.from_context("agent-steps", dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None),
-                                       description=f"ensemble {cfg.model.rpartition(':')[2]}", log_every=0,
-                                       warmup_steps=1, progress=progress)
-    callbacks = []
-    if cfg.callbacks:
-        from multigpu.factory import call_factory
-
-        callbacks = [call_factory(spec, what="sim.callbacks") for spec in cfg.callbacks]
+    progress_now = Wave(step=0, replicates=0)
+    harness = Run(dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None) if run is not None
+                  else script_context(), {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks,
+                  unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress=progress)
+    meter = harness.meter if run is not None else None
     ran = waves = 0
     agent_steps = 0
     shown = time.perf_counter()
@@ -334,8 +331,8 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             ran += len(chunk)
             waves += 1
             agent_steps += sum(configs[p].agents * configs[p].steps for p, _ in chunk)
-            for callback in callbacks:
-                callback.on_step(Wave(step=waves, replicates=ran))
+            progress_now.step, progress_now.replicates = waves, ran
+            harness.end_step()  # callbacks: StepEvent(step=waves, state={"wave": ...}, run)
             if book is not None and time.perf_counter() - shown > 10 and start + wave < len(items):
                 shown = time.perf_counter()
                 log(f"ensemble: {start + len(chunk):,} of this round's {len(items):,} replicates done "
@@ -348,7 +345,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             break
     seconds = time.perf_counter() - t0
     if meter is not None:  # a collective: every rank
-        meter.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
+        harness.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
     if book is None:
         return None
     return _finish(cfg, book, root, ran, agent_steps, seconds, split, batch, world, seeds)

@@ -138,16 +138,11 @@ _BATCH_KEYS = ("batch_size", "grad_accum", "grad_accum_scope", "global_batch_siz
 
 
 def _resume_target(plan: JobPlan) -> Path | None:
-    """The checkpoint a resume would start from, as far as the launcher can tell without reading its bytes."""
-    from multigpu.checkpoint import CHECKPOINTS, CheckpointStore
+    """The checkpoint a resume would start from, as far as the launcher can tell without reading its bytes (the
+    rule the ranks decide by, :func:`multigpu.checkpoint.resume.planned`; they verify every byte of it)."""
+    from multigpu.checkpoint.resume import planned
 
-    resume = plan.run.resume
-    if resume is None or (resume == "auto" and not plan.run.run_dir):
-        return None
-    if resume == "auto":  # the newest complete one (the ranks verify its bytes; this reads its manifest only)
-        folders = CheckpointStore(Path(plan.run.run_dir) / CHECKPOINTS).folders()
-        return folders[-1] if folders else None
-    return Path(resume)
+    return planned(plan.run.resume, plan.run.run_dir)
 
 
 def _keep_global_batch(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
@@ -350,7 +345,7 @@ def _datasets(cfg: TrainJobConfig):
 
 
 def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
-          resume_from: str | Path | None = None, run: RunContext | None = None):
+          run: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -377,8 +372,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, resume_from=resume_from,
-                      run=run)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=run)
     return trainer, model, train_set
 
 
@@ -469,7 +463,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     import multigpu as mg
 
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
-    trainer, model, train_set = build(cfg, run_dir, resume_from=ctx.resume_from, run=ctx)
+    trainer, model, train_set = build(cfg, run_dir, run=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
@@ -517,6 +511,9 @@ WORKLOAD = Workload(
         Flag("--prefetch", "prefetch", type=non_negative_int, metavar="N", help="batches moved to the device ahead of use"),
         Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
              help="on Ctrl-C or SIGTERM, finish the current step and write a checkpoint before stopping"),
+        Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
+             help="async: write checkpoints in the background while training goes on (the default); sync: wait "
+                  "until each is on disk"),
         Flag("--model", "model.factory", metavar="PKG.MODULE:FACTORY",
              help=f"model factory (model.kwargs.NAME=... for its arguments; default {DEFAULT_MODEL})"),
         Flag("--data", "data.factory", metavar="PKG.MODULE:FACTORY",
