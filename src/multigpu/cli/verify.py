@@ -79,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     from multigpu.jobs import rundir
 
-    launch_cfg = same_threads(config_from_args(args), sizes)
+    asked = config_from_args(args)
+    launch_cfg = same_threads(asked, sizes)
     target = target_from_args(args, launch_cfg)
     launcher = Launcher(target, configs_for(launch_cfg, sizes))
     if args.run_dir:
         rundir.refuse_used(args.run_dir, hint="give a new folder")
         rundir.check_free_space(args.run_dir)
+    if launch_cfg.threads != asked.threads:  # chosen here: said once the command is valid
+        print(f"multigpu verify: {launch_cfg.threads} thread(s) per rank at every world size (--threads to choose)",
+              file=sys.stderr, flush=True)
     root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_verify_"))
     try:
         results = _run_sizes(launcher, sizes, root)
@@ -126,10 +130,7 @@ def same_threads(cfg, sizes: tuple[int, ...]):
 
     if cfg.threads is not None or os.environ.get("OMP_NUM_THREADS"):
         return cfg
-    threads = max(1, cpu_count() // max(sizes))
-    print(f"multigpu verify: {threads} thread(s) per rank at every world size (--threads to choose)",
-          file=sys.stderr, flush=True)
-    return dataclasses.replace(cfg, threads=threads)
+    return dataclasses.replace(cfg, threads=max(1, cpu_count() // max(sizes)))
 
 
 def _print_causes(target) -> None:
