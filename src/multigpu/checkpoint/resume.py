@@ -31,7 +31,6 @@ CHECKPOINTS = "checkpoints"
 
 from multigpu.runtime.env import RESTART_VAR, restart_count  # noqa: E402 - re-exported: the one reader
 
-
 PROGRESS_MANIFEST = "manifest.json"
 """In a folder of progress files: what the work is (the workload's design), written before any progress."""
 

@@ -222,7 +222,8 @@ class _Rank0:
 
         self.cfg, self.points, self.configs, self.names, self.log = cfg, points, configs, names, log
         self.store = ReplicateStore(root, manifest_of(cfg, points, configs))
-        there = self.store.open(source)
+        shapes = [(n, c.steps) for n, c in zip(names, configs, strict=True)]
+        there = self.store.open(source, shapes, cfg.ensemble.replicates)
         self.done = {p.index: set(there.get(p.index, [])) for p in points}
         self.running = [Running() for _ in points]
         self.counts = [0] * len(points)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 from multigpu.argtypes import non_negative_int, positive_int
 from multigpu.errors import ConfigError
@@ -47,10 +48,7 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
 
 def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     """Every sweep point is a valid simulation that fits (a whole replicate on one rank, unless the agents are
-    split). (That a continued ensemble keeps its design is the launcher's check of every resumed run:
-    :func:`_design`, ``Workload.resume_design``.)"""
-    from pathlib import Path
-
+    split); a continued one keeps its design and has whole files (:func:`_check_continued`)."""
     from multigpu.sim.ensemble import ensemble_points, point_configs
 
     ecfg = cfg.ensemble
@@ -69,7 +67,27 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             more = ("; or ensemble.split=agents (each replicate split over every rank)"
                     if whole and "does not fit" in str(exc) else "")
             raise ConfigError(f"{point.where}{exc}{more}") from None
+    if plan.run.resume:
+        _check_continued(cfg, plan, points, configs)
     return cfg
+
+
+def _check_continued(cfg: SimConfig, plan: JobPlan, points, configs) -> None:
+    """A resumed ensemble, before anything starts: the folder it continues (``--resume PATH``, or the run's own)
+    is of this design and every replicate file in it whole, and none is beyond the replicates asked; a run
+    folder whose ensemble/ folder lost its manifest is not started over. One line each (the ranks check the
+    same where they open the folder: a restarted worker group, a plain script)."""
+    from multigpu.checkpoint.resume import check_design, is_progress, planned
+    from multigpu.sim.ensemble import manifest_of, series_names
+    from multigpu.sim.ensemble_store import check_folder, check_no_orphans
+
+    target = planned(plan.run.resume, plan.run.run_dir, progress=FOLDER)
+    if target is None or not is_progress(target, FOLDER):
+        if plan.run.resume == "auto" and plan.run.run_dir:
+            check_no_orphans(Path(plan.run.run_dir) / FOLDER)
+        return
+    check_design(target, manifest_of(cfg, points, configs))
+    check_folder(target, [(series_names(c), c.steps) for c in configs], cfg.ensemble.replicates)
 
 
 def _design(cfg: SimConfig) -> dict | None:
@@ -262,7 +280,9 @@ WORKLOAD = Workload(
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
     resumable=True,
-    resume_keeps=("model", "seed", "grid", "agents", "params"),
+    # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another
+    resume_keeps=("model", "seed", "grid", "agents", "params", "ensemble.sweep", "ensemble.sweep_file",
+                  "ensemble.same_seeds", "ensemble.until_ci", "ensemble.ci_series", "ensemble.min_replicates"),
     progress_folder=FOLDER,  # an ensemble's progress: one file per finished replicate (sim.ensemble_store)
     resume_design=_design,
     help="run an agent-based simulation (movement, sir, network_sir, market, or your model) split over ranks",
