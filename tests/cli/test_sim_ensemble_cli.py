@@ -134,6 +134,14 @@ def test_a_restarted_ensemble_ends_as_an_uninterrupted_one_and_resumes_like_any_
         line = assert_bad_input(["sim", "--resume", "auto"], why, capsys)
         assert str(victim) in line and "not a whole replicate" in line, line
     victim.write_bytes(whole)
+    stray = run / "ensemble" / "replicates" / "p000002"  # a point this design does not have
+    stray.mkdir()
+    assert_bad_input(["sim", "--resume", "auto"], f"{stray} is not a point of this ensemble", capsys)
+    stray.rmdir()
+    manifest = run / "ensemble" / "manifest.json"  # lost: its replicates are neither continued nor run over
+    manifest.rename(tmp_path / "manifest.json")
+    assert_bad_input(["sim", "--resume", "auto", "--run-dir", str(run)], "no readable manifest.json", capsys)
+    (tmp_path / "manifest.json").rename(manifest)
     assert _tables(run) == _tables(tmp_path / "ref")
 
     # --resume auto without --run-dir: the newest ensemble run, continued (nothing left to run)
