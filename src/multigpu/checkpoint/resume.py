@@ -67,7 +67,7 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
     otherwise."""
     path = Path(resume)
     if not path.exists():
-        what = "a checkpoint folder" + (f" nor a {progress}/ folder" if progress else "")
+        what = "a checkpoint folder" + (f" nor a run's {progress}/ folder" if progress else "")
         raise ConfigError(f"--resume {resume}: no such file or folder (it is not {what}); valid: {_valid(progress)}")
     if is_progress(path, progress):
         return path
@@ -79,7 +79,7 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
 
         raise _old_layout_error(path, what)
     if not is_checkpoint(path):
-        nor = f" nor a {progress}/ folder" if progress else ""
+        nor = f" nor a run's {progress}/ folder" if progress else ""
         raise ConfigError(f"--resume {resume}: not a checkpoint folder{nor} (it has no manifest.json, so nothing in "
                           f"it has a checksum and it is not loaded); valid: {_valid(progress)}")
     try:

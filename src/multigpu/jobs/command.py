@@ -278,9 +278,9 @@ def check_continued(workload: Workload, cfg: Any, target: Path | None) -> None:
                               "made it, or a new --run-dir without --resume")
         check_design(target, design)
     elif design is not None and is_checkpoint(target):
-        raise ConfigError(f"--resume: {target} is a checkpoint, and this {workload.name} config continues a "
-                          f"{workload.progress_folder}/ folder (it writes no checkpoints); valid: an {workload.progress_folder}/ "
-                          "folder, or a new --run-dir without --resume")
+        raise ConfigError(f"--resume: {target} is a checkpoint, and this {workload.name} config continues a run's "
+                          f"{workload.progress_folder}/ folder (it writes no checkpoints); valid: a run's "
+                          f"{workload.progress_folder}/ folder, or a new --run-dir without --resume")
 
 
 def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig) -> list[str]:
