@@ -67,8 +67,11 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
     otherwise."""
     path = Path(resume)
     if not path.exists():
-        what = "a checkpoint folder" + (f" nor a run's {progress}/ folder" if progress else "")
-        raise ConfigError(f"--resume {resume}: no such file or folder (it is not {what}); valid: {_valid(progress)}")
+        if progress:
+            raise ConfigError(f"--resume {resume}: no such file or folder (it is not a checkpoint folder nor a run's "
+                              f"{progress}/ folder); valid: {_valid(progress)}")
+        raise ConfigError(f"--resume {resume}: no such file or folder (it is not a checkpoint folder); valid: auto, "
+                          "or a checkpoints/step_* folder")
     if is_progress(path, progress):
         return path
     if progress and path.name != progress and (found := progress_folder(path, progress)) is not None:
