@@ -50,6 +50,9 @@ process group (``torch.distributed.init_process_group``, which ``mg.init``, acce
 When the run context asks for it (``record_wall``: ``multigpu bench`` on a
 script that has no step meter), it also writes ``<run_dir>/wall/rank<R>.json``
 with the script's start and end times.
+It also notes when this rank's process began, when it had imported torch and was about to run the script, and when
+it joined its process group, in ``<stacks dir>/startup/rank<R>.json`` (:mod:`multigpu.monitor.startup` reads them:
+where a run's start-up went).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import json
 import os
 import runpy
 import sys
+import time
 
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
 """Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
@@ -80,6 +84,42 @@ were no file. Its far-future timestamp keeps it from being taken for the first f
 earliest; a missing file reads as "now", a missing timestamp as 0, i.e. first)."""
 
 
+
+
+STARTUP_DIR = "startup"
+"""Under the stacks dir: ``rank<R>.json``, this rank's start-up marks (see :func:`_note`)."""
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """When a process began, as ``time.time()`` would have read then (Linux, to the kernel's 10 ms tick); None elsewhere.
+
+    Its age from ``/proc/<pid>/stat`` (start time in ticks since boot) against ``CLOCK_BOOTTIME`` now: the boot
+    time in ``/proc/stat`` (what ``psutil``'s ``create_time`` adds) is whole seconds, too coarse for a start-up."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        ticks = int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, counted after the command's ")"
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(age, 0.0)
+
+
+_MARKS: dict[str, float | None] = {}
+
+
+def _note(name: str, value: float | None = None) -> None:
+    """Record a start-up mark of this rank and rewrite ``<stacks dir>/startup/rank<R>.json`` (best effort)."""
+    _MARKS[name] = time.time() if value is None else value
+    folder = os.environ.get(STACKS_DIR_VAR)
+    if not folder:
+        return
+    path = os.path.join(folder, STARTUP_DIR, f"rank{os.environ.get('RANK', '0')}.json")
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.tmp", "w", encoding="utf-8") as fh:
+            json.dump(_MARKS, fh)
+        os.replace(f"{path}.tmp", path)
 
 
 def worker_device_env(env, local_rank: int, gpu_ranks: int | None = None) -> dict[str, str]:
@@ -248,6 +288,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
         if not os.path.exists(marker):
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             open(marker, "w").close()  # noqa: SIM115
+        if "group_joined" not in _MARKS:
+            _note("group_joined")
         return result
 
     init_process_group.__wrapped__ = original
@@ -335,7 +377,7 @@ def _timed(target, wall_file: str | None):
         os.makedirs(os.path.dirname(wall_file), exist_ok=True)
         tmp = f"{wall_file}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"start": start, "end": end}, fh)
+            json.dump({"start": start, "end": end, "marks": _MARKS}, fh)
         os.replace(tmp, wall_file)
 
     return run
@@ -382,6 +424,7 @@ def _whole_lines() -> None:
 
 
 def _main(argv: list[str]) -> None:
+    _MARKS["worker_start"] = process_start_time()
     _die_with_launcher(_launcher_pid())
     _whole_lines()
     run_file = _run_file()
@@ -396,11 +439,15 @@ def _main(argv: list[str]) -> None:
     # torch.distributed.nn before any script joins: imported after its group exists (DDP does, through dynamo), its
     # ``group=group.WORLD`` defaults would hold that group, which destroy_process_group() then never frees
     # (multigpu.runtime.group says more)
+    before = time.perf_counter()
     import torch.distributed.nn  # noqa: F401
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    _MARKS["torch_import_s"] = time.perf_counter() - before  # ~0 where torch was imported already
+
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _accelerate_on_cpu_ranks()
+    _note("worker_ready")
 
     try:
         try:

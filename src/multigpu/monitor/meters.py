@@ -28,7 +28,9 @@ Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 * *comm share* - comm / wall, averaged over ranks;
 * *load imbalance* - the slowest rank's busy time / the fastest's (1.0 = even);
 * *traffic* - per collective kind, the calls and bytes per step of the busiest rank
-  (``collectives.record_traffic``: what ``multigpu bench --predict`` extrapolates).
+  (``collectives.record_traffic``: what ``multigpu bench --predict`` extrapolates);
+* *startup* - where the time from the command to the first step went, in parts
+  (:mod:`multigpu.monitor.startup`).
 
 Metrics are reduced across ranks (one small collective every ``log_every``
 steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
@@ -53,7 +55,7 @@ from typing import Any
 import torch
 
 from multigpu.files import JsonlLog, write_json_atomic
-from multigpu.monitor import profile
+from multigpu.monitor import profile, startup
 from multigpu.monitor import sampler as _sampler
 from multigpu.runtime import collectives, context, devicetime, group, watchdog
 
@@ -206,6 +208,8 @@ class StepMeter:
         self._sampler = sampler
         self._profiler = profiler
         self._log: JsonlLog | None = None
+        self._first_step: tuple[float, float] | None = None
+        """Wall-clock start and end of the first step (where the run's start-up ends: ``startup`` in the summary)."""
 
     @classmethod
     def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
@@ -236,10 +240,13 @@ class StepMeter:
         count = StepCount(items)
         device = self.device or group.current_device()
         start, cpu_start = time.perf_counter(), time.process_time()
+        first = time.time() if self._first_step is None else None
         yield count
         items = count.items
         devicetime.wait_for(device)  # on CUDA: the step's kernels have run, not only been queued
         wall = time.perf_counter() - start
+        if first is not None:
+            self._first_step = (first, first + wall)
         self.cpu_times.append(time.process_time() - cpu_start)
         extra = self._extra_comm
         comm = None if extra is None else collectives.collective_seconds() - comm_before + extra
@@ -303,6 +310,7 @@ class StepMeter:
             "step_times": self.step_times[m],
             "step_items": self.items[m],
             "traffic": _per_step(self.traffic[m]),
+            "startup": startup.rank_marks(self._first_step),
         }
         mine["busy_s"] = None if mine["comm_s"] is None else mine["wall_s"] - mine["comm_s"]
         ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
@@ -330,6 +338,7 @@ class StepMeter:
             "per_rank": [{k: r[k] for k in ("wall_s", "cpu_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
             "traffic": _busiest(r["traffic"] for r in ranks),
             "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
+            "startup": startup.job_startup([r["startup"] for r in ranks]),
         }
 
     def close(self, extra: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
