@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import os
 import sys
@@ -92,6 +93,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``multigpu`` console script. Returns the exit code."""
+    if argv is None:  # this process was started for this command (the console script, python -m multigpu)
+        # what is imported by now (torch) lives as long as the process: frozen, the collections at its exit skip
+        # it (~0.4 CPU-seconds after a job ended)
+        gc.freeze()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
     if debug and os.environ.get(envvars.DEBUG) != "1":
