@@ -52,6 +52,22 @@ def _rows(prepared, start: int, n: int, total: int):
     return prepared
 
 
+def _compiled_on_first_call(kernel):
+    """``torch.compile(kernel, dynamic=True)``, made when the kernel is first called: making it imports torch's
+    compiler (dynamo, inductor: 2-3 CPU-seconds per rank), which the C kernels, where they replace it, never need."""
+    compiled = None
+
+    def run(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(kernel, dynamic=True)
+        return compiled(*args, **kwargs)
+
+    run.__name__ = getattr(kernel, "__name__", "kernel")
+    run.__wrapped__ = kernel
+    return run
+
+
 class SimEngine:
     """This rank's agents, partition and aggregates; see the module docstring. Create on all ranks."""
 
@@ -102,7 +118,7 @@ class SimEngine:
         if self.device.type != "cpu":  # the same counts without reading how many agents are infected (a GPU sync)
             kernels.update(FUSED_KERNELS)
         if self.cfg.compile:
-            kernels = {k: torch.compile(f, dynamic=True) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
+            kernels = {k: _compiled_on_first_call(f) for k, f in {**KERNELS, **FUSED_KERNELS}.items()}
         self.use_native = self._native()
         if self.use_native:
             kernels.update(native.kernels())  # one C loop per kernel: the same results (sim.native)
