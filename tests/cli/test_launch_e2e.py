@@ -25,6 +25,26 @@ def test_two_ranks_print_their_share_and_the_gathered_result_in_order():
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100] (sum 385)" in out
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux's")
+def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a_fresh_one_would(tmp_path):
+    """The command line forks its workers from a copy of itself taken after its imports (torch's, 1-2 s of CPU
+    per rank otherwise): each is its launcher's child with the launcher's command line, in a session of its own,
+    and sees its arguments, script folder, working folder, thread budget and output as a `python script.py`
+    would; NumPy's global generator differs between ranks; atexit handlers run."""
+    # the launcher loads torch with 2 OpenMP threads; the workers' budget is 1 (--threads)
+    proc = run_cli("launch", "--nproc-per-node", "2", "--threads", "1", str(SCRIPTS / "forked_worker.py"),
+                   str(tmp_path), "x", env={"OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, seen in enumerate(facts):
+        assert seen["cmdline"] == seen["parent_cmdline"] and seen["cmdline"][1:3] == ["-m", "multigpu"], seen
+        assert seen["own_session"] and seen["threads"] == int(seen["omp"]) == 1
+        assert seen["argv"] == [str(SCRIPTS / "forked_worker.py"), str(tmp_path), "x"]
+        assert seen["path0"] == str(SCRIPTS) and seen["cwd"] == str(ROOT) and seen["stdin_fd_open"]
+        assert f"hello from rank {rank}" in proc.stdout and (tmp_path / f"atexit{rank}").is_file()
+    assert facts[0]["draw"] != facts[1]["draw"] and facts[0]["pid"] != facts[1]["pid"]
+
+
 @pytest.mark.fault
 def test_a_failing_rank_is_summarised(tmp_path):
     proc = run_cli("launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path), str(SCRIPTS / "fail_rank1.py"))

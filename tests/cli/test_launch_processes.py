@@ -185,6 +185,9 @@ def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_o
     assert _private_folders() == private
 
 
+_CALLED = [sys.executable, "-c", "import sys; from multigpu.cli import main; sys.exit(main(sys.argv[1:]))"]
+"""The command line called from code: its workers are fresh interpreters (``python -u _worker.py ...``)."""
+
 _SLOW_SITE = "import os, time\nif os.environ.get('RANK') is not None:  # the workers only\n    time.sleep(3)\n"
 """A ``sitecustomize`` that keeps each worker's interpreter 3 s inside ``import site`` (its start-up)."""
 
@@ -193,12 +196,13 @@ def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_pa
     """Issue 23 (minor): SIGINT reaching a worker while its interpreter still imported ``site`` printed Python's
     "Fatal Python error: init_import_site: Failed to import the site module ... KeyboardInterrupt", once per worker
     (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT as soon as both workers
-    exist, while both are in ``site``."""
+    exist, while both are in ``site``. Workers with an interpreter of their own: the launcher called from code
+    (``main(argv)``), which starts them as fresh processes (the console script forks them instead)."""
     slow = tmp_path / "slow_site"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(_SLOW_SITE)
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),
-                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")])})
+                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")])}, cli=_CALLED)
     deadline = time.monotonic() + 90
     while len(_workers(proc)) < 2:
         assert time.monotonic() < deadline and proc.poll() is None, f"the workers did not start (exit {proc.poll()})"

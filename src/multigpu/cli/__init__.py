@@ -85,6 +85,13 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return first if is_command(first) else None
 
 
+def _launches(argv: Sequence[str]) -> bool:
+    """Whether ``argv``'s command may start workers (the fork server is made only for those)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first is not None and first not in ("info", "doctor", "report") and "--help" not in argv \
+        and "-h" not in argv
+
+
 def _version() -> str:
     from multigpu import __version__
 
@@ -97,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what is imported by now (torch) lives as long as the process: frozen, the collections at its exit skip
         # it (~0.4 CPU-seconds after a job ended)
         gc.freeze()
+        if _launches(sys.argv[1:]):
+            from multigpu.launch import forkserver
+
+            forkserver.start()  # the workers' copy of this process, taken before anything else happens here
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
     if debug and os.environ.get(envvars.DEBUG) != "1":

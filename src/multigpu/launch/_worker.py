@@ -1,7 +1,9 @@
 """The wrapper every worker runs first (inside each rank, before the user's script).
 
 The launcher starts ``python -u <this file> [-m] target args...`` in each
-worker. Run by path, it imports nothing of multigpu or torch before it has:
+worker (or forks the worker from its fork server, which then calls :func:`main` with
+the same arguments: :mod:`multigpu.launch.forkserver`). Run by path, it imports nothing
+of multigpu or torch before it has:
 
 0. tied its life to the launcher's: ``PR_SET_PDEATHSIG`` (Linux) makes the
    kernel SIGKILL this worker the moment the launcher dies, whatever killed it

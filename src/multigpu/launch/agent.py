@@ -12,7 +12,9 @@ agent does all three, with the rendezvous backend of :mod:`multigpu.launch.store
 every interface, with the rendezvous state signed so that no one else's pickle
 is ever read; :func:`launch` hands it the secret in memory and keeps it from the
 workers). :mod:`multigpu.launch.processes` sees that no process of the
-job outlives the launch and that a signal ends it the same way at any moment.
+job outlives the launch and that a signal ends it the same way at any moment. When the
+command line made a fork server (:mod:`multigpu.launch.forkserver`), the agent's workers
+are forked from it, torch already imported, instead of started as new interpreters.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import write_json_atomic
-from multigpu.launch import _worker, processes, stores
+from multigpu.launch import _worker, forkserver, processes, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -539,7 +541,7 @@ def launch(
     stopped: list[int] = []
     try:
         with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
-                _environment(plan.env, drop=(envvars.RDZV_SECRET,)), \
+                _environment(plan.env, drop=(envvars.RDZV_SECRET,)), forkserver.serving(), \
                 processes.job_processes(remove_on_death=[private] if private else []) as stopped:
             write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {}),
                                               "startup": _launcher_marks(started)})

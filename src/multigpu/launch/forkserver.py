@@ -1,0 +1,368 @@
+"""Workers forked with torch already imported, from a copy of the launcher made before it did anything (Linux).
+
+Runs in the launcher, and (its second half) in each worker before the worker wrapper. A worker started as
+``python -u _worker.py script.py`` spends most of its start importing torch, which the launcher had done
+already: each rank paid it again (1-2 s of CPU each), after the launcher's own. So a command started for
+itself (the ``multigpu`` console script, ``python -m multigpu``: :func:`multigpu.cli.main` with no argument
+list) calls :func:`start` first thing. It forks a *fork server*: a copy of the launcher taken right after its
+imports, before it has parsed an argument, probed a device (CUDA, which a fork must never inherit),
+started a thread of its own or set a signal handler. While a job runs (:func:`serving`), torch's agent, which
+would ``Popen`` the worker wrapper, asks the fork server for the worker instead:
+
+1. the server forks, and that child forks the worker and exits, so the worker is re-parented to the launcher
+   (a child subreaper while a job runs, :mod:`multigpu.launch.processes`): the launcher waits for it, signals
+   it and reads its exit status as it would a ``Popen``'s (:class:`ForkedProcess`);
+2. the worker makes a session of its own (as ``Popen(start_new_session=True)`` does: torch's agent signals
+   its group), takes the launcher's standard streams as they are now (or torch's log files), its working
+   folder and its environment (replacing the server's), sets the thread counts that the environment asks for
+   (OpenMP's and OpenBLAS's were read when torch loaded), reseeds NumPy's global generator, and puts the
+   wrapper's folder first on ``sys.path``, as ``python _worker.py`` does;
+3. then it runs the worker wrapper's ``main`` (:mod:`multigpu.launch._worker`) with the same arguments, and
+   leaves through the interpreter's normal exit (``SystemExit`` from the frame the server was forked in),
+   so ``atexit`` handlers, open files and finalizers are handled as in any ``python script.py``.
+
+What differs from a fresh interpreter: the worker's command line, as ``ps`` shows it, is the launcher's; the
+modules the launcher had imported by then are imported already; the string hash seed is the launcher's (the
+same on every rank of a node); and a variable read only when the interpreter or a library started (``PYTHON*``,
+``LD_PRELOAD``) has the launcher's value, which is the environment the workers inherit anyway. Where the
+fork server cannot be used (not Linux, a launcher called from other code, a worker command that is not the
+wrapper, a server that died) the agent starts the worker as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from subprocess import TimeoutExpired
+
+__all__ = ["ForkedProcess", "available", "serving", "start"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_GET_CHILD_SUBREAPER = 37
+_REPARENT_S = 10.0
+"""How long a new worker waits to be re-parented to the launcher (it takes microseconds)."""
+
+_SERVER: _Server | None = None
+
+
+class _Server:
+    """The launcher's end: a socket to the fork server (one request at a time)."""
+
+    def __init__(self, sock: socket.socket, pid: int):
+        self.sock = sock
+        self.pid = pid
+        self.lock = threading.Lock()
+
+    def fork(self, request: dict, fds: list[int]) -> int:
+        """A new worker's pid, re-parented to this process. Raises OSError when the server is gone."""
+        data = json.dumps(request).encode()
+        with self.lock:
+            socket.send_fds(self.sock, [len(data).to_bytes(8, "little"), data], fds)
+            reply = _read_exact(self.sock, 8)
+        pid = int.from_bytes(reply, "little", signed=True)
+        if pid <= 0:
+            raise OSError(f"the fork server could not fork a worker ({-pid})")
+        return pid
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("the fork server is gone")
+        data += chunk
+    return data
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _is_subreaper() -> bool:
+    value = ctypes.c_int(0)
+    try:
+        return _libc().prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0 and value.value != 0
+    except (OSError, AttributeError):
+        return False
+
+
+def start() -> None:
+    """Fork the fork server (Linux; once per process; call before anything else of the command)."""
+    global _SERVER
+    if _SERVER is not None or not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()  # nothing buffered may be written twice
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    launcher = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return
+    if pid:  # the launcher
+        theirs.close()
+        _SERVER = _Server(ours, pid)
+        atexit.register(_stop)  # the server leaves with the launcher, not a moment after
+        return
+    ours.close()
+    request = None
+    try:
+        request = _serve(theirs, launcher)  # returns only in a new worker
+    except BaseException:  # noqa: BLE001 - the server never returns into the launcher's code
+        os._exit(1)
+    if request is None:
+        os._exit(0)
+    raise SystemExit(_run_worker(*request))
+
+
+def _stop() -> None:
+    """Close the launcher's end (the server sees it and exits) and reap the server."""
+    global _SERVER
+    server, _SERVER = _SERVER, None
+    if server is None:
+        return
+    server.sock.close()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(server.pid, os.WNOHANG)[0] == 0:
+                time.sleep(0.002)
+                continue
+        return
+    with contextlib.suppress(OSError):
+        os.kill(server.pid, signal.SIGKILL)
+        os.waitpid(server.pid, 0)
+
+
+# -- the fork server ------------------------------------------------------------------------------------------------
+
+def _serve(sock: socket.socket, launcher: int) -> tuple[dict, list[int], int] | None:
+    """Fork a worker per request until the launcher closes its end; returns (in the worker) its request."""
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != launcher:
+        os._exit(0)
+    # Ctrl-C on the terminal reaches this process too (the launcher's group): blocked here, and so in every
+    # worker at birth (the worker wrapper unblocks it first thing, as it does after a Popen)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    while True:
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 8, 3)
+        except OSError:
+            return None
+        if not head:
+            return None
+        request = json.loads(_read_exact(sock, int.from_bytes(head, "little")))
+        pid = _fork_worker(sock, fds, launcher)
+        if pid == 0:  # the new worker
+            return request, fds, launcher
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(pid.to_bytes(8, "little", signed=True))
+
+
+def _fork_worker(sock: socket.socket, fds: list[int], launcher: int) -> int:
+    """In the server: the new worker's pid, or -errno; 0 in the worker itself."""
+    read_end, write_end = os.pipe()
+    try:
+        middle = os.fork()
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
+        return -(exc.errno or 1)
+    if middle == 0:  # forks the worker and leaves at once: the worker is re-parented to the launcher
+        try:
+            worker = os.fork()
+        except OSError:
+            os._exit(1)
+        if worker:
+            os._exit(0)
+        os.setsid()  # before the launcher knows the pid: torch's agent signals the worker's process group
+        os.close(read_end)
+        os.write(write_end, os.getpid().to_bytes(8, "little"))
+        os.close(write_end)
+        sock.close()
+        return 0
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read(8)
+    os.waitpid(middle, 0)  # once reaped, the worker's parent is the launcher
+    return int.from_bytes(data, "little") if len(data) == 8 else -1
+
+
+# -- in the new worker ----------------------------------------------------------------------------------------------
+
+def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
+    """Become the worker the request describes and run the worker wrapper; returns its exit code."""
+    deadline = time.monotonic() + _REPARENT_S
+    while os.getppid() != launcher:  # the middle process has exited; the kernel re-parents in microseconds
+        if time.monotonic() > deadline:
+            return 1
+        time.sleep(0.001)
+    for target, fd in enumerate(fds):  # the launcher's stdin, stdout, stderr (or torch's log files)
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _thread_counts(os.environ)
+    if "numpy.random" in sys.modules:  # its global generator was seeded in the launcher: the same on every rank
+        sys.modules["numpy.random"].seed()
+    from multigpu.launch import _worker
+
+    argv = request["argv"]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0:1] = [os.path.dirname(_worker.__file__)]  # `python _worker.py`'s first entry, which it removes
+    sys.argv = [_worker.__file__, *argv]
+    try:
+        _worker.main(argv)
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    return 0
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _thread_counts(env) -> None:
+    """The thread counts the worker's environment asks for: OpenMP's (torch) and OpenBLAS's (NumPy) read it when
+    the launcher loaded them."""
+    wanted = env.get("OMP_NUM_THREADS", "")
+    if wanted.isdigit() and int(wanted) > 0:
+        import torch
+
+        if torch.get_num_threads() != int(wanted):
+            torch.set_num_threads(int(wanted))
+    blas = next((env[k] for k in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+                 if env.get(k, "").isdigit() and int(env[k]) > 0), None)
+    if blas is not None:
+        _openblas_threads(int(blas))
+
+
+def _openblas_threads(n: int) -> None:
+    """``openblas_set_num_threads(n)`` in every OpenBLAS this process has loaded (NumPy's, SciPy's)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            lib = ctypes.CDLL(path)
+            for name in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
+                         "openblas_set_num_threads64_"):
+                if hasattr(lib, name):
+                    getattr(lib, name)(ctypes.c_int(n))
+                    break
+
+
+# -- in the launcher: torch's agent gets forked workers -------------------------------------------------------------
+
+def available() -> bool:
+    """A fork server runs and this process is a child subreaper (workers can be re-parented to it)."""
+    return _SERVER is not None and _is_subreaper()
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` torch's agent uses, for a worker this process did not exec."""
+
+    def __init__(self, pid: int, args):
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: its status is lost
+                self.returncode = 1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutExpired(self.args, timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _worker_argv(entrypoint: str, args) -> list[str] | None:
+    """The wrapper's arguments when the agent is to start ``python -u <_worker.py> ...``, else None."""
+    from multigpu.launch import _worker
+
+    args = [str(a) for a in args]
+    if entrypoint == sys.executable and args[:2] == ["-u", _worker.__file__]:
+        return args[2:]
+    return None
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[None]:
+    """While a job runs: the agent's workers come from the fork server when it can give them."""
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    if _SERVER is None:
+        yield
+        return
+    original = api.get_subprocess_handler
+
+    class ForkedHandler(SubprocessHandler):
+        def _popen(self, args: tuple, env: dict[str, str]):
+            argv = _worker_argv(args[0], args[1:])
+            if argv is None or not available():
+                return super()._popen(args, env)
+            streams = [0, self._stdout.fileno() if self._stdout else 1, self._stderr.fileno() if self._stderr else 2]
+            request = {"argv": argv, "env": dict(env), "cwd": os.getcwd()}
+            try:
+                return ForkedProcess(_SERVER.fork(request, streams), args)
+            except OSError:
+                return super()._popen(args, env)
+
+    def forked(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options=None):
+        if numa_options is not None or _worker_argv(entrypoint, args) is None:
+            return original(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options)
+        return ForkedHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
+                             local_rank_id=local_rank_id, numa_options=None)
+
+    api.get_subprocess_handler = forked
+    try:
+        yield
+    finally:
+        api.get_subprocess_handler = original
+

@@ -1,0 +1,30 @@
+"""What a worker sees of its own process, as JSON in <folder>/rank<R>.json (the fork server's test):
+``python forked_worker.py FOLDER ARGS...``. Also prints a line, and writes <folder>/atexit<R> at the
+interpreter's exit."""
+import atexit
+import json
+import os
+import sys
+
+import numpy
+import torch
+
+folder = sys.argv[1]
+rank = os.environ["RANK"]
+
+
+def _cmdline(pid) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().decode().split("\0")[:-1]
+
+
+facts = {
+    "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "cmdline": _cmdline("self"),
+    "parent_cmdline": _cmdline(os.getppid()), "threads": torch.get_num_threads(),
+    "omp": os.environ.get("OMP_NUM_THREADS"), "draw": float(numpy.random.rand()), "path0": sys.path[0],
+    "argv": sys.argv, "cwd": os.getcwd(), "stdin_fd_open": os.path.exists("/proc/self/fd/0"),
+}
+with open(os.path.join(folder, f"rank{rank}.json"), "w") as fh:
+    json.dump(facts, fh)
+atexit.register(lambda: open(os.path.join(folder, f"atexit{rank}"), "w").close())
+print(f"hello from rank {rank}", flush=True)
