@@ -1,4 +1,5 @@
-"""The built-in SIR / movement kernels as one C loop each, compiled on first use (pure; inside each rank).
+"""The built-in SIR / movement kernels (and CartPole's step) as one C loop each, compiled on first use (pure;
+inside each rank).
 
 Why: torch.compile's CPU code generator (torch 2.13) does not vectorize int16,
 and agent positions are int16, so the compiled movement and transition kernels
@@ -13,6 +14,9 @@ The library is built with the C compiler that torch.compile uses (``cc``, or
 by the source, the flags and the CPU, and loaded with :mod:`ctypes` (which
 releases the GIL during a call). Where no compiler works, :func:`kernels`
 returns ``{}`` and the engine keeps the torch kernels.
+
+CartPole's step (``mg_cartpole_step``, :func:`cartpole_step`) is in the same library: one set of C kernels,
+built and loaded in one place; :mod:`multigpu.envs.cartpole` calls it on CPU environments.
 
     ks = native.kernels()            # {"move": ..., "infected": ..., "transition": ...} or {}
     order = native.row_order(y, 1000)  # stable argsort of int16 rows by counting (None without the library)
@@ -34,9 +38,10 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "kernels", "outside", "permute", "row_order"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "permute", "row_order"]
 
 _SOURCE = r"""
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -203,6 +208,95 @@ int64_t mg_row_order(const int16_t *restrict y, int64_t n, int64_t rows, int64_t
     for (int64_t i = 0; i < n; i++) order[offsets[y[i]]++] = i;
     return 0;
 }
+
+/* envs CartPole-v1 (multigpu.envs.cartpole), float32, next-step autoreset: one step of n environments, what the
+   torch formulation (CartPole._dynamics and VectorEnv.step) computes, bit for bit. torch's addcmul and
+   add(alpha=) are fma(v * t1, t2, self) and fma(t, alpha, self): explicit fmaf here. Every other product feeds a
+   multiply, a division, an fmaf or a difference that is exact, except the reset draw's, which a volatile keeps
+   from being fused with its add (-ffp-contract=fast would; NumPy rounds twice). sin and cos of theta come from
+   torch (its SLEEF kernels), in sc (2, n).
+   p: the buffers, as addresses (see multigpu.envs.cartpole._native_setup); k: the float32 constants.
+   Three passes: the actions to 0/1; the dynamics of every environment, branch-free (vectorized); then the few
+   that ended last step are reset (found a word of 8 flags at a time). Returns the largest elapsed count. */
+static inline uint32_t mix32(uint32_t x) {
+    x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
+    return x;
+}
+
+/* Separate, with restrict parameters: inside mg_cartpole_step (pointers derived from one another) the compiler
+   did not vectorize it. */
+__attribute__((noinline))
+static void cartpole_dynamics(float *restrict x, float *restrict xd, float *restrict th, float *restrict thd,
+                              const float *restrict sin_th, const float *restrict cos_th,
+                              const float *restrict force, int64_t n, const float *restrict k) {
+    const float pml = k[0], den_c = k[1], inv_m = k[2], g = k[3], xacc_c = k[4], den0 = k[7], tau = k[8];
+    for (int64_t i = 0; i < n; i++) {
+        float s = sin_th[i], c = cos_th[i], v = thd[i];
+        float temp = fmaf(pml * (v * v), s, force[i]) * inv_m;
+        float denom = fmaf(den_c * c, c, den0);
+        float thacc = fmaf(-c, temp, s * g) / denom;
+        float xacc = fmaf(xacc_c * thacc, c, temp);
+        x[i] = fmaf(xd[i], tau, x[i]);                                     /* positions move with the old velocities */
+        xd[i] = fmaf(xacc, tau, xd[i]);
+        th[i] = fmaf(v, tau, th[i]);
+        thd[i] = fmaf(thacc, tau, v);
+    }
+}
+
+int64_t mg_cartpole_step(const int64_t *restrict p, int64_t n, int64_t action_bytes, int32_t limit,
+                         const float *restrict k) {
+    float *restrict x = (float *)p[0], *restrict xd = x + n, *restrict th = x + 2 * n, *restrict thd = x + 3 * n;
+    const float *restrict sin_th = (const float *)p[1], *restrict cos_th = sin_th + n;
+    int32_t *restrict elapsed = (int32_t *)p[3];
+    int64_t *restrict resets = (int64_t *)p[4];
+    uint8_t *restrict prev_done = (uint8_t *)p[5];
+    uint8_t *restrict stale = (uint8_t *)p[6];
+    const uint32_t *restrict keys = (const uint32_t *)p[7];
+    float *restrict obs = (float *)p[8];
+    float *restrict reward = (float *)p[9];
+    uint8_t *restrict terminated = (uint8_t *)p[10];
+    uint8_t *restrict truncated = (uint8_t *)p[11];
+    float *restrict force = (float *)p[12];
+    const float two_force = k[5], force_mag = k[6], x_thr = k[9], th_thr = k[10];
+    /* each pass has one element type, or two, so that the compiler vectorizes it (one loop of all: it did not) */
+    if (action_bytes == 8) {
+        const int64_t *a = (const int64_t *)p[2];
+        for (int64_t i = 0; i < n; i++) force[i] = (a[i] > 0 ? two_force : 0.0f) - force_mag;  /* clamp(a,0,1)*2F-F */
+    } else if (action_bytes == 4) {
+        const int32_t *a = (const int32_t *)p[2];
+        for (int64_t i = 0; i < n; i++) force[i] = (a[i] > 0 ? two_force : 0.0f) - force_mag;
+    } else {
+        const uint8_t *a = (const uint8_t *)p[2];
+        for (int64_t i = 0; i < n; i++) force[i] = (a[i] > 0 ? two_force : 0.0f) - force_mag;
+    }
+    cartpole_dynamics(x, xd, th, thd, sin_th, cos_th, force, n, k);
+    for (int64_t i = 0; i < n; i++)   /* not inside: |x| > 2.4 or |theta| > 12 degrees, or NaN */
+        terminated[i] = ((fabsf(x[i]) <= x_thr) & (fabsf(th[i]) <= th_thr) & 1) ^ 1;
+    for (int64_t i = 0; i < n; i++) terminated[i] &= prev_done[i] ^ 1;   /* one that ended last step resets */
+    for (int64_t i = 0; i < n; i++) elapsed[i] = prev_done[i] ? 0 : elapsed[i] + 1;
+    for (int64_t i = 0; i < n; i++) truncated[i] = elapsed[i] >= limit;   /* 0 after a reset: limit >= 1 */
+    for (int64_t i = 0; i < n; i++) reward[i] = prev_done[i] ? 0.0f : 1.0f;
+    for (int64_t w = 0; w < n; w += 8) {   /* the few that ended last step: a word of 8 flags at a time */
+        uint64_t word = 0;
+        memcpy(&word, prev_done + w, (size_t)(n - w < 8 ? n - w : 8));
+        if (!word) continue;
+        for (int64_t i = w; i < w + 8 && i < n; i++) {
+            if (!prev_done[i]) continue;
+            uint32_t base = mix32(keys[i] ^ (uint32_t)resets[i] * 0x9E3779B9u);   /* its next initial state */
+            for (int j = 0; j < 4; j++) {
+                int32_t bits = (int32_t)(mix32(base ^ (uint32_t)(j + 1) * 0x85EBCA6Bu) >> 8);
+                volatile float scaled = (float)bits * k[15 + j];              /* rounded twice, as the NumPy draw */
+                x[j * n + i] = scaled + k[11 + j];
+            }
+            resets[i] += 1; stale[i] = 1;
+        }
+    }
+    memcpy(obs, x, (size_t)(4 * n) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) prev_done[i] = terminated[i] | truncated[i];
+    int32_t most = 0;
+    for (int64_t i = 0; i < n; i++) most = elapsed[i] > most ? elapsed[i] : most;
+    return most;
+}
 """
 
 _FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing"]
@@ -338,6 +432,17 @@ def kernels() -> dict:
 
     return {"move": move, "infected": infected, "transition": transition, "move_count": move_count,
             "thresholds": thresholds}
+
+
+def cartpole_step():
+    """The C step of :mod:`multigpu.envs.cartpole` (``mg_cartpole_step``), or None without the library."""
+    lib = _lib()
+    if lib is None:
+        return None
+    step = lib.mg_cartpole_step
+    step.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p]
+    step.restype = ctypes.c_int64
+    return step
 
 
 def row_order(y: torch.Tensor, rows: int) -> torch.Tensor | None:
