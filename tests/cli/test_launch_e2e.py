@@ -30,7 +30,8 @@ def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a
     """The command line forks its workers from a copy of itself taken after its imports (torch's, 1-2 s of CPU
     per rank otherwise): each is its launcher's child with the launcher's command line, in a session of its own,
     and sees its arguments, script folder, working folder, thread budget and output as a `python script.py`
-    would; NumPy's global generator differs between ranks; atexit handlers run."""
+    would; NumPy's global generator differs between ranks; atexit handlers run, and a file that a module of the
+    script's left open is flushed when the worker leaves."""
     # the launcher loads torch with 2 OpenMP threads; the workers' budget is 1 (--threads)
     proc = run_cli("launch", "--nproc-per-node", "2", "--threads", "1", str(SCRIPTS / "forked_worker.py"),
                    str(tmp_path), "x", env={"OMP_NUM_THREADS": "2"})
@@ -42,6 +43,7 @@ def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a
         assert seen["argv"] == [str(SCRIPTS / "forked_worker.py"), str(tmp_path), "x"]
         assert seen["path0"] == str(SCRIPTS) and seen["cwd"] == str(ROOT) and seen["stdin_fd_open"]
         assert f"hello from rank {rank}" in proc.stdout and (tmp_path / f"atexit{rank}").is_file()
+        assert (tmp_path / f"open{rank}").read_text() == "flushed at exit"  # its modules are torn down at exit
     assert facts[0]["draw"] != facts[1]["draw"] and facts[0]["pid"] != facts[1]["pid"]
 
 

@@ -1,10 +1,11 @@
 """What a worker sees of its own process, as JSON in <folder>/rank<R>.json (the fork server's test):
-``python forked_worker.py FOLDER ARGS...``. Also prints a line, and writes <folder>/atexit<R> at the
-interpreter's exit."""
+``python forked_worker.py FOLDER ARGS...``. Also prints a line, writes <folder>/atexit<R> at the
+interpreter's exit, and leaves <folder>/open<R> written but never closed, held by a module it imported."""
 import atexit
 import json
 import os
 import sys
+import types
 
 import numpy
 import torch
@@ -27,4 +28,8 @@ facts = {
 with open(os.path.join(folder, f"rank{rank}.json"), "w") as fh:
     json.dump(facts, fh)
 atexit.register(lambda: open(os.path.join(folder, f"atexit{rank}"), "w").close())
+held = types.ModuleType("held_open")  # a module of the script's, holding a file it never closes
+sys.modules["held_open"] = held
+held.file = open(os.path.join(folder, f"open{rank}"), "w")  # noqa: SIM115
+held.file.write("flushed at exit")
 print(f"hello from rank {rank}", flush=True)
