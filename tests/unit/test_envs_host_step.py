@@ -89,6 +89,16 @@ def test_host_step_is_the_torch_step_bit_for_bit(env_id, num_envs, mode, monkeyp
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True,
                                        msg=lambda m, i=i, d=dtype: f"entry {i} ({num_envs} envs, {mode}, {d}): {m}")
 
+@pytest.mark.skipif(not native.available(), reason="no C compiler: the NumPy host step runs instead")
+def test_cartpoles_c_step_is_made_on_the_first_step_not_when_the_envs_are_built():
+    """Building envs loads nothing more (a config check builds them to learn their spaces: the launcher did)."""
+    envs = mg.envs.make("CartPole-v1", num_envs=37, seed=0)
+    assert envs._native == envs._first_native_step and not hasattr(envs, "_native_call")
+    envs.reset()
+    envs.step(torch.zeros(37, dtype=torch.int64))
+    assert envs._native == envs._step_native
+
+
 def test_host_step_keeps_gymnasium_vector_api_errors():
     envs = mg.envs.make("CartPole-v1", num_envs=4, seed=0)
     assert envs._host

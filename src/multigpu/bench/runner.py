@@ -44,10 +44,11 @@ class Launcher:
         facts = HostFacts.probe()
         if target.workload:
             from multigpu.bench.scaling import configs_per_size
-            from multigpu.jobs.command import load_workload_config, prepare
+            from multigpu.jobs.command import load_workload_config, preload, prepare
             from multigpu.jobs.registry import get_workload
 
             workload = get_workload(target.target)
+            preload(workload)
             cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),
                                        defaults=workload.bench)
             cfgs = configs_per_size(cfg, scaling, sorted(configs))  # strong/weak as labelled, per world size

@@ -139,13 +139,17 @@ class CartPole(VectorEnv):
                     c(2 * self.force_mag), c(self.force_mag), c(0), c(1),
                     np.array([[self.x_threshold], [self.theta_threshold_radians]], dtype=n.dtype))
         self._force_table = np.array([0, 1], dtype=n.dtype) * self._hk[5] - self._hk[6]  # 20 a - 10 for a = 0, 1
+        if self.dtype == torch.float32 and self.autoreset_mode == "next_step" and self.num_envs:
+            self._native = self._first_native_step  # set up on the first step: a config check builds envs too
+
+    def _first_native_step(self, actions) -> tuple | None:
+        self._native = None
         self._native_setup()
+        return self._native(actions) if self._native is not None else None
 
     def _native_setup(self) -> None:
         """The whole step as one C loop (float32, next-step autoreset, where the C kernels build): torch's sin and
         cos of theta, then :func:`multigpu.sim.native.cartpole_step` (the same bits: tests/unit/test_envs_host_step.py)."""
-        if self.dtype != torch.float32 or self.autoreset_mode != "next_step" or self.num_envs == 0:
-            return
         from multigpu.sim import native
 
         step = native.cartpole_step()

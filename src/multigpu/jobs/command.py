@@ -332,10 +332,18 @@ def launch_job(job: Job, run: RunContext | None = None) -> None:
            job={"workload": job.spec, "config": to_dict(job.config)})
 
 
+def preload(workload: Workload) -> None:
+    """What the workload's ranks will import, imported once by the command line's fork server meanwhile."""
+    from multigpu.launch import forkserver
+
+    forkserver.preload([getattr(workload.main, "__module__", ""), *workload.preload])
+
+
 def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | None = None) -> int:
     """``multigpu <workload> ...``: config, check, run directory, launch."""
     from multigpu.jobs import rundir
 
+    preload(workload)
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
     overrides = overrides_from_args(workload, args, launch_cfg)
     if args.resume is not None and not workload.resumable:

@@ -94,6 +94,10 @@ class Workload:
     """Config keys (or sections) a resumed run must keep: ``--resume`` starts from the run's own ``run.json``
     config, and a key given again with another value is refused in one line naming it (other keys given
     again are applied: more steps, say)."""
+    preload: tuple[str, ...] = ()
+    """Modules its ranks import before their first step besides ``main``'s own (``torch._dynamo``, which a
+    ``torch.optim`` optimizer imports when it is made): the command line's fork server imports them once, while
+    the launcher checks the config, instead of every rank (:func:`multigpu.launch.forkserver.preload`)."""
     launch: Callable[[Any], int | None] | None = None
     """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
     ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to

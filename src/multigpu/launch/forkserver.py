@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterator
 from subprocess import TimeoutExpired
 
-__all__ = ["ForkedProcess", "available", "serving", "start"]
+__all__ = ["ForkedProcess", "available", "preload", "serving", "start"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_GET_CHILD_SUBREAPER = 37
@@ -169,12 +169,27 @@ def _serve(sock: socket.socket, launcher: int) -> tuple[dict, list[int], int] | 
         if not head:
             return None
         request = json.loads(_read_exact(sock, int.from_bytes(head, "little")))
+        if "preload" in request:  # no reply: the launcher goes on meanwhile
+            _import(request["preload"])
+            continue
         pid = _fork_worker(sock, fds, launcher)
         if pid == 0:  # the new worker
             return request, fds, launcher
         for fd in fds:
             os.close(fd)
         sock.sendall(pid.to_bytes(8, "little", signed=True))
+
+
+def _import(modules: list[str]) -> None:
+    """In the server: import ``modules`` (one that fails is left to the workers, which will say why), then freeze
+    what they made, as what the launcher imported before the fork is."""
+    import gc
+    import importlib
+
+    for name in modules:
+        with contextlib.suppress(BaseException):
+            importlib.import_module(name)
+    gc.freeze()
 
 
 def _fork_worker(sock: socket.socket, fds: list[int], launcher: int) -> int:
@@ -315,6 +330,19 @@ def _openblas_threads(n: int) -> None:
 
 
 # -- in the launcher: torch's agent gets forked workers -------------------------------------------------------------
+
+def preload(modules) -> None:
+    """Have the fork server import ``modules`` now, while the launcher goes on (checks the config, meets the other
+    nodes): the workers it forks afterwards have them, instead of each importing them (``torch._dynamo``, which
+    any ``torch.optim`` optimizer imports when it is made, is 1-1.5 CPU-seconds per rank). Nothing without a server;
+    nothing is awaited (a worker asked for later is forked once the imports are done)."""
+    modules = [m for m in modules if m]
+    if _SERVER is None or not modules:
+        return
+    data = json.dumps({"preload": modules}).encode()
+    with _SERVER.lock, contextlib.suppress(OSError):
+        _SERVER.sock.sendall(len(data).to_bytes(8, "little") + data)
+
 
 def available() -> bool:
     """A fork server runs and this process is a child subreaper (workers can be re-parented to it)."""

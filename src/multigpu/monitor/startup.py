@@ -46,7 +46,8 @@ MARKS = ("launcher_start", "launcher_ready", "worker_start", "worker_ready", "gr
 PARTS = (
     ("launcher", "launcher_ready", "the launcher's own start: interpreter, imports, argument and config checks, "
                                    "device plan, run file"),
-    ("rendezvous", "worker_start", "torch's agent: the rendezvous of the nodes, then starting the workers"),
+    ("rendezvous", "worker_start", "torch's agent: the rendezvous of the nodes, then starting the workers (a "
+                                   "forked worker also waits for the modules its fork server imports for it)"),
     ("worker start", "worker_ready", "a worker's interpreter and its torch import"),
     ("to process group", "group_joined", "the script's or workload's imports and config, then joining the "
                                          "process group (waiting there for every rank)"),
