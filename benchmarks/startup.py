@@ -161,8 +161,8 @@ def main() -> int:
              "(torchrun's, and ours called from code); ours from the command line forks its workers with it loaded"]
     _record.write(args, "startup", {"rounds": args.rounds, "ranks": 2, "backend": "gloo", "script": SCRIPT,
                                     "contenders": {k: " ".join(v) for k, v in cmds.items()},
-                                    "load_average_before": load_before, "load_average_after": os.getloadavg(),
-                                    "workloads": parts}, rows + parts, ratios, notes)
+                                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+                  rows + parts, ratios, notes)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -132,19 +132,13 @@ def start() -> None:
 
 
 def _stop() -> None:
-    """Close the launcher's end (the server sees it and exits) and reap the server."""
+    """End the server with the launcher: it holds nothing (its workers are the launcher's children), and it may be
+    busy importing what it was asked to preload for a job that a bad input ended first."""
     global _SERVER
     server, _SERVER = _SERVER, None
     if server is None:
         return
     server.sock.close()
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(server.pid, os.WNOHANG)[0] == 0:
-                time.sleep(0.002)
-                continue
-        return
     with contextlib.suppress(OSError):
         os.kill(server.pid, signal.SIGKILL)
         os.waitpid(server.pid, 0)
@@ -164,9 +158,10 @@ def _serve(sock: socket.socket, launcher: int) -> tuple[dict, list[int], int] | 
     while True:
         try:
             head, fds, _, _ = socket.recv_fds(sock, 8, 3)
+            if not head:
+                return None
+            head += _read_exact(sock, 8 - len(head))  # a stream may hand over the length in parts
         except OSError:
-            return None
-        if not head:
             return None
         request = json.loads(_read_exact(sock, int.from_bytes(head, "little")))
         if "preload" in request:  # no reply: the launcher goes on meanwhile
