@@ -83,6 +83,7 @@ LEFT_OUT = {
     "sim_profile": "where one 10M-agent SIR step's time goes per rank (per phase, vs the copy bandwidth): a profile",
     "train_step_profile": "per-phase step times of ours vs raw DDP (a profile, run under torchrun), not a peer ratio",
     "train_tracking": "the cost of logger=wandb (needs wandb, offline): not a peer comparison",
+    "checkpoint_async": "checkpoint stall sync vs async and write MB/s vs the disk's own: GBs written, run by hand",
     "gpu/": "skipped: no GPU here (GPU machine only: bash benchmarks/gpu/run_all.sh)",
 }
 

@@ -73,7 +73,7 @@ def _rank(agents: int, steps: int, overlap: str, native_opt: str, sort_every: in
     a2a, fin = dist.all_to_all_single, exchange.finish
     exchange.dist.all_to_all_single = _timed(timers, "migrate: exchange", a2a)
     timed_fin = _timed(timers, "migrate: exchange", fin)
-    exchange.finish = lambda work, op="all_reduce": timed_fin(work, op) if op == "migrate" else fin(work, op)
+    exchange.finish = lambda work, op="all_reduce", device=None: (timed_fin if op == "migrate" else fin)(work, op, device)
     engine.flush = _timed(timers, "series reduction", engine.flush)
     migrated = []
     real_migrate = exchange.migrate

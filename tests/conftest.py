@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import secrets
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,62 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
+
+SEED_VAR = "MULTIGPU_TEST_SEED"
+"""The session's seed of the tests' random draws (kill steps of the fault tests): ``--fault-seed N`` or this
+variable reproduces a run; without either, the main pytest process draws one, prints it in the header and hands it
+to its xdist workers through this variable."""
+
+try:  # hypothesis: ``make test`` loads "ci" (the same examples every run); plain pytest explores, printing how to replay
+    from hypothesis import settings as _hypothesis
+
+    _hypothesis.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    _hypothesis.register_profile("explore", deadline=None, print_blob=True)
+    _hypothesis.load_profile("explore")
+except ImportError:  # the dev extra is not installed: the tests that use it skip
+    pass
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fault-seed", type=int, default=None, metavar="N",
+                     help=f"seed of the fault tests' random draws (default: ${SEED_VAR}, else a fresh one, printed)")
+
+
+def session_seed(config) -> int:
+    """The seed of this session's random draws (see SEED_VAR)."""
+    given = config.getoption("--fault-seed")
+    if given is not None:
+        return given
+    return int(os.environ[SEED_VAR])
+
+
+def pytest_report_header(config):
+    seed = session_seed(config)
+    return f"fault seed: {seed} (random kill steps; --fault-seed {seed} or {SEED_VAR}={seed} draws them again)"
+
+
+@pytest.fixture
+def fault_rng(request) -> random.Random:
+    """A random generator for this test's draws (e.g. the step a fault test kills a rank at): seeded from the
+    session's seed and the test's id, so a failed draw comes again with the same ``--fault-seed``, whatever else
+    ran. The seed is printed (pytest shows it with a failure's captured output)."""
+    seed = session_seed(request.config)
+    print(f"random draws of {request.node.nodeid}: --fault-seed {seed} draws them again")
+    request.node.user_properties.append(("fault_seed", seed))  # the summary says it once, for all
+    return random.Random(f"{seed}:{request.node.nodeid}")
+
+
+def _seed_line(terminalreporter) -> str | None:
+    """``fault seed: N ...`` when some test of the run drew with ``fault_rng``."""
+    seeds = {value for reports in terminalreporter.stats.values() for r in reports
+             for name, value in getattr(r, "user_properties", ()) if name == "fault_seed"}
+    tests = {r.nodeid for reports in terminalreporter.stats.values() for r in reports
+             if any(name == "fault_seed" for name, _ in getattr(r, "user_properties", ()))}
+    if not seeds:
+        return None
+    seed = min(seeds)
+    return (f"fault seed: {seed} (random kill steps of {len(tests)} test(s); --fault-seed {seed}, or make test "
+            f"FAULT_SEED={seed}, draws them again)")
 
 # Variables the launcher and init() may set; a test that leaks one fails.
 _WATCHED_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_", "GROUP_RANK",
@@ -101,6 +159,12 @@ def fake_gpus(monkeypatch):
         return facts
 
     return install
+
+
+def not_tested_here(request, what: str) -> None:
+    """Say that part of this test could not run in this environment (the rest did): the run's last lines group it
+    with the skipped tests' reasons, so a green run says what it did not test."""
+    request.node.user_properties.append(("not_tested_here", what))
 
 
 def assert_bad_input(argv: list[str], message: str, capsys, written: Path | None = None) -> str:
@@ -220,6 +284,10 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_configure(config):
     if _SHARED_VAR not in os.environ:  # the main pytest process (not a rank that imports this module)
         os.environ[_SHARED_VAR] = tempfile.mkdtemp(prefix="multigpu_test_shared_")
+    if config.getoption("--fault-seed") is not None:
+        os.environ[SEED_VAR] = str(config.getoption("--fault-seed"))
+    elif not os.environ.get(SEED_VAR, "").isdigit():  # drawn once, in the main process; xdist workers inherit it
+        os.environ[SEED_VAR] = str(secrets.randbelow(2**32))
 
 
 def pytest_unconfigure(config):
@@ -249,8 +317,40 @@ def _per(counts) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ").strip()
+
+
+def untested_line(stats: dict) -> str | None:
+    """One line: what this run could not test here, by reason, with counts (the skipped tests' reasons, and the
+    parts of tests that ran without them: ``not_tested_here``); None when it tested everything. ``stats``: the
+    terminal reporter's, by outcome."""
+    reasons: Counter = Counter(_skip_reason(r) for r in stats.get("skipped", []))
+    for outcome in ("passed", "failed"):
+        for r in stats.get(outcome, []):
+            if getattr(r, "when", None) == "call":
+                reasons.update(value for name, value in r.user_properties if name == "not_tested_here")
+    if not reasons:
+        return None
+    parts = "; ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"not tested here: {sum(reasons.values())} ({parts})"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter):
-    """Print the fault suite's and the bad-input suite's counts (and whether every case was handled)."""
+    """At the very end (after pytest's own summaries): the fault suite's and the bad-input suite's counts (and
+    whether every case was handled), the seed of the run's random draws, and what the run could not test in this
+    environment."""
+    yield
+    _suite_counts(terminalreporter)
+    for line in (_seed_line(terminalreporter), untested_line(terminalreporter.stats)):
+        if line:
+            terminalreporter.write_line(line)
+
+
+def _suite_counts(terminalreporter) -> None:
     faults = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
               if r.when == "call" and "fault" in r.keywords]
     if faults:

@@ -22,6 +22,29 @@ from typing import Any
 
 import torch
 
+STARTUP_S = 10.0
+"""A fresh Python process importing torch and starting CUDA on the GPU machine (estimates for run_all.sh's caps)."""
+COMPILE_COLD_S = 50.0
+"""A cold ``torch.compile`` of GPT-2 small's forward and backward on one H100 (the inductor cache empty)."""
+COMPILE_WARM_S = 20.0
+"""The same graph compiled again in another process: inductor's on-disk caches answer most of it."""
+H100_BF16_FLOPS = 989e12
+ASSUMED_MFU = 0.30
+"""What the estimates assume a training step reaches (the target is 0.40: an estimate must not count on it)."""
+
+
+def add_estimate_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--estimate", action="store_true",
+                   help="print this script's estimated seconds on one H100 with these arguments (run_all.sh's "
+                        "rehearsal checks it against the step's cap), and exit")
+
+
+def print_estimate(parts: dict[str, float]) -> int:
+    """``ESTIMATE <seconds>`` and the parts it adds up (the line run_all.sh's rehearsal reads)."""
+    total = sum(parts.values())
+    print(f"ESTIMATE {total:.0f} " + json.dumps({k: round(v, 1) for k, v in parts.items()}), flush=True)
+    return 0
+
 
 def peak_bf16_flops(device_name: str) -> float | None:
     """The dense bf16 peak of a GPU from its exact name (the package's table), or None when it is not there."""
@@ -90,10 +113,12 @@ def peak_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
-def write_record(path: str | None, record: dict[str, Any]) -> None:
-    """Print the record and write it to ``path`` (atomically) when given."""
+def write_record(path: str | None, record: dict[str, Any], *, quiet: bool = False) -> None:
+    """Print the record (unless ``quiet``: a partial one, rewritten as the script goes) and write it to ``path``
+    (atomically) when given. Every record carries ``machine`` (the GPU, and which torch ran)."""
     text = json.dumps(record, indent=2, default=str)
-    print("RECORD " + json.dumps(record, default=str), flush=True)
+    if not quiet:
+        print("RECORD " + json.dumps(record, default=str), flush=True)
     if path:
         from multigpu.files import write_text_atomic
 

@@ -2,14 +2,17 @@
 
     python3 benchmarks/gpu/collect.py RESULTS.json --meta                      # start: the machine's facts
     python3 benchmarks/gpu/collect.py RESULTS.json --step train --status ok --rc 0 --seconds 171 --record train.json
-    python3 benchmarks/gpu/collect.py RESULTS.json --step tests --status failed --rc 1 --seconds 150 --junit pytest.xml
+    python3 benchmarks/gpu/collect.py RESULTS.json --step tests_work --status failed --rc 1 --seconds 50 --junit pytest.xml
     python3 benchmarks/gpu/collect.py RESULTS.json --summary
 
 The file is rewritten (atomically) after every step, so a run cut short still
 leaves the steps it finished. Layout::
 
-    {"machine": {...}, "started": "...", "steps": {"tests": {"status": "ok", "rc": 0, "seconds": 150,
-     "tests": {"passed": 27, "failed": 0, ...}}, "train": {..., "record": {...}}}, "targets": {"train: mfu >= 0.40": true}}
+    {"machine": {...}, "started": "...", "steps": {"tests_work": {"status": "ok", "rc": 0, "seconds": 50,
+     "torch": "2.11.0+cu130", "tests": {"passed": 12, "failed": 0, ...}}, "train": {..., "record": {...}}},
+     "targets": {"train: mfu >= 0.40": true}}
+
+Every step's entry says which torch ran it (``TORCH_VERSION``, set by run_all.sh; else the machine's).
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def main() -> int:
 
         data["machine"] = _common.machine()
     if args.step:
-        step = {"status": args.status, "rc": args.rc, "seconds": args.seconds}
+        step = {"status": args.status, "rc": args.rc, "seconds": args.seconds,
+                "torch": os.environ.get("TORCH_VERSION") or (data.get("machine") or {}).get("torch")}
         if args.note:
             step["note"] = args.note
         if args.record:
@@ -91,7 +95,7 @@ def main() -> int:
         if args.junit and Path(args.junit).exists():
             step["tests"] = junit_summary(Path(args.junit))
             t = step["tests"]  # all skipped (no CUDA seen) is not a pass
-            data["targets"]["tests: every gpu test passed"] = t["failures"] + t["errors"] == 0 and t["passed"] > 0
+            data["targets"][f"{args.step}: every gpu test passed"] = t["failures"] + t["errors"] == 0 and t["passed"] > 0
         data["steps"][args.step] = step
     _save(path, data)
     if args.summary:
@@ -102,7 +106,7 @@ def main() -> int:
             if "tests" in step:
                 t = step["tests"]
                 extra = f" {t['passed']} passed, {t['failures'] + t['errors']} failed, {t['skipped']} skipped"
-            print(f"  {name:<8} {step['status']:<8} rc={step['rc']} {step['seconds'] or 0:.0f}s{extra} {step.get('note', '')}")
+            print(f"  {name:<12} {step['status']:<8} rc={step['rc']} {step['seconds'] or 0:.0f}s{extra} {step.get('note', '')}")
         for name, ok in data["targets"].items():
             print(f"  target {name}: {ok}")
         print(f"results: {path}")

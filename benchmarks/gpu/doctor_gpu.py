@@ -36,7 +36,12 @@ def main() -> int:
     p = _common.parser(__doc__)
     p.add_argument("--skip-bandwidth", action="store_true", help="skip the doctor's all-reduce test")
     p.add_argument("--copy-mib", type=int, default=512)
+    _common.add_estimate_flag(p)
     args = p.parse_args()
+    if args.estimate:  # the bandwidth test starts ranks of its own; copies of --copy-mib at ~20 GB/s, a few times
+        return _common.print_estimate({"start": _common.STARTUP_S, "checks": 3.0,
+                                       "all-reduce bandwidth": 0.0 if args.skip_bandwidth else 8.0,
+                                       "host<->GPU copies": 1.0 + 10 * args.copy_mib / 20_000})
     from multigpu.doctor import gather_facts, run_checks
 
     facts = gather_facts(bandwidth=not (args.quick or args.skip_bandwidth))

@@ -3,6 +3,8 @@
     python benchmarks/gpu/envs_gpu.py [--sizes 1e6,4e6,1.6e7] [--seconds 2] [--procs N]
     python benchmarks/gpu/envs_gpu.py --quick         # 4096 envs on the CPU, 2 peer processes: seconds
 
+Ours is measured at every size first, then the peers' processes start (so they never share the CPU with it).
+
 * ours: ``multigpu.envs`` CartPole on the GPU, next-step autoreset, 16
   pre-drawn batches of random actions on the device (cycled), at least
   ``--seconds`` of steps between two ``cuda.synchronize()``; target >= 1e9 env-steps/s.
@@ -86,12 +88,24 @@ def envpool_threads(num_envs: int, seconds: float, threads: int) -> dict:
     return {"num_envs": num_envs, "threads": threads, "env_steps_per_s": rate["wall"]}
 
 
+def estimate(sizes: list[int], seconds: float, procs: int, peers: bool) -> dict[str, float]:
+    """Seconds on the GPU machine: each size measured for ``seconds`` after a warm-up (ours), then the peers'
+    pool started (``procs`` interpreters importing torch at once) and each size measured again on the cores
+    (making ``num_envs`` gymnasium environments takes about as long as measuring them)."""
+    parts = {"start": _common.STARTUP_S, "ours": len(sizes) * (seconds + 1.0)}
+    if peers:
+        parts |= {"peers' pool start": 10.0, "gymnasium": len(sizes) * (2 * seconds + 1.0),
+                  "envpool (when installed)": len(sizes) * 0.5}
+    return parts
+
+
 def main() -> int:
     p = _common.parser(__doc__)
     p.add_argument("--sizes", default="1e6,4e6,1.6e7", help="numbers of environments, comma-separated")
-    p.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per measurement")
+    p.add_argument("--seconds", type=float, default=1.5, help="minimum seconds per measurement")
     p.add_argument("--procs", type=int, default=None, help="peer processes/threads (default: every core)")
     p.add_argument("--no-peers", action="store_true", help="measure ours only")
+    _common.add_estimate_flag(p)
     args = p.parse_args()
     try:
         sizes = [int(float(s)) for s in ("4096" if args.quick else args.sizes).split(",")]
@@ -107,10 +121,14 @@ def main() -> int:
     torch.set_num_threads(1 if device.type == "cpu" else torch.get_num_threads())
     print(f"CartPole-v1 on {device} vs gymnasium/envpool on {procs} CPU process(es)/thread(s), >= {seconds} s each",
           flush=True)
-    rows = []
+    if args.estimate:
+        return _common.print_estimate(estimate(sizes, seconds, procs, not args.no_peers))
+    # ours at every size first, alone on the machine: the peers' processes (one per core, each importing torch
+    # as it starts) must not share the CPU that feeds the GPU while ours is measured
+    rows = [{"num_envs": n, "ours": ours(n, seconds, device)} for n in sizes]
     pool = None if args.no_peers else mp.get_context("spawn").Pool(procs)  # started once: every size reuses it
-    for n in sizes:
-        row = {"num_envs": n, "ours": ours(n, seconds, device)}
+    for row in rows:
+        n = row["num_envs"]
         if pool is not None:
             row["gymnasium"] = gymnasium_on_cores(n, seconds, procs, pool)
             row["envpool"] = envpool_threads(n, seconds, procs)
@@ -125,7 +143,6 @@ def main() -> int:
                 row[f"ours_vs_{peer}"] = row["ours"]["env_steps_per_s"] / r["env_steps_per_s"]
                 line += f"; {peer} {r['env_steps_per_s']:,.0f} ({row[f'ours_vs_{peer}']:.1f}x)"
         print(line, flush=True)
-        rows.append(row)
     if pool is not None:
         pool.close()
         pool.join()

@@ -59,6 +59,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=16, help="windows per model call")
     p.add_argument("--overlap", type=float, default=0.25)
     p.add_argument("--repeats", type=int, default=3)
+    _common.add_estimate_flag(p)
     args = p.parse_args()
     if args.quick:
         args.size, args.roi, args.batch, args.repeats = 160, 64, 4, 1
@@ -66,6 +67,11 @@ def main() -> int:
         print("error: --size, --roi, --batch and --repeats must be >= 1 and --overlap in [0, 1)", file=sys.stderr)
         return 2
     from multigpu.infer import WindowPlan, sliding_window
+
+    if args.estimate:  # on one H100: ours and three MONAI runs, each median of --repeats, ~400 windows/s or more
+        windows = WindowPlan([(args.size, args.size)], (args.roi,) * 2, (args.overlap,) * 2).num_windows
+        return _common.print_estimate({"start": _common.STARTUP_S, "model and warm-ups": 5.0,
+                                       "runs": 4 * args.repeats * windows / 400.0})
 
     device = _common.pick_device("cpu" if args.quick and args.device == "auto" else args.device)
     cuda = device.type == "cuda"

@@ -26,7 +26,11 @@ RESULTS_BEGIN, RESULTS_END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 README_BEGIN, README_END = "<!-- gpu-rows:begin -->", "<!-- gpu-rows:end -->"
 NOT_MEASURED = "—"
 WHAT = {
+    "smoke": "smoke: NCCL all-reduce, a DDP and an FSDP step, inference of a CUDA input, a sim and an env step",
     "tests": "GPU tests (`pytest -m gpu tests/gpu`)",
+    "tests_launch": "GPU tests: the launcher (`tests/gpu/test_launch_gpu.py`)",
+    "tests_train": "GPU tests: training, timing, NCCL, devices",
+    "tests_work": "GPU tests: sim, infer, envs, monitor and doctor",
     "train": "GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile)",
     "sim": "SIR agent-steps/s on CUDA vs the same engine on the CPU",
     "infer": "sliding window vs MONAI `sliding_window_inference`",
@@ -48,9 +52,12 @@ def _tests_text(step: dict[str, Any]) -> str:
 
 
 def _result_text(name: str, step: dict[str, Any]) -> str:
-    if name == "tests":
+    if name == "tests" or name.startswith("tests_"):
         return _tests_text(step)
     record = step.get("record") or {}
+    if "checks" in record:  # the smoke step
+        ok = sum(bool(c.get("ok")) for c in record["checks"])
+        return f"{ok} of {len(record['checks'])} checks ran"
     ratio = record.get("ratio")
     return f"ours / peer {fmt(ratio)}" if ratio is not None else NOT_MEASURED
 

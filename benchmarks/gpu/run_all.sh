@@ -1,53 +1,74 @@
 #!/usr/bin/env bash
-# The whole GPU check and every GPU benchmark in ONE device call of at most 9.5 minutes (issue 22); see
-# benchmarks/gpu/README.md.
+# The whole GPU check and every GPU benchmark in ONE device call of at most 9.5 minutes; see benchmarks/gpu/README.md.
 #
 #   bash benchmarks/gpu/run_all.sh [OUTDIR]               # OUTDIR default: $OUT, else gpu_out/
 #   STEPS="sim infer envs doctor" bash benchmarks/gpu/run_all.sh   # only these steps
+#   REHEARSE=1 bash benchmarks/gpu/run_all.sh OUTDIR      # on a CPU: every step's --quick variant, and each
+#                                                         # step's estimate of its GPU run checked against its cap
 #
 # Writes OUTDIR/gpu_results.json (rewritten after every step, so a run cut short keeps what it finished),
-# OUTDIR/gpu_run.log (everything printed), OUTDIR/pytest_gpu.xml, and at the end OUTDIR/gpu_results.md plus
-# copies of benchmarks/RESULTS.md and README.md with their GPU blocks rendered from the JSON
-# (benchmarks/gpu/render_gpu.py; run it here on the JSON that came back to update the real files).
-# Steps, in this order, each under `timeout`:
-#   tests  (pytest -m gpu tests/gpu)   train (train_mfu.py, NVML sampler inside)   sim (sim_gpu.py)
-#   infer  (infer_gpu.py)              envs  (envs_gpu.py)                          doctor (doctor_gpu.py)
-# Without a GPU it stops at once: one line, exit code 2, nothing written.
-# Knobs (environment): PYTEST_ARGS TRAIN_ARGS SIM_ARGS INFER_ARGS ENVS_ARGS DOCTOR_ARGS extra arguments;
+# OUTDIR/gpu_run.log (everything printed), one OUTDIR/pytest_<chunk>.xml per test chunk, and at the end
+# OUTDIR/gpu_results.md plus copies of benchmarks/RESULTS.md and README.md with their GPU blocks rendered from
+# the JSON (benchmarks/gpu/render_gpu.py; run it here on the JSON that came back to update the real files).
+# Steps, in this order, each under `timeout`, each recorded as it ends:
+#   smoke (smoke_gpu.py: NCCL all-reduce, a DDP and an FSDP step, inference of a CUDA input, a sim and an env step)
+#   tests_launch, tests_train, tests_work (pytest -m gpu on a third of tests/gpu each: a chunk cut by its cap
+#     leaves the others' counts)
+#   train (train_mfu.py, NVML sampler inside)   sim (sim_gpu.py)   infer (infer_gpu.py)   envs (envs_gpu.py)
+#   doctor (doctor_gpu.py)
+# Without a GPU it stops at once: one line, exit code 2, nothing written (unless REHEARSE=1).
+# Knobs (environment): SMOKE_ARGS PYTEST_ARGS TRAIN_ARGS SIM_ARGS INFER_ARGS ENVS_ARGS DOCTOR_ARGS extra arguments;
 #   PYTHON (default python3); INSTALL=0 installs nothing (src/ on PYTHONPATH: a development machine); the caps below.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # The time budget of one call, in seconds. tests/unit/test_gpu_suite.py adds these lines up: every cap, plus
-# KILL_S for each bounded command (`timeout --kill-after`), must fit in CALL_S (9.5 minutes).
+# KILL_S for each bounded command (`timeout --kill-after`), must fit in CALL_S (9.5 minutes); the rehearsal
+# checks each step's own estimate against its cap (benchmarks/gpu/budget.py).
 CALL_S=570
-SETUP_S=${SETUP_S:-45}      # machine facts, wheels, pip install, the machine record
-TESTS_S=${TESTS_S:-140}
-TRAIN_S=${TRAIN_S:-120}
-SIM_S=${SIM_S:-65}
-INFER_S=${INFER_S:-55}
-ENVS_S=${ENVS_S:-50}
-DOCTOR_S=${DOCTOR_S:-40}
-RENDER_S=${RENDER_S:-15}    # the summary and the Markdown
+SETUP_S=${SETUP_S:-40}      # machine facts, wheels, pip install, the machine record
+SMOKE_S=${SMOKE_S:-45}
+TESTS_LAUNCH_S=${TESTS_LAUNCH_S:-50}
+TESTS_TRAIN_S=${TESTS_TRAIN_S:-50}
+TESTS_WORK_S=${TESTS_WORK_S:-50}
+TRAIN_S=${TRAIN_S:-110}
+SIM_S=${SIM_S:-45}
+INFER_S=${INFER_S:-40}
+ENVS_S=${ENVS_S:-45}
+DOCTOR_S=${DOCTOR_S:-25}
+RENDER_S=${RENDER_S:-10}    # the summary and the Markdown
 KILL_S=5                    # after a cap, `timeout` waits this long before SIGKILL
-BOUNDED=7                   # commands under timeout with --kill-after: the six steps and the render
+BOUNDED=10                  # commands under timeout with --kill-after: the nine steps and the render
 BUDGET_S=$(( CALL_S - RENDER_S - KILL_S ))  # what setup and the steps may use, whatever the caps say
 PY=${PYTHON:-python3}
 OUTDIR=${1:-${OUT:-gpu_out}}
+REHEARSE=${REHEARSE:-0}
 START=$(date +%s)
+TESTS_LAUNCH="tests/gpu/test_launch_gpu.py"
+TESTS_TRAIN="tests/gpu/test_train_gpu.py tests/gpu/test_timing_gpu.py tests/gpu/test_nccl_gpu.py tests/gpu/test_device_gpu.py"
+TESTS_WORK="tests/gpu/test_sim_gpu.py tests/gpu/test_infer_gpu.py tests/gpu/test_envs_gpu.py tests/gpu/test_monitor_doctor_gpu.py"
 
-# no GPU, no run: say so in one line and write nothing (the CPU tier runs every script's --quick instead)
-if ! timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "run_all.sh: no GPU: $PY's torch sees no CUDA device here (or does not import; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}); nothing run, nothing written" >&2
-  exit 2
+if [ "$REHEARSE" = 1 ]; then  # a CPU rehearsal: nothing installed, every script's --quick, budgets checked
+  INSTALL=0
+  QUICK=--quick
+  export CUDA_VISIBLE_DEVICES=""
+else
+  QUICK=
+  # no GPU, no run: say so in one line and write nothing (REHEARSE=1 runs every script's --quick instead)
+  if ! timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "run_all.sh: no GPU: $PY's torch sees no CUDA device here (or does not import; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}); nothing run, nothing written" >&2
+    exit 2
+  fi
 fi
 mkdir -p "$OUTDIR"
 RESULTS=$OUTDIR/gpu_results.json
 LOG=$OUTDIR/gpu_run.log
 exec > >(tee -a "$LOG") 2>&1
-STEPS=" ${STEPS:-tests train sim infer envs doctor} "
+STEPS=" ${STEPS:-smoke tests_launch tests_train tests_work train sim infer envs doctor} "
 export PYTHONUNBUFFERED=1
 TMP=$(mktemp -d)
+export TORCHINDUCTOR_CACHE_DIR=$TMP/inductor  # one cache for both sides of train_mfu: the second compile is warm
 rm -f "$RESULTS"
+BUDGET_FAILED=0
 
 echo "== machine ($(date -u +%FT%TZ))"
 timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || echo "nvidia-smi: not available"
@@ -74,7 +95,8 @@ else
 fi
 timeout 30 "$PY" -c "import multigpu; print('multigpu', multigpu.__version__ if hasattr(multigpu, '__version__') else '', 'from', multigpu.__file__)" \
   || { echo "multigpu does not import: stopping"; exit 1; }
-timeout 30 "$PY" -c "import monai, gymnasium; print('monai', monai.__version__, '| gymnasium', gymnasium.__version__)" 2>&1 | tail -n 1
+[ "$REHEARSE" = 1 ] || timeout 30 "$PY" -c "import monai, gymnasium; print('monai', monai.__version__, '| gymnasium', gymnasium.__version__)" 2>&1 | tail -n 1
+export TORCH_VERSION=$(timeout 30 "$PY" -c "import torch; print(torch.__version__)" 2>/dev/null)  # in every step's entry
 timeout 30 "$PY" benchmarks/gpu/collect.py "$RESULTS" --meta
 echo "== setup took $(( $(date +%s) - START ))s (SETUP_S=$SETUP_S)"
 
@@ -85,33 +107,55 @@ run_step() {  # NAME CAP_S COMMAND...: run if selected and if it fits; record it
   shift 2
   [[ $STEPS == *" $name "* ]] || return 0
   local left=$(( $(remaining) - KILL_S ))
-  if (( left < cap / 2 )); then  # less than half its cap left: better run whole in the next call
+  if (( left < cap / 2 )) && [ "$REHEARSE" != 1 ]; then  # less than half its cap left: better run whole next call
     echo "== $name: not run ($(remaining) s left of BUDGET_S=$BUDGET_S); run it with STEPS=\"$name\" bash benchmarks/gpu/run_all.sh"
     "$PY" benchmarks/gpu/collect.py "$RESULTS" --step "$name" --status skipped --note "out of time: run with STEPS=$name"
     return 0
   fi
   local limit=$(( cap < left ? cap : left )) t0 rc status
+  [ "$REHEARSE" = 1 ] && limit=300  # the rehearsal's own time is not the GPU's
   echo "== $name (at most ${limit}s): $*"
   t0=$(date +%s)
   timeout --kill-after=$KILL_S "$limit" "$@"
   rc=$?
   if (( rc == 124 || rc == 137 )); then status=timeout; elif (( rc == 0 )); then status=ok; else status=failed; fi
   local extra=(--record "$TMP/$name.json")
-  [[ $name == tests ]] && extra=(--junit "$OUTDIR/pytest_gpu.xml")
+  [[ $name == tests_* ]] && extra=(--junit "$OUTDIR/pytest_$name.xml")
   "$PY" benchmarks/gpu/collect.py "$RESULTS" --step "$name" --status "$status" --rc "$rc" \
     --seconds "$(( $(date +%s) - t0 ))" "${extra[@]}"
   echo "== $name: $status (rc $rc) after $(( $(date +%s) - t0 ))s; $(remaining)s of the budget left"
 }
 
+tests_step() {  # NAME CAP_S FILES: one chunk of the GPU tests, its own JUnit (the rehearsal: budget.py collects them)
+  local name=$1 cap=$2 files=$3
+  [ "$REHEARSE" = 1 ] && return 0
+  # shellcheck disable=SC2086
+  run_step "$name" "$cap" "$PY" -m pytest -m gpu $files -v -p no:cacheprovider -rfEs --timeout 90 \
+    --junitxml="$OUTDIR/pytest_$name.xml" ${PYTEST_ARGS:-}
+}
+
+bench_step() {  # NAME CAP_S SCRIPT ARGS...: a benchmark writing its record as it goes (the rehearsal: --quick)
+  local name=$1 cap=$2 script=$3
+  shift 3
+  run_step "$name" "$cap" "$PY" "$script" --json "$TMP/$name.json" $QUICK "$@"
+}
+
+if [ "$REHEARSE" = 1 ]; then  # every step's estimate of its GPU run against its cap, the tests collected (one process)
+  echo "== budget"
+  timeout 300 "$PY" benchmarks/gpu/budget.py --steps ${STEPS} || BUDGET_FAILED=1
+fi
+
 # shellcheck disable=SC2086  # the *_ARGS are word lists on purpose
 {
-run_step tests  "$TESTS_S"  "$PY" -m pytest -m gpu tests/gpu -v -p no:cacheprovider -rfEs --timeout 90 \
-                            --junitxml="$OUTDIR/pytest_gpu.xml" ${PYTEST_ARGS:-}
-run_step train  "$TRAIN_S"  "$PY" benchmarks/gpu/train_mfu.py --json "$TMP/train.json" ${TRAIN_ARGS:-}
-run_step sim    "$SIM_S"    "$PY" benchmarks/gpu/sim_gpu.py --json "$TMP/sim.json" ${SIM_ARGS:-}
-run_step infer  "$INFER_S"  "$PY" benchmarks/gpu/infer_gpu.py --json "$TMP/infer.json" ${INFER_ARGS:-}
-run_step envs   "$ENVS_S"   "$PY" benchmarks/gpu/envs_gpu.py --json "$TMP/envs.json" ${ENVS_ARGS:-}
-run_step doctor "$DOCTOR_S" "$PY" benchmarks/gpu/doctor_gpu.py --json "$TMP/doctor.json" ${DOCTOR_ARGS:-}
+bench_step smoke  "$SMOKE_S"  benchmarks/gpu/smoke_gpu.py ${SMOKE_ARGS:-}
+tests_step tests_launch "$TESTS_LAUNCH_S" "$TESTS_LAUNCH"
+tests_step tests_train  "$TESTS_TRAIN_S"  "$TESTS_TRAIN"
+tests_step tests_work   "$TESTS_WORK_S"   "$TESTS_WORK"
+bench_step train  "$TRAIN_S"  benchmarks/gpu/train_mfu.py ${TRAIN_ARGS:-}
+bench_step sim    "$SIM_S"    benchmarks/gpu/sim_gpu.py ${SIM_ARGS:-}
+bench_step infer  "$INFER_S"  benchmarks/gpu/infer_gpu.py ${INFER_ARGS:-}
+bench_step envs   "$ENVS_S"   benchmarks/gpu/envs_gpu.py ${ENVS_ARGS:-}
+bench_step doctor "$DOCTOR_S" benchmarks/gpu/doctor_gpu.py ${DOCTOR_ARGS:-}
 }
 
 echo "== summary and Markdown ($(( $(date +%s) - START ))s so far)"
@@ -121,3 +165,7 @@ timeout --kill-after=$KILL_S "$RENDER_S" bash -c '"$1" benchmarks/gpu/collect.py
   "$1" benchmarks/gpu/render_gpu.py "$2" --results "$3/RESULTS.md" --readme "$3/README.md"' _ "$PY" "$RESULTS" "$OUTDIR"
 echo "== done in $(( $(date +%s) - START ))s (one call: at most ${CALL_S}s)"
 rm -rf "$TMP"
+if [ "$REHEARSE" = 1 ] && [ "$BUDGET_FAILED" = 1 ]; then
+  echo "run_all.sh: rehearsal: a step's estimate of its GPU run exceeds its cap (budget lines above)" >&2
+  exit 1
+fi

@@ -72,7 +72,7 @@ def digest_check(agents: int, steps: int, chunk_size: int, compile_: bool, devic
     for where, dev in (("cpu", torch.device("cpu")), ("device", device)):
         mg.init(backend=dev.type)
         cfg = _config(agents, steps, chunk_size if dev.type == "cuda" else 1 << 18, compile_ and dev.type == "cuda")
-        result, seconds = _common.timed(lambda cfg=cfg: run(cfg, progress=False), dev)
+        result, seconds = _common.timed(lambda cfg=cfg: run(cfg), dev)
         runs[where] = {"digest": result.summary["state_digest"], "series": result.series, "seconds": seconds}
         mg.shutdown()
     same_series = runs["cpu"]["series"] == runs["device"]["series"]
@@ -98,6 +98,16 @@ def _in_child(kind: str, kwargs: dict, timeout_s: float, inline: bool = False) -
     return result
 
 
+def estimate(sizes: list[int], steps: int, check_agents: float, compile_: bool) -> dict[str, float]:
+    """Seconds on one H100: a process per size (populating at 5e8 agents/s, stepping at 5e9 agent-steps/s: half
+    the target), the digest run's process (20 steps on the CPU at 1e8 agent-steps/s, and on the GPU)."""
+    parts = {"start": 5.0}
+    for n in sizes:
+        parts[f"{n:.0e} agents"] = _common.STARTUP_S + n / 5e8 + (1 + steps) * n / 5e9 + (30.0 if compile_ else 0.0)
+    parts["digest check"] = _common.STARTUP_S + 2 * 20 * check_agents / 1e8
+    return parts
+
+
 def main() -> int:
     p = _common.parser(__doc__)
     p.add_argument("--sizes", default="1e8,1e9", help="agent counts, comma-separated")
@@ -107,6 +117,7 @@ def main() -> int:
     p.add_argument("--check-agents", type=float, default=1e6, help="agents of the CPU-vs-GPU digest run")
     p.add_argument("--size-timeout-s", type=float, default=240.0)
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    _common.add_estimate_flag(p)
     args = p.parse_args()
     if args.child:
         kind, kwargs = args.child[0], json.loads(args.child[1])
@@ -121,6 +132,8 @@ def main() -> int:
     if args.steps < 1 or min(sizes) < 1 or args.chunk_size < 1024:
         print("error: --steps and --sizes must be >= 1 and --chunk-size >= 1024", file=sys.stderr)
         return 2
+    if args.estimate:
+        return _common.print_estimate(estimate(sizes, args.steps, args.check_agents, args.compile))
     device = "cpu" if args.quick and args.device == "auto" else args.device
     dev = _common.pick_device(device)
     steps = 2 if args.quick else args.steps

@@ -228,6 +228,7 @@ def main() -> int:
     p.add_argument("--side-timeout-s", type=float, default=300.0, help="limit for each side's subprocess")
     p.add_argument("--child", choices=["ours", "peer"], help=argparse.SUPPRESS)
     p.add_argument("--size", help=argparse.SUPPRESS)
+    _common.add_estimate_flag(p)
     args = p.parse_args()
     if args.child:
         import ast
@@ -243,11 +244,17 @@ def main() -> int:
     if size.burn_in < 1 or size.steps < 1 or size.batch_size < 1:
         print("error: --batch-size, --burn-in and --steps must be >= 1", file=sys.stderr)
         return 2
+    if args.estimate:
+        return _common.print_estimate(estimate(size))
     device = "cpu" if args.quick and args.device == "auto" else args.device
     dev = _common.pick_device(device)
     print(f"GPT {size.n_layer}x{size.n_embd}, block {size.block_size}, vocab {size.vocab}, batch {size.batch_size}, "
           f"compile {size.compile}, on {dev}: {size.burn_in} burn-in + {size.steps} timed iterations per side", flush=True)
-    results = {side: _run_side(side, size, device, args.side_timeout_s, args.quick) for side in ("peer", "ours")}
+    machine = _common.machine()
+    results: dict[str, dict] = {}
+    for side in ("peer", "ours"):  # the record is rewritten as each side ends: a run cut short keeps the first
+        results[side] = _run_side(side, size, device, args.side_timeout_s, args.quick)
+        _common.write_record(args.json, _record(machine, size, results), quiet=True)
     for side, r in results.items():
         if "error" in r:
             print(f"  {side:<5} failed: {r['error']}")
@@ -259,14 +266,33 @@ def main() -> int:
     ratio = results["ours"]["tokens_per_s"] / results["peer"]["tokens_per_s"] if ok else None
     if ratio is not None:
         print(f"  ours / nanoGPT bench.py loop: {ratio:.3f}x")
-    mfu = results["ours"].get("mfu")
-    _common.write_record(args.json, {
-        "benchmark": "train_mfu", "machine": _common.machine(), "config": dataclasses.asdict(size),
-        "ours": results["ours"], "peer": {"name": "nanoGPT bench.py loop (reimplemented)", **results["peer"]},
-        "ratio": ratio, "targets": {"mfu >= 0.40": mfu >= 0.40 if mfu is not None else None,
-                                    "ratio >= 1.0": ratio >= 1.0 if ratio is not None else None},
-    })
+    _common.write_record(args.json, _record(machine, size, results))
     return 0 if ok else 1
+
+
+def _record(machine: dict, size: Size, results: dict[str, dict]) -> dict:
+    """The record of the sides run so far (a side not run yet: ``{"pending": true}``)."""
+    ours, peer = results.get("ours", {"pending": True}), results.get("peer", {"pending": True})
+    done = all("tokens_per_s" in r for r in (ours, peer))
+    ratio = ours["tokens_per_s"] / peer["tokens_per_s"] if done else None
+    mfu = ours.get("mfu")
+    return {"benchmark": "train_mfu", "machine": machine, "config": dataclasses.asdict(size),
+            "ours": ours, "peer": {"name": "nanoGPT bench.py loop (reimplemented)", **peer},
+            "ratio": ratio, "targets": {"mfu >= 0.40": mfu >= 0.40 if mfu is not None else None,
+                                        "ratio >= 1.0": ratio >= 1.0 if ratio is not None else None}}
+
+
+def estimate(size: Size) -> dict[str, float]:
+    """Seconds on one H100: two processes (peer, then ours), each starting, compiling (the second finds the first's
+    graph in inductor's on-disk cache) and running its iterations at ``ASSUMED_MFU`` (nanoGPT's FLOPs per token)."""
+    params = 12 * size.n_layer * size.n_embd ** 2 + size.vocab * size.n_embd
+    flops_per_token = 6 * params + 12 * size.n_layer * size.n_embd * size.block_size
+    iteration_s = size.batch_size * size.block_size * flops_per_token / (_common.H100_BF16_FLOPS * _common.ASSUMED_MFU)
+    compiles = (_common.COMPILE_COLD_S, _common.COMPILE_WARM_S) if size.compile else (0.0, 0.0)
+    return {"peer: start": _common.STARTUP_S, "peer: compile (cold)": compiles[0],
+            "peer: iterations": (size.burn_in + size.steps) * iteration_s,
+            "ours: start": _common.STARTUP_S, "ours: compile (warm cache)": compiles[1],
+            "ours: iterations": (size.burn_in + size.steps) * iteration_s, "samplers and data": 4.0}
 
 
 if __name__ == "__main__":

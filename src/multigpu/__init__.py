@@ -11,7 +11,8 @@ The public runtime API (runs inside each rank)::
 
 The workloads and tools are attributes too, imported on first use so that a rank
 which wants only the runtime never loads them: ``mg.train``, ``mg.sim``,
-``mg.infer``, ``mg.rl``, ``mg.envs``, ``mg.verify``, ``mg.bench``, ``mg.monitor``::
+``mg.infer``, ``mg.rl``, ``mg.envs``, ``mg.verify``, ``mg.bench``, ``mg.monitor``, and ``mg.run`` (the run
+harness every workload runs on)::
 
     out = mg.infer.sliding_window(image, model, roi=256, overlap=0.25)
 
@@ -20,6 +21,7 @@ Launch with ``multigpu launch --gpus all script.py`` (see ``multigpu --help``).
 
 from typing import TYPE_CHECKING
 
+from multigpu import _startup  # noqa: F401 - first: a Ctrl-C while the command line imports torch is one line
 from multigpu.errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -60,7 +62,7 @@ from multigpu.runtime.context import current as run_context
 
 __version__ = "0.1.0"
 
-_LAZY_SUBPACKAGES = ("bench", "envs", "infer", "monitor", "rl", "sim", "train", "verify")
+_LAZY_SUBPACKAGES = ("bench", "envs", "infer", "monitor", "rl", "run", "sim", "train", "verify")
 """Subpackages reachable as ``mg.<name>`` after ``import multigpu``, imported on first use."""
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports them
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
     from multigpu import infer as infer
     from multigpu import monitor as monitor
     from multigpu import rl as rl
+    from multigpu import run as run
     from multigpu import sim as sim
     from multigpu import train as train
     from multigpu import verify as verify

@@ -12,11 +12,19 @@ import argparse
 
 from multigpu.errors import UsageError
 
-__all__ = ["ArgumentParser", "add_flag", "parse"]
+__all__ = ["ArgumentParser", "add_flag", "parse", "script_args", "split_script_args"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing usage."""
+    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing usage.
+
+    Abbreviated flags are off (``allow_abbrev=False``): ``--nnod`` is not ``--nnodes``, and a script's own
+    ``--n 5`` is never read as an ambiguous prefix of ours. A flag is spelled out or it is not ours.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -50,3 +58,16 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def script_args(args: argparse.Namespace) -> list[str]:
+    """The arguments that belong to the user's script (everything after it), of a command that runs one."""
+    return list(args.args) if hasattr(args, "target") and isinstance(getattr(args, "args", None), list) else []
+
+
+def split_script_args(args: argparse.Namespace, argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` as (ours, the script's): everything after the script is the script's, verbatim, and nothing in
+    it is read as a launcher flag (argparse's REMAINDER takes it whole)."""
+    tail = script_args(args)
+    head = argv[: len(argv) - len(tail)]
+    return head, argv[len(head):]

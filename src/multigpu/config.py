@@ -301,18 +301,72 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return plain(cfg)
 
 
+MAX_ALIAS_VALUES = 100_000
+"""Values YAML aliases (``*name``) may add to a config once expanded: a 1 KB file of nested aliases (a "billion
+laughs") otherwise expands to billions of values when the config is copied and checked."""
+
+
+def _alias_problem(data: Any) -> str | None:
+    """Why ``data`` (as ``yaml.safe_load`` built it: aliases are shared objects) cannot be expanded: a list or
+    mapping that contains itself, or more than :data:`MAX_ALIAS_VALUES` values added by aliases. Counted with
+    each shared object's size computed once, so the count itself costs only the file's own size."""
+    sizes: dict[int, int] = {}
+    open_now: set[int] = set()
+    unique = 0
+
+    def size(value: Any) -> int:
+        nonlocal unique
+        if not isinstance(value, (dict, list)):
+            unique += 1
+            return 1
+        key = id(value)
+        if key in sizes:
+            return sizes[key]
+        if key in open_now:
+            raise ValueError("cycle")
+        open_now.add(key)
+        items = [x for kv in value.items() for x in kv] if isinstance(value, dict) else value
+        unique += 1
+        sizes[key] = 1 + sum(size(x) for x in items)
+        open_now.discard(key)
+        return sizes[key]
+
+    try:
+        total = size(data)
+    except ValueError:
+        return "an alias (*name) refers to a list or mapping that contains it, which would never end"
+    except RecursionError:
+        return "it is nested too deeply"
+    if total - unique > MAX_ALIAS_VALUES:
+        return f"its aliases (*name) expand it to {total:,} values (aliases may add at most {MAX_ALIAS_VALUES:,})"
+    return None
+
+
+def _safe_load(text: str) -> Any:
+    """``yaml.safe_load``, with a nesting too deep for the parser reported as bad YAML, not an internal error."""
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from a file or a packaged preset's name (``nano``, ``sir``: :mod:`multigpu.presets`),
-    with one-line errors for a missing, unreadable or malformed file."""
+    with one-line errors for a missing, unreadable or malformed file, and for aliases that would expand it
+    beyond :data:`MAX_ALIAS_VALUES` values."""
     path = find_config(str(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""
         raise ConfigError(f"config file '{path}' is not valid YAML{at}") from None
+    problem = _alias_problem(data)
+    if problem is not None:
+        raise ConfigError(f"config file '{path}' is refused: {problem}; valid: a config with each value written "
+                          "out, or aliases that repeat a few values")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -340,9 +394,12 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             raise ConfigError(f"override '{item}' must look like key=value (e.g. steps=100)")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = _safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
+        problem = _alias_problem(value)
+        if problem is not None:
+            raise ConfigError(f"override '{key}=...' is refused: {problem}; valid: the value written out")
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:

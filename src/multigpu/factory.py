@@ -107,9 +107,25 @@ class Factory:
                 valid = ", ".join(n for n, p in signature.parameters.items() if p.kind is not p.VAR_POSITIONAL)
                 raise ConfigError(f"{what} {self.factory!r} takes no argument {', '.join(map(repr, unknown))} "
                                   f"(from {what.rsplit('.', 1)[0]}.kwargs); valid: {valid or 'none'}")
+        if signature is not None:
+            self._check_required(what, signature, {**(context or {}), **args})
         check = getattr(target, "check", None)
         if callable(check):
             check(**args)
+
+    def _check_required(self, what: str, signature: inspect.Signature, args: Mapping[str, Any]) -> None:
+        """Every argument without a default is given (by ``kwargs`` or the context, whose values the ranks may
+        only learn later, e.g. the data's ``vocab_size``): a factory the ranks cannot
+        call (nanoGPT's ``GPT(config)``) is refused here, before anything starts."""
+        missing = [n for n, p in signature.parameters.items() if p.default is p.empty and n not in args
+                   and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not missing:
+            return
+        section, name = what.rsplit(".", 1)[0], self.factory.partition(":")[2]
+        given = ", ".join(f"{section}.kwargs.{n}=..." for n in missing)
+        raise ConfigError(f"{what} {self.factory!r} cannot be called as it is: {name}() needs "
+                          f"{', '.join(map(repr, missing))} (no default); valid: give {given}, or name a function "
+                          f"that builds it with no required argument, e.g. def make(): return {name}(...)")
 
     def build(self, what: str, context: Mapping[str, Any] | None = None) -> Any:
         """In a rank: call the factory with its arguments (and the context values it asks for)."""

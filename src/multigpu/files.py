@@ -30,8 +30,59 @@ from typing import Any
 
 from multigpu.errors import OutputError
 
-__all__ = ["JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in", "read_jsonl",
-           "write_failure", "write_json_atomic", "write_text_atomic"]
+__all__ = ["PRIVATE_UMASK", "JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in",
+           "private_files", "read_jsonl", "set_user_umask", "user_made", "user_umask", "write_failure", "write_json_atomic",
+           "write_text_atomic"]
+
+PRIVATE_UMASK = 0o077
+"""The umask every ``multigpu`` command runs under: what it writes is its user's only (folders 0700, files 0600),
+in a folder it made and in one that existed with wider permissions (a ``--run-dir`` or ``--log-dir`` of 0755)
+alike. A user's script launched by ``multigpu launch`` gets the user's own umask back (:func:`user_umask`)."""
+
+_USER_UMASK: list[int] = []
+_RANK_USER_UMASK: list[int] = []
+"""In a rank: the user's umask as the launcher read it (``run.json``), set by :func:`set_user_umask`."""
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Run the block under :data:`PRIVATE_UMASK` (processes started in it inherit it), then put the umask back."""
+    previous = os.umask(PRIVATE_UMASK)
+    _USER_UMASK.append(previous)
+    try:
+        yield
+    finally:
+        _USER_UMASK.pop()
+        os.umask(previous)
+
+
+def set_user_umask(mask: int | None) -> None:
+    """In a rank of a built-in workload (which runs under the launcher's 0077): the user's own umask, from run.json."""
+    _RANK_USER_UMASK[:] = [] if mask is None else [int(mask)]
+
+
+def user_umask() -> int:
+    """The umask the user's shell gave this process (read without changing it, also inside :func:`private_files`
+    and in the ranks of a built-in workload)."""
+    if _USER_UMASK:
+        return _USER_UMASK[0]
+    if _RANK_USER_UMASK:
+        return _RANK_USER_UMASK[0]
+    current = os.umask(PRIVATE_UMASK)
+    os.umask(current)
+    return current
+
+
+def user_made(path: str | Path) -> Path:
+    """Give an output the user named (``infer --output``, ``--save-agents``, ``report -o``) the modes a plain
+    ``open``/``mkdir`` under the user's own umask makes, with what a folder holds: the command itself runs under
+    :data:`PRIVATE_UMASK`, which is meant for the run and log folders, not for files the user asked for by name."""
+    path = Path(path)
+    umask = user_umask()
+    for item in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else ())]:
+        if not item.is_symlink():
+            item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+    return path
 
 
 def describe_os_error(exc: OSError) -> str:

@@ -56,7 +56,8 @@ def test_a_script_that_never_joins_a_group_is_named_as_copies_and_bench_verify_r
     assert proc.stdout.count("did its work alone") == 2
     assert proc.stderr.strip().splitlines()[-1] == f"multigpu: warning: rank 0 and rank 1 {COPIES}. Call mg.init() " \
         "(or torch.distributed.init_process_group) in the script; an accelerate script on CPU ranks needs " \
-        "Accelerator(cpu=True) or PartialState(cpu=True)"
+        "Accelerator(cpu=True) or PartialState(cpu=True); a Lightning Fabric script needs " \
+        "Fabric(devices=int(os.environ['LOCAL_WORLD_SIZE'])), the processes started on each node"
     for command in (["bench", "--nproc", "2", "-o", str(tmp_path / "bench")],
                     ["verify", "--nproc", "1,2", "-o", str(tmp_path / "verify")]):
         proc = run_cli(*command, script, timeout=240)

@@ -165,3 +165,27 @@ def test_a_scripts_arguments_stay_its_own_and_nproc_is_asked_for_where_it_belong
         assert main(["bench", "train", "-o", str(tmp_path / "s"), "steps=3"]) == 2
         assert "--nproc is required: the world sizes to bench" in capsys.readouterr().err
     assert seen == [] and not (tmp_path / "s").exists()
+
+
+def test_verify_runs_every_world_size_with_the_same_threads_per_rank(fake_gpus, monkeypatch, capsys):
+    """A kernel whose float result depends on its thread count (oneDNN's convolutions on some CPUs: 2.9e-6 seen
+    between a 2-thread rank and a 1-thread one) must not pass for a dependence on the world size."""
+    from unittest import mock
+
+    from multigpu.cli import main
+    from multigpu.runtime.env import cpu_count
+    from tests.conftest import SCRIPTS
+
+    fake_gpus(0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    with mock.patch("multigpu.launch.agent._elastic_launch",
+                    side_effect=lambda *a: seen.append(__import__("os").environ.get("OMP_NUM_THREADS"))):
+        main(["verify", "--nproc", "1,2", str(SCRIPTS / "allreduce_loop.py")])  # records nothing: exit 1
+    assert seen == [str(max(1, cpu_count() // 2))] * 2
+    assert "thread(s) per rank at every world size (--threads to choose)" in capsys.readouterr().err
+    seen.clear()
+    with mock.patch("multigpu.launch.agent._elastic_launch",
+                    side_effect=lambda *a: seen.append(__import__("os").environ.get("OMP_NUM_THREADS"))):
+        main(["verify", "--nproc", "1,2", "--threads", "3", str(SCRIPTS / "allreduce_loop.py")])
+    assert seen == ["3", "3"]

@@ -81,3 +81,38 @@ def test_a_rank_the_oom_killer_ends_is_named_so(version, tmp_path):
     assert proc.returncode == 1 and first.startswith("error: rank 0 of 1 failed first (exit code -9): killed by "
                                                      "signal SIGKILL: the kernel's OOM killer: out of memory ("), first
     assert f"under the 1 GiB cgroup v{version}" in first and str(child) in first
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("limit_mib", [300, 450])
+def test_an_rlimit_as_too_small_for_torch_is_one_line(tmp_path, limit_mib):
+    """Under a ``ulimit -v`` too small to load torch the command itself died in a traceback through the imports
+    ("failed to map segment from shared object", or a MemoryError, as the limit falls)."""
+    import resource
+
+    limit = limit_mib << 20
+    proc = subprocess.run([sys.executable, "-m", "multigpu", "train", "-f", "nano", "--run-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: multigpu cannot load torch under ulimit -v (RLIMIT_AS) of {limit_mib} MiB ")
+    assert "valid: ulimit -v unlimited" in proc.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.e2e
+def test_a_rank_that_runs_out_of_its_rlimit_as_is_told_so(tmp_path):
+    """``ulimit -v`` (RLIMIT_AS) that lets a rank start but not hold its data: the rank died in the allocator and
+    the summary never named the limit. Set in the launcher's process (every rank inherits it), as a shell would."""
+    import resource
+
+    script = tmp_path / "hog.py"
+    script.write_text("import torch\nimport multigpu as mg\nmg.init()\nblob = torch.empty(3 << 30, dtype=torch.uint8)\n")
+    limit = int(2.5 * GIB)
+    proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--cpu", "--nproc-per-node", "1", str(script)],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and lines[0].startswith("error: rank 0 of 1 failed first (exit code 1): RuntimeError: "
+                                                        "[enforce fail"), proc.stderr
+    assert any(line.startswith("  memory: the rank ran under ulimit -v (RLIMIT_AS) of 2.5 GiB, which counts address "
+                               "space") for line in lines), proc.stderr

@@ -89,6 +89,15 @@ def test_sim_at_1024_ranks_and_infer_at_64(tmp_path, dry):
     assert "rank 0 runs windows [0, 2)" in out.stdout and "rank(s) get no window" in out.stdout
     assert re.search(r"peak of a model call\s+[\d.]+ MiB\s+measured", out.stdout)
     assert list(tmp_path.iterdir()) == []
+    # a volume takes 3-D windows (the dry run planned 2-D ones: an internal ValueError from zip)
+    import numpy as np
+
+    volume = tmp_path.parent / f"{tmp_path.name}_volume.npy"
+    np.save(volume, np.zeros((16, 16, 8), np.float32))
+    out = dry("infer", "--input", str(volume), "--model", "torch.nn:Identity", "--roi", "8", "--world-size", "2")
+    assert out.returncode == 0, out.stderr
+    assert "1 image(s), 9 windows of 8x8x8 in 2 batches of 8; rank 0 runs windows [0, 8)" in out.stdout
+    assert re.search(r"peak of a model call\s+[\d.]+ KiB\s+measured", out.stdout), out.stdout
 
 
 def test_dry_run_flags_need_dry_run(tmp_path, monkeypatch, capsys):

@@ -67,7 +67,8 @@ def test_ddp_is_refused_up_front_and_fsdp_trains_within_a_2_75_gib_cap(tmp_path)
         err = ddp.stderr.strip()
         assert ddp.returncode == 2, ddp.stderr[-3000:]
         assert err.startswith("error: strategy=ddp: the planned training state per rank is 1,298 MiB") and "\n" not in err, err
-        assert "available under the 2.75 GiB cgroup v" in err  # the limit and its cgroup (v1 or v2), named and "--strategy fsdp (649 MiB per rank on 2 ranks)" in err
+        assert "available under the 2.75 GiB cgroup v" in err  # the limit and its cgroup (v1 or v2), named
+        assert "valid: --strategy fsdp (649 MiB per rank on 2 ranks)" in err  # what fits instead
         assert not (tmp_path / "ddp").exists()  # refused before anything was written or spawned
 
         fsdp = _train_in(folder, tmp_path / "fsdp", "--strategy", "fsdp")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -36,6 +37,13 @@ def test_two_ranks_write_exactly_the_one_rank_output(tmp_path):
     assert outputs["1"][0].shape == (150, 130, 3) and outputs["1"][0].dtype == np.float32
     assert np.array_equal(outputs["1"][0], outputs["2"][0])  # float32 TIFF: bitwise
     assert outputs["1"][1] == outputs["2"][1]  # PNG: byte for byte
+    # the outputs the user named get the user's umask; the run folder's own files stay private (0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    out = tmp_path / "out2"
+    assert {p.name: p.stat().st_mode & 0o777 for p in [out, *out.iterdir()]} == {
+        "out2": 0o777 & ~umask, "volume_slice.tif": 0o666 & ~umask, "photo.png": 0o666 & ~umask}
+    assert (tmp_path / "run2" / "summary.json").stat().st_mode & 0o777 == 0o600
 
 
 def shifted_denoiser(shift: float = 0.0):

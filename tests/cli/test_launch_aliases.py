@@ -53,9 +53,10 @@ def test_other_launchers_flags_launch_the_same_job(theirs, ours, said, fake_gpus
         assert err.count(said) == 1, err
 
 
-def test_torchrun_nproc_cpu_and_accelerate_mixed_precision(fake_gpus, capsys):
+def test_torchrun_nproc_cpu_and_accelerate_mixed_precision(fake_gpus, capsys, monkeypatch):
+    monkeypatch.setattr("multigpu.runtime.env.cpu_count", lambda: 3)  # the cores this process may use, made up
     (nproc, *_), env, err = _launched(["--nproc-per-node", "cpu", "--mixed-precision", "bf16"], fake_gpus, capsys)
-    assert nproc == os.cpu_count() or nproc >= 1
+    assert nproc == 3  # one worker per core, as torchrun's "cpu"
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["ACCELERATE_MIXED_PRECISION"] == "bf16"  # what accelerate reads
     assert "--mixed-precision is precision=bf16 here" in err
 
@@ -83,3 +84,63 @@ def test_mixed_precision_sets_a_workloads_precision(tmp_path, fake_gpus, capsys)
     assert seen[0]["config"]["precision"] == "bf16"
     assert main(["rl", "--mixed-precision", "bf16", "--run-dir", str(tmp_path / "q")]) == 2
     assert "the rl workload has no precision setting" in capsys.readouterr().err
+
+
+ACCELERATE_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_CPU
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+gpu_ids: all
+machine_rank: 0
+main_process_ip: null
+main_process_port: null
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+"""
+
+
+def test_an_accelerate_config_file_launches_what_it_says_and_names_what_it_ignores(tmp_path, fake_gpus, capsys):
+    """accelerate users keep num_processes, mixed_precision, ... in `accelerate config`'s file: `--config_file`
+    (accelerate's spelling) reads it; the command line wins over it, as under `accelerate launch`."""
+    config = tmp_path / "default_config.yaml"
+    config.write_text(ACCELERATE_CONFIG)
+    (nproc, *_, visible), env, err = _launched(["--config_file", str(config)], fake_gpus, capsys)
+    assert (nproc, visible, env["ACCELERATE_MIXED_PRECISION"]) == (2, "", "bf16")  # use_cpu: no GPU for the ranks
+    assert (f"accelerate config {config}: taken: distributed_type MULTI_CPU (--cpu), mixed_precision bf16, "
+            "num_processes 2") in err
+    assert "ignored" not in err and " here" not in err  # the rest is at accelerate's defaults; one line, no chatter
+    (nproc, *_), _, _ = _launched(["--config-file", str(config), "--num-processes", "1"], fake_gpus, capsys)
+    assert nproc == 1
+    fsdp = tmp_path / "fsdp.yaml"
+    fsdp.write_text(ACCELERATE_CONFIG.replace("MULTI_CPU", "FSDP").replace("use_cpu: true", "use_cpu: false")
+                    + "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n")
+    (nproc, *_), env, err = _launched(["--config-file", str(fsdp)], fake_gpus, capsys)
+    assert nproc == 2 and env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert f"accelerate config {fsdp}: ignored distributed_type FSDP (" in err and ", fsdp_config" in err
+
+
+@pytest.mark.parametrize("text,message", [
+    (None, "no such file"),
+    ("- a list\n", "is not an accelerate config"),
+    ("num_processes: [\n", "cannot be read as an accelerate config"),
+    ("mixed_precision: fp8\n", "mixed_precision 'fp8' is not run here; valid: no, fp16, bf16"),
+])
+def test_a_bad_accelerate_config_file_is_one_line(text, message, tmp_path, fake_gpus, capsys):
+    fake_gpus(0)
+    config = tmp_path / "c.yaml"
+    if text is not None:
+        config.write_text(text)
+    with mock.patch("multigpu.launch.agent._elastic_launch") as seam:
+        assert main(["launch", "--config_file", str(config), HELLO]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err and not seam.called

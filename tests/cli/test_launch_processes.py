@@ -188,26 +188,39 @@ def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_o
 _CALLED = [sys.executable, "-c", "import sys; from multigpu.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The command line called from code: its workers are fresh interpreters (``python -u _worker.py ...``)."""
 
-_SLOW_SITE = "import os, time\nif os.environ.get('RANK') is not None:  # the workers only\n    time.sleep(3)\n"
-"""A ``sitecustomize`` that keeps each worker's interpreter 3 s inside ``import site`` (its start-up)."""
+_HELD_SITE = """import os, time
+gate = os.environ.get("TEST_SITE_GATE")
+if gate and os.environ.get("RANK") is not None:  # the workers only
+    open(os.path.join(gate, "in_site" + os.environ["RANK"]), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(gate, "go")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
+"""A ``sitecustomize`` that holds each worker's interpreter inside ``import site`` (its start-up) until the test
+says go (never, here), having said it is there."""
 
 
 def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_path):
     """Issue 23 (minor): SIGINT reaching a worker while its interpreter still imported ``site`` printed Python's
     "Fatal Python error: init_import_site: Failed to import the site module ... KeyboardInterrupt", once per worker
-    (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT as soon as both workers
-    exist, while both are in ``site``. Workers with an interpreter of their own: the launcher called from code
-    (``main(argv)``), which starts them as fresh processes (the console script forks them instead)."""
+    (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT once both workers are
+    inside ``site``, where they stay (a 3 s sleep there once let a slow machine's workers past it first). Workers
+    with an interpreter of their own: the launcher called from code (``main(argv)``), which starts them as fresh
+    processes (the console script forks them instead)."""
     slow = tmp_path / "slow_site"
     slow.mkdir()
-    (slow / "sitecustomize.py").write_text(_SLOW_SITE)
+    (slow / "sitecustomize.py").write_text(_HELD_SITE)
+    gate = tmp_path / "gate"
+    gate.mkdir()
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),
-                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")])}, cli=_CALLED)
+                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")]), "TEST_SITE_GATE": str(gate)},
+                      cli=_CALLED)
     deadline = time.monotonic() + 90
-    while len(_workers(proc)) < 2:
+    while len(list(gate.glob("in_site*"))) < 2:
         assert time.monotonic() < deadline and proc.poll() is None, f"the workers did not start (exit {proc.poll()})"
         time.sleep(0.02)
     pids = jobs.watch(sorted(_workers(proc)))
+    assert len(pids) == 2
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Fatal Python error" not in err and "init_import_site" not in err and "Traceback" not in err, err
@@ -250,13 +263,18 @@ def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_while_workers_start_stops_those_started_and_starts_no_more(jobs, tmp_path, sig):
     """Item 2: a launcher signalled while its workers started left them running (42 of 1,000 after SIGTERM).
-    The test wrapper makes the agent wait 1.5 s after starting each of 4 workers; the signal comes after the first."""
-    cli = [sys.executable, str(SCRIPTS / "slow_start_cli.py"), "1.5"]
+    The test wrapper holds the agent after it has started the first of 4 workers; the signal comes then (a 1.5 s
+    wait after each start once let a slow machine start a second before the signal)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    cli = [sys.executable, str(SCRIPTS / "slow_start_cli.py"), str(gate)]
     proc = jobs.start("launch", "--nproc-per-node", "4", str(SCRIPTS / "sleep_forever.py"), str(tmp_path), cli=cli)
     deadline = time.monotonic() + 90
-    while not (started := _workers(proc)):
+    while not (gate / "started1").exists():
         assert time.monotonic() < deadline and proc.poll() is None, f"no worker started (exit {proc.poll()})"
         time.sleep(0.02)
+    started = _workers(proc)
+    assert len(started) == 1, started
     jobs.watch(started)
     proc.send_signal(sig)
     seen = set(started)
@@ -296,17 +314,26 @@ def test_processes_left_by_a_failed_run_are_stopped_and_said_before_the_error(jo
 
 
 def test_ctrl_c_while_a_node_waits_for_the_rendezvous_store_stops_at_once(jobs):
-    """Item 4: node 1 started before node 0 (nothing at the endpoint yet): Ctrl-C was ignored until torch's
-    store client gave up. The test holds the port without listening on it: connections are refused."""
-    with socket.socket() as reserved:
+    """Item 4: node 1 started before node 0 (nothing answers at the endpoint yet): Ctrl-C was ignored until
+    torch's store client gave up. The test's socket listens there with its one-connection queue full (its own
+    connection), so the node's attempts get no answer: the signal comes while the node is seen connecting (once
+    it came after a 2 s sleep, wherever a slow machine's launcher then was)."""
+    with socket.socket() as reserved, socket.socket() as filler:
         reserved.bind(("127.0.0.1", 0))
-        endpoint = f"127.0.0.1:{reserved.getsockname()[1]}"
+        reserved.listen(0)
+        filler.connect(reserved.getsockname())  # the queue is full: further connection requests are dropped
+        port = reserved.getsockname()[1]
+        endpoint = f"127.0.0.1:{port}"
         cli = [sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "0"]  # no GPU: the launcher prints its note
         proc = jobs.start("launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint,
                           "--nproc-per-node", "1", "examples/hello.py", cli=cli,
                           env={"MULTIGPU_RDZV_SECRET": "0123456789abcdef"})
         assert proc.stderr.readline().startswith(_NOTE)  # past its imports, at the rendezvous
-        time.sleep(2)
+        deadline = time.monotonic() + 90
+        while not any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_SYN_SENT
+                      for c in psutil.Process(proc.pid).net_connections(kind="tcp")):
+            assert time.monotonic() < deadline and proc.poll() is None, f"never connected (exit {proc.poll()})"
+            time.sleep(0.02)
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)

@@ -5,7 +5,6 @@ the trained policy loads back as a module (``load_policy``)."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -30,12 +29,12 @@ def _final(run_dir):
     return torch.load(run_dir / "checkpoints" / f"step_{UPDATES:08d}" / "state.pt", weights_only=True)
 
 
-def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path):
+def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path, fault_rng):
     _, clean = _run(tmp_path / "clean")
-    kill_at = random.Random().randint(3, UPDATES - 1)  # after the first checkpoint (update 2)
+    kill_at = fault_rng.randint(3, UPDATES - 1)  # after the first checkpoint (update 2)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     proc, faulty = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
-    last = kill_at - kill_at % 2
+    last = (kill_at - 1) // 2 * 2  # callbacks run before their step's checkpoint: the kill comes before it
     assert f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_{last:08d}" in proc.stdout, proc.stdout
     assert faulty["rl"]["resumed_from"] == str(tmp_path / "faulty" / "checkpoints" / f"step_{last:08d}")
     for key in ("mean_return", "episodes", "env_steps", "obs_norm"):

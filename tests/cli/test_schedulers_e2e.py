@@ -7,9 +7,15 @@ two-node test does, so no port is chosen by hand.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,13 +69,239 @@ def test_print_sbatch_and_k8s_give_a_job_file_for_this_command_without_node_flag
     script = capsys.readouterr().out.splitlines()
     assert script[0] == "#!/bin/bash" and "#SBATCH --nodes=2" in script and "#SBATCH --job-name=multigpu-hello" in script
     assert "#SBATCH --ntasks-per-node=1" in script[3] and script[4].startswith("#SBATCH --gpus-per-node=4")
-    assert script[-1] == "srun multigpu launch --nproc-per-node 4 examples/hello.py --x 1"  # the node flags: SLURM's
+    # the node flags: SLURM's; a node that fails ends the step
+    assert script[-1] == "srun --kill-on-bad-exit=1 multigpu launch --nproc-per-node 4 examples/hello.py --x 1"
     assert main(["train", "-f", "nano", "--nnodes=3", "--gpus", "0,1", "--print_k8s", "steps=10"]) == 0
-    job = yaml.safe_load(capsys.readouterr().out)
+    job = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "PyTorchJob")
     assert (job["kind"], job["spec"]["nprocPerNode"]) == ("PyTorchJob", "2")
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
     container = specs["Worker"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["multigpu", "train", "-f", "nano", "--gpus", "0,1", "steps=10"]
+    # the run folder on the job's shared volume; a pod Kubernetes restarts continues it
+    assert container["command"] == ["multigpu", "train", "-f", "nano", "--gpus", "0,1", "steps=10",
+                                    "--run-dir", f"/runs/{job['metadata']['name']}", "--resume", "auto"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert main(["launch", "--print-sbatch", "--print-k8s", "examples/hello.py"]) == 2
+
+
+# ----------------------------------------------------------------------------- the generated files, run as written
+_TINY = ["model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd=16", "block_size=16",
+         "data.kwargs.max_chars=20000", "global_batch_size=8", "checkpoint_every=2", "keep_last=5", "warmup_steps=1",
+         "eval_every=0", "eval_batches=1", "log_every=1", "sample_chars=0", "prefetch=0", "logger=[]"]
+"""A training job of a few seconds a step on 2 CPU ranks."""
+
+_FAKE_SRUN = """#!{python}
+# A stand-in for srun: one task per node of the allocation, each with the variables srun gives a step's task,
+# all on this machine (the nodes of the allocation are loopback). --kill-on-bad-exit ends the others.
+import os, subprocess, sys, time
+argv = sys.argv[1:]
+kill = any(a.startswith("--kill-on-bad-exit") and not a.endswith("=0") for a in argv)
+while argv and argv[0].startswith("-"):
+    argv.pop(0)
+nnodes = int(os.environ["SLURM_NNODES"])
+procs = []
+for node in range(nnodes):
+    env = {{**os.environ, "SLURM_STEP_ID": "0", "SLURM_NODEID": str(node), "SLURM_PROCID": str(node),
+           "SLURM_LOCALID": "0", "SLURM_NTASKS": str(nnodes), "SLURM_NTASKS_PER_NODE": "1",
+           "SLURM_STEP_NUM_NODES": str(nnodes)}}
+    procs.append(subprocess.Popen(argv, env=env))
+codes = [None] * nnodes
+while None in codes:
+    codes = [p.poll() for p in procs]
+    if kill and any(c not in (None, 0) for c in codes):
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        codes = [p.wait() for p in procs]
+    time.sleep(0.1)
+sys.exit(max(abs(c) for c in codes))
+"""
+
+
+def _reserved_port():
+    """A port no other process is handed while the returned socket lives: bound (SO_REUSEADDR) but not listening,
+    so the launcher of node 0 can still bind and listen on it (it sets SO_REUSEADDR too). No fixed port, no race."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def _printed(capsys, *argv: str) -> str:
+    from multigpu.cli import main
+
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def _sbatch(tmp_path, capsys, name: str, *argv: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Print the batch script of ``multigpu ARGV`` and run it as sbatch would on a 2-node allocation whose
+    nodes are loopback: the script's body as written, srun a stand-in on PATH."""
+    printed = _printed(capsys, *argv, "--print-sbatch")
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(printed)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(_FAKE_SRUN.format(python=sys.executable))
+    (bin_dir / "srun").chmod(0o755)
+    port = _reserved_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MULTIGPU_RDZV", "PET_"))}
+    env.update({"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{env.get('PATH', '')}", "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+                "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port.getsockname()[1])})
+    try:
+        done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300, start_new_session=True)
+    finally:
+        port.close()
+    return done, printed
+
+
+def test_the_batch_script_runs_as_written_and_its_nodes_share_one_run_folder_that_resumes_fsdp(tmp_path, capsys):
+    """The sbatch body, srun a stand-in, 2 loopback nodes, no --run-dir: before, the script set no secret (every
+    node exited 2) and, with one, each node made its own timestamped folder, so an FSDP checkpoint's manifest on
+    node 0 listed a shard in node 1's folder and --resume auto then started again from step 0."""
+    job = ["train", "--nnodes", "2", "--cpu", "--nproc-per-node", "1", "strategy=fsdp", *_TINY]
+    done, script = _sbatch(tmp_path, capsys, "first", *job, "steps=4")
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "MULTIGPU_RDZV_SECRET=" in script and not re.search(r"[0-9a-f]{32}", script)
+    runs = sorted((tmp_path / "runs" / "train").iterdir())
+    assert len(runs) == 1, runs  # one run folder for the job, on both nodes
+    run = runs[0]
+    from multigpu.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(run / "checkpoints", warn=pytest.fail)
+    assert [p.name for p in store.folders()] == ["step_00000002", "step_00000004"]
+    shards = {p.name for p in store.folders()[-1].iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= shards  # both ranks' DCP shards, in the one folder
+    store.verify(store.folders()[-1])
+    assert done.stdout.count(f"run directory runs/train/{run.name}") == 2  # said by both nodes
+
+    done, _ = _sbatch(tmp_path, capsys, "again", *job, "steps=6", "--resume", "auto")
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert f"resuming from {run.resolve()}/checkpoints/step_00000004" in done.stdout
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == [1, 2, 3, 4, 5, 6]  # continued, not started again from step 0
+    assert sorted((tmp_path / "runs" / "train").iterdir()) == runs
+
+
+def test_the_pytorchjob_runs_as_written_with_the_variables_kubeflow_sets(tmp_path, capsys):
+    """Each replica's container command, run as the training operator runs it: PET_* from the job, the secret
+    from the generated Secret (through secretKeyRef), the run volume's mount at a folder of this machine."""
+    import yaml
+
+    printed = _printed(capsys, "train", "--nnodes", "2", "--cpu", "--nproc-per-node", "1", *_TINY, "steps=2",
+                       "--print-k8s")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(printed)}
+    job, secret = docs["PyTorchJob"], docs["Secret"]
+    volume = tmp_path / "volume"  # what the claim holds, mounted at /runs in every pod
+    volume.mkdir()
+    port = _reserved_port()
+    procs = []
+    try:
+        for rank, role in enumerate(["Master", "Worker"]):
+            container = job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+            mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "runs")
+            command = [str(volume) + a[len(mount):] if a.startswith(mount + "/") else a for a in container["command"]]
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MULTIGPU_RDZV", "PET_"))}
+            for item in container["env"]:
+                ref = item["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == secret["metadata"]["name"]
+                env[item["name"]] = secret["stringData"][ref["key"]]
+            env.update({"PET_NNODES": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "127.0.0.1",
+                        "PET_MASTER_PORT": str(port.getsockname()[1]), "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"],
+                        "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+                        "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"})
+            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, start_new_session=True))
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        port.close()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    run = volume / job["metadata"]["name"]
+    assert (run / "checkpoints" / "step_00000002" / "manifest.json").is_file() and (run / "summary.json").is_file()
+
+
+def test_nodes_that_do_not_share_the_run_folder_stop_in_one_line(tmp_path):
+    """Two nodes started in different folders (as on machines without a shared file system): before, each made
+    its own run folder and the job went on with half a checkpoint in each."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # we keep the socket
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    procs = []
+    for rank, cwd in enumerate(cwds):
+        cwd.mkdir()
+        argv = [sys.executable, "-m", "multigpu", "train", "--nnodes", "2", "--node-rank", str(rank), "--cpu",
+                "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false",
+                *_TINY, "steps=2"]
+        procs.append(subprocess.Popen(argv, cwd=cwd, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1"},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    outs = _finish(procs, 120)
+    assert [p.returncode for p in procs] == [1, 2], outs
+    errors = [err.strip().splitlines()[-1] for _, err in outs]
+    assert errors[1].startswith("error: the run folder is not shared between nodes: node 0 made runs/train/")
+    assert f"on node 1 ({socket.gethostname()}) runs/train/" in errors[1] and "does not exist" in errors[1]
+    assert errors[0] == f"error: node 1 ({socket.gethostname()}) stopped before the job formed: {errors[1][7:]}"
+    assert list((cwds[0] / "runs" / "train").iterdir()) == [] and not (cwds[1] / "runs" / "train").exists()
+
+
+@pytest.mark.parametrize("case", ["node 0's endpoint resolves to loopback", "node 1's script is missing"])
+def test_a_node_that_fails_before_the_job_forms_stops_the_others_within_seconds(case, tmp_path):
+    """Before: node 0 refusing an endpoint that resolves to loopback (or any node failing before the rendezvous)
+    stopped at once, and the other node waited its whole join timeout (600 s) for it."""
+    import time
+
+    host = "127.0.0.1"
+    if case.startswith("node 0"):
+        host = socket.gethostname()
+        try:
+            if not ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+                pytest.skip(f"this machine's name {host} does not resolve to loopback")
+        except OSError:
+            pytest.skip(f"this machine's name {host} does not resolve")
+    port = socket.socket()
+    port.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port.bind((socket.gethostbyname(host), 0))
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", f"{host}:{port.getsockname()[1]}"]
+    scripts = ["examples/hello.py", "examples/hello.py" if case.startswith("node 0") else str(tmp_path / "gone.py")]
+    start = time.monotonic()
+    procs = [subprocess.Popen([*base, "--node-rank", str(r), scripts[r]], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **_SECRET, "OMP_NUM_THREADS": "1"},
+                              start_new_session=True)
+             for r in range(2)]
+    try:
+        outs = _finish(procs, 90)
+    finally:
+        port.close()
+    took = time.monotonic() - start
+    failed = 0 if case.startswith("node 0") else 1
+    own = outs[failed][1].strip().splitlines()[-1]
+    other = outs[1 - failed][1].strip().splitlines()[-1]
+    assert procs[failed].returncode == 2 and own.startswith("error: ") and ("loopback" in own or "gone.py" in own)
+    assert procs[1 - failed].returncode == 1
+    assert other == f"error: node {failed} ({socket.gethostname()}) stopped before the job formed: {own[7:]}"
+    assert took < 60, took  # within seconds of the failure (start-up included), not the 600 s join timeout
+
+
+_SECRET = {"MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
+
+
+def _finish(procs, timeout: float) -> list[tuple[str, str]]:
+    """Every process's output; one still running after ``timeout`` (a node left waiting) is killed, with its
+    children (its own session), and the test fails."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

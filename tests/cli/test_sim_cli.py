@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 
@@ -94,6 +95,9 @@ def test_population_file_to_two_ranks_to_saved_agents(tmp_path):
                    "grid=[40,30]", "params.beta=0.3", "plot=false", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"agents: {tmp_path / 'run' / 'final.npz'}" in proc.stdout
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "run" / "final.npz").stat().st_mode & 0o777 == 0o666 & ~umask  # a named output: the user's
     resolved = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
     assert resolved["agents"] == 6000 and resolved["population"] == str(pop)
     from multigpu.config import from_dict

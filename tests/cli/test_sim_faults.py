@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -22,9 +21,9 @@ def _run(run_dir, *extra, env=None):
     return json.loads((run_dir / "summary.json").read_text()), (run_dir / "series.csv").read_text()
 
 
-def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_path):
+def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_path, fault_rng):
     clean, clean_csv = _run(tmp_path / "clean")
-    step = random.Random().randint(4, 11)  # any step after the first checkpoint
+    step = fault_rng.randint(4, 11)  # any step after the first checkpoint
     fault, env = fault_callback(tmp_path, rank=1, step=step)
     faulty, faulty_csv = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty["resumed_from"] is not None, f"killed at step {step} but the run did not resume"

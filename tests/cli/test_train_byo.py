@@ -139,6 +139,24 @@ def test_bad_factories_fail_in_the_launcher_with_one_line(tmp_path, capsys, fake
         (["--data", "multigpu.train.data:token_files", f"data.kwargs.path={tmp_path}"], "has no train.bin"),
         (["--loss", "torch.nn.functional:no_such_loss"], "has no callable 'no_such_loss'"),
         (["model.kwargs.n_embd=30", "model.kwargs.n_head=4"], "model.kwargs.n_embd=30 must be divisible"),
+        # nanoGPT's GPT(config): the ranks could not call it; refused before anything starts
+        (["--model", "tests.scripts.nanogpt_model:GPT"],
+         "model.factory 'tests.scripts.nanogpt_model:GPT' cannot be called as it is: GPT() needs 'config' (no "
+         "default); valid: give model.kwargs.config=..., or name a function that builds it"),
     ]
     for argv, message in cases:
         assert_bad_input(["train", *argv, "--run-dir", str(tmp_path / "run")], message, capsys, tmp_path / "run")
+
+
+def test_the_train_custom_example_trains_as_python_runs_it(capsys, monkeypatch):
+    """``python examples/train_custom.py`` (its second documented command: one process, the same code as on N
+    ranks), in this process: the Trainer with the user's own model, data and loss learns the regression."""
+    import runpy
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.argv", ["examples/train_custom.py"])
+    runpy.run_path(str(ROOT / "examples" / "train_custom.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    final = [line for line in out.splitlines() if line.startswith("final val_loss ")]
+    assert len(final) == 1 and final[0].endswith("samples/s on 1 rank(s)"), out
+    assert float(final[0].split()[2].rstrip(";")) < 0.05, final  # from ~0.7 (the variance of y) at the start

@@ -61,3 +61,48 @@ def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
     assert [r["step"] for r in records] == [2, 4, 6]  # the resumed run logged step 6 only
     assert all(r["world_size"] == 2 and r["tokens_per_s"] > 0 and "val_loss" in r for r in records)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006"]
+
+
+@pytest.mark.e2e
+def test_a_folder_rotation_does_not_understand_is_left_alone_and_no_real_checkpoint_is_deleted(tmp_path):
+    """Also: a pre-existing --run-dir (a link to it) and --log-dir keep 0755, what the job writes there is private.
+
+    A stray ``checkpoints/step_99999999/manifest.json`` holding ``{}`` once counted as the newest checkpoint
+    for rotation (which then deleted every real one, each new one right after it was written, with keep_last=1)
+    while resume skipped it as invalid: the next ``--resume auto`` started from step 0. Rotation now counts and
+    deletes only valid checkpoints of the store's own layout, and names the folder it leaves alone, once."""
+    from multigpu.checkpoint import choose
+    from tests.cli.test_launch_e2e import _open_to_others
+
+    shared, logs = tmp_path / "shared", tmp_path / "logs"  # folders that exist, open to others (0755)
+    for folder in (shared, logs):
+        folder.mkdir()
+        folder.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.symlink_to(shared)
+    small = [t for t in TINY if not t.startswith(("steps=", "checkpoint_every="))] + ["keep_last=1",
+                                                                                       "checkpoint_every=2"]
+    first = run_cli("train", "-f", "nano", "--nproc-per-node", "1", "--run-dir", str(run_dir), *small, "steps=6",
+                    timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    planted = shared / "checkpoints" / "step_99999999"  # the ranks name the folder the link leads to
+    planted.mkdir()
+    (planted / "manifest.json").write_text("{}")
+    again = run_cli("train", "-f", "nano", "--nproc-per-node", "1", "--run-dir", str(run_dir), "--resume", "auto",
+                    "--log-dir", str(logs), *small, "steps=8", timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from {shared}/checkpoints/step_00000006" in again.stdout
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000008", "step_99999999"]
+    assert (planted / "manifest.json").read_text() == "{}"  # left as it was
+    output = again.stdout + again.stderr
+    left_alone = [line for line in output.splitlines() if "left alone" in line]
+    assert len(left_alone) == 1 and str(planted) in left_alone[0], output[-3000:]
+    said: list[str] = []
+    assert choose("auto", str(run_dir), 0, say=said.append) == run_dir / "checkpoints" / "step_00000008"
+    # a --run-dir (here a link to it) and a --log-dir that existed keep their mode; what the job wrote there
+    # (run.json, metrics, checkpoints, logs, stack dumps) is 0700 / 0600, as in folders multigpu makes
+    assert shared.stat().st_mode & 0o777 == logs.stat().st_mode & 0o777 == 0o755
+    assert (shared / "run.json").exists() and (shared / "metrics.jsonl").exists() and any(logs.iterdir())
+    planted.chmod(0o700)  # the test's own folder
+    (planted / "manifest.json").chmod(0o600)
+    assert _open_to_others(shared) == {} and _open_to_others(logs) == {}

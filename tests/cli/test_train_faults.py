@@ -16,8 +16,11 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
 
 from __future__ import annotations
 
-import random
+import json
+import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,8 +49,24 @@ def _final_model(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / f"step_{STEPS:08d}" / "state.pt", weights_only=True)["model"]
 
 
-def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
-    kill_at = random.Random().randint(2, STEPS - 1)  # any step: before, at or after a checkpoint (every 3)
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """An uninterrupted run, its checkpoints written synchronously: the final parameters every faulty run ends with."""
+    run_dir = tmp_path_factory.mktemp("clean")
+    proc = _train(run_dir, "--checkpoint-mode", "sync")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def _assert_same_end(run_dir, clean, what: str) -> None:
+    a, b = _final_model(run_dir), _final_model(clean)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{what}: parameters differ from the uninterrupted run: {different}"
+
+
+def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path, clean, fault_rng):
+    kill_at = fault_rng.randint(2, STEPS - 1)  # any step: before, at or after a checkpoint (every 3)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     faulty = _train(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
     assert faulty.returncode == 0, f"kill at step {kill_at}:\n{faulty.stderr[-3000:]}"
@@ -58,16 +77,54 @@ def test_a_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_
     else:  # killed before the first checkpoint: the restarted group starts over
         assert "resume=auto" not in faulty.stdout and "restart 1: resuming" not in faulty.stdout
     assert f"done: step {STEPS}" in faulty.stdout
-
-    clean = _train(tmp_path / "clean")
-    assert clean.returncode == 0, clean.stderr[-3000:]
-    a, b = _final_model(tmp_path / "faulty"), _final_model(tmp_path / "clean")
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"kill at step {kill_at}: parameters differ from the uninterrupted run: {different}"
+    # the death and the restart are named where they happen and in the run's summary (they used to go unsaid)
+    host = socket.gethostname()
+    assert (f"multigpu: rank 1 (local rank 1 on node 0, {host}) died (exit code -9): killed by signal SIGKILL; "
+            "restarting the worker group (restart 1 of 1)") in faulty.stderr, faulty.stderr[-3000:]
+    deaths = json.loads((tmp_path / "faulty" / "summary.json").read_text())["restarts"]
+    assert [{k: d[k] for k in ("restart", "rank", "local_rank", "node", "host", "exitcode", "signal")}
+            for d in deaths] == [{"restart": 1, "rank": 1, "local_rank": 1, "node": 0, "host": host,
+                                  "exitcode": -9, "signal": "SIGKILL"}]
+    _assert_same_end(tmp_path / "faulty", clean, f"kill at step {kill_at}")
     steps = [int(line.split('"step": ')[1].split(",")[0])
              for line in (tmp_path / "faulty" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(4, STEPS + 1, 4)), steps  # the killed attempt's records were not doubled
+
+
+_SLOW_KILL = """
+from multigpu.checkpoint.resume import restart_count
+from multigpu.testing.faults import KillAt, SlowDisk
+
+
+def slow():  # the first attempt's disk takes 0.4 s per fsync under checkpoints/: a write lasts seconds
+    return SlowDisk(0.4 if restart_count() == 0 else 0.0)
+
+
+def kill():
+    return KillAt(rank=1, step=7, while_writing=True)
+"""
+
+
+def test_a_rank_killed_during_a_background_write_resumes_from_the_last_complete_checkpoint(tmp_path, clean):
+    """checkpoint_mode=async (the default): rank 1 is SIGKILLed after step 7 while the checkpoint of step 6 is being
+    written in the background (a slow disk keeps it in flight); the restarted group resumes from step 3, the last
+    complete checkpoint, nothing of the half-written one is used or left, and the run ends bit-identical."""
+    (tmp_path / "slow_kill.py").write_text(_SLOW_KILL)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    faulty = _train(tmp_path / "faulty", "--max-restarts", "1", "callbacks=[slow_kill:slow,slow_kill:kill]", env=env)
+    assert faulty.returncode == 0, faulty.stderr[-3000:]
+    out = faulty.stdout
+    assert "fault: killing rank 1 after step 7 while checkpoint step_00000006 is being written" in out, out
+    # the slow write of step 3 was still running when step 6 came due: the run waited, and said so once
+    first_attempt = out.split("restart 1: ")[0]
+    assert first_attempt.count("is still being written when step") == 1, out
+    assert "checkpoint: step_00000003 is still being written when step 6 is due" in first_attempt, out
+    assert f"restart 1: resuming from {tmp_path}/faulty/checkpoints/step_00000003" in out, out
+    assert f"done: step {STEPS}" in out
+    folder = tmp_path / "faulty" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["step_00000015", "step_00000016"]  # keep_last 2, no .tmp
+    assert CheckpointStore(folder, warn=pytest.fail).latest() == folder / f"step_{STEPS:08d}"
+    _assert_same_end(tmp_path / "faulty", clean, "killed during a background write")
 
 
 def _lines(stream, sink: list[str]) -> None:
@@ -111,6 +168,11 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]  # one line, not one per rank
     stopped = [line for line in stdout.splitlines() if line.startswith("interrupted after step ")]
     assert len(stopped) == 1, stdout[-2000:]
+    # the whole command continues the run: --nproc-per-node and all (it used to drop them: 1 rank, half the batch)
+    again = shlex.join(["multigpu", "train", "-f", "nano", "--nproc-per-node", "2", "--checkpoint-on-interrupt", *TINY,
+                        "steps=100000", "checkpoint_every=0", "log_every=1", "--run-dir", str(run_dir.resolve()),
+                        "--resume", "auto"])
+    assert stopped[0].endswith(f"; continue with: {again}"), stopped[0]
     step = int(stopped[0].split()[3].rstrip(":"))
     store = CheckpointStore(run_dir / "checkpoints", warn=pytest.fail)
     assert store.latest() == store.path_for(step)  # complete, every file full size, checksums match
@@ -121,11 +183,11 @@ def test_a_signal_writes_a_last_checkpoint_then_stops_every_rank(tmp_path, sig, 
     assert not alive, f"orphaned workers: {alive}"
 
 
-def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path):
+def test_an_fsdp_rank_killed_at_a_random_step_is_restarted_and_ends_bit_identical(tmp_path, fault_rng):
     """The same with strategy=fsdp: the sharded checkpoint (DCP shards in the step folder) carries the run."""
     from safetensors.torch import load_file
 
-    kill_at = random.Random().randint(4, STEPS - 1)  # after the first checkpoint (step 3)
+    kill_at = fault_rng.randint(4, STEPS - 1)  # after the first checkpoint (step 3)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     fsdp = ["strategy=fsdp", "export=safetensors"]
     faulty = _train(tmp_path / "faulty", "--max-restarts", "1", *fsdp, fault, env=env)

@@ -34,7 +34,8 @@ def test_doctor_json_answers_every_check_on_this_machine():
     report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
     checks = {c["name"]: c for c in report["checks"]}
     assert len(checks) == 12 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
-    assert proc.returncode == (0 if report["ok"] else 1)
+    failed = [name for name, c in checks.items() if c["status"] == "fail"]  # exit 1 exactly when a check fails
+    assert proc.returncode == (1 if failed else 0) and report["ok"] is (not failed), (failed, proc.stderr[-3000:])
     assert all(c["hint"] for c in checks.values() if c["status"] != "pass")
     bw = checks["all-reduce bandwidth"]
     assert bw["status"] == "pass", bw  # 2 gloo ranks through the real launcher here
@@ -48,3 +49,15 @@ def test_verify_keeps_a_failed_runs_logs_in_its_run_dir(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"full logs: {keep}/runs/np2/logs" in proc.stderr and "multigpu_logs_" not in proc.stderr
     assert list((keep / "runs" / "np2" / "logs").rglob("error.json"))
+
+
+def test_verify_infer_compares_its_outputs_and_leaves_nothing_behind(tmp_path):
+    """`verify --nproc 1,2 infer` ran 2 minutes, said "infer recorded no result at any world size" and left its
+    ranks' temporary folders (23 MB) behind. infer records its outputs; every run's folder is verify's own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli("verify", "--nproc", "1,2", "infer", env={"COLUMNS": "200", "TMPDIR": str(tmp)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verify passed: 1 result(s) equal at 1, 2 ranks (atol 0, rtol 0)" in proc.stdout
+    assert "│ outputs │" in proc.stdout
+    assert list(tmp.iterdir()) == []  # nothing left in the temporary folder

@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import multigpu as mg
 from multigpu.infer import WindowPlan, sliding_window
@@ -149,3 +150,48 @@ def test_group_of_one_takes_the_multi_rank_exchange_path_with_the_same_bits():
         assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs)), name
     with pytest.raises(ValueError, match="needs world_size=1"):
         run_on_ranks(_group_of_one_body, 2, group_of_one=True)
+
+
+def _as_nccl_job_body():
+    """Rank r of a gloo job that multigpu takes for an NCCL one (its env says nccl): the exchange group is made."""
+    import dataclasses
+    import threading
+
+    from multigpu.runtime import collectives, group
+
+    group._ENV = dataclasses.replace(mg.get_env(), backend="nccl")
+    exchange = group.exchange_group()  # every rank, first: a gloo group beside the (pretended) NCCL one
+    seen = []
+    real_isend, real_recv = collectives.isend, collectives.recv
+
+    def isend(tensor, dst, **kwargs):
+        seen.append(("isend", kwargs.get("pg") is exchange, tensor.device.type, threading.current_thread().name))
+        return real_isend(tensor, dst, **kwargs)
+
+    def recv(src, **kwargs):
+        out = real_recv(src, **kwargs)
+        seen.append(("recv", kwargs.get("pg") is exchange, out.device.type, threading.current_thread().name))
+        return out
+
+    collectives.isend, collectives.recv = isend, recv
+    try:
+        out = _run(_cases()["few"])[0]
+    finally:
+        collectives.isend, collectives.recv = real_isend, real_recv
+    return {"out": out, "seen": seen, "gloo": dist.get_backend(exchange) == "gloo"}
+
+
+def test_on_nccl_jobs_the_receiver_thread_takes_cpu_tensors_over_the_gloo_exchange_group():
+    """On an NCCL job the last rank's windows and voxels go point to point as CPU tensors over a gloo group
+    made beside NCCL (``group.exchange_group``), received on rank 0's receiver thread: a receive over NCCL
+    would make the CUDA stream that the main thread's kernels share wait until the last rank sends. Two CPU
+    ranks whose runtime says NCCL (the group below is gloo, as a CPU machine has): every send and receive is
+    over the exchange group, of CPU tensors, the receives on the receiver thread; the output is one process's."""
+    results = run_on_ranks(_as_nccl_job_body, 2, timeout_s=120)
+    alone, _ = _run(_cases()["few"])
+    assert torch.equal(results[0]["out"], alone) and results[1]["out"] is None
+    sends, receives = results[1]["seen"], results[0]["seen"]
+    assert sends and receives and all(r["gloo"] for r in results)
+    assert {(kind, over, device) for kind, over, device, _ in sends + receives} == {("isend", True, "cpu"),
+                                                                                  ("recv", True, "cpu")}
+    assert {thread for _, _, _, thread in receives} == {"multigpu-infer-receive"}

@@ -92,7 +92,7 @@ def _uneven(tmp: str) -> dict[str, object]:
 def _full_disk(tmp: str) -> dict[str, object]:
     """Rank 0's disk fills up half-way through the second checkpoint (ENOSPC raised inside torch.save)."""
     armed = {"on": False, "bytes": 0}
-    real_write, real_save = checkpointing._HashingWriter.write, CheckpointStore.save
+    real_write, real_save = checkpointing._CountingWriter.write, CheckpointStore.write
 
     def write(self, data):
         if armed["on"]:
@@ -101,13 +101,13 @@ def _full_disk(tmp: str) -> dict[str, object]:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_write(self, data)
 
-    def save(self, step, state, **kwargs):
-        path = real_save(self, step, state, **kwargs)
+    def save(self, *args, **kwargs):  # every write of a checkpoint (sync, or on the background writer)
+        path = real_save(self, *args, **kwargs)
         armed["on"] = True  # the first checkpoint fits; the next one does not
         return path
 
     if mg.rank() == 0:
-        checkpointing._HashingWriter.write, CheckpointStore.save = write, save
+        checkpointing._CountingWriter.write, CheckpointStore.write = write, save
     cfg = dataclasses.replace(BASE, steps=4, checkpoint_every=2)
     trainer, _ = _trainer(cfg, _own_data(64, seed=0), f"{tmp}/full")
     try:
@@ -116,7 +116,7 @@ def _full_disk(tmp: str) -> dict[str, object]:
     except CheckpointWriteError as exc:
         return {"error": str(exc), "step": trainer.step}
     finally:
-        checkpointing._HashingWriter.write, CheckpointStore.save = real_write, real_save
+        checkpointing._CountingWriter.write, CheckpointStore.write = real_write, real_save
 
 
 @pytest.mark.fault

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import multigpu as mg
-from multigpu.testing import run_on_ranks
+from multigpu.run import script_context
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.runner import run
+from multigpu.testing import run_on_ranks
 
 pytestmark = pytest.mark.dist
 
@@ -33,7 +34,7 @@ def _run(pop: str, run_dir: str):
     out = {}
     for strategy, target in zip(("data", "spatial", "adaptive"), _formats(), strict=False):
         cfg = dataclasses.replace(SIR, population=pop, strategy=strategy, save_agents=target, rebalance_every=2)
-        result = run(cfg, run_dir=f"{run_dir}/{strategy}", progress=False, return_agents=True)
+        result = run(cfg, script_context(f"{run_dir}/{strategy}"), return_agents=True)
         out[strategy] = (str(result.agents_path) if mg.is_main() else None, result.agents)
     return out
 

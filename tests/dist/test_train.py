@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from multigpu.testing import run_on_ranks
 from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer, make_scheduler
 from multigpu.train.data import VOCAB, CharDataset
 from multigpu.train.model import GPT
+from tests.conftest import not_tested_here
 
 pytestmark = pytest.mark.dist
 
@@ -47,6 +49,29 @@ def _train(cfg: TrainConfig, run_dir=None, resume=None, shape: ModelConfig = TIN
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _mlp(compile: bool) -> dict:
+    """A small regression MLP trained 3 steps, eagerly or with ``compile=True`` (torch.compile over DDP, inductor's
+    C++ kernels on the CPU): its parameters, and whether the trainer really compiled it."""
+    from torch.utils.data import TensorDataset
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 16, generator=gen)
+    data = TensorDataset(x, x @ torch.linspace(-1, 1, 16))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    cfg = dataclasses.replace(BASE, steps=3, global_batch_size=32, compile=compile)
+
+    def mse(net, batch):
+        return torch.nn.functional.mse_loss(net(batch[0]).squeeze(-1), batch[1])
+
+    before = model[0].weight.detach().clone()
+    trainer = Trainer(model, make_optimizer(model, cfg), data, config=cfg, loss_fn=mse, unit="samples")
+    trainer.fit()
+    trainer.close()
+    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "compiled": type(trainer.model).__name__ == "OptimizedModule", "moved": not torch.equal(before, model[0].weight)}
+
+
 def _variants() -> dict[str, dict[str, torch.Tensor]]:
     return {
         "split": _train(BASE),                                     # 2 ranks × 4 = global batch 8, gloo
@@ -54,6 +79,8 @@ def _variants() -> dict[str, dict[str, torch.Tensor]]:
         "cpu_hook": _train(dataclasses.replace(BASE, sync_backend="cpu")),
         "accum": _train(dataclasses.replace(BASE, global_batch_size=None, batch_size=4, grad_accum=2,
                                             grad_accum_scope="global")),  # 1 micro-step per rank on 2 ranks
+        "eager": _mlp(compile=False),
+        "compiled": _mlp(compile=True),
     }
 
 
@@ -75,9 +102,19 @@ def _assert_close(a: dict, b: dict, what: str) -> None:
         assert torch.allclose(a[key], b[key], rtol=1e-5, atol=1e-6), f"{what}: {key} differs by {diff:.3g}"
 
 
-def test_split_accumulation_and_sync_backends_match_one_rank():
-    ranks = run_on_ranks(_variants, 2, timeout_s=150)
+def test_split_accumulation_and_sync_backends_match_one_rank(request):
+    """Also: training with compile=true (torch.compile of the DDP model, inductor's C++ kernels) takes the eager
+    run's steps. One compile thread per rank: no pool of compile workers beside the ranks. Without a C++ compiler
+    the trainer runs eagerly, as documented, and the run's summary says compile was not tested."""
+    can_compile = any(shutil.which(c) for c in ("c++", "g++", "clang++", "cc"))
+    if not can_compile:
+        not_tested_here(request, "training with torch.compile: no C++ compiler (c++, g++, clang++, cc)")
+    ranks = run_on_ranks(_variants, 2, timeout_s=300, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
     ref = _one_rank_references()
+    for rank in ranks:
+        eager, compiled = rank.pop("eager"), rank.pop("compiled")
+        assert compiled["compiled"] is bool(can_compile) and not eager["compiled"] and compiled["moved"]
+        _assert_close(compiled["params"], eager["params"], "compiled vs eager")
     two = ranks[0]
     for name in two:  # DDP keeps replicas identical, bit for bit
         for key in two[name]:

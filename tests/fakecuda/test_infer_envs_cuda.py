@@ -201,7 +201,9 @@ def test_harness_additions_used_here_behave_as_cuda_does():
         with pytest.raises(RuntimeError, match="broadcast"):
             state.copy_(torch.ones(4, device="cuda"))
         host = torch.ones(3)
-        assert host.pin_memory() is host
+        assert host.pin_memory() is host and host.is_pinned()
+        with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):  # torch's words
+            torch.ones(3, device="cuda").pin_memory()
         event = torch.cuda.Event()
         with pytest.raises(RuntimeError, match="never recorded"):
             event.synchronize()
@@ -211,3 +213,33 @@ def test_harness_additions_used_here_behave_as_cuda_does():
         assert torch.cuda.get_device_capability(1) == (9, 0)
         with pytest.raises(IndexError, match="not visible"):
             torch.cuda.get_device_capability(2)
+
+
+def test_inference_of_an_image_already_on_the_gpu(monkeypatch):
+    """MONAI users write ``sliding_window_inference(x.cuda(), ...)``: the windows are cut from CUDA data, so the
+    batch is on the GPU already and is not pinned (torch refuses to pin a CUDA tensor: "cannot pin ..."); the
+    output comes back on the input's device. Before: every such call crashed in ``pin_memory``."""
+    from multigpu.infer import sliding_window_inference
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1))
+    with fake_cuda(devices=1):
+        model = net.to("cuda")
+        image = torch.rand(1, 2, 40, 52).cuda()
+        out = sliding_window_inference(image, 16, 3, model, overlap=0.25)
+        assert out.shape == (1, 3, 40, 52) and out.device == torch.device("cuda", 0)
+        host = sliding_window(torch.rand(1, 2, 40, 52), model, roi=16, batch_size=3, progress=False)
+        assert host.device.type == "cpu"  # a host image: pinned, then copied without blocking (still works)
+
+
+def test_a_batchs_copy_is_waited_for_on_the_stream_of_the_gpu_it_comes_from():
+    """The model on cuda:1 while cuda:0 is the current device (``device=`` or a model placed by hand): the copy of
+    its output to the host runs on cuda:1's stream, so the event the host waits on before stitching must be
+    recorded there. Before: it was recorded on the current device's stream (cuda:0's), which says nothing
+    about cuda:1's copy: the host could stitch a pinned buffer still being written (the fake raises)."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1))
+    with fake_cuda(devices=2) as cuda:
+        assert torch.cuda.current_device() == 0
+        model = net.to("cuda:1")
+        out = sliding_window(torch.rand(1, 2, 40, 52), model, roi=16, batch_size=3, progress=False)
+        assert out.shape == (1, 3, 40, 52)
+        assert cuda.events_recorded == cuda.events_synchronized > 0

@@ -98,3 +98,24 @@ def test_the_real_host_probe_needs_no_cuda_context():
     with forbid_cuda_init(devices=8):
         facts = HostFacts.probe()
     assert facts.gpu_count == 8 and len(facts.physical_ids()) == 8
+
+
+def test_bench_names_the_gpus_without_a_cuda_context(monkeypatch):
+    """``multigpu bench`` records the host's GPUs in bench.json from NVML (nvidia-ml-py), not from
+    ``torch.cuda.get_device_name``, which creates a CUDA context in the launcher before the workers start.
+    Without nvidia-ml-py the names are unknown, said so; the count is still right. Before: CudaInitialized."""
+    import sys
+    import types
+
+    from multigpu.bench.runner import _host
+
+    nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 8,
+                                 nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3" if h < 4 else "NVIDIA H200")
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    with forbid_cuda_init(devices=2):
+        assert _host()["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    with forbid_cuda_init(devices=2):
+        assert _host()["gpus"] == ["unknown (pip install nvidia-ml-py to name it)"] * 2

@@ -307,3 +307,49 @@ def test_a_batch_of_network_sir_runs_on_cuda_with_one_host_read():
     assert len(out) == 2 and set(out[0]) == {"step", "S", "I", "R"}
     # the one tolist of the [batch, series, steps] counts (fake tensors answer it element by element)
     assert reads.reads == [("run_batch", "value")] * (2 * 3 * cfg.steps), reads.reads
+
+
+# -------------------------------------------------------------------- timing the exchanges
+@contextlib.contextmanager
+def _timings():
+    """Record ``(op, device type)`` of every collective the simulation times (``collectives._translate``): a
+    device type ``cuda`` is timed by CUDA events on the stream, None by the host clock."""
+    from multigpu.runtime import collectives
+    from multigpu.sim import exchange
+
+    real, seen = collectives._translate, []
+
+    def recording(op, device=None):
+        seen.append((op, None if device is None else device.type))
+        return real(op, device)
+
+    with mock.patch.object(collectives, "_translate", recording), mock.patch.object(exchange, "_translate", recording):
+        yield seen
+
+
+@pytest.mark.parametrize(("preset", "overrides", "ops"), [
+    ("sir", {"strategy": "spatial", "params": {"radius": 1}}, {"halo", "migrate"}),
+    ("movement", {"strategy": "adaptive", "rebalance_every": 1}, {"migrate"}),
+])
+def test_halo_and_migration_on_cuda_are_timed_on_the_gpu(preset, overrides, ops):
+    """On NCCL a collective returns once queued: the halo all-gather and the migration all-to-alls are timed by
+    CUDA events on the stream (as multigpu's own collectives are), not by the host clock, which timed the
+    queueing (comm about 0 for spatial, adaptive and network_sir). Before: every one of them by the host clock."""
+    data = {**_sim_presets()[preset], "agents": 2000, "grid": [16, 16], "compile": False, **overrides}
+    data["params"] = {**data.get("params", {}), **overrides.get("params", {})}
+    with _rank(1, 2), _timings() as seen:
+        engine = SimEngine(from_dict(SimConfig, data), populate=False)
+        engine._populate()
+        del seen[:]
+        engine.step()
+        engine.step()
+    timed = {(op, kind) for op, kind in seen if op in ops}
+    assert {op for op, _ in timed} == ops and {kind for _, kind in timed} == {"cuda"}, seen
+
+
+def test_network_halo_on_cuda_is_timed_on_the_gpu():
+    graph = _graph_of_rank1()
+    with _rank(1, 2), _timings() as seen:
+        graph.to("cuda")
+        graph.neighbour_sum(torch.ones(3, dtype=torch.int32, device="cuda"))
+    assert seen == [("network halo", "cuda")]

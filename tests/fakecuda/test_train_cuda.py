@@ -109,16 +109,17 @@ def _rank_of(monkeypatch, rank: int, world_size: int):
 
 
 def test_trainer_forward_loss_and_optimizer_state_on_cuda_alone(text):
-    """World size 1 (no DDP): the model, the batch, the loss, the clipped norm and Adam's moments on cuda:0."""
+    """World size 1 (no DDP): the model, the batch, the loss, the clipped norm and Adam's moments on cuda:0. The
+    optimizer built on the host keeps its parameters through the trainer's move, and GPT's embedding stays tied
+    to its output head, as a real ``.to("cuda")`` keeps both (the fake made new Parameters before)."""
     trainer = _trainer(text)
+    held = [p for g in trainer.optimizer.param_groups for p in g["params"]]
     with fake_cuda(devices=1):
         assert mg.init(seed=0).device == torch.device("cuda", 0)
-        # moved before the optimizer is built: fake CUDA parameters are new objects (a CPU build cannot swap them
-        # in place); the trainer's own move, below, then keeps them as an optimizer holds them
-        trainer.module.to("cuda")
-        trainer.optimizer = make_optimizer(trainer.module, trainer.config)
         trainer.setup()
         assert {(p.device, is_fake(p)) for p in trainer.module.parameters()} == {(torch.device("cuda", 0), True)}
+        assert {id(p) for p in held} == {id(p) for p in trainer.module.parameters()}  # the same objects
+        assert trainer.module.head.weight is trainer.module.tok.weight  # tied
         with unset_fake_temporarily():  # the sampler and the dataset hold real host data
             cpu_batch, _ = next(trainer.batches._tagged)
         batch = to_device(cpu_batch, trainer.env.device)  # what the stream does to each batch
@@ -174,3 +175,111 @@ def test_fsdp_shards_from_the_host_on_a_mesh_of_the_rank_device(text, monkeypatc
     assert events[:2] == [("compile", blocks[0]), ("compile", blocks[1])]
     host, mesh = {torch.device("cpu")}, (device.type, (8,))
     assert events[2:] == [("shard", "_Block", host, mesh), ("shard", "_Block", host, mesh), ("shard", "GPT", host, mesh)]
+
+
+def test_adamw_is_fused_on_gpu_ranks_only(text):
+    """On CUDA the trainer steps AdamW with its fused kernel (one kernel for every parameter, as nanoGPT's loop
+    does), and makes ``GradScaler`` hand it the inf check (no host sync per fp16 step); on CPU ranks the
+    optimizer is left as built. Before: AdamW was built without ``fused=True`` and stayed so on CUDA."""
+    trainer = _trainer(text)
+    with fake_cuda(devices=1):
+        mg.init(seed=0)
+        trainer.setup()
+        groups = trainer.optimizer.param_groups
+        assert [g["fused"] for g in groups] == [True, True] and trainer.optimizer._step_supports_amp_scaling
+        for p in trainer.module.parameters():
+            p.grad = torch.zeros_like(p)
+        trainer.scaler.step(trainer.optimizer)  # the fused kernel, on cuda:0
+        steps = [s["step"] for s in trainer.optimizer.state.values()]
+        assert steps and {t.device for t in steps} == {torch.device("cuda", 0)}  # fused keeps its step on the GPU
+        trainer.batches.close()
+    mg.shutdown()
+    cpu = _trainer(text)
+    mg.init(backend="cpu")
+    cpu.setup()
+    assert [g["fused"] for g in cpu.optimizer.param_groups] == [None, None]
+    cpu.batches.close()
+    mg.shutdown()
+
+
+@pytest.mark.parametrize("strategy,world_size,extra", [("fsdp", 2, {}), ("hsdp", 4, {"hsdp_shard_size": 2})])
+def test_fsdp_steps_for_real_and_reports_its_communication_as_not_measured(text, monkeypatch, strategy, world_size,
+                                                                           extra):
+    """The real ``init_device_mesh`` and ``fully_shard`` on CPU ranks of the fake group (rank 1 of 2, a 2x2 mesh
+    under hsdp): the trainer's whole step runs, forward, backward with FSDP's hooks, clipping over DTensor
+    shards and the optimizer step. FSDP2's all-gathers and reduce-scatters are torch's own, timed by nobody:
+    the summary says "not measured" (None, shown as "—"), never a share of 0 and an imbalance computed as if
+    communication had been measured. Before: comm_share 0.0 and imbalance 1.0.
+    (On fake CUDA ``fully_shard`` cannot run: it sets ``param.data`` to its fake CUDA shard, which a CPU build
+    cannot dispatch; the test below records its calls instead.)"""
+    trainer = _trainer(text, strategy=strategy, **extra)
+    with _rank_of(monkeypatch, 1, world_size):
+        mg.init(backend="cpu")
+        trainer.setup()
+        from torch.distributed.tensor import DTensor
+
+        assert all(isinstance(p, DTensor) for p in trainer.module.parameters())
+        for _ in range(3):
+            metrics = trainer.train_step()
+        assert metrics["grad_norm"].shape == ()
+        summary = trainer.close()
+    assert summary["comm_share"] is None and summary["imbalance"] is None
+    assert summary["per_rank"][0]["comm_s"] is None
+
+
+class _Reduced:
+    """The fake group's all-reduce, with the future a real group's work has (the reduced tensors): DDP's comm
+    hook reads it. The fake backend completes its futures with nothing."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.future = torch.futures.Future()
+        self.future.set_result([tensor])
+
+    def get_future(self):
+        return self.future
+
+    def wait(self, *args):
+        return True
+
+
+def test_the_trainers_whole_step_with_backward_runs_on_a_device_that_is_not_the_cpu(text, monkeypatch):
+    """Fake CUDA cannot run backward (see multigpu.testing.fakecuda); the ``meta`` device can, through the real
+    autograd engine, and refuses a CPU tensor meeting its data as a GPU does. So the trainer's real
+    ``train_step`` runs with this rank's device ``meta`` (rank 1 of 2, the fake group): the forward, the
+    backward with DDP's reducer and its timed comm hook firing per bucket, clipping the global norm, the
+    non-finite guard's update, AdamW's step and the schedule, with every gradient and moment on the device. Not run here: DDP's built-in NCCL hook (C++; needs NCCL) and fp16's GradScaler step (it reads
+    whether a gradient was inf on the host: meta has no values); run_all.sh's smoke step runs both on a GPU."""
+    import dataclasses
+
+    from multigpu.runtime import collectives, group
+
+    trainer = _trainer(text, grad_clip=1.0, prefetch=2)
+    real_all_reduce = torch.distributed.all_reduce
+
+    def all_reduce(tensor, *args, async_op=False, **kwargs):
+        work = real_all_reduce(tensor, *args, async_op=async_op, **kwargs)
+        return _Reduced(tensor) if async_op else work
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    # DDP checks every rank's parameter shapes by reading a tensor on the parameters' device: no values on meta
+    monkeypatch.setattr("torch.nn.parallel.distributed._verify_param_shape_across_processes", lambda *a: None)
+    # a move to meta makes new Parameters unless swapped in place (a move to a GPU keeps them: the optimizer's)
+    monkeypatch.setattr(torch.__future__, "_swap_module_params_on_conversion", True)
+    with _rank_of(monkeypatch, 1, 2):
+        env = mg.init(backend="cpu")
+        monkeypatch.setattr(group, "_ENV", dataclasses.replace(env, device=torch.device("meta")))
+        trainer.setup()
+        assert isinstance(trainer.model, DistributedDataParallel) and trainer.comm is not None
+        before = collectives.traffic().get("all_reduce", (0, 0))[0]
+        metrics = trainer.train_step()  # once: DDP rebuilds its buckets before the second (copying data meta lacks)
+        assert collectives.traffic()["all_reduce"][0] > before  # the comm hook ran, bucket by bucket
+        meta = torch.device("meta")
+        assert metrics["grad_norm"].device == metrics["loss"].device == meta
+        moments = [s[k] for s in trainer.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        assert len(moments) == 2 * len(list(trainer.module.parameters())) and {m.device for m in moments} == {meta}
+        assert trainer.meter.comm_times[-1] is not None  # the hook's all-reduces were timed
+        logits = trainer.module(torch.zeros(1, 16, dtype=torch.long, device=meta))
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        with pytest.raises(RuntimeError, match="expected device meta but got cpu"):  # as a GPU refuses it
+            logits.backward(torch.ones(logits.shape))
+        trainer.batches.close()

@@ -414,6 +414,11 @@ def _users_folder(tmp: Path) -> str:
     return str(folder)
 
 
+def _file(path: Path) -> str:
+    path.write_text("a file, not a folder")
+    return str(path)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -510,6 +515,17 @@ LIMIT_CASES = [
     ("data values", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
                                      _cut_png(t), "--run-dir", str(t / "r")],
      "error: input '{t}/cut.png' is cut short or damaged (Truncated File Read); valid: a complete PNG file"),
+    # a --log-dir that is a file (torch's NotADirectoryError, an internal error), a rendezvous setting torch reads
+    # as a number (its error came as the job started: two lines, exit 1)
+    ("log dir", None, lambda t: ["launch", "--log-dir", _file(t / "afile"), SCRIPT],
+     "error: --log-dir {t}/afile is a file, not a folder; valid: a folder (it is created if missing)"),
+    ("log dir", None, lambda t: ["train", "-f", "nano", "--log-dir", _file(t / "afile"), "--run-dir", str(t / "r")],
+     "error: --log-dir {t}/afile is a file, not a folder"),
+    ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timeout=abc", SCRIPT],
+     "error: --rdzv-conf join_timeout=abc is invalid; valid: a whole number of seconds, 1 or more"),
+    ("rdzv conf", None, lambda t: ["sim", "-f", "sir", "--rdzv-conf", "is_host=true,keep_alive_max_attempt=0",
+                                   "--run-dir", str(t / "r")],
+     "error: --rdzv-conf keep_alive_max_attempt=0 is invalid; valid: a whole number of attempts, 1 or more"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
@@ -542,3 +558,123 @@ def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, arg
     assert expected.format(t=tmp_path) in err, err
     assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
     tripwire.assert_not_called()
+
+
+# ----------------------------------------------------------------------------- tiny inputs, unbounded work
+def _npy_header_only(path: Path, shape: tuple[int, ...], data: bytes = b"") -> str:
+    """A .npy of a 128-byte header saying ``shape`` float32, and ``data``: as much as ``np.prod(shape)``, which
+    wraps around in int64, says the shape holds (0 elements for (2**32, 2**32), 4 for (2**62 + 1, 4))."""
+    import io
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    path.write_bytes(header.getvalue() + data)
+    return str(path)
+
+
+def _npz_header_only(path: Path, shape: tuple[int, ...]) -> str:
+    """An .npz population whose column ``x`` is a header saying ``shape`` int16, and no data."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i2", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", header.getvalue())
+        zf.writestr("y.npy", header.getvalue())
+    return str(path)
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A "billion laughs" in YAML: each level lists the previous one nine times (342 bytes, 9**9 values)."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _config(tmp: Path, text: str) -> str:
+    path = tmp / "cfg.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+# (argv builder over the case's folder, what the line must say); each used to take minutes or end in a MemoryError
+TINY_INPUT_CASES = [
+    (lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--model-arg", "channels=1", "--input",
+                _npy_header_only(t / "huge.npy", (2**32, 2**32)), "--run-dir", str(t / "r")],
+     "huge.npy' is truncated: its header says shape (4294967296, 4294967296) float32 "
+     "(73,786,976,294,838,206,464 bytes of data) but the file holds 0"),
+    (lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--model-arg", "channels=1", "--input",
+                _npy_header_only(t / "huge.npy", (2**62 + 1, 4), bytes(16)), "--run-dir", str(t / "r")],
+     "huge.npy' is truncated: its header says shape (4611686018427387905, 4) float32 "
+     "(73,786,976,294,838,206,480 bytes of data) but the file holds 16"),
+    (lambda t: ["sim", "-f", "sir", "--population", _npz_header_only(t / "pop.npz", (2**32, 2**32)),
+                "--run-dir", str(t / "r")],
+     "column 'x' declares 4,294,967,296 rows but holds 0"),
+    (lambda t: ["train", "-f", _config(t, _alias_bomb()), "--run-dir", str(t / "r")],
+     "cfg.yaml' is refused: its aliases (*name) expand it to 490,329,064 values (aliases may add at most 100,000)"),
+    (lambda t: ["sim", "-f", _config(t, "agents: 1000\ngrid: &g [64, *g]\n"), "--run-dir", str(t / "r")],
+     "cfg.yaml' is refused: an alias (*name) refers to a list or mapping that contains it"),
+    (lambda t: ["train", "-f", "nano", "--run-dir", str(t / "r"),
+                "x=" + "[" + ", ".join([f"&a0 [{','.join(['1'] * 9)}]"] + [
+                    f"&a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"],
+     "override 'x=...' is refused: its aliases (*name) expand it to"),
+    (lambda t: ["train", "-f", "nano", "--dry-run", "--world-size", "1000000000"],
+     "--world-size 1000000000: a dry run plans at most 1,048,576 ranks"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), TINY_INPUT_CASES, ids=[f"tiny-{i}" for i in range(len(TINY_INPUT_CASES))])
+def test_a_tiny_input_that_would_cost_unbounded_work_gets_one_line_within_seconds(argv, expected, tmp_path, capsys,
+                                                                                   monkeypatch, fake_gpus):
+    """A 128-byte .npy whose header's shape overflows ``np.prod`` to 0 (150 s and 2.8 GB of window planning), a 1 KB
+    YAML alias bomb in a config file or an override (a hang), ``--dry-run --world-size 1000000000`` (a MemoryError
+    after 27 s): each is refused in one line, exit 2, before any work that grows with what it declares."""
+    import time
+
+    fake_gpus(0)
+    tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", tripwire)
+    command = argv(tmp_path)
+    before = _snapshot(tmp_path)
+    start = time.monotonic()
+    code = main(command)
+    took = time.monotonic() - start
+    err = capsys.readouterr().err.strip()
+    CASES["tiny inputs"] += 1
+    assert code == 2, f"{command} exited {code}: {err}"
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert expected in err, err
+    assert took < 10, f"{command} took {took:.1f} s to refuse"  # seconds, not minutes: nothing was expanded or planned
+    assert _snapshot(tmp_path) == before and not (tmp_path / "r").exists(), f"{command} wrote something"
+    tripwire.assert_not_called()
+
+
+def test_a_log_dir_on_a_read_only_file_system_gets_one_line_and_exit_2(tmp_path):
+    """A --log-dir on a read-only file system (to be made in it, or the folder itself) ended in an internal OSError,
+    exit 1. Mounted read-only in a mount namespace of its own (root only), so nothing outside the test sees it."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("mounting a read-only file system needs root and unshare; CI runs as root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    run = tmp_path / "run"
+    python = f"{sys.executable} -m multigpu"
+    script = (f"mount -t tmpfs -o ro,size=1m tmpfs {ro} || exit 99; "
+              f"{python} launch --log-dir {ro}/logs {SCRIPT}; echo rc=$?; "
+              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    if proc.returncode == 99:
+        pytest.skip(f"this machine does not let a mount namespace mount tmpfs: {proc.stderr.strip()}")
+    assert proc.stdout.split() == ["rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == [f"error: could not create --log-dir {ro}/logs: Read-only file system (EROFS)",
+                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)"]
+    assert not run.exists()

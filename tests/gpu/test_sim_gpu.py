@@ -33,7 +33,7 @@ CASES = {
 
 def outcome(cfg: SimConfig) -> dict | None:
     """Rank 0's series and digest of a run of ``cfg`` on every rank of the current job (None elsewhere)."""
-    result = run(cfg, progress=False)
+    result = run(cfg)
     if result is None:
         return None
     return {"series": result.series, "digest": result.summary["state_digest"]}

@@ -1,5 +1,5 @@
-"""On a real GPU: step times include the queued kernels, the MFU table knows this board, the sampler finds this
-rank's GPU by UUID (issue 22). The CPU tier proves the same logic with fakes (tests/fakecuda/test_monitor_cuda.py,
+"""On a real GPU: step times include the queued kernels (read one step later, with no wait at the step's end), the
+MFU table knows this board, the sampler finds this rank's GPU by UUID. The CPU tier proves the same logic with fakes (tests/fakecuda/test_monitor_cuda.py,
 test_mfu_peaks.py, test_sampler_gpus.py); these check the facts the fakes stand in for."""
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def test_a_cuda_step_is_timed_to_the_end_of_its_kernels():
     meter = StepMeter("items", progress=False, warmup_steps=0, device=device)
     with meter.step(items=1):
         _queue_work(a, 40)
+    # the host did not wait at the step's end: the GPU still runs its kernels (the events are read a step later)
+    assert not torch.cuda.current_stream(device).query()
+    meter.flush()
     assert meter.step_times[0] >= 0.9 * gpu_s, (meter.step_times[0], gpu_s)
 
 

@@ -165,3 +165,22 @@ def test_wall_clock_timing_that_moved_between_sizes_repeats_or_ranks_is_noisy_wi
     assert skewed.startswith("NOISY") and "its ranks started 2.00 s apart, in a 3.00 s run" in skewed
     steady = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(1, 2.2), _wall_run(2, 1.1), _wall_run(2, 1.2)]))[0]
     assert not steady.startswith("NOISY")
+
+
+def test_faster_than_ideal_on_cpu_ranks_is_noisy_and_no_prediction_is_fitted_on_it():
+    """2.82x on 2 ranks of 2 cores was reported as a speedup (141% efficiency): N processes sharing one host's
+    cores cannot do more than N times one's work unless the one was held back. On GPUs it stays explained."""
+    from multigpu.bench.table import distrust
+
+    rows = scaling_rows([_run(1, 1000, busy_per_item=0.004), _run(2, 2820, busy_per_item=0.0014)])
+    cpu = explain(rows, cores=2)
+    assert len(cpu) == 1 and cpu[0].startswith("NOISY: 2 ranks: 2.82x speedup, faster than the ideal 2x")
+    assert "a measurement problem until shown otherwise" in cpu[0] and "Rerun with --repeat 3" in cpu[0]
+    gpu = explain(rows, cores=2, cpu_ranks=False)
+    assert gpu[0].startswith("2 ranks: 2.82x speedup, faster than the ideal 2x") and "NOISY" not in gpu[0]
+    assert distrust(rows, (1, 2), cpu_ranks=True) == [
+        "2 ranks: 2.82x on 2 ranks of CPU ranks, beyond the ideal 2x: a measurement problem until shown otherwise"]
+    assert distrust(rows, (1, 2), cpu_ranks=False) == []
+    assert distrust(rows, (1,), cpu_ranks=True) == []  # a prediction fitted on 1 rank alone does not use it
+    rows[0]["doubts"] = ["the host was busy: 1.5 core(s) of other work beside the job"]
+    assert distrust(rows, (1,), cpu_ranks=False) == ["1 rank: the host was busy: 1.5 core(s) of other work beside the job"]

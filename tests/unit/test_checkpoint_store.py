@@ -154,6 +154,97 @@ def test_choose_auto_path_and_restart(tmp_path):
         choose(str(run / "nope"), str(run), 0, say=said.append)
 
 
+
+# ----------------------------------------------------------------------------- rotation and damaged manifests
+def _plant(store, name="step_99999999", text="{}"):
+    folder = store.directory / name
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(text)
+    return folder
+
+
+def test_rotation_leaves_a_folder_it_does_not_understand_alone_and_names_it_once(tmp_path):
+    """A planted ``step_99999999/manifest.json`` of ``{}`` counted as the newest checkpoint: with keep_last=1 every
+    real one was deleted as soon as it was written. Only valid checkpoints count, only the store's own are deleted."""
+    warnings: list[str] = []
+    store = _store(tmp_path, keep_last=1, warnings=warnings)
+    store.save(2, {"c": Counter(2)})
+    planted = _plant(store)
+    odd = _plant(store, "step_00000001", json.dumps({"format": 2, "step": 7, "world_size": 1, "files": {}}))
+    store.save(4, {"c": Counter(4)})
+    store.save(6, {"c": Counter(6)})
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000001", "step_00000006", "step_99999999"]
+    assert (planted / "manifest.json").read_text() == "{}"
+    assert len(warnings) == 2, warnings  # each named once, not at every save
+    assert any(str(planted) in w and "left alone" in w and "not a format-2 checkpoint manifest" in w for w in warnings)
+    assert any(str(odd) in w and "left alone" in w and "records step 7" in w for w in warnings), warnings
+    assert store.latest() == store.path_for(6)
+
+
+def test_rotation_deletes_nothing_until_a_newer_checkpoint_is_valid(tmp_path):
+    """Rotation deletes an old checkpoint only once keep_last newer ones verify: a damaged newer one (bytes altered
+    on disk after it was written) does not count, and the checkpoint just written is never deleted, even when
+    folders of higher steps exist (a run resumed from an earlier step)."""
+    store = _store(tmp_path, keep_last=1)
+    store.save(2, {"c": Counter(2)})
+    other = _store(tmp_path, keep_last=3)
+    other.save(8, {"c": Counter(8)})
+    state = store.path_for(8) / "state.pt"
+    state.write_bytes(state.read_bytes()[:-1] + b"x")  # same size, another checksum
+    store.save(4, {"c": Counter(4)})
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000004", "step_00000008"]
+    store.save(5, {"c": Counter(5)})  # 5 is valid and newer than 4: now 4 goes; 8 (newer, damaged) stays
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000005", "step_00000008"]
+    other.save(9, {"c": Counter(9)})  # keep_last=3: nothing of the others is deleted
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000005", "step_00000008", "step_00000009"]
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ({"bytes": "abc", "sha256": "0" * 64}, "records state.pt as"),
+    ({"bytes": None, "sha256": "0" * 64}, "records state.pt as"),
+    ({"bytes": True, "sha256": "0" * 64}, "records state.pt as"),
+    ({"bytes": 10, "sha256": None}, "records state.pt as"),
+    ("abc", "records state.pt as"),
+])
+def test_a_manifest_with_a_malformed_entry_is_skipped_as_unusable(tmp_path, entry, reason):
+    """``"bytes": "abc"`` or ``null`` crashed the rank with a TypeError (a string compared with a size)."""
+    warnings: list[str] = []
+    store = _store(tmp_path, warnings=warnings)
+    store.save(2, {"c": Counter(2)})
+    store.save(4, {"c": Counter(4)})
+    manifest_path = store.path_for(4) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["state.pt"] = entry
+    manifest_path.write_text(json.dumps(manifest))
+    assert store.latest() == store.path_for(2)
+    assert len(warnings) == 1 and reason in warnings[0] and "unusable" in warnings[0], warnings
+    with pytest.raises(CorruptCheckpointError, match=reason):
+        check_resume_path(str(store.path_for(4)))
+
+
+def test_when_every_checkpoint_is_unusable_resume_auto_says_so_with_each_reason(tmp_path):
+    """It said "no checkpoint yet" although there were checkpoints, all corrupt."""
+    run = tmp_path / "run"
+    store = CheckpointStore(run / "checkpoints", keep_last=3)
+    store.save(2, {"c": Counter(2)})
+    store.save(4, {"c": Counter(4)})
+    (store.path_for(2) / "state.pt").write_bytes(b"short")
+    manifest_path = store.path_for(4) / "manifest.json"
+    manifest_path.write_text(manifest_path.read_text().replace('"bytes": ', '"bytes": "abc", "was": '))
+    scan = store.scan()
+    assert scan.found is None
+    assert [(p.name, "truncated" in why or "records state.pt as" in why) for p, why in scan.unusable] == [
+        ("step_00000004", True), ("step_00000002", True)]
+    said: list[str] = []
+    with pytest.raises(ConfigError) as info:  # never a quiet start from step 0 over them
+        choose("auto", str(run), 0, say=said.append)
+    message = str(info.value)
+    assert said == [] and "\n" not in message, (said, message)
+    assert message.startswith(f"--resume auto: {store.directory} holds 2 checkpoint folder(s) and none can be "
+                              "used ("), message
+    assert "step_00000004: its manifest.json records state.pt as" in message
+    assert "step_00000002: state.pt is truncated" in message
+
 # ----------------------------------------------------------------------------- on 2 ranks
 class Shards:
     """A 'sharded' part: each rank holds a DTensor shard of one global vector."""
@@ -207,11 +298,12 @@ def test_the_simulation_keeps_only_its_last_checkpoints(tmp_path):
     """sim kept every checkpoint (and filled a disk): it rotates like every workload now (keep_last)."""
     import multigpu as mg
     from multigpu.config import load_config
+    from multigpu.run import script_context
     from multigpu.sim import runner
     from multigpu.sim.config import SimConfig
 
     mg.init(backend="cpu", threads=1)
     cfg = load_config(SimConfig, "sir", ["steps=8", "agents=2000", "grid=[32,32]", "compile=false", "plot=false",
                                          "checkpoint_every=2", "keep_last=2"], prefix="sim")
-    runner.run(cfg, run_dir=tmp_path / "run", progress=False)
+    runner.run(cfg, script_context(tmp_path / "run"))
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]

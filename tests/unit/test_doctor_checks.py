@@ -111,3 +111,22 @@ def test_training_memory_says_where_fsdp_is_needed():
     h100 = check_training_memory(dataclasses.replace(HEALTHY_GPU, device_memory_bytes=80 * 2**30))
     assert "up to ~5.4B parameters on one NVIDIA H100 (80 GiB)" in h100.detail and "--strategy fsdp" in h100.hint
     assert check_training_memory(dataclasses.replace(HEALTHY_GPU, device_memory_bytes=None)).status == "pass"
+
+
+@pytest.mark.parametrize("statuses,code", [(("pass", "warn"), 0), (("pass", "fail", "warn"), 1)])
+def test_doctor_exits_1_exactly_when_a_check_fails(statuses, code, capsys, monkeypatch):
+    """The command's exit code and its JSON's ``ok``, from the checks' statuses (the e2e test can see only what
+    this machine's checks give: no failure here)."""
+    import json
+
+    import multigpu.doctor
+    from multigpu.cli import main
+    from multigpu.doctor.checks import CheckResult
+
+    results = [CheckResult(f"check {i}", s, "found", "" if s == "pass" else "do this") for i, s in enumerate(statuses)]
+    monkeypatch.setattr(multigpu.doctor, "gather_facts", lambda bandwidth: HEALTHY_GPU)
+    monkeypatch.setattr(multigpu.doctor, "run_checks", lambda facts: results)
+    assert main(["doctor", "--json"]) == code
+    assert json.loads(capsys.readouterr().out)["ok"] is (code == 0)
+    assert main(["doctor"]) == code
+    assert f"{statuses.count('fail')} failed" in capsys.readouterr().out

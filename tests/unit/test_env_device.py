@@ -34,7 +34,7 @@ def test_slurm_variables_and_nodelist():
 
 
 @pytest.mark.parametrize("env,match", [
-    ({"RANK": "x", "WORLD_SIZE": "2"}, "must be an integer"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK=.x. must be a whole number"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "outside"),
 ])
 def test_bad_rank_variables_are_clear(env, match):

@@ -34,6 +34,28 @@ def test_positions_name_the_call_and_the_user_line(tmp_path):
     assert parse_faulthandler("nothing useful") is None
 
 
+def test_a_rank_stopped_after_its_script_ended_is_said_so_not_shown_in_the_wrapper(tmp_path):
+    """A rank whose script had raised (its collective lost the rank that failed first) was stopped while the
+    wrapper cleaned up: it was shown as "in _main (src/multigpu/launch/_worker.py:443)"."""
+    from multigpu.launch import _worker
+
+    wrapper = _worker.__file__
+    (tmp_path / "rank0.txt").write_text(f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "{wrapper}", line 443 in _main
+  File "{wrapper}", line 365 in main
+  File "{wrapper}", line 460 in <module>
+""")
+    (tmp_path / "rank1.txt").write_text(f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/me/train.py", line 42 in step
+  File "<frozen runpy>", line 88 in _run_code
+  File "{wrapper}", line 150 in _run
+  File "{wrapper}", line 460 in <module>
+""")
+    ended, running = read_positions(tmp_path)
+    assert ended.describe() == "rank 0: in multigpu's worker wrapper (its script had ended)"
+    assert running.describe() == "rank 1: in step (/home/me/train.py:42)"
+
+
 def test_traceback_tail_keeps_user_frames_and_the_exception():
     stack = (
         "Traceback (most recent call last):\n"
@@ -63,6 +85,12 @@ def test_assumption_hints_name_what_to_change_and_stay_quiet_otherwise():
     fabric = ("ValueError: You set `devices=2` and `num_nodes=1` in Lightning, but the product (2 * 1) does not "
               "match the world size (1).")
     assert assumption_hint(fabric).startswith("the script fixes devices=2, but this job has 1 rank(s)")
+    # what to type: devices='auto' is 1 on CPU and the GPU count on GPUs, not the job's processes per node
+    assert "Fabric(devices=int(os.environ['LOCAL_WORLD_SIZE']))" in assumption_hint(fabric)
+    # a script that asks for NCCL where the ranks run on the CPU (torch's CPU wheel, or no GPU visible)
+    for nccl in ("RuntimeError: Distributed package doesn't have NCCL built in",
+                 "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"):
+        assert "init_process_group() without backend=" in assumption_hint(nccl), nccl
     asserted = '  File "/home/me/t.py", line 3, in <module>\n    assert world_size == 2\nAssertionError'
     assert "WORLD_SIZE" in assumption_hint(asserted)
     assert assumption_hint("ValueError: bad batch") is None
@@ -87,3 +115,10 @@ def test_a_rank_that_lost_its_peer_to_another_ranks_timeout_is_not_named_as_the_
     crash = failure("ValueError: boom", 100)
     err = SimpleNamespace(failures={0: crash, 1: timed_out}, get_first_failure=lambda: (0, crash))
     assert _root_failure(err) == (0, crash)
+    # rank 1 raised and left at once; rank 0's barrier failed on it within the same second (torch's tie: rank 0)
+    gone = failure("CollectiveError: barrier() on rank 0 of 2 failed after 0.0s, well before its 30s timeout: Rank 1 "
+                   "failed to pass monitoredBarrier in 30000 ms. That rank probably exited or crashed; see its log.", 100)
+    err = SimpleNamespace(failures={0: gone, 1: crash}, get_first_failure=lambda: (0, gone))
+    assert _root_failure(err) == (1, crash)
+    err = SimpleNamespace(failures={0: lost, 1: gone}, get_first_failure=lambda: (0, lost))
+    assert _root_failure(err) == (0, lost)  # two consequences: torch's first stays

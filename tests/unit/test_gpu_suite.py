@@ -30,11 +30,12 @@ def _defaults() -> dict[str, int]:
 def test_the_time_budgets_add_up_to_one_call():
     d = _defaults()
     text = SCRIPT.read_text()
-    steps = re.findall(r'^run_step (\w+)\s+"\$(\w+_S)"', text, flags=re.M)
-    assert [name for name, _ in steps] == ["tests", "train", "sim", "infer", "envs", "doctor"]
+    steps = re.findall(r'^(?:bench|tests)_step (\w+)\s+"\$(\w+_S)"', text, flags=re.M)
+    assert [name for name, _ in steps] == ["smoke", "tests_launch", "tests_train", "tests_work", "train", "sim",
+                                           "infer", "envs", "doctor"]
     assert all(cap in d for _, cap in steps)  # every step runs under a cap defined (and added up) here
     bounded = len(steps) + len(re.findall(r"^timeout --kill-after=\$KILL_S", text, flags=re.M))
-    assert d["BOUNDED"] == bounded == 7 and "timeout --kill-after=$KILL_S \"$limit\"" in text
+    assert d["BOUNDED"] == bounded == 10 and "timeout --kill-after=$KILL_S \"$limit\"" in text
     total = d["SETUP_S"] + sum(d[cap] for _, cap in steps) + d["RENDER_S"] + d["KILL_S"] * d["BOUNDED"]
     assert total <= d["CALL_S"] <= ONE_CALL_S, (total, d)
     # and whatever the caps are set to, the steps stop at BUDGET_S: no step starts a limit past it

@@ -110,7 +110,7 @@ def test_sigterm_is_a_stop_request_like_ctrl_c_with_checkpoint_on_interrupt(sing
     """Issue 16 item 4: SIGTERM (pre-emption, `timeout`) wrote no checkpoint; SIGINT did. Both now stop the
     loop at the next step on every rank, with the signal agreed (exit 128 + it), and SIGTERM still leaves the
     stack dump the launcher's failure summary reads; the wrapper's faulthandler dump is registered again after."""
-    from multigpu.train.interrupt import InterruptFlag
+    from multigpu.run.interrupt import InterruptFlag
 
     monkeypatch.setenv("MULTIGPU_STACKS_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "0")

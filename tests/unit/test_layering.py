@@ -45,6 +45,11 @@ def _reaching(places: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
     (("config.py", "presets", "cmdline.py", "argtypes.py", "envvars.py", "errors.py"),
      ("multigpu.jobs", "multigpu.cli", "multigpu.launch")),  # was: config.py -> jobs/presets.py
     (("runtime",), ("multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing")),
-], ids=["job-layer-and-launcher-below-cli", "foundation-below-all", "runtime-below-launcher"])
+    (("run",), ("multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing", "multigpu.train",
+                "multigpu.sim", "multigpu.rl", "multigpu.infer", "multigpu.envs")),
+    (("checkpoint",), ("multigpu.run", "multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing",
+                       "multigpu.train", "multigpu.sim", "multigpu.rl", "multigpu.infer", "multigpu.envs")),
+], ids=["job-layer-and-launcher-below-cli", "foundation-below-all", "runtime-below-launcher",
+        "run-harness-below-workloads", "checkpoints-below-run-harness"])
 def test_no_import_points_back_up(places, forbidden):
     assert _reaching(places, forbidden) == []

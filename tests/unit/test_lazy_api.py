@@ -17,6 +17,7 @@ ENTRY_POINTS = {
     "infer": "sliding_window",
     "monitor": "StepMeter",
     "rl": "train",
+    "run": "Run",
     "sim": "run",
     "train": "Trainer",
     "verify": "record",

@@ -135,3 +135,36 @@ def test_a_sigkill_with_the_peak_at_the_limit_is_probably_the_oom_killer(tmp_pat
                                        "the job under the 2 GiB cgroup v1 memory.limit_in_bytes of /sys/fs/cgroup/memory)")
 
 
+
+
+def test_an_address_space_limit_a_rank_cannot_start_in_is_refused_up_front(monkeypatch, capsys, tmp_path):
+    """``ulimit -v`` was compared with the data only (less a fixed 600 MiB): a limit that leaves a rank no room for
+    torch and its threads was accepted, and the rank died in the allocator. A rank maps what the launcher maps
+    (torch imported) plus a malloc arena and a stack per further thread; below that, one line names the limit."""
+    from multigpu.launch.config import LaunchConfig
+    from multigpu.launch.devices import HostFacts, plan_devices
+    from tests.conftest import SCRIPTS, assert_bad_input
+
+    facts = HostFacts(gpu_count=0, cores=8, available_bytes=64 * GIB, address_space_bytes=GIB, mapped_bytes=700 * MIB)
+    plan = plan_devices(LaunchConfig(nproc_per_node=8), facts, inherited={})  # one thread each: 700 MiB
+    assert plan.rank_mapped_bytes == 700 * MIB and plan.memory_per_rank("cpu") == GIB - 700 * MIB
+    monkeypatch.setattr(HostFacts, "probe", classmethod(lambda cls: facts))
+    line = assert_bad_input(["launch", "--nproc-per-node", "1", str(SCRIPTS / "exit_early.py")],
+                            "error: ulimit -v (RLIMIT_AS) is 1 GiB per process, but a rank maps about 1.18 GiB of "
+                            "address space before it holds any data (torch as this launcher maps it, and 8 thread(s))",
+                            capsys)
+    assert "valid: ulimit -v unlimited" in line
+
+
+def test_a_rank_that_dies_of_a_refused_allocation_under_rlimit_as_is_told_so(monkeypatch):
+    from multigpu.launch import memlimit
+    from multigpu.launch.memlimit import explain_address_space
+
+    text = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 393216 bytes. Error code 12 (Cannot allocate memory)")
+    monkeypatch.setattr(memlimit, "address_space_limit", lambda: None)
+    assert explain_address_space(text) is None  # no limit: nothing to name
+    line = explain_address_space(text, limit=GIB, mapped=700 * MIB)
+    assert line.startswith("the rank ran under ulimit -v (RLIMIT_AS) of 1 GiB, which counts address space, not "
+                           "memory in use (a torch rank maps about 700 MiB before any data")
+    assert explain_address_space("ValueError: simulated failure on rank 1", limit=GIB) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -40,14 +41,22 @@ def make_bench_dir(root):
     return write_bench(root, BenchConfig(nproc=(1, 2)), runs, command=["multigpu", "bench", "--nproc", "1,2", "x.py"])
 
 
-def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path):
-    from multigpu.report import write_report
+def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path, capsys):
+    """Through the command (`multigpu report RUN_DIR`, in-process): the page, and the line naming it."""
+    from multigpu.cli import main
 
     result = make_bench_dir(tmp_path)
     assert result["notes"][0].startswith("SLOWER: 2 ranks ran slower than 1 rank") and (tmp_path / "bench.png").is_file()
-    path = write_report(tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    path = tmp_path / "report.html"
+    assert capsys.readouterr().out == f"report: {path}\n"
     page = path.read_text()
-    assert path == tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "elsewhere.html")]) == 0
+    assert "Scaling (strong)" in (tmp_path / "elsewhere.html").read_text()  # -o: the page goes there
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "elsewhere.html").stat().st_mode & 0o777 == 0o666 & ~umask  # named: the user's umask
+    assert path.stat().st_mode & 0o777 == 0o600  # in the run folder: private, as the command writes it
     for section in ("Configuration", "Scaling (strong)", "Throughput over time", "np1_r0", "np2_r0", "SLOWER"):
         assert section in page
     images = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)
@@ -89,3 +98,23 @@ def test_numbers_too_large_and_json_too_deep_are_one_line(tmp_path, huge, reason
     with pytest.raises(ConfigError, match=reason) as err:
         write_report(run)
     assert "\n" not in str(err.value) and not (run / "report.html").exists()
+
+
+def test_names_that_look_like_mathtext_are_shown_as_written(tmp_path, capsys):
+    """A run folder named ``$\\macro$`` (or a unit or GPU name like it) made matplotlib parse mathtext and fail; the
+    report then blamed metrics.jsonl for a value of the wrong kind. Every text of a figure is shown as written."""
+    from multigpu.cli import main
+
+    make_bench_dir(tmp_path)
+    run = tmp_path / "np2_r0"
+    summary = json.loads((run / "summary.json").read_text())
+    summary["unit"] = "$\\unit$"
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "metrics.jsonl").write_text(run.joinpath("metrics.jsonl").read_text().replace("samples_per_s",
+                                                                                       "$\\\\unit$_per_s"))
+    named = run.rename(tmp_path / "$\\macro$ run")
+    samples = (named / "samples_node0.jsonl").read_text().replace('"name": "G"', '"name": "$\\\\gpu$"')
+    (named / "samples_node0.jsonl").write_text(samples)
+    assert main(["report", str(named), "-o", str(tmp_path / "page.html")]) == 0, capsys.readouterr().err
+    page = (tmp_path / "page.html").read_text()
+    assert page.count("<img ") == 2 and "$\\macro$ run" in page

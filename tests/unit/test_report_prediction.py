@@ -179,3 +179,39 @@ def test_an_hsdp_prediction_shows_its_layout_in_the_report_and_the_printed_table
     print_prediction(bench["prediction"], Console(file=out, width=200))
     assert "│ 4 (2 x 2) │" in out.getvalue()
     assert "hsdp: each replica is sharded over hsdp_shard_size=2, as the job sets it" in out.getvalue()
+
+
+def test_a_prediction_fitted_on_runs_the_bench_distrusts_is_printed_struck_out_and_not_drawn(bench, tmp_path, capsys):
+    """`bench --predict` printed "64: 84.80x 132%" from a fit the bench itself called NOISY."""
+    import argparse
+
+    from multigpu.cli.bench import add_prediction
+    from multigpu.launch.config import LaunchConfig
+
+    bench["rows"][1]["doubts"] = ["its rate moved 3.0x during the run"]
+    bench["plot"] = "bench.png"
+    args = argparse.Namespace(predict="8,64", interconnect="ib-ndr", alpha_us=None, bandwidth_gbs=None,
+                              ranks_per_node=None, node_interconnect=None)
+    add_prediction(args, bench, tmp_path, LaunchConfig(cpu=True))
+    pred = json.loads((tmp_path / "bench.json").read_text())["prediction"]
+    assert pred["distrusted"] == ["2 ranks: its rate moved 3.0x during the run"]
+    assert not (tmp_path / "bench.png").exists()  # not drawn as if it were a prediction
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "NOT A PREDICTION, its runs are not trusted" in out
+    assert ("not a prediction: the runs it is fitted on cannot be trusted (2 ranks: its rate moved 3.0x during "
+            "the run). Rerun with --repeat 3") in out
+    page = __import__("multigpu.report.html", fromlist=["x"])._prediction_section(pred)
+    assert "Not a prediction: the runs it is fitted on cannot be trusted" in page
+
+
+def test_a_script_timed_by_its_wall_clock_is_drawn_as_the_whole_run_not_as_compute():
+    """bench.png labelled a wall-clock-timed script's whole run as "compute" step time."""
+    from multigpu.bench.table import scaling_rows
+    from multigpu.report.plots import bench_figure
+    from tests.unit.test_bench_table import _wall_run
+
+    rows = scaling_rows([_wall_run(1, 2.0), _wall_run(2, 1.2)])
+    fig = bench_figure({"rows": rows, "scaling": "strong"})
+    split = fig.axes[1]
+    assert _bar_labels(split) == ["whole run, wall clock (not split)"]
+    assert split.get_ylabel() == "run time, wall clock (ms)" and "not split" in split.get_title()

@@ -49,3 +49,60 @@ def test_open_mpi_needs_a_master_address():
         from_environment(env)
     assert from_environment({**env, "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "6000"}) == \
         SchedulerPlacement("Open MPI", 3, 2, "10.1.1.1:6000")
+
+
+_STEP = {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+         "SLURM_NTASKS_PER_NODE": "1"}
+
+
+@pytest.mark.parametrize("nodelist,host", [
+    ("gpu[1-2]-ib", "gpu1-ib"),                # text after a bracket group
+    ("rack[1-2]-n[01-02]", "rack1-n01"),       # two groups
+    ("n[0-999999999]", "n0"),                  # a billion hosts: only the first is read, nothing is expanded
+])
+def test_the_rendezvous_host_is_the_first_of_the_whole_host_list_grammar(nodelist, host):
+    placement = from_environment({**_STEP, "SLURM_JOB_NODELIST": nodelist, "MASTER_PORT": "29400"})
+    assert placement.rdzv_endpoint == f"{host}:29400"
+    env = {k: v for k, v in _STEP.items() if k != "SLURM_NNODES"}
+    assert from_environment({**env, "SLURM_JOB_NODELIST": "n[0-999999999]"}).nnodes == 1_000_000_000
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"SLURM_JOB_NODELIST": "node[5-3]"}, "SLURM_JOB_NODELIST='node[5-3]' is not a SLURM host list: the range 5-3"),
+    ({"SLURM_JOB_NODELIST": "node[a-b]"}, "SLURM_JOB_NODELIST='node[a-b]' is not a SLURM host list"),
+    ({"SLURM_JOB_NODELIST": "localhost[1-2"}, "SLURM_JOB_NODELIST='localhost[1-2' is not a SLURM host list"),
+    ({"SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "\u00b2"}, "MASTER_PORT='\u00b2' must be a whole number"),
+    ({"SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "70000"}, "MASTER_PORT=70000 is out of range; valid: 0 to 65535"),
+    ({"SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "\u00b2"}, "SLURM_GPUS_ON_NODE='\u00b2' must be a whole"),
+    ({"SLURM_JOB_NODELIST": "n1", "SLURM_NODEID": "4(x2)"}, "SLURM_NODEID='4(x2)' must be a whole number"),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "m", "PET_NPROC_PER_NODE": "\u00b2"},
+     "PET_NPROC_PER_NODE='\u00b2' must be a whole number"),
+    ({"PET_NNODES": "2", "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "\u0664"}, "PET_MASTER_PORT='\u0664' must be"),
+])
+def test_a_bad_scheduler_variable_is_one_line_naming_it(env, needle, monkeypatch, capsys):
+    """Before: 'internal error: ValueError' ('²' passes str.isdigit but not int), or a blame of the endpoint."""
+    from multigpu.cli import main
+
+    for name in list(__import__("os").environ):
+        if name.startswith(("SLURM_", "PET_", "LSB_", "OMPI_", "MASTER_")):
+            monkeypatch.delenv(name)
+    base = _STEP if "PET_NNODES" not in env else {}
+    for name, value in {**base, **env}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef0123")
+    assert main(["launch", "examples/hello.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: environment variable " if "NODELIST" not in needle else "error: ") and needle in err
+    assert err.count("\n") == 1, err
+
+
+def test_an_lsf_rank_file_that_is_a_fifo_is_refused_without_opening_it_for_reading(tmp_path):
+    """Before: open() on a FIFO blocked until someone wrote to it (the launcher hung)."""
+    import os
+
+    fifo = tmp_path / "ranks"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"LSB_DJOB_RANKFILE=.*ranks is not a regular file"):
+        from_environment({"LSB_JOBID": "9", "LSB_DJOB_RANKFILE": str(fifo)}, hostname="nodeA")
+    with pytest.raises(ConfigError, match=r"LSB_DJOB_RANKFILE=/dev/null is not a regular file"):
+        from_environment({"LSB_JOBID": "9", "LSB_DJOB_RANKFILE": "/dev/null"}, hostname="nodeA")

@@ -6,6 +6,10 @@ Skipped where no C compiler works (the engine then keeps the torch kernels).
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +167,90 @@ def test_a_compiled_config_whose_kernels_run_in_c_never_loads_torchs_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "False"]
+
+
+# ----------------------------------------------------------------------------- whose library is loaded
+_NOBODY = 65534
+_as_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                              reason="planting files of another user needs root (chown); CI runs as root")
+
+
+def _plant(path: Path, marker: Path, *, folder_owner: int, folder_mode: int, file_owner: int, file_mode: int) -> None:
+    """The real kernels plus a constructor that creates ``marker`` when the library is loaded, at ``path``."""
+    import shutil
+    import subprocess
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent.parent / "evil.c"
+    src.write_text(native._SOURCE + '\n#include <stdio.h>\n__attribute__((constructor)) static void planted(void) '
+                   f'{{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    subprocess.run([cc, *native._FLAGS, str(src), "-o", str(path)], check=True, capture_output=True, timeout=120)
+    src.unlink()
+    os.chown(path, file_owner, file_owner)
+    path.chmod(file_mode)
+    os.chown(path.parent, folder_owner, folder_owner)
+    path.parent.chmod(folder_mode)
+
+
+@_as_root
+@pytest.mark.parametrize("folder_owner, folder_mode, file_owner, file_mode, why", [
+    (_NOBODY, 0o755, _NOBODY, 0o755, "the folder is owned by uid 65534"),
+    (0, 0o777, _NOBODY, 0o755, "the folder is writable by others than its owner (mode 777)"),
+    (0, 0o770, 0, 0o700, "the folder is writable by others than its owner (mode 770)"),
+    (0, 0o700, _NOBODY, 0o755, "the file is owned by uid 65534"),
+    (0, 0o700, 0, 0o666, "the file is writable by others than its owner (mode 666)"),
+])
+def test_a_library_another_user_could_have_planted_is_never_loaded(tmp_path, monkeypatch, capsys, folder_owner,
+                                                                   folder_mode, file_owner, file_mode, why):
+    """The kernels were loaded from ``$XDG_CACHE_HOME/multigpu/native/sim_<digest>.so`` whoever owned the folder or
+    the file: a library planted there by another user ran its constructor in every rank, as the job's user. Now it
+    is loaded only from a folder and a file this user owns that no one else can write; else the kernels are built in
+    a private temporary folder, and one line says why."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    marker = tmp_path / "PLANTED_LIBRARY_RAN"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    path = native._cache_path(cc)
+    _plant(path, marker, folder_owner=folder_owner, folder_mode=folder_mode, file_owner=file_owner,
+           file_mode=file_mode)
+    before = path.read_bytes()
+    capsys.readouterr()
+    lib = native._build()
+    assert lib, "the kernels were not built in a private folder"
+    assert not marker.exists(), "the planted library's constructor ran"
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "not used" in line]
+    assert len(lines) == 1 and why in lines[0] and "private temporary folder" in lines[0], err
+    assert path.read_bytes() == before  # the planted file is left where it is, not loaded, not replaced
+    assert not list(Path(tempfile.gettempdir()).glob("multigpu_native_*"))  # the private build is deleted
+
+
+@_as_root
+def test_a_symbolic_link_in_place_of_the_cache_folder_is_not_followed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    marker = tmp_path / "PLANTED_LIBRARY_RAN"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    path = native._cache_path(cc)
+    elsewhere = tmp_path / "theirs" / "native" / path.name
+    _plant(elsewhere, marker, folder_owner=_NOBODY, folder_mode=0o755, file_owner=0, file_mode=0o700)
+    path.parent.parent.mkdir(parents=True)
+    path.parent.symlink_to(elsewhere.parent)
+    assert native._build() and not marker.exists()
+    assert "the folder cannot be opened as a folder" in capsys.readouterr().err
+
+
+def test_the_cache_is_built_private_and_then_loaded_from(tmp_path, monkeypatch, capsys):
+    """A fresh cache: folder 0700, library 0700 (no group or other write bit, whatever the umask); the next load
+    takes it from there without a word."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    old = os.umask(0o002)
+    try:
+        assert native._build()
+    finally:
+        os.umask(old)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    path = native._cache_path(cc)
+    assert path.stat().st_mode & 0o777 == 0o700 and path.parent.stat().st_mode & 0o777 == 0o700
+    built = path.stat().st_mtime_ns
+    assert native._build() and path.stat().st_mtime_ns == built
+    assert "not used" not in capsys.readouterr().err

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from multigpu.errors import ConfigError
+from multigpu.run import script_context
 from multigpu.sim import population
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -80,7 +81,7 @@ def test_missing_fields_come_from_init_and_saves_round_trip(tmp_path, agents):
             if target.endswith(".parquet"):
                 pytest.importorskip("pyarrow")
             cfg = dataclasses.replace(SIR, population=str(tmp_path / "xy.npz"), save_agents=target)
-            result = mg.sim.run(cfg, run_dir=tmp_path / "run", progress=False, return_agents=True)
+            result = mg.sim.run(cfg, script_context(tmp_path / "run"), return_agents=True)
             assert result.agents_path == tmp_path / "run" / target
             back = SimEngine(dataclasses.replace(SIR, population=str(result.agents_path), steps=0))
             for k, v in back.state.sorted_by_id().items():

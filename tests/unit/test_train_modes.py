@@ -9,8 +9,10 @@ no training forward ever runs in eval mode, with dropout on.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from multigpu.errors import ConfigError
 from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer
 from multigpu.train.data import VOCAB, CharDataset
 from multigpu.train.model import GPT
@@ -22,8 +24,8 @@ SHAPE = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.1)
 class _EvalInCallback:
     """A callback that leaves the model in eval mode, as one that samples text would."""
 
-    def on_step(self, trainer):
-        trainer.module.eval()
+    def on_step(self, event):
+        event.state["model"].eval()
 
 
 def test_every_training_forward_runs_in_train_mode(single_rank_group):
@@ -55,3 +57,29 @@ def test_every_training_forward_runs_in_train_mode(single_rank_group):
     trainer.fit()
     trainer.close()
     assert seen == [("train", True)] * 3
+
+
+def test_the_default_loss_reads_a_tuple_output_by_its_documented_rule():
+    """nanoGPT's GPT returns ``(logits, loss)`` (the loss None without targets): its first tensor is the logits;
+    a 0-dim tensor in a tuple (Hugging Face's ``return_dict=False`` given labels: ``(loss, logits)``) is the loss."""
+    from tests.scripts.nanogpt_model import gpt
+
+    torch.manual_seed(0)
+    model = gpt(block_size=8, vocab_size=11)
+    x, y = torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8))
+    logits, _ = model(x)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), y.reshape(-1))
+    assert torch.equal(default_loss(model, (x, y)), expected)
+
+    class LossFirst(torch.nn.Module):
+        def forward(self, x):
+            return torch.tensor(0.25), x.float()
+
+    assert default_loss(LossFirst(), (x, y)).item() == 0.25
+
+    class Words(torch.nn.Module):
+        def forward(self, x):
+            return {"text": "no tensor"}
+
+    with pytest.raises(ConfigError, match="the model returned dict, and the default loss needs logits"):
+        default_loss(Words(), (x, y))

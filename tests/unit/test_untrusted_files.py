@@ -28,6 +28,7 @@ from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.cli import main
 from multigpu.config import load_config
 from multigpu.errors import MultigpuError
+from multigpu.run import script_context
 from multigpu.sim import runner
 from multigpu.sim.config import SimConfig
 from tests.payloads import TouchOnLoad, evil_checkpoint, evil_sim_checkpoint
@@ -175,7 +176,7 @@ def test_sim_ranks_refuse_crafted_metadata_even_with_a_matching_checksum(tmp_pat
     unpickler still builds only DCP's metadata classes, and resume=auto skips a tampered checkpoint."""
     mg.init(backend="cpu", threads=1)
     run_dir = tmp_path / "run"
-    runner.run(_small_sim(4), run_dir=run_dir, progress=False)
+    runner.run(_small_sim(4), script_context(run_dir))
     ckpts = run_dir / "checkpoints"
     meta = json.loads((ckpts / "step_00000004" / "manifest.json").read_text())
     assert ".metadata" in meta["files"] and meta["meta"]["step"] == 4
@@ -184,7 +185,7 @@ def test_sim_ranks_refuse_crafted_metadata_even_with_a_matching_checksum(tmp_pat
     forged = evil_sim_checkpoint(tmp_path / "forged" / "step_00000004", marker, checksum="forged")
     checkpoint.verify(forged)  # the checksum matches: the launcher would let it through
     with pytest.raises(CorruptCheckpointError) as info:
-        runner.run(_small_sim(6), run_dir=tmp_path / "run2", resume=str(forged), progress=False)
+        runner.run(_small_sim(6), script_context(tmp_path / "run2", resume=str(forged)))
     message = str(info.value)
     assert "\n" not in message and str(forged) in message, message
     assert "global pathlib.Path.touch is not allowed" in message and "nothing in it ran" in message
@@ -192,7 +193,7 @@ def test_sim_ranks_refuse_crafted_metadata_even_with_a_matching_checksum(tmp_pat
     # the newest checkpoint of a known run altered: auto names it, skips it, and takes the previous one
     newest = ckpts / "step_00000004" / ".metadata"
     newest.write_bytes(pickle.dumps(TouchOnLoad(marker)))
-    result = runner.run(_small_sim(6), run_dir=run_dir, resume="auto", progress=False)
+    result = runner.run(_small_sim(6), script_context(run_dir, resume="auto"))
     assert result.summary["resumed_from"] == str(ckpts / "step_00000002")
     assert len(multigpu_warnings) == 1 and "step_00000004" in multigpu_warnings[0], multigpu_warnings
     assert ".metadata is truncated" in multigpu_warnings[0]  # the payload is shorter than what was written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +104,32 @@ def test_record_saves_nested_results_as_tensors_on_the_cpu(tmp_path):
     assert isinstance(saved["a"], list) and not saved["a"][0].requires_grad
     assert isinstance(saved["b"], tuple) and saved["b"][1].tolist() == [1, 2]
     verify._check_plain("nested", saved)
+
+
+def test_the_verify_command_passes_within_atol_and_fails_beyond_it(capsys, tmp_path):
+    """`multigpu verify --atol` through the command in-process, torch's launcher replaced: each run's rank 0 writes
+    'mean' as mg.verify.record would, 0.25 off at 3 ranks. Exact by default it fails; with --atol 0.25 it passes; with less it still fails."""
+    from unittest import mock
+
+    from multigpu.cli import main
+    from tests.conftest import run_file
+
+    def launch(config, entrypoint, args):
+        folder = Path(run_file()["run"]["verify_dir"])
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(torch.tensor(28.5 + (0.25 if config.nproc_per_node == 3 else 0.0), dtype=torch.float64),
+                   folder / "mean.pt")
+
+    def verify_cli(*flags: str) -> tuple[int, str, str]:
+        with mock.patch("multigpu.launch.agent._elastic_launch", side_effect=launch):
+            code = main(["verify", "--nproc", "1,3", *flags, "examples/verify_dependent.py"])
+        out, err = capsys.readouterr()
+        return code, out, err.strip().splitlines()[-1]
+
+    code, _, last = verify_cli()
+    assert code == 1 and last == ("error: verify failed: 'mean' at 3 ranks vs 1: max abs difference 0.25, "
+                                  "max rel difference 0.00877 (atol 0, rtol 0)")
+    code, out, _ = verify_cli("--atol", "0.25")
+    assert code == 0 and "verify passed: 1 result(s) equal at 1, 3 ranks (atol 0.25, rtol 0)" in out
+    code, _, last = verify_cli("--atol", "0.2")
+    assert code == 1 and "max abs difference 0.25, " in last and "(atol 0.2, rtol 0)" in last

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -161,8 +162,35 @@ def _host() -> dict[str, Any]:
 
     from multigpu.runtime.env import cpu_count
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return {"hostname": socket.gethostname(), "cores": cpu_count(), "gpus": gpus, "torch": torch.__version__}
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0  # asks the driver: no CUDA context
+    return {"hostname": socket.gethostname(), "cores": cpu_count(), "gpus": _gpu_names(count),
+            "torch": torch.__version__}
+
+
+def _gpu_names(count: int) -> list[str]:
+    """The visible GPUs' names from NVML (nvidia-ml-py, optional). Not torch.cuda.get_device_name: it creates a
+    CUDA context in this launcher process, which holds memory on GPU 0 beside the ranks' and fails on GPUs in
+    exclusive-process mode."""
+    if count == 0:
+        return []
+    unknown = ["unknown (pip install nvidia-ml-py to name it)"] * count
+    try:
+        import pynvml
+    except ImportError:
+        return unknown
+    try:
+        pynvml.nvmlInit()
+        try:
+            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML without a driver, or a broken install: the names stay unknown
+        return unknown
+    names = [n.decode() if isinstance(n, bytes) else n for n in names]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    picks = [int(v) for v in visible.split(",") if v.strip().isdigit()] if visible.strip() else list(range(count))
+    return [names[i] if i < len(names) else unknown[0] for i in picks[:count]] or unknown
 
 
 def run_bench(

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_MEASURED", "explain", "fmt_rate", "scaling_rows", "shown", "startup_rows"]
+__all__ = ["NOT_MEASURED", "distrust", "explain", "fmt_rate", "scaling_rows", "shown", "startup_rows", "superlinear"]
 
 NOT_MEASURED = "—"
 """How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
@@ -46,7 +46,8 @@ CONTENTION_NOTABLE = 1.2
 EFFICIENCY_GOOD = 0.7
 """Below this efficiency a row gets an explanation even when it was faster."""
 SUPERLINEAR = 1.3
-"""Above this efficiency a row is called faster than ideal, and explained."""
+"""Above this efficiency a row is called faster than ideal: NOISY on CPU ranks (N processes sharing one host's
+cores cannot do more than N times one's work unless the one was held back), explained on GPUs."""
 UNSTEADY = 2.0
 """A run whose items/s moved more than this factor between quarters of its measured steps is called noisy."""
 MIN_STEPS = 5
@@ -180,6 +181,30 @@ def _ranks(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 
+def superlinear(row: dict[str, Any], cpu_ranks: bool) -> str | None:
+    """Why a row faster than ideal on CPU ranks is not believed (None: it is not, or the ranks are GPUs, where a
+    share that fits in a GPU's memory or cache can make it real). N processes on one host's cores cannot do
+    more than N times the work of one unless the one was held back: the baseline, not the scaling, is off."""
+    if not cpu_ranks or row["efficiency"] <= SUPERLINEAR:
+        return None
+    return (f"{row['speedup']:.2f}x on {_ranks(row['world_size'])} of CPU ranks, beyond the ideal {row['ideal']:.0f}x: "
+            "a measurement problem until shown otherwise")
+
+
+def distrust(rows: Sequence[dict[str, Any]], sizes: Sequence[int], *, cpu_ranks: bool) -> list[str]:
+    """Why the rows of world sizes ``sizes`` (those a prediction is fitted on) cannot be trusted: their doubts
+    and a faster-than-ideal result on CPU ranks, each once (empty: nothing known against them)."""
+    reasons: list[str] = []
+    for row in rows:
+        if row["world_size"] not in sizes:
+            continue
+        for reason in [*row.get("doubts", []), superlinear(row, cpu_ranks)]:
+            text = reason and f"{_ranks(row['world_size'])}: {reason}"
+            if text and text not in reasons:
+                reasons.append(text)
+    return reasons
+
+
 def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> list[str]:
     """Measured reasons a row scales worse than ideal, the largest first."""
     n = _ranks(row["world_size"])
@@ -231,6 +256,13 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
                       if row["compute_per_item_s"] and base["compute_per_item_s"] else None)
             seen = f": each item took {growth:.2f}x the compute time it took at {_ranks(base['world_size'])}" \
                 if growth else ""
+            if superlinear(row, cpu_ranks):  # CPU ranks: not believed (and no prediction is fitted on it)
+                notes.append(f"NOISY: {n}: {row['speedup']:.2f}x speedup, faster than the ideal "
+                             f"{row['ideal']:.0f}x{seen}. On CPU ranks that is a measurement problem until shown "
+                             "otherwise: the baseline ran slower per item than its share of the machine allows (its "
+                             "threads waited for cores other processes held). Rerun with --repeat 3 (world sizes "
+                             "alternate) on a quieter machine.")
+                continue
             notes.append(f"{n}: {row['speedup']:.2f}x speedup, faster than the ideal {row['ideal']:.0f}x{seen}. "
                          f"The baseline ran slower per item than its share of the machine allows "
                          "(its threads waited for cores, or its data did not fit in cache).")

@@ -1,8 +1,8 @@
 """The file primitives under every checkpoint: atomic, checksummed writes (standard library only).
 
 :class:`multigpu.checkpoint.CheckpointStore` (the one store of every workload) writes through
-:func:`atomic_write`: a temporary file in the same folder, written while SHA-256 and the size are
-computed over the bytes, flushed, fsynced, renamed into place, the folder fsynced. A failure at any
+:func:`atomic_write`: a temporary file in the same folder, its bytes read back and hashed (SHA-256, size)
+while they are fsynced, renamed into place, the folder fsynced. A failure at any
 point (a full disk: ``ENOSPC`` from a write, the fsync or the close) removes the temporary file;
 the target is untouched. The errors every checkpoint reader and writer raises live here too.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,6 +26,7 @@ __all__ = [
     "atomic_write",
     "fsync_dir",
     "sha256_file",
+    "synced_digest",
 ]
 
 _CHUNK = 1 << 20
@@ -47,23 +49,48 @@ class CorruptCheckpointError(CheckpointError):
         self.reason = reason
 
 
-class _HashingWriter:
-    """A write-only file object that also counts and hashes what passes through it."""
+class _CountingWriter:
+    """A write-only file object that counts what passes through it."""
 
     def __init__(self, fh: BinaryIO):
         self._fh = fh
-        self.sha256 = hashlib.sha256()
         self.bytes = 0
 
     def write(self, data: bytes) -> int:
         written = self._fh.write(data)
-        view = memoryview(data)[: written if written is not None else len(data)]
-        self.sha256.update(view)
-        self.bytes += len(view)
-        return len(view)
+        n = written if written is not None else len(memoryview(data))
+        self.bytes += n
+        return n
 
     def flush(self) -> None:
         self._fh.flush()
+
+
+def synced_digest(path: str | Path, fd: int | None = None) -> tuple[int, str]:
+    """fsync the file at ``path`` (through ``fd`` when given) and return (size, SHA-256) of its bytes, read back
+    while the fsync runs: both wait without holding the GIL, so hashing takes none of the time the disk needs
+    to take the bytes, and the digest is that of what was written (not of what was meant to be)."""
+    failed: list[OSError] = []
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_RDONLY)
+
+    def sync() -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:  # a full disk often shows here: raised on the calling thread below
+            failed.append(exc)
+
+    syncer = threading.Thread(target=sync, name="multigpu-fsync", daemon=True)
+    syncer.start()
+    try:
+        return sha256_file(path)
+    finally:
+        syncer.join()
+        if own:
+            os.close(fd)
+        if failed:
+            raise failed[0]
 
 
 def fsync_dir(directory: str | Path) -> None:
@@ -83,21 +110,20 @@ def fsync_dir(directory: str | Path) -> None:
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> tuple[int, str]:
     """Write ``path`` through ``write(fh)`` so readers see the old file or the whole new one.
 
-    Temporary file in the same folder, flush, fsync, rename, fsync of the folder.
-    On any error the temporary file is removed and the error re-raised; ``path``
-    is untouched.
+    Temporary file in the same folder, flush, fsync (the bytes read back and hashed meanwhile:
+    :func:`synced_digest`), rename, fsync of the folder. On any error the temporary file is removed
+    and the error re-raised; ``path`` is untouched.
 
     Returns:
         (size in bytes, SHA-256 hex digest) of what was written.
     """
     path = Path(path)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        out = _HashingWriter(fh)
-        write(out)
+        write(_CountingWriter(fh))
         fh.flush()
-        os.fsync(fh.fileno())
+        size, digest = synced_digest(tmp, fh.fileno())
     fsync_dir(path.parent)
-    return out.bytes, out.sha256.hexdigest()
+    return size, digest
 
 
 def sha256_file(path: str | Path) -> tuple[int, str]:

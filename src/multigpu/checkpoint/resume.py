@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from multigpu.checkpoint.files import CorruptCheckpointError
-from multigpu.checkpoint.store import CheckpointStore, is_checkpoint, old_layout, verify
+from multigpu.checkpoint.store import CheckpointStore, describe_unusable, is_checkpoint, old_layout, verify
 from multigpu.errors import ConfigError
 
-__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "refuse_old_layout", "resolve",
-           "restart_count"]
+__all__ = ["CHECKPOINTS", "RESTART_VAR", "check_resume_path", "choose", "continues", "decide", "planned",
+           "refuse_old_layout", "refuse_unusable", "resolve", "restart_count"]
 
 CHECKPOINTS = "checkpoints"
 """The store's folder inside a run directory."""
@@ -57,10 +57,48 @@ def refuse_old_layout(run_dir: str | Path) -> None:
         raise _old_layout_error(store.directory, what)
 
 
+def _step_folders(directory: Path) -> list[Path]:
+    """Every ``step_*`` folder (usable or not), newest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdecimal()]
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
+def _none_usable(directory: Path, unusable: list[tuple[Path, str]], why: str) -> ConfigError:
+    """One line: checkpoints are there, none can be used (each with its reason, newest first), and what to do."""
+    count = len(_step_folders(directory))
+    return ConfigError(f"{why}: {directory} holds {count} checkpoint folder(s) and none can be used "
+                       f"({describe_unusable(unusable)}); nothing was loaded, and the run does not start again from "
+                       "step 0 over them; valid: --resume PATH of a checkpoint that verifies, move the unusable step_* "
+                       "folders away, or a new --run-dir")
+
+
+def refuse_unusable(run_dir: str | Path) -> None:
+    """In the launcher, for ``--resume auto``: a run directory that holds checkpoint folders none of which could
+    be used (a manifest that does not parse, a file it lists missing: the cheap checks, no hashing) is refused
+    in one line before anything starts; the ranks verify every byte of the one they pick."""
+    from multigpu.checkpoint.store import verify
+
+    directory = Path(run_dir) / CHECKPOINTS
+    unusable = []
+    for path in _step_folders(directory):
+        try:
+            verify(path, only=())  # every listed file present, none unlisted; sizes and checksums: the ranks
+            return
+        except CorruptCheckpointError as exc:
+            unusable.append((path, exc.reason))
+    if unusable:
+        raise _none_usable(directory, unusable, "--resume auto")
+
+
 def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print) -> Path | None:
     """The checkpoint to start from (None: from scratch). Local: rank 0 calls it and tells the others.
 
     ``say``: one line about the choice (resuming from, no checkpoint yet).
+
+    Raises:
+        ConfigError: checkpoint folders exist but none can be used (a run never quietly starts over them).
     """
     store = CheckpointStore(Path(run_dir) / CHECKPOINTS) if run_dir else None
     if restarts > 0 and store is not None:
@@ -68,11 +106,15 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
         if found is not None:
             say(f"restart {restarts}: resuming from {found}")
             return found
+        if store.skipped:
+            raise _none_usable(store.directory, store.skipped, f"restart {restarts}")
     if not resume:
         return None
     if resume == "auto":
         found = store.latest() if store is not None else None
         if found is None:
+            if store.skipped:
+                raise _none_usable(store.directory, store.skipped, "--resume auto")
             say("resume=auto: no checkpoint yet; starting from step 0")
             return None
         say(f"resuming from {found}")
@@ -80,6 +122,37 @@ def choose(resume: str | None, run_dir: str | None, restarts: int, *, say=print)
     path = check_resume_path(resume)
     say(f"resuming from {path}")
     return path
+
+
+def decide(ctx):
+    """``ctx`` (a :class:`~multigpu.runtime.context.RunContext`) with ``resume_from`` decided: the one rule of
+    which checkpoint a run starts from, for a job (the rank entry point calls this before ``main``) and for a
+    plain script (the run harness calls it when the context it was given is not decided yet). Call on all ranks
+    after ``mg.init``. A context already decided comes back as it is: nothing is decided, or said, twice."""
+    import dataclasses
+
+    if ctx.resume_decided:
+        return ctx
+    found = resolve(ctx.resume, ctx.run_dir)
+    return dataclasses.replace(ctx, resume_from=str(found) if found else None, resume_decided=True)
+
+
+def continues(ctx) -> bool:
+    """Whether this attempt continues an earlier one of its run: ``--resume`` was given, or torchrun's agent
+    restarted the worker group. For a workload whose progress lives in files of its own rather than in
+    checkpoints (a simulation ensemble's replicates); one that checkpoints reads ``resume_from``."""
+    return bool(ctx.resume) or restart_count() > 0
+
+
+def planned(resume: str | None, run_dir: str | None) -> Path | None:
+    """In the launcher: the checkpoint a resume would start from, as far as it can tell without reading a
+    checkpoint's files: ``PATH`` itself; for ``auto`` the newest complete folder of the run (its manifest and
+    the files it lists present; the ranks then compare every checksum and skip a damaged one, see :func:`choose`)."""
+    if resume is None or (resume == "auto" and not run_dir):
+        return None
+    if resume != "auto":
+        return Path(resume)
+    return CheckpointStore(Path(run_dir) / CHECKPOINTS, warn=lambda _: None).latest(checksums=False)
 
 
 def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = None) -> Path | None:

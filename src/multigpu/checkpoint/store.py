@@ -32,9 +32,13 @@ On disk, one folder per checkpoint::
             .metadata, __0_0.distcp, __1_0.distcp, ...   the sharded parts (DCP; absent when there are none)
         step_00000050/ ...
 
-Saving writes ``.step_<n>.tmp/`` first: every rank its DCP shards (hashing what it wrote), rank 0
-``state.pt`` and, last, ``manifest.json``; then one rename makes it ``step_<n>/`` and the folders beyond
-``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
+A save is two halves: :meth:`CheckpointStore.snapshot` takes every part's state (copied to host memory
+when a background writer will write it: :mod:`multigpu.checkpoint.staging`), and
+:meth:`CheckpointStore.write` writes it, on the calling thread or on a writer's
+(:class:`multigpu.checkpoint.Checkpointer`), coordinating the ranks through an :class:`Exchange`. It writes
+``.step_<n>.tmp/`` first: every rank its DCP shards, rank 0 ``state.pt`` and, last, ``manifest.json``, each
+file fsynced while its bytes are read back and hashed; then one rename makes it ``step_<n>/`` and the folders
+beyond ``keep_last`` are deleted. A failure on any rank (a full disk) removes the temporary folder and raises
 :class:`CheckpointWriteError` on every rank, naming the reason and the previous checkpoint, which is
 intact. A process killed mid-save leaves only a hidden ``.step_*.tmp`` folder, which no reader looks at
 and the next save deletes.
@@ -54,11 +58,13 @@ import json
 import pickle
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -69,11 +75,13 @@ from multigpu.checkpoint.files import (
     atomic_write,
     fsync_dir,
     sha256_file,
+    synced_digest,
 )
+from multigpu.checkpoint.staging import Stager, landed
 from multigpu.files import describe_os_error, os_error_in
 
-__all__ = ["MANIFEST", "STATE", "CheckpointStore", "OldLayoutError", "PerRank", "Sharded", "is_checkpoint",
-           "read_manifest", "verify"]
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Scan", "Sharded",
+           "Snapshot", "describe_unusable", "is_checkpoint", "read_manifest", "verify"]
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
@@ -124,7 +132,9 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """``path/manifest.json``, parsed (no checksum is compared). CorruptCheckpointError when unreadable."""
+    """``path/manifest.json``, parsed and its shape checked (no checksum is compared): a format-2 manifest
+    with a step, a world size and, for every file, a size in bytes and a SHA-256. CorruptCheckpointError
+    otherwise (never a TypeError further on: every reader can trust the types)."""
     path = Path(path)
     try:
         data = json.loads((path / MANIFEST).read_text())
@@ -132,9 +142,33 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise CorruptCheckpointError(path, f"it is not a checkpoint folder (no {MANIFEST})") from None
     except (OSError, ValueError) as exc:
         raise CorruptCheckpointError(path, f"its {MANIFEST} cannot be read ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
-        raise CorruptCheckpointError(path, f"its {MANIFEST} is not a format-{FORMAT} checkpoint manifest")
+    problem = _manifest_problem(data)
+    if problem is not None:
+        raise CorruptCheckpointError(path, f"its {MANIFEST} {problem}")
     return data
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes ``data`` not a manifest this store writes (None: nothing)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        return f"is not a format-{FORMAT} checkpoint manifest"
+    for key, low in (("step", 0), ("world_size", 1)):
+        if not _count(data.get(key), low):
+            return f"records {key} as {json.dumps(data.get(key))[:40]}, not a whole number >= {low}"
+    if not isinstance(data.get("meta", {}), dict):
+        return "records meta as something other than a JSON object"
+    for name, entry in data["files"].items():
+        if not (isinstance(entry, dict) and _count(entry.get("bytes"), 0) and isinstance(entry.get("sha256"), str)
+                and _SHA256.match(entry["sha256"])):
+            return f"records {name} as {json.dumps(entry)[:80]}, not a size in bytes and a SHA-256"
+    return None
 
 
 def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -160,14 +194,13 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
             raise CorruptCheckpointError(path, f"{name} is missing")
         if only is not None and name not in only:
             continue
-        size, digest = sha256_file(path / name)
-        if not isinstance(entry, dict) or size != entry.get("bytes"):
-            what = "truncated" if isinstance(entry, dict) and size < entry.get("bytes", 0) else "not the size written"
-            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, "
-                                               f"{entry.get('bytes') if isinstance(entry, dict) else '?'} written)")
-        if digest != entry.get("sha256"):
+        size, digest = sha256_file(path / name)  # read_manifest checked the entry: an int and a hex string
+        if size != entry["bytes"]:
+            what = "truncated" if size < entry["bytes"] else "not the size written"
+            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {entry['bytes']:,} written)")
+        if digest != entry["sha256"]:
             raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
-                                               f"{str(entry.get('sha256'))[:16]}… written): it was altered or "
+                                               f"{entry['sha256'][:16]}… written): it was altered or "
                                                "damaged after it was saved")
     if STATE in files and (only is None or STATE in only):
         _refuse_globals(path / STATE)
@@ -227,10 +260,78 @@ def _torch_load(path: Path) -> Any:
 
 @contextlib.contextmanager
 def _quiet():
-    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent."""
+    """DCP in one process warns that it "assumes the intent" to save or load locally: it is the intent. (On a
+    writer thread the checkpointer filtered it for the process: ``catch_warnings`` is not thread-safe.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def _failed_rank(exc: BaseException, rank: int) -> int:
+    """The rank whose disk failed: DCP reports one rank's failure on every rank (its ``CheckpointException``
+    maps each failed rank to its exception); ``rank`` when it names none."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        failed = sorted(r for r, f in failures.items()
+                        if isinstance(r, int) and os_error_in(f[0] if isinstance(f, tuple) and f else f) is not None)
+        if failed:
+            return failed[0]
+    return rank
+
+
+# ----------------------------------------------------------------------------- saving in two halves
+@dataclass
+class Snapshot:
+    """A checkpoint's content, taken at one step (:meth:`CheckpointStore.snapshot`), not yet written."""
+
+    step: int
+    rank: int
+    world: int
+    sharded: dict[str, Any]
+    """Name -> DCP state dict (every rank writes its shards)."""
+    per_rank: dict[str, Any]
+    """Name -> this rank's state (gathered to rank 0)."""
+    plain: dict[str, Any]
+    """Name -> state (rank 0's; empty elsewhere)."""
+    meta: dict[str, Any]
+    ready: list = field(default_factory=list)
+    """CUDA events after the staging copies (:func:`~multigpu.checkpoint.staging.landed`); empty: nothing to wait."""
+
+
+class Exchange:
+    """The collectives a write coordinates the ranks with: the job's own (``group=None``: multigpu's collectives
+    on the default group, named in errors and timed into the step) or those of a process group of its own,
+    called with ``torch.distributed`` directly (a background writer: its messages never pair with the main
+    thread's on the default group, and its time is not the step's)."""
+
+    def __init__(self, group: Any = None):
+        self.group = group
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.broadcast_object(obj)
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0 (None elsewhere)."""
+        if self.group is None:
+            from multigpu.runtime import collectives
+
+            return collectives.gather(obj, dst=0)
+        import torch.distributed as dist
+
+        parts = [None] * dist.get_world_size(self.group) if dist.get_rank(self.group) == 0 else None
+        dist.gather_object(obj, parts, dst=0, group=self.group)
+        return parts
 
 
 # ----------------------------------------------------------------------------- the store
@@ -249,41 +350,78 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.warn = warn or _warn
+        self._verified: dict[Path, tuple] = {}  # folder -> what its files looked like when it last verified
+        self._named: set[Path] = set()  # folders rotation left alone and already said so
+        self.skipped: list[tuple[Path, str]] = []  # what the last latest() skipped, and why
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"{PREFIX}{int(step):08d}"
 
-    def folders(self) -> list[Path]:
-        """Complete checkpoint folders (with a manifest), oldest step first."""
+    def _step_folders(self) -> list[Path]:
+        """Every ``step_<n>`` folder, oldest step first (complete or not, valid or not)."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and is_checkpoint(p)]
+        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir() and not p.is_symlink()]
         return sorted(found, key=lambda p: int(_STEP.match(p.name)[1]))
+
+    def own_problem(self, path: Path) -> str | None:
+        """What makes folder ``path`` not a checkpoint of this store's layout (None: it is one). Its manifest
+        must check out (:func:`read_manifest`) and record the step its folder is named after; the checksums are
+        not compared here."""
+        try:
+            manifest = read_manifest(path)
+        except CorruptCheckpointError as exc:
+            return exc.reason
+        if manifest["step"] != int(_STEP.match(path.name)[1]):
+            return f"its {MANIFEST} records step {manifest['step']}, not the step its folder is named after"
+        return None
+
+    def folders(self) -> list[Path]:
+        """This store's checkpoint folders (a manifest of its layout naming the folder's step; checksums not
+        compared), oldest step first."""
+        return [p for p in self._step_folders() if self.own_problem(p) is None]
 
     # ------------------------------------------------------------------ reading
     def verify(self, path: str | Path) -> dict[str, Any]:
         """:func:`verify`: the manifest once every file checks out (bytes only)."""
         return verify(path)
 
-    def latest(self) -> Path | None:
-        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
-        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+    def scan(self, *, checksums: bool = True) -> Scan:
+        """The newest ``step_*`` folder that verifies, and why each newer one cannot be used (newest first;
+        when none verifies: every folder's reason). Warns nothing; local, bytes only.
+
+        ``checksums=False``: its manifest and the files it lists are there, their bytes not read (the launcher's
+        look ahead; the ranks compare every checksum).
 
         Raises:
             OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
         """
-        found = [p for p in self.directory.iterdir() if _STEP.match(p.name) and p.is_dir()] \
-            if self.directory.is_dir() else []
-        for path in sorted(found, key=lambda p: int(_STEP.match(p.name)[1]), reverse=True):
+        unusable: list[tuple[Path, str]] = []
+        for path in reversed(self._step_folders()):
             try:
-                verify(path)
-                return path
+                verify(path, only=None if checksums else ())
+                return Scan(path, unusable)
             except CorruptCheckpointError as exc:
-                self.warn(f"skipping {exc}")
+                unusable.append((path, exc.reason))
         what = old_layout(self.directory)
         if what is not None:
             raise _old_layout_error(self.directory, what)
-        return None
+        return Scan(None, unusable)
+
+    def latest(self, *, checksums: bool = True) -> Path | None:
+        """The newest checkpoint that verifies, else None; each one skipped is warned with its reason (a
+        ``step_*`` folder without a manifest too: saves write a hidden folder until complete). Local.
+        ``self.skipped`` keeps why each was skipped, newest first (:meth:`scan` says it without warning).
+        ``checksums``: as :meth:`scan`'s.
+
+        Raises:
+            OldLayoutError: there is none, but the folder holds checkpoints of an earlier layout.
+        """
+        found, unusable = self.scan(checksums=checksums)
+        self.skipped = unusable
+        for path, reason in unusable:
+            self.warn(f"skipping checkpoint {path} (unusable: {reason})")
+        return found
 
     def load(self, path: str | Path, into: dict[str, Any]) -> dict[str, Any]:
         """Restore the parts of ``into`` from checkpoint ``path``. Call on all ranks.
@@ -339,7 +477,7 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None) -> Path:
-        """Write checkpoint ``step`` of ``state`` (see the module docstring). Call on all ranks.
+        """Write checkpoint ``step`` of ``state`` now (see the module docstring). Call on all ranks.
 
         ``meta``: plain JSON values recorded in the manifest, read without unpickling anything (the
         launcher checks a resume against them).
@@ -348,48 +486,82 @@ class CheckpointStore:
             CheckpointWriteError: on every rank, when a rank could not write (disk full, permission);
                 the previous checkpoints are intact and no temporary folder is left.
         """
-        from multigpu.runtime import collectives, group
+        return self.write(self.snapshot(step, state, meta=meta))
+
+    def snapshot(self, step: int, state: dict[str, Any], *, meta: dict[str, Any] | None = None,
+                 stager: Stager | None = None) -> Snapshot:
+        """What checkpoint ``step`` will hold: every part's state, taken now (the sharded parts first, then the
+        others). Local: no collective, nothing written.
+
+        ``stager``: copy it into host memory (:mod:`~multigpu.checkpoint.staging`), so that :meth:`write` can
+        run on another thread while the run changes the live state; None: the live state itself (write at once).
+        """
+        from multigpu.runtime import group
 
         many = group.is_initialized() and group.world_size() > 1
         rank, world = (group.rank(), group.world_size()) if many else (0, 1)
-        final = self.path_for(step)
+        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
+        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
+        plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))} \
+            if rank == 0 else {}  # written by rank 0 only
+        meta = dict(meta or {})
+        ready: list = []
+        if stager is not None:
+            if sharded:
+                sharded = stager.stage_sharded(sharded)
+            # the device copies only queued: the writer waits for them (ready), the run goes on at once
+            copied, ready = stager.stage({"per_rank": per_rank, "plain": plain, "meta": meta}, wait=False)
+            per_rank, plain, meta = copied["per_rank"], copied["plain"], copied["meta"]
+        return Snapshot(int(step), rank, world, sharded, per_rank, plain, meta, ready)
+
+    def write(self, snap: Snapshot, exchange: Exchange | None = None) -> Path:
+        """Write ``snap`` as ``step_<n>/``: the temporary folder, every rank's DCP shards, rank 0's ``state.pt``
+        and manifest, the rename, the rotation. Call on all ranks, on one thread each.
+
+        ``exchange``: the collectives it coordinates the ranks with (default: the job's own, on the calling
+        thread; a background writer passes a process group of its own, :class:`Exchange`).
+
+        Raises:
+            CheckpointWriteError: on every rank, when a rank could not write; see :meth:`save`.
+        """
+        exchange = exchange or Exchange()
+        landed(snap.ready)  # the staged copies from the GPU are in host memory
+        rank, many = snap.rank, snap.world > 1
+        final = self.path_for(snap.step)
         tmp = self.directory / f".{final.name}.tmp"
         failure = None
         if rank == 0:
             failure = self._begin(tmp)
         if many:
-            failure = collectives.broadcast_object(failure)
+            failure = exchange.broadcast(failure)
         if failure is not None:
             raise CheckpointWriteError(failure)
-        sharded = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, Sharded)}
         mine: dict[str, dict[str, Any]] = {}
-        if sharded:
+        if snap.sharded:
             import torch.distributed.checkpoint as dcp
 
             try:
-                with _quiet():
-                    dcp.save(sharded, checkpoint_id=str(tmp))
+                with _quiet():  # the files fsynced below, each while it is read back and hashed
+                    dcp.save(snap.sharded, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=False),
+                             process_group=exchange.group)
                 names = list(tmp.glob(f"__{rank}_*.distcp")) + ([tmp / ".metadata"] if rank == 0 else [])
-                mine = {p.name: dict(zip(("bytes", "sha256"), sha256_file(p), strict=True)) for p in names}
+                mine = {p.name: dict(zip(("bytes", "sha256"), synced_digest(p), strict=True)) for p in names}
             except BaseException as exc:  # DCP's CheckpointException is a BaseException, not an Exception
                 cause = os_error_in(exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else None
                 if cause is None:  # only a disk's failure is reported; the rest re-raised
                     raise
-                failure = f"rank {rank}: {describe_os_error(cause)}"
-        per_rank = {name: _state_of(p.part) for name, p in state.items() if isinstance(p, PerRank)}
-        if many:
-            parts = collectives.gather({"files": mine, "failure": failure, "per_rank": per_rank}, dst=0)
-        else:
-            parts = [{"files": mine, "failure": failure, "per_rank": per_rank}]
+                failure = f"rank {_failed_rank(exc, rank)}: {describe_os_error(cause)}"
+        mine_all = {"files": mine, "failure": failure, "per_rank": snap.per_rank}
+        parts = exchange.gather(mine_all) if many else [mine_all]
         if rank == 0:
             failure = next((p["failure"] for p in parts if p["failure"]), None)
             if failure is None:
-                plain = {name: _state_of(p) for name, p in state.items() if not isinstance(p, (Sharded, PerRank))}
-                plain.update({name: [p["per_rank"][name] for p in parts] for name in per_rank})
+                plain = dict(snap.plain)
+                plain.update({name: [p["per_rank"][name] for p in parts] for name in snap.per_rank})
                 files: dict[str, Any] = {}
                 for p in parts:
                     files.update(p["files"])
-                failure = self._finish(tmp, final, step, world, plain, files, meta or {})
+                failure = self._finish(tmp, final, snap.step, snap.world, plain, files, snap.meta)
             if failure is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 previous = [p.name for p in self.folders() if p != final]
@@ -397,7 +569,7 @@ class CheckpointStore:
                     "no earlier checkpoint exists"
                 failure = f"could not write checkpoint {final}: {failure}; {intact}"
         if many:
-            failure = collectives.broadcast_object(failure)  # also the sync point: all ranks see the folder
+            failure = exchange.broadcast(failure)  # also the sync point: all ranks see the folder
         if failure is not None:
             raise CheckpointWriteError(failure)
         return final
@@ -433,6 +605,61 @@ class CheckpointStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             return describe_os_error(cause)
-        for old in self.folders()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._verified[final] = _look(final)  # its checksums were computed from the bytes just written
+        self._rotate(final)
         return None
+
+    def _rotate(self, final: Path) -> None:
+        """Delete this store's checkpoints older than the newest ``keep_last`` valid ones (``final``, just written,
+        is one of them and is never deleted; nor is a folder of a higher step). A checkpoint counts only if it
+        verifies, as resume would use it, and only a folder of this store's layout is deleted: one it does not
+        understand (a stray or planted ``step_*/manifest.json``) is left alone and named once."""
+        valid_newer = 0
+        for path in reversed(self._step_folders()):
+            if path == final:
+                valid_newer += 1
+                continue
+            problem = self.own_problem(path)
+            if problem is not None:
+                if path not in self._named and (path / MANIFEST).exists():  # a save in progress has no manifest
+                    self._named.add(path)
+                    self.warn(f"checkpoint rotation: {path} is left alone ({problem}, so it is not a checkpoint "
+                              "this run wrote and it is never deleted; remove it yourself if it is not needed)")
+                continue
+            if int(_STEP.match(path.name)[1]) < int(_STEP.match(final.name)[1]) and valid_newer >= self.keep_last:
+                shutil.rmtree(path, ignore_errors=True)
+                self._verified.pop(path, None)
+            elif self._is_valid(path):
+                valid_newer += 1
+
+    def _is_valid(self, path: Path) -> bool:
+        """Whether ``path`` verifies; a folder whose files are unchanged since it last did is not hashed again."""
+        look = _look(path)
+        if self._verified.get(path) == look:
+            return True
+        try:
+            verify(path)
+        except CorruptCheckpointError:
+            return False
+        self._verified[path] = look
+        return True
+
+
+class Scan(NamedTuple):
+    """What :meth:`CheckpointStore.scan` found: the checkpoint to use, and each newer one's reason it is unusable."""
+
+    found: Path | None
+    unusable: list[tuple[Path, str]]
+
+
+def describe_unusable(unusable: list[tuple[Path, str]]) -> str:
+    """``step_a: reason; step_b: reason`` (one line, the folders by name) for a message about :meth:`~CheckpointStore.scan`."""
+    return "; ".join(f"{path.name}: {reason}" for path, reason in unusable)
+
+
+def _look(path: Path) -> tuple:
+    """The name, size and modification time of every file in ``path``: what a change to it would alter."""
+    try:
+        return tuple(sorted((p.name, st.st_size, st.st_mtime_ns) for p in path.iterdir() for st in [p.stat()]))
+    except OSError:
+        return ()

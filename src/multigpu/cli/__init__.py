@@ -65,7 +65,7 @@ def build_parser(only: str | None = None) -> ArgumentParser:
 
             workload = builtin(name)
             command = add_workload_parser(sub, workload)
-            command.set_defaults(_run=functools.partial(run_command, workload))
+            command.set_defaults(_run=functools.partial(run_command, workload), _workload=workload)
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
@@ -99,7 +99,13 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``multigpu`` console script. Returns the exit code."""
+    """Entry point of the ``multigpu`` console script. Returns the exit code.
+
+    ``--debug`` counts only where it is ours: after a script it is the script's argument.
+    """
+    from multigpu import _startup
+    from multigpu.cmdline import split_script_args
+
     if argv is None:  # this process was started for this command (the console script, python -m multigpu)
         # what is imported by now (torch) lives as long as the process: frozen, the collections at its exit skip
         # it (~0.4 CPU-seconds after a job ended)
@@ -108,31 +114,70 @@ def main(argv: Sequence[str] | None = None) -> int:
             from multigpu.launch import forkserver
 
             forkserver.start()  # the workers' copy of this process, taken before anything else happens here
+    _startup.restore()  # a Ctrl-C from here on is KeyboardInterrupt, answered below with one line
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(envvars.DEBUG) == "1"
-    if debug and os.environ.get(envvars.DEBUG) != "1":
-        os.environ[envvars.DEBUG] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
-        try:
-            return main(argv)
-        finally:
-            os.environ.pop(envvars.DEBUG, None)
+    debug = os.environ.get(envvars.DEBUG) == "1"
     try:
         args = parse(build_parser(_command_of(argv)), argv)
+    except MultigpuError as exc:
+        return _failed(exc, debug or "--debug" in argv)
+    ours, theirs = split_script_args(args, argv)
+    if "--debug" in ours and not debug:
+        os.environ[envvars.DEBUG] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
+        try:
+            return _run(args, ours, theirs, debug=True)
+        finally:
+            os.environ.pop(envvars.DEBUG, None)
+    return _run(args, ours, theirs, debug=debug)
+
+
+def print_job_file(args: argparse.Namespace, ours: list[str], theirs: list[str] = ()) -> bool:
+    """``--print-sbatch`` / ``--print-k8s``: print the job file for this command (nothing is launched) and say
+    True; else False. ``ours``: the command line up to the script; ``theirs``: the script's arguments."""
+    from multigpu.launch.flags import scheduler_file
+
+    script = scheduler_file(args, [a for a in ours if a != "--debug"], list(theirs))
+    if script is None:
+        return False
+    if args.print_k8s:  # it holds the job's rendezvous secret: a file it is written to is this user's only
+        _private_stdout()
+    print(script, end="")
+    return True
+
+
+def _private_stdout() -> None:
+    """Make standard output this user's only (0600) when it is a regular file of theirs (``> job.yaml``)."""
+    import stat
+
+    try:
+        info = os.fstat(sys.stdout.fileno())
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+            os.fchmod(sys.stdout.fileno(), 0o600)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured output): nothing to protect
+        pass
+
+
+def _failed(exc: MultigpuError, debug: bool) -> int:
+    if debug:
+        raise exc
+    print(f"error: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
+def _run(args: argparse.Namespace, ours: list[str], theirs: list[str], *, debug: bool) -> int:
+    try:
         if getattr(args, "_run", None) is None:
             build_parser().print_help()
             return 2
-        from multigpu.launch.flags import scheduler_file
-
-        script = scheduler_file(args, [a for a in argv if a != "--debug"])
-        if script is not None:  # --print-sbatch / --print-k8s: the job file for this command, nothing launched
-            print(script, end="")
+        if print_job_file(args, ours, theirs):
             return 0
-        return int(args._run(args) or 0)
+        from multigpu.files import private_files
+
+        args._argv = [a for a in ours if a != "--debug"] + theirs  # the command as typed (a resume line repeats it)
+        with private_files():  # what the command and its ranks write is this user's only (0700 / 0600)
+            return int(args._run(args) or 0)
     except MultigpuError as exc:
-        if debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _failed(exc, debug)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

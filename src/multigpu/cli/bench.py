@@ -124,6 +124,7 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
         resolve_link,
     )
     from multigpu.bench.runner import save_plot
+    from multigpu.bench.table import distrust
     from multigpu.errors import ConfigError
     from multigpu.monitor import write_json_atomic
 
@@ -152,7 +153,10 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
         raise ConfigError(f"{e} (the measured runs are in {out / 'bench.json'})") from e
     if sweep:
         result["prediction"]["ping_pong_one_way_s"] = sweep  # by message bytes: where alpha and beta came from
-    if result.get("plot"):
+    reasons = distrust(result["rows"], result["prediction"]["fit_on"], cpu_ranks=cpu_ranks)
+    if reasons:  # kept in bench.json, marked; printed struck out; not drawn as if it were a prediction
+        result["prediction"]["distrusted"] = reasons
+    elif result.get("plot"):
         save_plot(result, out)  # bench.png again, now with the predicted sizes and the assumptions' caption
     write_json_atomic(out / "bench.json", result)
     print_prediction(result["prediction"])
@@ -167,7 +171,9 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
 
     out = out or console()
     fit = ", ".join(map(str, pred["fit_on"]))
-    table = Table(title=f"predicted (fitted on {fit} rank(s); {pred['link']['name']})")
+    distrusted = pred.get("distrusted") or []
+    table = Table(title=f"predicted (fitted on {fit} rank(s); {pred['link']['name']})"
+                        + (": NOT A PREDICTION, its runs are not trusted" if distrusted else ""))
     # "cores": waiting for this host's cores (ranks beyond them), shown where the model has it
     parts = ["compute", "imbalance", "latency", "bandwidth"] + (["cores"] if any(r.get("cores_s") for r in
                                                                                  pred["rows"]) else [])
@@ -178,8 +184,12 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
                       f"{r['efficiency']:.0%}", *(f"{r[k + '_s'] * 1e3:.2f}" for k in parts),
                       r["bottleneck"], shown(None if r["measured_step_time_s"] is None
                                              else r["measured_step_time_s"] * 1e3, ".2f"),
-                      shown(r["error"], "+.0%"))
+                      shown(r["error"], "+.0%"), style="strike dim" if distrusted else None)
     out.print(table)
+    if distrusted:
+        out.print(f"[bold yellow]not a prediction: the runs it is fitted on cannot be trusted "
+                  f"({escape('; '.join(distrusted))}). Rerun with --repeat 3 (world sizes alternate) on a quieter "
+                  "machine, then predict.[/bold yellow]", highlight=False)
     out.print("assumptions:", highlight=False)
     for line in pred["assumptions"]:
         out.print(f"  - {escape(line)}", highlight=False)

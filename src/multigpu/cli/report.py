@@ -26,5 +26,9 @@ def run(args: argparse.Namespace) -> int:
         path = write_report(args.run_dir, args.output)
     except ImportError as exc:
         raise ConfigError(str(exc)) from None
+    if args.output is not None:
+        from multigpu.files import user_made
+
+        user_made(path)  # a file the user named gets their umask's mode (the command runs under 0077)
     print(f"report: {path}")
     return 0

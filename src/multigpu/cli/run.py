@@ -37,4 +37,10 @@ def run(args: argparse.Namespace) -> int:
     sub = parser.add_subparsers(dest="command", parser_class=ArgumentParser)
     add_workload_parser(sub, workload, name=args.workload)
     inner = parse(parser, [args.workload, *args.args])
+    inner._workload = workload
+    inner._argv = ["run", args.workload, *args.args]
+    from multigpu.cli import print_job_file
+
+    if print_job_file(inner, ["run", args.workload, *args.args]):
+        return 0
     return run_command(workload, inner, spec=args.workload)

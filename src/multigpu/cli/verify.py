@@ -6,14 +6,20 @@
     multigpu verify train --nproc 1,2 -f nano eval_every=20       # after a workload: its command line, in any order
 
 The script names its results with ``mg.verify.record(name, value)``; each run
-gets its own verify folder in its run context (``<run-dir>/np<N>``), and every result is
-compared with the smallest world size's. Exit code 1 when any result differs
-beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference.
+gets its own verify folder in its run context (``<run-dir>/np<N>``) and its run folder
+(``<run-dir>/runs/np<N>``: a workload's outputs, the logs), and every result is
+compared with the smallest world size's. Without ``--run-dir`` all of it is in a temporary
+folder, removed afterwards (kept, and named, when a run failed). Exit code 1 when any result differs
+beyond ``--atol``/``--rtol`` (default 0: exact), naming it and the difference, then the script's lines that
+likely cause it. Every world size runs with the same threads per rank (the cores over the largest size, unless
+``--threads``): a kernel whose float result depends on its thread count must not pass for a dependence on
+the world size.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -62,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     from multigpu.cli.workload_line import merge_workload_line, require_nproc, target_from_args
     from multigpu.errors import ConfigError, MultigpuError
     from multigpu.launch.flags import config_from_args
-    from multigpu.verify import load_results
     from multigpu.verify.compare import compare, tolerance_hint
 
     merge_workload_line(args, "verify", add_own_flags)
@@ -73,26 +78,26 @@ def run(args: argparse.Namespace) -> int:
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
     from multigpu.jobs import rundir
-    from multigpu.runtime.context import RunContext
 
-    launch_cfg = config_from_args(args)
+    asked = config_from_args(args)
+    launch_cfg = same_threads(asked, sizes)
     target = target_from_args(args, launch_cfg)
     launcher = Launcher(target, configs_for(launch_cfg, sizes))
     if args.run_dir:
         rundir.refuse_used(args.run_dir, hint="give a new folder")
         rundir.check_free_space(args.run_dir)
-    with tempfile.TemporaryDirectory(prefix="multigpu_verify_") as tmp, \
-            rundir.hold(args.run_dir or tmp, fresh_only=True, hint="give a new folder"):
-        root = Path(args.run_dir) if args.run_dir else Path(tmp)
-        results = {}
-        for n in sizes:
-            folder = root / f"np{n}"
-            print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
-            # with --run-dir a script's run (its logs, kept after a failure) lives in its own folder there,
-            # not in a temporary multigpu_logs_* folder elsewhere
-            run_dir = str((root / "runs" / f"np{n}").resolve()) if args.run_dir and not target.workload else None
-            launcher(n, RunContext(verify_dir=str(folder.resolve()), run_dir=run_dir))
-            results[n] = load_results(folder) if folder.is_dir() else {}
+    if launch_cfg.threads != asked.threads:  # chosen here: said once the command is valid
+        print(f"multigpu verify: {launch_cfg.threads} thread(s) per rank at every world size (--threads to choose)",
+              file=sys.stderr, flush=True)
+    root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_verify_"))
+    try:
+        results = _run_sizes(launcher, sizes, root)
+    except BaseException:
+        if not args.run_dir:  # its logs are what the error names: kept
+            print(f"multigpu verify: its runs are kept in {root}", file=sys.stderr)
+        raise
+    if not args.run_dir:
+        shutil.rmtree(root, ignore_errors=True)
     if not any(results.values()):
         raise MultigpuError(f"{args.target} recorded no result at any world size: "
                             "call mg.verify.record(name, value) for what should not depend on the world size")
@@ -103,12 +108,67 @@ def run(args: argparse.Namespace) -> int:
         first = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         hint = tolerance_hint(failed)
+        if hint is None:
+            _print_causes(target)
         hint = f"; it would pass with {hint}" if hint else ""
         raise MultigpuError(f"verify failed: {first.describe()} (atol {args.atol:g}, rtol {args.rtol:g}){more}{hint}")
     names = sorted({c.name for c in comparisons})
     print(f"verify passed: {len(names)} result(s) equal at {', '.join(map(str, sizes))} ranks "
           f"(atol {args.atol:g}, rtol {args.rtol:g})")
     return 0
+
+
+def same_threads(cfg, sizes: tuple[int, ...]):
+    """The launch config with one thread count per rank for every world size (unless ``--threads`` or
+    ``OMP_NUM_THREADS`` gives one): the cores over the largest size. The float result of some kernels (oneDNN's
+    convolutions on some CPUs) depends on how many threads split its sums; with the cores // N of each size, that
+    would pass for a dependence on the world size."""
+    import dataclasses
+    import os
+
+    from multigpu.runtime.env import cpu_count
+
+    if cfg.threads is not None or os.environ.get("OMP_NUM_THREADS"):
+        return cfg
+    return dataclasses.replace(cfg, threads=max(1, cpu_count() // max(sizes)))
+
+
+def _print_causes(target) -> None:
+    """After a FAIL beyond float noise: the script's lines that make a result depend on the world size, else what
+    to check."""
+    from multigpu.verify.causes import CHECKS, likely_causes
+
+    causes = []
+    if not target.workload and not target.module:
+        try:
+            causes = likely_causes(Path(target.target).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            causes = []
+    if causes:
+        print(f"likely causes, seen in {target.target}:")
+        for cause in causes:
+            print(f"  - {cause.describe(target.target)}")
+    else:
+        print("what to check (no line of the script shows a cause):" if not target.workload else "what to check:")
+        for check in CHECKS:
+            print(f"  - {check}")
+
+
+def _run_sizes(launcher, sizes: tuple[int, ...], root: Path) -> dict[int, dict]:
+    """Run at every world size, each with its verify folder ``root/np<N>`` and its run folder ``root/runs/np<N>``
+    (a workload's outputs, a script's logs); the recorded results by world size."""
+    from multigpu.jobs import rundir
+    from multigpu.runtime.context import RunContext
+    from multigpu.verify import load_results
+
+    results = {}
+    with rundir.hold(root, fresh_only=True, hint="give a new folder"):
+        for n in sizes:
+            folder = root / f"np{n}"
+            print(f"multigpu verify: {n} rank(s) -> {folder}", file=sys.stderr, flush=True)
+            launcher(n, RunContext(verify_dir=str(folder.resolve()), run_dir=str((root / "runs" / f"np{n}").resolve())))
+            results[n] = load_results(folder) if folder.is_dir() else {}
+    return results
 
 
 def _print(comparisons, atol: float, rtol: float) -> None:

@@ -27,10 +27,14 @@ from typing import Any
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.launch.devices import format_bytes
 
-__all__ = ["Figure", "Report", "dry_run", "fake_world", "plan_for"]
+__all__ = ["MAX_WORLD_SIZE", "Figure", "Report", "dry_run", "fake_world", "plan_for"]
 
 GPUS_PER_NODE = 8
 """Ranks per node assumed when ``--nproc-per-node`` gives no number."""
+
+MAX_WORLD_SIZE = 1 << 20
+"""The most ranks a dry run plans: torch's ``fake`` process group keeps an entry per rank (1,048,576 ranks took
+10 s and 450 MB here; a billion ended in a MemoryError after 27 s)."""
 
 
 @dataclass
@@ -111,6 +115,9 @@ def dry_run(workload, cfg, launch_cfg, args: argparse.Namespace) -> int:
     world_size, rank = args.world_size, args.dry_run_rank
     if world_size is None:
         raise ConfigError("--dry-run needs --world-size N (the job's ranks, e.g. 64)")
+    if world_size > MAX_WORLD_SIZE:
+        raise ConfigError(f"--world-size {world_size}: a dry run plans at most {MAX_WORLD_SIZE:,} ranks (torch's "
+                          f"process group keeps an entry per rank); valid: 1 to {MAX_WORLD_SIZE:,}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"--dry-run-rank {rank} is not a rank of {world_size}; valid: 0 to {world_size - 1}")
     limit, label = parse_device_memory(args.device_memory) if args.device_memory else (None, "")

@@ -29,14 +29,15 @@ def examine(cfg, plan, rank: int, report: Report) -> None:
     world = plan.world_size
     try:
         infos = [io.probe(p) for p in cfg.inputs] if cfg.inputs else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)]
-        roi, overlap = as_tuple(cfg.roi, 2, "roi"), as_tuple(cfg.overlap, 2, "overlap")
+        ndim = len(infos[0].size)  # 2 (images) or 3 (volumes); the workload's check refuses a mix
+        roi, overlap = as_tuple(cfg.roi, ndim, "roi"), as_tuple(cfg.overlap, ndim, "overlap")
         windows = WindowPlan([tuple(i.size) for i in infos] * plan.run.problem_scale(world), roi, overlap)
     except ConfigError as exc:
         report.errors.append(str(exc))
         return
     start, stop = windows.rank_bounds(cfg.batch_size, world)[rank]
     batches = -(-windows.num_windows // cfg.batch_size)
-    report.lines.append(f"{len(infos)} image(s), {windows.num_windows:,} windows of {roi[0]}x{roi[1]} in {batches:,} "
+    report.lines.append(f"{len(infos)} image(s), {windows.num_windows:,} windows of {'x'.join(map(str, roi))} in {batches:,} "
                         f"batches of {cfg.batch_size}; rank {rank} runs windows [{start:,}, {stop:,})")
     if batches < world:
         report.warnings.append(f"{batches:,} batches of windows for {world} ranks: {world - batches} rank(s) get "
@@ -97,7 +98,7 @@ class _LiveBytes:
         self.live -= size
 
 
-def _one_batch(cfg, batch: int, channels: int, roi: tuple[int, int]) -> tuple[int, int]:
+def _one_batch(cfg, batch: int, channels: int, roi: tuple[int, ...]) -> tuple[int, int]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from multigpu.infer.job import load_model

@@ -39,7 +39,7 @@ import torch
 
 from multigpu.errors import ConfigError
 
-__all__ = ["TorchVectorEnv", "autoreset_mode_of", "build"]
+__all__ = ["FACTORY_ARGUMENTS", "TorchVectorEnv", "autoreset_mode_of", "build"]
 
 _MODES = {"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"}  # gymnasium's AutoresetMode values
 
@@ -50,6 +50,10 @@ def autoreset_mode_of(env: Any) -> str:
     mode = getattr(env, "autoreset_mode", None) or (getattr(env, "metadata", None) or {}).get("autoreset_mode")
     mode = getattr(mode, "value", mode) or "NextStep"
     return _MODES.get(mode, mode)
+
+
+FACTORY_ARGUMENTS = ("num_envs", "env_ids", "seed", "device", "autoreset_mode", "max_episode_steps", "dtype")
+"""What :func:`build` passes an environment factory that names them (so a factory may require them)."""
 
 
 def _names(factory: Callable) -> tuple[set[str], bool]:

@@ -27,7 +27,9 @@ divides the voxel size by ``k``, keeping the volume where it was in space).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import math
 import os
 from pathlib import Path
 
@@ -66,6 +68,20 @@ def _nibabel():
     return nibabel
 
 
+@contextlib.contextmanager
+def _quiet_nibabel():
+    """nibabel, with its own logger silenced for the block: on loading a header it fixes (a zero pixdim, say) it
+    prints its own lines to stderr, before and beside ours."""
+    nib = _nibabel()
+    logger = nib.imageglobals.logger
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield nib
+    finally:
+        logger.disabled = was
+
+
 # ---- checking a file against its header (the launcher) --------------------------------------------------
 
 def _check_array(path: Path, what: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
@@ -102,7 +118,7 @@ def _probe_npy(path: Path) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - a bad magic string, header or version means the same to the user
         raise ConfigError(f"input '{path}' cannot be read as a .npy array: {exc}") from None
     size = _check_array(path, ".npy array", shape, dtype)
-    _check_length(path, ".npy array", path.stat().st_size - offset, int(np.prod(shape)) * dtype.itemsize,
+    _check_length(path, ".npy array", path.stat().st_size - offset, math.prod(shape) * dtype.itemsize,
                   f"shape {shape} {dtype}")
     return size
 
@@ -126,7 +142,8 @@ def _nifti_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _probe_nifti(path: Path) -> tuple[int, ...]:
     nib = _nibabel()
     try:
-        image = nib.load(path)
+        with _quiet_nibabel():
+            image = nib.load(path)
         header = image.header
         shape, dtype, offset = tuple(header.get_data_shape()), header.get_data_dtype(), int(image.dataobj.offset)
         if not isinstance(image, nib.Nifti1Image | nib.Nifti2Image):
@@ -146,7 +163,7 @@ def _probe_nifti(path: Path) -> tuple[int, ...]:
         stored = _gzip_length(path) if path.name.lower().endswith(".gz") else path.stat().st_size
     except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
         raise ConfigError(f"NIfTI '{path}' is truncated or corrupt: {exc}") from None
-    _check_length(path, "NIfTI", stored - offset, int(np.prod(shape)) * dtype.itemsize, f"shape {shape} {dtype}")
+    _check_length(path, "NIfTI", stored - offset, math.prod(shape) * dtype.itemsize, f"shape {shape} {dtype}")
     return size
 
 
@@ -172,7 +189,8 @@ def read(path: str | os.PathLike) -> torch.Tensor:
         array = np.load(path, mmap_mode="c", allow_pickle=False)
         _check_array(path, ".npy array", array.shape, array.dtype)
         return _as_tensor(array)
-    image = _nibabel().load(path, mmap="c")
+    with _quiet_nibabel() as nib:
+        image = nib.load(path, mmap="c")
     # unscaled: a memmap for .nii (Fortran order: torch views its strides); scaled values are computed: read whole
     unscaled = (image.dataobj.slope, image.dataobj.inter) == (1.0, 0.0)
     array = np.asanyarray(image.dataobj) if unscaled else image.get_fdata(dtype=np.float32)
@@ -193,7 +211,8 @@ def _spatial_ndim(source: Path) -> int:
     """Spatial dims of the input, from its header alone."""
     if _suffix(source) in NPY_SUFFIXES:
         return len(_npy_header(source)[0])
-    return len(_nifti_shape(tuple(_nibabel().load(source).shape)))
+    with _quiet_nibabel() as nib:
+        return len(_nifti_shape(tuple(nib.load(source).shape)))
 
 
 def write(path: str | os.PathLike, image: torch.Tensor, source: str | os.PathLike) -> None:
@@ -211,29 +230,29 @@ def write(path: str | os.PathLike, image: torch.Tensor, source: str | os.PathLik
 
 
 def _write_nifti(path: Path, array: np.ndarray, source: Path) -> None:
-    nib = _nibabel()
-    src = nib.load(source)
-    shape = tuple(src.shape)
-    spatial = array.shape[1:]
-    scale = [o // i for o, i in zip(spatial, _nifti_shape(shape), strict=True)]
-    if array.shape[0] == 1:  # the input's own shape, trailing 1s included, scaled
-        data = array[0].reshape([s * (scale[d] if d < len(scale) else 1) for d, s in enumerate(shape)])
-    else:  # channels last; a 2-D image keeps a third axis of size 1 so that channels are the 4th
-        data = np.moveaxis(array, 0, -1)
-        if len(spatial) == 2:
-            data = data[:, :, None, :]
-    header = src.header.copy()
-    header.set_data_dtype(np.float32)
-    header["cal_min"], header["cal_max"] = 0, 0  # the input's display range says nothing of the output
-    affine = src.affine.copy()
-    if any(k != 1 for k in scale):
-        k = np.array((scale + [1, 1])[:3], dtype=float)
-        # voxels k times smaller along each axis; the first voxel's centre moves so the volume's corner stays put
-        affine[:3, 3] += affine[:3, :3] @ ((1 / k - 1) / 2)
-        affine[:3, :3] = affine[:3, :3] / k
-    out = type(src)(np.ascontiguousarray(data, dtype=np.float32), affine, header)  # sets qform/sform/zooms if moved
-    out.header.set_slope_inter(1.0, 0.0)
-    blob = out.to_bytes()
+    with _quiet_nibabel() as nib:
+        src = nib.load(source)
+        shape = tuple(src.shape)
+        spatial = array.shape[1:]
+        scale = [o // i for o, i in zip(spatial, _nifti_shape(shape), strict=True)]
+        if array.shape[0] == 1:  # the input's own shape, trailing 1s included, scaled
+            data = array[0].reshape([s * (scale[d] if d < len(scale) else 1) for d, s in enumerate(shape)])
+        else:  # channels last; a 2-D image keeps a third axis of size 1 so that channels are the 4th
+            data = np.moveaxis(array, 0, -1)
+            if len(spatial) == 2:
+                data = data[:, :, None, :]
+        header = src.header.copy()
+        header.set_data_dtype(np.float32)
+        header["cal_min"], header["cal_max"] = 0, 0  # the input's display range says nothing of the output
+        affine = src.affine.copy()
+        if any(k != 1 for k in scale):
+            k = np.array((scale + [1, 1])[:3], dtype=float)
+            # voxels k times smaller along each axis; the first voxel's centre moves so the volume's corner stays put
+            affine[:3, 3] += affine[:3, :3] @ ((1 / k - 1) / 2)
+            affine[:3, :3] = affine[:3, :3] / k
+        out = type(src)(np.ascontiguousarray(data, dtype=np.float32), affine, header)  # sets qform/sform/zooms if moved
+        out.header.set_slope_inter(1.0, 0.0)
+        blob = out.to_bytes()
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         if path.name.lower().endswith(".gz"):
             with gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:  # mtime 0: the same bytes each run

@@ -100,10 +100,10 @@ class ImageInfo:
         """Peak memory of :func:`read_image` for this image: the decoded array beside the float32 result, plus
         the decoder's fixed cost.
 
-        Measured (peak RSS, ``VmHWM``, in a fresh process; tests/unit/test_infer_io.py): 15 B/px for RGB, 20 for
-        RGBA, 5 for grey, 6 for 16-bit grey, plus about 4.3 MB whatever the size (Pillow 13 and zlib paging in
-        their code and buffers on a first read: 4.3 MB over a 10x10 image). Pillow's own buffer and ``tobytes``
-        come before the result and stay below it. Counted with :data:`READ_FIXED_BYTES` and 1/4 B/px to spare.
+        Measured (peak RSS, ``VmHWM``; tests/unit/test_infer_io.py): 15 B/px for RGB, 20 for RGBA, 5 for grey, 6
+        for 16-bit grey, plus, on a process's first read, what Pillow and zlib page in of their code and buffers
+        whatever the size (1.2 to 4.3 MB, depending on the machine). Pillow's own buffer and ``tobytes`` come
+        before the result and stay below it. Counted with :data:`READ_FIXED_BYTES` and 1/4 B/px to spare.
         The old read (``astype``, then ``/ 255``, then a transposed copy) peaked at 31 B/px for RGB where the
         launcher counted 12.
         """

@@ -231,40 +231,47 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     from torch import nn
 
     import multigpu as mg
-    from multigpu.files import write_json_atomic
+    from multigpu.files import user_made, write_json_atomic
     from multigpu.infer import io
     from multigpu.infer.runner import sliding_window
     from multigpu.infer.windows import WindowPlan, as_tuple
-    from multigpu.monitor import StepMeter
+    from multigpu.run import Run
 
     torch.set_grad_enabled(False)
-    run_dir = Path(ctx.run_dir) if ctx.run_dir else Path(tempfile.mkdtemp(prefix="multigpu_infer_"))
+    # without a run directory (a caller of main() itself): one temporary folder for the job, rank 0's
+    run_dir = Path(ctx.run_dir) if ctx.run_dir else Path(mg.broadcast_object(
+        tempfile.mkdtemp(prefix="multigpu_infer_") if mg.is_main() else None))
     inputs = cfg.inputs or [_demo_input(run_dir)]
     output = cfg.output or str(run_dir / "out")
     model = load_model(cfg.model)
     if isinstance(model, nn.Module):
         model = model.to(mg.device()).eval()  # a plain callable's modules are moved by sliding_window
     images = [io.read_image(p, cfg.max_decode_ratio) for p in inputs] * ctx.problem_scale(mg.world_size())
-    meter = StepMeter.from_context("windows", ctx, total_steps=None, description="infer")
+    run = Run(ctx, unit="windows", description="infer", checkpoint_last=False)  # one pass: no checkpoints
     start = time.perf_counter()
     outputs = sliding_window(images, model, cfg.roi, cfg.overlap, cfg.batch_size, cfg.blend, cfg.precision,
-                             cfg.pad_mode, sigma_scale=cfg.sigma_scale, meter=meter, model_kwargs=cfg.call_kwargs)
+                             cfg.pad_mode, sigma_scale=cfg.sigma_scale, meter=run.meter, model_kwargs=cfg.call_kwargs)
     if outputs is not None and not isinstance(outputs[0], torch.Tensor):
         raise ConfigError("multigpu infer writes one image per input; this model returns several outputs per window "
                           "(use sliding_window from Python for those)")
     seconds = time.perf_counter() - start
+    # what `multigpu verify --nproc 1,2 infer` compares across world sizes: every output, as written (rank 0's)
+    mg.verify.record("outputs", list(outputs) if outputs is not None else None)
     written = []
     if mg.is_main():
+        named = cfg.output is not None and not Path(output).exists()  # a folder the user named: made with their umask
         Path(output).mkdir(parents=True, exist_ok=True)
         for path, out in zip(inputs, outputs, strict=False):
             target = io.output_path(output, path)
             io.write_image(target, out, source=path)
-            written.append(str(target))
+            written.append(str(user_made(target) if cfg.output is not None else target))
+        if named:
+            user_made(output)
     ndim = images[0].dim() - 2
     num_windows = WindowPlan([im.shape[2:] for im in images], as_tuple(cfg.roi, ndim, "roi"),
                              as_tuple(cfg.overlap, ndim, "overlap")).num_windows
-    summary = meter.close({"num_images": len(images), "num_windows": num_windows, "outputs": written,
-                           "total_s": seconds})
+    summary = run.close({"num_images": len(images), "num_windows": num_windows, "outputs": written,
+                         "total_s": seconds})
     if mg.is_main():
         write_json_atomic(run_dir / "outputs.json", {"outputs": written})
         print(f"[multigpu infer] {num_windows} windows of {len(images)} image(s) on {summary['world_size']} "

@@ -34,10 +34,15 @@ How the work and the output are split (windows.py numbers the windows):
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
-function of its batch (batches are the same on any number of ranks). With
-``precision="fp32"`` a single process performs MONAI's float operations in
-MONAI's order, so it matches ``monai.inferers.sliding_window_inference``
-(bitwise when the model's kernels are batch-invariant, else to float tolerance).
+function of its batch (batches are the same on any number of ranks) and of the
+threads it runs on: a kernel may split its sums over threads (oneDNN's CPU
+convolutions do on some CPUs, differing by ~1e-6), and a rank gets
+``cores // ranks per node`` threads unless ``--threads`` says otherwise. So give
+every run the same ``--threads`` (``multigpu verify`` does) where that matters.
+With ``precision="fp32"`` a single process performs MONAI's float operations in
+MONAI's order, so it matches ``monai.inferers.sliding_window_inference`` run with
+as many threads (``torch.get_num_threads()``) on the same machine: bitwise when the
+model's kernels are batch-invariant, else to float tolerance.
 """
 
 from __future__ import annotations
@@ -150,8 +155,10 @@ def _model_device(model, device) -> torch.device:
     return group.current_device()
 
 
-class _Job:
-    """One call of ``sliding_window`` on this rank."""
+class _Share:
+    """Window evaluation: this rank's windows (its contiguous share of the batches), run through the model and
+    added in window order into canvases over the box they touch. Nothing here communicates: each window output
+    another rank's voxels need is handed to ``keep(rank, index, output)`` (the exchange's)."""
 
     def __init__(self, images, model, roi, overlap, batch_size, blend, precision, pad_mode, *,
                  sigma_scale, cval, device, model_kwargs=None):
@@ -169,20 +176,7 @@ class _Job:
         self.meta: _OutMeta | None = None
         self.weights: torch.Tensor | None = None
         self.canvases: dict[int, Canvas] = {}
-        self.spill: dict[int, list[tuple[int, torch.Tensor]]] = {r: [] for r in range(self.world_size)}
         self._padded: tuple[int, torch.Tensor] | None = None
-        self.last = self.world_size - 1
-        # ranks 0..last-1 take the last rank's data on a thread; in a group of one rank 0 is the last and takes its own
-        self.receivers = range(max(self.last, 1))
-        # CPU tensors over gloo: a receive never makes a CUDA stream wait (group.exchange_group); all ranks call it
-        self.exchange = group.exchange_group() if self.distributed else None
-        self.late_spill: list[tuple[int, torch.Tensor]] = []  # the last rank's windows, received point to point
-        self.outputs = None  # rank 0: (result, views), allocated by the receiver thread or after the exchange
-        self._receiver: threading.Thread | None = None
-        self._receiver_error: BaseException | None = None
-        self._sending: list[collectives.Pending] = []  # the last rank's sends under way
-
-    # ---- evaluating this rank's windows ---------------------------------------------------------------
 
     def num_batches(self) -> int:
         return -(-(self.stop - self.start) // self.batch_size)
@@ -222,6 +216,8 @@ class _Job:
         if item is None or self.device.type == "cpu":
             return item
         windows, x = item
+        if x.device.type != "cpu":  # cut from an image already on a GPU: nothing to pin (torch refuses to)
+            return windows, x.to(self.device, non_blocking=True)
         # pinned memory + non_blocking: the copy overlaps the model still running on the previous batch
         return windows, x.pin_memory().to(self.device, non_blocking=True)
 
@@ -245,7 +241,7 @@ class _Job:
             scale.append(o // r)
         return _OutMeta(int(out.shape[1]), tuple(scale), self.acc_dtype)
 
-    def _setup_output(self, meta: _OutMeta) -> None:
+    def setup_output(self, meta: _OutMeta) -> None:
         if self.meta is not None and self.meta != meta:
             raise ConfigError(f"the model's output changed between batches: {self.meta} then {meta}")
         self.meta = meta
@@ -266,8 +262,15 @@ class _Job:
         grid = self.plan.grids[w.image]
         return crop_mask(self.weights, grid.starts, self.roi, grid.grid_index(w.local), self.meta.scale)
 
-    def _stitch(self, windows: list[Window], out: torch.Tensor) -> None:
-        """Add each window's output in window order, and keep the ones other ranks' voxels need."""
+    def add(self, index: int, y: torch.Tensor) -> None:
+        """Add the output of window ``index``, sent by another rank, into the canvas of its image (this rank owns
+        voxels there, so its own windows made that canvas)."""
+        w = self.plan.window(index)
+        start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
+        self.canvases[w.image].add(y, self._weights_of(w), start)
+
+    def _stitch(self, windows: list[Window], out: torch.Tensor, keep: Callable[[int, int, torch.Tensor], None]) -> None:
+        """Add each window's output in window order, and hand ``keep`` the ones other ranks' voxels need."""
         z = self.meta.scale
         for w, y in zip(windows, out, strict=True):
             start = tuple(s * f for s, f in zip(w.start, z, strict=True))
@@ -275,12 +278,7 @@ class _Job:
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
                 for r in owners[owners != self.rank]:
-                    if self.rank == self.last:  # point to point now: the owner's receiver thread takes it
-                        EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
-                        self._sending += [collectives.isend(torch.tensor([w.index]), int(r), pg=self.exchange),
-                                          collectives.isend(y, int(r), pg=self.exchange)]
-                    else:
-                        self.spill[int(r)].append((w.index, y.clone()))
+                    keep(int(r), w.index, y)
 
     def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Start copying a batch's output to the host: ``(host tensor, CUDA event or None)``.
@@ -293,15 +291,16 @@ class _Job:
             return y.to("cpu", self.acc_dtype), None
         host = y.to("cpu", non_blocking=True)  # pinned (torch allocates it so for a non-blocking copy to the host)
         ready = torch.cuda.Event()
-        ready.record()
+        # on the stream the copy ran on: the output's device's, which need not be the current device
+        ready.record(torch.cuda.current_stream(y.device))
         return host, ready
 
-    def _stitch_when_ready(self, windows: list[Window], host: torch.Tensor, ready) -> None:
+    def _stitch_when_ready(self, windows: list[Window], host: torch.Tensor, ready, keep) -> None:
         if ready is not None:
             ready.synchronize()  # this batch's copy only: the next batch's model is already queued behind it
-        self._stitch(windows, host.to(self.acc_dtype))
+        self._stitch(windows, host.to(self.acc_dtype), keep)
 
-    def evaluate(self, meter: StepMeter) -> None:
+    def evaluate(self, meter: StepMeter, keep: Callable[[int, int, torch.Tensor], None]) -> None:
         """Run the model over this rank's batches and stitch the outputs, one batch behind the model.
 
         Batch k is stitched (on the host) after batch k+1's model call is queued: on a GPU the model
@@ -321,55 +320,25 @@ class _Job:
                     current = self._to_device(next(batches, None))
                 meta = self._check_output(out, x)
                 if self.meta is None or meta != self.meta:
-                    self._setup_output(meta)
+                    self.setup_output(meta)
                 queued = (windows, *self._to_host(out))
                 with _phase("blend"):
                     if behind is not None:
-                        self._stitch_when_ready(*behind)
+                        self._stitch_when_ready(*behind, keep)
                     behind = queued
                     if current is None:  # the last batch: nothing left to queue before it
-                        self._stitch_when_ready(*behind)
+                        self._stitch_when_ready(*behind, keep)
 
-    # ---- exchanging and assembling --------------------------------------------------------------------
 
-    def agree_on_output(self) -> None:
-        """Every rank learns the output channels and scale (a rank without windows never ran the model)."""
-        metas = collectives.all_gather([self.meta] if self.meta is not None else []) if self.distributed else (
-            [self.meta] if self.meta is not None else [])
-        if not metas:
-            raise ConfigError("there are no windows to evaluate")
-        if any(m != metas[0] for m in metas):
-            raise ConfigError(f"ranks disagree on the model's output (channels, scale, dtype): {metas}")
-        if self.meta is None:
-            self._setup_output(metas[0])
+class _Layout:
+    """How the output is cut for assembly: per image, slabs of rows, each cut into blocks owned by one rank (the
+    rank of its lowest covering window). The same on every rank; no communication."""
 
-    def exchange_spill(self) -> None:
-        """Send each owner the later windows that touch its voxels; it adds them in window order."""
-        if not self.distributed:
-            return
-        with _phase("spill"):
-            self._exchange_spill()
+    def __init__(self, share: _Share):
+        self.plan, self.bounds, self.acc_dtype = share.plan, share.bounds, share.acc_dtype
 
-    def _exchange_spill(self) -> None:
-        EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + sum(
-            y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
-        for dst in range(self.world_size - 2):  # ranks 1..last-1 spill through gathers (none on 2 ranks)
-            received = collectives.gather(self.spill.pop(dst), dst=dst)
-            if received is None:
-                continue
-            self._add_spill(received)
-        # the last rank's windows are the latest of all: added after the others keeps window order
-        self._add_spill(self.late_spill)
-        self.late_spill = []
-
-    def _add_spill(self, received: list[tuple[int, torch.Tensor]]) -> None:
-        for index, y in received:  # rank order, then window order within a rank = window order
-            w = self.plan.window(index)
-            start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
-            self.canvases[w.image].add(y, self._weights_of(w), start)
-
-    def _blocks(self, image: int, rows: tuple[int, int, int], z: tuple[int, ...]
-                ) -> list[tuple[tuple[tuple[int, int], ...], int]]:
+    def blocks(self, image: int, rows: tuple[int, int, int], z: tuple[int, ...]
+               ) -> list[tuple[tuple[tuple[int, int], ...], int]]:
         """The blocks of one slab (``rows`` = start, stop, grid index along dim 0) and the rank owning each."""
         grid = self.plan.grids[image]
         crop = self.plan.crop_box(image, z)
@@ -381,7 +350,7 @@ class _Job:
             out.append((((rows[0], rows[1]), *((a, b) for a, b, _ in combo)), owner))
         return out
 
-    def _slabs(self, image: int, z: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+    def slabs(self, image: int, z: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
         """Runs of output rows with one lowest covering window row, cut to at most ``_SLAB_VOXELS`` voxels."""
         crop = self.plan.crop_box(image, z)
         step = max(1, _SLAB_VOXELS // max(math.prod(b - a for a, b in crop[1:]), 1))
@@ -389,67 +358,27 @@ class _Job:
             for y in range(a, b, step):
                 yield y, min(y + step, b), i
 
-    def _view(self, image: int, out: torch.Tensor, z: tuple[int, ...]):
+    def view(self, image: int, out: torch.Tensor, z: tuple[int, ...]):
         crop = self.plan.crop_box(image, z)
 
         def view(box):
             return out[(slice(None), *(slice(a - c, b - c) for (a, b), (c, _) in zip(box, crop, strict=True)))]
         return view
 
-    def _early(self, owner: int) -> bool:
-        """Whether ``owner``'s voxels reach rank 0 point to point, right after its windows (the last rank's do)."""
-        return self.distributed and owner == self.last
-
-    def assemble(self, image: int, out: torch.Tensor | None) -> None:
-        """Fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab.
-
-        A slab is cut into blocks, each owned by one rank (``_blocks``); rank 0
-        copies its own blocks, and receives the blocks of ranks 1..last-1,
-        flattened and concatenated in rank order then block order, with one
-        ``gather`` (none where they own nothing). The last rank's blocks are
-        already there (``send_owned`` / ``receive_early``).
-        """
-        z = self.meta.scale
-        view = self._view(image, out, z) if out is not None else None
-        canvas = self.canvases.get(image)
-        for rows in self._slabs(image, z):
-            blocks = self._blocks(image, rows, z)
-            if self.rank == 0:
-                with _phase("assemble"):
-                    for box, owner in blocks:
-                        if owner == 0 and not self._early(0):  # (in a group of one, rank 0's came as the last's)
-                            canvas.blended(box, out=view(box))  # divided straight into the output
-            if any(owner > 0 and not self._early(owner) for _, owner in blocks):  # the same answer on every rank
-                with _phase("gather"):
-                    self._gather_slab(image, blocks, canvas, view)
-        self.canvases.pop(image, None)
-
-    def _gather_slab(self, image: int, blocks, canvas: Canvas | None, view) -> None:
-        """Rank 0 receives ranks 1..last-1's blocks of one slab, flattened in rank order then block order."""
-        if self.rank != 0 and not self._early(self.rank):
-            sent = self._flat_blocks(blocks, canvas, self.rank)
-        else:
-            sent = torch.empty(0, dtype=self.acc_dtype)
-        parts = collectives.gather(sent, dst=0)
-        if parts is None:
-            return
-        wanted = sorted((b for b in blocks if b[1] != 0 and not self._early(b[1])), key=lambda b: b[1])  # stable
-        self._place(image, parts, [box for box, _ in wanted], view)
-
-    def _flat_blocks(self, blocks, canvas: Canvas | None, owner: int) -> torch.Tensor:
+    def flat_blocks(self, blocks, canvas: Canvas | None, owner: int, channels: int) -> torch.Tensor:
         """``owner``'s blended blocks of one slab, flattened and concatenated, divided straight into one buffer."""
         boxes = [box for box, o in blocks if o == owner]
-        sizes = [math.prod(b - a for a, b in box) * self.meta.channels for box in boxes]
+        sizes = [math.prod(b - a for a, b in box) * channels for box in boxes]
         flat = torch.empty(sum(sizes), dtype=self.acc_dtype)
         offset = 0
         for box, n in zip(boxes, sizes, strict=True):
-            canvas.blended(box, out=flat[offset:offset + n].view(self.meta.channels, *(b - a for a, b in box)))
+            canvas.blended(box, out=flat[offset:offset + n].view(channels, *(b - a for a, b in box)))
             offset += n
         EXCHANGE_STATS["owned"] = EXCHANGE_STATS.get("owned", 0) + flat.numel() * flat.element_size()
         return flat
 
     @staticmethod
-    def _place(image: int, parts: torch.Tensor, boxes, view) -> None:
+    def place(image: int, parts: torch.Tensor, boxes, view) -> None:
         offset = 0
         for box in boxes:
             target = view(box)
@@ -459,6 +388,42 @@ class _Job:
             raise RuntimeError(f"image {image}: ranks sent {parts.numel()} values for {offset}; "
                                "every voxel must have exactly one owner")
 
+
+class _Exchange:
+    """The exchange between ranks: the later windows each owner's voxels need (its *spill*), and the last rank's
+    early path. The last rank's voxels need no other rank's windows, so it sends its spill as it evaluates and
+    then its blended voxels to rank 0, point to point; a receiver thread on ranks 0..last-1 takes them while
+    those ranks still evaluate. The others' spill goes by ``gather`` per owner once every rank is done."""
+
+    def __init__(self, share: _Share, layout: _Layout):
+        self.share, self.layout = share, layout
+        self.rank, self.world_size, self.distributed = share.rank, share.world_size, share.distributed
+        self.last = self.world_size - 1
+        # ranks 0..last-1 take the last rank's data on a thread; in a group of one rank 0 is the last and takes its own
+        self.receivers = range(max(self.last, 1))
+        # CPU tensors over gloo: a receive never makes a CUDA stream wait (group.exchange_group); all ranks call it
+        self.pg = group.exchange_group() if self.distributed else None
+        self.spill: dict[int, list[tuple[int, torch.Tensor]]] = {r: [] for r in range(self.world_size)}
+        self.late_spill: list[tuple[int, torch.Tensor]] = []  # the last rank's windows, received point to point
+        self.outputs = None  # rank 0: (result, views), allocated by the receiver thread or after the exchange
+        self._receiver: threading.Thread | None = None
+        self._receiver_error: BaseException | None = None
+        self._sending: list[collectives.Pending] = []  # the last rank's sends under way
+
+    def early(self, owner: int) -> bool:
+        """Whether ``owner``'s voxels reach rank 0 point to point, right after its windows (the last rank's do)."""
+        return self.distributed and owner == self.last
+
+    def keep(self, owner: int, index: int, y: torch.Tensor) -> None:
+        """Window ``index``'s output ``y``, which rank ``owner``'s voxels need: the last rank sends it now (the
+        owner's receiver thread takes it), the others keep a copy for the exchange after evaluation."""
+        if self.rank == self.last:
+            EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
+            self._sending += [collectives.isend(torch.tensor([index]), owner, pg=self.pg),
+                              collectives.isend(y, owner, pg=self.pg)]
+        else:
+            self.spill[owner].append((index, y.clone()))
+
     # ---- the last rank, point to point: its spill and its voxels go out as soon as it has them ------------
 
     def send_owned(self) -> None:
@@ -467,23 +432,25 @@ class _Job:
         Its voxels need nothing from any other rank (every window covering them is
         its own), so they are final now, while rank 0 may still be evaluating.
         """
+        meta = self.share.meta
         for r in self.receivers:
-            self._sending.append(collectives.isend(torch.tensor([-1]), r, pg=self.exchange))
-        z = self.meta.scale if self.meta is not None else ()
-        header = [self.meta.channels, *z] if self.meta is not None else []
-        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0, pg=self.exchange))
+            self._sending.append(collectives.isend(torch.tensor([-1]), r, pg=self.pg))
+        z = meta.scale if meta is not None else ()
+        header = [meta.channels, *z] if meta is not None else []
+        self._sending.append(collectives.isend(torch.tensor(header, dtype=torch.int64), 0, pg=self.pg))
         for pending in self._sending:  # the window outputs they hold are freed as they arrive
             pending.wait()
         self._sending = []
-        if self.meta is None:
+        if meta is None:
             return  # no windows here: it owns no voxel
         previous = None  # at most two slabs in flight: one blended while the other travels
-        for image in range(len(self.images)):
-            canvas = self.canvases.get(image)
-            for rows in self._slabs(image, z):
-                blocks = self._blocks(image, rows, z)
+        for image in range(len(self.share.images)):
+            canvas = self.share.canvases.get(image)
+            for rows in self.layout.slabs(image, z):
+                blocks = self.layout.blocks(image, rows, z)
                 if any(o == self.rank for _, o in blocks):
-                    pending = collectives.isend(self._flat_blocks(blocks, canvas, self.rank), 0, pg=self.exchange)
+                    flat = self.layout.flat_blocks(blocks, canvas, self.rank, meta.channels)
+                    pending = collectives.isend(flat, 0, pg=self.pg)
                     if previous is not None:
                         previous.wait()
                     previous = pending
@@ -505,23 +472,23 @@ class _Job:
 
     def _receive_early(self, allocate) -> None:
         while True:
-            index = int(collectives.recv(self.last, pg=self.exchange).item())
+            index = int(collectives.recv(self.last, pg=self.pg).item())
             if index < 0:
                 break
-            self.late_spill.append((index, collectives.recv(self.last, pg=self.exchange)))
+            self.late_spill.append((index, collectives.recv(self.last, pg=self.pg)))
         if self.rank != 0:
             return
-        header = collectives.recv(self.last, pg=self.exchange).tolist()
+        header = collectives.recv(self.last, pg=self.pg).tolist()
         if not header:
             return
-        meta = _OutMeta(header[0], tuple(header[1:]), self.acc_dtype)
+        meta = _OutMeta(header[0], tuple(header[1:]), self.share.acc_dtype)
         self.outputs = allocate(meta)
         for image, out in enumerate(self.outputs[1]):
-            view = self._view(image, out, meta.scale)
-            for rows in self._slabs(image, meta.scale):
-                boxes = [box for box, o in self._blocks(image, rows, meta.scale) if o == self.last]
+            view = self.layout.view(image, out, meta.scale)
+            for rows in self.layout.slabs(image, meta.scale):
+                boxes = [box for box, o in self.layout.blocks(image, rows, meta.scale) if o == self.last]
                 if boxes:
-                    self._place(image, collectives.recv(self.last, pg=self.exchange), boxes, view)
+                    self.layout.place(image, collectives.recv(self.last, pg=self.pg), boxes, view)
 
     def finish_receiving(self) -> None:
         if self._receiver is not None:
@@ -529,6 +496,70 @@ class _Job:
             self._receiver = None
         if self._receiver_error is not None:
             raise self._receiver_error
+
+    # ---- after every rank's windows -------------------------------------------------------------------
+
+    def agree_on_output(self) -> None:
+        """Every rank learns the output channels and scale (a rank without windows never ran the model)."""
+        meta = self.share.meta
+        metas = collectives.all_gather([meta] if meta is not None else []) if self.distributed else (
+            [meta] if meta is not None else [])
+        if not metas:
+            raise ConfigError("there are no windows to evaluate")
+        if any(m != metas[0] for m in metas):
+            raise ConfigError(f"ranks disagree on the model's output (channels, scale, dtype): {metas}")
+        if meta is None:
+            self.share.setup_output(metas[0])
+
+    def exchange_spill(self) -> None:
+        """Send each owner the later windows that touch its voxels; it adds them in window order."""
+        if not self.distributed:
+            return
+        with _phase("spill"):
+            EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + sum(
+                y.numel() * y.element_size() for r in self.spill.values() for _, y in r)
+            for dst in range(self.world_size - 2):  # ranks 1..last-1 spill through gathers (none on 2 ranks)
+                received = collectives.gather(self.spill.pop(dst), dst=dst)
+                if received is None:
+                    continue
+                for index, y in received:  # rank order, then window order within a rank = window order
+                    self.share.add(index, y)
+            # the last rank's windows are the latest of all: added after the others keeps window order
+            for index, y in self.late_spill:
+                self.share.add(index, y)
+            self.late_spill = []
+
+
+def _assemble(share: _Share, layout: _Layout, exchange: _Exchange, image: int, out: torch.Tensor | None) -> None:
+    """Assembly: fill ``out`` (rank 0's ``(C, *size)`` view of the output) from every rank, slab by slab.
+
+    A slab is cut into blocks, each owned by one rank (:meth:`_Layout.blocks`); rank 0 copies its own blocks,
+    and receives the blocks of ranks 1..last-1, flattened and concatenated in rank order then block order,
+    with one ``gather`` (none where they own nothing). The last rank's blocks are already there
+    (``send_owned`` / the receiver thread).
+    """
+    z, channels = share.meta.scale, share.meta.channels
+    view = layout.view(image, out, z) if out is not None else None
+    canvas = share.canvases.get(image)
+    for rows in layout.slabs(image, z):
+        blocks = layout.blocks(image, rows, z)
+        if share.rank == 0:
+            with _phase("assemble"):
+                for box, owner in blocks:
+                    if owner == 0 and not exchange.early(0):  # (in a group of one, rank 0's came as the last's)
+                        canvas.blended(box, out=view(box))  # divided straight into the output
+        if any(owner > 0 and not exchange.early(owner) for _, owner in blocks):  # the same answer on every rank
+            with _phase("gather"):  # rank 0 receives ranks 1..last-1's blocks, in rank order then block order
+                if share.rank != 0 and not exchange.early(share.rank):
+                    sent = layout.flat_blocks(blocks, canvas, share.rank, channels)
+                else:
+                    sent = torch.empty(0, dtype=share.acc_dtype)
+                parts = collectives.gather(sent, dst=0)
+                if parts is not None:
+                    wanted = sorted((b for b in blocks if b[1] != 0 and not exchange.early(b[1])),
+                                    key=lambda b: b[1])  # stable
+                    layout.place(image, parts, [box for box, _ in wanted], view)
+    share.canvases.pop(image, None)
 
 
 def sliding_window(
@@ -600,30 +631,35 @@ def sliding_window(
     packed = _Packed(model)
     if device is None and not isinstance(model, torch.nn.Module):
         device = _held_device(model)
-    job = _Job(images, packed, roi, overlap, batch_size, blend, precision, pad_mode,
-               sigma_scale=sigma_scale, cval=cval, device=device, model_kwargs=model_kwargs)
-    _move_held_modules(model, job.device)
+    share = _Share(images, packed, roi, overlap, batch_size, blend, precision, pad_mode,
+                   sigma_scale=sigma_scale, cval=cval, device=device, model_kwargs=model_kwargs)
+    layout = _Layout(share)
+    exchange = _Exchange(share, layout)
+    _move_held_modules(model, share.device)
     own_meter = meter is None
     if own_meter:
-        meter = StepMeter("windows", total_steps=job.num_batches(), description="infer", run_dir=run_dir,
+        meter = StepMeter("windows", total_steps=share.num_batches(), description="infer", run_dir=run_dir,
                           progress=progress)
     with torch.inference_mode():  # canvases too: in-place adds into inference tensors need it
-        if job.distributed and job.rank in job.receivers:
-            job.start_receiving(functools.partial(_allocate, images, groups))
-        job.evaluate(meter)  # on an error here the receiver (a daemon thread) is left to the process's end
-        if job.distributed and job.rank == job.last:
+        # 1. this rank's windows into its canvases; meanwhile a thread takes what the last rank sends early
+        if exchange.distributed and exchange.rank in exchange.receivers:
+            exchange.start_receiving(functools.partial(_allocate, images, groups))
+        share.evaluate(meter, exchange.keep)  # on an error the receiver (a daemon thread) is left to the process's end
+        # 2. the exchange: the last rank's voxels to rank 0, every owner's spill, the output's shape agreed
+        if exchange.distributed and exchange.rank == exchange.last:
             with _phase("gather"):
-                job.send_owned()
+                exchange.send_owned()
         with _phase("idle"):  # the last rank's data (received meanwhile), then the slowest rank's windows
-            job.finish_receiving()
-            job.agree_on_output()
-        job.exchange_spill()
+            exchange.finish_receiving()
+            exchange.agree_on_output()
+        exchange.exchange_spill()
+        # 3. assembly on rank 0, slab by slab
         with _phase("assemble"):
-            outputs = job.outputs or (_allocate(images, groups, job.meta) if job.rank == 0 else None)
+            outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
         for i in range(len(images)):
-            job.assemble(i, None if outputs is None else outputs[1][i])
+            _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
     if own_meter:
-        meter.close({"num_windows": job.plan.num_windows, "num_images": len(images), "roi": list(roi)})
+        meter.close({"num_windows": share.plan.num_windows, "num_images": len(images), "roi": list(roi)})
     return None if outputs is None else packed.unpack(outputs[0])
 
 

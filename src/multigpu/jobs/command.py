@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -339,21 +340,64 @@ def preload(workload: Workload) -> None:
     forkserver.preload([getattr(workload.main, "__module__", ""), *workload.preload])
 
 
+def resume_command(argv: Sequence[str] | None, run_dir: Path, nnodes: int) -> str | None:
+    """The whole command that continues the run in ``run_dir``: the job's own command line (``--nproc-per-node``,
+    node flags and all) with ``--run-dir`` that folder and ``--resume auto``; ``--node-rank`` left out on several
+    nodes (each node gives its own). None when the command line is not known."""
+    import shlex
+
+    if not argv:
+        return None
+    drop = {"--run-dir", "--run_dir", "--resume"} | ({"--node-rank", "--node_rank"} if nnodes > 1 else set())
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in drop:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    line = shlex.join(["multigpu", *out, "--run-dir", str(run_dir), "--resume", "auto"])
+    return line + (" (on every node, each with its --node-rank)" if nnodes > 1 and len(out) < len(argv) else "")
+
+
 def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | None = None) -> int:
-    """``multigpu <workload> ...``: config, check, run directory, launch."""
-    from multigpu.jobs import rundir
+    """``multigpu <workload> ...``: config, check, run directory, launch.
+
+    On several nodes the launchers meet before anything is written (:mod:`multigpu.launch.nodes`): node 0
+    settles the run folder (one per job) and every node checks that it sees it; a node that fails before the
+    job forms stops the others, naming it.
+    """
+    from multigpu.launch import nodes
 
     preload(workload)
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
+    if args.dry_run:
+        return _run_command(workload, args, launch_cfg, None, spec)
+    with nodes.joined(launch_cfg) as session:
+        return _run_command(workload, args, launch_cfg, session, spec)
+
+
+def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig, session,
+                 spec: str | None) -> int:
+    from multigpu.jobs import rundir
+
     overrides = overrides_from_args(workload, args, launch_cfg)
     if args.resume is not None and not workload.resumable:
         raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
                           f"checkpoints); valid: run it again without --resume")
     run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    agreed = session is not None and args.run_dir is None  # the nodes take node 0's folder
+    if agreed and args.resume == "auto":  # node 0's newest run, not each node's own
+        name = session.agree("resumed_run", lambda: "" if fresh else run_dir.name)
+        run_dir, fresh = (RUNS / workload.name / name, False) if name else (run_dir, True)
     if args.resume == "auto":
-        from multigpu.checkpoint.resume import refuse_old_layout
+        from multigpu.checkpoint.resume import refuse_old_layout, refuse_unusable
 
         refuse_old_layout(run_dir)
+        refuse_unusable(run_dir)  # checkpoints, none usable: one line, never a quiet start from step 0
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
     cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
     if saved is not None:
@@ -371,13 +415,30 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
         rundir.refuse_used(run_dir, hint=_USED_HINT)
     run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
     job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet
-    rundir.check_free_space(run_dir)
-    run_dir = create_run_dir(run_dir, fresh)
+    if session is not None and session.node_rank != 0:
+        if agreed:  # node 0 made the folder: its name, under this node's runs/<workload>
+            run_dir, fresh = RUNS / workload.name / session.agree("run_name", lambda: ""), False
+        session.check_shared(run_dir)  # before this node writes anything there
+    else:
+        rundir.check_free_space(run_dir)
+        run_dir = create_run_dir(run_dir, fresh)
+        if session is not None:
+            try:
+                if agreed:
+                    session.agree("run_name", lambda: run_dir.name)
+                session.check_shared(run_dir)
+            except BaseException:
+                if fresh:  # the folder made for this job, still empty: nothing half-written is left
+                    with contextlib.suppress(OSError):
+                        run_dir.rmdir()
+                raise
     with rundir.hold(run_dir, node_rank=launch_cfg.node_rank, fresh_only=fresh_only, hint=_USED_HINT):
-        if not fresh and args.run_dir is None:
+        if not fresh and args.run_dir is None and args.resume == "auto":
             print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
+        command = resume_command(getattr(args, "_argv", None), run_dir.resolve(), launch_cfg.nnodes) \
+            if workload.resumable else None
         job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
-            run, run_dir=str(run_dir.resolve()))))
+            run, run_dir=str(run_dir.resolve()), resume_command=command)))
         if workload.launch is not None:
             code = workload.launch(job)
             if code is not None:

@@ -12,13 +12,13 @@ and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
 import multigpu as mg
 from multigpu.config import from_dict
 from multigpu.errors import ConfigError
+from multigpu.files import set_user_umask
 from multigpu.jobs.registry import get_workload
 from multigpu.runtime import context
 
@@ -33,14 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     workload = get_workload(data["workload"])
     cfg = from_dict(workload.config, data.get("config") or {}, prefix=workload.prefix)
     ctx = context.RunContext.from_dict(data.get("run", {}))
+    if isinstance(data.get("umask"), int):
+        set_user_umask(data["umask"])  # for the outputs the user names; the run folder stays 0700 / 0600
     context.set_current(ctx)
     mg.init(**(workload.init(cfg) if workload.init else {}))
     try:
-        if workload.resumable:  # the only place a restart is noticed: a workload just loads resume_from
-            from multigpu.checkpoint import resolve
+        if workload.resumable:  # decided here, once, by the rule plain scripts use too: a workload loads resume_from
+            from multigpu.checkpoint.resume import decide
 
-            found = resolve(ctx.resume, ctx.run_dir)
-            ctx = dataclasses.replace(ctx, resume_from=str(found) if found else None)
+            ctx = decide(ctx)
             context.set_current(ctx)
         code = workload.main(cfg, ctx)
     except BaseException:

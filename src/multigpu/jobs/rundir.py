@@ -25,6 +25,7 @@ All of these run before any worker starts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -38,7 +39,8 @@ from typing import Any
 from multigpu.errors import ConfigError, OutputError
 from multigpu.files import cannot_write, describe_os_error
 
-__all__ = ["LOCK", "MIN_FREE_BYTES", "cannot_create", "check_free_space", "create", "hold", "lock_name", "refuse_used"]
+__all__ = ["LOCK", "MIN_FREE_BYTES", "cannot_create", "check_free_space", "check_writable", "create", "hold", "lock_name",
+           "refuse_used"]
 
 LOCK = ".lock"
 """The lock file of node 0 (node K > 0: ``.lock.node<K>``)."""
@@ -96,6 +98,27 @@ def check_free_space(folder: str | Path, flag: str = "--run-dir") -> None:
         raise OutputError(f"{flag} {folder}: only {format_bytes(free)} free on its file system, and a run writes "
                           f"logs, metrics and checkpoints there; valid: free some space (at least "
                           f"{format_bytes(MIN_FREE_BYTES)}), or give a folder on another disk")
+
+
+def check_writable(folder: str | Path, flag: str = "--log-dir") -> None:
+    """Refuse in one line, writing nothing, a folder that is a file or that cannot be created or written: its
+    nearest existing folder is on a read-only file system, or not writable by this user."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {folder} is a file, not a folder; valid: a folder (it is created if missing)")
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        return  # no figure: the first write will say what is wrong
+    code = errno.EROFS if read_only else None if os.access(probe, os.W_OK | os.X_OK) else errno.EACCES
+    if code is not None:
+        cause = OSError(code, os.strerror(code))
+        if path.is_dir():
+            raise OutputError(f"cannot write into {flag} {folder}: {describe_os_error(cause)}")
+        raise cannot_create(path, cause, flag)
 
 
 def cannot_create(path: Path, exc: OSError, flag: str = "--run-dir") -> OutputError:

@@ -36,9 +36,13 @@ of multigpu or torch before it has:
    (the usual reason a rank fails late) cannot leave the file empty and the
    launcher without the cause;
 
-then it runs the script as ``__main__`` under torch's ``record`` decorator, so
+then it gives a script the user's umask back (the launcher runs under 0077, so that its logs, stack dumps
+and run files are the user's only, and the worker inherited that; a workload's ranks keep it: what they
+write is the run's), and runs the script as ``__main__`` under torch's ``record`` decorator, so
 an exception lands in the worker's error file with its traceback, which the
-launcher summarises. A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
+launcher summarises; a rank whose script failed (an exception, ``sys.exit(N)``
+with N != 0, Ctrl-C) then ends at once, past the interpreter's teardown
+(``_leave``: ``atexit`` functions run first). A ``KeyboardInterrupt`` that reaches the top (Ctrl-C on
 the launcher sends SIGINT to every worker) ends the worker with exit code 130
 and no traceback: the launcher says "interrupted" once for the whole job
 (``MULTIGPU_DEBUG=1``, set by ``multigpu --debug``, shows the tracebacks). Workers
@@ -119,8 +123,9 @@ def _note(name: str, value: float | None = None) -> None:
         return
     path = os.path.join(folder, STARTUP_DIR, f"rank{os.environ.get('RANK', '0')}.json")
     with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(f"{path}.tmp", "w", encoding="utf-8") as fh:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        # the job's file (0600), also once a script runs under the user's own umask
+        with open(os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
             json.dump(_MARKS, fh)
         os.replace(f"{path}.tmp", path)
 
@@ -276,6 +281,78 @@ def _error_handler():
     return InPlace()
 
 
+_GROUPS: list = []
+"""The process groups the script made (torch's Python objects), each held while something else may hold it:
+see :func:`_hold_groups`."""
+
+
+def _hold_groups() -> None:
+    """Keep a Python reference to every process group the script makes, for as long as something else may hold it.
+
+    A DDP model's reducer holds its group in C++. Once the script has destroyed the group
+    (``destroy_process_group``), the reducer can be the group's last holder, and freeing the model (``main()``
+    returning, say) then runs gloo's destructor on this thread with the interpreter lock held; it joins gloo's
+    threads. One of them may be freeing the last allreduce of a backward pass: that work holds a copy of the
+    thread-local state, with the Python object torch's backward stashes there, and freeing it needs the lock.
+    Neither moves again (``multigpu bench`` hung so on pytorch/examples' DDP tutorial, one run in four). A group
+    freed through its Python object lets the lock go first (torch's holder for process groups does), so while
+    this reference lives the reducer never frees the group: it goes when the script destroys it and nothing else
+    holds its Python object (no DDP model is alive: a DDP model keeps it as ``process_group``), else once the
+    script has ended (:func:`_release_groups`).
+    """
+    from torch.distributed import distributed_c10d
+
+    helper = getattr(distributed_c10d, "_new_process_group_helper", None)
+    destroy = distributed_c10d.destroy_process_group
+    if helper is None or getattr(helper, "__wrapped__", None) is not None:
+        return  # another torch: nothing to hold by (the reducer frees the group as before)
+
+    def _new_process_group_helper(*args, **kwargs):
+        result = helper(*args, **kwargs)
+        group = result[0] if isinstance(result, tuple) else result
+        if isinstance(group, distributed_c10d.ProcessGroup):
+            _GROUPS.append(group)
+        return result
+
+    def destroy_process_group(*args, **kwargs):
+        destroy(*args, **kwargs)
+        _drop_unheld_groups(distributed_c10d)
+
+    _new_process_group_helper.__wrapped__ = helper
+    distributed_c10d._new_process_group_helper = _new_process_group_helper
+    _replace(distributed_c10d, "destroy_process_group", destroy, destroy_process_group)
+
+
+def _drop_unheld_groups(distributed_c10d) -> None:
+    """Let go of the destroyed groups whose Python object nothing else holds (freed now, the lock let go)."""
+    live = distributed_c10d._world.pg_map
+    keep = []
+    while _GROUPS:
+        group = _GROUPS.pop()
+        # 2: this name and getrefcount's argument; more: a DDP model (or anything else) still holds it
+        if group in live or sys.getrefcount(group) > 2:
+            keep.append(group)
+        del group
+    _GROUPS.extend(reversed(keep))
+
+
+def _release_groups() -> None:
+    """Free every group :func:`_hold_groups` kept, through their Python objects (the interpreter lock let go)."""
+    _GROUPS.clear()
+
+
+def _replace(module, name: str, original, wrapper) -> None:
+    """Put ``wrapper`` in place of ``original`` under ``name`` wherever scripts find it (torch.distributed
+    re-exports torch.distributed.distributed_c10d's functions; device_mesh imports some)."""
+    import torch.distributed as dist
+
+    wrapper.__wrapped__ = original
+    wrapper.__doc__ = original.__doc__
+    for namespace in (module, dist, sys.modules.get("torch.distributed.device_mesh")):
+        if namespace is not None and getattr(namespace, name, None) is original:
+            setattr(namespace, name, wrapper)
+
+
 def _note_group_joins(folder: str | None, rank: str) -> None:
     """Write ``<folder>/joined/rank<R>`` when this rank first joins a process group (see the module docstring)."""
     if not folder:
@@ -289,8 +366,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
         result = original(*args, **kwargs)
         marker = os.path.join(folder, "joined", f"rank{rank}")
         if not os.path.exists(marker):
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "w").close()  # noqa: SIM115
+            os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))  # the job's file: not the script's umask
         if "group_joined" not in _MARKS:
             _note("group_joined")
         return result
@@ -315,12 +392,26 @@ def _accelerate_on_cpu_ranks() -> None:
     """
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes"):
         return
+
+    def patch(module) -> None:
+        init = module.PartialState.__init__
+
+        def __init__(self, cpu: bool = True, **kwargs):
+            init(self, cpu, **kwargs)
+
+        module.PartialState.__init__ = __init__
+
+    _after_import(("accelerate.state",), patch)
+
+
+def _after_import(names: tuple[str, ...], patch) -> None:
+    """Call ``patch(module)`` right after any of the modules ``names`` is imported (nothing is imported here)."""
     import importlib.abc
     import importlib.machinery
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path, target=None):
-            if fullname != "accelerate.state":
+            if fullname not in names:
                 return None
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None:
@@ -329,17 +420,33 @@ def _accelerate_on_cpu_ranks() -> None:
 
             def exec_module(module):
                 load(module)
-                init = module.PartialState.__init__
-
-                def __init__(self, cpu: bool = True, **kwargs):
-                    init(self, cpu, **kwargs)
-
-                module.PartialState.__init__ = __init__
+                patch(module)
 
             spec.loader.exec_module = exec_module
             return spec
 
     sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def _fabric_on_cpu_ranks() -> None:
+    """Lightning Fabric's ``devices="auto"`` on CPU ranks counts the processes the launcher started on this node.
+
+    Fabric counts one CPU device for "auto" (``CPUAccelerator.auto_device_count``), so under a launch of N CPU
+    ranks per node a script with ``Fabric(devices="auto")`` (its default) ran as N single-process copies, each on
+    all the data. Here a CPU "device" is a process, and the launcher has decided how many: ``LOCAL_WORLD_SIZE``.
+    (On GPUs "auto" stays the GPU count, which is the job's only when every visible GPU has a rank.)
+    """
+    try:
+        count = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if count < 2:
+        return
+
+    def patch(module) -> None:
+        module.CPUAccelerator.auto_device_count = staticmethod(lambda: count)
+
+    _after_import(("lightning_fabric.accelerators.cpu", "lightning.fabric.accelerators.cpu"), patch)
 
 
 def _run_file() -> dict:
@@ -377,9 +484,9 @@ def _timed(target, wall_file: str | None):
         start = time.time()
         target(argv)
         end = time.time()
-        os.makedirs(os.path.dirname(wall_file), exist_ok=True)
+        os.makedirs(os.path.dirname(wall_file), mode=0o700, exist_ok=True)
         tmp = f"{wall_file}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
             json.dump({"start": start, "end": end, "marks": _MARKS}, fh)
         os.replace(tmp, wall_file)
 
@@ -399,6 +506,38 @@ def _destroy_left_group() -> None:
             dist.destroy_process_group()
 
 
+LEAVE_DEFAULT_S = 600.0
+"""How long a rank whose script has ended may take to exit when the run sets neither ``--stall-timeout-s`` nor
+``--timeout-s`` (the collective timeout's own default)."""
+
+
+def _leave_within(run_file: dict, rank: str) -> None:
+    """Give this rank a deadline to exit, now that its script has ended well: the stall timeout, else the
+    collective timeout (a rank that is leaving makes no progress, and waits on nothing that may take longer).
+
+    What keeps a finished rank alive waits with the interpreter lock held as often as not (a library's
+    destructor joining its threads), where no Python thread can act; faulthandler's timer is a C thread that
+    needs no lock. When it fires, every thread's stack goes to this rank's stacks file and the process exits
+    with code 1, and the launcher reads the line written here into the error file beforehand.
+    """
+    import faulthandler
+    import time
+
+    run = run_file.get("run", {}) if isinstance(run_file.get("run"), dict) else {}
+    seconds = next((float(v) for v in (run.get("stall_timeout_s"), run.get("timeout_s"))
+                    if isinstance(v, (int, float)) and v > 0), LEAVE_DEFAULT_S)
+    where = _STACK_FILE.name if _STACK_FILE is not None else "its stderr"
+    message = (f"rank {rank}: its script ended, but the process did not exit within {seconds:g} s (--stall-timeout-s, "
+               "else --timeout-s): something it left waits forever (a thread the script started that never "
+               f"ends, or a library's shutdown); where each thread stood: {where}")
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        record = {"message": {"message": message, "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}}
+        with contextlib.suppress(OSError):
+            _write_in_place(path, json.dumps(record).encode())
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_STACK_FILE or sys.stderr)
+
+
 def main(argv: list[str]) -> None:
     try:
         # born with SIGINT blocked (the launcher's processes.py): a Ctrl-C during the interpreter's start-up
@@ -411,7 +550,36 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_VAR) == "1":
             raise
-        sys.exit(130)  # the launcher reports the interrupt once, for the whole job
+        _leave(130)  # the launcher reports the interrupt once, for the whole job
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` gives the process (Python prints a code that is not a number, and gives 1)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    with contextlib.suppress(Exception):
+        print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _leave(code: int) -> None:
+    """End this failed rank now with ``code``, without the interpreter's teardown.
+
+    A rank that failed may still hold its process group with a collective in flight (a DDP comm hook's
+    all-reduce, whose future calls back into Python, that a peer never joins). Leaving through the
+    interpreter's exit, the rank then waited in its finalization for that collective's timeout (the launcher
+    saw it running, the job stood still), and gloo's thread, timing out into the Python callback while the
+    interpreter was torn down, aborted the process: exit 1 became -6 (SIGABRT, "terminate called ..."). Here
+    the error file is already written; what was registered with ``atexit`` runs and the output is flushed while
+    the interpreter is whole, then the process ends at once."""
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()  # the script's own (logging's flush, a tracker's finish), as at a normal exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _whole_lines() -> None:
@@ -451,9 +619,13 @@ def _main(argv: list[str]) -> None:
     gc.freeze()
 
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
+    _hold_groups()
     _accelerate_on_cpu_ranks()
+    _fabric_on_cpu_ranks()
     _note("worker_ready")
 
+    if isinstance(run_file.get("umask"), int) and not run_file.get("workload"):
+        os.umask(run_file["umask"])  # a user's script: the user's umask, not the launcher's (0077)
     try:
         try:
             record(_timed(_run, _wall_file(run_file)), error_handler=_error_handler())(argv)
@@ -462,13 +634,22 @@ def _main(argv: list[str]) -> None:
             # a group the script destroyed can still be held by garbage (a DDP model is a reference cycle): free
             # it now, so gloo's threads end while the interpreter is whole, not during its exit
             gc.collect()
+        _release_groups()  # the script ended well (a failing rank leaves at once, its groups untouched)
+        _leave_within(run_file, os.environ.get("RANK", "0"))
+    except SystemExit as exc:  # the script's sys.exit(N): a failure (N != 0) leaves the same way as an exception
+        code = _exit_code(exc)
+        if code:
+            _leave(code)
+        _release_groups()  # sys.exit(0): it ended well
+        _leave_within(run_file, os.environ.get("RANK", "0"))
+        raise
     except Exception:
         # torch's record() has written the traceback into this rank's error file; the launcher prints the
         # failing rank's own frames from it under its one-line summary. Printing it here as well put every
         # rank's whole traceback (33-190 lines) on the console before that summary.
         if os.environ.get(DEBUG_VAR) == "1" or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            raise
-        sys.exit(1)
+            sys.excepthook(*sys.exc_info())
+        _leave(1)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +50,12 @@ from multigpu.errors import (
     RendezvousTimeoutError,
     WorkerFailedError,
 )
-from multigpu.files import write_json_atomic
-from multigpu.launch import _worker, forkserver, processes, stores
+from multigpu.files import user_umask, write_json_atomic
+from multigpu.launch import _worker, forkserver, nodes, processes, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
-from multigpu.launch.memlimit import MemoryWatch
+from multigpu.launch.memlimit import MemoryWatch, explain_address_space
 from multigpu.launch.rendezvous import (
     gloo_interface,
     hosts_store,
@@ -170,7 +169,7 @@ def build_plan(
         env.update(nccl_flight_recorder(log_dir))
     rdzv_configs: dict[str, object] = dict(cfg.rdzv_conf)
     rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
-    run_id = cfg.run_id or ("multigpu" if cfg.nnodes > 1 else uuid.uuid4().hex[:12])
+    run_id = nodes.job_run_id(cfg.run_id, cfg.nnodes)
     torch_config = TorchLaunchConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
@@ -186,7 +185,9 @@ def build_plan(
         log_line_prefix_template="[rank${rank}]: " if cfg.log_dir or cfg.rank_prefix else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
-    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict()}
+    # the user's umask: a user's script gets it back (the worker wrapper sets it); a built-in workload keeps 0077
+    # for its run folder and gives it to the outputs the user names (files.user_made)
+    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict(), "umask": user_umask()}
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
@@ -223,7 +224,8 @@ def independent_copies(stacks_dir: Path, local_world_size: int, nnodes: int) -> 
     return (f"{named}{where} never joined a process group: your script ran as "
             f"{local_world_size * nnodes if nnodes == 1 else local_world_size} independent copies. Call "
             "mg.init() (or torch.distributed.init_process_group) in the script; an accelerate script on CPU "
-            "ranks needs Accelerator(cpu=True) or PartialState(cpu=True)")
+            "ranks needs Accelerator(cpu=True) or PartialState(cpu=True); a Lightning Fabric script needs "
+            "Fabric(devices=int(os.environ['LOCAL_WORLD_SIZE'])), the processes started on each node")
 
 
 def _host_interfaces() -> list[tuple[str, bool]]:
@@ -307,9 +309,17 @@ def _nccl_dumps(prefix: str) -> str:
 def _private_folder(path: str) -> None:
     """Create the log folder for this user only (0700): worker output, error files and the folder names that
     carry the run id are nobody else's to read. A folder that exists keeps the mode its owner gave it."""
-    with contextlib.suppress(OSError):  # one that cannot be made is named by the first write into it
+    from multigpu.jobs.rundir import cannot_create
+
+    try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise ConfigError(f"--log-dir {path} is a file, not a folder; valid: a folder (it is created if "
+                              "missing)") from None
+    except OSError as exc:  # checked before (launch.flags); here only if it changed since
+        raise cannot_create(Path(path), exc, "--log-dir") from None
 
 
 @contextlib.contextmanager
@@ -422,16 +432,26 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
+_CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
+"""What a collective says when another rank left under it (multigpu.runtime.collectives): a consequence."""
+
+
 def _root_failure(err: ChildFailedError):
-    """torch's first failure, unless it is a rank that lost its peer while another rank's collective timed out
-    within the same second: the timeout is the cause (the rank that timed out exited, closing the connection
-    the other was waiting on), and error files time failures to the second only."""
+    """torch's first failure, unless it is a rank that lost its peer while another rank failed within the same
+    second: a collective that timed out there, else an error of its own (not another lost peer) is the cause
+    (that rank exited, closing the connection the other was waiting on), and error files time failures to the
+    second only (torch's "first" of a tie is the lowest rank)."""
     rank, failure = err.get_first_failure()
-    if "lost a peer" not in _message(failure):
+    if not any(c in _message(failure) for c in _CONSEQUENCES):
         return rank, failure
     when = failure.timestamp
-    for other, candidate in sorted(err.failures.items()):
-        if other != rank and abs(candidate.timestamp - when) <= 1 and "timed out after" in _message(candidate):
+    near = [(other, candidate) for other, candidate in sorted(err.failures.items())
+            if other != rank and candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
+    for other, candidate in near:
+        if "timed out after" in _message(candidate):
+            return other, candidate
+    for other, candidate in near:
+        if not any(c in _message(candidate) for c in _CONSEQUENCES):
             return other, candidate
     return rank, failure
 
@@ -462,6 +482,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
     hint = assumption_hint("\n".join([text, *tail]))
     if hint:
         lines.append(f"  hint: {hint}")
+    address_space = explain_address_space("\n".join([text, *tail]))
+    if address_space:
+        lines.append(f"  memory: {address_space}")
     others = sorted(r for r, f in err.failures.items() if r != rank and f.exitcode > 0)
     if others:  # negative exit codes are the ranks the agent stopped after the first failure
         lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
@@ -522,10 +545,21 @@ def launch(
     a process group ran as independent copies of the script: one line says so at the end, and with
     ``require_group`` (``bench``, ``verify``: their figures would be meaningless) it is an error.
 
+    On several nodes the launchers meet first (:func:`multigpu.launch.nodes.joined`): a node that fails before
+    the job forms makes every other node stop within seconds, naming it.
+
     Raises:
         WorkerFailedError: a worker failed (after any restarts); the message is the summary.
         RendezvousTimeoutError: the other nodes did not join in time.
+        NodeFailedError: another node stopped before the job formed.
     """
+    with nodes.joined(cfg):
+        return _launch(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job,
+                       require_group=require_group)
+
+
+def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool, facts: HostFacts | None,
+            devices: DevicePlan | None, run: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
@@ -548,12 +582,16 @@ def launch(
             if plan.devices.note:  # after the run file: a disk too full for it is the only line
                 print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)
+            recorded = plan.run_data["run"].get("run_dir") or cfg.log_dir
             try:
-                _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
+                with restarts.reporting(recorded) if cfg.max_restarts else contextlib.nullcontext():
+                    _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
             except ChildFailedError as exc:
                 # a planted rendezvous state that another node refused first: that is why the workers failed
                 if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
                     raise LaunchError(f"the job was stopped: {refused}") from None
+                if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
+                    raise nodes.NodeFailedError(other) from None
                 raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump,
                                         memory) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
@@ -576,6 +614,9 @@ def launch(
                 raise _unreadable_error_file(plan.log_dir, world_size) or LaunchError(
                     f"the launcher could not start the job: {exc}") from None
             except (RuntimeError, ValueError, RendezvousError) as exc:
+                # another node stopped before the job formed and closed the rendezvous: name it
+                if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
+                    raise nodes.NodeFailedError(other) from None
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one
         if stopped:

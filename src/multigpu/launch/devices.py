@@ -37,7 +37,12 @@ __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts",
 
 RANK_MAPPED_BYTES = 600 << 20
 """Address space a rank maps before it holds any data (torch imported, a gloo group: VmSize 620 MiB measured
-here); under ``RLIMIT_AS`` a rank's data must fit in what is left of it."""
+here), where the launcher cannot read its own (:attr:`HostFacts.mapped_bytes`); under ``RLIMIT_AS`` a rank's
+data must fit in what is left of it."""
+
+THREAD_MAPPED_BYTES = 72 << 20
+"""Address space each further compute thread of a rank reserves: its malloc arena (64 MiB, glibc) and its stack
+(8 MiB). Measured here: a rank's VmSize grew from 0.6 GiB to 1.2 GiB between 1 and 8 OMP threads."""
 
 RANK_RESIDENT_BYTES = 200 << 20
 """Memory a rank holds before it holds any data: a Python process with torch imported and a gloo group
@@ -77,6 +82,8 @@ class HostFacts:
     """Where ``available_bytes`` comes from when not the host's: ``the 6 GiB cgroup v2 memory.max of /sys/...``."""
     address_space_bytes: int | None = None
     """``RLIMIT_AS`` (``ulimit -v``): each rank's own address space, None: unlimited."""
+    mapped_bytes: int | None = None
+    """Address space the launcher maps (its VmSize, torch imported as in every rank); None: unknown."""
 
     @classmethod
     def probe(cls) -> HostFacts:
@@ -94,7 +101,7 @@ class HostFacts:
             available, source = limit.available_bytes, f"the {format_bytes(limit.limit_bytes)} {limit.source}"
         facts = cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
                     memory_bytes=vm.total, available_bytes=available, memory_source=source,
-                    address_space_bytes=memlimit.address_space_limit(),
+                    address_space_bytes=memlimit.address_space_limit(), mapped_bytes=memlimit.mapped_bytes(),
                     gpu_memory_bytes=_gpu_memory() if count else None)
         return replace(facts, gpu_capabilities=_gpu_capabilities(facts.physical_ids())) if count else facts
 
@@ -142,6 +149,8 @@ class DevicePlan:
     """As :attr:`HostFacts.memory_source`: a cgroup limit, or None for the host's available memory."""
     address_space_bytes: int | None = None
     """``RLIMIT_AS`` of each rank (None: unlimited)."""
+    rank_mapped_bytes: int = RANK_MAPPED_BYTES
+    """Address space a rank of this plan maps before it holds any data (:func:`rank_mapped`)."""
 
     @property
     def device_types(self) -> list[str]:
@@ -157,7 +166,7 @@ class DevicePlan:
         shares = [] if self.available_bytes is None else [
             max(self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES, 0)]
         if self.address_space_bytes is not None:
-            shares.append(max(self.address_space_bytes - RANK_MAPPED_BYTES, 0))
+            shares.append(max(self.address_space_bytes - self.rank_mapped_bytes, 0))
         return min(shares) if shares else None
 
     def memory_words(self, device_type: str = "cpu") -> str:
@@ -165,7 +174,7 @@ class DevicePlan:
         if device_type == "cuda":
             return "GPU"
         per = None if self.available_bytes is None else self.available_bytes // self.nproc_per_node - RANK_RESIDENT_BYTES
-        if self.address_space_bytes is not None and (per is None or self.address_space_bytes - RANK_MAPPED_BYTES < per):
+        if self.address_space_bytes is not None and (per is None or self.address_space_bytes - self.rank_mapped_bytes < per):
             return f"rank (its RLIMIT_AS, ulimit -v, of {format_bytes(self.address_space_bytes)})"
         if self.memory_source:
             return f"rank (the memory left under {self.memory_source}, over its ranks)"
@@ -252,8 +261,26 @@ def _threads_env(cfg: LaunchConfig, nproc: int, facts: HostFacts, inherited: dic
     return {"OMP_NUM_THREADS": str(max(1, facts.cores // nproc))}
 
 
+def rank_mapped(facts: HostFacts, threads: str | None) -> int:
+    """Address space a rank maps before it holds any data: what the launcher maps (torch imported; the fixed
+    :data:`RANK_MAPPED_BYTES` where unknown) and :data:`THREAD_MAPPED_BYTES` for each further compute thread."""
+    try:
+        count = max(int(threads or 1), 1)
+    except ValueError:
+        count = 1
+    return (facts.mapped_bytes or RANK_MAPPED_BYTES) + (count - 1) * THREAD_MAPPED_BYTES
+
+
 def _check_fits(nproc: int, cpu_ranks: int, facts: HostFacts, threads: str | None) -> str | None:
-    """Refuse more ranks than this node's memory holds; a note when CPU ranks outnumber the cores."""
+    """Refuse more ranks than this node's memory holds, or an ``RLIMIT_AS`` that leaves a rank no room to start;
+    a note when CPU ranks outnumber the cores."""
+    mapped = rank_mapped(facts, threads)
+    if facts.address_space_bytes is not None and facts.address_space_bytes < mapped:
+        raise DeviceError(
+            f"ulimit -v (RLIMIT_AS) is {format_bytes(facts.address_space_bytes)} per process, but a rank maps about "
+            f"{format_bytes(mapped)} of address space before it holds any data (torch as this launcher maps it, "
+            f"and {threads or 1} thread(s)); valid: ulimit -v unlimited (a cgroup or the scheduler's --mem caps real "
+            f"memory), or more than {format_bytes(mapped)} plus what a rank's data needs")
     if facts.available_bytes is not None and nproc * RANK_RESIDENT_BYTES > facts.available_bytes:
         fits = facts.available_bytes // RANK_RESIDENT_BYTES
         valid = f"--nproc-per-node at most {fits} on this machine" if fits else "free some memory first"
@@ -289,7 +316,8 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
         threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
         note = _join(note, _check_fits(nproc, nproc, facts, threads))
         return DevicePlan(nproc, [], env, note, available_bytes=facts.available_bytes,
-                          memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes)
+                          memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes,
+                          rank_mapped_bytes=rank_mapped(facts, threads))
 
     selected = parse_gpus(cfg.gpus, facts.gpu_count) if cfg.gpus is not None else list(range(facts.gpu_count))
     if cfg.nproc_per_node == "auto":
@@ -334,4 +362,4 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
                       gpu_ranks=len(ids) if hybrid else None,
                       available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes,
                       memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes,
-                      gpu_capability=lowest)
+                      rank_mapped_bytes=rank_mapped(facts, threads), gpu_capability=lowest)

@@ -14,7 +14,7 @@ import argparse
 from multigpu.argtypes import non_negative_int, positive_float, positive_int
 from multigpu.cmdline import add_flag
 from multigpu.errors import ConfigError
-from multigpu.launch.aliases import add_alias_flags, translate
+from multigpu.launch.aliases import add_alias_flags, apply_accelerate_config, translate
 from multigpu.launch.config import LaunchConfig
 
 __all__ = ["add_dry_run_flags", "add_launch_flags", "config_from_args"]
@@ -122,6 +122,7 @@ def _seconds_or_zero(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """LaunchConfig from the parsed launcher flags."""
+    apply_accelerate_config(args)  # before anything reads the accelerate flags it may fill in
     placement = _scheduler_placement(args)
     translate(args)
     _apply_placement(args, placement)
@@ -144,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             if not sep or not key:
                 raise ConfigError(f"--rdzv-conf {item!r} must look like key=value, e.g. is_host=false")
             rdzv_conf[key.strip()] = value.strip()
+            _check_rdzv_value(key.strip(), value.strip())
     endpoint = args.rdzv_endpoint
     if args.standalone:
         if args.nnodes != 1:
@@ -175,11 +177,42 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         rank_prefix=args.rank_prefix,
     )
+    if cfg.log_dir:
+        from multigpu.jobs.rundir import check_writable
+
+        check_writable(cfg.log_dir, "--log-dir")
     from multigpu.launch.rendezvous import check_endpoint, secret_from_env
 
-    check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    try:
+        check_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_conf=cfg.rdzv_conf)
+    except ConfigError as exc:  # e.g. node 0's endpoint resolves to loopback: the other nodes must not wait for it
+        from multigpu.launch.nodes import tell_others
+
+        tell_others(cfg, exc)
+        raise
     secret_from_env(cfg.nnodes)  # several nodes need a shared secret: refused here, before anything is written
     return cfg
+
+
+_RDZV_COUNTS = {"join_timeout": (1, 600), "last_call_timeout": (0, 30), "close_timeout": (1, 30),
+                "heartbeat_timeout": (1, 30), "read_timeout": (1, 60), "keep_alive_interval": (1, 5),
+                "keep_alive_max_attempt": (1, 3)}
+"""The ``--rdzv-conf`` keys torch's c10d rendezvous reads as whole numbers (seconds; attempts for the last), with
+the least valid value and torch's default; torch's own error for another value came only as the job started."""
+
+
+def _check_rdzv_value(key: str, value: str) -> None:
+    if key not in _RDZV_COUNTS:
+        return
+    low, default = _RDZV_COUNTS[key]
+    try:
+        ok = int(value) >= low
+    except ValueError:
+        ok = False
+    if not ok:
+        what = "attempts" if key == "keep_alive_max_attempt" else "seconds"
+        raise ConfigError(f"--rdzv-conf {key}={value} is invalid; valid: a whole number of {what}, {low} or more "
+                          f"(default {key}={default})")
 
 
 def _scheduler_placement(args: argparse.Namespace):
@@ -218,24 +251,57 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
         args.nproc_per_node = placement.nproc_per_node
 
 
-def scheduler_file(args: argparse.Namespace, argv: list[str]) -> str | None:
-    """The sbatch script or PyTorchJob manifest asked for by ``--print-sbatch``/``--print-k8s``, else None."""
+def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[str] = ()) -> str | None:
+    """The sbatch script or PyTorchJob manifest asked for by ``--print-sbatch``/``--print-k8s``, else None.
+
+    ``ours``: the command line up to the script (the command and our flags); ``script_args``: what follows the
+    script, which is the script's and is written out verbatim. Resources come from the job's flags only.
+    """
     if not (getattr(args, "print_sbatch", False) or getattr(args, "print_k8s", False)):
         return None
     from multigpu.launch import schedulers
-    from multigpu.launch.devices import HostFacts, parse_gpus
 
     if args.print_sbatch and args.print_k8s:
         raise ConfigError("--print-sbatch and --print-k8s each print a whole file; pass one of them")
-    nnodes = args.nnodes or 1
-    if isinstance(args.nproc_per_node, int):
-        gpus, note = args.nproc_per_node, "from --nproc-per-node"
-    elif args.gpus not in (None, "all"):
-        gpus, note = len(parse_gpus(args.gpus, max(64, HostFacts.probe().gpu_count))), "from --gpus"
+    flag = "--print-sbatch" if args.print_sbatch else "--print-k8s"
+    resources = job_resources(args, flag)
+    what = getattr(args, "target", None) or next((a for a in ours if not a.startswith("-")), "job")
+    if args.print_sbatch:
+        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources)
+    workload = getattr(args, "_workload", None)
+    run_folder = None if workload is None or getattr(args, "run_dir", None) else \
+        workload.resumable and getattr(args, "resume", None) is None
+    return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder)
+
+
+def job_resources(args: argparse.Namespace, flag: str):
+    """GPUs, workers and cores per node from the job's flags: a job file asks the scheduler for what the job
+    needs on its nodes, not for what this machine has."""
+    from multigpu.launch.devices import parse_gpus
+    from multigpu.launch.schedulers import JobResources
+
+    nproc, cpu = args.nproc_per_node, args.cpu or args.nproc_per_node == "cpu"
+    if getattr(args, "alias_num_processes", None):  # accelerate's count of all machines' processes
+        from multigpu.launch.aliases import translate
+
+        translate(args, say=lambda line: None)
+        nproc = args.nproc_per_node
+    if isinstance(nproc, int):
+        workers, said = nproc, "from --nproc-per-node"
+    elif args.gpus not in (None, "all") and not cpu:
+        workers, said = len(parse_gpus(args.gpus, 1 << 16)), "from --gpus"
+    elif cpu and nproc == "auto":
+        workers, said = 1, ""
     else:
-        visible = HostFacts.probe().gpu_count
-        gpus, note = max(visible, 1), f"this machine's count ({visible} visible): edit to your nodes' count"
-    make = schedulers.sbatch_script if args.print_sbatch else schedulers.pytorchjob_manifest
-    kwargs = {"gpus_note": note} if args.print_sbatch else {}
-    what = getattr(args, "target", None) or next((a for a in argv if not a.startswith("-")), "job")
-    return make(argv, what=what, nnodes=nnodes, gpus_per_node=gpus, **kwargs)
+        given = {"auto": "--gpus all" if args.gpus == "all" else None}.get(nproc, f"--nproc-per-node {nproc}")
+        what = f"{given} does not say" if given else "nothing says"
+        raise ConfigError(f"{flag}: {what} how many GPUs each node of the job has (this machine's count is no "
+                          "guide to the cluster's); valid: --nproc-per-node N (one worker per GPU) or --gpus N, or "
+                          "--cpu --nproc-per-node N for CPU ranks")
+    if cpu and nproc == "cpu":
+        raise ConfigError(f"{flag}: --nproc-per-node cpu (one worker per core) depends on the node's cores; valid: "
+                          "--cpu --nproc-per-node N")
+    nnodes = args.nnodes or (int(args.alias_num_machines) if str(getattr(args, "alias_num_machines", "") or "")
+                             .isdecimal() else 1)
+    cpus = args.threads * workers if args.threads else None
+    return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said)

@@ -6,7 +6,10 @@ of the cgroup this process is in, v2 (``memory.max`` and ``memory.high``) or v1
 (``memory.limit_in_bytes``), at its own level and every ancestor's (the
 tightest wins), and what the cgroup already holds: its working set, usage less
 inactive page cache (``memory.stat``), as kubelet counts it. ``RLIMIT_AS`` caps
-each process on its own (:func:`address_space_limit`).
+each process on its own (:func:`address_space_limit`) and counts address space, not memory in use: a rank
+maps what the launcher maps (:func:`mapped_bytes`, torch imported) plus a malloc arena and a stack per thread
+before it holds any data, and a rank that dies of a refused allocation under it is told so
+(:func:`explain_address_space`).
 
 :func:`oom_kills` counts the kernel's OOM kills (the cgroup's ``memory.events``
 or ``memory.oom_control``, and ``/proc/vmstat``), so the launcher can say that a
@@ -24,7 +27,8 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MemoryLimit", "MemoryWatch", "address_space_limit", "cgroup_memory", "oom_kills"]
+__all__ = ["MemoryLimit", "MemoryWatch", "address_space_limit", "cgroup_memory", "explain_address_space",
+           "mapped_bytes", "oom_kills"]
 
 _UNLIMITED = 1 << 60
 """Limits at or above this are "no limit" (v1 writes 9223372036854771712 for none)."""
@@ -161,6 +165,38 @@ def address_space_limit() -> int | None:
     """``RLIMIT_AS`` of this process (inherited by each rank; None: unlimited)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY or soft >= _UNLIMITED else soft
+
+
+def mapped_bytes(root: str | Path = "/") -> int | None:
+    """The address space this process maps now (``VmSize`` of ``/proc/self/status``; None where unknown). In the
+    launcher, which has imported torch as every rank will, it is what a rank maps before its own threads and data:
+    ``RLIMIT_AS`` counts this, not the memory in use, so it is what that limit must leave room for."""
+    for line in (_read(Path(root) / "proc/self/status") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name == "VmSize" and value.split() and value.split()[0].isdigit():
+            return int(value.split()[0]) * 1024
+    return None
+
+
+_ALLOCATION_FAILED = ("can't allocate memory", "cannot allocate memory", "memoryerror", "std::bad_alloc",
+                      "can't start new thread", "failed to map segment", "errno 12", "out of memory")
+"""What a rank's error says when the allocator, mmap or a new thread was refused memory."""
+
+
+def explain_address_space(text: str, limit: int | None = None, mapped: int | None = None) -> str | None:
+    """A line naming ``RLIMIT_AS`` when a rank's error ``text`` is a refused allocation and the limit is set (the
+    rank inherited it); None otherwise. ``limit``, ``mapped``: default this process's (:func:`address_space_limit`,
+    :func:`mapped_bytes`: the launcher, torch imported, maps about what a rank maps before its data)."""
+    from multigpu.launch.devices import RANK_MAPPED_BYTES, format_bytes
+
+    limit = address_space_limit() if limit is None else limit
+    if limit is None or not any(words in text.lower() for words in _ALLOCATION_FAILED):
+        return None
+    mapped = mapped or mapped_bytes() or RANK_MAPPED_BYTES
+    return (f"the rank ran under ulimit -v (RLIMIT_AS) of {format_bytes(limit)}, which counts address space, not "
+            f"memory in use (a torch rank maps about {format_bytes(mapped)} before any data, and each thread "
+            "reserves more); valid: ulimit -v unlimited (a cgroup or the scheduler's --mem caps real memory), or a "
+            "larger limit")
 
 
 def oom_kills(root: str | Path = "/", cgroup: MemoryLimit | None = None) -> dict[str, int]:

@@ -1,23 +1,19 @@
-"""The node's place in a job, read from the scheduler that started the launcher (runs in the launcher).
+"""The node's place in a job, read from the scheduler that started the launcher, and job files for schedulers
+(runs in the launcher).
 
 ``multigpu launch`` (and every workload command) started once per node by a scheduler takes the node
 count, this node's rank, the rendezvous endpoint and the workers per node from the scheduler's
-environment, the same set Lightning Fabric reads (``lightning.fabric.plugins.environments``):
+environment: SLURM, Kubeflow's PET_*, LSF and Open MPI, each one class of :mod:`multigpu.runtime.clusters`
+(Lightning Fabric's cluster environments), which the ranks read too. Flags given by hand win; a flag that
+contradicts the scheduler (``--nnodes 4`` in a 2-node SLURM step) is one line naming both. Pure:
+everything is read from the mapping passed in.
 
-| scheduler | recognised by | nnodes | node_rank | endpoint | nproc_per_node |
-|---|---|---|---|---|---|
-| SLURM (``srun``, one task per node) | ``SLURM_STEP_ID`` | ``SLURM_NNODES`` | ``SLURM_NODEID`` | first host of ``SLURM_JOB_NODELIST``, ``MASTER_PORT`` or a port derived from ``SLURM_JOB_ID`` | ``SLURM_GPUS_ON_NODE`` / ``SLURM_GPUS_PER_NODE`` |
-| Kubeflow PyTorchJob, torchrun's ``PET_*`` | ``PET_NNODES`` | ``PET_NNODES`` | ``PET_NODE_RANK`` | ``PET_RDZV_ENDPOINT``, else ``PET_MASTER_ADDR:PET_MASTER_PORT`` | ``PET_NPROC_PER_NODE`` |
-| LSF (``jsrun``/``blaunch``) | ``LSB_JOBID`` + ``LSB_DJOB_RANKFILE`` | hosts in the rank file | this host's place in it | first host, ``MASTER_PORT`` or one derived from ``LSB_JOBID`` | — |
-| Open MPI (``mpirun -N 1``) | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_SIZE`` | ``OMPI_COMM_WORLD_RANK`` | ``MASTER_ADDR:MASTER_PORT`` (required) | — |
-
-Flags given by hand win; a flag that contradicts the scheduler (``--nnodes 4`` in a 2-node SLURM step)
-is one line naming both. Pure: everything is read from the mapping passed in.
+``--print-sbatch`` and ``--print-k8s`` write the job file for a command (:func:`sbatch_script`,
+:func:`pytorchjob_manifest`) with the resources its flags ask for (:class:`JobResources`).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,112 +33,75 @@ class SchedulerPlacement:
     nproc_per_node: int | None = None
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
-    raw = env[name]
-    try:
-        return int(raw.split("(")[0])  # SLURM writes "4(x2)" for 4 on each of 2 nodes
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} must be a whole number") from None
-
-
-def _derived_port(job_id: str | None) -> int:
-    from multigpu.runtime.env import slurm_master_port
-
-    return slurm_master_port(job_id)
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _slurm(env: Mapping[str, str]) -> SchedulerPlacement:
-    from multigpu.runtime.env import expand_slurm_nodelist
-
-    tasks = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE") or "1"
-    if tasks.split("(")[0] not in ("", "1"):
-        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {tasks} tasks per node "
-                          "(SLURM_NTASKS_PER_NODE); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
-                          "your script under srun directly without the launcher (mg.init reads SLURM)")
-    hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("SLURM_JOB_ID"))
-    host = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
-    gpus = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
-    return SchedulerPlacement(
-        "SLURM", _int(env, "SLURM_NNODES") if "SLURM_NNODES" in env else max(len(hosts), 1),
-        _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
-        _host_port(host, port) if host else None,
-        int(gpus) if gpus.isdigit() and int(gpus) > 0 else None,
-    )
-
-
-def _pet(env: Mapping[str, str]) -> SchedulerPlacement:
-    endpoint = env.get("PET_RDZV_ENDPOINT")
-    if not endpoint and env.get("PET_MASTER_ADDR"):
-        endpoint = _host_port(env["PET_MASTER_ADDR"], _int(env, "PET_MASTER_PORT") if "PET_MASTER_PORT" in env
-                              else 29500)
-    nproc = env.get("PET_NPROC_PER_NODE")
-    return SchedulerPlacement("PET_* (Kubeflow PyTorchJob / torchrun)", _int(env, "PET_NNODES"),
-                              _int(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else 0, endpoint,
-                              int(nproc) if nproc and nproc.isdigit() else None)
-
-
-def _lsf(env: Mapping[str, str], hostname: str) -> SchedulerPlacement:
-    try:
-        with open(env["LSB_DJOB_RANKFILE"], encoding="utf-8") as fh:
-            lines = [line.strip() for line in fh if line.strip()]
-    except OSError as exc:
-        raise ConfigError(f"LSB_DJOB_RANKFILE={env['LSB_DJOB_RANKFILE']} cannot be read: {exc.strerror}") from None
-    hosts = list(dict.fromkeys(lines[1:] or lines))  # the first line is LSF's launch node, not a compute node
-    if hostname not in hosts:
-        raise ConfigError(f"this host ({hostname}) is not in LSF's rank file {env['LSB_DJOB_RANKFILE']} "
-                          f"({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})")
-    port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else _derived_port(env.get("LSB_JOBID"))
-    return SchedulerPlacement("LSF", len(hosts), hosts.index(hostname), _host_port(hosts[0], port))
-
-
-def _openmpi(env: Mapping[str, str]) -> SchedulerPlacement:
-    if not env.get("MASTER_ADDR"):
-        raise ConfigError("started by mpirun (OMPI_COMM_WORLD_SIZE is set) but MASTER_ADDR is not: MPI names no "
-                          "rendezvous host; set MASTER_ADDR (and MASTER_PORT) or pass --rdzv-endpoint HOST:PORT")
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
-    return SchedulerPlacement("Open MPI", _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_RANK"),
-                              _host_port(env["MASTER_ADDR"], port))
-
-
 def from_environment(env: Mapping[str, str], hostname: str | None = None) -> SchedulerPlacement | None:
     """The scheduler's placement of this node, or None when no scheduler started this launcher.
 
-    SLURM counts only inside an ``srun`` step (``SLURM_STEP_ID``): an ``sbatch`` script's own shell also
-    carries ``SLURM_NNODES``, but there only one launcher runs.
+    Each scheduler is one class of :mod:`multigpu.runtime.clusters`, which the ranks read too. SLURM counts only
+    inside an ``srun`` step (``SLURM_STEP_ID``): an ``sbatch`` script's own shell also carries ``SLURM_NNODES``,
+    but there only one launcher runs; a step of several tasks per node is refused (one launcher per node).
     """
-    if "PET_NNODES" in env:
-        return _pet(env)
-    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
-        return _slurm(env)
-    if env.get("LSB_JOBID") and env.get("LSB_DJOB_RANKFILE"):
-        return _lsf(env, hostname or socket.gethostname())
-    if "OMPI_COMM_WORLD_SIZE" in env:
-        return _openmpi(env)
-    return None
+    from multigpu.runtime import clusters
+
+    cluster = clusters.node_environment(env, hostname)
+    if cluster is None:
+        return None
+    if isinstance(cluster, clusters.SLURM) and (tasks := cluster.tasks_per_node()) is not None and tasks[0] != 1:
+        raise ConfigError(f"multigpu launch runs once per node, but this srun step starts {env[tasks[1]]} tasks "
+                          f"per node ({tasks[1]}); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
+                          "your script under srun directly without the launcher (mg.init reads SLURM)")
+    return SchedulerPlacement(cluster.name, cluster.nnodes(), cluster.node_rank(), cluster.rdzv_endpoint(),
+                              cluster.nproc_per_node())
 
 
 _NODE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--print-sbatch", "--print-k8s")
 """Flags a scheduler's job file leaves out of the command: the scheduler says them on every node."""
+_NO_VALUE = ("--print-sbatch", "--print-k8s")
 
 
-def command_for_scheduler(argv: list[str]) -> list[str]:
-    """``argv`` without the flags each node gets from its scheduler (and without the print flags)."""
+def command_for_scheduler(ours: list[str], script_args: list[str] = ()) -> list[str]:
+    """The command without the flags each node gets from its scheduler (and without the print flags).
+
+    ``ours``: the command line up to and including the script; ``script_args``: everything after the script,
+    which belongs to the script and is kept verbatim (``--nnodes 7`` there is the script's own argument).
+    """
     out, skip = [], False
-    for arg in argv:
+    for arg in ours:
         if skip:
             skip = False
             continue
         name = arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
         if name in _NODE_FLAGS:
-            skip = "=" not in arg and name not in ("--print-sbatch", "--print-k8s")
+            skip = "=" not in arg and name not in _NO_VALUE
             continue
         out.append(arg)
-    return out
+    return [*out, *script_args]
+
+
+@dataclass(frozen=True)
+class JobResources:
+    """What one node of the job asks its scheduler for, from the job's own flags (never from this machine)."""
+
+    nnodes: int
+    workers: int
+    """Workers (ranks) per node."""
+    gpus: int
+    """GPUs per node (0: a CPU job)."""
+    cpus: int | None
+    """CPU cores per node (``--threads`` × workers), None: the whole node (``--exclusive``)."""
+    said: str
+    """Where ``gpus`` came from, for the job file's comment."""
+
+
+def rfc1123_name(what: str, *, limit: int = 40) -> str:
+    """A Kubernetes object name for ``what`` (a script path or a workload): ``multigpu-<stem>``, lower case
+    letters, digits and '-', starting with a letter and ending with a letter or digit, at most ``limit``
+    characters (the operator names pods and services ``<name>-worker-<i>``, which must stay within 63)."""
+    import re
+
+    stem = what.rsplit("/", 1)[-1].removesuffix(".py").lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
+    name = f"multigpu-{stem}" if stem else "multigpu-job"
+    return name[:limit].rstrip("-")
 
 
 def _job_name(what: str) -> str:
@@ -152,48 +111,128 @@ def _job_name(what: str) -> str:
     return "multigpu-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "job")
 
 
-def sbatch_script(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int, gpus_note: str) -> str:
-    """A ready ``sbatch`` script for ``multigpu ARGV`` on ``nnodes`` nodes: one launcher per node under srun,
-    which reads SLURM's variables (:func:`from_environment`)."""
+_SECRET_LINE = ("export MULTIGPU_RDZV_SECRET=\"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"")
+"""Made once per job by the batch script, before ``srun``: srun hands the environment to every node's launcher;
+the secret is never written to a file."""
+
+
+def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources) -> str:
+    """A ready ``sbatch`` script for ``multigpu OURS SCRIPT_ARGS``: one launcher per node under srun, which reads
+    SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job."""
     import shlex
 
     name = _job_name(what)
-    command = shlex.join(["multigpu", *command_for_scheduler(argv)])
+    command = shlex.join(["multigpu", *command_for_scheduler(ours, script_args)])
+    r = resources
+    gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else []
+    cpus = (f"#SBATCH --cpus-per-task={r.cpus}           # --threads × {r.workers} worker(s)" if r.cpus else
+            "#SBATCH --exclusive                  # the whole node: each worker gets cores // workers threads "
+            "(or pass --threads T for --cpus-per-task)")
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
-        f"#SBATCH --nodes={nnodes}",
-        "#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts one worker per GPU",
-        f"#SBATCH --gpus-per-node={gpus_per_node}            # {gpus_note}",
-        "#SBATCH --cpus-per-task=16           # the launcher gives each worker cores // GPUs threads",
+        f"#SBATCH --nodes={r.nnodes}",
+        f"#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts {r.workers} worker(s)",
+        *gpus,
+        cpus,
         "#SBATCH --time=01:00:00              # edit: the job's time limit",
         f"#SBATCH --output={name}-%j.out",
         f"#SBATCH --error={name}-%j.err",
+        "set -euo pipefail",
         "",
+        "# Every node signs the rendezvous state with one secret, made here once per job; srun passes it to each",
+        "# node's launcher in the environment (it is in no file).",
+        _SECRET_LINE,
         "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
-        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed.",
-        f"srun {command}",
+        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed. The",
+        "# nodes agree on one run folder (under this folder, which every node must see: a shared file system).",
+        "# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
+        f"srun --kill-on-bad-exit=1 {command}",
         "",
     ])
 
 
-def pytorchjob_manifest(argv: list[str], *, what: str, nnodes: int, gpus_per_node: int,
-                        image: str = "<your-image>") -> str:
-    """A Kubeflow ``PyTorchJob`` manifest for ``multigpu ARGV``: one pod per node (a Master and nnodes - 1
-    Workers); Kubeflow sets the PET_* variables each node's launcher reads."""
+RUNS_MOUNT = "/runs"
+"""Where the PyTorchJob mounts its shared volume: every pod's run folders and logs."""
+RUNS_CLAIM = "multigpu-runs"
+"""The ReadWriteMany PersistentVolumeClaim of that volume, shared by every job made this way."""
+
+
+class _Quoted(str):
+    """A string YAML must keep a string: ``1e-3``, ``5E-4``, ``0o17``, ``yes`` are numbers or booleans to a YAML 1.2
+    (or 1.1) reader when written bare."""
+
+
+def _yaml_dump(documents: list[dict]) -> str:
     import yaml
 
-    command = ["multigpu", *command_for_scheduler(argv)]
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:  # no &id001 anchors: every value written out where it is used
+            return True
+
+    Dumper.add_representer(_Quoted, lambda dumper, data: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", str(data), style='"'))
+    return "---\n".join(yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=1 << 16) for doc in documents)
+
+
+def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
+                        run_folder: bool | None = None, image: str = "<your-image>") -> str:
+    """Kubernetes manifests for ``multigpu OURS SCRIPT_ARGS`` as a Kubeflow ``PyTorchJob`` (a Master and
+    nnodes - 1 Workers; Kubeflow sets the PET_* variables each node's launcher reads), with:
+
+    * a ``Secret`` holding the rendezvous secret, made here once per job and given to every pod through
+      ``secretKeyRef`` (the job's spec holds only its name);
+    * a ReadWriteMany ``PersistentVolumeClaim`` mounted at :data:`RUNS_MOUNT` in every pod, where a workload's
+      run folder goes (``run_folder``: add ``--run-dir RUNS_MOUNT/<job name>``, and ``--resume auto`` when True,
+      so that a pod Kubernetes restarts continues its run instead of refusing the used folder; None: add
+      nothing), and ``/dev/shm`` in memory (the container runtime's 64 MB default is too small for data-loader
+      workers and NCCL);
+    * one name per printed job: ``multigpu-<script or workload>-<6 random hex digits>``, a valid RFC 1123 label
+      (applying the same file again is the same job: same folder, same secret).
+    * ``restartPolicy: ExitCode``: a pod is restarted when killed (exit code 128 + signal: preemption, OOM), not
+      when the job's own input is wrong (exit 2) or a rank failed (exit 1).
+    """
+    import secrets
+
+    name = f"{rfc1123_name(what, limit=33)}-{secrets.token_hex(3)}"
+    r = resources
+    run_flags = [] if run_folder is None else \
+        ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
+    command = [_Quoted(a) for a in ["multigpu", *command_for_scheduler([*ours, *run_flags], script_args)]]
+    secret_name = f"{name}-rdzv"
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name}, "type": "Opaque",
+              "stringData": {"MULTIGPU_RDZV_SECRET": _Quoted(secrets.token_hex(16))}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": RUNS_CLAIM},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}}}
 
     def replica(count: int) -> dict:
-        container = {"name": "pytorch", "image": image, "command": command,
-                     "resources": {"limits": {"nvidia.com/gpu": gpus_per_node}}}
-        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+        limits: dict = {"nvidia.com/gpu": r.gpus} if r.gpus else {}
+        if r.cpus:
+            limits["cpu"] = r.cpus
+        container = {
+            "name": "pytorch", "image": image, "command": command,
+            "env": [{"name": "MULTIGPU_RDZV_SECRET",
+                     "valueFrom": {"secretKeyRef": {"name": secret_name, "key": "MULTIGPU_RDZV_SECRET"}}}],
+            "volumeMounts": [{"name": "runs", "mountPath": RUNS_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}],
+        }
+        if limits:
+            container["resources"] = {"limits": limits}
+        volumes = [{"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}},
+                   {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        return {"replicas": count, "restartPolicy": "ExitCode",
+                "template": {"spec": {"containers": [container], "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
-    if nnodes > 1:
-        specs["Worker"] = replica(nnodes - 1)
-    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                "metadata": {"name": _job_name(what).lower().replace("_", "-").replace(".", "-")},
-                "spec": {"nprocPerNode": str(gpus_per_node), "pytorchReplicaSpecs": specs}}
-    return yaml.safe_dump(manifest, sort_keys=False)
+    if r.nnodes > 1:
+        specs["Worker"] = replica(r.nnodes - 1)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+           "spec": {"nprocPerNode": _Quoted(str(r.workers)), "pytorchReplicaSpecs": specs}}
+    header = "\n".join([
+        f"# {name}: a Kubeflow PyTorchJob of {r.nnodes} pod(s), {r.workers} worker(s) each. Apply with kubectl apply -f.",
+        "# The Secret below holds this job's rendezvous secret (made when this file was printed): keep the file",
+        f"# private, or pipe it straight into kubectl apply -f -. The run folder is on the claim {RUNS_CLAIM}",
+        "# (ReadWriteMany: NFS, CephFS, EFS, Filestore...; edit its storageClassName/size, or point claimName at",
+        "# yours). Edit the image.",
+        "",
+    ])
+    return header + _yaml_dump([secret, claim, job])

@@ -63,6 +63,17 @@ def is_library(path: str) -> bool:
     return path.startswith("<") or any(path.startswith(d) for d in _LIBRARY_DIRS)
 
 
+_WRAPPER = str(Path(__file__).with_name("_worker.py"))
+ENDED = "multigpu's worker wrapper (its script had ended)"
+"""Where a rank stood that was stopped after its script had returned or raised (the wrapper was leaving)."""
+
+
+def _script_ended(frames: list[tuple[str, int, str]]) -> bool:
+    """The wrapper's frames with no script under them: runpy, which runs the script, is no longer on the stack."""
+    files = [os.path.realpath(f) if not f.startswith("<") else f for f, _, _ in frames]
+    return os.path.realpath(_WRAPPER) in files and not any("runpy" in f for f in files)
+
+
 def read_positions(folder: str | Path, skip: set[int] = frozenset()) -> list[RankPosition]:
     """One ``RankPosition`` per rank that left a non-empty dump in ``folder`` (ranks in ``skip`` left out)."""
     out = []
@@ -72,6 +83,9 @@ def read_positions(folder: str | Path, skip: set[int] = frozenset()) -> list[Ran
             continue
         frames = parse_faulthandler(path.read_text(errors="replace"))
         if not frames:
+            continue
+        if _script_ended(frames):
+            out.append(RankPosition(rank, ENDED, None))
             continue
         file, line, func = frames[0]
         user = next((f"{_short(f)}:{n}" for f, n, _ in frames if not is_library(f)), None)

@@ -67,7 +67,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from torch.distributed import FileStore, Store, TCPStore
@@ -87,7 +87,8 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from multigpu.errors import RendezvousTimeoutError
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
-__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "register", "secret_from_env", "tampered", "wait_for_store"]
+__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "formed", "hand_over", "open_store", "register", "release",
+           "secret_from_env", "seal", "tampered", "unseal", "wait_for_store"]
 
 BACKEND = "multigpu"
 """The rendezvous backend name given to torch's agent."""
@@ -100,6 +101,8 @@ _WORKER_STORE_KEY = "multigpu/worker_store"
 _RETRY_S = 0.5
 _secrets: dict[str, tuple[bytes, str | None]] = {}  # run id -> (secret, private folder), kept by register()
 _backends: dict[str, RendezvousBackend] = {}  # run id -> this launcher's signed backend (read again by tampered())
+_opened: dict[str, Callable[[], tuple[Store, str | None]]] = {}  # run id -> multigpu.launch.nodes' store
+_formed: set[str] = set()  # run ids whose first rendezvous round completed on this node (the job formed)
 
 
 def _mac(secret: bytes, data: bytes) -> bytes:
@@ -108,6 +111,16 @@ def _mac(secret: bytes, data: bytes) -> bytes:
 
 def _seal(secret: bytes, data: bytes) -> bytes:
     return _mac(secret, data) + data
+
+
+def seal(secret: bytes, data: bytes) -> bytes:
+    """``data`` signed with ``secret`` (what :func:`unseal` checks)."""
+    return _seal(secret, data)
+
+
+def unseal(secret: bytes, blob: bytes, what: str) -> bytes:
+    """``blob``'s data once its signature matches ``secret``; RendezvousStateError (naming ``what``) otherwise."""
+    return _open(secret, blob, what)
 
 
 def _open(secret: bytes, blob: bytes, what: str) -> bytes:
@@ -239,6 +252,7 @@ class _WorkerStoreHandler(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         with _no_join_skew() if self._single_node else contextlib.nullcontext():
             info = self._inner.next_rendezvous()
+        _formed.add(self.get_run_id())
         self._worker_store = None  # the previous round's server stops
         if info.rank == 0:
             host = self._worker_host or _address_towards(*self._endpoint)
@@ -280,6 +294,34 @@ def _file_store(timeout_s: float, parent: str | None) -> tuple[Store, str]:
     return store, folder
 
 
+def open_store(host: str, port: int, *, is_host: bool, read_timeout: float, join_timeout: float
+               ) -> tuple[Store, str | None]:
+    """A multi-node job's rendezvous store: hosted here on the endpoint's own address (``is_host``), else a
+    client of it once it answers (Ctrl-C stops the wait). Returns the store and the address it listens on
+    (None for a client)."""
+    if is_host:
+        return _listening_store(host, port, read_timeout)
+    wait_for_store(host, port, join_timeout)
+    return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout)), None
+
+
+def hand_over(run_id: str, store: Callable[[], tuple[Store, str | None]]) -> None:
+    """The store of :mod:`multigpu.launch.nodes`' session (``store()`` opens it, once): the handler of ``run_id``
+    uses it instead of opening another on the same port."""
+    _opened[run_id] = store
+
+
+def release(run_id: str) -> None:
+    """Forget ``run_id``'s early store and rendezvous state (the session that opened it is over)."""
+    _opened.pop(run_id, None)
+    _formed.discard(run_id)
+
+
+def formed(run_id: str) -> bool:
+    """Whether the job of ``run_id`` has formed on this node (a rendezvous round completed)."""
+    return run_id in _formed
+
+
 def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     read_timeout = params.get_as_int("read_timeout", 60) or 60
@@ -290,12 +332,11 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     if params.max_nodes == 1 and is_host:  # no other node joins: no listener at all
         store, private_dir = _file_store(read_timeout, parent)
         address = addresses(host, port)[0][4][0]  # where the workers' store listens (loopback for localhost)
-    elif is_host:
-        store, address = _listening_store(host, port, read_timeout)
+    elif params.run_id in _opened:
+        store, address = _opened[params.run_id]()
     else:
-        wait_for_store(host, port, params.get_as_int("join_timeout", 600) or 600)
-        store = TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout))
-        address = None
+        store, address = open_store(host, port, is_host=is_host, read_timeout=read_timeout,
+                                    join_timeout=params.get_as_int("join_timeout", 600) or 600)
     backend = _SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
     _backends[params.run_id] = backend
     handler = create_handler(store, backend, params)

@@ -13,11 +13,13 @@ windows, env-steps) and wraps each step::
 
 Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 
-* *wall* - time inside ``step()`` blocks. On CUDA each step ends on an event
-  recorded on the current stream at the end of the block and waited for before
-  the clock is read, so a step's time includes the kernels it queued, not only
-  the time to queue them (the host waits at each step end; the next step's
-  kernels are queued after that);
+* *wall* - time inside ``step()`` blocks. On CUDA a step is bracketed by two
+  timing events on the current stream, and its time is the GPU's between them:
+  the kernels it queued, not only the time to queue them. The host does not
+  wait at the step's end: each step's events are read one step later (by then
+  the GPU has run it), so the host queues step k+1 while the GPU runs step k.
+  The figures of a step are therefore recorded when the next step ends (or at
+  ``flush()``, a log point, ``summary()``/``close()``);
 * *comm* - time spent in multigpu's collectives during those steps (device time
   from CUDA events for CUDA tensors), plus what the workload adds with
   ``add_comm()`` (e.g. a DDP communication hook). ``add_comm(None)`` says the
@@ -88,6 +90,20 @@ class _Progress:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+@dataclasses.dataclass
+class _Queued:
+    """A CUDA step the host has queued, read one step later: its events, and what was known at its end."""
+
+    begin: Any
+    end: Any
+    comm_from: tuple[float, int]
+    comm_to: tuple[float, int]
+    extra: float | None
+    cpu_s: float
+    items: int
+    traffic: dict[str, tuple[int, int]]
 
 
 @dataclasses.dataclass
@@ -210,6 +226,8 @@ class StepMeter:
         self._log: JsonlLog | None = None
         self._first_step: tuple[float, float] | None = None
         """Wall-clock start and end of the first step (where the run's start-up ends: ``startup`` in the summary)."""
+        self._first_start: float | None = None  # the first step's wall-clock start, until its time is recorded
+        self._queued: list[_Queued] = []  # CUDA steps whose events are read one step later
 
     @classmethod
     def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
@@ -234,30 +252,54 @@ class StepMeter:
     def step(self, items: int = 0) -> Iterator[StepCount]:
         """Time one step that processes ``items`` items on this rank. When the count is known only
         inside the step, set it on what the block receives: ``with meter.step() as s: ...; s.items = n``."""
-        comm_before = collectives.collective_seconds()
+        comm_from = collectives.comm_mark()
         traffic_before = collectives.traffic()
         self._extra_comm = 0.0
         count = StepCount(items)
         device = self.device or group.current_device()
+        on_gpu = devicetime.is_async(device)
+        begin = devicetime.timed_event(device) if on_gpu else None
         start, cpu_start = time.perf_counter(), time.process_time()
-        first = time.time() if self._first_step is None else None
+        if self._first_start is None:
+            self._first_start = time.time()
         yield count
-        items = count.items
-        devicetime.wait_for(device)  # on CUDA: the step's kernels have run, not only been queued
-        wall = time.perf_counter() - start
-        if first is not None:
-            self._first_step = (first, first + wall)
-        self.cpu_times.append(time.process_time() - cpu_start)
-        extra = self._extra_comm
-        comm = None if extra is None else collectives.collective_seconds() - comm_before + extra
-        self.steps += 1
-        watchdog.heartbeat(f"step {self.steps} of {self.unit}")
-        self.step_times.append(wall)
-        self.comm_times.append(None if comm is None else min(comm, wall))
-        self.traffic.append(_delta(traffic_before, collectives.traffic()))
-        self.items.append(int(items))
+        cpu_s, wall = time.process_time() - cpu_start, time.perf_counter() - start
+        traffic = _delta(traffic_before, collectives.traffic())
+        watchdog.heartbeat(f"step {self.steps + len(self._queued) + 1} of {self.unit}")
         if self._profiler is not None:
             self._profiler.step()
+        if on_gpu:  # read one step later: the host goes on queuing while the GPU runs this step
+            self._queued.append(_Queued(begin, devicetime.timed_event(device), comm_from, collectives.comm_mark(),
+                                        self._extra_comm, cpu_s, int(count.items), traffic))
+            self._read(keep=1)
+            return
+        extra = self._extra_comm
+        comm = None if extra is None else collectives.comm_between(comm_from, collectives.comm_mark()) + extra
+        self._record(wall, cpu_s, comm, int(count.items), traffic)
+
+    def flush(self) -> None:
+        """Record every step still waiting for its CUDA events (waits for the GPU to run them): before reading
+        ``step_times`` and the other per-step lists. Nothing to do on the CPU."""
+        self._read(keep=0)
+
+    def _read(self, keep: int) -> None:
+        while len(self._queued) > keep:
+            q = self._queued.pop(0)
+            q.end.synchronize()  # the step before the one just queued: the GPU is (almost always) past it
+            wall = q.begin.elapsed_time(q.end) / 1000.0  # milliseconds on the GPU's clock
+            comm = None if q.extra is None else collectives.comm_between(q.comm_from, q.comm_to) + q.extra
+            self._record(wall, q.cpu_s, comm, q.items, q.traffic)
+
+    def _record(self, wall: float, cpu_s: float, comm: float | None, items: int,
+                traffic: dict[str, tuple[int, int]]) -> None:
+        if self.steps == 0 and self._first_start is not None:  # where start-up ends (on CUDA: its time on the GPU)
+            self._first_step = (self._first_start, self._first_start + wall)
+        self.steps += 1
+        self.step_times.append(wall)
+        self.cpu_times.append(cpu_s)
+        self.comm_times.append(None if comm is None else min(comm, wall))
+        self.traffic.append(traffic)
+        self.items.append(items)
         self._progress.advance(items / wall * group.world_size() if wall > 0 else None, self._extras_text())
         if self.log_every and self.steps % self.log_every == 0:
             self._log_point()
@@ -299,6 +341,7 @@ class StepMeter:
 
     def summary(self) -> dict[str, Any]:
         """The reduced figures over the measured steps, on every rank. Call on all ranks."""
+        self.flush()
         m = self._measured()
         comm_s = sum_comm(self.comm_times[m])
         mine = {
@@ -355,5 +398,10 @@ class StepMeter:
         if extra:
             result.update(extra)
         if group.rank() == 0 and self.run_dir is not None:
+            from multigpu.runtime.context import read_restarts
+
+            deaths = read_restarts(self.run_dir)  # ranks that died and made the agent restart the group
+            if deaths:
+                result["restarts"] = deaths
             write_json_atomic(self.run_dir / "summary.json", result)
         return result

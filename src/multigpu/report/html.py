@@ -202,7 +202,10 @@ def _prediction_section(pred: dict[str, Any]) -> str:
     sweep = pred.get("ping_pong_one_way_s") or {}
     return (
         "<h3>Predicted scaling</h3>"
-        f"<p>fitted on the measured world size(s) {html.escape(fit)}; interconnect: "
+        + (f"<p><b>Not a prediction: the runs it is fitted on cannot be trusted</b> "
+           f"({html.escape('; '.join(pred['distrusted']))}). Rerun the bench with --repeat 3 on a quieter machine."
+           "</p>" if pred.get("distrusted") else "")
+        + f"<p>fitted on the measured world size(s) {html.escape(fit)}; interconnect: "
         f"<b>{html.escape(str(link['name']))}</b>, latency {link['alpha_s'] * 1e6:.3g} us and "
         f"{link['bandwidth'] / 1e9:.3g} GB/s per rank and direction ({html.escape(str(link['source']))})</p>"
         + ('<p class="meta">ping-pong one-way times it was measured from: '

@@ -15,12 +15,14 @@ from typing import Any, NamedTuple
 
 from multigpu.bench.table import shown
 
-__all__ = ["bench_figure", "png_base64", "pred_parts", "save_png", "startup_figure", "throughput_figure",
+__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "startup_figure", "throughput_figure",
            "utilization_figure"]
 
 _IDEAL = "#888888"
 _COMPUTE = "#4C78A8"
 _COMM = "#F58518"
+_WHOLE = "#BAB0AC"
+"""A time that was not split into compute and communication (a wall-clock-timed script; comm not measured)."""
 _PRED = "#54A24B"
 _PRED_COLORS = {"compute": _COMPUTE, "imbalance": "#B279A2", "latency": "#E45756", "bandwidth": _COMM}
 _EXTRA_COLORS = ("#72B7B2", "#EECA3B", "#9D755D", "#BAB0AC")
@@ -42,10 +44,20 @@ def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
     return fig, [ax for row in axes for ax in row]
 
 
+def plain_text(fig) -> None:
+    """Show every text of ``fig`` as written: run names, units and labels come from the user's folders and files,
+    and matplotlib would read ``$...$`` in them as mathtext (``$\\macro$`` then fails to render)."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+
+
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` as PNG through a temporary file and a rename."""
     from multigpu.files import atomic_path
 
+    plain_text(fig)
     with atomic_path(path, keep_suffix=True) as tmp:
         fig.savefig(tmp, format="png")
     return Path(path)
@@ -53,6 +65,7 @@ def save_png(fig, path: str | Path) -> Path:
 
 def png_base64(fig) -> str:
     """``fig`` as a base64 PNG, for ``<img src="data:image/png;base64,...">``."""
+    plain_text(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -124,13 +137,19 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
     measured = {r["world_size"]: r for r in rows}
     predicted = {r["world_size"]: r for r in prows}
     parts = pred_parts(prows)
+    wall = bool(rows) and all(r.get("measure") == "wall" for r in rows)
+    # a script timed by its wall clock: each bar is the whole run (start-up, imports, every step), not a step
+    whole = "whole run, wall clock (not split)" if wall else "step, not split (communication not measured)"
     bars = []
     for n in sorted(measured.keys() | predicted.keys()):
         if n in measured:
             r = measured[n]
-            share = r["comm_share"] or 0.0  # not measured (None): the whole step drawn as compute
-            bars.append(_Bar(n, str(n), {"compute": r["step_time_s"] * (1 - share), "communication": r["step_time_s"] * share},
-                             False, r["step_time_s"], f"{shown(r['comm_share'], '.0%')} comm"))
+            if r["comm_share"] is None:  # not measured: the time as a whole, not passed off as compute
+                split = {whole: r["step_time_s"]}
+            else:
+                split = {"compute": r["step_time_s"] * (1 - r["comm_share"]),
+                         "communication": r["step_time_s"] * r["comm_share"]}
+            bars.append(_Bar(n, str(n), split, False, r["step_time_s"], f"{shown(r['comm_share'], '.0%')} comm"))
         if n in predicted:
             r = predicted[n]
             bars.append(_Bar(n, f"{n}\npredicted", {p: float(r.get(f"{p}_s") or 0.0) for p in parts}, True,
@@ -139,10 +158,10 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
     shares = bool(steps) and max(steps) > _WIDE * min(steps)  # bars too far apart to read on one time axis
     scale = [100 / (sum(b.parts.values()) or 1.0) if shares else 1000 for b in bars]
     bottom = [0.0] * len(bars)
-    series = [("compute", False, _COMPUTE), ("communication", False, _COMM)]
+    series = [("compute", False, _COMPUTE), ("communication", False, _COMM), (whole, False, _WHOLE)]
     series += [(p, True, _PRED_COLORS.get(p) or _EXTRA_COLORS[i % len(_EXTRA_COLORS)]) for i, p in enumerate(parts)]
     for part, is_pred, color in series:
-        idx = [i for i, b in enumerate(bars) if b.predicted == is_pred]
+        idx = [i for i, b in enumerate(bars) if b.predicted == is_pred and part in b.parts]
         if not idx:
             continue
         heights = [bars[i].parts.get(part, 0.0) * scale[i] for i in idx]
@@ -167,9 +186,12 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
         ax.annotate(note, (i, bottom[i]), ha="center", va="bottom", fontsize=7 if prows else 8)
     top = max(bottom, default=1.0) or 1.0
     ax.set_xticks(range(len(bars)), [b.label for b in bars], fontsize=8 if prows else None)
+    unit = "run" if wall else "step"
     ax.set(xlabel="world size (ranks)" + ("; above a predicted bar: its bottleneck" if prows else ""),
-           ylabel="share of the step (%)" if shares else "median step time (ms)",
-           title="where a step's time goes", ylim=(0, top * (1.45 if prows else 1.18)))
+           ylabel=f"share of the {unit} (%)" if shares else ("run time, wall clock (ms)" if wall
+                                                               else "median step time (ms)"),
+           title="the whole run's wall clock time (no StepMeter: not split)" if wall else "where a step's time goes",
+           ylim=(0, top * (1.45 if prows else 1.18)))
     if shares:
         ax.set_yticks(range(0, 101, 20))
     ax.legend(fontsize=7 if prows else None, ncols=2 if len(series) > 3 else 1)

@@ -103,9 +103,14 @@ class RLConfig:
     keep_last: int = 3
     """Checkpoints kept in ``<run_dir>/checkpoints``; older ones are deleted."""
 
+    checkpoint_mode: Literal["async", "sync"] = "async"
+    """async: a checkpoint is copied to host memory and written in the background while training goes on;
+    sync: every rank waits until it is on disk (use it where the host cannot hold one more copy of the state)."""
+
     callbacks: list[str] = field(default_factory=list)
-    """``pkg.module:factory`` names; each made object's ``on_step(state)`` runs on every rank after each
-    update (``state.step``: updates done), after its checkpoint."""
+    """``pkg.module:factory`` names; each made object's ``on_step(event)`` runs on every rank after each
+    update, before its checkpoint (``event.step``: updates done; ``event.state``, ``event.run``: see
+    :class:`multigpu.run.StepEvent`)."""
 
     def __post_init__(self) -> None:
         positive = ("num_envs", "num_steps", "total_env_steps", "return_window", "num_minibatches",

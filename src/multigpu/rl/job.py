@@ -29,12 +29,12 @@ __all__ = ["WORKLOAD", "check", "main"]
 def check(cfg: RLConfig, plan: JobPlan) -> None:
     """In the launcher: the environment factory and the split of the rollout over ``plan.world_size`` ranks."""
     from multigpu.envs import make
-    from multigpu.envs.adapter import autoreset_mode_of
+    from multigpu.envs.adapter import FACTORY_ARGUMENTS, autoreset_mode_of
     from multigpu.rl.policy import policy_for
 
     mode = "same_step"
     if cfg.env is not None:
-        cfg.env.check("env.factory")
+        cfg.env.check("env.factory", dict.fromkeys(FACTORY_ARGUMENTS))  # filled in by the adapter, per rank
         envs = make(cfg.env.factory, 1, seed=0, device="cpu", autoreset_mode="same_step", kwargs=cfg.env.kwargs)
         try:
             mode = autoreset_mode_of(envs)
@@ -66,7 +66,7 @@ def main(cfg: RLConfig, ctx: RunContext) -> int:
     cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * ctx.problem_scale(mg.world_size()))
     if mg.is_main():
         print(f"multigpu rl: {cfg.env_name}, {cfg.num_envs} envs in all, run dir {ctx.run_dir}", flush=True)
-    train(cfg, run_dir=ctx.run_dir, log=lambda line: print(line, flush=True), resume_from=ctx.resume_from, run=ctx)
+    train(cfg, ctx, log=lambda line: print(line, flush=True))
     return 0
 
 
@@ -82,6 +82,8 @@ WORKLOAD = Workload(
         Flag("--env", "env.factory", metavar="PKG.MODULE:FACTORY",
              help="your batched environment's factory (env.kwargs.NAME=... for its arguments; default: env_id)"),
         Flag("--obs-norm", "obs_norm", action="store_true", help="normalize observations (running mean/var, all ranks)"),
+        Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
+             help="async: write checkpoints in the background (the default); sync: wait until each is on disk"),
     ),
     bench=("total_env_steps=20000", "target_return=null", "checkpoint_every=0"),
     resumable=True,

@@ -19,11 +19,12 @@ works too: the step that only resets an environment is left out of the update.
 With ``obs_norm`` the observations are normalized by running statistics that
 are all-reduced after each rollout (:mod:`multigpu.rl.normalize`).
 
-Checkpoints (``<run_dir>/checkpoints``, :class:`multigpu.checkpoint.CheckpointStore`) every
-``checkpoint_every`` updates and after the last: the policy, the optimizer, the normalizer's statistics,
-the counters and moving returns, and every rank's environments, current observations and sampling
-generator; a resumed run continues bit-identically to an uninterrupted one on the same world size.
-:func:`load_policy` reads the newest one back as a module.
+The loop is :func:`train`: a :class:`multigpu.run.Run` over the updates, each one :func:`rollout` then
+:func:`learn`. The run owns the checkpoints (``<run_dir>/checkpoints``, every ``checkpoint_every`` updates,
+after the last and when the target is reached; in the background with ``checkpoint_mode=async``): the
+policy, the optimizer, the normalizer's statistics, the counters and moving returns, and every rank's
+environments, current observations and sampling generator; a resumed run continues bit-identically to an
+uninterrupted one on the same world size. :func:`load_policy` reads the newest one back as a module.
 
 Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 *env-step* = one environment advancing once (the meter's unit).
@@ -32,7 +33,6 @@ Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +44,10 @@ import multigpu as mg
 from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
 from multigpu.envs.adapter import autoreset_mode_of
 from multigpu.errors import ConfigError
-from multigpu.monitor import StepMeter
 from multigpu.rl.config import RLConfig
 from multigpu.rl.normalize import ObsNormalizer
 from multigpu.rl.policy import ActorCritic, PolicySpec, policy_for
+from multigpu.run import Run, script_context
 from multigpu.runtime import context
 from multigpu.train.sync import wrap_ddp
 
@@ -116,22 +116,86 @@ def _make_envs(cfg: RLConfig, num_envs: int):
                                   action_bounds=cfg.action_bounds, what=what)
 
 
-class _RankState:
-    """What differs per rank and moves every step: environments, observations, episode sums, the sampler."""
+class _Learner:
+    """The policy side on this rank: the network (DDP-wrapped across ranks), its head and action map, the
+    observation normalizer and the optimizer."""
 
-    def __init__(self, envs, loop: dict, gen: torch.Generator):
-        self.envs, self.loop, self.gen = envs, loop, gen
+    def __init__(self, cfg: RLConfig, spec: PolicySpec, device: torch.device, n: int):
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+        self.agent = spec.make_network(cfg.hidden_size, cfg.log_std_init).to(device)
+        self.head, self.to_env = spec.make_head(), spec.make_map(device)
+        self.norm = ObsNormalizer(spec.obs_dim, device) if cfg.obs_norm else None
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.model, self.comm = self.agent, None
+        if mg.world_size() > 1:  # grads averaged over ranks in backward, the all-reduces timed into the comm share
+            self.model, self.comm = wrap_ddp(self.agent, mg.get_env("rl.train"), "auto")
+        self.n = n
+
+    def input(self, raw: torch.Tensor) -> torch.Tensor:
+        """What the network sees of raw observations: flattened floats, normalized with ``obs_norm``."""
+        x = raw.reshape(self.n, -1).float()
+        return self.norm(x) if self.norm is not None else x
+
+
+class _Rollout:
+    """This rank's environments, their current observations and episode sums, its sampling generator, and the
+    rollout storage ``(num_steps, n, ...)``. ``state_dict``: the per-rank checkpoint part."""
+
+    def __init__(self, cfg: RLConfig, envs, spec: PolicySpec, device: torch.device, next_step: bool):
+        n, steps = envs.num_envs, cfg.num_steps
+        self.envs, self.n, self.device, self.next_step = envs, n, device, next_step
+        self.on_host = _reads_on_host(device)
+        # each rank explores its own way
+        self.gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + mg.rank())
+        self.obs_buf = torch.zeros(steps, n, spec.obs_dim, device=device)
+        self.act_buf = (torch.zeros(steps, n, dtype=torch.int64, device=device) if spec.discrete
+                        else torch.zeros(steps, n, spec.action_dim, device=device))
+        self.logp_buf, self.rew_buf, self.done_buf, self.val_buf = (torch.zeros(steps, n, device=device)
+                                                                    for _ in range(4))
+        self.valid_buf = torch.ones(steps, n, dtype=torch.bool, device=device)  # False: a next-step reset step
+        # the returns of the episodes ending, when they are read once per rollout
+        self.ended_buf = None if self.on_host else torch.zeros(steps, n, device=device)
+        self.obs, _ = envs.reset(seed=cfg.seed)
+        self.episode_return = torch.zeros(n, device=device)
+        self.reset_step = torch.zeros(n, dtype=torch.bool, device=device)  # next-step autoreset: this step only resets
 
     def state_dict(self) -> dict:
         envs = self.envs.state_dict() if hasattr(self.envs, "state_dict") else None
-        return {"envs": envs, "gen": self.gen.get_state(), **{k: v.clone() for k, v in self.loop.items()}}
+        return {"envs": envs, "gen": self.gen.get_state(), "obs": self.obs.clone(),
+                "episode_return": self.episode_return.clone(), "reset_step": self.reset_step.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["envs"] is not None and hasattr(self.envs, "load_state_dict"):
             self.envs.load_state_dict(state["envs"])
         self.gen.set_state(state["gen"])
-        for key, value in self.loop.items():
-            self.loop[key] = state[key].to(value.device)
+        self.obs = state["obs"].to(self.device)
+        self.episode_return = state["episode_return"].to(self.device)
+        self.reset_step = state["reset_step"].to(self.device)
+
+
+class _Progress:
+    """Updates done, episodes ended, the moving window of returns and whether the target was reached: the same
+    on every rank (a checkpoint part, ``progress``)."""
+
+    def __init__(self, window: int):
+        self.update, self.episodes, self.solved = 0, 0, False
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    @property
+    def mean_return(self) -> float:
+        return sum(self.recent) / len(self.recent) if self.recent else float("nan")
+
+    def add(self, returns: list[float]) -> None:
+        self.recent.extend(returns)
+        self.episodes += len(returns)
+
+    def state_dict(self) -> dict:
+        return {"update": self.update, "episodes": self.episodes, "solved": self.solved, "recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.update, self.episodes, self.solved = int(state["update"]), int(state["episodes"]), bool(state["solved"])
+        self.recent.clear()
+        self.recent.extend(state["recent"])
 
 
 class _Module:
@@ -147,199 +211,158 @@ class _Module:
         self.module.load_state_dict(state)
 
 
-def train(cfg: RLConfig, run_dir=None, *, log=print, resume_from=None,
-          run: context.RunContext | None = None) -> PPOResult:
+def rollout(cfg: RLConfig, ro: _Rollout, learner: _Learner, update: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """``num_steps`` steps of this rank's environments under the current policy (no gradients, no communication).
+
+    Fills the rollout storage; returns the advantages, the returns and the returns of the episodes that ended."""
+    agent, head, norm, cfg_gamma = learner.agent, learner.head, learner.norm, cfg.gamma
+    obs, episode_return, reset_step = ro.obs, ro.episode_return, ro.reset_step
+    finished = []
+    with torch.no_grad():
+        for t in range(cfg.num_steps):
+            if norm is not None:
+                norm.observe(obs.reshape(ro.n, -1))
+            x = learner.input(obs)
+            out, value = agent(x)
+            try:
+                action = head.sample(out, ro.gen)
+            except (ValueError, RuntimeError):  # torch's distributions on NaN logits: say why, if it is the env
+                _refuse_nonfinite(cfg, update, t, obs=obs)
+                raise
+            ro.obs_buf[t], ro.act_buf[t], ro.val_buf[t] = x, action, value
+            ro.logp_buf[t] = head.log_prob(out, action)
+            obs, reward, terminated, truncated, info = ro.envs.step(learner.to_env(action))
+            reward = torch.as_tensor(reward, device=ro.device).float()
+            done = terminated | truncated
+            episode_return += reward
+            ro.rew_buf[t] = reward * cfg.reward_scale if cfg.reward_scale != 1.0 else reward
+            if ro.next_step:
+                ro.valid_buf[t] = ~reset_step
+                reset_step = done
+            if ro.on_host:
+                any_ended = bool(done.any()) if ro.next_step else "_final_obs" in info
+                if any_ended:  # some episode ended: log its return, bootstrap the truncated ones
+                    if truncated.any():
+                        final = obs if ro.next_step else info["final_obs"]  # next-step: obs is the last one
+                        ro.rew_buf[t] += cfg_gamma * agent(learner.input(final))[1] * truncated
+                    finished.append(episode_return[done].clone())
+                    episode_return[done] = 0.0
+            else:  # no host read: bootstrap every step (times truncated: + 0 where none was cut)
+                final = obs if ro.next_step else info.get("final_obs", obs)
+                ro.rew_buf[t] += cfg_gamma * agent(learner.input(final))[1] * truncated
+                ro.ended_buf[t] = episode_return
+                episode_return.masked_fill_(done, 0.0)
+            ro.done_buf[t] = done.float()
+        if not ro.on_host:  # the ended episodes' returns, in step then environment order: one read
+            finished.append(ro.ended_buf[ro.done_buf.bool()])
+        advantages, returns = _advantages(cfg, ro.rew_buf, ro.val_buf, ro.done_buf, agent(learner.input(obs))[1])
+    ro.obs, ro.episode_return, ro.reset_step = obs, episode_return, reset_step
+    if not bool(torch.isfinite(ro.obs_buf).all() & torch.isfinite(ro.rew_buf).all()):  # one sync per rollout
+        _refuse_nonfinite(cfg, update, None, obs=ro.obs_buf, reward=ro.rew_buf)
+    return advantages, returns, finished
+
+
+def learn(cfg: RLConfig, ro: _Rollout, learner: _Learner, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+    """PPO's epochs over this rank's rollout; DDP averages every minibatch's gradients over the ranks."""
+    b_obs, b_act, b_logp = ro.obs_buf.flatten(0, 1), ro.act_buf.flatten(0, 1), ro.logp_buf.flatten()
+    b_adv, b_ret, b_val = advantages.flatten(), returns.flatten(), ro.val_buf.flatten()
+    if ro.next_step:  # leave out the steps that only reset an environment
+        keep = ro.valid_buf.flatten()
+        b_obs, b_act, b_logp, b_adv, b_ret, b_val = (b[keep] for b in (b_obs, b_act, b_logp, b_adv, b_ret, b_val))
+    head, optimizer = learner.head, learner.optimizer
+    local_batch = b_obs.shape[0]
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(local_batch, generator=ro.gen, device=ro.device)
+        for mb in order.tensor_split(cfg.num_minibatches):  # the same count on every rank: DDP's collectives pair up
+            out, value = learner.model(b_obs[mb])
+            logp = head.log_prob(out, b_act[mb])
+            ratio = (logp - b_logp[mb]).exp()
+            adv = b_adv[mb]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+            v_clipped = b_val[mb] + (value - b_val[mb]).clamp(-cfg.clip_coef, cfg.clip_coef)
+            v_loss = 0.5 * torch.max((value - b_ret[mb]) ** 2, (v_clipped - b_ret[mb]) ** 2).mean()
+            entropy = head.entropy(out).mean()
+            loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(learner.agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+
+
+def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) -> PPOResult:
     """Train until the target return or the env-step budget; call on all ranks after ``mg.init``.
 
-    ``run_dir``: where rank 0 writes ``metrics.jsonl``, ``summary.json`` and the checkpoints (None: nowhere).
-    ``resume_from``: a checkpoint folder to continue from (the job's ``ctx.resume_from``).
-    ``run``: the run context (the job's ``ctx``; a plain script: the launcher's).
+    ``ctx``: the run context (the job's; a plain script: ``multigpu.run.script_context(run_dir, resume)``;
+    None: nothing written, nothing resumed). Rank 0 writes ``metrics.jsonl``, ``summary.json`` and the
+    checkpoints into its run directory.
     """
-    world, rank = mg.world_size(), mg.rank()
-    num_envs = cfg.num_envs
-    envs, autoreset, spec = _make_envs(cfg, num_envs)
-    n, device = envs.num_envs, torch.device(envs.device)
-    next_step = autoreset == "next_step"
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    agent = spec.make_network(cfg.hidden_size, cfg.log_std_init).to(device)
-    head, to_env = spec.make_head(), spec.make_map(device)
-    norm = ObsNormalizer(spec.obs_dim, device) if cfg.obs_norm else None
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + rank)  # each rank explores its own way
-
-    steps_per_update = num_envs * cfg.num_steps
+    world = mg.world_size()
+    envs, autoreset, spec = _make_envs(cfg, cfg.num_envs)
+    device = torch.device(envs.device)
+    learner = _Learner(cfg, spec, device, envs.num_envs)
+    ro = _Rollout(cfg, envs, spec, device, autoreset == "next_step")
+    if learner.norm is not None:  # statistics of the first observations, before the first rollout uses them
+        learner.norm.observe(ro.obs.reshape(ro.n, -1))
+        learner.norm.sync()
+    progress = _Progress(cfg.return_window)
+    steps_per_update = cfg.num_envs * cfg.num_steps
     num_updates = max(1, cfg.total_env_steps // steps_per_update)
-    model, comm = agent, None
-    if world > 1:  # grads averaged over ranks in backward, the all-reduces timed into the comm share
-        model, comm = wrap_ddp(agent, mg.get_env("rl.train"), "auto")
-
-    def policy_input(raw: torch.Tensor) -> torch.Tensor:
-        x = raw.reshape(n, -1).float()
-        return norm(x) if norm is not None else x
-
-    # rollout storage, (num_steps, n, ...) on this rank
-    obs_buf = torch.zeros(cfg.num_steps, n, spec.obs_dim, device=device)
-    act_buf = (torch.zeros(cfg.num_steps, n, dtype=torch.int64, device=device) if spec.discrete
-               else torch.zeros(cfg.num_steps, n, spec.action_dim, device=device))
-    logp_buf, rew_buf, done_buf, val_buf = (torch.zeros(cfg.num_steps, n, device=device) for _ in range(4))
-    valid_buf = torch.ones(cfg.num_steps, n, dtype=torch.bool, device=device)  # False: a next-step reset step
-    on_host = _reads_on_host(device)
-    ended_buf = None if on_host else torch.zeros(cfg.num_steps, n, device=device)  # returns of the episodes ending
-    recent: collections.deque[float] = collections.deque(maxlen=cfg.return_window)
-    episodes, mean_return, solved, first = 0, float("nan"), False, 0
-
-    obs, _ = envs.reset(seed=cfg.seed)
-    if norm is not None:  # statistics of the first observations, before the first rollout uses them
-        norm.observe(obs.reshape(n, -1))
-        norm.sync()
-    loop = {"obs": obs, "episode_return": torch.zeros(n, device=device),
-            "reset_step": torch.zeros(n, dtype=torch.bool, device=device)}  # next-step autoreset: this step only resets
-    store, parts = None, {"policy": _Module(agent), "optimizer": optimizer, "rank": PerRank(_RankState(envs, loop, sample_gen))}
-    parts["normalizer"] = norm  # None without obs_norm: saved as None
-    if run_dir is not None:
-        store = CheckpointStore(Path(run_dir) / CHECKPOINTS, cfg.keep_last)
-    if resume_from is not None:
-        saved_world = read_manifest(resume_from)["world_size"]
-        if saved_world != world:  # each rank's environments are its share of the global ids
-            raise ConfigError(f"checkpoint {resume_from} was written by {saved_world} rank(s) and this job has "
-                              f"{world}; valid: resume rl on the same world size")
-        loaded = CheckpointStore(Path(resume_from).parent).load(resume_from, {**parts, "progress": None})
-        progress = loaded["progress"]
-        first, episodes, solved = int(progress["update"]), int(progress["episodes"]), bool(progress["solved"])
-        recent.extend(progress["recent"])
-        mean_return = sum(recent) / len(recent) if recent else float("nan")
-        if mg.is_main():
-            log(f"resumed at update {first} of {num_updates} ({first * steps_per_update:,} env-steps)")
-    obs, episode_return, reset_step = loop["obs"], loop["episode_return"], loop["reset_step"]
-    callbacks = []
-    if cfg.callbacks:
-        from multigpu.factory import call_factory
-
-        callbacks = [call_factory(spec, what="callbacks") for spec in cfg.callbacks]
-    meter = StepMeter.from_context(
-        "env-steps", dataclasses.replace(run or context.current(), run_dir=str(run_dir) if run_dir else None),
-        total_steps=max(num_updates - first, 1), description=f"ppo {cfg.env_name}", log_every=cfg.log_every,
-        warmup_steps=1)
-
-    def save(done: int) -> None:
-        loop.update(obs=obs, episode_return=episode_return, reset_step=reset_step)
-        progress = {"update": done, "episodes": episodes, "solved": solved, "recent": list(recent)}
-        store.save(done, {**parts, "progress": progress, "spec": _spec_state(spec, cfg)})
+    state = {"policy": _Module(learner.agent), "optimizer": learner.optimizer, "rank": PerRank(ro),
+             "normalizer": learner.norm,  # None without obs_norm: saved as None
+             "progress": progress, "spec": _spec_state(spec, cfg)}
+    run = Run(ctx if ctx is not None else script_context(), state, total=num_updates,
+              checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last, mode=cfg.checkpoint_mode,
+              callbacks=cfg.callbacks, unit="env-steps", description=f"ppo {cfg.env_name}", log_every=cfg.log_every)
+    if run.resume_from is not None:
+        _resume(run, world, num_updates, steps_per_update, log)
 
     start = time.perf_counter()
-    update = first - 1
-    for update in range(first, num_updates if not solved else first):
-        with meter.step(items=n * cfg.num_steps):
-            if cfg.anneal_lr:
-                optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
-            # 1. rollout on this rank's environments (no gradients, no communication)
-            finished = []
-            with torch.no_grad():
-                for t in range(cfg.num_steps):
-                    if norm is not None:
-                        norm.observe(obs.reshape(n, -1))
-                    x = policy_input(obs)
-                    out, value = agent(x)
-                    try:
-                        action = head.sample(out, sample_gen)
-                    except (ValueError, RuntimeError):  # torch's distributions on NaN logits: say why, if it is the env
-                        _refuse_nonfinite(cfg, update, t, obs=obs)
-                        raise
-                    obs_buf[t], act_buf[t], val_buf[t] = x, action, value
-                    logp_buf[t] = head.log_prob(out, action)
-                    obs, reward, terminated, truncated, info = envs.step(to_env(action))
-                    reward = torch.as_tensor(reward, device=device).float()
-                    done = terminated | truncated
-                    episode_return += reward
-                    rew_buf[t] = reward * cfg.reward_scale if cfg.reward_scale != 1.0 else reward
-                    if next_step:
-                        valid_buf[t] = ~reset_step
-                        reset_step = done
-                    if on_host:
-                        any_ended = bool(done.any()) if next_step else "_final_obs" in info
-                        if any_ended:  # some episode ended: log its return, bootstrap the truncated ones
-                            if truncated.any():
-                                final = obs if next_step else info["final_obs"]  # next-step: obs is the last one
-                                rew_buf[t] += cfg.gamma * agent(policy_input(final))[1] * truncated
-                            finished.append(episode_return[done].clone())
-                            episode_return[done] = 0.0
-                    else:  # no host read: bootstrap every step (times truncated: + 0 where none was cut)
-                        final = obs if next_step else info.get("final_obs", obs)
-                        rew_buf[t] += cfg.gamma * agent(policy_input(final))[1] * truncated
-                        ended_buf[t] = episode_return
-                        episode_return.masked_fill_(done, 0.0)
-                    done_buf[t] = done.float()
-                if not on_host:  # the ended episodes' returns, in step then environment order: one read
-                    finished.append(ended_buf[done_buf.bool()])
-                advantages, returns = _advantages(cfg, rew_buf, val_buf, done_buf, agent(policy_input(obs))[1])
-            if not bool(torch.isfinite(obs_buf).all() & torch.isfinite(rew_buf).all()):  # one sync per rollout
-                _refuse_nonfinite(cfg, update, None, obs=obs_buf, reward=rew_buf)
-
-            # 2. the episodes that ended on any rank, in rank order: the same moving mean everywhere
-            ended = mg.all_gather(torch.cat(finished).tolist() if finished else [])  # one small collective
-            recent.extend(ended)
-            episodes += len(ended)
-            mean_return = sum(recent) / len(recent) if recent else float("nan")
-            meter.extras["return"] = mean_return
-            if norm is not None:
-                norm.sync()  # every rank's observations of this rollout: the next one is normalized identically
-
-            # 3. PPO epochs over this rank's rollout; DDP averages every minibatch's gradients
-            b_obs, b_act, b_logp = obs_buf.flatten(0, 1), act_buf.flatten(0, 1), logp_buf.flatten()
-            b_adv, b_ret, b_val = advantages.flatten(), returns.flatten(), val_buf.flatten()
-            if next_step:  # leave out the steps that only reset an environment
-                keep = valid_buf.flatten()
-                b_obs, b_act, b_logp, b_adv, b_ret, b_val = (b[keep] for b in (b_obs, b_act, b_logp, b_adv, b_ret, b_val))
-            local_batch = b_obs.shape[0]
-            for _ in range(cfg.update_epochs):
-                order = torch.randperm(local_batch, generator=sample_gen, device=device)
-                for mb in order.tensor_split(cfg.num_minibatches):  # the same count on every rank: DDP's collectives pair up
-                    out, value = model(b_obs[mb])
-                    logp = head.log_prob(out, b_act[mb])
-                    ratio = (logp - b_logp[mb]).exp()
-                    adv = b_adv[mb]
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-                    v_clipped = b_val[mb] + (value - b_val[mb]).clamp(-cfg.clip_coef, cfg.clip_coef)
-                    v_loss = 0.5 * torch.max((value - b_ret[mb]) ** 2, (v_clipped - b_ret[mb]) ** 2).mean()
-                    entropy = head.entropy(out).mean()
-                    loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-                    optimizer.step()
-            if comm is not None:
-                meter.add_comm(comm.pop_seconds())
-
-        if cfg.target_return is not None and len(recent) == cfg.return_window and mean_return >= cfg.target_return:
-            solved = True
-        done = update + 1
-        if store is not None and (solved or done == num_updates or (cfg.checkpoint_every
-                                                                      and done % cfg.checkpoint_every == 0)):
-            save(done)
-        state = _Progress(done)
-        for callback in callbacks:
-            callback.on_step(state)
-        if solved:
-            break
-    env_steps = (update + 1) * steps_per_update
+    for update in run.steps(num_updates if not progress.solved else run.start):
+        run.add_items(ro.n * cfg.num_steps)
+        if cfg.anneal_lr:
+            learner.optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
+        advantages, returns, finished = rollout(cfg, ro, learner, update)
+        # the episodes that ended on any rank, in rank order: the same moving mean everywhere (one small collective)
+        progress.add(mg.all_gather(torch.cat(finished).tolist() if finished else []))
+        run.meter.extras["return"] = progress.mean_return
+        if learner.norm is not None:
+            learner.norm.sync()  # every rank's observations of this rollout: the next one is normalized identically
+        learn(cfg, ro, learner, advantages, returns)
+        if learner.comm is not None:
+            run.meter.add_comm(learner.comm.pop_seconds())
+        progress.update = update + 1
+        if (cfg.target_return is not None and len(progress.recent) == cfg.return_window
+                and progress.mean_return >= cfg.target_return):
+            progress.solved = True
+            run.stop("solved")
+    updates = run.step
+    env_steps = updates * steps_per_update
     wall_s = time.perf_counter() - start
     getattr(envs, "close", lambda: None)()
     if mg.is_main():
-        verdict = "solved" if solved else "not solved"
-        log(f"{verdict} {cfg.env_name}: mean return {mean_return:.1f} over the last {len(recent)} episodes "
-            f"after {env_steps:,} env-steps and {update + 1} updates, {wall_s:.1f} s on {world} rank(s)")
-    result = PPOResult(solved=solved, env_steps=env_steps, wall_s=wall_s, mean_return=mean_return, episodes=episodes)
-    meter.close({"rl": {**result.__dict__, "world_size": world, "num_envs": num_envs, "updates": update + 1,
-                        "env": cfg.env_name, "obs_norm": norm.summary() if norm is not None else None,
-                        "resumed_from": str(resume_from) if resume_from else None}})
+        verdict = "solved" if progress.solved else "not solved"
+        log(f"{verdict} {cfg.env_name}: mean return {progress.mean_return:.1f} over the last {len(progress.recent)} "
+            f"episodes after {env_steps:,} env-steps and {updates} updates, {wall_s:.1f} s on {world} rank(s)")
+    result = PPOResult(solved=progress.solved, env_steps=env_steps, wall_s=wall_s, mean_return=progress.mean_return,
+                       episodes=progress.episodes)
+    norm = learner.norm
+    run.close({"rl": {**result.__dict__, "world_size": world, "num_envs": cfg.num_envs, "updates": updates,
+                      "env": cfg.env_name, "obs_norm": norm.summary() if norm is not None else None,
+                      "resumed_from": str(run.resume_from) if run.resume_from else None}})
     return result
 
 
-@dataclass
-class _Progress:
-    step: int
-    """Updates done (what a callback's ``on_step`` sees)."""
+def _resume(run: Run, world: int, num_updates: int, steps_per_update: int, log) -> None:
+    """Load the run's checkpoint into its state; a job of another size is refused (each rank's environments are
+    its share of the global ids)."""
+    saved_world = read_manifest(run.resume_from)["world_size"]
+    if saved_world != world:
+        raise ConfigError(f"checkpoint {run.resume_from} was written by {saved_world} rank(s) and this job has "
+                          f"{world}; valid: resume rl on the same world size")
+    run.load()
+    if mg.is_main():
+        log(f"resumed at update {run.start} of {num_updates} ({run.start * steps_per_update:,} env-steps)")
 
 
 def _spec_state(spec, cfg: RLConfig) -> dict:

@@ -32,6 +32,8 @@ __all__ = [
     "broadcast",
     "broadcast_object",
     "collective_seconds",
+    "comm_between",
+    "comm_mark",
     "record_traffic",
     "gather",
     "isend",
@@ -54,10 +56,22 @@ def collective_seconds() -> float:
 
     Host time for collectives that block the host (gloo, objects, barriers); for a tensor collective on CUDA,
     the device time between events recorded on the current stream before and after it (the stream waits for
-    NCCL there): a span counts once its end event has completed, so read this after the step's work has run
-    (``StepMeter`` waits for its step's end event first).
+    NCCL there): a span counts once its end event has completed, so read this after the work has run
+    (``StepMeter`` reads each step's collectives by :func:`comm_between`, one step later).
     """
     return _COLLECTIVE_S + _DEVICE_SPANS.seconds()
+
+
+def comm_mark() -> tuple[float, int]:
+    """Where this rank's collective time stands now; :func:`comm_between` two marks gives the time between them."""
+    return _COLLECTIVE_S, _DEVICE_SPANS.mark()
+
+
+def comm_between(first: tuple[float, int], last: tuple[float, int]) -> float:
+    """Seconds this rank spent in multigpu's collectives between two :func:`comm_mark` marks: host time, plus the
+    device time of the CUDA collectives begun between them (waiting for their end events if they have not run:
+    read it once the stream has passed them, as ``StepMeter`` does one step later)."""
+    return last[0] - first[0] + _DEVICE_SPANS.seconds_between(first[1], last[1])
 
 
 _TRAFFIC: dict[str, list[int]] = {}  # kind -> [calls, bytes this rank put in] (read by StepMeter, bench --predict)

@@ -30,7 +30,8 @@ from typing import Any
 from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_run_file", "set_current"]
+__all__ = ["RESTARTS_FILE", "RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_restarts", "read_run_file",
+           "set_current"]
 
 RUN_FILE_VAR = envvars.RUN_FILE
 """The one variable through which the launcher tells a rank about its run."""
@@ -40,6 +41,29 @@ RUN_FILE_VAR = envvars.RUN_FILE
 (not the workers' TCP store, which any local user can reach)."""
 
 SCALINGS = ("strong", "weak")
+
+RESTARTS_FILE = "restarts_node{node}.jsonl"
+"""In the run folder: one JSON line per rank that died and made torchrun's agent restart the worker group
+(``--max-restarts``), written by that node's launcher (rank, node, host, exit code or signal, reason); the
+run's ``summary.json`` lists them under ``restarts``."""
+
+
+def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every rank death recorded in ``run_dir`` by the launchers (all nodes), in time order."""
+    records: list[dict[str, Any]] = []
+    for path in sorted(Path(run_dir).glob(RESTARTS_FILE.format(node="*"))):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return sorted(records, key=lambda r: (str(r.get("time", "")), r.get("restart", 0), r.get("rank", 0)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +79,9 @@ class RunContext:
     """The checkpoint this attempt starts from (None: from scratch), decided once by the rank entry point
     from ``resume`` and, for a worker group restarted by torchrun's agent, the run's newest valid checkpoint
     (:func:`multigpu.checkpoint.resolve`)."""
+    resume_decided: bool = False
+    """Whether :attr:`resume_from` is decided (by the rank entry point, or by the run harness for a plain
+    script: :func:`multigpu.checkpoint.resume.decide`), so that nothing decides it twice."""
     scaling: str = "strong"
     """"strong": the global problem is fixed; "weak": it grows with the world size (``multigpu bench --weak``)."""
     profile: bool = False
@@ -79,6 +106,9 @@ class RunContext:
     """The process-group backend the launcher chose ("gloo" when ranks share a GPU); None: by the devices."""
     record_wall: bool = False
     """The worker wrapper writes when the script started and ended (``multigpu bench`` on any script)."""
+    resume_command: str | None = None
+    """The whole command that continues this run (the job's own flags, ``--run-dir`` this folder,
+    ``--resume auto``), for a workload that stops early to print; None: not launched from a command line."""
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:

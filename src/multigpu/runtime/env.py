@@ -16,7 +16,6 @@ without one, ``mg.init`` says what it found and waits only briefly.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -25,9 +24,11 @@ import torch
 
 from multigpu import envvars
 from multigpu.errors import ConfigError
+from multigpu.runtime.clusters import read_int, read_port, slurm_master_port  # noqa: F401 - re-exported
 
 __all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist",
-           "found_variables", "launcher_variable", "read_placement", "restart_count", "slurm_master_port"]
+           "first_slurm_host", "found_variables", "launcher_variable", "read_int", "read_placement", "read_port",
+           "restart_count", "slurm_master_port"]
 
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", envvars.RUN_FILE, "SLURM_STEP_ID", "SLURM_STEPID")
 """Set by a launcher beside the rank variables: torchrun's agent, ``multigpu launch`` and ``srun`` (a job
@@ -88,79 +89,37 @@ class DistEnv:
 
 
 def _int(env: Mapping[str, str], name: str) -> int:
-    raw = env[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
+    return read_int(env, name)
 
 
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM node list such as ``gpu[01-03,7],login1`` into host names."""
-    hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                hosts.append(f"{prefix}{part}")
-    return hosts
+def first_slurm_host(env: Mapping[str, str]) -> str | None:
+    """The first host of ``SLURM_JOB_NODELIST`` (else ``SLURM_NODELIST``), without expanding the list."""
+    from multigpu.runtime.clusters import SLURM
+
+    return SLURM(env).first_host()
 
 
-def slurm_master_port(job_id: str | None) -> int:
-    """A port derived from the SLURM job id, so every task of a job agrees without talking.
+def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Every host of a SLURM node list such as ``gpu[01-03,7],login1`` (see :mod:`multigpu.runtime.hostlist`)."""
+    from multigpu.runtime.hostlist import iter_hosts
 
-    SLURM gives no rendezvous port; ``MASTER_PORT`` wins when set.
-    """
-    if job_id and job_id.isdigit():
-        return 15000 + int(job_id[-4:]) % 20000
-    return 29500
-
-
-def _slurm_local_world_size(env: Mapping[str, str], ntasks: int) -> int:
-    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        raw = env.get(name)
-        if raw:
-            match = re.match(r"(\d+)", raw)  # "4(x2)" means 4 tasks on each of 2 nodes
-            if match:
-                return int(match.group(1))
-    return ntasks
+    return list(iter_hosts(nodelist, variable))
 
 
 def read_placement(env: Mapping[str, str] | None = None) -> Placement:
-    """Read rank coordinates from torchrun's variables, else SLURM's, else world_size 1."""
-    env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world_size = _int(env, "WORLD_SIZE")
-        rank = _int(env, "RANK")
-        local_rank = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0
-        local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
-        node_rank = _int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // max(local_world, 1)
-        port = env.get("MASTER_PORT")
-        placement = Placement(
-            rank, local_rank, world_size, local_world, node_rank,
-            env.get("MASTER_ADDR"), int(port) if port else None, "torchrun",
-        )
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        world_size = _int(env, "SLURM_NTASKS")
-        hosts = expand_slurm_nodelist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
-        port = env.get("MASTER_PORT")
-        placement = Placement(
-            rank=_int(env, "SLURM_PROCID"),
-            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-            world_size=world_size,
-            local_world_size=_slurm_local_world_size(env, world_size),
-            node_rank=_int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0,
-            master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
-            master_port=int(port) if port else slurm_master_port(env.get("SLURM_JOB_ID")),
-            source="slurm",
-        )
-    else:
+    """Read rank coordinates from torchrun's variables, else SLURM's, else world_size 1 (the cluster environment
+    that started this rank: :func:`multigpu.runtime.clusters.rank_environment`)."""
+    from multigpu.runtime.clusters import SLURM, Local, rank_environment
+
+    cluster = rank_environment(os.environ if env is None else env)
+    if isinstance(cluster, Local):
         return Placement()
+    placement = Placement(
+        rank=cluster.global_rank(), local_rank=cluster.local_rank(), world_size=cluster.world_size(),
+        local_world_size=cluster.local_world_size(), node_rank=cluster.rank_node(),
+        master_addr=cluster.rank_main_address(), master_port=cluster.rank_main_port(),
+        source="slurm" if isinstance(cluster, SLURM) else "torchrun",
+    )
     if not 0 <= placement.rank < placement.world_size:
         raise ConfigError(f"rank {placement.rank} is outside [0, {placement.world_size}) (world_size)")
     if not 0 <= placement.local_rank < placement.local_world_size:

@@ -4,7 +4,9 @@
 its device and the process-group backend, sets the thread budget and the
 seeds, and creates the process group with a timeout so that no collective
 waits forever. A single process is ``world_size == 1`` of the same code: no
-process group is created and every collective is the identity.
+process group of ours is created and every collective is the identity (a user's script started by a
+launcher with one process still gets torch's default group of one rank, as torchrun gives it, so
+``DistributedSampler`` and DDP work at 1 rank as at N).
 
 Rank variables without a launcher (``WORLD_SIZE=2 RANK=0`` left in a shell,
 ``SLURM_PROCID`` in an ``sbatch`` script run without ``srun``) would make
@@ -187,6 +189,8 @@ def init(
 
     if pg_backend != "none" and not dist.is_initialized():
         _init_process_group(pg_backend, placement, dev, init_method, wait_s=timeout_s or NO_LAUNCHER_WAIT_S)
+    elif placement.world_size == 1 and not dist.is_initialized() and _launched_script():
+        _torch_group_of_one(dev)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
     if run.stall_timeout_s is not None:
@@ -243,6 +247,26 @@ def _init_process_group(pg_backend: str, placement, dev: torch.device, init_meth
         if advice is None:
             raise
         raise DeviceError(advice) from None
+
+
+def _launched_script() -> bool:
+    """A user's script started by a launcher (``multigpu launch``/``bench``/``verify``, torchrun, srun), not a
+    workload of ours nor a process run alone."""
+    if launcher_variable() is None:
+        return False
+    path = os.environ.get(context.RUN_FILE_VAR)
+    return not (path and context.read_run_file(path).get("workload"))
+
+
+def _torch_group_of_one(dev: torch.device) -> None:
+    """torch's default process group of this one rank, as torchrun gives a script started with one process:
+    ``DistributedSampler``, ``DistributedDataParallel`` and ``dist.get_world_size()`` work unchanged, so a
+    torchrun script runs at world size 1 (``bench``'s baseline, ``verify``'s reference) as at N. multigpu's
+    own collectives stay identities (the backend is "none"). The store is in this process: nothing to meet."""
+    import torch.distributed.nn  # noqa: F401  (before the group exists: see _init_process_group)
+
+    dist.init_process_group("cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(),
+                            rank=0, world_size=1, timeout=timedelta(seconds=_TIMEOUT_S))
 
 
 def _private_store() -> str | None:
@@ -404,8 +428,12 @@ def is_main() -> bool:
 
 
 def device() -> torch.device:
-    """This rank's device, chosen by :func:`init`."""
-    return get_env("device").device
+    """This rank's device: the one :func:`init` chose; before it, the one it would choose (the rank's GPU, else
+    MPS, else the CPU), so a script can replace ``torch.cuda.set_device(local_rank)`` and ``"cuda:N"`` with it
+    whether or not it calls :func:`init`."""
+    if _ENV is not None:
+        return _ENV.device
+    return select_device("auto", read_placement().local_rank, DeviceFacts.probe(context.current()))
 
 
 def current_device() -> torch.device:

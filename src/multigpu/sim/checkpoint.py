@@ -31,7 +31,7 @@ from multigpu.sim import exchange
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.state import AgentState
 
-__all__ = ["load", "save"]
+__all__ = ["EngineAgents", "load", "meta", "parts", "save"]
 
 
 def _world() -> tuple[int, int]:
@@ -70,24 +70,49 @@ class _Agents:
         self.fields = dict(state)
 
 
+class EngineAgents:
+    """A running engine's agents as a checkpoint part (``Sharded``): taken at each save, sent to the owner of
+    their id range and sorted by id (a collective: every rank saves at the same step). ``engine``: the engine
+    itself (what a callback's ``event.state["agents"]`` reaches)."""
+
+    def __init__(self, engine: SimEngine):
+        self.engine = engine
+
+    def state_dict(self) -> dict:
+        engine = self.engine
+        rank, world = _world()
+        engine.flush()
+        n = engine.num_agents
+        # a copy of this rank's agents, sent to the owner of their id range, sorted by id
+        copy = AgentState(engine.state.schema, engine.state.n, engine.device)
+        copy.append({k: engine.state[k] for k in copy.schema})
+        if world > 1:
+            per = -(-n // world)
+            dest = (copy["id"].to(torch.int64) // per).to(torch.int32)
+            away = torch.nonzero(dest != rank).reshape(-1)
+            exchange.migrate(copy, away, dest[away])
+        fields = copy.sorted_by_id()
+        lo, hi = _id_range(n, rank, world)
+        if fields["id"].numel() != hi - lo:
+            raise RuntimeError(f"checkpoint: rank {rank} holds {fields['id'].numel()} agents, expected {hi - lo}")
+        return _Agents(fields, n).state_dict()
+
+
+def parts(engine: SimEngine) -> dict:
+    """The checkpoint parts of ``engine`` (its agents, sharded by id range); :func:`meta` is the rest."""
+    return {"agents": Sharded(EngineAgents(engine))}
+
+
 def save(engine: SimEngine, store: CheckpointStore) -> Path:
     """Save ``engine`` as checkpoint ``engine.step_index`` of ``store`` (atomically). Call on all ranks."""
-    rank, world = _world()
+    return store.save(engine.step_index, parts(engine), meta=meta(engine))
+
+
+def meta(engine: SimEngine) -> dict:
+    """The engine's step, global scalars, aggregates so far and settings, for the manifest (plain JSON). Call on
+    all ranks (the aggregates still travelling are summed first)."""
     engine.flush()
-    n = engine.num_agents
-    # a copy of this rank's agents, sent to the owner of their id range, sorted by id
-    copy = AgentState(engine.state.schema, engine.state.n, engine.device)
-    copy.append({k: engine.state[k] for k in copy.schema})
-    if world > 1:
-        per = -(-n // world)
-        dest = (copy["id"].to(torch.int64) // per).to(torch.int32)
-        away = torch.nonzero(dest != rank).reshape(-1)
-        exchange.migrate(copy, away, dest[away])
-    fields = copy.sorted_by_id()
-    lo, hi = _id_range(n, rank, world)
-    if fields["id"].numel() != hi - lo:
-        raise RuntimeError(f"checkpoint: rank {rank} holds {fields['id'].numel()} agents, expected {hi - lo}")
-    return store.save(engine.step_index, {"agents": Sharded(_Agents(fields, n))}, meta=_engine_meta(engine))
+    return _engine_meta(engine)
 
 
 def _engine_meta(engine: SimEngine) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from multigpu.errors import ConfigError
 from multigpu.sim.calibration import CalibrateConfig
@@ -81,6 +81,10 @@ class SimConfig:
     keep_last: int = 3
     """Checkpoints kept in ``<run_dir>/checkpoints``; older ones are deleted after each save."""
 
+    checkpoint_mode: Literal["async", "sync"] = "async"
+    """async: the agents are copied to host memory and written in the background while the simulation goes
+    on; sync: every rank waits until the checkpoint is on disk (where the host cannot hold one more copy)."""
+
     chunk_size: int = 1 << 18
     """Agents processed per vectorized chunk: bounds the step temporaries (the built-in movement and SIR on the C
     kernels, which keep none per agent, take all of a rank's agents in one call)."""
@@ -112,7 +116,10 @@ class SimConfig:
 
     callbacks: list[str] = field(default_factory=list)
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
-    ``on_step(engine)`` runs on every rank after each step (importing the module runs its code)."""
+    ``on_step(event)`` runs on every rank after each step, before its checkpoint (``event.step``: steps done;
+    ``event.state["agents"].engine``: the engine; see :class:`multigpu.run.StepEvent`); in an ensemble after each
+    wave (``event.step``: waves done; ``event.state["wave"]``: :class:`multigpu.sim.ensemble.Wave`). Importing
+    the module runs its code."""
 
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The contact network of models that interact along edges (``network_sir``): ``network.kind`` = file,
@@ -214,8 +221,7 @@ class SimConfig:
                  (self.differentiable, "sim.differentiable", "run the relaxed model on its own"),
                  (self.save_agents, "--save-agents", "save the agents of one run (seed=...) on its own"),
                  (self.checkpoint_every, "--checkpoint-every", "leave it out: an ensemble keeps every finished "
-                                                               "replicate, and --resume auto runs the others"),
-                 (self.callbacks, "sim.callbacks", "run them on one run at a time")]
+                                                               "replicate, and --resume auto runs the others")]
         for value, name, instead in clash:
             if value:
                 raise ConfigError(f"{name} does not combine with an ensemble (--replicates, --sweep); valid: {instead}")

@@ -280,12 +280,16 @@ class EnsembleConfig:
     batch: int = 0
     """Replicates one rank runs at once in one engine, where the model has a batched form (network_sir);
     0: chosen (a batch for small populations, one engine per replicate for large ones); 1: never batched."""
+    wave: int = 0
+    """Replicates each rank runs per wave: what is gathered and written at once, and the most a kill can lose
+    (their files are written when the wave ends); 0: chosen (as many as a batch of populations holds)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sweep", parse_sweep(self.sweep))
-        if self.replicates < 1 or self.min_replicates < 2 or self.batch < 0:
+        if self.replicates < 1 or self.min_replicates < 2 or self.batch < 0 or self.wave < 0:
             raise ConfigError(f"sim.ensemble: replicates={self.replicates}, min_replicates={self.min_replicates}, "
-                              f"batch={self.batch}; valid: replicates >= 1, min_replicates >= 2, batch >= 0")
+                              f"batch={self.batch}, wave={self.wave}; valid: replicates >= 1, min_replicates >= 2, "
+                              "batch >= 0, wave >= 0")
         if not 0.5 <= self.level < 1:
             raise ConfigError(f"sim.ensemble.level={self.level} is invalid; valid: 0.5 <= level < 1 (0.95)")
         if len(self.quantiles) != 2 or not 0 <= self.quantiles[0] < self.quantiles[1] <= 1:

@@ -459,7 +459,7 @@ class SimEngine:
             return
         work, total, pending = self._inflight
         self._inflight = None
-        exchange.finish(work)
+        exchange.finish(work, device=total.device)
         flags, self._left_rows = self._left_rows, {}
         rules.raise_if_left_rows(flags)
         for (step, _, values), row in zip(pending, total.tolist(), strict=True):
@@ -474,21 +474,19 @@ class SimEngine:
         self.flush()
         return {k: list(v) for k, v in self.history.items()}
 
-    def run(self, steps: int | None = None, *, meter=None, on_step=None) -> dict[str, list]:
+    def log_point(self) -> None:
+        """After a step: at every ``log_every``-th one, sum the series over the ranks (with ``overlap`` the sum
+        travels during the next steps). Call on all ranks."""
+        if self.cfg.log_every and self.step_index % self.cfg.log_every == 0:
+            self.flush(wait=not self.overlap)
+
+    def run(self, steps: int | None = None) -> dict[str, list]:
         """Run ``steps`` steps (default: until ``cfg.steps``); returns the aggregates. Call on all ranks.
 
-        ``meter`` (a StepMeter) times each step with this rank's agents as items;
-        ``on_step(engine)`` runs after each step (checkpoints, progress figures).
+        (``multigpu.sim.run`` runs the same steps in a :class:`multigpu.run.Run`: meter, checkpoints, callbacks.)
         """
         end = self.cfg.steps if steps is None else self.step_index + steps
         while self.step_index < end:
-            if meter is None:
-                self.step()
-            else:
-                with meter.step(items=self.state.n):
-                    self.step()  # comm inside: field all-reduce / halo, agent migration
-            if self.cfg.log_every and self.step_index % self.cfg.log_every == 0:
-                self.flush(wait=not self.overlap)  # overlap: the sum travels during the next steps
-            if on_step is not None:
-                on_step(self)
+            self.step()  # comm inside: field all-reduce / halo, agent migration
+            self.log_point()
         return self.series()

@@ -175,6 +175,17 @@ def _broadcast(obj: Any) -> Any:
 
 # ----------------------------------------------------------------------------- the ensemble
 @dataclass
+class Wave:
+    """The ensemble's progress, what the config's ``callbacks`` read after each wave on every rank, once its
+    replicates are written: ``on_step(event)`` with ``event.step`` (waves done) and ``event.state["wave"]``."""
+
+    step: int
+    """Waves done in this run."""
+    replicates: int
+    """Replicates done in this run."""
+
+
+@dataclass
 class EnsembleResult:
     """What rank 0 gets back from :func:`run_ensemble`."""
 
@@ -253,6 +264,8 @@ def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig]) -> tuple[int, int]:
     batch = cfg.ensemble.batch or min(batching.auto_batch(c) for c in configs)
     if not all(batching.supports(c) for c in configs):
         batch = 1
+    if cfg.ensemble.wave:  # asked for: a batch never holds more than a wave
+        return cfg.ensemble.wave, min(batch, cfg.ensemble.wave)
     small = min(batching.MAX_BATCH, batching.BATCH_AGENTS // max(1, max(c.agents for c in configs)))
     return max(1, small, batch), batch
 
@@ -285,14 +298,16 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     book = _Rank0(cfg, points, configs, names, root, resume, log) if rank == 0 else None
     split = cfg.ensemble.split
     per_rank, batch = _wave_size(cfg, configs)
-    meter = None
-    if run is not None:
-        from multigpu.monitor import StepMeter
+    # the run harness times every wave and calls the callbacks after it; an ensemble writes no checkpoints (its
+    # replicates are its progress) and finds its length as it goes, so it ends each step itself (end_step)
+    from multigpu.run import Run, script_context
 
-        meter = StepMeter.from_context("agent-steps", dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None),
-                                       description=f"ensemble {cfg.model.rpartition(':')[2]}", log_every=0,
-                                       warmup_steps=1, progress=progress)
-    ran = 0
+    progress_now = Wave(step=0, replicates=0)
+    harness = Run(dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None) if run is not None
+                  else script_context(), {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks,
+                  unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress=progress)
+    meter = harness.meter if run is not None else None
+    ran = waves = 0
     agent_steps = 0
     shown = time.perf_counter()
     while True:
@@ -314,7 +329,10 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             if book is not None:
                 book.take(results)
             ran += len(chunk)
+            waves += 1
             agent_steps += sum(configs[p].agents * configs[p].steps for p, _ in chunk)
+            progress_now.step, progress_now.replicates = waves, ran
+            harness.end_step()  # callbacks: StepEvent(step=waves, state={"wave": ...}, run)
             if book is not None and time.perf_counter() - shown > 10 and start + wave < len(items):
                 shown = time.perf_counter()
                 log(f"ensemble: {start + len(chunk):,} of this round's {len(items):,} replicates done "
@@ -327,7 +345,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
             break
     seconds = time.perf_counter() - t0
     if meter is not None:  # a collective: every rank
-        meter.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
+        harness.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
     if book is None:
         return None
     return _finish(cfg, book, root, ran, agent_steps, seconds, split, batch, world, seeds)

@@ -54,7 +54,7 @@ def halo(rows: torch.Tensor, radius: int) -> torch.Tensor:
     if world > 1:  # every rank's border rows have this shape by construction: no shape exchange (a host sync)
         parts = [torch.empty_like(borders) for _ in range(world)]
         collectives.record_traffic("all_gather", borders.numel() * borders.element_size())
-        with _translate("halo"):
+        with _translate("halo", borders.device):  # on CUDA: timed by events on the stream, not the host clock
             dist.all_gather(parts, borders)
         every = torch.cat(parts)
     r, p = (group.rank() if world > 1 else 0), world
@@ -68,16 +68,17 @@ def start_sum(field: torch.Tensor):
     if _world() == 1:
         return None
     collectives.record_traffic("all_reduce", field.numel() * field.element_size())
-    with _translate("all_reduce"):
+    with _translate("all_reduce", field.device):
         return dist.all_reduce(field, op=dist.ReduceOp.SUM, async_op=True)
 
 
-def finish(work, op: str = "all_reduce") -> None:
+def finish(work, op: str = "all_reduce", device: torch.device | None = None) -> None:
     """Wait for an async collective (None: nothing to wait for), at most the job's collective timeout;
-    a timeout or a lost peer raises multigpu's error naming this rank and ``op``."""
+    a timeout or a lost peer raises multigpu's error naming this rank and ``op``. ``device``: the collective's
+    tensors' (on CUDA the wait is timed on the stream: how long it held the stream up, what overlap left)."""
     if work is None:
         return
-    with _translate(op):
+    with _translate(op, device):
         work.wait(timedelta(seconds=group.timeout_s()))
 
 
@@ -100,17 +101,17 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overl
     send_counts = torch.zeros(world, dtype=torch.int64, device=dest.device).index_add_(0, dest64, torch.ones_like(dest64))
     recv_counts = torch.empty_like(send_counts)
     collectives.record_traffic("all_to_all", send_counts.numel() * send_counts.element_size())
-    with _translate("migrate"):
+    with _translate("migrate", send_counts.device):
         work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)
     records = state.pack(state.take(index))  # with overlap: while the counts travel
-    finish(work, "migrate")  # synchronous: work is None
+    finish(work, "migrate", send_counts.device)  # synchronous: work is None
     width = state.bytes_per_agent
     received = torch.empty((int(recv_counts.sum()), width), dtype=torch.uint8, device=records.device)
     collectives.record_traffic("all_to_all", records.numel())  # uint8 records: one byte each
-    with _translate("migrate"):
+    with _translate("migrate", records.device):
         work = dist.all_to_all_single(received.view(-1), records.view(-1), (recv_counts * width).tolist(),
                                       (send_counts * width).tolist(), async_op=overlap)
     state.remove(torch.sort(index).values)  # with overlap: while the records travel (records is a copy)
-    finish(work, "migrate")
+    finish(work, "migrate", records.device)
     state.append(state.unpack(received))
     return received.shape[0]

@@ -167,7 +167,7 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
         return _ensemble(cfg, ctx)
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
-    result = run(cfg, run_dir=ctx.run_dir, resume_from=ctx.resume_from, run=ctx, profile=ctx.profile)
+    result = run(cfg, ctx)
     if result is not None:
         _report(result)
     return 0
@@ -176,7 +176,7 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
     """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are."""
     import multigpu as mg
-    from multigpu.checkpoint.resume import restart_count
+    from multigpu.checkpoint.resume import continues
     from multigpu.sim.ensemble import report, run_ensemble
 
     scale = ctx.problem_scale(mg.world_size())  # weak scaling: more replicates, each as large as before
@@ -184,8 +184,7 @@ def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
         cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble,
                                                                     replicates=cfg.ensemble.replicates * scale))
     # continued (--resume, or a worker group restarted by the launcher): the replicates already written are kept
-    resume = bool(ctx.resume) or restart_count() > 0
-    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=resume, run=ctx, progress=True)
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=continues(ctx), run=ctx, progress=True)
     if result is not None:
         print("\n".join(report(result)), flush=True)
     return 0
@@ -287,6 +286,8 @@ WORKLOAD = Workload(
         Flag("--sync-frequency", "sync_frequency", type=positive_int,
              help="data strategy: all-reduce fields every k steps (k > 1 is an approximation)"),
         Flag("--checkpoint-every", "checkpoint_every", type=non_negative_int, help="save the state every K steps"),
+        Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
+             help="async: write checkpoints in the background (the default); sync: wait until each is on disk"),
         Flag("--compile", "compile", action="store_true", help="fuse kernels with torch.compile"),
     ),
     bench=("agents=2000000", "steps=20", "plot=false"),

@@ -12,8 +12,11 @@ vectorizes them (``-O3 -march=native``).
 The library is built with the C compiler that torch.compile uses (``cc``, or
 ``$CC``) into ``$XDG_CACHE_HOME/multigpu/native`` (default ``~/.cache``), keyed
 by the source, the flags and the CPU, and loaded with :mod:`ctypes` (which
-releases the GIL during a call). Where no compiler works, :func:`kernels`
-returns ``{}`` and the engine keeps the torch kernels.
+releases the GIL during a call). It is loaded only from a folder and a file
+this user owns and no one else can write (checked on the open file, which is
+the one loaded); otherwise it is built in a private temporary folder and one
+line says why. Where no compiler works, :func:`kernels` returns ``{}`` and the
+engine keeps the torch kernels.
 
 CartPole's step (``mg_cartpole_step``, :func:`cartpole_step`) is in the same library: one set of C kernels,
 built and loaded in one place; :mod:`multigpu.envs.cartpole` calls it on CPU environments.
@@ -29,6 +32,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -349,22 +353,126 @@ def _cpu_tag() -> str:
     return "|".join([platform.machine(), *lines])
 
 
+def _cache_path(cc: str) -> Path:
+    """Where the library built by ``cc`` for this source, these flags and this CPU is kept."""
+    digest = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multigpu" / "native"
+    return root / f"sim_{digest}.so"
+
+
+def _compile(cc: str, folder: Path, path: Path) -> None:
+    """Build the library into ``path`` (ranks may build at once: each compiles into its own temporary folder
+    inside ``folder``, then renames its file in place); owner-only modes."""
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        src, out = Path(tmp) / "sim.c", Path(tmp) / "sim.so"
+        src.write_text(_SOURCE)
+        subprocess.run([cc, *_FLAGS, str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
+        out.chmod(0o700)
+        os.replace(out, path)
+
+
+def _not_private(st: os.stat_result, what: str) -> str | None:
+    """Why a folder or file of stat ``st`` is not this user's alone (None: it is)."""
+    if st.st_uid != os.geteuid():
+        return f"the {what} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"the {what} is writable by others than its owner (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not this user's alone (None: it is)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return f"the folder cannot be opened as a folder ({exc.strerror})"
+    try:
+        return _not_private(os.fstat(fd), "folder")
+    finally:
+        os.close(fd)
+
+
+def _open_private(path: Path) -> tuple[int | None, str | None]:
+    """``(descriptor, None)`` of the library at ``path`` when its folder and the file are owned by this user
+    and writable by no one else, checked on what was opened (no symbolic link followed at the last step of
+    either), so the file checked is the file loaded; ``(None, None)`` when the folder is private but holds no
+    such file yet (or does not exist); else ``(None, why not)``."""
+    try:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"the folder cannot be opened as a folder ({exc.strerror})"
+    try:
+        why = _not_private(os.fstat(folder), "folder")
+        if why is not None:
+            return None, why
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, f"the file cannot be opened ({exc.strerror})"
+        st = os.fstat(fd)
+        why = _not_private(st, "file") or (None if stat.S_ISREG(st.st_mode) else "the file is not a regular file")
+        if why is not None:
+            os.close(fd)
+            return None, why
+        return fd, None
+    finally:
+        os.close(folder)
+
+
+def _load(fd: int, path: Path) -> ctypes.CDLL:
+    """dlopen the file open as ``fd`` (by /proc/self/fd where there is one, so that nothing can swap the file
+    between the check and the load), then close the descriptor."""
+    try:
+        proc = f"/proc/self/fd/{fd}"
+        return ctypes.CDLL(proc if os.path.exists(proc) else str(path))
+    finally:
+        os.close(fd)
+
+
+def _say_once(line: str) -> None:
+    from multigpu.runtime import group
+    from multigpu.runtime.logging import get_logger
+
+    if group.rank() == 0:
+        get_logger().warning(line)
+
+
 def _build() -> ctypes.CDLL | bool:
+    """Load the cached library, building it first where there is none.
+
+    A library is loaded only from a folder and a file this user owns and no one else can write: another user
+    who controls the folder ``XDG_CACHE_HOME`` names could otherwise plant one whose constructor runs in every
+    rank (the file name is computed from public inputs). Where the cache is not private the library is built
+    in a private temporary folder, loaded from there and deleted, and rank 0 says why, once.
+    """
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None or os.environ.get(envvars.NATIVE, "1") == "0":
         return False
-    digest = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multigpu" / "native"
-    path = root / f"sim_{digest}.so"
+    path = _cache_path(cc)
     try:
-        if not path.exists():  # ranks may build at once: each writes its own file, then renames it in place
-            root.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=root) as tmp:
-                src, out = Path(tmp) / "sim.c", Path(tmp) / "sim.so"
-                src.write_text(_SOURCE)
-                subprocess.run([cc, *_FLAGS, str(src), "-o", str(out)], check=True, capture_output=True, timeout=120)
-                os.replace(out, path)
-        lib = ctypes.CDLL(str(path))
+        fd, why = _open_private(path)
+        if fd is None and why is None:  # none built yet: build it in the (private) cache, then open it
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            why = _folder_problem(path.parent)  # checked before anything is built in it
+            if why is None:
+                _compile(cc, path.parent, path)
+                fd, why = _open_private(path)
+        if fd is not None:
+            lib = _load(fd, path)
+        else:
+            _say_once(f"sim: the compiled kernels in {path.parent} are not used ({why}); they were built in a "
+                      "private temporary folder instead (point XDG_CACHE_HOME at a folder of your own to keep them)")
+            with tempfile.TemporaryDirectory(prefix="multigpu_native_") as tmp:  # mode 0700, removed after the load
+                private = Path(tmp) / path.name
+                _compile(cc, Path(tmp), private)
+                fd, _ = _open_private(private)
+                if fd is None:
+                    return False
+                lib = _load(fd, private)
     except (OSError, subprocess.SubprocessError):
         return False
     i64, u32, i32, p = ctypes.c_int64, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p

@@ -94,11 +94,11 @@ def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[t
     values = values[order].contiguous()
     send = torch.bincount(dest.to(torch.int64), minlength=world)
     recv = torch.empty_like(send)
-    with _translate("network"):
+    with _translate("network", send.device):
         dist.all_to_all_single(recv, send)
     w = values.shape[1]
     out = torch.empty((int(recv.sum()), w), dtype=values.dtype)
-    with _translate("network"):
+    with _translate("network", out.device):
         dist.all_to_all_single(out.view(-1), values.view(-1), (recv * w).tolist(), (send * w).tolist())
     return out, recv.tolist()
 
@@ -152,7 +152,7 @@ class Graph:
         if group.world_size() > 1:
             out = flat[self.send_index].contiguous()
             halo = torch.empty((self.num_halo, width), dtype=torch.int64, device=flat.device)
-            with _translate("network halo"):
+            with _translate("network halo", halo.device):  # on CUDA: timed on the stream (events)
                 dist.all_to_all_single(halo.view(-1), out.view(-1), [c * width for c in self.recv_counts],
                                        [c * width for c in self.send_counts])
             table = torch.cat([flat, halo])

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import itertools
+import math
 import os
 import tempfile
 import zipfile
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from multigpu.errors import ConfigError, OutputError
-from multigpu.files import cannot_write
+from multigpu.files import cannot_write, user_made, user_umask
 
 __all__ = ["agents_by_id", "check_target", "check_values", "columns", "num_rows", "read_rows", "save",
            "unused_value"]
@@ -81,7 +82,7 @@ def _check_length(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype
     if dtype.hasobject:
         raise ConfigError(f"sim.population {str(path)!r}: column {name!r} holds Python objects (dtype {dtype}), "
                           "which would need unpickling; valid: numeric columns (integers or floats)")
-    need = start + int(np.prod(shape)) * dtype.itemsize
+    need = start + math.prod(shape) * dtype.itemsize
     if size < need:
         have = max(size - start, 0) // max(dtype.itemsize, 1)
         raise ConfigError(f"sim.population {str(path)!r}: column {name!r} declares {shape[0] if shape else 0:,} rows "
@@ -389,9 +390,8 @@ def _temporary_beside(path: Path, folder: bool) -> Path:
         fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
         os.close(fd)
         tmp = Path(name)
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod((0o777 if folder else 0o666) & ~umask)  # what a plain mkdir / open would have made
+    # what a plain mkdir / open under the user's own umask would have made (a rank runs under the launcher's 0077)
+    tmp.chmod((0o777 if folder else 0o666) & ~user_umask())
     return tmp
 
 
@@ -454,6 +454,7 @@ def save(engine, path: str | Path) -> Path:
             check_target(path, engine.state.schema)  # once more: something may have appeared during the run
             _replace(tmp, path, fields)
             tmp = None
+            user_made(path)  # the files in an npy folder too: written by ranks under the launcher's 0077
     except OSError as exc:
         raise cannot_write(path, exc) from exc
     finally:

@@ -1,9 +1,11 @@
-"""``run(cfg)``: build or resume the engine, step it under a StepMeter, write the outputs (inside each rank).
+"""``run(cfg, ctx)``: build or resume the engine, step it in a :class:`multigpu.run.Run`, write the outputs
+(inside each rank).
 
 Rank 0 writes into the run directory: ``series.csv`` (the per-step aggregates),
 ``series.png`` (epidemic curve, price path, ...), ``summary.json`` (throughput,
-comm share, imbalance, memory, bytes per agent; from :class:`StepMeter`) and,
-with ``profile``, ``profile.txt``. Checkpoints go to ``<run_dir>/checkpoints``.
+comm share, imbalance, memory, bytes per agent; the run's step meter) and,
+with ``--profile``, ``profile.txt``. The run writes the checkpoints (``<run_dir>/checkpoints``,
+every ``checkpoint_every`` steps) and calls the callbacks.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint import CHECKPOINTS, CheckpointStore
 from multigpu.files import atomic_path, write_text_atomic
-from multigpu.monitor import StepMeter, write_json_atomic
+from multigpu.run import Run, script_context
 from multigpu.runtime import collectives, context, group
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
@@ -49,77 +50,50 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _start(cfg: SimConfig, source: Path | None) -> tuple[SimEngine, Path | None]:
-    engine = SimEngine(cfg, populate=source is None)
-    if source is not None:
-        checkpoint.load(engine, source)
-    return engine, source
-
-
-def run(
-    cfg: SimConfig,
-    steps: int | None = None,
-    *,
-    run_dir: str | Path | None = None,
-    resume: str | None = None,
-    resume_from: str | Path | None = None,
-    run: context.RunContext | None = None,
-    profile: bool = False,
-    progress: bool = True,
-    callbacks: list | None = None,
-    return_agents: bool = False,
-) -> SimResult | None:
-    """Run the simulation ``cfg`` to ``steps`` (default ``cfg.steps``). Call on all ranks.
+def run(cfg: SimConfig, ctx: context.RunContext | None = None, *, callbacks: list | tuple = (),
+        return_agents: bool = False) -> SimResult | None:
+    """Run the simulation ``cfg`` to ``cfg.steps``. Call on all ranks.
 
     Args:
         cfg: The simulation.
-        steps: Total steps to reach (a resumed run continues from its checkpoint's step).
-        run_dir: Where rank 0 writes series.csv, series.png, summary.json and checkpoints
-            (None: nothing is written).
-        resume: In a plain script: "auto" (the newest checkpoint under run_dir, if any), a checkpoint
-            folder, or None; decided like the rank entry point does (a restarted worker group continues
-            from the newest checkpoint). The ``sim`` job passes ``resume_from`` instead.
-        resume_from: The checkpoint folder to continue from, already decided (``ctx.resume_from``).
-        run: The run context (the job's ``ctx``; default: the launcher's).
-        profile: Also write profile.txt (seconds per phase); the per-rank torch.profiler traces come from
-            the step meter when the run context asks for ``--profile``.
-        callbacks: Objects whose ``on_step(engine)`` runs on every rank after each step (after its
-            checkpoint); the config's ``callbacks`` (``pkg.module:factory`` names) are added to them.
+        ctx: Where it writes and what it resumes: the job's run context, or for a plain script
+            ``multigpu.run.script_context(run_dir, resume="auto")`` (rank 0 writes series.csv, series.png,
+            summary.json and the checkpoints into ``run_dir``; ``--profile``'s ``profile.txt`` too); None:
+            nothing written, nothing resumed.
+        callbacks: Objects whose ``on_step(event)`` runs on every rank after each step, before its checkpoint
+            (``event.state["agents"].engine``: the engine); the config's ``callbacks`` are added to them.
         return_agents: Every rank gets a SimResult whose ``agents`` are its own final agents (sorted by
             id); the series and summary stay on rank 0 (empty elsewhere).
 
     Returns:
         On rank 0 a :class:`SimResult`; None on the other ranks (unless ``return_agents``).
     """
-    run_dir = Path(run_dir) if run_dir is not None else None
-    store = CheckpointStore(run_dir / CHECKPOINTS, cfg.keep_last) if run_dir is not None else None
-    if resume_from is None and run is None:  # a plain script: decide here what the rank entry point decides
-        from multigpu.checkpoint import resolve
-
-        resume_from = resolve(resume, str(run_dir) if run_dir is not None else None)
-    callbacks = list(callbacks or [])
-    if cfg.callbacks:
-        from multigpu.factory import call_factory
-
-        callbacks += [call_factory(spec, what="sim.callbacks") for spec in cfg.callbacks]
-    total = cfg.steps if steps is None else steps
+    run = Run(ctx if ctx is not None else script_context(), total=cfg.steps, checkpoint_every=cfg.checkpoint_every,
+              keep_last=cfg.keep_last, mode=cfg.checkpoint_mode, checkpoint_last=False,
+              callbacks=[*callbacks, *cfg.callbacks], unit="agent-steps", description=f"sim {cfg.model} ({cfg.strategy})",
+              log_every=cfg.log_every)
     t0 = time.perf_counter()
-    engine, source = _start(cfg, Path(resume_from) if resume_from else None)
+    engine = SimEngine(cfg, populate=run.resume_from is None)
+    if run.resume_from is not None:
+        checkpoint.load(engine, run.resume_from)
     setup_s = time.perf_counter() - t0
-    meter = StepMeter.from_context(
-        "agent-steps", dataclasses.replace(run or context.current(), run_dir=str(run_dir) if run_dir else None),
-        total_steps=max(total - engine.step_index, 0), description=f"sim {cfg.model} ({cfg.strategy})",
-        log_every=cfg.log_every, warmup_steps=1, progress=progress)
-    def on_step(e: SimEngine) -> None:
-        if e.history["step"] and e.series_names:
-            meter.extras.update({n: e.history[n][-1] for n in e.series_names[-3:]})
-        if cfg.checkpoint_every and store is not None and e.step_index % cfg.checkpoint_every == 0:
-            checkpoint.save(e, store)
-        for callback in callbacks:
-            callback.on_step(e)
+    run.state, run.meta = checkpoint.parts(engine), lambda: checkpoint.meta(engine)
 
-    series = engine.run(total - engine.step_index, meter=meter, on_step=on_step)
-    extra = _figures(engine, setup_s, source)
+    for _ in run.steps(timed=False):
+        with run.meter.step(items=engine.state.n):
+            engine.step()  # comm inside: field all-reduce / halo, agent migration
+        engine.log_point()
+        if engine.history["step"] and engine.series_names:
+            run.meter.extras.update({n: engine.history[n][-1] for n in engine.series_names[-3:]})
+
+    return _finish(run, engine, setup_s, return_agents)
+
+
+def _finish(run: Run, engine: SimEngine, setup_s: float, return_agents: bool) -> SimResult | None:
+    """The outputs: the series, the split-independent digest, the agents file, and rank 0's files."""
+    cfg, run_dir = engine.cfg, run.run_dir
+    series = engine.series()
+    extra = _figures(engine, setup_s, run.resume_from)
     # a digest of the final agent state, independent of the split: equal digests, equal agents
     digest = torch.tensor([engine.state.digest_sum(), engine.state.n], dtype=torch.int64)
     collectives.all_reduce(digest, "sum", check_shapes=False)
@@ -133,18 +107,18 @@ def run(
             agents_path = run_dir / agents_path
         agents_path = population.save(engine, agents_path)
         extra["agents_file"] = str(agents_path)
-    summary = meter.close(extra)
+    result = SimResult(series=series, summary={}, agents_path=agents_path)
+    if group.rank() == 0 and run_dir is not None:  # before the summary, which names them
+        result.csv_path = write_csv(series, run_dir / "series.csv")
+        result.plot_path = write_plot(series, cfg, run_dir / "series.png") if cfg.plot else None
+        if run.ctx.profile:
+            (run_dir / "profile.txt").write_text(_profile_text(engine))
+        extra["csv"], extra["plot"] = str(result.csv_path), str(result.plot_path) if result.plot_path else None
+    result.summary = run.close(extra)
     own = engine.state.sorted_by_id() if return_agents else None
     if group.rank() != 0:
         return SimResult(series={}, summary={}, agents=own) if return_agents else None
-    result = SimResult(series=series, summary=summary, agents=own, agents_path=agents_path)
-    if run_dir is not None:
-        result.csv_path = write_csv(series, run_dir / "series.csv")
-        result.plot_path = write_plot(series, cfg, run_dir / "series.png") if cfg.plot else None
-        if profile:
-            (run_dir / "profile.txt").write_text(_profile_text(engine))
-        summary["csv"], summary["plot"] = str(result.csv_path), str(result.plot_path) if result.plot_path else None
-        write_json_atomic(run_dir / "summary.json", summary)
+    result.agents = own
     return result
 
 
@@ -201,6 +175,10 @@ def write_plot(series: dict[str, list], cfg: SimConfig, path: Path) -> Path | No
         ax.legend()
         ax.set_title(f"{cfg.model.rpartition(':')[2]}: {title}, {cfg.agents:,} agents")
     ax.set_xlabel("step")
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # a user's model and aggregate names, shown as written (no $...$ mathtext)
+        text.set_parse_math(False)
     fig.tight_layout()
     with atomic_path(path, keep_suffix=True) as tmp:
         fig.savefig(tmp, dpi=100)

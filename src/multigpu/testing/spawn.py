@@ -15,7 +15,10 @@ CPU unless ``backend`` says otherwise) with a ``file://`` rendezvous in a tempor
 parallel test runs. Three timeouts keep a test from hanging: the collective
 timeout inside the ranks, a deadline in the parent (at which every unfinished
 rank dumps its stacks, which the raised ``TimeoutError`` shows), and a
-``faulthandler`` exit in each child in case the parent itself dies.
+``faulthandler`` exit in each child in case the parent itself dies. The
+parent's deadline counts from the moment every rank has started (joined the
+group): how long a loaded machine takes to start processes is not part of it;
+start-up has a deadline of its own.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class RankFailedError(RuntimeError):
 
 
 def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads,
-           backend, parent_env, stdio, group_of_one=False):
+           backend, parent_env, stdio, group_of_one=False, startup_timeout_s=120.0):
     # A forked rank starts with the forkserver's environment and output: take the caller's, as a spawned
     # rank would (so output captured around the call, e.g. pytest's capfd, holds the ranks' prints too).
     for target, shared in zip((1, 2), stdio, strict=True):
@@ -70,7 +73,7 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
     )
     stack_file = open(Path(store_dir) / f"stacks_rank{rank}.txt", "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    faulthandler.dump_traceback_later(timeout_s + 60, exit=True, file=stack_file)  # if the parent is gone
+    faulthandler.dump_traceback_later(startup_timeout_s + timeout_s + 60, exit=True, file=stack_file)  # parent gone
     try:
         import multigpu as mg
 
@@ -87,6 +90,8 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
             import torch.distributed as dist
 
             dist.barrier()
+        results.put(("ready", rank, None))  # the parent's deadline for fn starts when every rank has said this
+        faulthandler.dump_traceback_later(timeout_s + 60, exit=True, file=stack_file)
         value = fn(*args, **kwargs)
         mg.shutdown(barrier=False)
         # plain pickle copies tensor data; the queue's own pickler would share memory that dies with this process
@@ -148,6 +153,7 @@ def run_on_ranks(
     backend: str = "cpu",
     run=None,
     group_of_one: bool = False,
+    startup_timeout_s: float = 120.0,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks; return each rank's result, in rank order.
 
@@ -155,7 +161,8 @@ def run_on_ranks(
         fn: A module-level function (it is pickled into spawned processes).
             ``multigpu.init()`` has already run in each rank when it is called.
         world_size: Number of ranks.
-        timeout_s: The parent's deadline for all ranks together, in seconds.
+        timeout_s: The parent's deadline for ``fn`` on all ranks together, in seconds, counted from the moment
+            every rank has started (called ``multigpu.init`` and met the others): a slow start does not eat it.
         collective_timeout_s: Timeout of each collective inside the ranks
             (default: ``timeout_s``).
         env: Extra environment variables for every rank.
@@ -169,10 +176,11 @@ def run_on_ranks(
             ``backend="cuda"``, else gloo), so collectives and point-to-point exchanges take their
             multi-rank paths (sends to itself go through a loopback on a thread). A one-GPU machine
             then runs the NCCL code paths. A switch of this harness only: nothing a user runs reads it.
+        startup_timeout_s: The deadline for every rank to start (process, ``multigpu.init``, the first meeting).
 
     Raises:
         RankFailedError: the first rank that raised, with its traceback; the others are stopped.
-        TimeoutError: ranks that did not finish in time, with every such rank's stack.
+        TimeoutError: ranks that did not start, or did not finish, in time, with every such rank's stack.
     """
     if group_of_one and world_size != 1:
         raise ValueError(f"group_of_one=True needs world_size=1, got {world_size}")
@@ -192,7 +200,7 @@ def run_on_ranks(
                 target=_child,
                 args=(fn, args, kwargs or {}, r, world_size, store_dir, results, timeout_s,
                       collective_timeout_s or timeout_s, env or {}, threads, backend, dict(os.environ), _stdio(),
-                      group_of_one),
+                      group_of_one, startup_timeout_s),
                 daemon=True,
             )
             for r in range(world_size)
@@ -200,29 +208,39 @@ def run_on_ranks(
         for p in procs:
             p.start()
         values: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
+        ready: set[int] = set()
+        started = False  # every rank ready: the deadline below is fn's, no longer start-up's
+        deadline = time.monotonic() + startup_timeout_s
         try:
             while len(values) < world_size:
+                if not started and len(ready) == world_size:
+                    started, deadline = True, time.monotonic() + timeout_s
                 remaining = deadline - time.monotonic()
+                if remaining <= 0 and started:
+                    raise _timeout(procs, values, world_size, store_dir, f"did not finish within {timeout_s:g}s; a "
+                                   "collective is probably waiting on a rank that never called it")
+                if remaining <= 0:
+                    raise _timeout(procs, ready, world_size, store_dir, f"did not start within {startup_timeout_s:g}s "
+                                   "(the process, multigpu.init and a first meeting of the ranks)")
                 try:
-                    status, rank, value = results.get(timeout=max(0.05, min(remaining, 0.5)))
+                    status, rank, value = results.get(timeout=min(remaining, 0.5))
                 except queue.Empty:
                     dead = [r for r, p in enumerate(procs) if r not in values and not p.is_alive() and p.exitcode]
                     if dead:
                         raise RankFailedError(dead[0], world_size, f"exited with code {procs[dead[0]].exitcode} before reporting") from None
-                    if remaining <= 0:
-                        raise _timeout(procs, values, world_size, timeout_s, store_dir) from None
                     continue
                 if status == "error":
                     raise RankFailedError(rank, world_size, value)
-                values[rank] = pickle.loads(value)
+                ready.add(rank)
+                if status == "ok":
+                    values[rank] = pickle.loads(value)
         finally:
             _stop(procs)
     return [values[r] for r in range(world_size)]
 
 
-def _timeout(procs, values, world_size, timeout_s, store_dir) -> TimeoutError:
-    stuck = [r for r in range(world_size) if r not in values]
+def _timeout(procs, done, world_size, store_dir, what: str) -> TimeoutError:
+    stuck = [r for r in range(world_size) if r not in done]
     for r in stuck:
         if procs[r].is_alive() and procs[r].pid:
             os.kill(procs[r].pid, signal.SIGUSR1)
@@ -232,7 +250,4 @@ def _timeout(procs, values, world_size, timeout_s, store_dir) -> TimeoutError:
         path = Path(store_dir) / f"stacks_rank{r}.txt"
         text = path.read_text() if path.exists() else ""
         stacks.append(f"--- rank {r} stack ---\n{text.strip() or '(no stack captured)'}")
-    return TimeoutError(
-        f"ranks {stuck} did not finish within {timeout_s:g}s; a collective is probably waiting "
-        "on a rank that never called it\n" + "\n".join(stacks)
-    )
+    return TimeoutError(f"ranks {stuck} {what}\n" + "\n".join(stacks))

@@ -120,6 +120,10 @@ class TrainConfig:
     """DataLoader worker processes per rank."""
     prefetch: int = 2
     """Batches moved to the device ahead of use by a background thread (0 = none)."""
+    pin_memory: bool = True
+    """On GPU ranks, copy host batches from page-locked memory (a faster copy, which overlaps compute); tensors
+    a dataset returns on a GPU already are never pinned. False: ordinary host memory (where page-locked
+    memory is scarce). Not used on CPU ranks."""
 
     eval_every: int = 50
     """Validate every N steps (and at the end); 0 = only at the end."""
@@ -131,6 +135,10 @@ class TrainConfig:
     """Write a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 3
     """Checkpoints to keep (older ones are deleted)."""
+    checkpoint_mode: Literal["async", "sync"] = "async"
+    """async: a checkpoint is copied to host memory (pinned on GPUs) and written in the background while training
+    goes on; sync: every rank waits until it is on disk (use it where the host cannot hold one more copy of each
+    rank's model and optimizer state)."""
     checkpoint_on_interrupt: bool = False
     """On Ctrl-C or SIGTERM (from the launcher, ``timeout`` or a scheduler), finish the current step on every
     rank, write a checkpoint, then exit (130 for SIGINT, 143 for SIGTERM); False: stop at once, keeping only
@@ -147,7 +155,9 @@ class TrainConfig:
     seed: int = 1337
     callbacks: list[str] = field(default_factory=list)
     """``pkg.module:factory`` names; each factory, called with no arguments, returns an object whose
-    ``on_step(trainer)`` runs on every rank after each optimizer step (importing the module runs its code)."""
+    ``on_step(event)`` runs on every rank after each optimizer step, before its checkpoint (``event.step``: steps
+    done; ``event.state["model"]``, ``event.run``: see :class:`multigpu.run.StepEvent`). Importing the module runs
+    its code."""
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "grad_accum", "ref_batch_size", "eval_batches", "keep_last"):

@@ -101,8 +101,11 @@ def _planned_context(cfg: TrainJobConfig) -> dict:
     return _context(cfg, len(VOCAB))
 
 
-def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
-    """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError."""
+def check(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
+    """Every check that needs the job's shape (in the launcher). Raises ConfigError/DeviceError.
+
+    Returns the config to run when the check changed it (a resume at another world size keeps its global batch
+    through the accumulation), else None."""
     from multigpu.factory import import_object
     from multigpu.train.sync import check_sync_backend
     from multigpu.train.trackers import check_trackers
@@ -123,9 +126,85 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> None:
     if plan.run.resume not in (None, "auto"):
         _check_resume_path(plan.run.resume)
     _check_resume_fits(cfg, plan)
-    _check_memory(cfg, plan)
+    kept = _keep_global_batch(cfg, plan)
+    _check_memory(kept or cfg, plan)
     if cfg.init_from:
         _check_init_from(cfg)
+    return kept
+
+
+_BATCH_KEYS = ("batch_size", "grad_accum", "grad_accum_scope", "global_batch_size")
+"""What the global batch is made of: a resumed run keeps the saved run's, unless the command gives them."""
+
+
+def _resume_target(plan: JobPlan) -> Path | None:
+    """The checkpoint a resume would start from, as far as the launcher can tell without reading its bytes (the
+    rule the ranks decide by, :func:`multigpu.checkpoint.resume.planned`; they verify every byte of it)."""
+    from multigpu.checkpoint.resume import planned
+
+    return planned(plan.run.resume, plan.run.run_dir)
+
+
+def _keep_global_batch(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
+    """A run resumed at another world size says so in one line and keeps its global batch (samples per optimizer
+    step) by changing the gradient accumulation; where no accumulation keeps it, it is refused, unless the command
+    gives the batch settings itself (then the global batch changes as asked, and the line says so).
+
+    Returns the config with the accumulation that keeps the global batch, or None (unchanged)."""
+    import dataclasses
+    import json
+
+    from multigpu.checkpoint import CorruptCheckpointError
+    from multigpu.checkpoint.store import read_manifest
+    from multigpu.config import from_dict
+
+    path = _resume_target(plan)
+    if path is None:
+        return None
+    try:
+        manifest = read_manifest(path)
+        saved_world = int(manifest["world_size"])
+    except (CorruptCheckpointError, KeyError, TypeError, ValueError):
+        return None  # the ranks name what is wrong with it
+    written = manifest.get("meta", {}).get("global_batch") if isinstance(manifest.get("meta"), dict) else None
+    world = plan.world_size
+    if saved_world == world:
+        return None
+    try:
+        data = json.loads((path.parent.parent / "run.json").read_text())
+        saved = from_dict(TrainJobConfig, data["config"]) if data.get("workload") == "train" else None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        saved = None
+    where = f"resuming a checkpoint written by {saved_world} rank(s) on {world} rank(s)"
+    # the checkpoint's own record of its global batch; the run's config where it has none (written before it did)
+    before = written if isinstance(written, int) and written > 0 else \
+        saved.effective_batch(saved_world) if saved is not None else None
+    now = cfg.effective_batch(world)
+    if before is None:  # the saved run's batch is unknown: say what is known
+        print(f"multigpu train: {where}; the global batch is {now} samples per step here", flush=True)
+        return None
+    given = [k for k in _BATCH_KEYS if saved is not None and getattr(cfg, k) != getattr(saved, k)]
+    if before == now:
+        print(f"multigpu train: {where}: the global batch stays {now} samples per step", flush=True)
+        return None
+    if given:
+        print(f"multigpu train: {where}: the global batch changes from {before} to {now} samples per step, as "
+              f"asked ({', '.join(given)} given here)", flush=True)
+        return None
+    per_rank = cfg.batch_per_rank(world)
+    accum, rest = divmod(before, per_rank * world)
+    if rest or accum < 1:
+        raise ConfigError(
+            f"--resume: the checkpoint was written by {saved_world} rank(s) with a global batch of {before} samples "
+            f"per step, which {world} rank(s) of batch {per_rank} cannot keep ({before} is not a multiple of "
+            f"{per_rank} × {world}); valid: a world size whose ranks split it (--nproc-per-node/--nnodes), or "
+            "give batch_size, grad_accum or global_batch_size to change the global batch on purpose")
+    total = accum * world if cfg.grad_accum_scope == "global" else accum
+    kept = dataclasses.replace(cfg, grad_accum=total)
+    print(f"multigpu train: {where}: grad_accum {cfg.grad_accum} -> {total} keeps the global batch of {before} "
+          f"samples per step (batch {per_rank} × grad_accum {accum} × {world} rank(s)); give batch_size, grad_accum "
+          "or global_batch_size to change it", flush=True)
+    return kept
 
 
 def _check_init_from(cfg: TrainJobConfig) -> None:
@@ -211,20 +290,13 @@ def _check_resume_fits(cfg: TrainJobConfig, plan: JobPlan) -> None:
 
     import torch
 
-    from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, CorruptCheckpointError
+    from multigpu.checkpoint import CorruptCheckpointError
     from multigpu.config import to_dict
     from multigpu.train.checkpoint import check_layout, check_resume_fits
 
-    resume = plan.run.resume
-    if resume is None or (resume == "auto" and not plan.run.run_dir):
+    path = _resume_target(plan)
+    if path is None:
         return
-    if resume == "auto":  # the newest complete one (the ranks verify its bytes; this reads its manifest only)
-        folders = CheckpointStore(Path(plan.run.run_dir) / CHECKPOINTS).folders()
-        if not folders:
-            return
-        path = folders[-1]
-    else:
-        path = Path(resume)
     try:  # DCP shards (fsdp, hsdp) load into any strategy and layout; whole state dicts (ddp) into ddp only
         sharded = check_layout(path, cfg.strategy)
     except CorruptCheckpointError:
@@ -273,7 +345,7 @@ def _datasets(cfg: TrainJobConfig):
 
 
 def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
-          resume_from: str | Path | None = None, run: RunContext | None = None):
+          run: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -300,8 +372,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, resume_from=resume_from,
-                      run=run)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=run)
     return trainer, model, train_set
 
 
@@ -392,14 +463,15 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     import multigpu as mg
 
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
-    trainer, model, train_set = build(cfg, run_dir, resume_from=ctx.resume_from, run=ctx)
+    trainer, model, train_set = build(cfg, run_dir, run=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
         trainer.close()
         if mg.is_main():
+            again = ctx.resume_command or f"multigpu train --run-dir {run_dir} --resume auto"
             print(f"interrupted after step {trainer.step}: checkpoint {trainer.checkpoints.path_for(trainer.step)}; "
-                  f"continue with: multigpu train --run-dir {run_dir} --resume auto", flush=True)
+                  f"continue with: {again}", flush=True)
         return 128 + result["signal"]  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
     if trainer.last_val_loss is not None:  # what `multigpu verify --nproc 1,2 train` compares across world sizes
@@ -440,6 +512,9 @@ WORKLOAD = Workload(
         Flag("--prefetch", "prefetch", type=non_negative_int, metavar="N", help="batches moved to the device ahead of use"),
         Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
              help="on Ctrl-C or SIGTERM, finish the current step and write a checkpoint before stopping"),
+        Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
+             help="async: write checkpoints in the background while training goes on (the default); sync: wait "
+                  "until each is on disk"),
         Flag("--model", "model.factory", metavar="PKG.MODULE:FACTORY",
              help=f"model factory (model.kwargs.NAME=... for its arguments; default {DEFAULT_MODEL})"),
         Flag("--data", "data.factory", metavar="PKG.MODULE:FACTORY",

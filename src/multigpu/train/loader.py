@@ -6,7 +6,8 @@ itself). Each batch comes with the sampler position *after* it, so a
 checkpoint records what the training loop consumed, not what a background
 prefetcher or DataLoader workers already fetched. With ``prefetch=N`` a
 background thread moves the next N batches to the device ahead of use (on CUDA
-on a side stream, from pinned memory).
+on a side stream). On CUDA, host tensors are copied from page-locked (pinned) memory
+unless ``pin_memory=False``; tensors a dataset returns on a GPU already are never pinned.
 
 With ``shard=False`` the dataset is this rank's own shard, already split by the
 user, and ranks may hold different numbers of samples. A rank that ran out of
@@ -89,6 +90,7 @@ class BatchStream:
         collate_fn: Callable | None = None,
         sampler_state: dict | None = None,
         shard: bool = True,
+        pin_memory: bool = True,
     ):
         if shard:
             self.sampler = mg.TrainSampler(dataset, seed=seed)
@@ -105,17 +107,19 @@ class BatchStream:
             self.sampler.load_state_dict(sampler_state)
         self.batch_size = batch_size
         self.device = device
-        pin = device.type == "cuda"
+        on_gpu = device.type == "cuda"
+        # pinned here, not by the DataLoader (which pins every tensor, and crashes on one already on a GPU)
+        self.pin = on_gpu and pin_memory
         self.loader = DataLoader(
             dataset, batch_size=batch_size, sampler=self.sampler, drop_last=True, num_workers=num_workers,
-            pin_memory=pin, collate_fn=collate_fn, persistent_workers=num_workers > 0,
+            collate_fn=collate_fn, persistent_workers=num_workers > 0,
             generator=torch.Generator().manual_seed(seed),  # never draws from the global RNG (exact resume)
         )
         self._tagged = self._tagged_batches()
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         if prefetch > 0:
-            self._stream = torch.cuda.Stream(device) if pin else None
+            self._stream = torch.cuda.Stream(device) if on_gpu else None
             self._queue = queue.Queue(maxsize=prefetch)
             self._thread = threading.Thread(target=self._fill, name="multigpu-prefetch", daemon=True)
             self._thread.start()
@@ -135,12 +139,27 @@ class BatchStream:
 
     def _move(self, batch: Any) -> tuple[Any, Any]:
         if self._queue is not None and self._stream is not None:
+            # a dataset that returns GPU tensors made them on this thread's current stream: wait for that work
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                moved = to_device(batch, self.device, non_blocking=True)
+                moved = to_device(self._pinned(batch), self.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._stream)
             return moved, event
         return to_device(batch, self.device), None
+
+    def _pinned(self, batch: Any) -> Any:
+        """The batch's host tensors in page-locked memory (a non-blocking copy from there overlaps compute);
+        tensors already on a GPU, or all of them with ``pin_memory=False``, as they are."""
+        if not self.pin:
+            return batch
+        if isinstance(batch, torch.Tensor):
+            return batch.pin_memory() if batch.device.type == "cpu" else batch
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self._pinned(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._pinned(v) for k, v in batch.items()}
+        return batch
 
     def _fill(self) -> None:
         try:
@@ -162,7 +181,8 @@ class BatchStream:
     def __next__(self) -> tuple[Any, dict]:
         if self._queue is None:
             batch, state = next(self._tagged)
-            return to_device(batch, self.device), state
+            # from pinned memory, on the current stream: ordered before the step's kernels, no host wait
+            return to_device(self._pinned(batch), self.device, non_blocking=self.pin), state
         batch, event, state = self._queue.get()
         if batch is _DONE:
             raise event

@@ -77,9 +77,10 @@ class MetricLogger:
 
     def _reduce(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         m = self.meter
+        m.flush()  # the step just ended too (on CUDA its figures are read one step later): a log point syncs anyway
         window = slice(self._mark, len(m.step_times))
-        # step times end on the device (StepMeter waits for each step's CUDA event); comm not measured
-        # (DDP's NCCL all-reduce) is NaN here, and None in the record: never a share of 0
+        # step times end on the device (StepMeter reads each step's CUDA events); comm not measured
+        # (DDP's NCCL all-reduce, FSDP's collectives) is NaN here, and None in the record: never a share of 0
         wall, comm, items = sum(m.step_times[window]), sum_comm(m.comm_times[window]), sum(m.items[window])
         summed = torch.tensor([self._loss.item(), self._steps, wall, comm, items], dtype=torch.float64)
         mg.all_reduce(summed, "sum", check_shapes=False)
@@ -111,7 +112,7 @@ class MetricLogger:
         if rate:
             parts.append(f"{rate:,.0f} {self.meter.unit}/s")
         share = record["comm_share"]
-        parts.append(f"comm {100 * share:.0f}%" if share is not None else "comm n/a on NCCL")
+        parts.append(f"comm {100 * share:.0f}%" if share is not None else "comm n/a (not measured)")
         print(" | ".join(parts), flush=True)
         if self._log is not None:
             self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on

@@ -21,17 +21,20 @@ class FsdpTensors:
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, param_groups: list | None = None):
         self.module, self.optimizer, self.param_groups = module, optimizer, param_groups
+        self.saved_param_groups: list | None = None
+        """The optimizer's ``param_groups`` at the last ``state_dict()`` (what a checkpoint records beside it)."""
 
     def state_dict(self) -> dict[str, Any]:
         """This job's layout (on load: the template DCP fills in place; it also initializes the optimizer state)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        self.param_groups = self.param_groups if self.param_groups is not None else optim_sd["param_groups"]
+        self.saved_param_groups = optim_sd["param_groups"]
         return {"model": model_sd, "optim": optim_sd["state"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        groups = self.param_groups if self.param_groups is not None else self.saved_param_groups
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict={"state": state["optim"], "param_groups": self.param_groups})
+                       optim_state_dict={"state": state["optim"], "param_groups": groups})

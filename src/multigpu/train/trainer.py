@@ -7,21 +7,23 @@ Every rank builds the same model and optimizer, then::
     trainer.fit()        # until cfg.steps: train_step, evaluate, log, checkpoint
     trainer.close()      # summary.json (via StepMeter) on rank 0
 
-Checkpoints: ``<run_dir>/checkpoints/step_*`` of :class:`multigpu.checkpoint.CheckpointStore`
-(model, optimizer, trainer state, every rank's random state; under fsdp and hsdp the tensors as DCP shards,
-which resume on any layout and strategy; a ddp checkpoint resumes under ddp only).
-``resume_from`` (the job's ``ctx.resume_from``, decided by the rank entry point) is loaded as it is; a
-plain script gives ``resume`` ("auto" or a path) and ``setup()`` decides the same way, so a worker group
-that torchrun's agent restarts (``--max-restarts``) resumes from the run's newest valid checkpoint
-whatever ``resume`` says (the given ``resume`` is used only when the run has no checkpoint yet).
+Checkpoints, resume, the step meter, callbacks and ``summary.json`` belong to the run harness
+(:class:`multigpu.run.Run`, made by ``setup()``); the trainer hands it its state: model, optimizer, trainer
+state, every rank's random state (under fsdp and hsdp the tensors as DCP shards, which resume on any layout
+and strategy; a ddp checkpoint resumes under ddp only). Checkpoints are ``<run_dir>/checkpoints/step_*``
+(every ``checkpoint_every`` steps and after the last), written in the background with
+``checkpoint_mode=async`` (the default). A job's context comes with its resume decided; a plain script gives
+``resume`` ("auto" or a path) and the run decides it by the same rule, so a worker group that torchrun's agent
+restarts (``--max-restarts``) resumes from the run's newest valid checkpoint whatever ``resume`` says (the
+given ``resume`` is used only when the run has no checkpoint yet).
 
-Callbacks: objects with an ``on_step(trainer)`` method, called on every rank
-after each optimizer step (and its metrics) and before its checkpoint; given
-as objects (``callbacks=[...]``) or, in the config, as ``pkg.module:factory``
-names (``TrainConfig.callbacks``) that the trainer calls with no arguments. With
+Callbacks: objects with an ``on_step(event)`` method (:class:`multigpu.run.StepEvent`: ``event.step``,
+``event.state["model"]``, ``event.run``), called on every rank after each optimizer step (and its metrics) and
+before its checkpoint; given as objects (``callbacks=[...]``) or, in the config, as ``pkg.module:factory``
+names (``TrainConfig.callbacks``) that the run calls with no arguments. With
 ``checkpoint_on_interrupt``, Ctrl-C or SIGTERM on the launcher (or on the ranks)
 ends ``fit()`` after the current step with a checkpoint on every rank's agreement
-(see :mod:`multigpu.train.interrupt`); ``fit()`` then returns ``interrupted: True``
+(see :mod:`multigpu.run.interrupt`); ``fit()`` then returns ``interrupted: True``
 and the agreed ``signal`` (2 or 15).
 
 The model is moved to the device in place, so an optimizer built on
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +52,16 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
-from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, RngState, Sharded
+from multigpu.checkpoint import CheckpointStore, PerRank, RngState, Sharded
 from multigpu.errors import ConfigError
-from multigpu.monitor import StepMeter
+from multigpu.run import Run, script_context
 from multigpu.runtime import context
 from multigpu.train.checkpoint import check_layout, check_model_fits, param_shapes, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.finite import FiniteGuard
-from multigpu.train.interrupt import InterruptFlag
 from multigpu.train.loader import BatchStream, to_device
 from multigpu.train.metrics import MetricLogger
+from multigpu.train.optim import use_fused
 from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
 from multigpu.train.sync import wrap_ddp
 
@@ -69,8 +70,17 @@ __all__ = ["Trainer", "count_items", "default_loss"]
 
 def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     """The loss of one batch: ``(x, y)`` -> cross-entropy of ``model(x)`` against ``y``; a dict (Hugging Face
-    style: ``input_ids``, ``labels``, ...) -> ``model(**batch)``. An output with a ``loss`` (Hugging Face models
-    given labels) is used as it is; an output with ``logits``, or a tensor, is scored against the targets."""
+    style: ``input_ids``, ``labels``, ...) -> ``model(**batch)``.
+
+    What the model returns:
+
+    * an output with a ``loss`` that is not None (Hugging Face models given labels): that loss, as it is;
+    * an output with ``logits``, or a tensor: the logits, scored against the targets;
+    * a tuple or list (nanoGPT's ``(logits, loss)``, Hugging Face's ``return_dict=False``): a 0-dim tensor in it
+      is the loss, as it is; otherwise its first tensor is the logits (nanoGPT called without targets returns
+      ``(logits, None)``). A model whose own loss needs the targets (``model(x, targets)``) wants a loss
+      function instead: ``--loss pkg.module:fn`` with ``fn(model, batch) -> loss``.
+    """
     if isinstance(batch, dict):
         out, target = model(**batch), batch.get("labels")
     else:
@@ -80,6 +90,16 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     if loss is not None:
         return loss
     logits = getattr(out, "logits", out)
+    if isinstance(logits, (tuple, list)):
+        tensors = [t for t in logits if isinstance(t, torch.Tensor)]
+        scalar = next((t for t in tensors if t.dim() == 0), None)
+        if scalar is not None:
+            return scalar
+        logits = next(iter(tensors), logits)
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"the model returned {type(out).__name__}, and the default loss needs logits: a tensor, "
+                          "an output with .logits or .loss, or a tuple whose first tensor is the logits; valid: "
+                          "return one of those, or give a loss function (--loss pkg.module:fn, fn(model, batch))")
     if target is None:
         raise ConfigError("the batch has no targets (no 'labels' key) and the model returned no loss; "
                           "give labels in the batch, or a loss function (--loss pkg.module:fn)")
@@ -127,10 +147,9 @@ class Trainer:
         run_dir: Where rank 0 writes metrics, summary and checkpoints (None: no files). In a script
             started by ``multigpu launch``/``bench``, ``mg.run_context().run_dir`` is the launcher's choice.
         resume: In a plain script: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``,
-            if any; or a checkpoint folder (decided in ``setup()``, restarts included).
-        resume_from: The checkpoint folder to start from, already decided (the job's ``ctx.resume_from``);
-            ``resume`` is then not looked at.
-        run: The run context (the job's ``ctx``; default: the launcher's, for a plain script).
+            if any; or a checkpoint folder (decided in ``setup()`` by the run harness, restarts included).
+        run: The run context of a job (its ``ctx``: ``resume_from`` decided; ``run_dir`` and ``resume`` are then
+            not looked at); None: a plain script.
         callbacks: Objects whose ``on_step(trainer)`` runs after every optimizer step (see above).
         unit: "tokens" (the real tokens of each batch: see :func:`count_items`) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
@@ -156,7 +175,6 @@ class Trainer:
         shard_data: bool = True,
         resume: str | None = None,
         callbacks: list[Any] | None = None,
-        resume_from: str | Path | None = None,
         run: context.RunContext | None = None,
     ):
         self.config = config or TrainConfig()
@@ -164,24 +182,64 @@ class Trainer:
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resume = resume
-        self.resume_from = Path(resume_from) if resume_from is not None else None
-        self.run = run
-        self.callbacks = list(callbacks or [])
+        self._ctx = run
+        self.run: Run | None = None
+        """The run harness (made by ``setup()``): checkpoints, resume, meter, callbacks, summary."""
+        self._callbacks = list(callbacks or [])
         self.unit, self.collate_fn, self.shard_data = unit, collate_fn, shard_data
-        self.interrupted = False
-        self.interrupt_signal = 0
         self.skipped_steps = 0
         """Optimizer steps skipped for a non-finite gradient norm (``nonfinite=skip``)."""
-        self.step = 0
+        self._step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
         self._is_setup = False
         self._resumed_from: Path | None = None
 
+    # ----------------------------------------------------------------- what the run holds
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        return self.run.step if self.run is not None else self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if self.run is not None:
+            self.run.step = value
+        else:
+            self._step = value
+
+    @property
+    def callbacks(self) -> list:
+        """The callbacks (``setup()`` adds the config's); append to it to add one."""
+        return self.run.callbacks if self.run is not None else self._callbacks
+
+    @property
+    def meter(self):
+        return self.run.meter
+
+    @property
+    def checkpoints(self):
+        """The run's :class:`~multigpu.checkpoint.Checkpointer` (None without a run directory)."""
+        return self.run.checkpoints
+
+    @property
+    def interrupted(self) -> bool:
+        return self.run is not None and self.run.interrupted
+
+    @property
+    def interrupt_signal(self) -> int:
+        return self.run.signal if self.run is not None else 0
+
     # ----------------------------------------------------------------- setup
     def setup(self) -> Trainer:
         """Place the model, wrap it in DDP, build the data stream, apply lr scaling, resume. Call on all ranks."""
         self.env = mg.get_env("Trainer.setup")
+        cfg = self.config
+        ctx = self._ctx if self._ctx is not None else script_context(self.run_dir, self.resume)
+        self.run = Run(ctx, total=cfg.steps, checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last,
+                       mode=cfg.checkpoint_mode, callbacks=[*self._callbacks, *cfg.callbacks], unit=self.unit,
+                       description="train", on_interrupt=cfg.checkpoint_on_interrupt, before_save=self._check_finite)
+        self.run_dir = self.run.run_dir
         self.world_size = self.env.world_size
         self.accum = self.config.accum_per_rank(self.world_size)
         self.batch_size = self.config.batch_per_rank(self.world_size)
@@ -199,6 +257,7 @@ class Trainer:
         self._setup_lr()
         if state is not None:
             self._load_state(state)
+        self.run.state, self.run.meta = self._checkpoint_parts()
         self._setup_logging()
         self._is_setup = True
         return self
@@ -252,8 +311,10 @@ class Trainer:
                         param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
                         cpu_offload=cfg.fsdp_cpu_offload, seed=cfg.seed, shard_size=self.shard_size)
             self._load_pretrained()
+            use_fused(self.optimizer)  # on the sharded parameters (unless offloaded to the host)
             return
         self._load_pretrained()  # before DDP: every rank holds the same whole weights
+        use_fused(self.optimizer)
         if self.world_size > 1:
             self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
                                            find_unused_parameters=cfg.find_unused_parameters,
@@ -276,7 +337,7 @@ class Trainer:
         self.batches = BatchStream(
             self.train_data, self.batch_size, device=self.env.device, seed=cfg.seed, num_workers=cfg.num_workers,
             prefetch=cfg.prefetch, collate_fn=self.collate_fn, sampler_state=state["sampler"] if state else None,
-            shard=self.shard_data,
+            shard=self.shard_data, pin_memory=cfg.pin_memory,
         )
         self.sampler_state = self.batches.sampler.state_dict()
 
@@ -294,17 +355,9 @@ class Trainer:
 
     def _setup_logging(self) -> None:
         cfg = self.config
-        self.checkpoints = CheckpointStore(self.run_dir / CHECKPOINTS, cfg.keep_last) if self.run_dir else None
-        self.meter = StepMeter.from_context(
-            self.unit, replace(self.run or context.current(), run_dir=str(self.run_dir) if self.run_dir else None),
-            total_steps=cfg.steps - self.step, description="train", log_every=0,
-            warmup_steps=min(2, max(cfg.steps - self.step - 1, 0)))
+        self.run.warmup_steps = min(2, max(cfg.steps - self.step - 1, 0))
         self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step,
                                    trackers=self._open_trackers)
-        if cfg.callbacks:
-            from multigpu.factory import call_factory
-
-            self.callbacks += [call_factory(spec, what="callbacks") for spec in cfg.callbacks]
         if mg.is_main():
             self._print_plan()
 
@@ -343,11 +396,7 @@ class Trainer:
     # ----------------------------------------------------------------- resume
     def _resume_state(self) -> dict | None:
         """The checkpoint's parts (model and optimizer state dicts unless sharded), not yet applied."""
-        path = self.resume_from
-        if path is None and self.run is None:  # a plain script: decide what the rank entry point decides
-            from multigpu.checkpoint import resolve
-
-            path = resolve(self.resume, str(self.run_dir) if self.run_dir is not None else None)
+        path = self.run.resume_from  # decided by the run: a job's, or a plain script's resume
         if path is None:
             return None
         self._resumed_from = path
@@ -413,27 +462,33 @@ class Trainer:
             "config": _plain(self.config),
         }
 
-    def save_checkpoint(self) -> Path | None:
-        """Write ``checkpoints/step_<step>`` (rank 0 the plain parts, every rank its RNG state and, under
-        fsdp, its shards). Call on all ranks.
-
-        Raises:
-            NonFiniteError: a step since the last check had a non-finite loss or gradient norm: nothing is written.
-        """
-        if self.checkpoints is None:
-            return None
-        self.finite.check(self.step, "the checkpoints written before it are kept")
+    def _checkpoint_parts(self) -> tuple[dict[str, Any], Callable[[], dict] | None]:
+        """What a checkpoint holds (rank 0 the plain parts, every rank its RNG state and, under fsdp and hsdp,
+        its shards), and the manifest's ``meta``: the parameter shapes, which the launcher checks a resume by."""
         state: dict[str, Any] = {"rng": PerRank(RngState())}
         if self.config.strategy != "ddp":  # fsdp, hsdp: every rank writes its shards (DCP)
             from multigpu.train.sharded import FsdpTensors
 
             tensors = FsdpTensors(self.module, self.optimizer)
             state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
-            state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.param_groups})
-            return self.checkpoints.save(self.step, state)
-        model = self.module.state_dict()
-        state.update(model=model, optimizer=self.optimizer.state_dict(), trainer=self._run_state())
-        return self.checkpoints.save(self.step, state, meta={"params": param_shapes(model)})
+            state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.saved_param_groups})
+            return state, lambda: {"global_batch": self.effective_batch}
+        state.update(model=self.module, optimizer=self.optimizer, trainer=_Later(self._run_state))
+        # the global batch (samples per step): a resume at another world size keeps it (read by the launcher)
+        return state, lambda: {"params": param_shapes(self.module.state_dict()), "global_batch": self.effective_batch}
+
+    def _check_finite(self, step: int) -> None:
+        """Before a checkpoint: a step since the last check had a non-finite loss or gradient norm: nothing is
+        written (``NonFiniteError``), and the run ends."""
+        self.finite.check(step, "the checkpoints written before it are kept")
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``checkpoints/step_<step>`` now (async: staged now, on disk in the background). Call on all ranks.
+
+        Raises:
+            NonFiniteError: a step since the last check had a non-finite loss or gradient norm: nothing is written.
+        """
+        return self.run.save()
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -442,29 +497,21 @@ class Trainer:
             self.setup()
         cfg = self.config
         self.model.train()  # every submodule; train_step() calls it again only when the root was put in eval mode
-        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever)
-        with InterruptFlag(cfg.checkpoint_on_interrupt) as interrupt, self.logger.closed_on_error():
-            while self.step < cfg.steps:
+        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever). The run
+        # does the rest after each step: callbacks, a signal's agreement, the checkpoint
+        with self.logger.closed_on_error():
+            for number in self.run.steps(cfg.steps, timed=False):  # train_step times the part that counts
                 metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
-                self.step += 1
-                last = self.step == cfg.steps
-                if self.val_data is not None and (last or _due(self.step, cfg.eval_every)):
+                self.step = step = number + 1  # done: a failure from here on is after this step
+                last = step == cfg.steps
+                if self.val_data is not None and (last or _due(step, cfg.eval_every)):
                     metrics["val_loss"] = self.last_val_loss = self.evaluate()
                 # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
-                flush = last or _due(self.step, cfg.log_every) or "val_loss" in metrics
-                self.logger.log(self.step, metrics, flush=flush)
+                flush = last or _due(step, cfg.log_every) or "val_loss" in metrics
+                self.logger.log(step, metrics, flush=flush)
                 if flush:  # the log point synchronised already: one more number says whether any step went non-finite
-                    self.finite.check(self.step, None if self.checkpoints is None else
+                    self.finite.check(step, None if self.checkpoints is None else
                                       "the checkpoints written before it are kept")
-                for callback in self.callbacks:
-                    callback.on_step(self)
-                # Ctrl-C reached some rank: all agree (one tiny all-reduce) and stop after this same step
-                self.interrupted = interrupt.agreed(self.env.device)
-                self.interrupt_signal = interrupt.signum
-                if last or self.interrupted or _due(self.step, cfg.checkpoint_every):
-                    self.save_checkpoint()
-                if self.interrupted:
-                    break
         return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted,
                 "signal": self.interrupt_signal}
 
@@ -498,6 +545,7 @@ class Trainer:
                 self.meter.add_comm(self.comm.pop_seconds())
             if self.fsdp_traffic is not None:
                 self.fsdp_traffic.record(self.accum)
+                self.meter.add_comm(None)  # FSDP's all-gathers and reduce-scatters are torch's: nobody times them
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _skips(self, grad_norm: torch.Tensor) -> bool:
@@ -567,7 +615,7 @@ class Trainer:
                  "peak_memory_bytes": peaks, **(extra or {})}
         if self.config.strategy == "hsdp":  # bench --predict: the shard group, and whether it was chosen or a node
             fixed["hsdp"] = {"shard_size": self.shard_size, "set": self.config.hsdp_shard_size is not None}
-        summary = self.meter.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
+        summary = self.run.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
         # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
         self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
         return summary

@@ -6,11 +6,12 @@ a scheduler may also signal the ranks themselves (``srun``, a cgroup kill). The
 agent then waits up to 30 s (``TORCHELASTIC_SHUTDOWN_TIMEOUT``) before it sends
 SIGKILL. By default SIGINT raises ``KeyboardInterrupt`` wherever a worker stands
 and SIGTERM ends it at once. With ``checkpoint_on_interrupt``,
-:class:`InterruptFlag` only records either signal while the training loop runs;
-at every step boundary the ranks agree on it with one one-element all-reduce
+:class:`InterruptFlag` only records either signal while the run's steps run
+(:meth:`multigpu.run.Run.steps`): nothing is written inside the signal handler.
+At every step boundary the ranks agree on it with one one-element all-reduce
 (the max of the signal numbers), so all of them stop after the *same* step even
 when the signal reached them at different moments, or reached only some. The
-loop then writes a checkpoint and returns, and the rank exits with
+run then writes a checkpoint of that step and ends, and the rank exits with
 ``128 + signal``: 130 for SIGINT, 143 for SIGTERM.
 
 SIGTERM is also what the agent sends to the surviving workers when another

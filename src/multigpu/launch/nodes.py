@@ -1,0 +1,356 @@
+"""What the nodes of a multi-node job settle before torch's agent forms the job (runs in the launcher).
+
+The launchers of a job of several nodes meet at the rendezvous store before torch's agent does:
+
+* node 0's launcher (the one that hosts the store) opens it on the endpoint's address and the others connect
+  (:func:`multigpu.launch.stores.open_store`); the same store then serves torch's rendezvous, handed to the
+  ``multigpu`` backend;
+* node 0 decides, the others learn (:meth:`Nodes.agree`): the run folder's name when none was given, so that a
+  job has one run folder on every node;
+* every node checks that it sees the run folder node 0 made (:meth:`Nodes.check_shared`): node 0 writes a
+  marker with a random token there, the others must find it, else one line: "the run folder is not shared
+  between nodes: ...";
+* a node that fails before the job forms says so in the store (which node, which host, the error line) and
+  closes torch's rendezvous (:meth:`Nodes.tell`): every other node stops within seconds, naming it, whether
+  it waits in an agreement here or in torch's rendezvous. The node that hosts the store keeps it open until
+  every other node has read why (at most :data:`LINGER_S`).
+
+Everything written to the store is signed with the job's secret (``MULTIGPU_RDZV_SECRET``), like the
+rendezvous state, and checked before it is read. One node: nothing here runs (:func:`joined` yields None).
+
+    with nodes.joined(cfg) as session:        # a context for the whole command on this node
+        name = session.agree("run_name", lambda: make_the_folder())
+        session.check_shared(run_dir)
+        launch(...)                           # torch's agent uses the store opened here
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
+
+__all__ = ["LINGER_S", "NodeFailedError", "Nodes", "job_run_id", "joined", "posted_failure", "tell_others"]
+
+LINGER_S = 30.0
+"""How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
+TELL_CONNECT_S = 10.0
+"""How long a node that failed tries to reach node 0's store to say why."""
+_POLL_S = 0.2
+_PREFIX = "multigpu/nodes/"
+_MARKER = ".multigpu-shared-"
+_sessions: dict[str, Nodes] = {}  # run id -> the open session of this launcher
+
+
+class NodeFailedError(LaunchError):
+    """Another node stopped before the job formed; the message names it and says why."""
+
+
+def job_run_id(run_id: str | None, nnodes: int) -> str:
+    """The rendezvous run id: ``--run-id``, else ``multigpu`` on several nodes (every node must use the same one)."""
+    import uuid
+
+    return run_id or ("multigpu" if nnodes > 1 else uuid.uuid4().hex[:12])
+
+
+def _seconds(rdzv_conf: dict[str, str], key: str, default: int) -> float:
+    text = str(rdzv_conf.get(key, default))
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--rdzv-conf {key}={text} is not a number of seconds; valid: e.g. {key}={default}") from None
+    if not value > 0:
+        raise ConfigError(f"--rdzv-conf {key}={text} is invalid; valid: seconds > 0, e.g. {key}={default}")
+    return value
+
+
+@dataclass
+class Nodes:
+    """This launcher's place among the job's launchers, talking through the rendezvous store.
+
+    The store is opened when first needed (an agreement, a failure to tell, torch's rendezvous), not before:
+    a launch that fails on its own input before any of these talks to no one."""
+
+    secret: bytes
+    run_id: str
+    nnodes: int
+    node_rank: int
+    hosts_store: bool
+    join_timeout_s: float
+    host: str
+    endpoint: str
+    read_timeout_s: float = 60.0
+    told: bool = False
+    """This node's failure (or another's) was written to the store and the rendezvous closed."""
+    _store: object = None
+    _address: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._store is not None
+
+    def connect(self, join_timeout_s: float | None = None) -> tuple[object, str | None]:
+        """The store (opened on the first call: bound here on the node hosting it, else connected to once it
+        answers, within ``join_timeout_s``) and the address it listens on (None for a client)."""
+        if self._store is None:
+            from multigpu.launch.rendezvous import parse_endpoint
+            from multigpu.launch.stores import open_store
+
+            host, port = parse_endpoint(self.endpoint, nnodes=self.nnodes)
+            self._store, self._address = open_store(host, port, is_host=self.hosts_store,
+                                                    read_timeout=self.read_timeout_s,
+                                                    join_timeout=join_timeout_s or self.join_timeout_s)
+        return self._store, self._address
+
+    @property
+    def store(self):
+        return self.connect()[0]
+
+    # ------------------------------------------------------------------ signed values
+    def _key(self, name: str) -> str:
+        return f"{_PREFIX}{self.run_id}/{name}"
+
+    def _set(self, name: str, value: object) -> None:
+        from multigpu.launch.stores import seal
+
+        self.store.set(self._key(name), seal(self.secret, json.dumps(value).encode()))
+
+    def _get(self, name: str) -> object | None:
+        """The value of ``name``, or None while it is not set (never blocks)."""
+        from multigpu.launch.stores import unseal
+
+        key = self._key(name)
+        if not self.store.check([key]):
+            return None
+        return json.loads(unseal(self.secret, self.store.get(key), f"value {name!r}").decode())
+
+    def failure(self) -> dict | None:
+        """What another node posted when it failed before the job formed (node, host, reason), or None."""
+        found = self._get("failed")
+        return found if isinstance(found, dict) and found.get("node") != self.node_rank else None
+
+    def raise_if_failed(self) -> None:
+        if not self.connected:
+            return
+        found = self.failure()
+        if found is not None:
+            self._ack()
+            raise NodeFailedError(describe(found))
+
+    # ------------------------------------------------------------------ agreement
+    def _wait(self, name: str, what: str) -> object:
+        deadline = time.monotonic() + self.join_timeout_s
+        while True:
+            self.raise_if_failed()
+            value = self._get(name)
+            if value is not None:
+                return value
+            if time.monotonic() > deadline:
+                raise RendezvousTimeoutError(
+                    f"node {self.node_rank} waited {self.join_timeout_s:g}s at {self.endpoint} for {what}; start "
+                    "node 0 (--node-rank 0) with the same command, --nnodes and --rdzv-endpoint") from None
+            time.sleep(_POLL_S)
+
+    def agree(self, name: str, decide: Callable[[], str]) -> str:
+        """Node 0 calls ``decide`` and tells the others; they wait for it (and stop if a node failed)."""
+        if self.node_rank == 0:
+            value = decide()
+            self._set(f"value/{name}", value)
+            return value
+        return str(self._wait(f"value/{name}", f"node 0 to settle the {name.replace('_', ' ')}"))
+
+    def check_shared(self, folder: Path, what: str = "run folder") -> None:
+        """Every node sees ``folder`` as one folder: node 0 writes a marker there, every other node must find it
+        in its own ``folder``; node 0 waits until each did, then removes it.
+
+        Raises:
+            ConfigError: this node does not see node 0's marker ("the run folder is not shared between nodes").
+        """
+        if self.node_rank == 0:
+            token = secrets.token_hex(8)
+            marker = folder / f"{_MARKER}{token}"
+            marker.write_text(f"{self.host}\n")
+            self._set("shared/token", token)
+            try:
+                for rank in range(1, self.nnodes):
+                    self._wait(f"shared/seen/{rank}", f"node {rank} to find the {what}")
+            finally:
+                with contextlib.suppress(OSError):
+                    marker.unlink()
+            return
+        token = self._wait("shared/token", f"node 0 to make the {what}")
+        where = folder if folder.is_absolute() else f"{folder} (in {Path.cwd()})"
+        if not (folder / f"{_MARKER}{token}").is_file():
+            seen = "does not exist" if not folder.is_dir() else "exists but does not hold node 0's marker"
+            raise ConfigError(f"the {what} is not shared between nodes: node 0 made {folder} and marked it, but on "
+                              f"node {self.node_rank} ({self.host}) {where} {seen}; valid: a --run-dir on a file "
+                              "system every node mounts at the same path (NFS, Lustre, a ReadWriteMany volume), "
+                              "started from the same working directory")
+        self._set(f"shared/seen/{self.node_rank}", True)
+
+    # ------------------------------------------------------------------ failure
+    def _ack(self) -> None:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - a store already gone has nobody left to tell
+            self._set(f"ack/{self.node_rank}", True)
+
+    def tell(self, reason: str, *, linger: bool = True, reach: bool = True) -> None:
+        """Say in the store that this node stopped before the job formed (the first failure wins), close
+        torch's rendezvous so that the nodes waiting in it stop, and, on the node hosting the store, keep it
+        open until every other node has read why (at most :data:`LINGER_S`). ``reach=False`` (Ctrl-C): tell only
+        over a store already open, waiting for nothing."""
+        from multigpu.launch.stores import seal
+
+        if self.told:
+            return
+        self.told = True
+        if not self.connected and (not reach or not self._reach()):
+            return
+        mine = seal(self.secret, json.dumps({"node": self.node_rank, "host": self.host,
+                                             "reason": reason}).encode())
+        with contextlib.suppress(Exception):  # noqa: BLE001 - best effort: the store may be gone
+            self.store.compare_set(self._key("failed"), "", mine)
+            self._close_rendezvous()
+        self._ack()
+        if self.hosts_store and linger:
+            self._linger()
+
+    def _reach(self) -> bool:
+        """Open the store to tell a failure: at once on the node hosting it; on another, if node 0 answers
+        within :data:`TELL_CONNECT_S` (it may not have started, or have stopped already)."""
+        from multigpu.launch.rendezvous import addresses, parse_endpoint
+
+        with contextlib.suppress(MultigpuError, OSError, RuntimeError, ValueError):
+            if not self.hosts_store:
+                addresses(*parse_endpoint(self.endpoint, nnodes=self.nnodes))  # a name that does not resolve: no
+            self.connect(join_timeout_s=TELL_CONNECT_S)
+            return True
+        return False
+
+    def _close_rendezvous(self) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+        from multigpu.launch import stores
+
+        params = RendezvousParameters(backend=stores.BACKEND, endpoint=self.endpoint, run_id=self.run_id,
+                                      min_nodes=self.nnodes, max_nodes=self.nnodes)
+        backend = stores._SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret)
+        create_handler(self.store, backend, params).set_closed()
+
+    def _linger(self) -> None:
+        deadline = time.monotonic() + LINGER_S
+        said = False
+        while time.monotonic() < deadline:
+            try:
+                if all(self._get(f"ack/{rank}") for rank in range(self.nnodes) if rank != self.node_rank):
+                    return
+            except Exception:  # noqa: BLE001 - nothing more can be read
+                return
+            if not said and time.monotonic() > deadline - LINGER_S + 3:
+                print(f"multigpu: node {self.node_rank} failed before the job formed; keeping the rendezvous store "
+                      f"open up to {LINGER_S:g}s for the other nodes to read why", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(_POLL_S)
+
+
+def describe(found: dict) -> str:
+    """One line naming the node that failed and why."""
+    return (f"node {found.get('node')} ({found.get('host')}) stopped before the job formed: "
+            f"{str(found.get('reason', '')).removeprefix('error: ')}")
+
+
+def posted_failure(run_id: str) -> str | None:
+    """Another node's failure, as one line, when this launcher's session for ``run_id`` finds one (else None).
+    Read by the launcher when torch's rendezvous stops (it was closed by the node that failed)."""
+    session = _sessions.get(run_id)
+    if session is None or not session.connected:
+        return None
+    try:
+        found = session.failure()
+    except Exception:  # noqa: BLE001 - the store may be gone with node 0
+        return None
+    if found is None:
+        return None
+    session.told = True  # a consequence: this node does not post its own
+    session._ack()
+    return describe(found)
+
+
+def _session(cfg) -> Nodes:
+    from multigpu.launch.rendezvous import hosts_store, parse_endpoint, secret_from_env
+    from multigpu.launch.stores import hand_over
+
+    parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
+    session = Nodes(secret_from_env(cfg.nnodes), job_run_id(cfg.run_id, cfg.nnodes), cfg.nnodes, cfg.node_rank,
+                    hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf), _seconds(cfg.rdzv_conf, "join_timeout", 600),
+                    socket.gethostname(), cfg.rdzv_endpoint, _seconds(cfg.rdzv_conf, "read_timeout", 60))
+    _sessions[session.run_id] = session
+    hand_over(session.run_id, session.connect)  # torch's rendezvous handler takes this session's store
+    return session
+
+
+@contextlib.contextmanager
+def joined(cfg) -> Iterator[Nodes | None]:
+    """This node among the job's launchers, for the ``with`` block (None on one node). Reentrant: an inner
+    ``joined`` for the same job yields the open session. An error raised in the block before the job formed
+    is told to the other nodes (:meth:`Nodes.tell`), unless it was another node's."""
+    from multigpu.launch.stores import formed, release
+
+    if cfg.nnodes == 1:
+        yield None
+        return
+    run_id = job_run_id(cfg.run_id, cfg.nnodes)
+    if run_id in _sessions:
+        yield _sessions[run_id]
+        return
+    session = _session(cfg)
+    try:
+        yield session
+    except (MultigpuError, KeyboardInterrupt, Exception) as exc:
+        if not isinstance(exc, NodeFailedError) and not formed(run_id):
+            interrupted = _interrupted(exc)  # Ctrl-C or a signal stops at once: no waiting to tell anyone
+            session.tell(_reason(exc), linger=not interrupted, reach=not interrupted)
+        raise
+    finally:
+        _sessions.pop(run_id, None)
+        release(run_id)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    from multigpu.errors import InterruptedBySignalError
+
+    return isinstance(exc, (KeyboardInterrupt, InterruptedBySignalError))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if isinstance(exc, MultigpuError) else f"{type(exc).__name__}: {text}"
+
+
+def tell_others(cfg, exc: BaseException) -> None:
+    """Best effort, for a failure before this node's session began (its endpoint check): say why in the store,
+    so that the other nodes do not wait for a node that has stopped. Nothing is said where the store cannot be
+    opened here or reached, or the secret is missing."""
+    from multigpu.launch.stores import release
+
+    if cfg.nnodes == 1 or job_run_id(cfg.run_id, cfg.nnodes) in _sessions:
+        return
+    with contextlib.suppress(MultigpuError, OSError, RuntimeError, ValueError):
+        session = _session(cfg)
+        try:
+            interrupted = _interrupted(exc)
+            session.tell(_reason(exc), linger=not interrupted, reach=not interrupted)
+        finally:
+            _sessions.pop(session.run_id, None)
+            release(session.run_id)

@@ -1,0 +1,94 @@
+"""Which rank died and that the worker group restarts, said when it happens (runs in the launcher).
+
+torch's agent restarts the worker group when a worker exits with an error and ``--max-restarts`` allows it,
+logging only "Worker group FAILED. 1/1 attempts left; will restart worker group" (which our quiet logs hide).
+:class:`ReportingAgent` is torch's own agent, with one addition at that moment: every rank that died is named
+(rank, local rank, node, host, exit code or signal, its error's first line) in one line on stderr each, and
+recorded in the run folder (:data:`multigpu.runtime.context.RESTARTS_FILE`, one JSON line per death, one file
+per node) for the run's ``summary.json``. Nothing else about the agent changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+__all__ = ["ReportingAgent", "describe", "reporting"]
+
+_where: dict[str, Path | None] = {"folder": None}  # where this launch records deaths (None: stderr only)
+
+
+def describe(failure) -> str:
+    """How a worker ended: its exception's first line, else the signal, else the exit code."""
+    data = failure.error_file_data or {}
+    message = data.get("message")
+    if isinstance(message, dict) and str(message.get("message", "")).strip():
+        return str(message["message"]).strip().splitlines()[0]
+    if failure.exitcode < 0:
+        return f"killed by signal {failure.signal_name()}"
+    return f"exited with code {failure.exitcode}"
+
+
+class ReportingAgent(LocalElasticAgent):
+    """torch's ``LocalElasticAgent``, naming every rank that died before the group is restarted."""
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self._remaining_restarts > 0:
+            spec = worker_group.spec
+            restart = spec.max_restarts - self._remaining_restarts + 1  # torch restarts next, using one
+            _report(result, worker_group, restart, spec.max_restarts)
+        return result
+
+
+def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> None:
+    host = socket.gethostname()
+    records = []
+    # torch stops the rest of the group with SIGTERM once one worker dies, and lists them as failed too (in the same
+    # second: failures are timed to the second): those are the group being stopped, not deaths, unless all are
+    stopped = -signal.SIGTERM
+    died = {r: f for r, f in result.failures.items() if f.exitcode != stopped} or dict(result.failures)
+    for rank, failure in sorted(died.items()):
+        record = {"restart": restart, "rank": rank, "local_rank": failure.local_rank, "node": group.group_rank,
+                  "host": host, "exitcode": failure.exitcode,
+                  "signal": failure.signal_name() if failure.exitcode < 0 else None,
+                  "reason": describe(failure), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        records.append(record)
+        print(f"multigpu: rank {rank} (local rank {failure.local_rank} on node {group.group_rank}, {host}) died "
+              f"(exit code {failure.exitcode}): {record['reason']}; restarting the worker group (restart "
+              f"{restart} of {most})", file=sys.stderr, flush=True)
+    folder = _where["folder"]
+    if folder is not None and records:
+        from multigpu.runtime.context import RESTARTS_FILE
+
+        with contextlib.suppress(OSError):  # the line above said it; a full disk must not stop the restart
+            path = folder / RESTARTS_FILE.format(node=group.group_rank)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
+@contextlib.contextmanager
+def reporting(folder: str | Path | None) -> Iterator[None]:
+    """torch's launcher makes a :class:`ReportingAgent` for the ``with`` block; deaths are recorded in ``folder``
+    (the run folder; None: said on stderr only)."""
+    import torch.distributed.launcher.api as torch_launcher
+
+    saved, saved_folder = torch_launcher.LocalElasticAgent, _where["folder"]
+    torch_launcher.LocalElasticAgent = ReportingAgent  # the name launch_agent builds its agent from
+    _where["folder"] = Path(folder) if folder else None
+    try:
+        yield
+    finally:
+        torch_launcher.LocalElasticAgent = saved
+        _where["folder"] = saved_folder

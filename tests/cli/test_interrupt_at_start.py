@@ -1,0 +1,36 @@
+"""A Ctrl-C while ``multigpu`` starts (seconds of importing torch) is one line and exit 130, like one later on.
+
+It used to end in a traceback through the imports (13 lines or more, exit -2 or 1): the package imports torch before
+the command line's own KeyboardInterrupt handling exists.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("delay_s", [0.5, 2.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, delay_s):
+    """Whatever the moment (during the imports, or once the command runs), the answer is the same one line."""
+    proc = subprocess.Popen([sys.executable, "-m", "multigpu", "train", "-f", "nano", "--run-dir", str(tmp_path / "r"),
+                             "steps=3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    # at 2 s the command may already run and have said how it runs ("multigpu: no GPU visible: ..."): a note
+    # printed before the Ctrl-C, not part of the answer to it
+    notes = [line for line in err.splitlines() if line.startswith("multigpu: ")]
+    assert (proc.returncode, err) == (130, "".join(f"{line}\n" for line in notes) + "error: interrupted\n")
