@@ -1,6 +1,7 @@
 """What a worker sees of its own process, as JSON in <folder>/rank<R>.json (the fork server's test):
 ``python forked_worker.py FOLDER ARGS...``. Also prints a line, writes <folder>/atexit<R> at the
-interpreter's exit, and leaves <folder>/open<R> written but never closed, held by a module it imported."""
+interpreter's exit, and leaves <folder>/open<R> written but never closed, held by a module it imported.
+``inheritable_fds``: what its descriptors above 2 that a child it starts would inherit lead to."""
 import atexit
 import json
 import os
@@ -24,6 +25,8 @@ facts = {
     "parent_cmdline": _cmdline(os.getppid()), "threads": torch.get_num_threads(),
     "omp": os.environ.get("OMP_NUM_THREADS"), "draw": float(numpy.random.rand()), "path0": sys.path[0],
     "argv": sys.argv, "cwd": os.getcwd(), "stdin_fd_open": os.path.exists("/proc/self/fd/0"),
+    "inheritable_fds": sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in map(int, os.listdir("/proc/self/fd"))
+                              if fd > 2 and os.path.exists(f"/proc/self/fd/{fd}") and os.get_inheritable(fd)),
 }
 with open(os.path.join(folder, f"rank{rank}.json"), "w") as fh:
     json.dump(facts, fh)

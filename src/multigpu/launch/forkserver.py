@@ -13,8 +13,9 @@ would ``Popen`` the worker wrapper, asks the fork server for the worker instead:
    (a child subreaper while a job runs, :mod:`multigpu.launch.processes`): the launcher waits for it, signals
    it and reads its exit status as it would a ``Popen``'s (:class:`ForkedProcess`);
 2. the worker makes a session of its own (as ``Popen(start_new_session=True)`` does: torch's agent signals
-   its group), takes the launcher's standard streams as they are now (or torch's log files), its working
-   folder and its environment (replacing the server's), sets the thread counts that the environment asks for
+   its group), takes the launcher's standard streams as they are now (or torch's log files), closes the other
+   descriptors a ``Popen`` would not pass on, takes the launcher's umask as it is now (the command's private
+   0077), its working folder and its environment (replacing the server's), sets the thread counts that the environment asks for
    (OpenMP's and OpenBLAS's were read when torch loaded), reseeds NumPy's global generator, and puts the
    wrapper's folder first on ``sys.path``, as ``python _worker.py`` does;
 3. then it runs the worker wrapper's ``main`` (:mod:`multigpu.launch._worker`) with the same arguments, and
@@ -27,7 +28,9 @@ modules the launcher had imported by then are imported already; the string hash 
 same on every rank of a node); and a variable read only when the interpreter or a library started (``PYTHON*``,
 ``LD_PRELOAD``) has the launcher's value, which is the environment the workers inherit anyway. Where the
 fork server cannot be used (not Linux, a launcher called from other code, a worker command that is not the
-wrapper, a server that died) the agent starts the worker as before.
+wrapper, a Python thread already running) the agent starts the worker as before; a server that fails the launcher
+(it died, did not answer within :data:`_REPLY_S`, could not fork, or a module it preloaded started a thread) is
+stopped, one line says so, and this worker and the later ones are started as before: the job goes on.
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ _PR_SET_PDEATHSIG = 1
 _PR_GET_CHILD_SUBREAPER = 37
 _REPARENT_S = 10.0
 """How long a new worker waits to be re-parented to the launcher (it takes microseconds)."""
+_REPLY_S = 120.0
+"""How long the launcher waits for the server to fork a worker: it may first be importing what it was asked to
+preload (``torch._dynamo``: seconds on a busy machine). Past it the server is given up (workers start as new
+interpreters) rather than the job waiting on it."""
+_THREADED = 1 << 20
+"""The server's reply (negated) when it will not fork: it runs a Python thread besides its own (a preloaded module
+started one), and a fork would copy that thread's locks held, not the thread."""
 
 _SERVER: _Server | None = None
 
@@ -64,14 +74,27 @@ class _Server:
         self.lock = threading.Lock()
 
     def fork(self, request: dict, fds: list[int]) -> int:
-        """A new worker's pid, re-parented to this process. Raises OSError when the server is gone."""
+        """A new worker's pid, re-parented to this process. Raises OSError when the server is gone, did not answer
+        within :data:`_REPLY_S`, or could not fork (the caller then gives it up: :func:`_give_up`)."""
         data = json.dumps(request).encode()
         with self.lock:
-            socket.send_fds(self.sock, [len(data).to_bytes(8, "little"), data], fds)
-            reply = _read_exact(self.sock, 8)
+            self.sock.settimeout(_REPLY_S)
+            try:
+                socket.send_fds(self.sock, [len(data).to_bytes(8, "little"), data], fds)
+                reply = _read_exact(self.sock, 8)
+            except TimeoutError as exc:
+                raise OSError(f"the fork server did not answer within {_REPLY_S:g} s") from exc
+            except ConnectionError as exc:  # it ended (killed: by the OOM killer, say)
+                raise OSError(f"the fork server is gone: {exc.strerror or exc}") from exc
+            finally:
+                with contextlib.suppress(OSError):
+                    self.sock.settimeout(None)
         pid = int.from_bytes(reply, "little", signed=True)
+        if pid == -_THREADED:
+            raise OSError("the fork server has started a thread (a module it imported for the workers did), "
+                          "and a fork would copy that thread's locks")
         if pid <= 0:
-            raise OSError(f"the fork server could not fork a worker ({-pid})")
+            raise OSError(f"the fork server could not fork a worker: {os.strerror(-pid) if pid else 'unknown'}")
         return pid
 
 
@@ -89,6 +112,14 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+def _threads() -> int:
+    """How many Python threads this process runs. A fork copies only the calling thread; a lock another one held
+    (logging's, a buffered stream's, the import lock of a module it was importing) stays held in the copy for good.
+    The native pools that loading torch and NumPy starts (OpenBLAS's, sized by ``OMP_NUM_THREADS``) are not counted:
+    they idle, and OpenBLAS remakes its pool in a forked child (``pthread_atfork``)."""
+    return threading.active_count()
+
+
 def _is_subreaper() -> bool:
     value = ctypes.c_int(0)
     try:
@@ -102,22 +133,36 @@ def start() -> None:
     global _SERVER
     if _SERVER is not None or not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
         return
+    if _threads() > 1:  # something started a Python thread already: a fork copies its locks, held, without it
+        return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # nothing buffered may be written twice
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:  # out of descriptors, say: the workers start as new interpreters
+        return
     launcher = os.getpid()
+    # a Ctrl-C must not reach the server before it blocks SIGINT itself: born with it blocked (pending in the
+    # launcher until the mask is put back, then handled there as usual)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         ours.close()
         theirs.close()
         return
     if pid:  # the launcher
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         theirs.close()
         _SERVER = _Server(ours, pid)
         atexit.register(_stop)  # the server leaves with the launcher, not a moment after
         return
+    # the command's start-up handler (one line and exit 130, multigpu._startup) is the launcher's: a worker's
+    # Ctrl-C is KeyboardInterrupt, as in a new interpreter, which the worker wrapper turns into its quiet exit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.excepthook = sys.__excepthook__
     ours.close()
     request = None
     try:
@@ -144,6 +189,15 @@ def _stop() -> None:
         os.waitpid(server.pid, 0)
 
 
+def _give_up(why: str) -> None:
+    """The server failed the launcher: stop it, say so in one line, and start workers as new interpreters from now
+    on (the job goes on; only their start is slower)."""
+    if _SERVER is None:
+        return
+    _stop()
+    print(f"multigpu: note: workers start as new interpreters ({why})", file=sys.stderr, flush=True)
+
+
 # -- the fork server ------------------------------------------------------------------------------------------------
 
 def _serve(sock: socket.socket, launcher: int) -> tuple[dict, list[int], int] | None:
@@ -167,7 +221,7 @@ def _serve(sock: socket.socket, launcher: int) -> tuple[dict, list[int], int] | 
         if "preload" in request:  # no reply: the launcher goes on meanwhile
             _import(request["preload"])
             continue
-        pid = _fork_worker(sock, fds, launcher)
+        pid = _fork_worker(sock, fds, launcher) if _threads() == 1 else -_THREADED  # a preloaded module started one
         if pid == 0:  # the new worker
             return request, fds, launcher
         for fd in fds:
@@ -229,6 +283,9 @@ def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
         if fd != target:
             os.dup2(fd, target)
             os.close(fd)
+    _close_inherited_descriptors()
+    if isinstance(request.get("umask"), int):
+        os.umask(request["umask"])  # the launcher's now (0077 while a command runs), not the one at its start
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -246,6 +303,21 @@ def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
     except SystemExit as exc:
         return _exit_code(exc.code)
     return 0
+
+
+def _close_inherited_descriptors() -> None:
+    """Close what a ``Popen(close_fds=True)`` worker would not have: the inheritable descriptors above 2 (those the
+    launcher's own parent passed it: a CI runner's pipe, a terminal's). A pipe held so stayed open as long as a
+    worker lived. The non-inheritable ones are the launcher's modules' (opened while they were imported) and stay."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                if os.get_inheritable(fd):
+                    os.close(fd)
 
 
 def _leave(code: int, inherited: frozenset[str]) -> None:
@@ -339,6 +411,20 @@ def preload(modules) -> None:
         _SERVER.sock.sendall(len(data).to_bytes(8, "little") + data)
 
 
+def _umask() -> int:
+    """This process's umask, read without setting it (another thread may be creating files meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
 def available() -> bool:
     """A fork server runs and this process is a child subreaper (workers can be re-parented to it)."""
     return _SERVER is not None and _is_subreaper()
@@ -409,10 +495,11 @@ def serving() -> Iterator[None]:
             if argv is None or not available():
                 return super()._popen(args, env)
             streams = [0, self._stdout.fileno() if self._stdout else 1, self._stderr.fileno() if self._stderr else 2]
-            request = {"argv": argv, "env": dict(env), "cwd": os.getcwd()}
+            request = {"argv": argv, "env": dict(env), "cwd": os.getcwd(), "umask": _umask()}
             try:
                 return ForkedProcess(_SERVER.fork(request, streams), args)
-            except OSError:
+            except OSError as exc:
+                _give_up(str(exc))
                 return super()._popen(args, env)
 
     def forked(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options=None):
