@@ -53,7 +53,8 @@ def test_bench_shows_where_start_up_went_at_each_world_size(bench_dir):
     assert "start-up: from the command to the first step" in stdout and "torch import" in stdout
     one, two = json.loads((out / "bench.json").read_text())["startup"]
     assert list(two["parts_s"]) == ["launcher", "rendezvous", "worker start", "to process group", "set-up"]
-    assert "to process group" not in one["parts_s"]  # one rank forms no process group
+    # a script launched at one rank gets torch's default group of one (as under torchrun): joined too
+    assert list(one["parts_s"]) == list(two["parts_s"])
     for row in (one, two):
         assert all(v >= 0 for v in row["parts_s"].values()) and row["first_step_s"] > 0
         assert row["to_first_step_s"] == pytest.approx(sum(row["parts_s"].values()), abs=1e-6)
