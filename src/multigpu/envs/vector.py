@@ -106,6 +106,9 @@ class VectorEnv:
         self.metadata = {"autoreset_mode": autoreset_mode}
         self._on_cpu = self.device.type == "cpu"
         self._host = self._on_cpu and self.num_envs <= self.host_step_max_envs
+        self._native = None
+        """The host step in one compiled call, where a subclass has one (``_host_setup``): it returns the step's
+        results, or None for actions it does not take (the NumPy host step then runs)."""
         self.state = self._make_state()
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
         """Steps into the current episode, per environment."""
@@ -305,6 +308,8 @@ class VectorEnv:
 
     def _step_host(self, actions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """:meth:`step` on the CPU, with NumPy bookkeeping: the same results as the torch path."""
+        if self._native is not None and (done := self._native(actions)) is not None:
+            return done
         reward, terminated = self._dynamics_host(self._host_actions(actions))
         elapsed = self._views[1]
         elapsed += 1

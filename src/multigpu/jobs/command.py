@@ -366,6 +366,13 @@ def launch_job(job: Job, run: RunContext | None = None) -> None:
            job={"workload": job.spec, "config": to_dict(job.config)})
 
 
+def preload(workload: Workload) -> None:
+    """What the workload's ranks will import, imported once by the command line's fork server meanwhile."""
+    from multigpu.launch import forkserver
+
+    forkserver.preload([getattr(workload.main, "__module__", ""), *workload.preload])
+
+
 def resume_command(argv: Sequence[str] | None, run_dir: Path, nnodes: int) -> str | None:
     """The whole command that continues the run in ``run_dir``: the job's own command line (``--nproc-per-node``,
     node flags and all) with ``--run-dir`` that folder and ``--resume auto``; ``--node-rank`` left out on several
@@ -398,6 +405,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     """
     from multigpu.launch import nodes
 
+    preload(workload)
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
     if args.dry_run:
         return _run_command(workload, args, launch_cfg, None, spec)

@@ -94,6 +94,10 @@ class Workload:
     """Config keys (or sections) a resumed run must keep: ``--resume`` starts from the run's own ``run.json``
     config, and a key given again with another value is refused in one line naming it (other keys given
     again are applied: more steps, say)."""
+    preload: tuple[str, ...] = ()
+    """Modules its ranks import before their first step besides ``main``'s own (``torch._dynamo``, which a
+    ``torch.optim`` optimizer imports when it is made): the command line's fork server imports them once, while
+    the launcher checks the config, instead of every rank (:func:`multigpu.launch.forkserver.preload`)."""
     progress_folder: str | None = None
     """The folder of the run directory where ``main`` may keep its progress as files of its own instead of
     checkpoints (the sim ensemble's ``ensemble``: one file per finished replicate, and a ``manifest.json``,

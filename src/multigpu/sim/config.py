@@ -86,7 +86,8 @@ class SimConfig:
     on; sync: every rank waits until the checkpoint is on disk (where the host cannot hold one more copy)."""
 
     chunk_size: int = 1 << 18
-    """Agents processed per vectorized chunk: bounds the step temporaries."""
+    """Agents processed per vectorized chunk: bounds the step temporaries (the built-in movement and SIR on the C
+    kernels, which keep none per agent, take all of a rank's agents in one call)."""
 
     sort_every: int = 20
     """Reorder this rank's agents by grid row every K steps (0: never). Only memory locality
