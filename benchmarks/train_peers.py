@@ -33,6 +33,9 @@ import _record
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ["log_every=0", "eval_every=0", "checkpoint_every=0", "sample_chars=0"]
+SMOKE_SIZE = ["model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2", "batch_size=2",
+              "data.kwargs.max_chars=20000"]
+"""--smoke: a tiny GPT on a little text for every contender (the test suite checks the script, not the speed)."""
 
 
 def run_ours(steps: int, tmp: Path, prefetch: int, nproc: int = 2, src: str | None = None) -> dict:
@@ -86,6 +89,7 @@ def main() -> int:
         args.steps, args.rounds = 12, 2
     if args.smoke:  # 1 rank, 3 steps, ours and raw: checks the script, not the speed
         args.steps, args.rounds, args.only, args.nproc = 3, 1, "ours,raw", 1
+        BENCH.extend(SMOKE_SIZE)
     notes: list[str] = []
     names = [n for n in available(notes) if args.only is None or n in args.only.split(",")]
     if args.before_src:
@@ -113,7 +117,8 @@ def main() -> int:
                 ratios.append(_record.ratio(f"ours - {name} launch to first step (s)",
                                             ours["startup_s"] - peer["startup_s"], r + 1))
     _record.write(args, "train_peers", {"steps": args.steps, "rounds": args.rounds, "nproc": args.nproc,
-                                        "prefetch": args.prefetch, "contenders": names}, rows, ratios, notes)
+                                        "prefetch": args.prefetch, "contenders": names,
+                                        "overrides": BENCH}, rows, ratios, notes)
     best = {n: {"throughput": max(x["throughput"] for x in rs), "startup_s": min(x["startup_s"] for x in rs)}
             for n, rs in results.items()}
     ours = best["ours"]

@@ -49,6 +49,8 @@ def main() -> int:
         args.steps, args.rounds = 12, 2
     if args.smoke:  # one tiny 1-rank run: checks the script, not the speed
         args.steps, args.nproc, args.rounds = 3, "1", 1
+        args.overrides += ["model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.n_head=2",
+                           "data.kwargs.max_chars=20000"]  # a tiny GPT on a little text: seconds, not a figure
     counts = [int(n) for n in args.nproc.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench_scaling_") as tmp:
         runs = [(r + 1, n, run(n, args.steps, Path(tmp) / f"r{r}", args.overrides, args.threads))

@@ -1,6 +1,8 @@
-"""`multigpu bench` on the example at 1 and 2 CPU ranks, then `multigpu report`, rendered in headless Chromium.
+"""`multigpu bench` on the example at 1 and 2 CPU ranks, then `multigpu report`, rendered in headless Chromium;
+and `multigpu bench --predict` on the same run: the predicted table, its assumptions and what it cannot know,
+printed, in bench.json and drawn in bench.png.
 
-One bench run (two launches) is shared by every test here: it is the expensive part.
+One bench run (two launches, with --predict) is shared by every test here: it is the expensive part.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "b"
-    proc = run_cli("bench", "--nproc", "1,2", "--sample-interval-s", "0.2", "-o", str(out), "examples/allreduce_dp.py", "--steps", "12",
-                   env={"COLUMNS": "200"}, timeout=240)
+    proc = run_cli("bench", "--nproc", "1,2", "--threads", "1", "--sample-interval-s", "0.2", "--predict", "4,8",
+                   "--interconnect", "ib-ndr", "--alpha-us", "7.5", "-o", str(out), "examples/allreduce_dp.py",
+                   "--steps", "12", "--batch", "256", env={"COLUMNS": "200"}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -118,3 +121,37 @@ def test_report_renders_in_headless_chromium_with_its_plots_and_no_console_error
     broken.write_text(html.replace("data:image/png;base64,iVBOR", "data:image/png;base64,AAAA", 1))
     dom = _chromium("--dump-dom", page=broken, profile=tmp_path / "profile3")
     assert 'data-images="4/5"' in dom.stdout
+
+
+def test_bench_predicts_larger_world_sizes_with_its_assumptions(bench_dir, tmp_path):
+    """--alpha-us over the interconnect's own latency: the table's bandwidth stays, the latency is the flag's."""
+    out, stdout = bench_dir
+    for words in ("predicted (fitted on 1, 2 rank(s); InfiniBand NDR", "bottleneck", "assumptions:",
+                  "latency 7.5 us and 50 GB/s per rank and direction (flags)",
+                  "the job's own collectives counted at N = 2 (all_reduce", "the prediction cannot know:",
+                  "the topology", "congestion"):
+        assert words in stdout, stdout
+    pred = json.loads((out / "bench.json").read_text())["prediction"]
+    assert [r["world_size"] for r in pred["rows"]] == [4, 8] and pred["fit_on"] == [1, 2]
+    assert pred["link"]["alpha_s"] == pytest.approx(7.5e-6) and pred["link"]["bandwidth"] == pytest.approx(50e9)
+    # each step the example all-reduces its MLP's gradient (256*512 + 512 + 512 + 1 float32) and its loss
+    assert pred["traffic"]["all_reduce"] == {"calls": 2, "bytes": (256 * 512 + 512 + 512 + 1) * 4 + 4}
+    for row in pred["rows"]:
+        assert row["step_time_s"] > 0 and row["bottleneck"] in ("compute", "imbalance", "latency", "bandwidth")
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
+    assert pred["assumptions"] and pred["cannot_know"]
+    # bench.png was drawn again once the prediction existed: it is the figure of bench.json with the prediction,
+    # unless the runs it is fitted on are not trusted (a busy host, a rate that moved: this machine is shared),
+    # when it is printed struck out and bench.png stays the measured figure
+    pytest.importorskip("matplotlib")
+    from multigpu.report.plots import bench_figure, save_png
+
+    bench = json.loads((out / "bench.json").read_text())
+    with_it, without = tmp_path / "with.png", tmp_path / "without.png"
+    save_png(bench_figure(bench), with_it)
+    save_png(bench_figure({k: v for k, v in bench.items() if k != "prediction"}), without)
+    drawn = (out / "bench.png").read_bytes()
+    distrusted = pred.get("distrusted")
+    assert drawn == (without if distrusted else with_it).read_bytes() and with_it.read_bytes() != without.read_bytes()
+    assert ("not a prediction: the runs it is fitted on cannot be trusted" in " ".join(stdout.split())) \
+        == bool(distrusted)

@@ -5,6 +5,7 @@ the trained policy loads back as a module (``load_policy``)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -29,8 +30,15 @@ def _final(run_dir):
     return torch.load(run_dir / "checkpoints" / f"step_{UPDATES:08d}" / "state.pt", weights_only=True)
 
 
-def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path, fault_rng):
-    _, clean = _run(tmp_path / "clean")
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """One uninterrupted run of ARGS, shared: the fault test's reference, the run the resume test resumes (a copy)."""
+    run_dir = tmp_path_factory.mktemp("rl") / "clean"
+    return run_dir, _run(run_dir)[1]
+
+
+def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path, fault_rng, clean):
+    clean_dir, clean = clean
     kill_at = fault_rng.randint(3, UPDATES - 1)  # after the first checkpoint (update 2)
     fault, env = fault_callback(tmp_path, rank=1, step=kill_at)
     proc, faulty = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
@@ -39,7 +47,7 @@ def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path, fault_r
     assert faulty["rl"]["resumed_from"] == str(tmp_path / "faulty" / "checkpoints" / f"step_{last:08d}")
     for key in ("mean_return", "episodes", "env_steps", "obs_norm"):
         assert faulty["rl"][key] == clean["rl"][key], (key, kill_at)
-    a, b = _final(tmp_path / "clean"), _final(tmp_path / "faulty")
+    a, b = _final(clean_dir), _final(tmp_path / "faulty")
     for name in ("policy", "optimizer", "normalizer", "progress", "rank"):
         assert repr(a[name]) == repr(b[name]) or _same(a[name], b[name]), (name, kill_at)
     # the kept checkpoints rotate (keep_last 3) and nothing temporary is left
@@ -57,11 +65,11 @@ def _same(a, b):
     return a == b
 
 
-def test_resume_auto_reuses_the_runs_config_refuses_a_kept_key_and_leaves_a_loadable_policy(tmp_path):
+def test_resume_auto_reuses_the_runs_config_refuses_a_kept_key_and_leaves_a_loadable_policy(tmp_path, clean):
     from multigpu.rl import load_policy
 
     run_dir = tmp_path / "run"
-    _run(run_dir)
+    shutil.copytree(clean[0], run_dir)  # the finished run of ARGS, resumed here (the shared one stays as it ended)
     # no flags but the budget: the run's own config (16 envs, obs_norm, ...) is used, not the preset's 1024 envs
     again = run_cli("rl", "--run-dir", str(run_dir), "--resume", "auto", "--nproc-per-node", "2",
                     f"total_env_steps={16 * 16 * (UPDATES + 2)}", timeout=240)

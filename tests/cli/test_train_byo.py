@@ -93,7 +93,7 @@ def test_a_hugging_face_causal_lm_from_a_config_trains_on_two_ranks_and_exports_
                    "--data", "multigpu.train.data:bytes_file", f"data.kwargs.path={text}", "block_size=32",
                    "steps=6", "batch_size=4", "lr=3e-3", "eval_every=6", "eval_batches=1", "checkpoint_every=0",
                    "log_every=3", "warmup_steps=1", "sample_chars=0", "peak_tflops=0.1", "--export", "safetensors",
-                   "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), timeout=300,
+                   "strategy=ddp", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), timeout=300,
                    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MFU" in proc.stdout
@@ -106,6 +106,20 @@ def test_a_hugging_face_causal_lm_from_a_config_trains_on_two_ranks_and_exports_
     plain = transformers.AutoModelForCausalLM.from_config(cfg)
     missing, unexpected = load_model(plain, str(tmp_path / "run" / "model.safetensors"))
     assert not missing and not unexpected
+    # the ddp case of tests/cli/test_train_export.py (this run serves both): the export is a folder that
+    # from_pretrained reads, config.json beside the weights, the head tied to the embedding again
+    run = tmp_path / "run"
+    config = json.loads((run / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["vocab_size"] == 256
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(run), local_files_only=True)
+    assert loaded.lm_head.weight.shape == (256, 32)
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()  # tied again
+    from safetensors.torch import load_file
+
+    saved = load_file(str(run / "model.safetensors"))
+    for name, value in loaded.state_dict().items():
+        if name in saved:
+            assert torch.equal(value, saved[name]), f"{name}: from_pretrained loaded other values than were saved"
 
 
 def test_a_saved_hugging_face_dataset_trains_a_causal_lm(tmp_path):

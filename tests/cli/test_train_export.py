@@ -59,8 +59,10 @@ def test_fsdp_export_of_the_tied_gpt_with_an_odd_vocabulary_loads_into_the_plain
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("nproc", "strategy"), [(2, "fsdp"), (3, "fsdp"), (2, "ddp")])
+@pytest.mark.parametrize(("nproc", "strategy"), [(2, "fsdp"), (3, "fsdp")])
 def test_a_hugging_face_export_is_a_folder_that_from_pretrained_loads(tmp_path, nproc, strategy):
+    """Under fsdp (its odd vocabulary padded). The same under ddp on 2 ranks is asserted on the Hugging Face run of
+    tests/cli/test_train_byo.py (one launch for both)."""
     import transformers  # in the dev extras: a missing one fails here instead of skipping
     run = _train(tmp_path, "--model", "multigpu.train.hf:causal_lm", "model.kwargs.config=gpt2",
                  "model.kwargs.n_layer=1", "model.kwargs.n_embd=16", "model.kwargs.n_head=2", f"strategy={strategy}",

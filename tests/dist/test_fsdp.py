@@ -72,8 +72,8 @@ def _assert_same_training(result: dict, what: str) -> None:
     assert fsdp["val"] == pytest.approx(ddp["val"], rel=1e-5), what
 
 
-def test_fsdp_trains_like_ddp_on_2_ranks_with_accumulation_and_clipping():
-    ranks = run_on_ranks(_variants, 2, timeout_s=120)
+def test_fsdp_trains_like_ddp_on_2_ranks_with_accumulation_and_clipping(jobs):
+    ranks = [r["variants"] for r in jobs[1]]
     for name, result in ranks[0].items():
         _assert_same_training(result, f"2 ranks, {name}")
     clipped = ranks[0]["accum_clip"]["ddp"]["norms"]
@@ -84,8 +84,8 @@ def _three(_=None) -> dict:
     return _both(dataclasses.replace(BASE, grad_accum=2, grad_clip=0.05))
 
 
-def test_fsdp_trains_like_ddp_on_3_ranks():
-    ranks = run_on_ranks(_three, 3, timeout_s=120)
+def test_fsdp_trains_like_ddp_on_3_ranks(jobs):
+    ranks = [r["three"] for r in jobs[2]]
     _assert_same_training(ranks[0], "3 ranks, accum_clip")
 
 
@@ -132,16 +132,38 @@ def _trained_model():
     return model
 
 
-def test_sharded_checkpoint_resumes_on_2_1_and_3_ranks_and_exports_one_file(tmp_path):
+def _on_two_ranks(tmp: str) -> dict[str, object]:
+    """The 2-rank job of this module: ddp vs fsdp (plain, accumulation and clipping), then the checkpoint's save,
+    resume and export (one job: its start-up costs more than either)."""
+    return {"variants": _variants(), "ckpt": _save_resume_export(tmp)}
+
+
+def _on_three_ranks(tmp: str, step5: str) -> dict[str, object]:
+    """The 3-rank job: ddp vs fsdp with accumulation and clipping, then the 2-rank checkpoint resumed on 3 ranks."""
+    return {"three": _three(), "resumed": _train(CKPT, f"{tmp}/on3", step5)}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """(folder, the 2-rank job's results, the 3-rank job's results), in rank order: every test here reads them."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    two = run_on_ranks(_on_two_ranks, 2, args=(str(tmp),), timeout_s=240)
+    step5 = tmp / "parts" / "checkpoints" / "step_00000005"
+    three = run_on_ranks(_on_three_ranks, 3, args=(str(tmp), str(step5)), timeout_s=240)
+    return tmp, two, three
+
+
+def test_sharded_checkpoint_resumes_on_2_1_and_3_ranks_and_exports_one_file(jobs):
     import multigpu as mg
 
-    two = run_on_ranks(_save_resume_export, 2, args=(str(tmp_path),), timeout_s=120)
+    tmp_path = jobs[0]
+    two = [r["ckpt"] for r in jobs[1]]
     assert two[0]["same"] and two[1]["same"], "2 -> 2 ranks: not bit-identical"
     step5 = tmp_path / "parts" / "checkpoints" / "step_00000005"
     assert sorted(p.name for p in step5.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp",
                                                        "manifest.json", "state.pt"]
     whole = two[0]["whole"]
-    three = run_on_ranks(_train, 3, args=(CKPT, str(tmp_path / "on3"), str(step5)), timeout_s=120)
+    three = [r["resumed"] for r in jobs[2]]
     mg.init(backend="cpu", threads=1)
     try:
         one = _train(CKPT, str(tmp_path / "on1"), str(step5))

@@ -67,11 +67,17 @@ def _placements(_=None) -> list:
     return out
 
 
+def _on_four_ranks(tmp: str) -> dict:
+    """The 4-rank job: hsdp vs ddp training (and its checkpoint), then the placements of a fresh hsdp model."""
+    return {"train": _hsdp_and_ddp(tmp), "placements": _placements()}
+
+
 def test_hsdp_on_2_replicas_of_2_shards_trains_like_ddp_and_resumes_on_2_ranks_under_each_strategy(tmp_path):
-    ranks = run_on_ranks(_hsdp_and_ddp, 4, args=(str(tmp_path),), timeout_s=300)
+    four = run_on_ranks(_on_four_ranks, 4, args=(str(tmp_path),), timeout_s=420)  # one job: it starts 4 ranks
+    ranks = [r["train"] for r in four]
     _assert_same_training(ranks[0], "hsdp 2x2")
     assert "hsdp_shard_size=3 does not divide the world size 4 into whole replicas; valid: 1, 2, 4" in ranks[0]["refused"]
-    placements = run_on_ranks(_placements, 4, timeout_s=120)
+    placements = [r["placements"] for r in four]
     for rank in placements:  # fc.weight is 64 x 16: 32 rows on each rank of a replica
         assert rank == ["Replicate", "Shard0", (2, 2), (32, 16)], rank
 

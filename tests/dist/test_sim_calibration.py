@@ -37,15 +37,25 @@ def _gradients(truncate: int = 0):
     return series, loss, model.gradient(kept, grad_series, 0.04, 0.1, truncate)
 
 
+def _on_two_ranks() -> dict:
+    """This module's one 2-rank job: the SIR gradients, then the rumour model's under both losses."""
+    return {"sir": _gradients(), "mse": _rumour_gradients("mse"), "poisson": _rumour_gradients("poisson")}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict]:
+    return run_on_ranks(_on_two_ranks, 2, timeout_s=300)
+
+
 @pytest.mark.dist
-def test_one_and_two_ranks_give_the_same_series_and_gradients():
+def test_one_and_two_ranks_give_the_same_series_and_gradients(two_ranks):
     series, loss, grads = _gradients()
     assert grads["beta"] < 0  # the target has a faster epidemic: raise beta
     assert sum(series[c][-1] for c in "SIR") == CFG.agents
     # the relaxed forward pass takes the exact model's decisions (up to float-vs-integer rounding)
     exact = SimEngine(CFG).run()
     assert max(abs(a - b) for a, b in zip(series["I"], exact["I"], strict=True)) <= 3
-    two = run_on_ranks(_gradients, 2, timeout_s=180)
+    two = [r["sir"] for r in two_ranks]
     for got_series, got_loss, got_grads in two:  # every rank holds the same gradient
         assert got_series == series and got_loss == loss
         for p in ("beta", "gamma"):
@@ -122,7 +132,7 @@ def _rumour_gradients(loss: str):
 
 
 @pytest.mark.dist
-def test_a_user_model_gives_the_same_gradient_on_one_and_two_ranks():
+def test_a_user_model_gives_the_same_gradient_on_one_and_two_ranks(two_ranks):
     """The example's model (examples/sim_rumour.py): its forward series is the exact model's, and each rank's
     gradient of both learned parameters, after the all-reduce, is one process's (MSE and Poisson losses)."""
     exact = SimEngine(RUMOUR).run()
@@ -130,6 +140,6 @@ def test_a_user_model_gives_the_same_gradient_on_one_and_two_ranks():
         series, value, grads = _rumour_gradients(loss)
         assert series[:, 1].tolist() == exact["informed"] and series[:, 2].tolist() == exact["forgot"]
         assert grads[0] > 0 and grads[1] < 0, grads  # p_tell too high, p_forget too low: the gradient says so
-        for got_series, got_value, got_grads in run_on_ranks(_rumour_gradients, 2, args=(loss,), timeout_s=180):
+        for got_series, got_value, got_grads in (r[loss] for r in two_ranks):
             assert torch.equal(got_series, series) and got_value == pytest.approx(value, rel=1e-12)
             assert got_grads == pytest.approx(grads, rel=1e-9, abs=1e-12), loss

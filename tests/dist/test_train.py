@@ -102,14 +102,14 @@ def _assert_close(a: dict, b: dict, what: str) -> None:
         assert torch.allclose(a[key], b[key], rtol=1e-5, atol=1e-6), f"{what}: {key} differs by {diff:.3g}"
 
 
-def test_split_accumulation_and_sync_backends_match_one_rank(request):
+def test_split_accumulation_and_sync_backends_match_one_rank(request, job):
     """Also: training with compile=true (torch.compile of the DDP model, inductor's C++ kernels) takes the eager
     run's steps. One compile thread per rank: no pool of compile workers beside the ranks. Without a C++ compiler
     the trainer runs eagerly, as documented, and the run's summary says compile was not tested."""
     can_compile = any(shutil.which(c) for c in ("c++", "g++", "clang++", "cc"))
     if not can_compile:
         not_tested_here(request, "training with torch.compile: no C++ compiler (c++, g++, clang++, cc)")
-    ranks = run_on_ranks(_variants, 2, timeout_s=300, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    ranks = [dict(r["variants"]) for r in job[1]]  # a copy: the loop below pops from it
     ref = _one_rank_references()
     for rank in ranks:
         eager, compiled = rank.pop("eager"), rank.pop("compiled")
@@ -147,8 +147,8 @@ def _hooks_average(_=None) -> list[bool]:
     return out
 
 
-def test_every_sync_backend_averages_across_ranks():
-    for flags in run_on_ranks(_hooks_average, 2, timeout_s=60):
+def test_every_sync_backend_averages_across_ranks(job):
+    for flags in (r["hooks"] for r in job[1]):
         assert all(flags), flags
 
 
@@ -163,8 +163,9 @@ def _stop_and_resume(tmp: str) -> dict[str, object]:
             "trained": not torch.equal(whole["tok.weight"], GPT(TINY, len(VOCAB)).tok.weight)}
 
 
-def test_stop_and_resume_is_bit_identical(tmp_path):
-    for result in run_on_ranks(_stop_and_resume, 2, args=(str(tmp_path),), timeout_s=150):
+def test_stop_and_resume_is_bit_identical(job):
+    tmp_path = job[0] / "resume"
+    for result in (r["resume"] for r in job[1]):
         assert result == {"same": True, "trained": True}
     names = sorted(p.name for p in (tmp_path / "parts" / "checkpoints").glob("step_*"))
     assert names == ["step_00000003", "step_00000006"]
@@ -211,9 +212,10 @@ def _train_into_nan(run_dir: str, nonfinite: str, log_every: int):
 
 
 @pytest.mark.parametrize("log_every", [3, 0], ids=["stopped-at-a-log-point", "stopped-before-a-checkpoint"])
-def test_a_nan_loss_on_one_rank_stops_every_rank_naming_the_step_and_keeps_the_good_checkpoints(tmp_path, log_every):
+def test_a_nan_loss_on_one_rank_stops_every_rank_naming_the_step_and_keeps_the_good_checkpoints(job, log_every):
     """Before: ``loss nan | grad_norm nan`` to the end, exit 0, and the NaN checkpoints rotated the good ones out."""
-    results = run_on_ranks(_train_into_nan, 2, args=(str(tmp_path), "stop", log_every), timeout_s=180)
+    tmp_path = job[0] / f"nan_stop_{log_every}"
+    results = [r[f"nan_stop_{log_every}"] for r in job[1]]
     for r in results:
         assert r["error"] is not None and r["step"] == 6, r  # the log point (or checkpoint) after step 5
         assert r["error"].startswith("the loss is nan and the gradient norm nan at step 5 on rank 1 (its first "
@@ -224,6 +226,27 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_naming_the_step_and_keeps_the_g
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
-def test_nonfinite_skip_skips_that_optimizer_step_on_every_rank(tmp_path):
-    results = run_on_ranks(_train_into_nan, 2, args=(str(tmp_path), "skip", 3), timeout_s=180)
+def test_nonfinite_skip_skips_that_optimizer_step_on_every_rank(job):
+    results = [r["nan_skip"] for r in job[1]]
     assert [(r["error"], r["step"], r["skipped"], r["finite"]) for r in results] == [(None, 10, 1, True)] * 2
+
+
+# ----------------------------------------------------------------------------- the module's one 2-rank job
+def _every_part(tmp: str) -> dict[str, object]:
+    """Every 2-rank check of this module in one job (its start-up costs more than most of them): the sync
+    backends, stop and resume, the non-finite losses, then the split/accumulation/compile variants (last: the
+    only one that compiles). Each part seeds its own RNG and writes under its own folder of ``tmp``."""
+    return {"hooks": _hooks_average(),
+            "resume": _stop_and_resume(f"{tmp}/resume"),
+            "nan_stop_3": _train_into_nan(f"{tmp}/nan_stop_3", "stop", 3),
+            "nan_stop_0": _train_into_nan(f"{tmp}/nan_stop_0", "stop", 0),
+            "nan_skip": _train_into_nan(f"{tmp}/nan_skip", "skip", 3),
+            "variants": _variants()}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """(folder, each rank's results of ``_every_part``): one 2-rank job every test here reads."""
+    tmp = tmp_path_factory.mktemp("train2")
+    return tmp, run_on_ranks(_every_part, 2, args=(str(tmp),), timeout_s=600,
+                             env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
