@@ -186,6 +186,12 @@ class Run:
                 self._flag = None
         self.finish()
 
+    @property
+    def stop_requested(self) -> bool:
+        """This rank got SIGINT or SIGTERM during :meth:`steps` (with ``on_interrupt``): the steps end after the
+        current one, once the ranks agree at its end. A step that loops on its own may end its loop early."""
+        return self._flag is not None and self._flag.requested
+
     def stop(self, why: str = "stopped") -> None:
         """End the steps after the current one, with its checkpoint (a target reached). Call on all ranks."""
         self._stop = why

@@ -30,7 +30,7 @@ import time
 from multigpu.checkpoint.resume import restart_count
 from multigpu.runtime import group
 
-__all__ = ["KillAt", "SlowDisk", "kill_self"]
+__all__ = ["KillAt", "SlowDisk", "WaitForSignal", "kill_self"]
 
 
 class KillAt:
@@ -82,6 +82,28 @@ class SlowDisk:
 
     def on_step(self, event) -> None:
         pass
+
+
+class WaitForSignal:
+    """A callback that holds rank ``rank`` after step ``step`` until a stop signal reaches it (deadline ``timeout_s``),
+    having first touched ``ready`` (a file the test waits for): a pre-emption that lands, deterministically, while
+    the run is at that step. Needs a run that records signals (``on_interrupt``: train's
+    ``--checkpoint-on-interrupt``)."""
+
+    def __init__(self, rank: int, step: int, ready: str, *, timeout_s: float = 120.0):
+        self.rank, self.step, self.ready, self.timeout_s = rank, step, ready, timeout_s
+
+    def on_step(self, event) -> None:
+        if event.step != self.step or group.rank() != self.rank:
+            return
+        print(f"fault: rank {self.rank} waits after step {self.step} for a stop signal", flush=True)
+        with open(self.ready, "w"):
+            pass
+        deadline = time.monotonic() + self.timeout_s
+        while not event.run.stop_requested:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fault: no stop signal reached rank {self.rank} within {self.timeout_s} s")
+            time.sleep(0.02)
 
 
 def kill_self() -> None:
