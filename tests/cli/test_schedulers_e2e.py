@@ -71,7 +71,8 @@ def test_print_sbatch_and_k8s_give_a_job_file_for_this_command_without_node_flag
     assert script[0] == "#!/bin/bash" and "#SBATCH --nodes=2" in script and "#SBATCH --job-name=multigpu-hello" in script
     assert "#SBATCH --ntasks-per-node=1" in script[3] and script[4].startswith("#SBATCH --gpus-per-node=4")
     # the node flags: SLURM's; a node that fails ends the step
-    assert script[-1] == "srun --kill-on-bad-exit=1 multigpu launch --nproc-per-node 4 examples/hello.py --x 1"
+    srun = [line for line in script if line.startswith("srun ")]
+    assert srun == ["srun --kill-on-bad-exit=1 multigpu launch --nproc-per-node 4 examples/hello.py --x 1 &"]
     assert main(["train", "-f", "nano", "--nnodes=3", "--gpus", "0,1", "--print_k8s", "steps=10"]) == 0
     job = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "PyTorchJob")
     assert (job["kind"], job["spec"]["nprocPerNode"]) == ("PyTorchJob", "2")
@@ -80,7 +81,7 @@ def test_print_sbatch_and_k8s_give_a_job_file_for_this_command_without_node_flag
     container = specs["Worker"]["template"]["spec"]["containers"][0]
     # the run folder on the job's shared volume; a pod Kubernetes restarts continues it
     assert container["command"] == ["multigpu", "train", "-f", "nano", "--gpus", "0,1", "steps=10",
-                                    "--run-dir", f"/runs/{job['metadata']['name']}", "--resume", "auto"]
+                                    "--checkpoint-on-interrupt", "--run-dir", f"/runs/{job['metadata']['name']}", "--resume", "auto"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert main(["launch", "--print-sbatch", "--print-k8s", "examples/hello.py"]) == 2
 
