@@ -141,6 +141,7 @@ class Run:
                 self.unit, self.ctx, total_steps=max(total, 0) if total is not None else None,
                 description=self.description, log_every=self.log_every, warmup_steps=self.warmup_steps,
                 progress=self.progress)
+            self._meter.first_step = self.start + 1  # steps are named as the run counts them, after a resume too
         return self._meter
 
     def add_items(self, n: int) -> None:

@@ -23,6 +23,7 @@ once, in the middle of a background write (:class:`SlowDisk` keeps one going).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -30,7 +31,7 @@ import time
 from multigpu.checkpoint.resume import restart_count
 from multigpu.runtime import group
 
-__all__ = ["KillAt", "SlowDisk", "WaitForSignal", "kill_self"]
+__all__ = ["KillAt", "SlowDisk", "SlowRank", "WaitForSignal", "kill_self"]
 
 
 class KillAt:
@@ -82,6 +83,32 @@ class SlowDisk:
 
     def on_step(self, event) -> None:
         pass
+
+
+class SlowRank:
+    """A callback that makes rank ``rank`` a straggler from step ``step`` on: each of its later steps computes
+    ``seconds`` longer (a sleep inside the step as the run's step meter times it, outside any collective), as a
+    slower GPU, a throttled core or a noisy neighbour would. Every attempt, every step after ``step``."""
+
+    def __init__(self, rank: int, step: int, seconds: float = 0.1):
+        self.rank, self.step, self.seconds = rank, step, seconds
+        self._armed = False
+
+    def on_step(self, event) -> None:
+        if self._armed or group.rank() != self.rank or event.step < self.step - 1:
+            return
+        meter = event.run.meter
+        timed = meter.step
+        seconds = self.seconds
+
+        @contextlib.contextmanager
+        def slow_step(*args, **kwargs):
+            with timed(*args, **kwargs) as count:
+                yield count
+                time.sleep(seconds)  # the step's own work, done slowly
+
+        meter.step = slow_step  # this run's meter only
+        self._armed = True
 
 
 class WaitForSignal:
