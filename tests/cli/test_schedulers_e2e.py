@@ -398,3 +398,39 @@ def _finish_when(proc: subprocess.Popen, ready: Path, sig: int, timeout: float) 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_every_nodes_logs_are_in_the_run_folder_and_node_0_names_a_failure_on_node_1(tmp_path):
+    """Two loopback nodes, one run folder; rank 1 (on node 1) raises at step 2. Before, each node kept its worker
+    logs in a folder of a random name (none at all unless --log-dir was given), and node 0's summary said only
+    that its own rank lost its peer: the error on node 1 was named nowhere on node 0."""
+    from torch.distributed import TCPStore
+
+    (tmp_path / "boom_here.py").write_text(
+        "from multigpu.runtime import group\n\n\nclass Boom:\n    def on_step(self, event):\n"
+        "        if event.step == 2 and group.rank() == 1:\n            raise RuntimeError('boom on rank 1')\n\n\n"
+        "def hook():\n    return Boom()\n")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # we keep the socket
+    run = tmp_path / "run"
+    env = {**os.environ, **_SECRET, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "multigpu", "train", "--nnodes", "2", "--node-rank", str(rank), "--cpu",
+         "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false",
+         "--run-dir", str(run), *_TINY, "steps=6", "callbacks=[boom_here:hook]"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for rank in range(2)]
+    outs = _finish(procs, 180)
+    assert [p.returncode for p in procs] == [1, 1], outs
+    node1 = outs[1][1]
+    assert "rank 1 of 2 failed first (exit code 1): RuntimeError: boom on rank 1" in node1, node1[-3000:]
+    node0 = outs[0][1]
+    assert "  on other nodes (their error files in the shared run folder):" in node0, node0[-3000:]
+    named = [line.strip() for line in node0.splitlines() if line.strip().startswith("node 1: rank 1 failed at ")]
+    assert len(named) == 1 and named[0].endswith(f": RuntimeError: boom on rank 1 ({run}/logs/node1/attempt_0/0/"
+                                                 "error.json)"), node0[-3000:]
+    logs = run / "logs"
+    assert "step 1/6" in (logs / "node0" / "rank0.log").read_text()  # each node's ranks, by global rank
+    assert "boom on rank 1" in (logs / "node1" / "attempt_0" / "0" / "error.json").read_text()
+    assert (logs / "node1" / "rank1.stderr.log").resolve() == logs / "node1" / "attempt_0" / "0" / "stderr.log"
+    assert (logs / "node1" / "rank1.log").resolve() == logs / "node1" / "attempt_0" / "0" / "stdout.log"
