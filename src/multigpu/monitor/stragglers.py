@@ -27,10 +27,12 @@ __all__ = ["Straggler", "StragglerWatch", "describe", "find"]
 
 RATIO = 1.5
 """Busy time / the other ranks' median at or above which a rank is slow in a window."""
-MIN_EXCESS_S = 0.002
-"""And at least this many seconds a step more than that median (timer noise on steps of a millisecond)."""
-PERSIST = 5
-"""Steps in a row (in two windows at least) before a slow rank is named."""
+MIN_EXCESS_S = 0.005
+"""And at least this many seconds a step more than that median: below it, scheduling noise on a shared machine
+(a rank that also runs the progress bar or the device sampler) would be named, and it costs the job little."""
+PERSIST = 10
+"""Steps in a row (in two windows at least) before a slow rank is named: on a shared machine a rank is often slower
+for a few steps while another process holds its core (five in a row were seen often); that is not a straggler."""
 
 
 @dataclasses.dataclass
