@@ -376,6 +376,9 @@ def test_a_preempted_batch_job_checkpoints_its_step_requeues_and_resumes_bit_ide
     assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
     assert f"resuming from {store.path_for(3)}" in again.stdout
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # not again: the job ended
+    logs = run / "logs" / "node0"  # each start's logs kept, in the job's one folder
+    assert "interrupted after step 3" in (logs / "start0" / "attempt_0" / "0" / "stdout.log").read_text()
+    assert (logs / "rank0.log").resolve() == logs / "start1" / "attempt_0" / "0" / "stdout.log"
     out, err = clean.communicate(timeout=240)
     assert clean.returncode == 0, err[-3000:]
     a, b = (torch.load(folder / "checkpoints" / "step_00000006" / "state.pt", weights_only=True)["model"]
@@ -427,10 +430,11 @@ def test_every_nodes_logs_are_in_the_run_folder_and_node_0_names_a_failure_on_no
     node0 = outs[0][1]
     assert "  on other nodes (their error files in the shared run folder):" in node0, node0[-3000:]
     named = [line.strip() for line in node0.splitlines() if line.strip().startswith("node 1: rank 1 failed at ")]
-    assert len(named) == 1 and named[0].endswith(f": RuntimeError: boom on rank 1 ({run}/logs/node1/attempt_0/0/"
+    assert len(named) == 1 and named[0].endswith(f": RuntimeError: boom on rank 1 ({run}/logs/node1/start0/attempt_0/0/"
                                                  "error.json)"), node0[-3000:]
     logs = run / "logs"
     assert "step 1/6" in (logs / "node0" / "rank0.log").read_text()  # each node's ranks, by global rank
-    assert "boom on rank 1" in (logs / "node1" / "attempt_0" / "0" / "error.json").read_text()
-    assert (logs / "node1" / "rank1.stderr.log").resolve() == logs / "node1" / "attempt_0" / "0" / "stderr.log"
-    assert (logs / "node1" / "rank1.log").resolve() == logs / "node1" / "attempt_0" / "0" / "stdout.log"
+    attempt = logs / "node1" / "start0" / "attempt_0" / "0"  # torch's files, in this node's folder for this start
+    assert "boom on rank 1" in (attempt / "error.json").read_text()
+    assert (logs / "node1" / "rank1.stderr.log").resolve() == attempt / "stderr.log"
+    assert (logs / "node1" / "rank1.log").resolve() == attempt / "stdout.log"

@@ -2,12 +2,15 @@
 
 torch's ``DefaultLogsSpecs`` puts a launcher's worker logs in ``<log dir>/<run id>_<random>/attempt_<n>/<local
 rank>/``: on several nodes sharing one run folder, each node's folder is a random name and says neither the node
-nor the ranks. :class:`NodeLogsSpecs` keeps torch's files and layout under ``<log dir>/node<k>/`` instead, and
+nor the ranks. :class:`NodeLogsSpecs` keeps torch's files and layout under ``<log dir>/node<k>/start<i>/`` instead, and
 names each rank's files by its global rank beside them::
 
-    <run>/logs/node0/attempt_0/0/{stdout.log,stderr.log,error.json}   torch's files, as torch writes them
-    <run>/logs/node0/rank0.log, rank0.stderr.log -> attempt_0/0/...   the latest attempt's, by global rank
+    <run>/logs/node0/start0/attempt_0/0/{stdout.log,stderr.log,error.json}  torch's files, as torch writes them
+    <run>/logs/node0/rank0.log, rank0.stderr.log -> start0/attempt_0/0/...  the latest's, by global rank
     <run>/logs/node1/rank1.log ...
+
+``start<i>`` counts the launcher's starts on that node (a requeued job's next start is ``start1``: the logs of the
+one before stay), ``attempt_<n>`` torch's restarts of the worker group within one start.
 
 The files hold what a rank wrote when its output is teed (``--log-dir``, ``--tee``, ``--rank-prefix``, and every
 multi-node job, whose console is a batch log anyway); ``error.json`` is always written.
@@ -42,18 +45,23 @@ class NodeLogsSpecs(DefaultLogsSpecs):
         self.node_rank = node_rank
 
     def _make_log_dir(self, log_dir: str | None, rdzv_run_id: str) -> str:
-        folder = os.path.join(str(log_dir), f"node{self.node_rank}")
-        os.makedirs(folder, exist_ok=True)
-        return folder
+        """``node<k>/start<i>``: one folder per start of the launcher (a requeued or resumed job's next start adds
+        one, and keeps the logs of the start before it)."""
+        node = Path(str(log_dir)) / f"node{self.node_rank}"
+        node.mkdir(parents=True, exist_ok=True)
+        folder = node / f"start{_latest(node, 'start') + 1}"
+        folder.mkdir()
+        return str(folder)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         dest = super().reify(envs)
         if self._run_log_dir is None or not envs:
             return dest
-        node = Path(self._run_log_dir)
+        start = Path(self._run_log_dir)
+        node = start.parent
         attempt = f"attempt_{envs[0].get('TORCHELASTIC_RESTART_COUNT', '0')}"
         ranks = {str(local): env.get("RANK", str(local)) for local, env in envs.items()}
-        (node / attempt / _RANKS).write_text(json.dumps(ranks))
+        (start / attempt / _RANKS).write_text(json.dumps(ranks))
         for local, rank in ranks.items():
             for name, path in ((f"rank{rank}.log", dest.stdouts.get(int(local))),
                                (f"rank{rank}.stderr.log", dest.stderrs.get(int(local)))):
@@ -63,6 +71,12 @@ class NodeLogsSpecs(DefaultLogsSpecs):
                 if path and os.path.isabs(path) and path != os.devnull:
                     link.symlink_to(os.path.relpath(path, node))
         return dest
+
+
+def _latest(folder: Path, prefix: str, sep: str = "") -> int:
+    """The highest ``<prefix><sep><i>`` under ``folder`` (-1: none)."""
+    found = [int(m[1]) for p in folder.glob(f"{prefix}{sep}*") if (m := re.fullmatch(rf"{prefix}{sep}(\d+)", p.name))]
+    return max(found, default=-1)
 
 
 def _error(path: Path) -> tuple[str, float] | None:
@@ -92,13 +106,14 @@ def other_nodes_failures(log_dir: str | os.PathLike, node_rank: int) -> list[str
         match = re.fullmatch(r"node(\d+)", node.name)
         if not match or int(match[1]) == node_rank:
             continue
-        attempts = sorted(node.glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
-        if not attempts:
+        start = node / f"start{_latest(node, 'start')}"  # this job's start: the latest on every node
+        attempt = start / f"attempt_{_latest(start, 'attempt', '_')}"
+        if not attempt.is_dir():
             continue
         ranks: dict[str, str] = {}
         with contextlib.suppress(OSError, ValueError):
-            ranks = json.loads((attempts[-1] / _RANKS).read_text())
-        for path in sorted(attempts[-1].glob("*/error.json")):
+            ranks = json.loads((attempt / _RANKS).read_text())
+        for path in sorted(attempt.glob("*/error.json")):
             error = _error(path)
             if error is None:
                 continue
