@@ -3,10 +3,10 @@
 torch's ``DefaultLogsSpecs`` puts a launcher's worker logs in ``<log dir>/<run id>_<random>/attempt_<n>/<local
 rank>/``: on several nodes sharing one run folder, each node's folder is a random name and says neither the node
 nor the ranks. :class:`NodeLogsSpecs` keeps torch's files and layout under ``<log dir>/node<k>/start<i>/`` instead, and
-names each rank's files by its global rank beside them::
+names each rank's files by its global rank beside them (hard links to torch's files)::
 
     <run>/logs/node0/start0/attempt_0/0/{stdout.log,stderr.log,error.json}  torch's files, as torch writes them
-    <run>/logs/node0/rank0.log, rank0.stderr.log -> start0/attempt_0/0/...  the latest's, by global rank
+    <run>/logs/node0/rank0.log, rank0.stderr.log = start0/attempt_0/0/...   the latest's, by global rank
     <run>/logs/node1/rank1.log ...
 
 ``start<i>`` counts the launcher's starts on that node (a requeued job's next start is ``start1``: the logs of the
@@ -38,7 +38,7 @@ _RANKS = "ranks.json"
 
 
 class NodeLogsSpecs(DefaultLogsSpecs):
-    """torch's log files under ``<log dir>/node<node_rank>/``, and ``rank<R>.log`` links by global rank."""
+    """torch's log files under ``<log dir>/node<node_rank>/start<i>/``, and ``rank<R>.log`` links by global rank."""
 
     def __init__(self, log_dir: str, node_rank: int, **kwargs):
         super().__init__(log_dir=log_dir, **kwargs)
@@ -69,7 +69,9 @@ class NodeLogsSpecs(DefaultLogsSpecs):
                 with contextlib.suppress(FileNotFoundError):
                     link.unlink()
                 if path and os.path.isabs(path) and path != os.devnull:
-                    link.symlink_to(os.path.relpath(path, node))
+                    # made now (private) and hard-linked: torch opens it for writing later, on the same inode
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                    os.link(path, link)
         return dest
 
 
