@@ -205,6 +205,10 @@ def test_a_preempted_pod_or_batch_job_checkpoints_its_step_and_continues_its_run
     srun = next(line for line in lines if line.startswith("srun "))
     assert srun.count("--checkpoint-on-interrupt") == 1 and srun.count("--run-dir") == 1  # the user's own, kept
     assert "#SBATCH --requeue" in "\n".join(lines) and "--resume" not in srun
+    # a workload that cannot resume starts a new run folder of its own at each start (the next would be refused)
+    srun = next(line for line in _print(capsys, "infer", "--nnodes", "2", "--nproc-per-node", "1", "--cpu",
+                                        "--print-sbatch").splitlines() if line.startswith("srun "))
+    assert "--run-dir" not in srun and "--resume" not in srun
     # a user script under `launch`: its resume is its own, the job still asks for the warning and the requeue
     lines = _print(capsys, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--cpu", "--print-sbatch",
                    HELLO).splitlines()

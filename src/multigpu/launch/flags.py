@@ -274,8 +274,10 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
     stop_flag = "--checkpoint-on-interrupt" if takes and not getattr(args, "flag__checkpoint_on_interrupt", None) \
         else None
     if args.print_sbatch:
-        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources, run_folder=run_folder,
-                                        stop_flag=stop_flag)
+        # a folder per job id only where a requeued start continues it: a workload that cannot resume would find
+        # its folder used on the next start
+        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources,
+                                        run_folder=True if run_folder else None, stop_flag=stop_flag)
     return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder,
                                           stop_flag=stop_flag)
 
