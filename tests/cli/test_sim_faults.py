@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import fault_callback, run_cli
+from tests.conftest import fault_callback, run_cli, stopped_by_signal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
@@ -36,37 +36,12 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     --checkpoint-on-interrupt, its ranks died where they stood and a resume started from the last cadence
     checkpoint (none here). Now every rank finishes step 5, its checkpoint is written, the launcher exits 143, and
     --resume auto ends with the agents and series of an uninterrupted run."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import ROOT
-
-    (tmp_path / "preempt_here.py").write_text(
-        "from multigpu.testing.faults import WaitForSignal\n\n\n"
-        f"def hook():\n    return WaitForSignal(rank=0, step=5, ready={str(tmp_path / 'ready')!r})\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     base = ["sim", "-f", SIR, "--agents", "20000", "--steps", "12", "--nproc-per-node", "2", "--strategy", "spatial",
             "--run-dir", str(tmp_path / "stopped"), "grid=[40,50]", "plot=false"]
-    proc = subprocess.Popen([sys.executable, "-m", "multigpu", *base, "--checkpoint-on-interrupt",
-                             "callbacks=[preempt_here:hook]"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not (tmp_path / "ready").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, err[-3000:]
+    done, env = stopped_by_signal(tmp_path, [*base, "--checkpoint-on-interrupt"], step=5)
+    assert done.returncode == 143, done.stderr[-3000:]
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step_00000005"
-    assert f"interrupted after step 5: checkpoint {checkpoint}" in out, out[-2000:]
+    assert f"interrupted after step 5: checkpoint {checkpoint}" in done.stdout, done.stdout[-2000:]
     assert (checkpoint / "manifest.json").is_file()
     resumed = run_cli(*base, "--resume", "auto", env=env, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
