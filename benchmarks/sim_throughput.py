@@ -174,7 +174,7 @@ def main() -> int:
         _child(impl, model, int(n), int(steps))
         return 0
     if args.quick:  # compiled kernels take minutes to build on CPU: the quick set leaves them out
-        args.sizes, args.impls, args.rounds = "1e7", "ours,hand,agenttorch", 2
+        args.sizes, args.impls, args.rounds = "1e7", "ours-native,ours,hand,agenttorch", 1
     if args.smoke:
         args.sizes, args.models, args.impls, args.rounds = "1e4", "sir", "ours,hand", 1
     sizes = [int(float(s)) for s in args.sizes.split(",")]

@@ -13,7 +13,7 @@ before MkDocs reads them, so a strict build sees them like any other page (links
 
 ``python docs/hooks/reference.py OUT`` writes the same pages into the folder OUT, to read them as
 Markdown; ``python docs/hooks/reference.py --messages`` prints every error message the package raises
-(a starting point for the root-cause table of docs/reliability.md).
+(a starting point for the root-cause table of docs/troubleshooting.md).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def errors_page() -> str:
            md(inspect.cleandoc(errors.__doc__ or "").split("\n\n")[1]), "",
            "Other exit codes: `130` after Ctrl-C (`error: interrupted`), `1` for an unexpected internal error "
            "(`error: internal error: ...`, rerun with `--debug` for the traceback). What each message means and "
-           "what to do about it: [reliability](../reliability.md).", "",
+           "what to do about it: [troubleshooting](../troubleshooting.md).", "",
            "| error | is a | exit code | when |", "|---|---|---|---|"]
     for name in errors.__all__:
         cls = getattr(errors, name)

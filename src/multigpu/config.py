@@ -277,13 +277,36 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
         key = str(key).replace("-", "_")
         if key not in fields:
             raise _unknown_key(prefix, key, fields)
-        kwargs[key] = _coerce(value, hints[key], _dotted(prefix, key))
+        kwargs[key] = _coerce(_with_required_defaults(fields[key], hints[key], value), hints[key],
+                              _dotted(prefix, key))
     try:
         return cls(**kwargs)
     except ConfigError:
         raise
     except TypeError as exc:  # a required field is missing
         raise ConfigError(f"config '{prefix or cls.__name__}': {exc}") from None
+
+
+def _with_required_defaults(field: dataclasses.Field, hint: Any, value: Any) -> Any:
+    """``value`` with the required keys it lacks taken from ``field``'s default, when the field is a dataclass
+    with a default instance: ``model.kwargs.channels=1`` alone keeps the default ``model.factory`` (a Factory
+    needs one) instead of failing. Keys with defaults of their own stay as given (a new factory does not inherit
+    the default's kwargs)."""
+    if not (isinstance(value, Mapping) and isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+        return value
+    if field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    elif field.default is not dataclasses.MISSING:
+        default = field.default
+    else:
+        return value
+    if not dataclasses.is_dataclass(default):
+        return value
+    required = [f.name for f in dataclasses.fields(hint) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    given = {str(k).replace("-", "_") for k in value}
+    missing = {name: to_dict(getattr(default, name)) for name in required if name not in given}
+    return {**missing, **value} if missing else value
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

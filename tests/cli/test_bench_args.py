@@ -76,14 +76,16 @@ def test_a_script_without_a_meter_is_measured_by_its_wall_clock(tmp_path, fake_g
     assert {(r["comm_share"], r["imbalance"], r["compute_per_item_s"]) for r in result["rows"]} == {(None, None, None)}
     out = capsys.readouterr().out
     assert "measured by wall clock" in out and "they need a StepMeter" in out
-    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    scaling = out.split("start-up: from the command")[0]  # the scaling table (the start-up table follows it)
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in scaling.splitlines() if line.startswith("│")]
     rows = [c for c in cells if c and c[0].isdigit()]
     assert [r[-2:] for r in rows] == [["—", "—"], ["—", "—"]]  # comm share, imbalance
     assert [r[1] for r in rows] == ["0.5", "0.333"]  # runs/s with its digits (1 run in 2 s, 1 in 3 s), not "0"
     from multigpu.report.html import build_report
 
     page = build_report(tmp_path / "w")  # report/ reads the None figures too
-    assert page.count("<td class=num>—</td>") == 4  # comm share and imbalance of both rows
+    scaling_page = page.split("<h3>Start-up: from the command")[0]  # the start-up table's own — follow
+    assert scaling_page.count("<td class=num>—</td>") == 4  # comm share and imbalance of both rows
 
 
 def test_a_run_that_leaves_no_figures_is_an_error(tmp_path, fake_gpus, capsys):

@@ -46,6 +46,22 @@ def test_bench_prints_the_measured_table_and_writes_json_and_plot(bench_dir):
     assert {r["rank"] for s in samples for r in s["ranks"]} == {0, 1}
 
 
+def test_bench_shows_where_start_up_went_at_each_world_size(bench_dir):
+    """From the command to the first step, in parts: the launcher's own start (the first launch of the process:
+    from its start), torch's agent, the workers' start with their torch import, the group, the set-up."""
+    out, stdout = bench_dir
+    assert "start-up: from the command to the first step" in stdout and "torch import" in stdout
+    one, two = json.loads((out / "bench.json").read_text())["startup"]
+    assert list(two["parts_s"]) == ["launcher", "rendezvous", "worker start", "to process group", "set-up"]
+    # a script launched at one rank gets torch's default group of one (as under torchrun): joined too
+    assert list(one["parts_s"]) == list(two["parts_s"])
+    for row in (one, two):
+        assert all(v >= 0 for v in row["parts_s"].values()) and row["first_step_s"] > 0
+        assert row["to_first_step_s"] == pytest.approx(sum(row["parts_s"].values()), abs=1e-6)
+        assert 0 < row["torch_import_s"] < row["parts_s"]["worker start"] + row["parts_s"]["launcher"]
+    assert one["parts_s"]["launcher"] > two["parts_s"]["launcher"]  # the 2-rank run: bench's own second launch
+
+
 def test_bench_rejects_bad_input_before_running_anything(tmp_path, capsys):
     from multigpu.cli import main
 
@@ -80,11 +96,11 @@ def test_report_renders_in_headless_chromium_with_its_plots_and_no_console_error
     proc = run_cli("report", str(out), "-o", str(page), timeout=120)
     assert proc.returncode == 0 and str(page) in proc.stdout, proc.stderr
     html = page.read_text()
-    assert "Scaling (strong)" in html and "np2_r0" in html
+    assert "Scaling (strong)" in html and "np2_r0" in html and "Start-up: from the command to the first step" in html
 
     dom = _chromium("--dump-dom", page=page, profile=tmp_path / "profile1")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'data-images="4/4"' in dom.stdout  # every embedded plot decoded (set by the page's load handler)
+    assert 'data-images="5/5"' in dom.stdout  # every embedded plot decoded (set by the page's load handler)
     assert [ln for ln in dom.stderr.splitlines() if ":CONSOLE" in ln] == []
 
     shot = tmp_path / "report.png"
@@ -101,4 +117,4 @@ def test_report_renders_in_headless_chromium_with_its_plots_and_no_console_error
     broken = tmp_path / "broken.html"
     broken.write_text(html.replace("data:image/png;base64,iVBOR", "data:image/png;base64,AAAA", 1))
     dom = _chromium("--dump-dom", page=broken, profile=tmp_path / "profile3")
-    assert 'data-images="3/4"' in dom.stdout
+    assert 'data-images="4/5"' in dom.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,11 +56,20 @@ def main(cfg: CountConfig, ctx: RunContext) -> int:
     meter.close({"total": int(total.item())})
     if mg.is_main():
         Path(ctx.run_dir, "count.json").write_text(json.dumps({"total": int(total.item()), "world": mg.world_size(),
-                                                               "run_file": os.environ.get("MULTIGPU_RUN_FILE")}))
+                                                               "run_file": os.environ.get("MULTIGPU_RUN_FILE"),
+                                                               "preloaded": "wave" in sys.modules,
+                                                               "umask": _umask()}))
     return 0
 
 
-WORKLOAD = Workload(name="count", config=CountConfig, check=check, main=main, help="sum of squares", prefix="count")
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+WORKLOAD = Workload(name="count", config=CountConfig, check=check, main=main, help="sum of squares", prefix="count",
+                    preload=("wave",))  # imported by nothing else here: the fork server's preload, seen by the ranks
 
 
 def test_a_new_workloads_bad_input_fails_in_its_check_before_anything_is_written(tmp_path, capsys, fake_gpus):
@@ -82,6 +92,10 @@ def test_a_workload_defined_in_a_test_file_runs_and_benches_on_two_ranks(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads((tmp_path / "run" / "count.json").read_text())
     assert out["total"] == sum(i * i for i in range(1000)) and out["world"] == 2
+    assert out["preloaded"]  # the command line's fork server imported it once, before forking the ranks
+    # a workload's ranks run under the command's private umask, forked or not (the fork server was made before the
+    # command set it): what they write in the run folder is the user's only
+    assert out["umask"] == 0o077 and (tmp_path / "run" / "count.json").stat().st_mode & 0o777 == 0o600
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["workload"] == SPEC and run["config"] == {"n": 1000, "steps": 5}
     assert run["run"]["run_dir"] == str((tmp_path / "run").resolve()) and out["run_file"].endswith("run.json")

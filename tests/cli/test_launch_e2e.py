@@ -26,6 +26,38 @@ def _open_to_others(folder) -> dict[str, str]:
             if p.lstat().st_mode & 0o077}
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux's")
+def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a_fresh_one_would(tmp_path):
+    """The command line forks its workers from a copy of itself taken after its imports (torch's, 1-2 s of CPU
+    per rank otherwise): each is its launcher's child with the launcher's command line, in a session of its own,
+    and sees its arguments, script folder, working folder, thread budget and output as a `python script.py`
+    would; NumPy's global generator differs between ranks; atexit handlers run, and a file that a module of the
+    script's left open is flushed when the worker leaves."""
+    # the launcher loads torch with 2 OpenMP threads; the workers' budget is 1 (--threads). Its parent (a CI runner,
+    # a shell) passes it a pipe: a new interpreter's worker never holds it (Popen closes it), nor may a forked one
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2", "--threads", "1",
+                               str(SCRIPTS / "forked_worker.py"), str(tmp_path), "x"], capture_output=True, text=True,
+                              timeout=180, cwd=ROOT, pass_fds=(write_end,),
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"})
+        passed = os.readlink(f"/proc/self/fd/{write_end}")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, seen in enumerate(facts):
+        assert passed not in seen["inheritable_fds"], seen
+        assert seen["cmdline"] == seen["parent_cmdline"] and seen["cmdline"][1:3] == ["-m", "multigpu"], seen
+        assert seen["own_session"] and seen["threads"] == int(seen["omp"]) == 1
+        assert seen["argv"] == [str(SCRIPTS / "forked_worker.py"), str(tmp_path), "x"]
+        assert seen["path0"] == str(SCRIPTS) and seen["cwd"] == str(ROOT) and seen["stdin_fd_open"]
+        assert f"hello from rank {rank}" in proc.stdout and (tmp_path / f"atexit{rank}").is_file()
+        assert (tmp_path / f"open{rank}").read_text() == "flushed at exit"  # its modules are torn down at exit
+    assert facts[0]["draw"] != facts[1]["draw"] and facts[0]["pid"] != facts[1]["pid"]
+
+
 @pytest.mark.fault
 def test_a_failing_rank_is_summarised(tmp_path):
     """The failing rank still has an all-reduce in flight whose future calls back into Python. It left through the

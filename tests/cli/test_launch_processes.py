@@ -185,6 +185,9 @@ def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_o
     assert _private_folders() == private
 
 
+_CALLED = [sys.executable, "-c", "import sys; from multigpu.cli import main; sys.exit(main(sys.argv[1:]))"]
+"""The command line called from code: its workers are fresh interpreters (``python -u _worker.py ...``)."""
+
 _HELD_SITE = """import os, time
 gate = os.environ.get("TEST_SITE_GATE")
 if gate and os.environ.get("RANK") is not None:  # the workers only
@@ -201,14 +204,17 @@ def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_pa
     """Issue 23 (minor): SIGINT reaching a worker while its interpreter still imported ``site`` printed Python's
     "Fatal Python error: init_import_site: Failed to import the site module ... KeyboardInterrupt", once per worker
     (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT once both workers are
-    inside ``site``, where they stay (a 3 s sleep there once let a slow machine's workers past it first)."""
+    inside ``site``, where they stay (a 3 s sleep there once let a slow machine's workers past it first). Workers
+    with an interpreter of their own: the launcher called from code (``main(argv)``), which starts them as fresh
+    processes (the console script forks them instead)."""
     slow = tmp_path / "slow_site"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(_HELD_SITE)
     gate = tmp_path / "gate"
     gate.mkdir()
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),
-                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")]), "TEST_SITE_GATE": str(gate)})
+                      env={"PYTHONPATH": os.pathsep.join([str(slow), str(ROOT / "src")]), "TEST_SITE_GATE": str(gate)},
+                      cli=_CALLED)
     deadline = time.monotonic() + 90
     while len(list(gate.glob("in_site*"))) < 2:
         assert time.monotonic() < deadline and proc.poll() is None, f"the workers did not start (exit {proc.poll()})"

@@ -88,3 +88,70 @@ def test_a_killed_ensemble_continues_with_the_replicates_it_has(tmp_path):
         cfg = from_dict(SimConfig, {**resolved, "params": {**resolved["params"], "beta": (0.05, 0.1)[p]},
                                     "seed": replicate_seed(resolved["seed"], p, r)})
         assert _series(path) == SimEngine(cfg).run(), path
+
+
+def _tables(folder) -> dict[str, bytes]:
+    return {name: (folder / "ensemble" / name).read_bytes() for name in ("bands.csv", "finals.csv")}
+
+
+@pytest.mark.e2e
+@pytest.mark.fault
+def test_a_restarted_ensemble_ends_as_an_uninterrupted_one_and_resumes_like_any_run(tmp_path, capsys, monkeypatch):
+    """Rank 1 is SIGKILLed in the second round of --until-ci (6 waves in); --max-restarts 1 restarts the group,
+    which continues the ensemble from its folder: the bands are those of a run never killed. The finished run
+    (in runs/sim/<time>, no --run-dir) is then what `--resume auto` finds and `--resume PATH` continues, and a
+    change of its design, a count below what it holds, or a damaged replicate file is one line before anything
+    starts."""
+    from multigpu.sim.ensemble import run_ensemble
+
+    kill, env = fault_callback(tmp_path, rank=1, step=6)
+    design = ["-f", "sir", "--agents", "1500", "--steps", "12", "grid=[15,15]",
+              "params.initial_infected=0.05", "plot=false", "compile=false", "--replicates", "12",
+              "ensemble.min_replicates=4", "--until-ci", "95:0.2", "--sweep", "params.beta=0.1,0.3", "ensemble.wave=1"]
+    restarted = run_cli("sim", *design, kill, "--nproc-per-node", "2", "--max-restarts", "1", env=env,
+                        cwd=tmp_path, timeout=240)
+    assert restarted.returncode == 0, (restarted.stdout + restarted.stderr)[-3000:]
+    [run] = (tmp_path / "runs" / "sim").iterdir()
+    assert f"restart 1: continuing {run / 'ensemble'}" in restarted.stdout, restarted.stdout[-3000:]
+    summary = json.loads((run / "ensemble" / "summary.json").read_text())
+    assert [r["replicates"] for r in summary["rounds"]] == [8, 11] and summary["replicates"] == 19
+    assert 0 < summary["replicates_run"] < 19  # the second attempt kept what the first one wrote
+    resolved = json.loads((run / "run.json").read_text())["config"]
+    resolved["callbacks"] = []
+    reference = run_ensemble(from_dict(SimConfig, resolved), run_dir=tmp_path / "ref", log=lambda line: None)
+    assert [r["replicates"] for r in reference.summary["rounds"]] == [8, 11]
+    assert _tables(run) == _tables(tmp_path / "ref"), "the restarted ensemble's bands differ from an uninterrupted run's"
+
+    # refused before anything starts, one line each: its design changed, fewer replicates than it holds, a damaged file
+    monkeypatch.chdir(tmp_path)
+    assert_bad_input(["sim", "--resume", "auto", "--sweep", "params.beta=0.1,0.2"], "sim.ensemble.sweep", capsys)
+    assert_bad_input(["sim", "--resume", "auto", "--replicates", "5"], "sim.ensemble.replicates is 5 here", capsys)
+    victim = min(run.glob("ensemble/replicates/p000001/r*.csv"))
+    whole = victim.read_bytes()
+    for damaged, why in ((whole[: len(whole) // 2], "cut short"), (whole.replace(b"step,moved", b"step,other"),
+                                                                    "its columns are")):
+        victim.write_bytes(damaged)
+        line = assert_bad_input(["sim", "--resume", "auto"], why, capsys)
+        assert str(victim) in line and "not a whole replicate" in line, line
+    victim.write_bytes(whole)
+    stray = run / "ensemble" / "replicates" / "p000002"  # a point this design does not have
+    stray.mkdir()
+    assert_bad_input(["sim", "--resume", "auto"], f"{stray} is not a point of this ensemble", capsys)
+    stray.rmdir()
+    manifest = run / "ensemble" / "manifest.json"  # lost: its replicates are neither continued nor run over
+    manifest.rename(tmp_path / "manifest.json")
+    assert_bad_input(["sim", "--resume", "auto", "--run-dir", str(run)], "no readable manifest.json", capsys)
+    (tmp_path / "manifest.json").rename(manifest)
+    assert _tables(run) == _tables(tmp_path / "ref")
+
+    # --resume auto without --run-dir: the newest ensemble run, continued (nothing left to run)
+    again = run_cli("sim", "--resume", "auto", "--nproc-per-node", "1", cwd=tmp_path, env=env, timeout=240)
+    assert again.returncode == 0 and f"--resume auto continues runs/sim/{run.name}" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    assert json.loads((run / "ensemble" / "summary.json").read_text())["replicates_run"] == 0
+    # --resume PATH: that ensemble folder, continued into another run folder (it is left as it was)
+    other = tmp_path / "other"
+    copied = run_cli("sim", "--resume", str(run / "ensemble"), "--run-dir", str(other), "--nproc-per-node", "1",
+                     cwd=tmp_path, env=env, timeout=240)
+    assert copied.returncode == 0, (copied.stdout + copied.stderr)[-3000:]
+    assert json.loads((other / "ensemble" / "summary.json").read_text())["replicates_run"] == 0
+    assert _tables(other) == _tables(tmp_path / "ref") == _tables(run)

@@ -1,5 +1,5 @@
 """The docs site cannot rot: it builds in strict mode, its generated reference covers the code, the messages its
-reliability table names are ones the code prints, and the code's citations of its pages point at what exists.
+root-cause table names are ones the code prints, and the code's citations of its pages point at what exists.
 
 The examples on the pages run in test_examples.py.
 """
@@ -145,13 +145,14 @@ def _fragments(message: str) -> list[str]:
     return [p for p in parts if len(p) >= 4]
 
 
-def test_every_message_in_the_reliability_table_is_one_the_code_prints():
-    """The root-cause table's first column quotes the message as the user sees it; each of its fixed parts is
+def test_every_message_in_the_root_cause_table_is_one_the_code_prints():
+    """The troubleshooting page's root-cause table (its first table): its first column quotes the message as the user sees it; each of its fixed parts is
     in a string of the code, so a message changed in the code fails here until its row is."""
-    text = (DOCS / "reliability.md").read_text(encoding="utf-8")
+    text = (DOCS / "troubleshooting.md").read_text(encoding="utf-8")
     header = "| message | cause | what to do |"
     assert header in text
-    rows = [ln for ln in text[text.index(header):].splitlines()[2:] if ln.startswith("|")]
+    table = text[text.index(header):].splitlines()[2:]
+    rows = table[:next((i for i, ln in enumerate(table) if not ln.startswith("|")), len(table))]
     assert rows, "the table has no row"
     strings = _code_strings()
     for row in rows:
@@ -219,7 +220,7 @@ def test_the_code_cites_pages_of_the_site_not_files_outside_the_repository():
 
 
 def test_the_message_list_finds_what_the_package_raises_at_users():
-    """``python docs/hooks/reference.py --messages``, the starting point of the reliability table: the messages
+    """``python docs/hooks/reference.py --messages``, the starting point of the root-cause table: the messages
     of our error classes (an f-string's parts that vary as ``<expr>``), not of Python's own."""
     found = _generator().messages()
     assert ("ConfigError", "--world-size and --device-memory are the dry run's; add --dry-run, or use "

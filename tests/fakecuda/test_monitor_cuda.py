@@ -192,3 +192,16 @@ def test_training_log_line_says_comm_not_measured(capsys, single_rank_group):
         record = logger.log(step, {"loss": torch.tensor(1.0), "grad_norm": 1.0, "lr": 0.1}, flush=step == 2)
     assert record["comm_share"] is None
     assert "comm n/a" in capsys.readouterr().out
+
+
+def test_a_cuda_runs_start_up_ends_with_its_first_steps_time_on_the_gpu(events):
+    """Where start-up ends (``startup`` in the summary): the first step's wall-clock start plus its time on the
+    GPU, known once its events are read (a step later); not the host's time to queue it."""
+    meter = _meter(torch.device("cuda", 0))
+    before = time.time()
+    for _ in range(2):
+        with meter.step(items=4):
+            events.gpu_clock_s += 10.0  # ten "GPU" seconds, queued at once
+    assert meter._first_step is not None
+    start, end = meter._first_step
+    assert before <= start <= time.time() and end - start == pytest.approx(10.0)

@@ -241,3 +241,15 @@ def test_non_finite_numbers_are_refused_in_yaml_files_and_overrides(tmp_path):
     assert str(info.value) == "config key 'rl.target_return' got inf; valid: a finite number or null"
     with pytest.raises(ConfigError, match=r"^config key 'infer.overlap\[1\]' got 'nan'; valid: a finite number$"):
         from_dict(InferConfig, apply_overrides({}, ["overlap=0.25,nan"]), prefix="infer")
+
+
+def test_an_argument_of_the_default_model_keeps_the_default_factory():
+    """``multigpu infer --model-arg channels=1`` (``model.kwargs.channels=1``) without ``--model`` failed with
+    "Factory.__init__() missing 1 required keyword-only argument: 'factory'"; a new factory takes none of the
+    default's arguments."""
+    from multigpu.infer.config import InferConfig
+
+    cfg = load_config(InferConfig, None, ["model.kwargs.channels=1"])
+    assert (cfg.model.factory, dict(cfg.model.kwargs)) == ("multigpu.infer.models:denoiser", {"channels": 1})
+    cfg = load_config(InferConfig, None, ["model.factory=multigpu.infer.models:edges"])
+    assert (cfg.model.factory, dict(cfg.model.kwargs)) == ("multigpu.infer.models:edges", {})

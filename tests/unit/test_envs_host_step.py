@@ -2,7 +2,9 @@
 
 On the CPU, CartPole-v1 and Pendulum-v1 (up to its measured crossover) step through ``_dynamics_host`` (NumPy for the exact
 arithmetic, torch for sin/cos and the fused multiply-adds) and NumPy
-bookkeeping for autoreset, with initial states drawn ahead of the resets.
+bookkeeping for autoreset, with initial states drawn ahead of the resets; CartPole-v1 in float32 with next-step
+autoreset and int or bool actions steps as one C loop (``multigpu.sim.native``'s ``mg_cartpole_step``) after
+torch's sin and cos.
 ``_dynamics`` (the torch formulation that accelerators run, and what the CPU
 ran before) is the reference: every observation, reward, flag and info entry
 must be equal, bit for bit, in every autoreset mode, in float32 and float64,
@@ -21,6 +23,7 @@ import multigpu as mg
 from multigpu.envs import vector
 from multigpu.envs.cartpole import CartPole
 from multigpu.envs.pendulum import Pendulum
+from multigpu.sim import native
 
 
 def _trajectory(env_id: str, num_envs: int, mode: str, dtype: torch.dtype, host: bool, monkeypatch) -> list:
@@ -28,6 +31,8 @@ def _trajectory(env_id: str, num_envs: int, mode: str, dtype: torch.dtype, host:
     monkeypatch.setattr(cls, "host_step_max_envs", num_envs if host else 0)
     envs = mg.envs.make(env_id, num_envs=num_envs, seed=5, autoreset_mode=mode, dtype=dtype, max_episode_steps=40)
     assert envs._host is host and envs.cpu_step.startswith("host step" if host else "torch step")
+    if host and env_id == "CartPole-v1" and dtype == torch.float32 and mode == "next_step" and native.available():
+        assert envs._native is not None  # CartPole's C step (int and bool actions), held to the torch step's bits here
     rng = np.random.default_rng(num_envs)
     out = list(envs.reset())[:1]
     for step in range(90):
@@ -83,6 +88,16 @@ def test_host_step_is_the_torch_step_bit_for_bit(env_id, num_envs, mode, monkeyp
             # rtol = atol = 0: equal values, NaN where the reference has NaN
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True,
                                        msg=lambda m, i=i, d=dtype: f"entry {i} ({num_envs} envs, {mode}, {d}): {m}")
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler: the NumPy host step runs instead")
+def test_cartpoles_c_step_is_made_on_the_first_step_not_when_the_envs_are_built():
+    """Building envs loads nothing more (a config check builds them to learn their spaces: the launcher did)."""
+    envs = mg.envs.make("CartPole-v1", num_envs=37, seed=0)
+    assert envs._native == envs._first_native_step and not hasattr(envs, "_native_call")
+    envs.reset()
+    envs.step(torch.zeros(37, dtype=torch.int64))
+    assert envs._native == envs._step_native
+
 
 def test_host_step_keeps_gymnasium_vector_api_errors():
     envs = mg.envs.make("CartPole-v1", num_envs=4, seed=0)

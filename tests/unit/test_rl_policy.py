@@ -161,10 +161,9 @@ def test_make_calls_a_factory_with_the_arguments_it_names_and_seeds_by_global_id
     share = build(make_counting, range(4, 7), seed=100, device="cpu")
     assert share.env.seed == 104 and share.reset(seed=100)[0][:, 1].tolist() == [104.0] * 3
     # a registered factory: the same convention (the built-ins take env_ids and keep the seed as it is)
-    from multigpu.envs import vector
+    from multigpu.envs import registry
 
-    vector.registered_ids()  # the built-ins registered first, then a copy: the registration ends with the test
-    monkeypatch.setattr(vector, "_REGISTRY", dict(vector._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the registration ends with the test
     mg.envs.register("Counting-v0", make_counting)
     assert mg.envs.make("Counting-v0", num_envs=2, seed=1).env.seed == 1
     assert mg.envs.make("CartPole-v1", num_envs=2, seed=1).seed == 1

@@ -153,6 +153,22 @@ def test_permute_matches_index_select():
     assert not native.permute([torch.zeros(n, dtype=torch.complex128)], order)  # 16-byte elements: not taken
 
 
+def test_a_compiled_config_whose_kernels_run_in_c_never_loads_torchs_compiler():
+    """``compile: true`` (the sir preset's) wrapped every kernel in torch.compile when the engine was made, which
+    imports dynamo and inductor (2-3 CPU-seconds of every rank's set-up), though the C kernels replaced them all
+    for SIR: a kernel is compiled on its first call now. A fresh process, since this one may have loaded them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from multigpu.sim.config import SimConfig\nfrom multigpu.sim.engine import SimEngine\n"
+            "e = SimEngine(SimConfig(model='sir', agents=5000, grid=(20, 20), steps=2, compile=True))\n"
+            "e.step(); e.step()\nprint(e.use_native, 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"]
+
+
 # ----------------------------------------------------------------------------- whose library is loaded
 _NOBODY = 65534
 _as_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.bench.config import BenchConfig
-from multigpu.bench.table import NOT_MEASURED, doubts, explain, scaling_rows
+from multigpu.bench.table import NOT_MEASURED, doubts, explain, scaling_rows, startup_rows
 from multigpu.bench.workloads import Target
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.launch.config import LaunchConfig
@@ -45,10 +45,11 @@ class Launcher:
         facts = HostFacts.probe()
         if target.workload:
             from multigpu.bench.scaling import configs_per_size
-            from multigpu.jobs.command import load_workload_config, prepare
+            from multigpu.jobs.command import load_workload_config, preload, prepare
             from multigpu.jobs.registry import get_workload
 
             workload = get_workload(target.target)
+            preload(workload)
             cfg = load_workload_config(workload, target.config, list(target.args), dict(target.flags),
                                        defaults=workload.bench)
             cfgs = configs_per_size(cfg, scaling, sorted(configs))  # strong/weak as labelled, per world size
@@ -103,6 +104,9 @@ def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
             continue
     if not times:
         return None
+    from multigpu.monitor.startup import job_startup
+
+    launcher = _launcher_marks(run_dir)
     wall = max(t["end"] for t in times) - min(t["start"] for t in times)
     # a wall clock sees neither time in collectives nor time computing: those are None (not measured), not 0
     per_rank = [{"wall_s": t["end"] - t["start"], "comm_s": None, "busy_s": None, "items": items / len(times),
@@ -112,7 +116,18 @@ def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
         "items": items, "wall_s": wall, "throughput": items / wall if wall > 0 else 0.0,
         "step_time_s": {"median": wall, "min": wall, "max": wall}, "comm_share": None, "imbalance": None,
         "start_skew_s": max(t["start"] for t in times) - min(t["start"] for t in times), "per_rank": per_rank,
+        # no first step: the start-up shown ends where the script began (its group joined, if it made one)
+        "startup": job_startup([{**launcher, **(t.get("marks") or {})} for t in times]),
     }
+
+
+def _launcher_marks(run_dir: Path) -> dict[str, float]:
+    """The launcher's start-up marks from the run's ``run.json`` ({} without them)."""
+    try:
+        found = json.loads((run_dir / "run.json").read_text()).get("startup")
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, (int, float))} if isinstance(found, dict) else {}
 
 
 def _read_summary(run_dir: Path, world_size: int, items: int) -> dict[str, Any]:
@@ -244,6 +259,7 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         "unit": runs[0]["summary"].get("unit", "items") if runs else "items",
         "host": host,
         "rows": rows,
+        "startup": startup_rows(runs),
         "notes": _measure_notes(runs) + explain(rows, cores=host["cores"], cpu_ranks=not host["gpus"] or cpu_only),
         "runs": runs,
     }

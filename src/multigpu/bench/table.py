@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_MEASURED", "distrust", "explain", "fmt_rate", "scaling_rows", "shown", "superlinear"]
+__all__ = ["NOT_MEASURED", "distrust", "explain", "fmt_rate", "scaling_rows", "shown", "startup_rows", "superlinear"]
 
 NOT_MEASURED = "—"
 """How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
@@ -308,3 +308,32 @@ def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ran
         notes.append(f"CAUTION: ranks got less CPU than their work needed ({which}): other processes held the "
                      "cores, so these figures are noisy; repeat with --repeat 3 or on an idle machine.")
     return notes
+
+
+def startup_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where start-up went, one row per world size (ascending): each part's median over the repeats that measured
+    it, the median time from the command to the first step, and the workers' ``import torch`` (the floor of a
+    worker's start). Runs whose summary has no ``startup`` (written before it existed) are left out."""
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        found = run["summary"].get("startup")
+        if found:
+            by_size.setdefault(int(run["world_size"]), []).append(found)
+    rows = []
+    for size in sorted(by_size):
+        found = by_size[size]
+        names = [p for p in _startup_part_names() if any(p in s.get("parts_s", {}) for s in found)]
+        rows.append({
+            "world_size": size,
+            "parts_s": {p: _median_measured(s.get("parts_s", {}).get(p) for s in found) for p in names},
+            "to_first_step_s": _median_measured(s.get("to_first_step_s") for s in found),
+            "first_step_s": _median_measured(s.get("first_step_s") for s in found),
+            "torch_import_s": _median_measured(s.get("torch_import_s") for s in found),
+        })
+    return rows
+
+
+def _startup_part_names() -> list[str]:
+    from multigpu.monitor.startup import PARTS
+
+    return [name for name, _, _ in PARTS]

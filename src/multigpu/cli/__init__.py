@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import os
 import sys
@@ -84,6 +85,13 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return first if is_command(first) else None
 
 
+def _launches(argv: Sequence[str]) -> bool:
+    """Whether ``argv``'s command may start workers (the fork server is made only for those)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first is not None and first not in ("info", "doctor", "report") and "--help" not in argv \
+        and "-h" not in argv
+
+
 def _version() -> str:
     from multigpu import __version__
 
@@ -98,6 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from multigpu import _startup
     from multigpu.cmdline import split_script_args
 
+    if argv is None:  # this process was started for this command (the console script, python -m multigpu)
+        # what is imported by now (torch) lives as long as the process: frozen, the collections at its exit skip
+        # it (~0.4 CPU-seconds after a job ended)
+        gc.freeze()
+        if _launches(sys.argv[1:]):
+            from multigpu.launch import forkserver
+
+            forkserver.start()  # the workers' copy of this process, taken before anything else happens here
     _startup.restore()  # a Ctrl-C from here on is KeyboardInterrupt, answered below with one line
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(envvars.DEBUG) == "1"

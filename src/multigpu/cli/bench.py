@@ -240,9 +240,32 @@ def print_table(result: dict[str, Any], out=None) -> None:
             shown(r["imbalance"], ".2f"),
         )
     out.print(table)
+    print_startup(result.get("startup") or [], out)
     for note in result.get("notes", []):
         style = "bold red" if note.startswith("SLOWER") else "bold yellow" if note.startswith(("NOISY", "STRAGGLER")) else None
         out.print(f"[{style}]{escape(note)}[/{style}]" if style else escape(note), highlight=False)
+
+
+def print_startup(rows: list[dict[str, Any]], out=None) -> None:
+    """Where start-up went per world size (``bench.json``'s ``startup``), in seconds; nothing without it."""
+    from rich.table import Table
+
+    from multigpu.monitor.startup import PARTS, TORCH_IMPORT
+
+    if not rows:
+        return
+    out = out or console()
+    names = [name for name, _, _ in PARTS if any(name in r["parts_s"] for r in rows)]
+    table = Table(title="start-up: from the command to the first step (s, median)")
+    for name in ("ranks", *names, "to first step", "first step", "torch import"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(str(r["world_size"]), *(shown(r["parts_s"].get(n), ".2f") for n in names),
+                      shown(r["to_first_step_s"], ".2f"), shown(r["first_step_s"], ".2f"),
+                      shown(r["torch_import_s"], ".2f"))
+    out.print(table)
+    out.print("start-up parts: " + "; ".join(f"{name}: {what}" for name, _, what in PARTS if name in names)
+              + f". torch import: {TORCH_IMPORT}.", highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,8 +26,9 @@ workload of ``multigpu bench``).
 from multigpu.envs.adapter import TorchVectorEnv
 from multigpu.envs.cartpole import CartPole
 from multigpu.envs.pendulum import Pendulum
+from multigpu.envs.registry import make, register, registered_ids
 from multigpu.envs.split import env_id_range
-from multigpu.envs.vector import AUTORESET_MODES, NumpyVectorEnv, VectorEnv, make, register, registered_ids
+from multigpu.envs.vector import AUTORESET_MODES, NumpyVectorEnv, VectorEnv
 
 __all__ = [
     "AUTORESET_MODES",

@@ -14,7 +14,11 @@ contiguous row and the update is a handful of in-place vector operations.
 On the CPU the same operations run as ``_dynamics_host``: NumPy on views of
 the state for the exact arithmetic, torch for sin, cos and the fused
 multiply-adds, with the same bits (``tests/unit/test_envs_host_step.py``);
-elsewhere ``_dynamics`` runs as torch code.
+elsewhere ``_dynamics`` runs as torch code. In float32 with next-step autoreset
+(the default) and int or bool actions, a whole CPU step is torch's sin and cos
+then one C loop (:func:`multigpu.sim.native.cartpole_step`: dynamics,
+termination, time limit, resets drawn from the same hash, observation), the
+same bits again, where the C kernels build.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 import torch
 
 from multigpu.envs import spaces
-from multigpu.envs.vector import VectorEnv, register
+from multigpu.envs.registry import register
+from multigpu.envs.vector import VectorEnv
 
 __all__ = ["CartPole"]
 
@@ -135,6 +140,62 @@ class CartPole(VectorEnv):
                     c(2 * self.force_mag), c(self.force_mag), c(0), c(1),
                     np.array([[self.x_threshold], [self.theta_threshold_radians]], dtype=n.dtype))
         self._force_table = np.array([0, 1], dtype=n.dtype) * self._hk[5] - self._hk[6]  # 20 a - 10 for a = 0, 1
+        if self.dtype == torch.float32 and self.autoreset_mode == "next_step" and self.num_envs:
+            self._native = self._first_native_step  # set up on the first step: a config check builds envs too
+
+    def _first_native_step(self, actions) -> tuple | None:
+        self._native = None
+        self._native_setup()
+        return self._native(actions) if self._native is not None else None
+
+    def _native_setup(self) -> None:
+        """The whole step as one C loop (float32, next-step autoreset, where the C kernels build): torch's sin and
+        cos of theta, then :func:`multigpu.sim.native.cartpole_step` (the same bits: tests/unit/test_envs_host_step.py)."""
+        from multigpu.sim import native
+
+        step = native.cartpole_step()
+        if step is None:
+            return
+        n = self.num_envs
+        self._sc = torch.empty(2, n, dtype=torch.float32)  # sin, cos of theta
+        self._theta = self.state[2]
+        # the buffers the C step reads and writes, by address: 2 actions, 7 keys (a reseed replaces them), 8-11 outputs,
+        # 12 scratch (the force of each action)
+        self._force = np.empty(n, dtype=np.float32)
+        self._ptrs = np.zeros(13, dtype=np.int64)
+        self._ptrs[12] = self._force.ctypes.data
+        self._ptrs[[0, 1, 3, 4, 5]] = [self.state.data_ptr(), self._sc.data_ptr(), self.elapsed_steps.data_ptr(),
+                                       self._resets.data_ptr(), self._prev_done.data_ptr()]
+        self._ptrs[6] = self._stale.ctypes.data
+        k = np.array([self.polemass_length, -self.length * self.masspole / self.total_mass, 1.0 / self.total_mass,
+                      self.gravity, -self.polemass_length / self.total_mass, 2 * self.force_mag, self.force_mag,
+                      self.length * 4.0 / 3.0, self.tau, self.x_threshold, self.theta_threshold_radians,
+                      *self._low[:, 0], *self._scale_bits[:, 0]], dtype=np.float64).astype(np.float32)
+        self._k32 = k  # rounded to float32 as torch rounds a Python scalar for a float32 op
+        self._native_call = (step, self._ptrs.ctypes.data, k.ctypes.data)
+        self._native = self._step_native
+
+    def _step_native(self, actions) -> tuple | None:
+        """:meth:`VectorEnv.step` for int, bool or uint8 actions in one C call; None for others (NumPy path)."""
+        actions = self._host_actions(actions)
+        if actions.ndim != 1 or actions.dtype.kind not in "biu" or actions.itemsize not in (1, 4, 8) \
+                or (actions.dtype.kind == "u" and actions.itemsize != 1) or not actions.flags.c_contiguous:
+            return None
+        n = self.num_envs
+        torch.sin(self._theta, out=self._sc[0])
+        torch.cos(self._theta, out=self._sc[1])
+        obs = torch.empty(4, n, dtype=torch.float32)
+        reward = torch.empty(n, dtype=torch.float32)
+        terminated = torch.empty(n, dtype=torch.bool)
+        truncated = torch.empty(n, dtype=torch.bool)
+        ptrs = self._ptrs
+        ptrs[2] = actions.ctypes.data
+        ptrs[7] = self._keys.ctypes.data
+        ptrs[8], ptrs[9], ptrs[10], ptrs[11] = obs.data_ptr(), reward.data_ptr(), terminated.data_ptr(), \
+            truncated.data_ptr()
+        step, p, k = self._native_call
+        self._elapsed_bound = step(p, n, actions.itemsize, self.max_episode_steps, k)
+        return obs.T, reward, terminated, truncated, {}
 
     def _dynamics_host(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (even_t, odd_t, third_t, sin_t, cos_t, temp_t, thetaacc_t, gsin_t, vth_t, xacc_t, acc_t, theta_t,

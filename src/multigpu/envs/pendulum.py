@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from multigpu.envs import spaces
-from multigpu.envs.vector import VectorEnv, register
+from multigpu.envs.registry import register
+from multigpu.envs.vector import VectorEnv
 
 __all__ = ["Pendulum"]
 

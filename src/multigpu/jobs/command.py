@@ -11,7 +11,9 @@
    (``Workload.resumable`` False) refuses ``--resume`` here;
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
-   before a folder exists or a process starts;
+   before a folder exists or a process starts; a run that continues a folder of
+   progress files (``Workload.progress_folder``) must be of the design its manifest holds
+   (``Workload.resume_design``, :func:`check_continued`);
 3. the run directory (:func:`choose_run_dir`): one already used is refused
    unless ``--resume`` continues it, and the launcher holds its lock for the
    whole run (:mod:`multigpu.jobs.rundir`: two runs never share a folder; a
@@ -131,9 +133,9 @@ def add_common_job_flags(parser: argparse.ArgumentParser) -> None:
     """``--run-dir`` and ``--resume``: the same on every workload command."""
     add_flag(parser, "--run-dir", default=None, metavar="DIR", help=f"output folder (default {RUNS}/<workload>/<time>)")
     add_flag(parser, "--resume", default=None, metavar="auto|PATH",
-             help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run); "
-                  "PATH: a checkpoints/step_* folder. The run's own config (run.json) is reused; keys given "
-                  "again apply where the workload allows")
+             help="auto: continue from the newest valid checkpoint (of --run-dir, else of the newest run), or "
+                  "a run's ensemble folder (sim); PATH: a checkpoints/step_* folder, or an ensemble folder. The "
+                  "run's own config (run.json) is reused; keys given again apply where the workload allows")
 
 
 def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
@@ -212,14 +214,16 @@ def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[
     """The config a resumed run was started with (its run.json), or None: none is there to reuse.
 
     ``run_dir``'s run.json; for ``--resume PATH`` into a new folder, the one of the run that wrote PATH
-    (``<run>/checkpoints/step_*``)."""
+    (``<run>/checkpoints/step_*``, ``<run>/<progress>``, or that run folder itself)."""
     import json
+
+    from multigpu.checkpoint.resume import planned, run_of
 
     if not resume:
         return None
     candidates = [run_dir / "run.json"]
     if resume != "auto":
-        candidates.append(Path(resume).absolute().parent.parent / "run.json")
+        candidates.append(run_of(planned(resume, None, progress=workload.progress_folder)) / "run.json")
     for path in candidates:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -256,6 +260,29 @@ def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
                           "out (the run's own config is used), or start a new --run-dir without --resume")
 
 
+def check_continued(workload: Workload, cfg: Any, target: Path | None) -> None:
+    """A run that continues a folder of progress files (``target``, a ``Workload.progress_folder``) is of the
+    design its manifest holds (``Workload.resume_design`` of the checked config; one line naming the first
+    thing that differs); a config that continues such a folder names a checkpoint, or one that does not names
+    such a folder: one line each."""
+    from multigpu.checkpoint.resume import check_design, is_progress
+    from multigpu.checkpoint.store import is_checkpoint
+
+    if target is None or workload.progress_folder is None:
+        return
+    design = workload.resume_design(cfg) if workload.resume_design is not None else None
+    if is_progress(target, workload.progress_folder):
+        if design is None:
+            raise ConfigError(f"--resume: {target} is the {workload.progress_folder}/ folder of a {workload.name} run, "
+                              f"and this {workload.name} config does not continue one; valid: the settings that "
+                              "made it, or a new --run-dir without --resume")
+        check_design(target, design)
+    elif design is not None and is_checkpoint(target):
+        raise ConfigError(f"--resume: {target} is a checkpoint, and this {workload.name} config continues a run's "
+                          f"{workload.progress_folder}/ folder (it writes no checkpoints); valid: a run's "
+                          f"{workload.progress_folder}/ folder, or a new --run-dir without --resume")
+
+
 def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig) -> list[str]:
     """The ``key=value`` overrides of a workload command line: positional, ``--set``, and accelerate's
     ``--mixed-precision`` as the workload's ``precision``."""
@@ -268,22 +295,28 @@ def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg
 
 
 # ----------------------------------------------------------------------------- run directory
-def latest_run(workload: str, root: Path = RUNS) -> Path | None:
-    """The newest run of ``workload`` that holds a checkpoint (what ``--resume auto`` continues)."""
+def latest_run(workload: str, root: Path = RUNS, *, progress: str | None = None) -> Path | None:
+    """The newest run of ``workload`` that holds a checkpoint, or a folder of progress files named ``progress``
+    (its manifest written): what ``--resume auto`` continues."""
+    from multigpu.checkpoint.resume import progress_folder
+
     folder = root / workload
     if not folder.is_dir():
         return None
-    runs = [p for p in folder.iterdir() if (p / "checkpoints").is_dir() and any((p / "checkpoints").iterdir())]
+    runs = [p for p in folder.iterdir() if ((p / "checkpoints").is_dir() and any((p / "checkpoints").iterdir()))
+            or progress_folder(p, progress) is not None]
     return max(runs, key=lambda p: p.name) if runs else None
 
 
-def choose_run_dir(workload: str, run_dir: str | None, resume: str | None, root: Path = RUNS) -> tuple[Path, bool]:
+def choose_run_dir(workload: str, run_dir: str | None, resume: str | None, root: Path = RUNS, *,
+                   progress: str | None = None) -> tuple[Path, bool]:
     """The run directory and whether it is new: ``--run-dir``; with ``--resume auto`` alone, the newest run
-    that has a checkpoint; else a fresh ``runs/<workload>/<time>`` (made unique by :func:`create_run_dir`)."""
+    that has a checkpoint (or a ``progress`` folder); else a fresh ``runs/<workload>/<time>`` (made unique by
+    :func:`create_run_dir`)."""
     if run_dir:
         return Path(run_dir), False
     if resume == "auto":
-        previous = latest_run(workload, root)
+        previous = latest_run(workload, root, progress=progress)
         if previous is not None:
             return previous, False
     return root / workload / time.strftime("%Y%m%d-%H%M%S"), True
@@ -333,6 +366,13 @@ def launch_job(job: Job, run: RunContext | None = None) -> None:
            job={"workload": job.spec, "config": to_dict(job.config)})
 
 
+def preload(workload: Workload) -> None:
+    """What the workload's ranks will import, imported once by the command line's fork server meanwhile."""
+    from multigpu.launch import forkserver
+
+    forkserver.preload([getattr(workload.main, "__module__", ""), *workload.preload])
+
+
 def resume_command(argv: Sequence[str] | None, run_dir: Path, nnodes: int) -> str | None:
     """The whole command that continues the run in ``run_dir``: the job's own command line (``--nproc-per-node``,
     node flags and all) with ``--run-dir`` that folder and ``--resume auto``; ``--node-rank`` left out on several
@@ -365,6 +405,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     """
     from multigpu.launch import nodes
 
+    preload(workload)
     launch_cfg = config_from_args(args)  # also translates other launchers' flags
     if args.dry_run:
         return _run_command(workload, args, launch_cfg, None, spec)
@@ -380,7 +421,7 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
     if args.resume is not None and not workload.resumable:
         raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
                           f"checkpoints); valid: run it again without --resume")
-    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume)
+    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume, progress=workload.progress_folder)
     agreed = session is not None and args.run_dir is None  # the nodes take node 0's folder
     if agreed and args.resume == "auto":  # node 0's newest run, not each node's own
         name = session.agree("resumed_run", lambda: "" if fresh else run_dir.name)
@@ -407,6 +448,10 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         rundir.refuse_used(run_dir, hint=_USED_HINT)
     run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
     job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet
+    if args.resume is not None:  # a folder of progress files continued: the same design (the checked config's)
+        from multigpu.checkpoint.resume import planned
+
+        check_continued(workload, job.config, planned(args.resume, str(run_dir), progress=workload.progress_folder))
     if session is not None and session.node_rank != 0:
         if agreed:  # node 0 made the folder: its name, under this node's runs/<workload>
             run_dir, fresh = RUNS / workload.name / session.agree("run_name", lambda: ""), False

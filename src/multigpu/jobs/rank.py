@@ -5,7 +5,8 @@
 Reads ``run.json`` (workload, resolved config, run context), joins the job
 with ``mg.init``, decides once which checkpoint this attempt starts from
 (``ctx.resume_from``: ``--resume auto``/PATH, or the run's newest valid
-checkpoint when torchrun's agent restarted the worker group; see
+checkpoint when torchrun's agent restarted the worker group, or the run's
+folder of progress files for a workload that keeps one; see
 :mod:`multigpu.checkpoint.resume`), calls the workload's ``main(cfg, ctx)``
 and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 """
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         if workload.resumable:  # decided here, once, by the rule plain scripts use too: a workload loads resume_from
             from multigpu.checkpoint.resume import decide
 
-            ctx = decide(ctx)
+            ctx = decide(ctx, progress=workload.progress_folder)
             context.set_current(ctx)
         code = workload.main(cfg, ctx)
     except BaseException:

@@ -94,6 +94,21 @@ class Workload:
     """Config keys (or sections) a resumed run must keep: ``--resume`` starts from the run's own ``run.json``
     config, and a key given again with another value is refused in one line naming it (other keys given
     again are applied: more steps, say)."""
+    preload: tuple[str, ...] = ()
+    """Modules its ranks import before their first step besides ``main``'s own (``torch._dynamo``, which a
+    ``torch.optim`` optimizer imports when it is made): the command line's fork server imports them once, while
+    the launcher checks the config, instead of every rank (:func:`multigpu.launch.forkserver.preload`)."""
+    progress_folder: str | None = None
+    """The folder of the run directory where ``main`` may keep its progress as files of its own instead of
+    checkpoints (the sim ensemble's ``ensemble``: one file per finished replicate, and a ``manifest.json``,
+    written first, of what the work is). Resume takes it where a run has no checkpoint: ``--resume auto`` (with
+    or without ``--run-dir``) and a restarted worker group continue the run's own folder, ``--resume PATH`` may
+    name another run's; ``ctx.resume_from`` is then that folder (:mod:`multigpu.checkpoint.resume`)."""
+    resume_design: Callable[[Any], dict[str, Any] | None] | None = None
+    """What a run continuing a ``progress_folder`` must keep that config keys cannot show (a sweep file's rows,
+    each point's series): ``resume_design(cfg)`` on the checked config, compared key by key with the folder's
+    ``manifest.json`` before anything starts (:func:`multigpu.checkpoint.resume.check_design`). None from it:
+    this config does not continue such a folder (a plain simulation), and naming one is refused."""
     launch: Callable[[Any], int | None] | None = None
     """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
     ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to

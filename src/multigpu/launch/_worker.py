@@ -1,7 +1,9 @@
 """The wrapper every worker runs first (inside each rank, before the user's script).
 
 The launcher starts ``python -u <this file> [-m] target args...`` in each
-worker. Run by path, it imports nothing of multigpu or torch before it has:
+worker (or forks the worker from its fork server, which then calls :func:`main` with
+the same arguments: :mod:`multigpu.launch.forkserver`). Run by path, it imports nothing
+of multigpu or torch before it has:
 
 0. tied its life to the launcher's: ``PR_SET_PDEATHSIG`` (Linux) makes the
    kernel SIGKILL this worker the moment the launcher dies, whatever killed it
@@ -54,15 +56,20 @@ process group (``torch.distributed.init_process_group``, which ``mg.init``, acce
 When the run context asks for it (``record_wall``: ``multigpu bench`` on a
 script that has no step meter), it also writes ``<run_dir>/wall/rank<R>.json``
 with the script's start and end times.
+It also notes when this rank's process began, when it had imported torch and was about to run the script, and when
+it joined its process group, in ``<stacks dir>/startup/rank<R>.json`` (:mod:`multigpu.monitor.startup` reads them:
+where a run's start-up went).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import runpy
 import sys
+import time
 
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID")
 """Set together, per worker, under ``--isolate-devices``: CUDA, Quadrants/Taichi (Genesis), EGL renderers."""
@@ -84,6 +91,43 @@ were no file. Its far-future timestamp keeps it from being taken for the first f
 earliest; a missing file reads as "now", a missing timestamp as 0, i.e. first)."""
 
 
+
+
+STARTUP_DIR = "startup"
+"""Under the stacks dir: ``rank<R>.json``, this rank's start-up marks (see :func:`_note`)."""
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """When a process began, as ``time.time()`` would have read then (Linux, to the kernel's 10 ms tick); None elsewhere.
+
+    Its age from ``/proc/<pid>/stat`` (start time in ticks since boot) against ``CLOCK_BOOTTIME`` now: the boot
+    time in ``/proc/stat`` (what ``psutil``'s ``create_time`` adds) is whole seconds, too coarse for a start-up."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        ticks = int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, counted after the command's ")"
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(age, 0.0)
+
+
+_MARKS: dict[str, float | None] = {}
+
+
+def _note(name: str, value: float | None = None) -> None:
+    """Record a start-up mark of this rank and rewrite ``<stacks dir>/startup/rank<R>.json`` (best effort)."""
+    _MARKS[name] = time.time() if value is None else value
+    folder = os.environ.get(STACKS_DIR_VAR)
+    if not folder:
+        return
+    path = os.path.join(folder, STARTUP_DIR, f"rank{os.environ.get('RANK', '0')}.json")
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        # the job's file (0600), also once a script runs under the user's own umask
+        with open(os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
+            json.dump(_MARKS, fh)
+        os.replace(f"{path}.tmp", path)
 
 
 def worker_device_env(env, local_rank: int, gpu_ranks: int | None = None) -> dict[str, str]:
@@ -324,6 +368,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
         if not os.path.exists(marker):
             os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
             os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))  # the job's file: not the script's umask
+        if "group_joined" not in _MARKS:
+            _note("group_joined")
         return result
 
     init_process_group.__wrapped__ = original
@@ -441,7 +487,7 @@ def _timed(target, wall_file: str | None):
         os.makedirs(os.path.dirname(wall_file), mode=0o700, exist_ok=True)
         tmp = f"{wall_file}.tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
-            json.dump({"start": start, "end": end}, fh)
+            json.dump({"start": start, "end": end, "marks": _MARKS}, fh)
         os.replace(tmp, wall_file)
 
     return run
@@ -455,8 +501,6 @@ def _destroy_left_group() -> None:
     peers may be stuck in a collective that a destroy would wait on)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        import gc
-
         gc.collect()  # the script's dropped DDP models first, on this thread (see multigpu.runtime.group.shutdown)
         with contextlib.suppress(Exception):  # ending is all that is left to do: never fail a finished rank here
             dist.destroy_process_group()
@@ -549,6 +593,7 @@ def _whole_lines() -> None:
 
 
 def _main(argv: list[str]) -> None:
+    _MARKS["worker_start"] = process_start_time()
     _die_with_launcher(_launcher_pid())
     _whole_lines()
     run_file = _run_file()
@@ -563,13 +608,21 @@ def _main(argv: list[str]) -> None:
     # torch.distributed.nn before any script joins: imported after its group exists (DDP does, through dynamo), its
     # ``group=group.WORLD`` defaults would hold that group, which destroy_process_group() then never frees
     # (multigpu.runtime.group says more)
+    before = time.perf_counter()
     import torch.distributed.nn  # noqa: F401
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    _MARKS["torch_import_s"] = time.perf_counter() - before  # ~0 where torch was imported already
+    # torch's import leaves ~10^5 objects that live as long as the process; the collections at the interpreter's
+    # exit traversed them all, ~0.4 CPU-seconds per rank after the script had ended. Frozen, they are skipped
+    # (by every later collection too); what the script creates is collected, and finalized, as before.
+    gc.freeze()
 
     _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
     _hold_groups()
     _accelerate_on_cpu_ranks()
     _fabric_on_cpu_ranks()
+    _note("worker_ready")
 
     if isinstance(run_file.get("umask"), int) and not run_file.get("workload"):
         os.umask(run_file["umask"])  # a user's script: the user's umask, not the launcher's (0077)
@@ -580,8 +633,6 @@ def _main(argv: list[str]) -> None:
         finally:
             # a group the script destroyed can still be held by garbage (a DDP model is a reference cycle): free
             # it now, so gloo's threads end while the interpreter is whole, not during its exit
-            import gc
-
             gc.collect()
         _release_groups()  # the script ended well (a failing rank leaves at once, its groups untouched)
         _leave_within(run_file, os.environ.get("RANK", "0"))

@@ -12,7 +12,9 @@ agent does all three, with the rendezvous backend of :mod:`multigpu.launch.store
 every interface, with the rendezvous state signed so that no one else's pickle
 is ever read; :func:`launch` hands it the secret in memory and keeps it from the
 workers). :mod:`multigpu.launch.processes` sees that no process of the
-job outlives the launch and that a signal ends it the same way at any moment.
+job outlives the launch and that a signal ends it the same way at any moment. When the
+command line made a fork server (:mod:`multigpu.launch.forkserver`), the agent's workers
+are forked from it, torch already imported, instead of started as new interpreters.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +51,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import user_umask, write_json_atomic
-from multigpu.launch import _worker, nodelogs, nodes, processes, restarts, stores
+from multigpu.launch import _worker, forkserver, nodelogs, nodes, processes, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -343,6 +346,18 @@ def _private_store(nnodes: int) -> Iterator[str | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+_LAUNCHED = False
+
+
+def _launcher_marks(called: float) -> dict[str, float | None]:
+    """The launcher's start-up marks (:mod:`multigpu.monitor.startup`): its process's start for its first launch,
+    the call to :func:`launch` for later ones (``bench``, ``verify``), and now, as it hands the job to the agent."""
+    global _LAUNCHED
+    start = called if _LAUNCHED else _worker.process_start_time() or called
+    _LAUNCHED = True
+    return {"launcher_start": start, "launcher_ready": time.time()}
+
+
 def _elastic_launch(config: TorchLaunchConfig, entrypoint: str, args: Sequence[str]) -> dict:
     """The one call into torch's agent (tests replace this with a mock)."""
     return elastic_launch(config, entrypoint)(*args)
@@ -560,6 +575,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
+    started = time.time()
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
@@ -571,9 +587,10 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     stopped: list[int] = []
     try:
         with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
-                _environment(plan.env, drop=(envvars.RDZV_SECRET,)), \
+                _environment(plan.env, drop=(envvars.RDZV_SECRET,)), forkserver.serving(), \
                 processes.job_processes(remove_on_death=[private] if private else []) as stopped:
-            write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {})})
+            write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {}),
+                                              "startup": _launcher_marks(started)})
             if plan.devices.note:  # after the run file: a disk too full for it is the only line
                 print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)

@@ -31,14 +31,10 @@ from multigpu import envvars
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.launch._worker import DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
+from multigpu.launch.memlimit import RANK_MAPPED_BYTES, format_bytes
 
 __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
            "plan_devices"]
-
-RANK_MAPPED_BYTES = 600 << 20
-"""Address space a rank maps before it holds any data (torch imported, a gloo group: VmSize 620 MiB measured
-here), where the launcher cannot read its own (:attr:`HostFacts.mapped_bytes`); under ``RLIMIT_AS`` a rank's
-data must fit in what is left of it."""
 
 THREAD_MAPPED_BYTES = 72 << 20
 """Address space each further compute thread of a rank reserves: its malloc arena (64 MiB, glibc) and its stack
@@ -48,15 +44,6 @@ RANK_RESIDENT_BYTES = 200 << 20
 """Memory a rank holds before it holds any data: a Python process with torch imported and a gloo group
 (measured: 150-200 MiB of its own pages, USS, on CPU; a CUDA context adds more). A lower bound, so
 the check below never refuses a job that would fit."""
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 GiB``: binary units, three significant digits."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,23 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MemoryLimit", "MemoryWatch", "address_space_limit", "cgroup_memory", "explain_address_space",
-           "mapped_bytes", "oom_kills"]
+__all__ = ["RANK_MAPPED_BYTES", "MemoryLimit", "MemoryWatch", "address_space_limit", "cgroup_memory",
+           "explain_address_space", "format_bytes", "mapped_bytes", "oom_kills"]
+
+RANK_MAPPED_BYTES = 600 << 20
+"""Address space a rank maps before it holds any data (torch imported, a gloo group: VmSize 620 MiB measured
+here), where the launcher cannot read its own (:attr:`HostFacts.mapped_bytes`); under ``RLIMIT_AS`` a rank's
+data must fit in what is left of it."""
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``: binary units, three significant digits."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
 
 _UNLIMITED = 1 << 60
 """Limits at or above this are "no limit" (v1 writes 9223372036854771712 for none)."""
@@ -187,8 +202,6 @@ def explain_address_space(text: str, limit: int | None = None, mapped: int | Non
     """A line naming ``RLIMIT_AS`` when a rank's error ``text`` is a refused allocation and the limit is set (the
     rank inherited it); None otherwise. ``limit``, ``mapped``: default this process's (:func:`address_space_limit`,
     :func:`mapped_bytes`: the launcher, torch imported, maps about what a rank maps before its data)."""
-    from multigpu.launch.devices import RANK_MAPPED_BYTES, format_bytes
-
     limit = address_space_limit() if limit is None else limit
     if limit is None or not any(words in text.lower() for words in _ALLOCATION_FAILED):
         return None
@@ -235,8 +248,6 @@ class MemoryWatch:
 
     def explain_sigkill(self) -> str | None:
         """``the kernel's OOM killer: ...`` or None when nothing points to it."""
-        from multigpu.launch.devices import format_bytes
-
         now = oom_kills(self.root, self.limit)
         rose = [(where, now[where] - n) for where, n in self.kills.items() if now.get(where, n) > n]
         if rose:

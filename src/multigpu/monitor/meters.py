@@ -30,7 +30,9 @@ Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 * *comm share* - comm / wall, averaged over ranks;
 * *load imbalance* - the slowest rank's busy time / the fastest's (1.0 = even);
 * *traffic* - per collective kind, the calls and bytes per step of the busiest rank
-  (``collectives.record_traffic``: what ``multigpu bench --predict`` extrapolates).
+  (``collectives.record_traffic``: what ``multigpu bench --predict`` extrapolates);
+* *startup* - where the time from the command to the first step went, in parts
+  (:mod:`multigpu.monitor.startup`).
 
 Metrics are reduced across ranks (one small collective every ``log_every``
 steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
@@ -55,7 +57,7 @@ from typing import Any
 import torch
 
 from multigpu.files import JsonlLog, write_json_atomic
-from multigpu.monitor import profile, stragglers
+from multigpu.monitor import profile, startup, stragglers
 from multigpu.monitor import sampler as _sampler
 from multigpu.runtime import collectives, context, devicetime, group, watchdog
 
@@ -229,6 +231,9 @@ class StepMeter:
         self._sampler = sampler
         self._profiler = profiler
         self._log: JsonlLog | None = None
+        self._first_step: tuple[float, float] | None = None
+        """Wall-clock start and end of the first step (where the run's start-up ends: ``startup`` in the summary)."""
+        self._first_start: float | None = None  # the first step's wall-clock start, until its time is recorded
         self._queued: list[_Queued] = []  # CUDA steps whose events are read one step later
         self.first_step = 1
         """The number of this meter's first step as the run counts them (a resumed run's: its start + 1)."""
@@ -267,6 +272,8 @@ class StepMeter:
         on_gpu = devicetime.is_async(device)
         begin = devicetime.timed_event(device) if on_gpu else None
         start, cpu_start = time.perf_counter(), time.process_time()
+        if self._first_start is None:
+            self._first_start = time.time()
         yield count
         cpu_s, wall = time.process_time() - cpu_start, time.perf_counter() - start
         traffic = _delta(traffic_before, collectives.traffic())
@@ -297,6 +304,8 @@ class StepMeter:
 
     def _record(self, wall: float, cpu_s: float, comm: float | None, items: int,
                 traffic: dict[str, tuple[int, int]]) -> None:
+        if self.steps == 0 and self._first_start is not None:  # where start-up ends (on CUDA: its time on the GPU)
+            self._first_step = (self._first_start, self._first_start + wall)
         self.steps += 1
         self.step_times.append(wall)
         self.cpu_times.append(cpu_s)
@@ -389,6 +398,7 @@ class StepMeter:
             "step_busy": None if any(c is None for c in self.comm_times[m]) else
             [w - c for w, c in zip(self.step_times[m], self.comm_times[m], strict=True)],
             "place": _place(),
+            "startup": startup.rank_marks(self._first_step),
         }
         mine["busy_s"] = None if mine["comm_s"] is None else mine["wall_s"] - mine["comm_s"]
         ranks = collectives.all_gather(mine) if group.is_initialized() else [mine]
@@ -420,6 +430,7 @@ class StepMeter:
             "stragglers": stragglers.find([r["step_busy"] for r in ranks], first_step=self.first_step + m.start,
                                           nodes=[r["place"][0] for r in ranks], hosts=[r["place"][1] for r in ranks])
             if len(ranks) > 1 else [],
+            "startup": startup.job_startup([r["startup"] for r in ranks]),
         }
 
     def close(self, extra: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:

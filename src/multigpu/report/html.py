@@ -154,6 +154,28 @@ def _scaling_section(bench: dict[str, Any]) -> str:
         + _img(bench_figure(bench), "speedup vs ideal, and compute/communication split"
                + (", measured and predicted" if bench.get("prediction") else ""))
         + (_prediction_section(bench["prediction"]) if bench.get("prediction") else "")
+        + _startup_section(bench.get("startup") or [])
+    )
+
+
+def _startup_section(rows: list[dict[str, Any]]) -> str:
+    """Where start-up went (``bench.json``'s ``startup`` rows, or one run's), as a table and a bar per world size."""
+    from multigpu.monitor.startup import PARTS, TORCH_IMPORT
+    from multigpu.report.plots import startup_figure
+
+    if not rows:
+        return ""
+    names = [name for name, _, _ in PARTS if any(name in r["parts_s"] for r in rows)]
+    body = [[str(r["world_size"]), *(shown(r["parts_s"].get(n), ".2f") for n in names),
+             shown(r.get("to_first_step_s"), ".2f"), shown(r.get("first_step_s"), ".2f"),
+             shown(r.get("torch_import_s"), ".2f")] for r in rows]
+    words = "".join(f"<li><b>{html.escape(name)}</b>: {html.escape(what)}</li>" for name, _, what in PARTS
+                    if name in names)
+    return (
+        "<h3>Start-up: from the command to the first step</h3>"
+        + _table(["ranks", *(f"{n} s" for n in names), "to first step s", "first step s", "torch import s"], body)
+        + f"<ul>{words}<li><b>torch import</b>: {html.escape(TORCH_IMPORT)}</li></ul>"
+        + _img(startup_figure(rows), "start-up parts per world size")
     )
 
 
@@ -211,7 +233,8 @@ def _stragglers(summary: dict[str, Any]) -> str:
     return "".join(f"<p><b>straggler:</b> {html.escape(describe(s))}</p>" for s in found)
 
 
-def _run_section(run: dict[str, Any]) -> str:
+def _run_section(run: dict[str, Any], with_startup: bool = True) -> str:
+    """One run's figures; ``with_startup``: its start-up too (a bench folder shows them together instead)."""
     from multigpu.report.plots import utilization_figure
 
     parts = [f"<h3>{html.escape(run['name'])}</h3>"]
@@ -227,6 +250,9 @@ def _run_section(run: dict[str, Any]) -> str:
                                   shown(r.get("busy_s"), ".3f"), f"{r['items']:g}"]
                                  for i, r in enumerate(s.get("per_rank", []))]))
             parts.append(_stragglers(s))
+        if with_startup and isinstance(s.get("startup"), dict) and isinstance(s["startup"].get("parts_s"), dict):
+            with _reading(run["path"] / "summary.json"):
+                parts.append(_startup_section([{"world_size": s["world_size"], **s["startup"]}]))
     if run["samples"]:
         with _reading(run["path"] / "samples_node*.jsonl"):
             parts.append(_img(utilization_figure(run["samples"], f"({run['name']})"),
@@ -278,7 +304,7 @@ def build_report(run_dir: str | Path) -> str:
     else:
         parts.append('<p class="meta">no metrics.jsonl (the workload\'s StepMeter had log_every=0)</p>')
     parts.append("<h2>Runs: communication, imbalance, utilization</h2>")
-    parts += [_run_section(r) for r in runs]
+    parts += [_run_section(r, with_startup=bench is None) for r in runs]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
             + "\n".join(parts) + f"<script>{_SCRIPT}</script></body></html>")

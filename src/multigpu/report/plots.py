@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from multigpu.bench.table import shown
 
-__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "throughput_figure",
+__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "startup_figure", "throughput_figure",
            "utilization_figure"]
 
 _IDEAL = "#888888"
@@ -195,6 +195,35 @@ def _split_panel(ax, rows: list[dict[str, Any]], prows: list[dict[str, Any]]) ->
     if shares:
         ax.set_yticks(range(0, 101, 20))
     ax.legend(fontsize=7 if prows else None, ncols=2 if len(series) > 3 else 1)
+
+
+def startup_figure(rows: list[dict[str, Any]]):
+    """Where start-up went: one horizontal bar per world size from the command (0 s) to the first step, cut into
+    its parts (``bench.json``'s ``startup`` rows, or one run's as a one-row list), the first step drawn after it."""
+    from multigpu.monitor.startup import PARTS
+
+    names = [name for name, _, _ in PARTS if any(name in r["parts_s"] for r in rows)]
+    colors = [_COMPUTE, _IDEAL, _COMM, "#B279A2", _PRED, *_EXTRA_COLORS]
+    fig, (ax,) = _figure(10, 1.5 + 0.55 * len(rows))
+    labels = [f"{r['world_size']} rank{'s' if r['world_size'] != 1 else ''}" for r in rows]
+    left = [0.0] * len(rows)
+    for k, name in enumerate([*names, "first step"]):
+        widths = [_nan(r["parts_s"].get(name) if name != "first step" else r.get("first_step_s")) for r in rows]
+        widths = [0.0 if w != w else w for w in widths]  # a part not measured takes no room
+        ax.barh(range(len(rows)), widths, left=left, label=name,
+                color=colors[k % len(colors)] if name != "first step" else "none",
+                edgecolor="black" if name == "first step" else None, hatch="//" if name == "first step" else None)
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    for i, r in enumerate(rows):
+        if r.get("to_first_step_s") is not None:
+            ax.annotate(f"first step at {r['to_first_step_s']:.2f} s", (left[i], i), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds from the command", title="start-up: from the command to the first step",
+           xlim=(0, max(left, default=1.0) * 1.3 or 1.0))
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncols=min(len(names) + 1, 6), loc="outside lower center")
+    return fig
 
 
 def pred_parts(rows: list[dict[str, Any]]) -> list[str]:

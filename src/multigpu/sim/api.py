@@ -420,16 +420,11 @@ def register_model(model: Model | Callable[[], Model]) -> Model:
     return model
 
 
-def _builtins() -> None:
-    import multigpu.sim.models  # noqa: F401 - registers the built-in models and substeps
-
-
 def get_model(spec: str) -> Model:
     """A model by name (built-in or registered) or ``pkg.module:NAME`` (a Model, or a function returning one).
 
     Importing the module runs its code, as ``python -m`` would: name only modules you trust.
     """
-    _builtins()
     if spec in MODELS:
         return MODELS[spec]
     if spec in _IMPORTED:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from multigpu.errors import ConfigError
-from multigpu.sim.calibration import CalibrateConfig
+from multigpu.sim.calibration_config import CalibrateConfig, check_learning
 from multigpu.sim.design import EnsembleConfig
 from multigpu.sim.network import NetworkConfig
 
@@ -90,7 +90,8 @@ class SimConfig:
     143); ``--resume auto`` continues from it."""
 
     chunk_size: int = 1 << 18
-    """Agents processed per vectorized chunk: bounds the step temporaries."""
+    """Agents processed per vectorized chunk: bounds the step temporaries (the built-in movement and SIR on the C
+    kernels, which keep none per agent, take all of a rank's agents in one call)."""
 
     sort_every: int = 20
     """Reorder this rank's agents by grid row every K steps (0: never). Only memory locality
@@ -207,8 +208,6 @@ class SimConfig:
                                   "network field, sir without seir; got "
                                   f"model {self.model!r}, strategy {strategy!r}" + (f", substep {nets[0]!r}" if nets else ""))
             if self.calibrate.target:
-                from multigpu.sim.calibration import check_learning
-
                 check_learning(self, model)
         if strategy != "data" and not model.spatial:
             raise ConfigError(f"sim.strategy {strategy!r} splits the grid, but model {self.model!r} has no "

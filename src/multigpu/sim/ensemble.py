@@ -23,6 +23,14 @@ variance of its point, so memory holds one wave, never the ensemble.
 With ``until_ci`` the ensemble runs in *rounds* (:func:`multigpu.sim.design.next_counts`):
 after each, rank 0 measures every point's widest band and the next round adds
 replicates only to the points whose bands are still too wide.
+
+A continued ensemble (the run's ``resume_from`` is its folder: ``--resume``, or a
+worker group restarted by the launcher) keeps every replicate on disk and runs
+the others. Each round is decided from the replicates before it alone, folded in
+replicate order, which is the order an uninterrupted run folds them in; so the
+rounds a killed run had finished, or begun, are decided again from the files as
+that run decided them, and the continued ensemble adds exactly the replicates
+the uninterrupted one would have, with the same figures.
 """
 
 from __future__ import annotations
@@ -203,20 +211,24 @@ class EnsembleResult:
 
 
 class _Rank0:
-    """Rank 0's book-keeping: the store, each point's running figures, the rounds."""
+    """Rank 0's book-keeping: the store, each point's running figures, the rounds.
 
-    def __init__(self, cfg, points, configs, names, root: Path | None, resume: bool, log):
+    ``counts[p]``: the replicates of point p the rounds so far asked for (0 .. counts[p]-1), all folded into
+    ``running[p]`` in replicate order; a round asks for more (``targets``), folds those already on disk (a
+    continued ensemble), runs the rest and folds them as they come, in replicate order too."""
+
+    def __init__(self, cfg, points, configs, names, root: Path | None, source: Path | None, log):
         from multigpu.sim.ensemble_store import ReplicateStore
 
         self.cfg, self.points, self.configs, self.names, self.log = cfg, points, configs, names, log
         self.store = ReplicateStore(root, manifest_of(cfg, points, configs))
-        there = self.store.open(resume)
+        shapes = [(n, c.steps) for n, c in zip(names, configs, strict=True)]
+        there = self.store.open(source, shapes, cfg.ensemble.replicates)
         self.done = {p.index: set(there.get(p.index, [])) for p in points}
         self.running = [Running() for _ in points]
+        self.counts = [0] * len(points)
+        self.targets: list[int] | None = None
         resumed = sum(len(v) for v in self.done.values())
-        for p in points:  # what a killed run left: folded in replicate order
-            for _, values in self.store.iter_point(p.index):
-                self.running[p.index].add(values)
         if resumed:
             log(f"ensemble: continuing with the {resumed:,} replicates already in {root}")
         self.ci = cfg.ensemble.ci
@@ -232,13 +244,39 @@ class _Rank0:
                 for p in self.points]
 
     def next_items(self) -> list[tuple[int, int]]:
-        """The replicates of the next round, replicate-major (every point gets its first ones first)."""
+        """The replicates the next round runs, replicate-major (every point gets its first ones first); empty:
+        the ensemble is done. A round whose replicates are all on disk already (a continued ensemble) is folded
+        and logged, and the one after it decided, without running anything."""
         ecfg = self.cfg.ensemble
-        counts = [len(self.done[p.index]) for p in self.points]
-        targets = next_counts(counts, self.widest(), self.ci, ecfg.replicates, ecfg.min_replicates)
-        top = max(targets, default=0)
-        return [(p.index, r) for r in range(top) for p in self.points
-                if r < targets[p.index] and r not in self.done[p.index]]
+        while True:
+            targets = next_counts(self.counts, self.widest(), self.ci, ecfg.replicates, ecfg.min_replicates)
+            if targets == self.counts:
+                self._fold_the_rest()
+                return []
+            wanted = [(p.index, r) for r in range(max(targets)) for p in self.points
+                      if self.counts[p.index] <= r < targets[p.index]]
+            kept = sorted(item for item in wanted if item[1] in self.done[item[0]])
+            for p, r in kept:  # before any new one: an uninterrupted run folded these first too
+                self.running[p].add(self.store.read(p, r))
+            self.targets = targets
+            self.rounds.append({"round": len(self.rounds) + 1, "replicates": len(wanted), "kept": len(kept)})
+            missing = [item for item in wanted if item[1] not in self.done[item[0]]]
+            if missing:
+                return missing
+            self.end_round(0.0)
+
+    def end_round(self, seconds: float) -> None:
+        self.counts = self.targets
+        self.rounds[-1]["seconds"] = round(seconds, 3)
+        _log_round(self)
+
+    def _fold_the_rest(self) -> None:
+        """Replicates on disk beyond what the rounds asked for (a continued ensemble asked for fewer): they are
+        in the tables, so in the figures too."""
+        for p in self.points:
+            for r in sorted(self.done[p.index]):
+                if r >= self.counts[p.index]:
+                    self.running[p.index].add(self.store.read(p.index, r))
 
     def take(self, results) -> None:
         for p, r, series in sorted(results, key=lambda x: (x[0], x[1])):
@@ -270,7 +308,7 @@ def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig]) -> tuple[int, int]:
     return max(1, small, batch), batch
 
 
-def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: bool = False, log=None,
+def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: str | bool | None = None, log=None,
                  run=None, progress: bool = False) -> EnsembleResult | None:
     """Run the ensemble ``cfg.ensemble`` of the simulation ``cfg``. Call on all ranks.
 
@@ -278,7 +316,11 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
         cfg: The simulation; its ``ensemble`` says how many replicates, which sweep, when to stop.
         run_dir: Where rank 0 writes ``ensemble/`` (see :mod:`multigpu.sim.ensemble_store`); None: the
             replicates are kept in memory and nothing is written.
-        resume: Continue the ensemble already in ``run_dir`` (its replicates are kept, the others run).
+        resume: Without ``run`` (a plain script): "auto" (True means the same) continues the ensemble in
+            ``run_dir`` (its replicates are kept, the others run; none there yet: a new one), a path continues
+            another run's ensemble folder in ``run_dir``, and a worker group restarted by the launcher continues
+            whatever this says; the rule every workload resumes by
+            (:func:`multigpu.checkpoint.resume.decide`). With ``run``, its decision (``resume_from``) is used.
         log: Rank 0's printer (default: print).
         run: The run context (the job's ``ctx``): with it, a StepMeter times every wave (agent-steps) and
             writes ``<run_dir>/summary.json``, the figures ``multigpu bench`` reads; None: no meter.
@@ -287,6 +329,9 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     Returns:
         On rank 0 an :class:`EnsembleResult`; None on the other ranks.
     """
+    from multigpu.run import Run, script_context
+    from multigpu.sim.ensemble_store import FOLDER
+
     t0 = time.perf_counter()
     rank, world = group.rank(), group.world_size()
     log = log or (lambda line: print(line, flush=True))
@@ -294,19 +339,19 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     configs = point_configs(cfg, points)
     names = [series_names(c) for c in configs]
     seeds = _seed_of(cfg)
-    root = Path(run_dir) / "ensemble" if run_dir is not None else None
-    book = _Rank0(cfg, points, configs, names, root, resume, log) if rank == 0 else None
+    root = Path(run_dir) / FOLDER if run_dir is not None else None
+    # the run harness decides what this run continues (its ensemble folder, or none), times every wave and calls
+    # the callbacks after it; an ensemble writes no checkpoints (its replicates are its progress, read from its
+    # folder) and finds its length as it goes, so it ends each step itself (end_step)
+    progress_now = Wave(step=0, replicates=0)
+    ctx = (dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None) if run is not None else
+           script_context(run_dir, "auto" if resume is True else resume or None))
+    harness = Run(ctx, {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks, progress=progress,
+                  unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress_folder=FOLDER)
+    meter = harness.meter if run is not None else None
+    book = _open(cfg, points, configs, names, root, harness.resume_from if root is not None else None, log)
     split = cfg.ensemble.split
     per_rank, batch = _wave_size(cfg, configs)
-    # the run harness times every wave and calls the callbacks after it; an ensemble writes no checkpoints (its
-    # replicates are its progress) and finds its length as it goes, so it ends each step itself (end_step)
-    from multigpu.run import Run, script_context
-
-    progress_now = Wave(step=0, replicates=0)
-    harness = Run(dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None) if run is not None
-                  else script_context(), {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks,
-                  unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress=progress)
-    meter = harness.meter if run is not None else None
     ran = waves = 0
     agent_steps = 0
     shown = time.perf_counter()
@@ -338,11 +383,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
                 log(f"ensemble: {start + len(chunk):,} of this round's {len(items):,} replicates done "
                     f"({ran / (shown - t0):,.1f} replicates/s)")
         if book is not None:
-            book.rounds.append({"round": len(book.rounds) + 1, "replicates": len(items),
-                                "seconds": round(time.perf_counter() - t_round, 3)})
-            _log_round(book, len(items))
-        if cfg.ensemble.ci is None:
-            break
+            book.end_round(time.perf_counter() - t_round)
     seconds = time.perf_counter() - t0
     if meter is not None:  # a collective: every rank
         harness.close({"model": cfg.model, "ensemble": True, "replicates_run": ran} if book is not None else None)
@@ -351,9 +392,28 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: b
     return _finish(cfg, book, root, ran, agent_steps, seconds, split, batch, world, seeds)
 
 
-def _log_round(book: _Rank0, count: int) -> None:
-    total = sum(len(v) for v in book.done.values())
-    line = f"ensemble round {len(book.rounds)}: {count:,} replicates ({total:,} in all)"
+def _open(cfg, points, configs, names, root, source, log) -> _Rank0 | None:
+    """Rank 0's book, its folder opened (new, or continued from ``source``); a one-line error there (another
+    design, a folder in the way) is raised on every rank, so none waits for rank 0."""
+    book = error = None
+    if group.rank() == 0:
+        try:
+            book = _Rank0(cfg, points, configs, names, root, source, log)
+        except ConfigError as exc:
+            error = str(exc)
+    error = _broadcast(error)
+    if error is not None:
+        raise ConfigError(error)
+    return book
+
+
+def _log_round(book: _Rank0) -> None:
+    done = book.rounds[-1]
+    count, kept = done["replicates"], done["kept"]
+    line = f"ensemble round {done['round']}: {count:,} replicates"
+    if kept:
+        line += f" ({'all' if kept == count else f'{kept:,}'} of them kept from the run being continued)"
+    line += f" ({sum(book.counts):,} in all)"
     if book.ci is not None:
         widest = [w for w in book.widest() if w is not None]
         if widest:

@@ -11,19 +11,23 @@
         summary.json                   replicates per point, whether the bands are as narrow as asked, timings
 
 A replicate's file appears whole or not at all (written beside, then renamed),
-so the replicates an ensemble has are the files present: a killed ensemble
-keeps every replicate it finished, and continuing it (``--resume auto``) runs
-only the others. Nothing holds every series in memory: the running figures
-are one mean and variance per point; the tables are made one point at a time.
+so the replicates an ensemble has are the files present: they are its state.
+A killed ensemble keeps every replicate it finished, and continuing it runs
+only the others: the run harness decides what a run continues
+(:func:`multigpu.checkpoint.resume.decide`: ``--resume auto``, ``--resume PATH``
+or a restarted worker group; this folder is the sim workload's ``progress``
+folder), and :meth:`ReplicateStore.open` reads it. Nothing holds every series
+in memory: the running figures are one mean and variance per point; the
+tables are made one point at a time.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,7 @@ from multigpu.files import atomic_path, write_json_atomic, write_text_atomic
 from multigpu.sim.bands import Bands, point_bands
 from multigpu.sim.design import Point
 
-__all__ = ["FOLDER", "ReplicateStore", "check_resumable", "plot_bands", "read_replicate"]
+__all__ = ["FOLDER", "ReplicateStore", "check_folder", "plot_bands", "read_replicate"]
 
 FOLDER = "ensemble"
 FORMAT = 1
@@ -56,38 +60,81 @@ def read_replicate(path: str | Path) -> tuple[list[str], np.ndarray]:
     return names, values
 
 
+def _whole(path: Path, names: Sequence[str], rows: int) -> str | None:
+    """Why ``path`` is not a whole replicate with the series ``names`` and ``rows`` steps (None: it is)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        return f"it cannot be read: {exc.__class__.__name__}"
+    if not text.endswith("\n"):
+        return "it is cut short: its last line has no end" if text else "it is empty"
+    lines = text[:-1].split("\n")
+    header = ",".join(["step", *names])
+    if lines[0] != header:
+        return f"its columns are {lines[0][:60]!r}, this ensemble's are {header[:60]!r}"
+    if len(lines) - 1 != rows:
+        return f"it has {len(lines) - 1} steps, this ensemble's replicates have {rows}"
+    if text.count(",") != len(lines) * len(names):  # counted, not parsed: an ensemble may hold many files
+        return "a row has more or fewer values than its columns"
+    return None
+
+
+def check_folder(folder: str | Path, shapes: Sequence[tuple[Sequence[str], int]], most: int | None = None
+                 ) -> dict[int, list[int]]:
+    """The replicates of the ensemble folder ``folder`` that a run continues, per point, once every one of them is
+    checked: each file whole (its last line ended; the columns of ``shapes[p]``, the point's series names; as
+    many rows as its steps; as many values as columns), no point the design does not have, and (``most``: the
+    replicates asked per point) none beyond what this run asks for, whose results would be mixed into the
+    bands. A half-written file a kill left is not a replicate (:meth:`ReplicateStore.open` removes it).
+
+    Raises:
+        ConfigError: one line naming the first file (or point) that cannot be continued, and what to do.
+    """
+    folder = Path(folder)
+    found: dict[int, list[int]] = {}
+    points = folder / "replicates"
+    entries = sorted(points.iterdir()) if points.is_dir() else []
+    for entry in entries:
+        m = re.fullmatch(r"p(\d{6,})", entry.name)
+        if not entry.is_dir() or m is None or int(m.group(1)) >= len(shapes):
+            raise ConfigError(f"--resume: {entry} is not a point of this ensemble (it has {len(shapes)}, "
+                              f"p000000..p{len(shapes) - 1:06d}); valid: the settings that made {folder}, or a "
+                              "new --run-dir")
+        p = int(m.group(1))
+        names, rows = shapes[p]
+        done = []
+        for file in sorted(entry.iterdir()):
+            if (f := _FILE.match(file.name)) is None:
+                continue
+            why = _whole(file, names, rows)
+            if why is not None:
+                raise ConfigError(f"--resume: {file} is not a whole replicate of this ensemble ({why}); valid: "
+                                  "delete that file (its replicate runs again, with the same seed) and resume "
+                                  "again, or a new --run-dir")
+            done.append(int(f.group(1)))
+        if most is not None and done and done[-1] >= most:
+            raise ConfigError(f"--resume: the ensemble in {folder} holds {done[-1] + 1} replicates of point {p} "
+                              f"and sim.ensemble.replicates is {most} here: the bands would mix in replicates "
+                              f"this run does not ask for; valid: --replicates {done[-1] + 1} or more (leave it "
+                              "out: the run's own count), or a new --run-dir")
+        found[p] = done
+    return found
+
+
+def check_no_orphans(folder: str | Path) -> None:
+    """A folder that holds replicate files but no manifest (lost, or never an ensemble's) is not started over:
+    one-line ConfigError."""
+    folder = Path(folder)
+    if any(_FILE.match(f.name) for f in folder.glob("replicates/p*/*")):
+        raise ConfigError(f"{folder} holds replicate files but no readable manifest.json (what ensemble they are "
+                          "of is not known, so they are neither continued nor overwritten); valid: a new "
+                          "--run-dir, or move that folder away")
+
+
 def _format(v: Any) -> str:
     if v is None:
         return ""
     return repr(v) if isinstance(v, float) else str(v)
-
-
-def _design(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What a continued ensemble must keep: everything in the manifest but the run's own counts."""
-    return {k: v for k, v in manifest.items() if k not in ("format", "created")}
-
-
-def check_resumable(run_dir: str | Path, manifest: dict[str, Any]) -> None:
-    """ConfigError when ``run_dir`` holds an ensemble of another design than ``manifest`` (no folder: fine)."""
-    path = Path(run_dir) / FOLDER / "manifest.json"
-    try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume: {path} cannot be read ({exc}); valid: a new --run-dir") from None
-    old, new = _design(before), _design(json.loads(json.dumps(manifest)))
-    for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            raise ConfigError(f"--resume: the ensemble in {path.parent} has another {key} ({_short(old.get(key))}, "
-                              f"now {_short(new.get(key))}); its replicates would not be of this design; valid: the "
-                              "same sweep, seed and model settings (more --replicates or another --until-ci are "
-                              "fine), or a new --run-dir")
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class ReplicateStore:
@@ -98,19 +145,59 @@ class ReplicateStore:
         self.manifest = manifest
         self._memory: dict[tuple[int, int], dict[str, list]] = {}
 
-    def open(self, resume: bool) -> dict[int, list[int]]:
-        """Write the manifest (or, continuing, check it); return the replicates already there per point."""
+    def open(self, source: Path | None = None, shapes: Sequence[tuple[Sequence[str], int]] | None = None,
+             most: int | None = None) -> dict[int, list[int]]:
+        """Start the folder, or continue an ensemble: ``source`` (the run's ``resume_from``) None: a new one,
+        its manifest written first (a folder that holds an ensemble already is refused: continue it, or use
+        another); this folder: continue it; another run's ensemble folder: its replicates are brought here
+        first (hard links where the file system allows, else copies; the manifest last, so that a kill
+        meanwhile leaves a folder that is not continued yet) and that folder is left as it is. A continued
+        ensemble must be of the same design (:func:`multigpu.checkpoint.resume.check_design`) and its files
+        whole (:func:`check_folder`, with ``shapes`` and ``most``; a one-line ConfigError, never a start from
+        zero over them). Returns the replicates there per point; a file a kill left half-written is removed."""
+        from multigpu.checkpoint.resume import check_design, is_progress
+
         if self.root is None:
             return {}
-        if resume:
-            check_resumable(self.root.parent, self.manifest)
-        if not (self.root / "manifest.json").exists():
+        if source is None:
+            if (self.root / "manifest.json").exists():
+                raise ConfigError(f"{self.root} holds an ensemble already; valid: continue it (--resume auto, or "
+                                  "resume='auto' from Python), or another run directory")
+            check_no_orphans(self.root)
             write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
             return {}
+        if not is_progress(source, FOLDER):
+            raise ConfigError(f"--resume: {source} is not an ensemble folder (an {FOLDER}/ folder with a manifest.json: "
+                              "a checkpoint is not continued by an ensemble); valid: an ensemble folder, or a new run "
+                              "directory")
+        check_design(source, self.manifest)
+        if shapes is not None:
+            check_folder(source, shapes, most)
+        if Path(source).resolve() != self.root.resolve():
+            self._bring(Path(source))
         for left in (self.root / "replicates").glob("p*/.r*"):
             if _LEFT.match(left.name):
                 left.unlink(missing_ok=True)
         return {p["index"]: self.replicates(p["index"]) for p in self.manifest["points"]}
+
+    def _bring(self, source: Path) -> None:
+        """Another run's replicates into this folder (each file whole or not at all), then the manifest."""
+        for p in self.manifest["points"]:
+            there, here = _point_dir(source, p["index"]), _point_dir(self.root, p["index"])
+            names = sorted(e.name for e in there.iterdir() if _FILE.match(e.name)) if there.is_dir() else []
+            if names:
+                here.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                if (here / name).exists():
+                    continue
+                tmp = here / f".{name}.tmp{os.getpid()}"
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(there / name, tmp)
+                except OSError:  # another file system, or none that links
+                    shutil.copyfile(there / name, tmp)
+                os.replace(tmp, here / name)
+        write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
 
     def replicates(self, p: int) -> list[int]:
         """The finished replicates of point ``p``, in order."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 from multigpu.argtypes import non_negative_int, positive_int
 from multigpu.errors import ConfigError
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
 from multigpu.sim.config import SimConfig
+from multigpu.sim.ensemble_store import FOLDER
 
 __all__ = ["WORKLOAD", "check", "main"]
 
@@ -32,10 +34,10 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
         from multigpu.checkpoint import CorruptCheckpointError, check_resume_path
 
         try:  # sizes and SHA-256 only: the launcher unpickles nothing
-            check_resume_path(resume)
+            check_resume_path(resume, progress=FOLDER)
         except CorruptCheckpointError as exc:
-            raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, or a checkpoints/step_* "
-                              "folder written by multigpu sim") from None
+            raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, a checkpoints/step_* folder written "
+                              "by multigpu sim, or an ensemble folder") from None
     cfg.check_world(plan.world_size)
     cfg = _check_files(cfg, plan)
     if cfg.ensemble.active:
@@ -46,10 +48,8 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
 
 def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     """Every sweep point is a valid simulation that fits (a whole replicate on one rank, unless the agents are
-    split); a continued ensemble keeps its design."""
-    from pathlib import Path
-
-    from multigpu.sim.ensemble import ensemble_points, manifest_of, point_configs
+    split); a continued one keeps its design and has whole files (:func:`_check_continued`)."""
+    from multigpu.sim.ensemble import ensemble_points, point_configs
 
     ecfg = cfg.ensemble
     if ecfg.sweep_file:
@@ -67,11 +67,38 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             more = ("; or ensemble.split=agents (each replicate split over every rank)"
                     if whole and "does not fit" in str(exc) else "")
             raise ConfigError(f"{point.where}{exc}{more}") from None
-    if plan.run.resume and plan.run.run_dir:
-        from multigpu.sim.ensemble_store import check_resumable
-
-        check_resumable(plan.run.run_dir, manifest_of(cfg, points, configs))
+    if plan.run.resume:
+        _check_continued(cfg, plan, points, configs)
     return cfg
+
+
+def _check_continued(cfg: SimConfig, plan: JobPlan, points, configs) -> None:
+    """A resumed ensemble, before anything starts: the folder it continues (``--resume PATH``, or the run's own)
+    is of this design and every replicate file in it whole, and none is beyond the replicates asked; a run
+    folder whose ensemble/ folder lost its manifest is not started over. One line each (the ranks check the
+    same where they open the folder: a restarted worker group, a plain script)."""
+    from multigpu.checkpoint.resume import check_design, is_progress, planned
+    from multigpu.sim.ensemble import manifest_of, series_names
+    from multigpu.sim.ensemble_store import check_folder, check_no_orphans
+
+    target = planned(plan.run.resume, plan.run.run_dir, progress=FOLDER)
+    if target is None or not is_progress(target, FOLDER):
+        if plan.run.resume == "auto" and plan.run.run_dir:
+            check_no_orphans(Path(plan.run.run_dir) / FOLDER)
+        return
+    check_design(target, manifest_of(cfg, points, configs))
+    check_folder(target, [(series_names(c), c.steps) for c in configs], cfg.ensemble.replicates)
+
+
+def _design(cfg: SimConfig) -> dict | None:
+    """An ensemble's design (its folder's manifest: points, seeds, series, the model's settings), what a
+    continued ensemble must keep; None for a plain simulation (it continues checkpoints, not a folder)."""
+    if not cfg.ensemble.active:
+        return None
+    from multigpu.sim.ensemble import ensemble_points, manifest_of, point_configs
+
+    points = ensemble_points(cfg)
+    return manifest_of(cfg, points, point_configs(cfg, points))
 
 
 def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
@@ -176,17 +203,17 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 
 
 def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
-    """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are."""
+    """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are.
+    ``ctx.resume_from`` (decided by the rank entry point: ``--resume``, or a restarted worker group) is the
+    ensemble folder to continue: its replicates are kept, the others run."""
     import multigpu as mg
-    from multigpu.checkpoint.resume import continues
     from multigpu.sim.ensemble import report, run_ensemble
 
     scale = ctx.problem_scale(mg.world_size())  # weak scaling: more replicates, each as large as before
     if scale > 1:
         cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble,
                                                                     replicates=cfg.ensemble.replicates * scale))
-    # continued (--resume, or a worker group restarted by the launcher): the replicates already written are kept
-    result = run_ensemble(cfg, run_dir=ctx.run_dir, resume=continues(ctx), run=ctx, progress=True)
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, run=ctx, progress=True)
     if result is not None:
         print("\n".join(report(result)), flush=True)
     return 0
@@ -255,7 +282,11 @@ WORKLOAD = Workload(
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
     resumable=True,
-    resume_keeps=("model", "seed", "grid", "agents", "params"),
+    # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another
+    resume_keeps=("model", "seed", "grid", "agents", "params", "ensemble.sweep", "ensemble.sweep_file",
+                  "ensemble.same_seeds", "ensemble.until_ci", "ensemble.ci_series", "ensemble.min_replicates"),
+    progress_folder=FOLDER,  # an ensemble's progress: one file per finished replicate (sim.ensemble_store)
+    resume_design=_design,
     help="run an agent-based simulation (movement, sir, network_sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(

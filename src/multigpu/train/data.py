@@ -33,10 +33,28 @@ import torch
 from torch.utils.data import Dataset
 
 from multigpu.errors import ConfigError
-from multigpu.train.nano import DataConfig
+from multigpu.train.config import _require
 
-__all__ = ["CharDataset", "TextData", "TokenWindows", "VOCAB", "bytes_file", "decode", "encode", "find_files",
+__all__ = ["VOCAB", "CharDataset", "DataConfig", "TextData", "TokenWindows", "bytes_file", "decode", "encode", "find_files",
            "load_text", "stdlib_text", "token_files"]
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    """Character-level text: by default the Python standard library's own source files."""
+
+    path: str | None = None
+    """A folder (searched recursively for ``pattern``) or one text file; None = the stdlib's folder."""
+    pattern: str = "*.py"
+    """File name pattern inside a folder."""
+    max_chars: int = 2_000_000
+    """Read files (in sorted order) until this many characters; 0 = no limit."""
+    val_percent: float = 10.0
+    """The last this-many percent of the text is held out for validation."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_chars >= 0, f"data.kwargs.max_chars={self.max_chars} must be >= 0")
+        _require(0.0 < self.val_percent < 100.0, f"data.kwargs.val_percent={self.val_percent} must be in (0, 100)")
+
 
 VOCAB = "\t\n" + "".join(chr(c) for c in range(32, 127)) + "\u2047"
 """The symbols; the last one (⁇) stands for any character outside the others."""

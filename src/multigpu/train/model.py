@@ -10,14 +10,40 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from multigpu.train.nano import ModelConfig
+from multigpu.train.config import _require
 
-__all__ = ["GPT"]
+__all__ = ["GPT", "ModelConfig"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """The character-level GPT of ``multigpu train`` (nanoGPT's shape)."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide ``n_embd``."""
+    n_embd: int = 128
+    """Width of the residual stream."""
+    block_size: int = 128
+    """Context length in characters (one sample is this many characters)."""
+    dropout: float = 0.0
+    """Dropout probability (0 keeps runs independent of the split, bit for bit on resume either way)."""
+    bias: bool = False
+    """Biases in Linear and LayerNorm layers."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_layer", "n_head", "n_embd", "block_size"):
+            _require(getattr(self, key) >= 1, f"model.kwargs.{key}={getattr(self, key)} must be >= 1")
+        _require(self.n_embd % self.n_head == 0,
+                 f"model.kwargs.n_embd={self.n_embd} must be divisible by model.kwargs.n_head={self.n_head}")
+        _require(0.0 <= self.dropout < 1.0, f"model.kwargs.dropout={self.dropout} must be in [0, 1)")
 
 
 class _Attention(nn.Module):
