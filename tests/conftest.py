@@ -7,6 +7,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -375,3 +376,30 @@ def _suite_counts(terminalreporter) -> None:
     kinds, _ = _counted(terminalreporter, "tests.fuzz.test_bad_input_suite.KINDS")
     if kinds:
         terminalreporter.write_line(f"  by kind: {_per(kinds)}")
+
+
+def stopped_by_signal(folder: Path, argv: list[str], *, step: int, sig: int = signal.SIGTERM,
+                      timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """``python -m multigpu ARGV callbacks=[...]`` whose rank 0 waits after ``step`` until ``sig``, sent to the
+    launcher once it waits there (a pre-emption that lands at that step); the finished process, and the
+    environment that lets the ranks import the callback (for a resumed run's ``callbacks``)."""
+    (folder / "preempt_here.py").write_text(
+        "from multigpu.testing.faults import WaitForSignal\n\n\n"
+        f"def hook():\n    return WaitForSignal(rank=0, step={step}, ready={str(folder / 'ready')!r})\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    args = [sys.executable, "-m", "multigpu", *argv, "callbacks=[preempt_here:hook]"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not (folder / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), env

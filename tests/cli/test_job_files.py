@@ -43,8 +43,8 @@ def _container(job: dict, role: str = "Master") -> dict:
 def test_everything_after_the_script_is_the_scripts_in_both_files_and_in_the_launch(capsys, fake_gpus, monkeypatch):
     theirs = ["--nnodes", "7", "--rdzv-endpoint", "foo", "x", "--debug", "--print-k8s", "--n", "5"]
     script = _print(capsys, "launch", "--nnodes", "2", "--nproc-per-node", "4", "--print-sbatch", HELLO, *theirs)
-    srun = script.strip().splitlines()[-1]
-    assert srun.endswith(f"multigpu launch --nproc-per-node 4 {HELLO} " + " ".join(theirs)), srun
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))  # in the background: see the trap
+    assert srun.endswith(f"multigpu launch --nproc-per-node 4 {HELLO} " + " ".join(theirs) + " &"), srun
     job = _docs(_print(capsys, "launch", "--nnodes=2", "--gpus", "0,1", "--print-k8s", HELLO, *theirs))["PyTorchJob"]
     assert _container(job)["command"] == ["multigpu", "launch", "--gpus", "0,1", HELLO, *theirs]
     # and launched: the script gets them all, and a --debug of the script's is not the launcher's
@@ -95,7 +95,8 @@ def test_the_batch_script_makes_the_secret_once_before_srun_and_holds_none(capsy
     lines = script.splitlines()
     secret = next(i for i, line in enumerate(lines) if line.startswith("export MULTIGPU_RDZV_SECRET="))
     srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-    assert secret < srun and srun == len(lines) - 1 and "--kill-on-bad-exit=1" in lines[srun]
+    assert secret < srun and "--kill-on-bad-exit=1" in lines[srun]
+    assert [line for line in lines[srun + 1:] if line.startswith("srun ")] == [] and lines[-1] == 'exit "$code"'
     assert not re.search(r"[0-9a-f]{32}", script)  # made when the job runs, not written here
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
@@ -185,3 +186,31 @@ def test_a_manifest_written_to_a_file_is_this_users_only(tmp_path, monkeypatch):
         monkeypatch.setattr("sys.stdout", fh)
         assert main(["launch", "--nproc-per-node", "1", "--print-k8s", HELLO]) == 0
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and "MULTIGPU_RDZV_SECRET" in path.read_text()
+
+
+def test_a_preempted_pod_or_batch_job_checkpoints_its_step_and_continues_its_run(capsys):
+    """Kubernetes' SIGTERM reaches the launcher (the container's first process), and train then writes the step's
+    checkpoint only with --checkpoint-on-interrupt: before, the PyTorchJob left it out (the pod was killed where it
+    stood, and restarted from the last cadence checkpoint) and gave the pod Kubernetes' default 30 s between
+    SIGTERM and SIGKILL, all of which the launcher's own wait for the ranks takes."""
+    job = _docs(_print(capsys, "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--cpu",
+                       "--print-k8s"))["PyTorchJob"]
+    for role in ("Master", "Worker"):
+        spec = job["spec"]["pytorchReplicaSpecs"][role]
+        assert spec["restartPolicy"] == "ExitCode" and spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 60
+        command = spec["template"]["spec"]["containers"][0]["command"]
+        assert "--checkpoint-on-interrupt" in command and command[-2:] == ["--resume", "auto"]
+    lines = _print(capsys, "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--cpu", "--run-dir",
+                   "mine", "--checkpoint-on-interrupt", "--print-sbatch").splitlines()
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert srun.count("--checkpoint-on-interrupt") == 1 and srun.count("--run-dir") == 1  # the user's own, kept
+    assert "#SBATCH --requeue" in "\n".join(lines) and "--resume" not in srun
+    # a workload that cannot resume starts a new run folder of its own at each start (the next would be refused)
+    srun = next(line for line in _print(capsys, "infer", "--nnodes", "2", "--nproc-per-node", "1", "--cpu",
+                                        "--print-sbatch").splitlines() if line.startswith("srun "))
+    assert "--run-dir" not in srun and "--resume" not in srun
+    # a user script under `launch`: its resume is its own, the job still asks for the warning and the requeue
+    lines = _print(capsys, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--cpu", "--print-sbatch",
+                   HELLO).splitlines()
+    assert any(line.startswith("#SBATCH --signal=B:USR1@") for line in lines)
+    assert not any(flag in line for line in lines for flag in ("--run-dir", "--resume", "--checkpoint-on-interrupt"))

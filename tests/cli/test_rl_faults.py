@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import fault_callback, run_cli
+from tests.conftest import fault_callback, run_cli, stopped_by_signal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
@@ -94,3 +94,22 @@ def test_infer_refuses_resume_in_one_line_before_anything_starts(tmp_path):
     assert proc.stderr.strip() == ("error: --resume auto: the infer workload cannot resume (it writes no "
                                    "checkpoints); valid: run it again without --resume")
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_identical(tmp_path):
+    """A pre-emption's SIGTERM while rank 0 is at update 3 (no cadence checkpoint there): before, `multigpu rl`
+    had no --checkpoint-on-interrupt and its ranks died where they stood. Now the update's checkpoint is written,
+    the launcher exits 143, and --resume auto ends where an uninterrupted run does, bit for bit."""
+    run_dir = tmp_path / "stopped"
+    done, env = stopped_by_signal(tmp_path, ["rl", *ARGS, "--run-dir", str(run_dir), "--checkpoint-on-interrupt"],
+                                  step=3)
+    assert done.returncode == 143, done.stderr[-3000:]
+    checkpoint = run_dir / "checkpoints" / "step_00000003"
+    assert f"interrupted after update 3: checkpoint {checkpoint}" in done.stdout, done.stdout[-2000:]
+    resumed, summary = _run(run_dir, "--resume", "auto", env=env)
+    assert f"resuming from {checkpoint}" in resumed.stdout, resumed.stdout[-2000:]
+    _, clean = _run(tmp_path / "clean")
+    a, b = _final(run_dir), _final(tmp_path / "clean")
+    assert all(torch.equal(a["policy"][k], b["policy"][k]) for k in b["policy"])
+    for key in ("mean_return", "episodes", "env_steps"):
+        assert summary["rl"][key] == clean["rl"][key], key

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT
 
@@ -70,7 +71,8 @@ def test_print_sbatch_and_k8s_give_a_job_file_for_this_command_without_node_flag
     assert script[0] == "#!/bin/bash" and "#SBATCH --nodes=2" in script and "#SBATCH --job-name=multigpu-hello" in script
     assert "#SBATCH --ntasks-per-node=1" in script[3] and script[4].startswith("#SBATCH --gpus-per-node=4")
     # the node flags: SLURM's; a node that fails ends the step
-    assert script[-1] == "srun --kill-on-bad-exit=1 multigpu launch --nproc-per-node 4 examples/hello.py --x 1"
+    srun = [line for line in script if line.startswith("srun ")]
+    assert srun == ["srun --kill-on-bad-exit=1 multigpu launch --nproc-per-node 4 examples/hello.py --x 1 &"]
     assert main(["train", "-f", "nano", "--nnodes=3", "--gpus", "0,1", "--print_k8s", "steps=10"]) == 0
     job = next(d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "PyTorchJob")
     assert (job["kind"], job["spec"]["nprocPerNode"]) == ("PyTorchJob", "2")
@@ -79,7 +81,7 @@ def test_print_sbatch_and_k8s_give_a_job_file_for_this_command_without_node_flag
     container = specs["Worker"]["template"]["spec"]["containers"][0]
     # the run folder on the job's shared volume; a pod Kubernetes restarts continues it
     assert container["command"] == ["multigpu", "train", "-f", "nano", "--gpus", "0,1", "steps=10",
-                                    "--run-dir", f"/runs/{job['metadata']['name']}", "--resume", "auto"]
+                                    "--checkpoint-on-interrupt", "--run-dir", f"/runs/{job['metadata']['name']}", "--resume", "auto"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert main(["launch", "--print-sbatch", "--print-k8s", "examples/hello.py"]) == 2
 
@@ -93,13 +95,19 @@ _TINY = ["model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd
 _FAKE_SRUN = """#!{python}
 # A stand-in for srun: one task per node of the allocation, each with the variables srun gives a step's task,
 # all on this machine (the nodes of the allocation are loopback). --kill-on-bad-exit ends the others.
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
 argv = sys.argv[1:]
+procs = []
+def forward(signum, frame):  # srun passes the signals it gets on to its tasks
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, forward)
 kill = any(a.startswith("--kill-on-bad-exit") and not a.endswith("=0") for a in argv)
 while argv and argv[0].startswith("-"):
     argv.pop(0)
 nnodes = int(os.environ["SLURM_NNODES"])
-procs = []
 for node in range(nnodes):
     env = {{**os.environ, "SLURM_STEP_ID": "0", "SLURM_NODEID": str(node), "SLURM_PROCID": str(node),
            "SLURM_LOCALID": "0", "SLURM_NTASKS": str(nnodes), "SLURM_NTASKS_PER_NODE": "1",
@@ -136,24 +144,39 @@ def _printed(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
+_FAKE_SCONTROL = """#!/bin/bash
+# A stand-in for scontrol: records its arguments, one call a line.
+echo "$*" >> "{log}"
+"""
+
+
+def _batch_env(tmp_path, port: socket.socket, extra_path: str = "") -> dict[str, str]:
+    """The batch script's environment on a 2-node allocation of loopback nodes: stand-ins for srun and scontrol
+    first on PATH (scontrol records its calls in ``scontrol.log``)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(_FAKE_SRUN.format(python=sys.executable))
+    (bin_dir / "scontrol").write_text(_FAKE_SCONTROL.format(log=tmp_path / "scontrol.log"))
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MULTIGPU_RDZV", "PET_"))}
+    env.update({"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{env.get('PATH', '')}", "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join(p for p in (extra_path, str(ROOT)) if p), "SLURM_JOB_ID": "4242",
+                "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "127.0.0.1",
+                "MASTER_PORT": str(port.getsockname()[1])})
+    return env
+
+
 def _sbatch(tmp_path, capsys, name: str, *argv: str) -> tuple[subprocess.CompletedProcess, str]:
     """Print the batch script of ``multigpu ARGV`` and run it as sbatch would on a 2-node allocation whose
     nodes are loopback: the script's body as written, srun a stand-in on PATH."""
     printed = _printed(capsys, *argv, "--print-sbatch")
     script = tmp_path / f"{name}.sbatch"
     script.write_text(printed)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "srun").write_text(_FAKE_SRUN.format(python=sys.executable))
-    (bin_dir / "srun").chmod(0o755)
     port = _reserved_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MULTIGPU_RDZV", "PET_"))}
-    env.update({"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{env.get('PATH', '')}", "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
-                "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port.getsockname()[1])})
     try:
-        done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=300, start_new_session=True)
+        done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=_batch_env(tmp_path, port),
+                              capture_output=True, text=True, timeout=300, start_new_session=True)
     finally:
         port.close()
     return done, printed
@@ -305,3 +328,113 @@ def _finish(procs, timeout: float) -> list[tuple[str, str]]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_a_preempted_batch_job_checkpoints_its_step_requeues_and_resumes_bit_identical(tmp_path, capsys):
+    """SLURM's warning (USR1 to the batch script, as --signal=B:USR1@120 sends it) while the ranks are at step 3:
+    before, the generated script asked for no warning and no requeue, the ranks were killed where they stood and
+    the job ended. Now every rank finishes step 3 and writes its checkpoint (outside the signal handler), the
+    script calls scontrol requeue with the job's id, and the requeued start continues from step 3 to the same
+    parameters as an uninterrupted run, bit for bit."""
+    (tmp_path / "preempt_here.py").write_text(
+        "from multigpu.testing.faults import WaitForSignal\n\n\n"
+        f"def hook():\n    return WaitForSignal(rank=0, step=3, ready={str(tmp_path / 'ready')!r})\n")
+    job = ["train", "--nnodes", "2", "--cpu", "--nproc-per-node", "1", *_TINY, "steps=6"]
+    printed = _printed(capsys, *job, "callbacks=[preempt_here:hook]", "--print-sbatch")
+    assert "#SBATCH --signal=B:USR1@120" in printed and "#SBATCH --requeue" in printed
+    script = tmp_path / "job.sbatch"
+    script.write_text(printed)
+    clean = subprocess.Popen(  # the uninterrupted run, meanwhile: the same job on one node
+        [sys.executable, "-m", "multigpu", "train", "--cpu", "--nproc-per-node", "2", *_TINY, "steps=6",
+         "--run-dir", str(tmp_path / "clean")], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    port = _reserved_port()
+    env = _batch_env(tmp_path, port, str(tmp_path))
+    try:
+        first = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        outs = _finish_when(first, tmp_path / "ready", signal.SIGUSR1, 240)
+    finally:
+        port.close()
+    assert first.returncode == 143, outs
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    assert "error: stopped by SIGTERM" in outs[1] and "requeueing job 4242" in outs[1]
+    run = tmp_path / "runs" / "train" / "multigpu-train-4242"
+    from multigpu.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(run / "checkpoints", warn=pytest.fail)
+    assert store.latest() == store.path_for(3)  # the step the ranks were at, complete and checksummed
+    assert f"interrupted after step 3: checkpoint {store.path_for(3)}" in outs[0]
+
+    port = _reserved_port()  # the requeued start: the same script, the same job id
+    try:
+        again = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**_batch_env(tmp_path, port, str(tmp_path)),
+                               "SLURM_RESTART_COUNT": "1"}, capture_output=True, text=True, timeout=240,
+                               start_new_session=True)
+    finally:
+        port.close()
+    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
+    assert f"resuming from {store.path_for(3)}" in again.stdout
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # not again: the job ended
+    logs = run / "logs" / "node0"  # each start's logs kept, in the job's one folder
+    assert "interrupted after step 3" in (logs / "start0" / "attempt_0" / "0" / "stdout.log").read_text()
+    assert (logs / "rank0.log").samefile(logs / "start1" / "attempt_0" / "0" / "stdout.log")
+    out, err = clean.communicate(timeout=240)
+    assert clean.returncode == 0, err[-3000:]
+    a, b = (torch.load(folder / "checkpoints" / "step_00000006" / "state.pt", weights_only=True)["model"]
+            for folder in (run, tmp_path / "clean"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "differs from the uninterrupted run"
+
+
+def _finish_when(proc: subprocess.Popen, ready: Path, sig: int, timeout: float) -> tuple[str, str]:
+    """Send ``sig`` to ``proc`` once ``ready`` exists, then its output; killed (its session) past ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        return proc.communicate(timeout=max(deadline - time.monotonic(), 30))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_every_nodes_logs_are_in_the_run_folder_and_node_0_names_a_failure_on_node_1(tmp_path):
+    """Two loopback nodes, one run folder; rank 1 (on node 1) raises at step 2. Before, each node kept its worker
+    logs in a folder of a random name (none at all unless --log-dir was given), and node 0's summary said only
+    that its own rank lost its peer: the error on node 1 was named nowhere on node 0."""
+    from torch.distributed import TCPStore
+
+    (tmp_path / "boom_here.py").write_text(
+        "from multigpu.runtime import group\n\n\nclass Boom:\n    def on_step(self, event):\n"
+        "        if event.step == 2 and group.rank() == 1:\n            raise RuntimeError('boom on rank 1')\n\n\n"
+        "def hook():\n    return Boom()\n")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # we keep the socket
+    run = tmp_path / "run"
+    env = {**os.environ, **_SECRET, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "multigpu", "train", "--nnodes", "2", "--node-rank", str(rank), "--cpu",
+         "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false",
+         "--run-dir", str(run), *_TINY, "steps=6", "callbacks=[boom_here:hook]"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for rank in range(2)]
+    outs = _finish(procs, 180)
+    assert [p.returncode for p in procs] == [1, 1], outs
+    node1 = outs[1][1]
+    assert "rank 1 of 2 failed first (exit code 1): RuntimeError: boom on rank 1" in node1, node1[-3000:]
+    node0 = outs[0][1]
+    assert "  on other nodes (their error files in the shared run folder):" in node0, node0[-3000:]
+    named = [line.strip() for line in node0.splitlines() if line.strip().startswith("node 1: rank 1 failed at ")]
+    assert len(named) == 1 and named[0].endswith(f": RuntimeError: boom on rank 1 ({run}/logs/node1/start0/attempt_0/0/"
+                                                 "error.json)"), node0[-3000:]
+    logs = run / "logs"
+    assert "step 1/6" in (logs / "node0" / "rank0.log").read_text()  # each node's ranks, by global rank
+    attempt = logs / "node1" / "start0" / "attempt_0" / "0"  # torch's files, in this node's folder for this start
+    assert "boom on rank 1" in (attempt / "error.json").read_text()
+    assert (logs / "node1" / "rank1.stderr.log").samefile(attempt / "stderr.log")
+    assert (logs / "node1" / "rank1.log").samefile(attempt / "stdout.log")

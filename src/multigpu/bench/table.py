@@ -117,6 +117,8 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "rank_cpu_percent": _median_of(runs, size, "rank_percent"),
             "host_cpu_percent": _median_of(runs, size, "host_percent"),
             "doubts": _row_doubts([r for r in runs if int(r["world_size"]) == size]) + _repeat_doubts(throughputs),
+            # ranks persistently slower than the others in any repeat (None: not measured in any)
+            "stragglers": _stragglers_of(sums),
         })
     base = rows[0]
     for row in rows:
@@ -124,6 +126,13 @@ def scaling_rows(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row["speedup"] = row["throughput_median"] / base["throughput_median"] if base["throughput_median"] > 0 else 0.0
         row["efficiency"] = row["speedup"] / row["ideal"]
     return rows
+
+
+def _stragglers_of(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    found = [s.get("stragglers") for s in summaries]
+    if all(f is None for f in found):
+        return None
+    return [x for f in found if f for x in f]
 
 
 def doubts(run: dict[str, Any], cores: int | None = None) -> list[str]:
@@ -228,15 +237,25 @@ def _causes(row: dict[str, Any], base: dict[str, Any], cores: int | None) -> lis
     return [text for _, text in sorted(found, key=lambda f: -f[0])]
 
 
+def straggler_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``STRAGGLER: at 2 ranks, rank 1 (node 0, host h) is 3.10x slower ...``: one note per rank named in a run."""
+    from multigpu.monitor.stragglers import describe
+
+    return [f"STRAGGLER: at {_ranks(row['world_size'])}, {describe(s)}: the others wait for it at every step; "
+            "check that rank's device, its cores and what else runs there"
+            for row in rows for s in row.get("stragglers") or []]
+
+
 def explain(rows: Sequence[dict[str, Any]], *, cores: int | None = None, cpu_ranks: bool = True) -> list[str]:
     """Plain-words verdicts: where more ranks made the job slower (or scaled poorly), and the measured why.
 
     ``cpu_ranks``: the ranks computed on the CPU, so their CPU use shows whether they got the cores.
     """
+    named = straggler_notes(rows)
     if len(rows) < 2:
-        return []
+        return named
     base = rows[0]
-    notes = []
+    notes = named
     for prev, row in zip(rows, rows[1:], strict=False):
         n, m = _ranks(row["world_size"]), _ranks(prev["world_size"])
         doubtful = [f"{_ranks(r['world_size'])}: {d}" for r in (prev, row) for d in r.get("doubts", [])]

@@ -242,7 +242,7 @@ def print_table(result: dict[str, Any], out=None) -> None:
     out.print(table)
     print_startup(result.get("startup") or [], out)
     for note in result.get("notes", []):
-        style = "bold red" if note.startswith("SLOWER") else "bold yellow" if note.startswith("NOISY") else None
+        style = "bold red" if note.startswith("SLOWER") else "bold yellow" if note.startswith(("NOISY", "STRAGGLER")) else None
         out.print(f"[{style}]{escape(note)}[/{style}]" if style else escape(note), highlight=False)
 
 

@@ -51,7 +51,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import user_umask, write_json_atomic
-from multigpu.launch import _worker, forkserver, nodes, processes, restarts, stores
+from multigpu.launch import _worker, forkserver, nodelogs, nodes, processes, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -182,7 +182,7 @@ def build_plan(
         monitor_interval=cfg.monitor_interval_s,
         start_method="spawn",
         logs_specs=logs_specs(cfg, log_dir),
-        log_line_prefix_template="[rank${rank}]: " if cfg.log_dir or cfg.rank_prefix else None,
+        log_line_prefix_template="[rank${rank}]: " if _teed(cfg) else None,
     )
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     # the user's umask: a user's script gets it back (the worker wrapper sets it); a built-in workload keeps 0077
@@ -193,15 +193,23 @@ def build_plan(
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
 
 
-def logs_specs(cfg: LaunchConfig, log_dir: str) -> DefaultLogsSpecs:
-    """Where each worker's output goes: torchrun's ``--tee``/``--redirects``/``--local-ranks-filter``.
+def _teed(cfg: LaunchConfig) -> bool:
+    """Every worker's output also written to its log file, each line prefixed by its rank: with ``--log-dir`` or
+    ``--rank-prefix``, and on several nodes (a batch job's console: each node's logs then sit in the run folder)."""
+    return bool(cfg.log_dir or cfg.rank_prefix or cfg.nnodes > 1)
 
-    By default, with ``--log-dir`` (or ``--rank-prefix``) every worker's output is also written there, each
-    line prefixed by its rank; otherwise workers write straight to this terminal, so rank 0's progress bars
-    work.
+
+def logs_specs(cfg: LaunchConfig, log_dir: str) -> DefaultLogsSpecs:
+    """Where each worker's output goes: torchrun's ``--tee``/``--redirects``/``--local-ranks-filter``, under
+    ``<log dir>/node<k>/`` (:mod:`multigpu.launch.nodelogs`).
+
+    By default, with ``--log-dir`` (or ``--rank-prefix``, or on several nodes) every worker's output is also
+    written there, each line prefixed by its rank; otherwise workers write straight to this terminal, so rank 0's
+    progress bars work.
     """
-    default = Std.ALL if cfg.log_dir or cfg.rank_prefix else Std.NONE
-    return DefaultLogsSpecs(
+    default = Std.ALL if _teed(cfg) else Std.NONE
+    return nodelogs.NodeLogsSpecs(
+        node_rank=cfg.node_rank,
         log_dir=log_dir,
         tee=Std.from_str(cfg.tee) if cfg.tee is not None else default,
         redirects=Std.from_str(cfg.redirects) if cfg.redirects is not None else Std.NONE,
@@ -457,7 +465,8 @@ def _root_failure(err: ChildFailedError):
 
 
 def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs_teed: bool = True,
-                      nccl_dump: str | None = None, memory: MemoryWatch | None = None) -> WorkerFailedError:
+                      nccl_dump: str | None = None, memory: MemoryWatch | None = None, *,
+                      node_rank: int | None = None) -> WorkerFailedError:
     """One readable summary: which rank failed first, how, its traceback's tail, where the logs are.
 
     ``nccl_dump``: the NCCL flight recorder's dump prefix when the job ran on NCCL (None: not NCCL).
@@ -496,6 +505,9 @@ def summarize_failure(err: ChildFailedError, world_size: int, log_dir: str, logs
         lines.append("  other ranks: stopped by the launcher")
     if watchdog and nccl_dump:
         lines.append(f"  NCCL flight recorder: {_nccl_dumps(nccl_dump)}")
+    if node_rank is not None and (elsewhere := nodelogs.other_nodes_failures(log_dir, node_rank)):
+        lines.append("  on other nodes (their error files in the shared run folder):")  # the cause, often
+        lines += [f"    {line}" for line in elsewhere]
     where = "stdout.log / stderr.log per rank" if logs_teed else "the error file per rank; output went to the console"
     lines.append(f"  full logs: {log_dir} ({where})")
     wrote = isinstance((failure.error_file_data or {}).get("message"), dict)  # not the worker's placeholder
@@ -592,8 +604,8 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                     raise LaunchError(f"the job was stopped: {refused}") from None
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
                     raise nodes.NodeFailedError(other) from None
-                raise summarize_failure(exc, world_size, plan.log_dir, cfg.log_dir is not None, dump,
-                                        memory) from None
+                raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
+                                        node_rank=cfg.node_rank if cfg.nnodes > 1 else None) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
                 if exc.sigval == signal.SIGINT:
                     raise KeyboardInterrupt from None

@@ -266,12 +266,20 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
     flag = "--print-sbatch" if args.print_sbatch else "--print-k8s"
     resources = job_resources(args, flag)
     what = getattr(args, "target", None) or next((a for a in ours if not a.startswith("-")), "job")
-    if args.print_sbatch:
-        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources)
     workload = getattr(args, "_workload", None)
     run_folder = None if workload is None or getattr(args, "run_dir", None) else \
         workload.resumable and getattr(args, "resume", None) is None
-    return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder)
+    # a pre-emption's SIGTERM ends the step in progress with its checkpoint, where the workload asks for it
+    takes = workload is not None and any(f.key == "checkpoint_on_interrupt" for f in workload.flags)
+    stop_flag = "--checkpoint-on-interrupt" if takes and not getattr(args, "flag__checkpoint_on_interrupt", None) \
+        else None
+    if args.print_sbatch:
+        # a folder per job id only where a requeued start continues it: a workload that cannot resume would find
+        # its folder used on the next start
+        return schedulers.sbatch_script(ours, script_args, what=what, resources=resources,
+                                        run_folder=True if run_folder else None, stop_flag=stop_flag)
+    return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder,
+                                          stop_flag=stop_flag)
 
 
 def job_resources(args: argparse.Namespace, flag: str):

@@ -116,13 +116,39 @@ _SECRET_LINE = ("export MULTIGPU_RDZV_SECRET=\"$(head -c 16 /dev/urandom | od -A
 the secret is never written to a file."""
 
 
-def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources) -> str:
+WARNING_S = 120
+"""Seconds before the end (time limit, or pre-emption with a grace time) at which SLURM warns the batch script
+(``--signal=B:USR1@WARNING_S``): time for the step in progress, a checkpoint, and the launcher's shutdown."""
+
+_JOB_ID = "@@SLURM_JOB_ID@@"
+"""Stands for ``${SLURM_JOB_ID}`` in the command until it is quoted (``@`` needs no quoting in a shell)."""
+
+
+def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
+                  run_folder: bool | None = None, stop_flag: str | None = None) -> str:
     """A ready ``sbatch`` script for ``multigpu OURS SCRIPT_ARGS``: one launcher per node under srun, which reads
-    SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job."""
+    SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job.
+
+    Pre-emption and the time limit: the job asks SLURM for a warning (``--signal=B:USR1@WARNING_S``) and may be
+    requeued (``--requeue``). The script's trap passes the warning to every node's launcher as SIGTERM (srun
+    forwards signals to its tasks); the ranks finish their step, write its checkpoint and exit 143; the script
+    then requeues the job (``scontrol requeue $SLURM_JOB_ID``), whose next start continues the run. A SIGTERM
+    from SLURM itself (it signals every process of the job) counts the same and is not passed on twice.
+
+    ``run_folder``: add ``--run-dir runs/<workload>/<job name>-$SLURM_JOB_ID`` (one folder per job: a requeued job
+    keeps its id, a new submission gets a new folder), and ``--resume auto`` when True; None: add nothing (a
+    script's own resume is its own). ``stop_flag``: the workload's flag that makes a signal a last checkpoint
+    (train's ``--checkpoint-on-interrupt``), added to the command.
+    """
     import shlex
 
     name = _job_name(what)
-    command = shlex.join(["multigpu", *command_for_scheduler(ours, script_args)])
+    workload = next((a for a in ours if not a.startswith("-")), "job")
+    extra = [stop_flag] if stop_flag else []
+    if run_folder is not None:
+        extra += ["--run-dir", f"runs/{workload}/{name}-{_JOB_ID}", *(["--resume", "auto"] if run_folder else [])]
+    command = shlex.join(["multigpu", *command_for_scheduler([*ours, *extra], script_args)])
+    command = command.replace(_JOB_ID, "${SLURM_JOB_ID}")
     r = resources
     gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else []
     cpus = (f"#SBATCH --cpus-per-task={r.cpus}           # --threads × {r.workers} worker(s)" if r.cpus else
@@ -136,6 +162,10 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
         *gpus,
         cpus,
         "#SBATCH --time=01:00:00              # edit: the job's time limit",
+        f"#SBATCH --signal=B:USR1@{WARNING_S}        # a warning to this script {WARNING_S} s before the time limit "
+        "or a pre-emption",
+        "#SBATCH --requeue                    # then the job goes back in the queue and continues where it stopped",
+        "#SBATCH --open-mode=append           # a requeued start adds to the same output files",
         f"#SBATCH --output={name}-%j.out",
         f"#SBATCH --error={name}-%j.err",
         "set -euo pipefail",
@@ -143,14 +173,35 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
         "# Every node signs the rendezvous state with one secret, made here once per job; srun passes it to each",
         "# node's launcher in the environment (it is in no file).",
         _SECRET_LINE,
+        "",
+        "# The warning (USR1) is passed to every node's launcher as SIGTERM (srun forwards signals to its tasks):",
+        "# the ranks finish the step they are in, write its checkpoint and exit 143. SLURM's own SIGTERM reaches",
+        "# every process of the job by itself. Either way the job is requeued below once srun has ended.",
+        "stop=\"\" srun_pid=\"\"",
+        "trap 'if [ -z \"$stop\" ]; then stop=USR1; kill -TERM \"$srun_pid\" 2>/dev/null || true; fi' USR1",
+        "trap 'stop=${stop:-TERM}' TERM",
         "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
         "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed. The",
         "# nodes agree on one run folder (under this folder, which every node must see: a shared file system).",
         "# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
-        f"srun --kill-on-bad-exit=1 {command}",
+        f"srun --kill-on-bad-exit=1 {command} &",
+        "srun_pid=$!",
+        "code=0",
+        "wait \"$srun_pid\" || code=$?",
+        "while kill -0 \"$srun_pid\" 2>/dev/null; do code=0; wait \"$srun_pid\" || code=$?; done  # a trap ended "
+        "the wait",
+        "if [ -n \"$stop\" ] && [ \"$code\" -ne 0 ]; then",
+        "  echo \"multigpu: stopped by $stop before the end (exit $code): requeueing job $SLURM_JOB_ID\" >&2",
+        "  scontrol requeue \"$SLURM_JOB_ID\"",
+        "fi",
+        "exit \"$code\"",
         "",
     ])
 
+
+GRACE_S = 90
+"""A pod's time between Kubernetes' SIGTERM and its SIGKILL: the step in progress, its checkpoint, the launcher's
+shutdown (which waits up to 30 s for the ranks)."""
 
 RUNS_MOUNT = "/runs"
 """Where the PyTorchJob mounts its shared volume: every pod's run folders and logs."""
@@ -176,7 +227,8 @@ def _yaml_dump(documents: list[dict]) -> str:
 
 
 def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
-                        run_folder: bool | None = None, image: str = "<your-image>") -> str:
+                        run_folder: bool | None = None, stop_flag: str | None = None,
+                        image: str = "<your-image>") -> str:
     """Kubernetes manifests for ``multigpu OURS SCRIPT_ARGS`` as a Kubeflow ``PyTorchJob`` (a Master and
     nnodes - 1 Workers; Kubeflow sets the PET_* variables each node's launcher reads), with:
 
@@ -190,14 +242,19 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
     * one name per printed job: ``multigpu-<script or workload>-<6 random hex digits>``, a valid RFC 1123 label
       (applying the same file again is the same job: same folder, same secret).
     * ``restartPolicy: ExitCode``: a pod is restarted when killed (exit code 128 + signal: preemption, OOM), not
-      when the job's own input is wrong (exit 2) or a rank failed (exit 1).
+      when the job's own input is wrong (exit 2) or a rank failed (exit 1);
+    * pre-emption: Kubernetes sends SIGTERM to the launcher (the container's first process), which passes it to
+      the ranks; with ``stop_flag`` (train's ``--checkpoint-on-interrupt``) they finish the step, write its
+      checkpoint and exit 143, and the restarted pod continues the run. ``terminationGracePeriodSeconds`` gives
+      them :data:`GRACE_S` seconds before Kubernetes' SIGKILL (its default, 30 s, is the launcher's own wait).
     """
     import secrets
 
     name = f"{rfc1123_name(what, limit=33)}-{secrets.token_hex(3)}"
     r = resources
-    run_flags = [] if run_folder is None else \
-        ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
+    run_flags = [stop_flag] if stop_flag else []
+    if run_folder is not None:
+        run_flags += ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
     command = [_Quoted(a) for a in ["multigpu", *command_for_scheduler([*ours, *run_flags], script_args)]]
     secret_name = f"{name}-rdzv"
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name}, "type": "Opaque",
@@ -220,7 +277,8 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
         volumes = [{"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}},
                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
         return {"replicas": count, "restartPolicy": "ExitCode",
-                "template": {"spec": {"containers": [container], "volumes": volumes}}}
+                "template": {"spec": {"terminationGracePeriodSeconds": GRACE_S, "containers": [container],
+                                      "volumes": volumes}}}
 
     specs = {"Master": replica(1)}
     if r.nnodes > 1:

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from multigpu.files import JsonlLog, write_json_atomic
-from multigpu.monitor import profile, startup
+from multigpu.monitor import profile, startup, stragglers
 from multigpu.monitor import sampler as _sampler
 from multigpu.runtime import collectives, context, devicetime, group, watchdog
 
@@ -158,6 +158,13 @@ def _busiest(ranks) -> dict[str, dict[str, float]]:
     return out
 
 
+def _place() -> tuple[int, str]:
+    """This rank's node and host name (how a straggler is named)."""
+    import socket
+
+    return group.node_rank(), socket.gethostname()
+
+
 def sum_comm(comm_times: list[float | None]) -> float:
     """The total of per-step comm times; NaN when any step's was not measured (None)."""
     return float("nan") if any(c is None for c in comm_times) else float(sum(comm_times))
@@ -228,6 +235,11 @@ class StepMeter:
         """Wall-clock start and end of the first step (where the run's start-up ends: ``startup`` in the summary)."""
         self._first_start: float | None = None  # the first step's wall-clock start, until its time is recorded
         self._queued: list[_Queued] = []  # CUDA steps whose events are read one step later
+        self.first_step = 1
+        """The number of this meter's first step as the run counts them (a resumed run's: its start + 1)."""
+        self._watch: stragglers.StragglerWatch | None = None  # rank 0's, fed at log points
+        self._said: set[int] = set()  # ranks named a straggler on the output so far
+        self._watched = 0  # steps given to the straggler watch so far
 
     @classmethod
     def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
@@ -322,6 +334,7 @@ class StepMeter:
         maxed = collectives.all_reduce(window.clone(), "max", check_shapes=False)
         summed = collectives.all_reduce(window.clone(), "sum", check_shapes=False)
         self._last_log = (self.steps, wall, comm, items)
+        self.watch_stragglers()
         if group.rank() != 0 or self.run_dir is None:
             return
         slowest = maxed[0].item()
@@ -339,6 +352,35 @@ class StepMeter:
             self._log = JsonlLog(self.run_dir / "metrics.jsonl", "metrics records")
         self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
 
+    def watch_stragglers(self) -> None:
+        """Each rank's busy seconds since the last call, to rank 0's straggler watch, which names a rank that stays
+        slower than the others (:mod:`multigpu.monitor.stragglers`). Every log point calls it; a workload that
+        logs by itself calls it at its own log points. Call on all ranks, at the same step (one small all-reduce;
+        a rank whose communication was not measured makes it judge nothing)."""
+        world = group.world_size() if group.is_initialized() else 1
+        last_step = self._watched
+        if world < 2 or self.steps <= last_step:
+            return
+        self._watched = self.steps
+        busy = sum(self.step_times[last_step:]) - sum_comm(self.comm_times[last_step:])
+        if self._watch is None:
+            places = [r["place"] for r in collectives.all_gather({"place": _place()})]
+            self._watch = stragglers.StragglerWatch(world, nodes=[p[0] for p in places], hosts=[p[1] for p in places])
+        window = torch.zeros(world, dtype=torch.float64)
+        window[group.rank()] = busy
+        window = collectives.all_reduce(window, "sum", check_shapes=False)
+        if group.rank() != 0 or bool(torch.isnan(window).any()):
+            return
+        offset = self.first_step - 1
+        for named in self._watch.feed(last_step + 1 + offset, self.steps + offset, window.tolist()):
+            self._say(named.as_dict())
+
+    def _say(self, straggler: dict[str, Any]) -> None:
+        """Rank 0 names a straggler on its output (the run's log), once per rank."""
+        if straggler["rank"] not in self._said:
+            self._said.add(straggler["rank"])
+            print(f"multigpu: straggler: {stragglers.describe(straggler)}", flush=True)
+
     def summary(self) -> dict[str, Any]:
         """The reduced figures over the measured steps, on every rank. Call on all ranks."""
         self.flush()
@@ -353,6 +395,9 @@ class StepMeter:
             "step_times": self.step_times[m],
             "step_items": self.items[m],
             "traffic": _per_step(self.traffic[m]),
+            "step_busy": None if any(c is None for c in self.comm_times[m]) else
+            [w - c for w, c in zip(self.step_times[m], self.comm_times[m], strict=True)],
+            "place": _place(),
             "startup": startup.rank_marks(self._first_step),
         }
         mine["busy_s"] = None if mine["comm_s"] is None else mine["wall_s"] - mine["comm_s"]
@@ -381,6 +426,10 @@ class StepMeter:
             "per_rank": [{k: r[k] for k in ("wall_s", "cpu_s", "comm_s", "busy_s", "items", "steps")} for r in ranks],
             "traffic": _busiest(r["traffic"] for r in ranks),
             "quarters": _quarters(per_step, [sum(s) for s in zip(*(r["step_items"] for r in ranks), strict=False)]),
+            # a rank persistently slower than the others: which, by how much, since which step (None: not measured)
+            "stragglers": stragglers.find([r["step_busy"] for r in ranks], first_step=self.first_step + m.start,
+                                          nodes=[r["place"][0] for r in ranks], hosts=[r["place"][1] for r in ranks])
+            if len(ranks) > 1 else [],
             "startup": startup.job_startup([r["startup"] for r in ranks]),
         }
 
@@ -393,6 +442,9 @@ class StepMeter:
         if self._sampler is not None:
             self._sampler.stop()
         result = self.summary()
+        if group.rank() == 0:
+            for straggler in result["stragglers"] or []:  # named at a log point already, or only now
+                self._say(straggler)
         if callable(extra):
             extra = extra(result)
         if extra:

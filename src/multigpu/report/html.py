@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from multigpu.bench.table import fmt_rate, shown
+from multigpu.bench.table import NOT_MEASURED, fmt_rate, shown
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
 
@@ -219,6 +219,20 @@ def _prediction_section(pred: dict[str, Any]) -> str:
     )
 
 
+def _stragglers(summary: dict[str, Any]) -> str:
+    """Ranks persistently slower than the others (which, by how much, since which step), or that none was."""
+    from multigpu.monitor.stragglers import describe
+
+    found = summary.get("stragglers")
+    if "stragglers" not in summary or summary.get("world_size", 1) < 2:
+        return ""
+    if found is None:
+        return f'<p class="meta">stragglers: {NOT_MEASURED} (the ranks\' communication time was not measured)</p>'
+    if not found:
+        return '<p class="meta">stragglers: none (no rank was persistently slower than the others)</p>'
+    return "".join(f"<p><b>straggler:</b> {html.escape(describe(s))}</p>" for s in found)
+
+
 def _run_section(run: dict[str, Any], with_startup: bool = True) -> str:
     """One run's figures; ``with_startup``: its start-up too (a bench folder shows them together instead)."""
     from multigpu.report.plots import utilization_figure
@@ -235,6 +249,7 @@ def _run_section(run: dict[str, Any], with_startup: bool = True) -> str:
                                 [[str(i), shown(r.get("wall_s"), ".3f"), shown(r.get("comm_s"), ".3f"),
                                   shown(r.get("busy_s"), ".3f"), f"{r['items']:g}"]
                                  for i, r in enumerate(s.get("per_rank", []))]))
+            parts.append(_stragglers(s))
         if with_startup and isinstance(s.get("startup"), dict) and isinstance(s["startup"].get("parts_s"), dict):
             with _reading(run["path"] / "summary.json"):
                 parts.append(_startup_section([{"world_size": s["world_size"], **s["startup"]}]))

@@ -95,6 +95,10 @@ class RLConfig:
     log_every: int = 5
     """Reduce and log metrics (metrics.jsonl) every N updates."""
 
+    checkpoint_on_interrupt: bool = False
+    """On Ctrl-C or SIGTERM (a pre-emption), finish the current update, write its checkpoint and stop (exit 130 or
+    143); ``--resume auto`` continues from it."""
+
     checkpoint_every: int = 10
     """Save a checkpoint every N updates (0: only the last); the last update is always saved, so every run
     with a run directory leaves its policy (:func:`multigpu.rl.load_policy`). ``--resume auto`` continues

@@ -66,8 +66,8 @@ def main(cfg: RLConfig, ctx: RunContext) -> int:
     cfg = dataclasses.replace(cfg, num_envs=cfg.num_envs * ctx.problem_scale(mg.world_size()))
     if mg.is_main():
         print(f"multigpu rl: {cfg.env_name}, {cfg.num_envs} envs in all, run dir {ctx.run_dir}", flush=True)
-    train(cfg, ctx, log=lambda line: print(line, flush=True))
-    return 0
+    result = train(cfg, ctx, log=lambda line: print(line, flush=True))
+    return 128 + result.interrupted if result.interrupted else 0  # as a process ended by that signal: 130, 143
 
 
 WORKLOAD = Workload(
@@ -84,6 +84,8 @@ WORKLOAD = Workload(
         Flag("--obs-norm", "obs_norm", action="store_true", help="normalize observations (running mean/var, all ranks)"),
         Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
              help="async: write checkpoints in the background (the default); sync: wait until each is on disk"),
+        Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
+             help="on Ctrl-C or SIGTERM, finish the current update and write a checkpoint before stopping"),
     ),
     bench=("total_env_steps=20000", "target_return=null", "checkpoint_every=0"),
     resumable=True,

@@ -63,6 +63,9 @@ class PPOResult:
     """Seconds from the first rollout to the end of the last update."""
     mean_return: float
     episodes: int
+    interrupted: int = 0
+    """The signal that ended training early with ``checkpoint_on_interrupt`` (0: none); its update's checkpoint
+    is on disk."""
 
 
 def _advantages(cfg: RLConfig, rewards, values, dones, next_value) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,7 +316,8 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
              "progress": progress, "spec": _spec_state(spec, cfg)}
     run = Run(ctx if ctx is not None else script_context(), state, total=num_updates,
               checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last, mode=cfg.checkpoint_mode,
-              callbacks=cfg.callbacks, unit="env-steps", description=f"ppo {cfg.env_name}", log_every=cfg.log_every)
+              callbacks=cfg.callbacks, unit="env-steps", description=f"ppo {cfg.env_name}", log_every=cfg.log_every,
+              on_interrupt=cfg.checkpoint_on_interrupt)
     if run.resume_from is not None:
         _resume(run, world, num_updates, steps_per_update, log)
 
@@ -340,6 +344,14 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
     env_steps = updates * steps_per_update
     wall_s = time.perf_counter() - start
     getattr(envs, "close", lambda: None)()
+    if run.interrupted:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this update is written
+        run.close()
+        if mg.is_main() and run.checkpoints is not None:
+            again = run.ctx.resume_command or f"multigpu rl --run-dir {run.run_dir} --resume auto"
+            log(f"interrupted after update {updates}: checkpoint {run.checkpoints.path_for(updates)}; "
+                f"continue with: {again}")
+        return PPOResult(solved=False, env_steps=env_steps, wall_s=wall_s, mean_return=progress.mean_return,
+                         episodes=progress.episodes, interrupted=run.signal)
     if mg.is_main():
         verdict = "solved" if progress.solved else "not solved"
         log(f"{verdict} {cfg.env_name}: mean return {progress.mean_return:.1f} over the last {len(progress.recent)} "

@@ -148,6 +148,7 @@ class Run:
                 self.unit, self.ctx, total_steps=max(total, 0) if total is not None else None,
                 description=self.description, log_every=self.log_every, warmup_steps=self.warmup_steps,
                 progress=self.progress)
+            self._meter.first_step = self.start + 1  # steps are named as the run counts them, after a resume too
         return self._meter
 
     def add_items(self, n: int) -> None:
@@ -192,6 +193,12 @@ class Run:
             finally:
                 self._flag = None
         self.finish()
+
+    @property
+    def stop_requested(self) -> bool:
+        """This rank got SIGINT or SIGTERM during :meth:`steps` (with ``on_interrupt``): the steps end after the
+        current one, once the ranks agree at its end. A step that loops on its own may end its loop early."""
+        return self._flag is not None and self._flag.requested
 
     def stop(self, why: str = "stopped") -> None:
         """End the steps after the current one, with its checkpoint (a target reached). Call on all ranks."""

@@ -85,6 +85,10 @@ class SimConfig:
     """async: the agents are copied to host memory and written in the background while the simulation goes
     on; sync: every rank waits until the checkpoint is on disk (where the host cannot hold one more copy)."""
 
+    checkpoint_on_interrupt: bool = False
+    """On Ctrl-C or SIGTERM (a pre-emption), finish the current step, write its checkpoint and stop (exit 130 or
+    143); ``--resume auto`` continues from it."""
+
     chunk_size: int = 1 << 18
     """Agents processed per vectorized chunk: bounds the step temporaries (the built-in movement and SIR on the C
     kernels, which keep none per agent, take all of a rank's agents in one call)."""

@@ -195,6 +195,8 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
     if not cfg.population:  # a population file is as large as it is
         cfg = dataclasses.replace(cfg, agents=cfg.agents * ctx.problem_scale(mg.world_size()))
     result = run(cfg, ctx)
+    if result is not None and result.interrupted:  # --checkpoint-on-interrupt: the step's checkpoint is written
+        return 128 + result.interrupted  # as a process ended by that signal: 130 for SIGINT, 143 for SIGTERM
     if result is not None:
         _report(result)
     return 0
@@ -319,6 +321,8 @@ WORKLOAD = Workload(
         Flag("--checkpoint-every", "checkpoint_every", type=non_negative_int, help="save the state every K steps"),
         Flag("--checkpoint-mode", "checkpoint_mode", choices=["async", "sync"],
              help="async: write checkpoints in the background (the default); sync: wait until each is on disk"),
+        Flag("--checkpoint-on-interrupt", "checkpoint_on_interrupt", action="store_true",
+             help="on Ctrl-C or SIGTERM, finish the current step and write a checkpoint before stopping"),
         Flag("--compile", "compile", action="store_true", help="fuse kernels with torch.compile"),
     ),
     bench=("agents=2000000", "steps=20", "plot=false"),

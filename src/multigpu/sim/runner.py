@@ -44,6 +44,9 @@ class SimResult:
     """Where ``save_agents`` wrote the final agents (ordered by id)."""
     agents: dict[str, torch.Tensor] | None = None
     """With ``run(..., return_agents=True)``: this rank's own final agents, sorted by id."""
+    interrupted: int = 0
+    """The signal that ended the steps early with ``checkpoint_on_interrupt`` (0: none); then every rank gets a
+    result with nothing else in it, and the checkpoint of the step reached is on disk."""
 
 
 def _peak_rss_mb() -> float:
@@ -71,7 +74,7 @@ def run(cfg: SimConfig, ctx: context.RunContext | None = None, *, callbacks: lis
     run = Run(ctx if ctx is not None else script_context(), total=cfg.steps, checkpoint_every=cfg.checkpoint_every,
               keep_last=cfg.keep_last, mode=cfg.checkpoint_mode, checkpoint_last=False,
               callbacks=[*callbacks, *cfg.callbacks], unit="agent-steps", description=f"sim {cfg.model} ({cfg.strategy})",
-              log_every=cfg.log_every)
+              log_every=cfg.log_every, on_interrupt=cfg.checkpoint_on_interrupt)
     t0 = time.perf_counter()
     engine = SimEngine(cfg, populate=run.resume_from is None)
     if run.resume_from is not None:
@@ -86,7 +89,19 @@ def run(cfg: SimConfig, ctx: context.RunContext | None = None, *, callbacks: lis
         if engine.history["step"] and engine.series_names:
             run.meter.extras.update({n: engine.history[n][-1] for n in engine.series_names[-3:]})
 
+    if run.interrupted:
+        return _interrupted(run)
     return _finish(run, engine, setup_s, return_agents)
+
+
+def _interrupted(run: Run) -> SimResult:
+    """Stopped by a signal after the step the ranks agreed on: its checkpoint is on disk; say how to go on."""
+    run.close()
+    if group.rank() == 0 and run.checkpoints is not None:
+        again = run.ctx.resume_command or f"multigpu sim --run-dir {run.run_dir} --resume auto"
+        print(f"interrupted after step {run.step}: checkpoint {run.checkpoints.path_for(run.step)}; "
+              f"continue with: {again}", flush=True)
+    return SimResult(series={}, summary={}, interrupted=run.signal)
 
 
 def _finish(run: Run, engine: SimEngine, setup_s: float, return_agents: bool) -> SimResult | None:

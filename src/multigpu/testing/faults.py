@@ -23,6 +23,7 @@ once, in the middle of a background write (:class:`SlowDisk` keeps one going).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -30,7 +31,7 @@ import time
 from multigpu.checkpoint.resume import restart_count
 from multigpu.runtime import group
 
-__all__ = ["KillAt", "SlowDisk", "kill_self"]
+__all__ = ["KillAt", "SlowDisk", "SlowRank", "WaitForSignal", "kill_self"]
 
 
 class KillAt:
@@ -82,6 +83,54 @@ class SlowDisk:
 
     def on_step(self, event) -> None:
         pass
+
+
+class SlowRank:
+    """A callback that makes rank ``rank`` a straggler from step ``step`` on: each of its later steps computes
+    ``seconds`` longer (a sleep inside the step as the run's step meter times it, outside any collective), as a
+    slower GPU, a throttled core or a noisy neighbour would. Every attempt, every step after ``step``."""
+
+    def __init__(self, rank: int, step: int, seconds: float = 0.1):
+        self.rank, self.step, self.seconds = rank, step, seconds
+        self._armed = False
+
+    def on_step(self, event) -> None:
+        if self._armed or group.rank() != self.rank or event.step < self.step - 1:
+            return
+        meter = event.run.meter
+        timed = meter.step
+        seconds = self.seconds
+
+        @contextlib.contextmanager
+        def slow_step(*args, **kwargs):
+            with timed(*args, **kwargs) as count:
+                yield count
+                time.sleep(seconds)  # the step's own work, done slowly
+
+        meter.step = slow_step  # this run's meter only
+        self._armed = True
+
+
+class WaitForSignal:
+    """A callback that holds rank ``rank`` after step ``step`` until a stop signal reaches it (deadline ``timeout_s``),
+    having first touched ``ready`` (a file the test waits for): a pre-emption that lands, deterministically, while
+    the run is at that step. Needs a run that records signals (``on_interrupt``: train's
+    ``--checkpoint-on-interrupt``)."""
+
+    def __init__(self, rank: int, step: int, ready: str, *, timeout_s: float = 120.0):
+        self.rank, self.step, self.ready, self.timeout_s = rank, step, ready, timeout_s
+
+    def on_step(self, event) -> None:
+        if event.step != self.step or group.rank() != self.rank:
+            return
+        print(f"fault: rank {self.rank} waits after step {self.step} for a stop signal", flush=True)
+        with open(self.ready, "w"):
+            pass
+        deadline = time.monotonic() + self.timeout_s
+        while not event.run.stop_requested:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fault: no stop signal reached rank {self.rank} within {self.timeout_s} s")
+            time.sleep(0.02)
 
 
 def kill_self() -> None:

@@ -509,7 +509,8 @@ class Trainer:
                 # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
                 flush = last or _due(step, cfg.log_every) or "val_loss" in metrics
                 self.logger.log(step, metrics, flush=flush)
-                if flush:  # the log point synchronised already: one more number says whether any step went non-finite
+                if flush:
+                    self.meter.watch_stragglers()  # a rank that stays slower than the others is named as it happens  # the log point synchronised already: one more number says whether any step went non-finite
                     self.finite.check(step, None if self.checkpoints is None else
                                       "the checkpoints written before it are kept")
         return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted,
