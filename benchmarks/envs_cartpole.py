@@ -24,8 +24,8 @@ CartPole-v1 also runs EnvPool's C++ pool with one thread as a third side of ever
 is installed (a ``peers`` extra; ours / envpool is recorded beside the target ratio). Without ``--quick``
 a second table adds one-round figures for gymnasium's SyncVectorEnv CartPole, envpool and ours split
 over 1 and 2 gloo ranks. ``--json PATH`` writes every round as JSON (machine-readable, for
-``make bench``). Targets: ours >= 1.0x the peer at every size in every round (issue 15), >= 1.2x at 64
-and >= 3x at 16,384 environments (issue 38).
+``make bench``). Targets: ours >= 1.0x the peer at every size in every round, >= 1.2x at 64
+and >= 3x at 16,384 environments.
 """
 
 from __future__ import annotations

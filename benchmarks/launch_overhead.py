@@ -1,4 +1,4 @@
-"""Launcher-side time before the workers start: `multigpu train -f nano` vs `torchrun` on the same loop (issue 15).
+"""Launcher-side time before the workers start: `multigpu train -f nano` vs `torchrun` on the same loop.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/launch_overhead.py [--rounds 3] [--before-src DIR]
     .venv/bin/python benchmarks/launch_overhead.py --quick --json out.json     # what `make bench` runs

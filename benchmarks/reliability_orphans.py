@@ -1,4 +1,4 @@
-"""Which processes outlive their launcher: `multigpu launch` vs plain torchrun (issue 16, item 2).
+"""Which processes outlive their launcher: `multigpu launch` vs plain torchrun.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/reliability_orphans.py
 

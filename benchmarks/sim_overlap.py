@@ -27,7 +27,7 @@ import _record
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 3e8
-"""The target for 10M SIR agents on 2 ranks of the 2-core machine, spatial (agent-steps/s; issue 38, 1.5e8 in 15)."""
+"""The target for 10M SIR agents on 2 ranks of the 2-core machine, spatial (agent-steps/s; earlier: 1.5e8)."""
 
 
 def _run(agents: int, steps: int, strategy: str, overrides: list[str]) -> dict:

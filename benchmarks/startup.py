@@ -17,7 +17,7 @@ each a fresh command as a user types it, timed from its start to its exit:
   worker that is a new interpreter.
 
 Wall seconds of the whole command and CPU seconds of it and every process it waited for (``getrusage``), per
-round; the ratios are ours / torchrun in each round (target: <= 0.8 on the wall clock, issue 38). Then each
+round; the ratios are ours / torchrun in each round (target: <= 0.8 on the wall clock). Then each
 built-in workload (sim, train, rl) runs once on 2 ranks, and its ``summary.json`` says where its start-up went
 (launcher, rendezvous, worker start, to the process group, set-up, first step: :mod:`multigpu.monitor.startup`).
 """
@@ -40,7 +40,7 @@ import _record
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.8
-"""ours / torchrun, time from the command to the end of an empty 2-rank gloo job (issue 38)."""
+"""ours / torchrun, time from the command to the end of an empty 2-rank gloo job."""
 
 SCRIPT = """import torch.distributed as dist
 dist.init_process_group("gloo")

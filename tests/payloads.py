@@ -1,4 +1,4 @@
-"""Crafted pickles for the untrusted-file tests (issue 16): their payload creates a marker file, nothing else.
+"""Crafted pickles for the untrusted-file tests: their payload creates a marker file, nothing else.
 
 The payload is a standard-library call (``pathlib.Path.touch``), so it runs in
 any process that unpickles it with plain ``pickle``, as ``torch.load(...,
@@ -70,8 +70,8 @@ def evil_sim_checkpoint(directory: Path, marker: Path, *, checksum: str = "forge
 
 
 def png_bomb(path: Path, side: int = 12000) -> Path:
-    """A flat black RGB PNG of ``side`` x ``side`` (12000: 432 MB of pixels in about 450 KB; issue 23.5: such a
-    file passed the memory check and was OOM-killed). Made in milliseconds, never holding the image: one row
+    """A flat black RGB PNG of ``side`` x ``side`` (12000: 432 MB of pixels in about 450 KB; such a
+    file once passed the memory check and was OOM-killed). Made in milliseconds, never holding the image: one row
     is deflated with a full flush (so the block stands alone) and repeated; the Adler-32 of n zero bytes is
     ``(n mod 65521) << 16 | 1``."""
     import struct

@@ -125,7 +125,7 @@ def _config_seen(seen: list):
 
 
 @pytest.mark.parametrize("order", [
-    ["train", "--nproc", "1,2", "-f", "nano", "steps=3", "--grad-accum", "2", "--weak"],   # the order
+    ["train", "--nproc", "1,2", "-f", "nano", "steps=3", "--grad-accum", "2", "--weak"],   # the order a user wrote
     ["--nproc", "1,2", "train", "steps=3", "-f", "nano", "--weak", "--grad-accum", "2"],
     ["-f", "nano", "--weak", "train", "--grad-accum", "2", "--nproc", "1,2", "steps=3"],
     ["--weak", "train", "--set", "steps=3", "--nproc=1,2", "--grad_accum=2"],

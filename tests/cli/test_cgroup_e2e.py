@@ -1,4 +1,4 @@
-"""Issue 23.4 on a real cgroup: a capped sim is refused up front, and a rank the OOM killer ends is named so.
+"""Memory limits on a real cgroup: a capped sim is refused up front, and a rank the OOM killer ends is named so.
 
 Each test makes a child of this process's own memory cgroup (v2 or v1), caps it at 1 GiB, and runs the
 command line in it; where this machine does not let it (no controller, not root, read-only), it skips

@@ -1,4 +1,4 @@
-"""``--dry-run --world-size N``: the job at scale in one process, in seconds, writing nothing (issue 26, part 2)."""
+"""``--dry-run --world-size N``: the job at scale in one process, in seconds, writing nothing."""
 
 import re
 import subprocess

@@ -1,4 +1,4 @@
-"""Issue 23.7 on a real full disk: the first line of the launcher's error names the checkpoint and the cause.
+"""On a real full disk, the first line of the launcher's error names the checkpoint and the cause.
 
 Each test mounts a 40 MiB tmpfs (root only; skipped with the reason elsewhere) as the run directory's
 file system, and a callback of the test's own (the fault hook pattern of multigpu.testing.faults) fills it

@@ -1,4 +1,4 @@
-"""`multigpu train --strategy hsdp` end to end on 2 loopback "nodes" × 2 CPU ranks (issue 25).
+"""`multigpu train --strategy hsdp` end to end on 2 loopback "nodes" × 2 CPU ranks.
 
 Two launchers meet at one rendezvous endpoint, as two machines would; the shard group defaults to the ranks
 per node, so each parameter is sharded over a node's 2 ranks and replicated across the 2 nodes. One test,
@@ -33,7 +33,7 @@ JOB = ["model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd=1
        "warmup_steps=1", "eval_every=0", "eval_batches=1", "log_every=1", "sample_chars=0", "prefetch=0", "logger=[]",
        "--export", "safetensors"]
 ENV = {"OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
-"""One thread per rank; several nodes sign the rendezvous state with a secret they share (issue 23)."""
+"""One thread per rank; several nodes sign the rendezvous state with a secret they share."""
 
 
 def _two_nodes(run_dir, *extra: str) -> str:

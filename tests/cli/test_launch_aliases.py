@@ -45,7 +45,7 @@ def _launched(argv, fake_gpus, capsys, gpus=4):
     (["--gpu-ids", "2"], ["--gpus", "2,"], "--gpu-ids is --gpus 2, here"),  # accelerate's 2 is GPU 2, not two GPUs
 ])
 def test_other_launchers_flags_launch_the_same_job(theirs, ours, said, fake_gpus, capsys, monkeypatch):
-    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")  # several nodes need one (issue 23)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")  # several nodes need one
     a, _, err = _launched(theirs, fake_gpus, capsys)
     b, _, _ = _launched(ours, fake_gpus, capsys)
     assert a == b

@@ -51,7 +51,7 @@ def test_standalone_nproc_restarts_and_underscore_aliases(seam, fake_gpus):
 def test_multi_node_flags(seam, fake_gpus, monkeypatch, capsys):
     fake_gpus(0)
     argv = ["launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", "--nproc-per-node", "2", HELLO]
-    # issue 23: the rendezvous store is on the network, so the nodes sign its state with a secret they share
+    # the rendezvous store is on the network, so the nodes sign its state with a secret they share
     for value, said in (("", "MULTIGPU_RDZV_SECRET is not set"), ("short", "MULTIGPU_RDZV_SECRET has 5 characters")):
         monkeypatch.setenv("MULTIGPU_RDZV_SECRET", value)
         assert main(argv) == 2
@@ -100,7 +100,8 @@ def test_gpu_selection_and_isolation_plans():
 
 
 def test_ranks_beyond_memory_are_refused_and_beyond_cores_are_said():
-    """Issue 16 item 3, on made-up figures: 100000 CPU ranks filled the machine; 4 ranks on 2 cores share them."""
+    """On made-up figures: 100000 CPU ranks (they once filled the machine) are refused; 4 ranks on 2 cores run, said to
+    share them."""
     from multigpu.errors import DeviceError
     from multigpu.launch.devices import RANK_RESIDENT_BYTES
 
@@ -160,7 +161,7 @@ def test_missing_script_and_debug_traceback(seam, capsys):
 
 
 def test_one_node_ranks_meet_in_a_private_folder_that_goes_with_the_job(seam, fake_gpus, monkeypatch):
-    """Issue 23: on one node, mg.init() ranks meet through a FileStore in a 0700 folder (not the workers' TCP
+    """On one node, mg.init() ranks meet through a FileStore in a 0700 folder (not the workers' TCP
     store on loopback, which any local user can reach); several nodes have no common folder."""
     fake_gpus(0)
     seen = []

@@ -136,7 +136,7 @@ def test_mismatched_ranks_end_in_bounded_time(script, needle):
 
 
 _NODES_ENV = {**os.environ, "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
-"""Several nodes sign the rendezvous state with a secret they share (issue 23)."""
+"""Several nodes sign the rendezvous state with a secret they share."""
 
 
 def test_two_nodes_on_loopback(tmp_path):
@@ -219,7 +219,7 @@ def test_a_hybrid_jobs_cpu_rank_sees_no_gpu(tmp_path):
 
 
 def test_a_module_worker_does_not_import_look_alike_modules_from_the_working_directory(tmp_path):
-    """A psutil.py in the working directory ran inside every rank of `multigpu sim` (issue 16): a `-m`
+    """A psutil.py in the working directory used to run inside every rank of `multigpu sim`: a `-m`
     worker searches the working directory last, not first as `python -m` does, so installed modules win
     (also while torch is imported), and a module that exists only there is still found."""
     for name in ("psutil", "json"):  # each would leave a marker if imported

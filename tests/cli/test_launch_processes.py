@@ -1,6 +1,6 @@
 """No process outlives its job, signals end the launcher at any moment, and a one-node job listens on loopback only.
 
-These pin issue 16 (items 2, 4 and 7) with real signals sent to real launchers:
+These pin leftover processes, signals and listening sockets with real signals sent to real launchers:
 
 * SIGKILL of the launcher: every worker dies within seconds (the worker wrapper's
   ``PR_SET_PDEATHSIG``); plain torchrun leaves them all running (benchmarks/RESULTS.md);
@@ -164,14 +164,14 @@ def _private_folders() -> set[Path]:
 ])
 def test_a_running_one_node_job_listens_on_loopback_and_a_signal_stops_it_with_one_line(jobs, tmp_path, sig, code,
                                                                                         line):
-    """Item 7: the rendezvous store, the workers' store and gloo listen on loopback only (torch's own stores
-    listen on every interface). Item 4: Ctrl-C printed 98 lines of tracebacks; SIGTERM exited 1. Issue 23: the
+    """Sockets: the rendezvous store, the workers' store and gloo listen on loopback only (torch's own stores
+    listen on every interface). Signals: Ctrl-C once printed 98 lines of tracebacks; SIGTERM exited 1. The
     one-node stores are FileStores in a private folder, removed after a signal too."""
     private = _private_folders()
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path))
     pids = jobs.watch(_pids(tmp_path, "pid", 2, proc))
     sockets = _listening([proc.pid, *pids])
-    # the workers' store; the rendezvous store of one node is a FileStore in a private folder (issue 23)
+    # the workers' store; the rendezvous store of one node is a FileStore in a private folder
     assert len([s for s in sockets if s[0] == proc.pid]) == 1, sockets
     exposed = [s for s in sockets if not is_loopback(s[1])]
     assert not exposed, f"listening beyond loopback: {exposed} (all: {sockets})"
@@ -201,7 +201,7 @@ says go (never, here), having said it is there."""
 
 
 def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_path):
-    """Issue 23 (minor): SIGINT reaching a worker while its interpreter still imported ``site`` printed Python's
+    """SIGINT reaching a worker while its interpreter still imported ``site`` used to print Python's
     "Fatal Python error: init_import_site: Failed to import the site module ... KeyboardInterrupt", once per worker
     (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT once both workers are
     inside ``site``, where they stay (a 3 s sleep there once let a slow machine's workers past it first). Workers
@@ -231,7 +231,7 @@ def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_pa
 
 
 def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
-    """Item 2: SIGKILL of the launcher (torchrun: every worker runs on with parent 1)."""
+    """Leftover processes: SIGKILL of the launcher (torchrun: every worker runs on with parent 1)."""
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "sleep_forever.py"), str(tmp_path),
                       capture=False)
     pids = jobs.watch(_pids(tmp_path, "pid", 2, proc))
@@ -241,7 +241,7 @@ def test_a_sigkilled_launcher_leaves_no_worker(jobs, tmp_path):
 
 
 def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path):
-    """Issue 23 item 3: with the launcher SIGKILLed, both workers died (PR_SET_PDEATHSIG) but the 4 processes
+    """With the launcher SIGKILLed, both workers died (PR_SET_PDEATHSIG) but the 4 processes
     they started (a child and a setsid daemon each) ran on with parent 1. The reaper that outlives the launcher
     stops every process carrying the job's token, then removes the job's private store folder."""
     private = _private_folders()
@@ -262,7 +262,7 @@ def test_a_sigkilled_launcher_leaves_nothing_its_workers_started(jobs, tmp_path)
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_while_workers_start_stops_those_started_and_starts_no_more(jobs, tmp_path, sig):
-    """Item 2: a launcher signalled while its workers started left them running (42 of 1,000 after SIGTERM).
+    """Leftover processes: a launcher signalled while its workers started left them running (42 of 1,000 after SIGTERM).
     The test wrapper holds the agent after it has started the first of 4 workers; the signal comes then (a 1.5 s
     wait after each start once let a slow machine start a second before the signal)."""
     gate = tmp_path / "gate"
@@ -291,7 +291,8 @@ def test_a_signal_while_workers_start_stops_those_started_and_starts_no_more(job
 
 
 def test_processes_a_rank_started_end_with_the_job(jobs, tmp_path):
-    """Item 2: a rank that forks left its children behind after a successful run; a daemon (its own session) too."""
+    """Leftover processes: a rank that forks left its children behind after a successful run; a daemon (its own
+    session) too."""
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_children.py"), str(tmp_path))
     _, err = proc.communicate(timeout=180)
     started = jobs.watch([int(p.read_text()) for p in [*tmp_path.glob("child*"), *tmp_path.glob("daemon*")]])
@@ -302,7 +303,7 @@ def test_processes_a_rank_started_end_with_the_job(jobs, tmp_path):
 
 
 def test_processes_left_by_a_failed_run_are_stopped_and_said_before_the_error(jobs, tmp_path):
-    """Issue 23 (minor): "stopped N process(es)" was printed only after a successful run."""
+    """The "stopped N process(es)" line comes before the error when the run fails, not only after a successful run."""
     proc = jobs.start("launch", "--nproc-per-node", "2", str(SCRIPTS / "fork_children.py"), str(tmp_path), "3")
     _, err = proc.communicate(timeout=180)
     started = jobs.watch([int(p.read_text()) for p in [*tmp_path.glob("child*"), *tmp_path.glob("daemon*")]])
@@ -314,7 +315,7 @@ def test_processes_left_by_a_failed_run_are_stopped_and_said_before_the_error(jo
 
 
 def test_ctrl_c_while_a_node_waits_for_the_rendezvous_store_stops_at_once(jobs):
-    """Item 4: node 1 started before node 0 (nothing answers at the endpoint yet): Ctrl-C was ignored until
+    """Signals: node 1 started before node 0 (nothing answers at the endpoint yet): Ctrl-C was ignored until
     torch's store client gave up. The test's socket listens there with its one-connection queue full (its own
     connection), so the node's attempts get no answer: the signal comes while the node is seen connecting (once
     it came after a 2 s sleep, wherever a slow machine's launcher then was)."""

@@ -1,4 +1,4 @@
-"""What the launcher imports before it spawns (issue 15: `multigpu train` started 1.5 s after raw torchrun).
+"""What the launcher imports before it spawns (it once made `multigpu train` start 1.5 s after raw torchrun).
 
 Building the parser used to import every workload; the simulation's pulled in
 torch.distributed.checkpoint, DTensor and sympy, seconds of CPU on every launch.

@@ -175,7 +175,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(argv, message, 
 
 @pytest.mark.slow
 def test_ppo_solves_pendulum_on_two_ranks(tmp_path):
-    """The issue's bar: mean return >= -250 over the last 100 episodes, 2 CPU ranks, the shipped preset."""
+    """The bar: mean return >= -250 over the last 100 episodes, 2 CPU ranks, the shipped preset."""
     proc = run_cli("rl", "-f", "ppo-pendulum", "--nproc-per-node", "2", "--run-dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rl = _summary(tmp_path)["rl"]

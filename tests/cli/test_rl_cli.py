@@ -42,7 +42,7 @@ def test_two_ranks_train_with_ddp_and_rank0_writes_reduced_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_ppo_solves_cartpole_on_two_ranks(tmp_path):
-    """The issue's bar: mean return >= 475 over the last 100 episodes, 2 CPU ranks, the shipped config."""
+    """The bar: mean return >= 475 over the last 100 episodes, 2 CPU ranks, the shipped config."""
     proc = run_cli("rl", "-f", "ppo-cartpole", "--nproc-per-node", "2", "--run-dir", str(tmp_path),
                    timeout=600)
     assert proc.returncode == 0, proc.stderr

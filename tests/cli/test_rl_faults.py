@@ -1,4 +1,4 @@
-"""`multigpu rl` resumes (issue 28): a rank SIGKILLed mid-run is restarted by the agent and the run ends
+"""`multigpu rl` resumes: a rank SIGKILLed mid-run is restarted by the agent and the run ends
 bit-identical to an uninterrupted one; ``--resume auto`` reuses the run's own config and refuses a changed key;
 the trained policy loads back as a module (``load_policy``)."""
 

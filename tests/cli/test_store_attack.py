@@ -1,4 +1,4 @@
-"""Another local user must not run code as the job's user through its stores (issue 23, item 1).
+"""Another local user must not run code as the job's user through its stores.
 
 torch's c10d rendezvous handler unpickles the value of ``torch.rendezvous.<run_id>`` on every sync. The probe
 that found it: a pure-Python store client run as ``nobody`` read the store's port from ``/proc/net/tcp`` and
@@ -102,7 +102,7 @@ def test_a_planted_rendezvous_state_ends_a_multi_node_job_in_one_line_and_runs_n
     """Several nodes: the rendezvous store is on the network (here: a store the test hosts, as a cluster's would
     be). A pickle written over the rendezvous state mid-run is refused by every node before torch unpickles it:
     each launcher ends with one line naming tampering, and the pickle's marker never appears. (A worker that
-    saw its peer stopped may print its traceback before that line: issue 23's minor item, not this one.)"""
+    saw its peer stopped may print its traceback before that line; this test does not check that.)"""
     import base64
     import pickle
     from datetime import timedelta

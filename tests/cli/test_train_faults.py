@@ -1,6 +1,6 @@
 """`multigpu train` survives faults: a SIGKILLed rank is restarted and resumed, Ctrl-C leaves a last checkpoint.
 
-These pin the recovery contracts of issue 8 end to end, with the real launcher
+These pin the recovery contracts end to end, with the real launcher
 (torchrun's agent) and two gloo ranks:
 
 * rank 1 SIGKILLs itself at a step the test draws at random; with
@@ -11,7 +11,7 @@ These pin the recovery contracts of issue 8 end to end, with the real launcher
   after the same step, the checkpoint of that step is written and valid, the
   launcher exits 130 within seconds, and no worker process is left;
 * SIGTERM (pre-emption, ``timeout``, a scheduler) does the same and exits 143
-  (issue 16: it wrote no checkpoint and exited 1).
+  (it used to write no checkpoint and exit 1).
 """
 
 from __future__ import annotations

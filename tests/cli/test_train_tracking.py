@@ -1,4 +1,4 @@
-"""Experiment tracking in `multigpu train` (issue 12): `logger: wandb` on rank 0, read back from wandb's own files.
+"""Experiment tracking in `multigpu train`: `logger: wandb` on rank 0, read back from wandb's own files.
 
 W&B runs offline here (``WANDB_MODE=offline``): everything the run logged lands in one ``run-<id>.wandb`` file
 inside the run directory. wandb 0.31 has no Python reader for it (its Go core reads it), so ``_wandb_records``

@@ -43,7 +43,7 @@ def test_doctor_json_answers_every_check_on_this_machine():
 
 
 def test_verify_keeps_a_failed_runs_logs_in_its_run_dir(tmp_path):
-    """Issue 23 (minor): `verify --run-dir` kept a failed run's logs in /tmp/multigpu_logs_*."""
+    """`verify --run-dir` keeps a failed run's logs in that folder, not in /tmp/multigpu_logs_*."""
     keep = tmp_path / "results"
     proc = run_cli("verify", "--nproc", "1,2", "-o", str(keep), "tests/scripts/fail_rank1.py", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The trainer on real gloo ranks when things go wrong: uneven per-rank data, a full disk while saving.
 
-These pin two contracts of issue 8, in one spawn (a spawn costs seconds):
+These pin two reliability contracts, in one spawn (a spawn costs seconds):
 
 * ranks whose own data (``shard_data=False``) hold different numbers of
   batches end every epoch together, after the shortest rank's count. The step

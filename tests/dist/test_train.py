@@ -176,7 +176,7 @@ def test_stop_and_resume_is_bit_identical(job):
     assert state["rng"][0]["torch"].ne(state["rng"][1]["torch"]).any()  # every rank's own RNG state
 
 
-# ----------------------------------------------------------------------------- issue 23.8: a non-finite loss
+# ----------------------------------------------------------------------------- a non-finite loss
 class _NanOnRank1AtStep5:
     """The default loss, made NaN on rank 1 at its 5th call (step 5 with no accumulation)."""
 

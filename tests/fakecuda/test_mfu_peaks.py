@@ -1,4 +1,4 @@
-"""MFU's peak by the exact board and the TF32 setting (issue 22): an H100 PCIe is not an SXM, fp32 is not TF32
+"""MFU's peak by the exact board and the TF32 setting: an H100 PCIe is not an SXM, fp32 is not TF32
 when TF32 is off, and a board not in the table has no MFU rather than a guessed one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step and communication times on CUDA, on a CPU-only machine (issue 22, "wrong figures on GPUs").
+"""Step and communication times on CUDA, on a CPU-only machine.
 
 CUDA queues kernels and returns: a host clock around a step or a collective measures queueing. These tests
 stand in a fake ``torch.cuda.Event`` whose ``synchronize`` takes the time the "GPU" still needs and whose

@@ -1,4 +1,4 @@
-"""The sampler samples each rank's own GPU, by UUID (issue 22): NVML lists GPUs in PCI order and ignores
+"""The sampler samples each rank's own GPU, by UUID: NVML lists GPUs in PCI order and ignores
 CUDA_VISIBLE_DEVICES, so NVML's GPU 0 is not rank 0's GPU. Fake NVML and torch facts, one process."""
 
 from __future__ import annotations

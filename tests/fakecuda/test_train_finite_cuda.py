@@ -1,4 +1,4 @@
-"""Issue 23.8 on fake CUDA: the non-finite guard's per-step work stays on the device (no host sync).
+"""The non-finite loss guard on fake CUDA: its per-step work stays on the device (no host sync).
 
 Fake CUDA tensors hold no values, so ``.item()``, ``bool(t)`` and copies to the host raise: a
 per-step update that ran here synchronised nothing; the check (one all-reduce at a log point) does

@@ -308,7 +308,7 @@ def test_a_full_disk_at_start_is_one_line_exit_2_before_spawning(tmp_path, monke
     FAULTS["disk full"] += 2
 
 
-# ----------------------------------------------------------------------------- a cgroup's memory limit (issue 23.4)
+# ----------------------------------------------------------------------------- a cgroup's memory limit
 def test_a_cgroup_capped_sim_and_infer_are_refused_up_front_naming_the_cgroup(tmp_path, capsys, monkeypatch,
                                                                               tripwire):
     """The launcher's real HostFacts.probe, its cgroup reader pointed at a faked v2 tree (no GPU facts faked)."""

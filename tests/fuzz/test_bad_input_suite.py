@@ -199,7 +199,7 @@ def corruption(draw, name: str, tmp: Path) -> tuple[list[str], list[str], str]:
         argv[argv.index("-f") + 1] = str(cfg)
         return [], argv, kind
     if kind in ("unusable_endpoint", "rdzv_secret"):
-        if kind == "rdzv_secret":  # several nodes, and MULTIGPU_RDZV_SECRET unset or too short (issue 23)
+        if kind == "rdzv_secret":  # several nodes, and MULTIGPU_RDZV_SECRET unset or too short
             flags = ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29400"]
             os.environ["MULTIGPU_RDZV_SECRET"] = draw(st.sampled_from(["", token[:8]]))  # the test restores it
         else:
@@ -407,7 +407,7 @@ def _link(path: Path, to: Path) -> str:
 
 
 def _users_folder(tmp: Path) -> str:
-    """A folder of the user's that an output flag names: never replaced (issue 23.2)."""
+    """A folder of the user's that an output flag names: never replaced."""
     folder = tmp / "thesis"
     (folder / "sub").mkdir(parents=True)
     (folder / "thesis.txt").write_text("four years")
@@ -489,7 +489,7 @@ LIMIT_CASES = [
                                        _png(_folder(t / "same") / "x.png", 32), "--run-dir", str(t / "r"),
                                        "--output", _link(t / "link", t / "same")],
      "would be overwritten by its own output"),
-    # issue 23.9: bad values inside user data, named in the launcher
+    # bad values inside user data, named in the launcher
     ("data values", None, lambda t: ["train", "--data", "multigpu.train.data:token_files",
                                      _tokens(t, bytes(2 * 600 + 1)), "--run-dir", str(t / "r")],
      "train.bin is 1,201 bytes, not a whole number of uint16 token ids (2 bytes each)"),
@@ -503,7 +503,7 @@ LIMIT_CASES = [
      "train.bin holds token id 49 but the vocabulary has 40 ids (data.kwargs.vocab_size)"),
     ("data values", None, lambda t: ["sim", "-f", "sir", "--population", _cut_population(t), "--run-dir", str(t / "r")],
      "pop.npz': column 'y' declares 3,000 rows but holds 500 (1,128 of 6,128 bytes): the file is cut short"),
-    # issue 23 (minor): float edge ids were read as a "population" with a wrong range, by the ranks (exit 1)
+    # float edge ids, refused by the launcher (the ranks read them as a "population" with a wrong range, exit 1)
     ("data values", None, lambda t: ["sim", "--model", "network_sir", "--agents", "10", "network.kind=file",
                                      _edges(t, [0, 1.5, 2], [1, 2, 3]), "--run-dir", str(t / "r")],
      "edges.npz': column 'src' holds float64 values; valid: agent ids as integers"),
@@ -543,7 +543,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(LIMIT_CASES)])
 def test_what_cannot_fit_or_is_in_use_gets_one_line_and_exit_2(kind, memory, argv, expected, tmp_path, monkeypatch,
                                                                  capsys, fake_gpus):
-    """Issue 16: nothing starts that cannot fit (made-up memory figures), run folders are never shared or reused
+    """Nothing starts that cannot fit (made-up memory figures), run folders are never shared or reused
     without --resume, and report files that multigpu did not write are named, not a KeyError."""
     fake_gpus(0, available_bytes=memory)
     tripwire = mock.Mock(side_effect=AssertionError("bad input reached torch's launcher"))

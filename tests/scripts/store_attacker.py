@@ -1,4 +1,4 @@
-"""Another local user attacking a running job through its c10d stores (issue 23 item 1); stdlib only, no torch.
+"""Another local user attacking a running job through its c10d stores; stdlib only, no torch.
 
 Run as that user (the test runs it as ``nobody``). It does what any local user can:
 

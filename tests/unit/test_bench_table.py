@@ -154,7 +154,7 @@ def test_a_meter_that_did_not_measure_communication_leaves_it_unmeasured_in_the_
 
 
 def test_wall_clock_timing_that_moved_between_sizes_repeats_or_ranks_is_noisy_with_its_reason():
-    seen = explain(scaling_rows([_wall_run(1, 19.6), _wall_run(2, 0.9)]))[0]  # the 1 rank vs 2 ranks
+    seen = explain(scaling_rows([_wall_run(1, 19.6), _wall_run(2, 0.9)]))[0]  # a reported 1 rank vs 2 ranks
     assert seen.startswith("NOISY: 2 ranks vs 1 rank (21.78x measured) cannot be trusted")
     assert "2 ranks ran 21.8x faster than 1 rank by the wall clock, beyond 2x the ideal" in seen
     repeats = explain(scaling_rows([_wall_run(1, 2.0), _wall_run(1, 6.0), _wall_run(2, 1.1), _wall_run(2, 1.0)]))[0]

@@ -1,4 +1,4 @@
-"""Every benchmark that `make bench` runs, at its tiny --smoke size, so the scripts never rot (issue 15).
+"""Every benchmark that `make bench` runs, at its tiny --smoke size, so the scripts never rot.
 
 Each script runs in a subprocess with ``--smoke --json`` and must write the
 record benchmarks/_record.py defines: per-round rows and ratios whose fields

@@ -1,4 +1,4 @@
-"""The one checkpoint store (issue 28): step_*/ folders with a checksummed manifest, rotation, atomic saves,
+"""The one checkpoint store: step_*/ folders with a checksummed manifest, rotation, atomic saves,
 damage named, old layouts refused in one line, plain / per-rank / sharded (DCP) parts, on 1 and 2 ranks."""
 
 from __future__ import annotations

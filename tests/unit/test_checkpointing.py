@@ -1,7 +1,7 @@
 """Checkpoints: atomic, checksummed, damage detected by name, a full disk leaves the previous one intact.
 
-These pin the contract of issue 8 on the one store of every workload (issue 28:
-:class:`multigpu.checkpoint.CheckpointStore`): a truncated or altered checkpoint
+These pin the checkpoint contract on the one store of every workload
+(:class:`multigpu.checkpoint.CheckpointStore`): a truncated or altered checkpoint
 is never loaded silently (the newest *valid* one is used, and the message says
 which file was skipped and why), and a save that fails half-way changes nothing
 on disk.

@@ -1,4 +1,4 @@
-"""doctor on GPUs (issue 22): the bandwidth test's size and timing, thresholds by topology, and one line each for
+"""doctor on GPUs: the bandwidth test's size and timing, thresholds by topology, and one line each for
 P2P, NVLink and InfiniBand/GPUDirect where found. Pure checks over made-up facts, as the doctor's other checks."""
 
 from __future__ import annotations

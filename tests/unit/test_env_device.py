@@ -84,7 +84,7 @@ def test_thread_budget(monkeypatch):
 
 
 def test_rank_variables_without_a_launcher_are_told_apart():
-    """Issue 16 item 8: torchrun, multigpu launch and srun mark themselves; leftovers do not. (The test harness
+    """torchrun, multigpu launch and srun mark their rank variables; leftovers in the shell do not. (The test harness
     brings its own rendezvous, ``mg.init(init_method=...)``: no variable of its own reaches production.)"""
     from multigpu.runtime.env import found_variables, launcher_variable
 

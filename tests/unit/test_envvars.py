@@ -1,5 +1,5 @@
 """Every ``MULTIGPU_*`` name is defined and documented once (multigpu.envvars), and the test harness reaches
-production through arguments, never through a variable that production reads (issue 28)."""
+production through arguments, never through a variable that production reads."""
 
 from __future__ import annotations
 

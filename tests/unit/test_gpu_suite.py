@@ -1,4 +1,4 @@
-"""The GPU suite as one bounded device call (issue 22), checked where there is no GPU.
+"""The GPU suite as one bounded device call, checked where there is no GPU.
 
 run_all.sh cannot run here: these parse its time budget, run it to see it stop cleanly without a GPU, and
 render a small hand-made results file (collect.py's layout, tests/unit/data/gpu_results_small.json; not

@@ -43,7 +43,7 @@ def test_demo_models_mean_something_without_weights(tmp_path):
     assert np.asarray(io.read_image(path)).std() > 0.05
 
 
-# ----------------------------------------------------------------------------- issue 23.5: what reading costs, bombs
+# ----------------------------------------------------------------------------- what reading costs, decompression bombs
 _MEASURE = """
 import sys
 from multigpu.infer import io
@@ -147,8 +147,8 @@ def test_a_decompression_bomb_is_refused_from_its_header_unless_the_guard_is_off
 
 @pytest.mark.parametrize("suffix", [".png", ".jpg"])
 def test_an_image_file_cut_short_is_refused_from_the_launcher_naming_it(tmp_path, suffix):
-    """Issue 23 (minor): a PNG cut in half passed the launcher's header check and failed in the ranks
-    ("OSError: image file is truncated", exit 1, no file named)."""
+    """A PNG cut in half is refused by the launcher, naming it; a header check alone let it through to fail in
+    the ranks ("OSError: image file is truncated", exit 1, no file named)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Where the job's stores listen, which endpoints a node can host, and SIGTERM as a stop request (issue 16).
+"""Where the job's stores listen, which endpoints a node can host, and SIGTERM as a stop request.
 
 torch's TCPStore servers listen on every interface (``*:PORT``) whatever host
 they are given; the ``multigpu`` rendezvous backend binds them to the
@@ -35,7 +35,7 @@ def _listening_ports() -> dict[int, set[str]]:
 
 def test_a_one_node_rendezvous_and_its_workers_store_listen_on_loopback_only(monkeypatch):
     """The stores a one-node job opens: the workers' store on 127.0.0.1 only, a fresh one per round, every worker
-    a client; the rendezvous store listens nowhere (issue 23: a FileStore in a folder only this user can open,
+    a client; the rendezvous store listens nowhere (a FileStore in a folder only this user can open,
     removed at the end)."""
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as the launcher sets it
     stores.register()
@@ -107,7 +107,7 @@ def test_endpoints_this_node_cannot_host_are_bad_input(monkeypatch):
 
 
 def test_sigterm_is_a_stop_request_like_ctrl_c_with_checkpoint_on_interrupt(single_rank_group, tmp_path, monkeypatch):
-    """Issue 16 item 4: SIGTERM (pre-emption, `timeout`) wrote no checkpoint; SIGINT did. Both now stop the
+    """SIGTERM (pre-emption, `timeout`) writes a checkpoint as SIGINT does (it used to write none). Both stop the
     loop at the next step on every rank, with the signal agreed (exit 128 + it), and SIGTERM still leaves the
     stack dump the launcher's failure summary reads; the wrapper's faulthandler dump is registered again after."""
     from multigpu.run.interrupt import InterruptFlag

@@ -1,4 +1,4 @@
-"""The launcher on NCCL (issue 22): gloo on the same interface as NCCL across nodes, NCCL's flight recorder on and
+"""The launcher on NCCL: gloo on the same interface as NCCL across nodes, NCCL's flight recorder on and
 dumped into the run's log folder, and NCCL's watchdog abort (SIGABRT) named as what it is in the failure summary.
 No GPU: host facts are faked through the launcher's seam; the failure summary reads recorded output."""
 
@@ -19,7 +19,8 @@ from tests.conftest import SCRIPTS
 SCRIPT = str(SCRIPTS / "fail_rank1.py")
 
 # The lines a rank's stderr carries when NCCL's watchdog takes it down: the format of torch's ProcessGroupNCCL.cpp
-# messages, as users have posted them (e.g. sgl-project/sglang#1693); the numbers here are made up.
+# messages, as users have posted them (e.g. https://github.com/sgl-project/sglang/issues/1693); the numbers here
+# are made up.
 WATCHDOG_LOG = """\
 [rank1]:[E1124 00:41:12.928019586 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: \
 WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=30000) ran for 30071 milliseconds before \

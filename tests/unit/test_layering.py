@@ -1,4 +1,4 @@
-"""Imports point one way (issue 28): the command line builds on the job layer, the job layer on the argument
+"""Imports point one way: the command line builds on the job layer, the job layer on the argument
 building below both, and the config loader (a foundation module) on nothing above it.
 
 Read from the source with ``ast`` (every import, at module level or inside a function), so an import made

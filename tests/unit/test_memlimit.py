@@ -1,4 +1,4 @@
-"""Issue 23.4: memory checks see the cgroup's limit, and a SIGKILLed rank is named as the OOM killer's.
+"""Memory checks see the cgroup's limit, and a SIGKILLed rank is named as the OOM killer's.
 
 The readers run over a folder of faked ``/proc`` and ``/sys/fs/cgroup`` files (v2, v1, a container's
 view, nesting, "no limit" spellings); the launcher's checks are run through the real ``HostFacts.probe``

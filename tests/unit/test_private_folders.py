@@ -1,4 +1,4 @@
-"""Run and log folders that multigpu creates are its user's only (issue 23, item 1).
+"""Run and log folders that multigpu creates are its user's only.
 
 A log folder's entries name the run id (``<run_id>_<random>/``), and worker output, configs and checkpoints are
 nobody else's to read: each folder the launcher makes is 0700. A folder that already exists keeps the mode its

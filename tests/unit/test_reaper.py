@@ -1,4 +1,4 @@
-"""The reaper that outlives the launcher (issue 23 item 3): it stops the job's processes only when the launcher
+"""The reaper that outlives the launcher: it stops the job's processes only when the launcher
 died, and only processes carrying the job's token (real processes, no torch)."""
 
 from __future__ import annotations

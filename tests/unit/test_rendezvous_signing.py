@@ -1,4 +1,4 @@
-"""The rendezvous state is unpickled only when this job wrote it (issue 23, item 1; tier 1, no workers).
+"""The rendezvous state is unpickled only when this job wrote it (tier 1, no workers).
 
 torch's c10d handler unpickles the value of ``torch.rendezvous.<run_id>`` on every sync, and a TCPStore lets
 anyone who connects write it. The ``multigpu`` backend signs every state blob with a secret that never goes

@@ -1,4 +1,4 @@
-"""``--resume`` in the launcher (issue 28): the run's own config is reused, a key the workload keeps may not
+"""``--resume`` in the launcher: the run's own config is reused, a key the workload keeps may not
 change (one line naming it), a workload that cannot resume refuses ``--resume`` before anything starts, and an
 outside workload that does not say it resumes refuses it too. Nothing here spawns a rank."""
 

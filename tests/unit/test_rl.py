@@ -111,7 +111,7 @@ def test_rollout_on_a_gpu_reads_the_host_once_per_rollout_with_the_same_numbers(
         assert runs[16, True][1] > runs[8, True][1] or env_id == "Pendulum-v1", env_id
 
 
-# ----------------------------------------------------------------------------- issue 23.9: non-finite env output
+# ----------------------------------------------------------------------------- non-finite env output
 class _Bad:
     """A 4-env continuous task (the Reach of tests/cli/test_rl_byo) whose env 2 returns NaN at its 5th step."""
 

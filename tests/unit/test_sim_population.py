@@ -132,7 +132,7 @@ def _with_state(agents, row: int, value: int) -> dict[str, np.ndarray]:
 
 
 def test_a_state_the_model_does_not_have_is_refused_naming_the_row(tmp_path, agents):
-    """Issue 23 (minor): state=1 (E) in plain SIR was taken silently, and S + I + R no longer summed to the agents."""
+    """state=1 (E) in plain SIR is refused naming the row: taken silently, S + I + R no longer summed to the agents."""
     path = tmp_path / "pop.npz"
     np.savez(path, **_with_state(agents, 2500, 1))
     expected = (f"sim.population '{path}': column 'state' holds 1 in row 2,500, a value model 'sir' does not use; "
@@ -153,7 +153,7 @@ def test_a_state_the_model_does_not_have_is_refused_naming_the_row(tmp_path, age
         population.check_values(path, model, seir)
 
 
-# ----------------------------------------------------------------------------- issue 23.2: never delete what we did not write
+# ----------------------------------------------------------------------------- never delete what we did not write
 def _tree(root) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
@@ -225,7 +225,7 @@ def test_a_run_directory_given_as_the_agents_folder_is_refused_before_the_job_st
     assert _tree(tmp_path) == before and not tripwire.called
 
 
-# ----------------------------------------------------------------------------- issue 23.9: bad values inside the file
+# ----------------------------------------------------------------------------- bad values inside the file
 def _cut_member(path, name: str, keep: int) -> None:
     """Rewrite ``path`` (an .npz) with member ``name`` cut to its first ``keep`` bytes (header intact)."""
     import zipfile

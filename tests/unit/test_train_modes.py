@@ -1,4 +1,4 @@
-"""Train/eval mode in the Trainer's loop (issue 15): every training forward runs in train mode.
+"""Train/eval mode in the Trainer's loop: every training forward runs in train mode.
 
 ``train_step`` no longer calls ``model.train()`` on every step (it walks every
 submodule, a per-step cost the raw DDP loop does not pay): ``fit()`` calls it

@@ -101,8 +101,8 @@ def test_data_vocab_split_and_errors(tmp_path):
 
 
 def test_the_launchers_data_check_stops_at_the_first_file_and_keeps_its_errors(tmp_path):
-    """The check before spawning used to walk the whole standard library (issue 15); now the first match is enough,
-    and a missing folder or a folder without matching files is still refused there."""
+    """The check before spawning stops at the first matching file (walking the whole standard library cost seconds
+    on every launch), and a missing folder or a folder without matching files is still refused there."""
     from multigpu.train.data import _check_stdlib_text
 
     (tmp_path / "a").mkdir()
@@ -147,7 +147,7 @@ def test_checkpoints_keep_the_last_k_and_skip_damaged_files(tmp_path):
 
 
 def test_token_files_too_large_for_the_launchers_scan_are_checked_on_the_ranks(tmp_path, monkeypatch):
-    """Issue 23.9: val.bin's ids checked against train.bin's vocabulary where the launcher did not scan them."""
+    """val.bin's ids are checked against train.bin's vocabulary on the ranks where the launcher did not scan them."""
     import numpy as np
 
     from multigpu.errors import ConfigError

@@ -1,4 +1,4 @@
-"""Activation checkpointing of the model's repeated blocks (issue 12): same loss and gradients, less kept.
+"""Activation checkpointing of the model's repeated blocks: same loss and gradients, less kept.
 
 ``checkpoint_blocks`` wraps GPT's ``blocks`` (the largest ModuleList of one class) so that their activations
 are recomputed in backward. Recomputation runs the same float operations, so the gradients must be equal bit

@@ -1,4 +1,4 @@
-"""Loading a checkpoint or a result never runs code from the file (issue 16, item 1).
+"""Loading a checkpoint or a result never runs code from the file.
 
 These pin the fix for: ``multigpu train --resume evil.pt`` running a pickled
 ``os.system`` three times (the launcher's "does it load" pre-check, then rank 0

@@ -15,7 +15,8 @@ by torch's ``create_handler``, on a store made here. Then:
   node it listens nowhere (a FileStore, below);
 * the workers' store (their ``MASTER_ADDR:MASTER_PORT``) is hosted by the
   launcher that holds group rank 0, a fresh one for every rendezvous round (a
-  restarted group never reads the previous attempt's keys: pytorch/pytorch#135712),
+  restarted group never reads the previous attempt's keys:
+  https://github.com/pytorch/pytorch/issues/135712),
   on the endpoint's address on one node (loopback for ``localhost:0``) and, on
   several, on this node's address on the route to the endpoint. Every worker is a client of it (``use_agent_store``), so no worker
   listens for a store, whatever the user's script calls.
@@ -25,8 +26,8 @@ handler from opening its own shared store on ``*``. Torch still finds a free
 port for a store it then does not open (``get_free_port``: a socket bound to
 ``*`` and closed at once).
 
-No one else on the machine (or the network) may run code through the stores
-(issue 23). torch's handler unpickles the rendezvous state it reads from the
+No one else on the machine (or the network) may run code through the stores.
+torch's handler unpickles the rendezvous state it reads from the
 store on every sync, and a TCPStore has no authentication: whoever can connect
 can list its keys (``list_keys``) and write any of them. So:
 

@@ -18,8 +18,8 @@ line what it found and waits at most :data:`NO_LAUNCHER_WAIT_S` (or
 
 Under ``multigpu launch`` on one node the ranks meet through a FileStore in a
 folder only the job's user can open (``run.json``'s ``private_store``), not through the
-workers' TCP store on loopback, which any local user can connect to and write
-(issue 23); a script that calls ``torch.distributed.init_process_group`` itself
+workers' TCP store on loopback, which any local user can connect to and write;
+a script that calls ``torch.distributed.init_process_group`` itself
 still uses the TCP store.
 """
 
