@@ -248,6 +248,8 @@ class Nodes:
         self._beat_stop.set()
         self._beat_thread.join(timeout=5)
         self._beat_thread = None
+        if not self.connected:
+            return  # never opened: no other node heard of this one
         with contextlib.suppress(Exception):  # noqa: BLE001 - the store may be gone
             self._set(f"beat/{self.node_rank}", {"end": why, "host": self.host})
 
@@ -339,6 +341,9 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
     seen: dict[int, tuple[int, float]] = {}  # node -> (its count, when it last changed, by this clock)
     stop = session._beat_stop
     while not stop.is_set():
+        if not session.connected:  # torch's rendezvous opens the store (or has not yet): nothing to say over
+            stop.wait(interval)
+            continue
         now = time.monotonic()
         count += 1
         with contextlib.suppress(Exception):  # noqa: BLE001 - a store gone with node 0: its beat stops below
