@@ -61,16 +61,15 @@ def fingerprint(parts: Mapping[str, Any]) -> dict[str, list[float]]:
         for tensor in _tensors(parts[name]):
             if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64)):
                 continue
+            # on the tensor's own device, one float64 copy of one tensor at a time (no copy of the state to host)
             if isinstance(tensor, DTensor):
                 replicas = math.prod(tensor.device_mesh.size(d) for d, p in enumerate(tensor.placements)
                                      if p.is_replicate())
-                local = tensor.to_local().detach().to("cpu", torch.float64)
-                shards[2 * i] += local.sum() / replicas
-                shards[2 * i + 1] += (local * local).sum() / replicas
+                flat, into = tensor.to_local().detach().reshape(-1).double(), shards
             else:
-                local = tensor.detach().to("cpu", torch.float64)
-                whole[2 * i] += local.sum()
-                whole[2 * i + 1] += (local * local).sum()
+                replicas, flat, into = 1, tensor.detach().reshape(-1).double(), whole
+            into[2 * i] += float(flat.sum()) / replicas
+            into[2 * i + 1] += float(flat.dot(flat)) / replicas
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and bool(shards.any()):
         from multigpu.runtime import group
 
