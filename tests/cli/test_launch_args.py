@@ -70,6 +70,26 @@ def test_multi_node_flags(seam, fake_gpus, monkeypatch, capsys):
     assert "0123456789abcdef" not in repr(config)  # handed to the handler in memory, not through torch's config
 
 
+def test_nnodes_min_max_is_an_elastic_job_as_torchrun_means_it(seam, fake_gpus, monkeypatch, capsys):
+    fake_gpus(0)
+    monkeypatch.setenv("MULTIGPU_RDZV_SECRET", "0123456789abcdef")
+    base = ["launch", "--node-rank", "1", "--rdzv-endpoint", "node0:29400", HELLO]
+    assert main(["launch", "--nnodes", "1:3", *base[1:]]) == 0
+    config, _, _ = _launched(seam)
+    # torch's agent forms the job on 1 to 3 nodes; a lost node needs a restart left to go on without it
+    assert (config.min_nodes, config.max_nodes, config.max_restarts) == (1, 3, 3)
+    assert main(["launch", "--nnodes", "1:3", "--max-restarts", "1", *base[1:]]) == 0
+    assert _launched(seam)[0].max_restarts == 1
+    capsys.readouterr()
+    for bad, said in (("3:2", "error: --nnodes 3:2 is invalid; valid: MIN:MAX with MIN <= MAX"),
+                      ("a:b", "error: argument --nnodes: 'a:b' is invalid; valid: a whole number of nodes, or MIN:MAX")):
+        seam.reset_mock()
+        assert main(["launch", "--nnodes", bad, *base[1:]]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(said) and "\n" not in err, err
+        assert not seam.called
+
+
 def test_module_target(seam, fake_gpus):
     fake_gpus(0)
     assert main(["launch", "-m", "json.tool", "--help"]) == 0

@@ -139,27 +139,30 @@ def refuse_unusable(run_dir: str | Path) -> None:
 
 
 def choose(resume: str | None, run_dir: str | None, restarts: int, *, progress: str | None = None,
-           say=print) -> Path | None:
+           say=print, elastic: bool = False) -> Path | None:
     """What to continue from: a checkpoint, a folder of progress files (``progress``: its name in a run
     folder, for a workload that keeps one), or None (from scratch). Local: rank 0 calls it and tells the others.
 
     A restarted worker group and ``auto`` take the run's newest valid checkpoint, else its own progress folder;
-    ``PATH`` is checked by :func:`check_resume_path`. ``say``: one line about the choice.
+    ``PATH`` is checked by :func:`check_resume_path`. ``say``: one line about the choice. ``elastic``: the worker
+    group of an elastic job (``--nnodes MIN:MAX``), which torchrun's agent also re-forms when a node joins without
+    counting a restart: every start of it is taken as a restart (the run's newest valid checkpoint, once it has one).
 
     Raises:
         ConfigError: checkpoint folders exist but none can be used (a run never quietly starts over them).
     """
     store = CheckpointStore(Path(run_dir) / CHECKPOINTS) if run_dir else None
     own = progress_folder(run_dir, progress)
-    if restarts > 0 and store is not None:
+    if (restarts > 0 or elastic) and store is not None:
         found = store.latest()
+        what = f"restart {restarts}" if restarts > 0 else "elastic start"
         if found is not None:
-            say(f"restart {restarts}: resuming from {found}")
+            say(f"{what}: resuming from {found}")
             return found
         if store.skipped:
-            raise _none_usable(store.directory, store.skipped, f"restart {restarts}")
+            raise _none_usable(store.directory, store.skipped, what)
         if own is not None:
-            say(f"restart {restarts}: continuing {own}")
+            say(f"{what}: continuing {own}")
             return own
     if not resume:
         return None
@@ -191,7 +194,7 @@ def decide(ctx, *, progress: str | None = None):
 
     if ctx.resume_decided:
         return ctx
-    found = resolve(ctx.resume, ctx.run_dir, progress=progress)
+    found = resolve(ctx.resume, ctx.run_dir, progress=progress, elastic=getattr(ctx, "elastic", False))
     return dataclasses.replace(ctx, resume_from=str(found) if found else None, resume_decided=True)
 
 
@@ -244,20 +247,22 @@ def planned(resume: str | None, run_dir: str | None, *, progress: str | None = N
 
 
 def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = None,
-            progress: str | None = None) -> Path | None:
+            progress: str | None = None, elastic: bool = False) -> Path | None:
     """:func:`choose` on rank 0, the same answer (or the same one-line error) on every rank. Call on all ranks
-    after ``mg.init`` (a single process needs no group). ``restarts``: default :func:`restart_count`."""
+    after ``mg.init`` (a single process needs no group). ``restarts``: default :func:`restart_count`;
+    ``elastic``: as :func:`choose`'s."""
     from multigpu.checkpoint.store import OldLayoutError
     from multigpu.runtime import collectives, group
 
     restarts = restart_count() if restarts is None else restarts
-    if resume is None and restarts == 0:
+    if resume is None and restarts == 0 and not elastic:
         return None  # nothing to resume: the same on every rank, without a collective
     many = group.is_initialized() and group.world_size() > 1
     choice = error = None
     if not many or group.rank() == 0:
         try:
-            found = choose(resume, run_dir, restarts, progress=progress, say=lambda line: print(line, flush=True))
+            found = choose(resume, run_dir, restarts, progress=progress, say=lambda line: print(line, flush=True),
+                           elastic=elastic)
             choice = str(found) if found is not None else None
         except CorruptCheckpointError as exc:
             error = ("corrupt", (str(exc.path), exc.reason))

@@ -107,7 +107,7 @@ def run_context_for(cfg: LaunchConfig, devices: DevicePlan, run: RunContext | No
         run, timeout_s=cfg.timeout_s, stall_timeout_s=cfg.stall_timeout_s, profile=cfg.profile or run.profile,
         profile_steps=cfg.profile_steps, sample_interval_s=cfg.sample_interval_s,
         isolated=devices.isolated, allow_cpu_ranks=cfg.allow_cpu_ranks, hybrid=devices.hybrid,
-        pg_backend="gloo" if devices.shared else run.pg_backend,
+        pg_backend="gloo" if devices.shared else run.pg_backend, elastic=cfg.elastic or run.elastic,
     )
 
 
@@ -171,7 +171,7 @@ def build_plan(
     rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
     run_id = nodes.job_run_id(cfg.run_id, cfg.nnodes)
     torch_config = TorchLaunchConfig(
-        min_nodes=cfg.nnodes,
+        min_nodes=cfg.fewest_nodes,  # --nnodes MIN:MAX: torch's agent re-forms the group at any size in between
         max_nodes=cfg.nnodes,
         nproc_per_node=devices.nproc_per_node,
         run_id=run_id,
@@ -570,6 +570,46 @@ def launch(
                        require_group=require_group)
 
 
+def _start_beats(cfg: LaunchConfig, plan: LaunchPlan):
+    """On several nodes: this node's heartbeat, and the watch on the others' (:meth:`nodes.Nodes.start_beats`).
+    A node found lost is named at once; this node's ranks are stopped then, since on NCCL they would wait for
+    the lost ranks for the whole collective timeout: torch's agent then ends the job, or, in an elastic job
+    (``--nnodes MIN:MAX``), re-forms it with the nodes left. Returns the session (None on one node)."""
+    session = nodes._sessions.get(plan.torch_config.run_id) if cfg.nnodes != 1 else None
+    if session is None:
+        return None
+
+    def on_lost(node: int) -> None:
+        if cfg.elastic:  # else the job's error line names it, once the ranks stopped
+            print(f"multigpu: {nodes.lost_line(session, node)}; the job goes on with the nodes left (--nnodes "
+                  f"{cfg.fewest_nodes}:{cfg.nnodes})", file=sys.stderr, flush=True)
+        processes.stop_workers()
+
+    steps = _steps_folder(plan)
+    os.makedirs(steps, mode=0o700, exist_ok=True)
+    session.start_beats(steps, on_lost)
+    return session
+
+
+def _steps_folder(plan: LaunchPlan) -> str:
+    """Where this node's ranks count the steps they finished (:mod:`multigpu.runtime.progress`)."""
+    from multigpu.runtime import progress
+
+    return progress.folder(plan.env[envvars.STACKS_DIR], plan.env[envvars.LAUNCHER_PID])
+
+
+def _lost_node(session, err: ChildFailedError) -> str | None:
+    """The line naming a node found lost, when the ranks failed because of it, else None. A rank that lost its
+    peer (or was stopped) fails within a second of a node's death; the node is known as lost only when its
+    heartbeat's deadline passed: wait for that, but not for a failure of this node's own making."""
+    if not session.lost:
+        _, failure = _root_failure(err)
+        if failure.exitcode > 0 and not any(c in _message(failure) for c in _CONSEQUENCES):
+            return None
+        session.wait_lost(session.beat_deadline_s + 2 * nodes.BEAT_S)
+    return nodes.lost_line(session, min(session.lost)) if session.lost else None
+
+
 def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool, facts: HostFacts | None,
             devices: DevicePlan | None, run: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
@@ -585,6 +625,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     secret = secret_from_env(cfg.nnodes) or secrets.token_bytes(32)
     memory = MemoryWatch()  # OOM kills counted so far: a SIGKILLed rank is then named as the OOM killer's
     stopped: list[int] = []
+    session = None
     try:
         with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
                 _environment(plan.env, drop=(envvars.RDZV_SECRET,)), forkserver.serving(), \
@@ -595,6 +636,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 print(f"multigpu: {plan.devices.note}", file=sys.stderr)
             stores.register(plan.torch_config.run_id, secret, private)
             recorded = plan.run_data["run"].get("run_dir") or cfg.log_dir
+            session = _start_beats(cfg, plan)
             try:
                 with restarts.reporting(recorded) if cfg.max_restarts else contextlib.nullcontext():
                     _elastic_launch(plan.torch_config, plan.entrypoint, plan.args)
@@ -604,6 +646,8 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                     raise LaunchError(f"the job was stopped: {refused}") from None
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
                     raise nodes.NodeFailedError(other) from None
+                if session is not None and (lost := _lost_node(session, exc)) is not None:
+                    raise nodes.NodeLostError(lost) from None
                 raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
                                         node_rank=cfg.node_rank if cfg.nnodes > 1 else None) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
@@ -631,6 +675,9 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                     raise nodes.NodeFailedError(other) from None
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one
+        if session is not None:
+            session.stop_beats("ended")
+            shutil.rmtree(_steps_folder(plan), ignore_errors=True)
         if stopped:
             print(f"multigpu: stopped {len(stopped)} process(es) that the workers had left running", file=sys.stderr)
     copies = independent_copies(Path(plan.log_dir) / "stacks", plan.devices.nproc_per_node, cfg.nnodes)

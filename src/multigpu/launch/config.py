@@ -29,7 +29,11 @@ class LaunchConfig:
     """Run every rank on the CPU (gloo) even where GPUs exist."""
 
     nnodes: int = 1
-    """Number of machines taking part."""
+    """Number of machines taking part (with ``min_nodes``: the most that take part)."""
+
+    min_nodes: int | None = None
+    """``--nnodes MIN:MAX``'s MIN, as torchrun means it: the job runs on any number of nodes from ``min_nodes`` to
+    ``nnodes``; a node lost or joining restarts the worker group at the new size (None: exactly ``nnodes``)."""
 
     node_rank: int = 0
     """Index of this machine, in [0, nnodes). Node 0 hosts the rendezvous store."""
@@ -95,6 +99,16 @@ class LaunchConfig:
     rank_prefix: bool = False
     """Prefix every line a rank prints with ``[rank<R>]: `` (torchrun's form); needs the output teed."""
 
+    @property
+    def elastic(self) -> bool:
+        """The job may run on fewer nodes than ``nnodes`` (``--nnodes MIN:MAX`` with MIN < MAX)."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes the job runs on: ``min_nodes``, else ``nnodes``."""
+        return self.min_nodes if self.min_nodes is not None else self.nnodes
+
     def __post_init__(self) -> None:
         if self.nproc_per_node != "auto" and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
             raise ConfigError(
@@ -102,6 +116,9 @@ class LaunchConfig:
             )
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes {self.nnodes} is invalid; valid: a whole number >= 1")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
+            raise ConfigError(f"--nnodes {self.min_nodes}:{self.nnodes} is invalid; valid: MIN:MAX with "
+                              "1 <= MIN <= MAX, e.g. 1:4, or one number")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(
                 f"--node-rank {self.node_rank} is invalid with --nnodes {self.nnodes}; valid: 0 to {self.nnodes - 1}"

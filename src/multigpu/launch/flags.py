@@ -35,8 +35,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="workers on this node (default auto: one per selected GPU, else 1; gpu: one per GPU; "
                   "cpu: one per core, on the CPU)")
     add_flag(g, "--cpu", action="store_true", help="run every rank on the CPU (gloo), even with GPUs")
-    add_flag(g, "--nnodes", type=positive_int, default=None,
-             help="number of machines (default 1, or what SLURM/PET_*/LSF/mpirun says)")
+    add_flag(g, "--nnodes", type=_nnodes, default=None, metavar="N|MIN:MAX",
+             help="number of machines (default 1, or what SLURM/PET_*/LSF/mpirun says); MIN:MAX, as torchrun: an "
+                  "elastic job that goes on when nodes are lost (down to MIN) and grows when they join (up to MAX)")
     add_flag(g, "--node-rank", type=non_negative_int, default=None,
              help="this machine's index in [0, nnodes) (default 0, or the scheduler's)")
     add_flag(g, "--rdzv-endpoint", default=None, metavar="HOST:PORT",
@@ -46,7 +47,9 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
              help="extra c10d rendezvous setting, repeatable (e.g. is_host=false)")
     add_flag(g, "--run-id", default=None, help="job id shared by all nodes")
     add_flag(g, "--standalone", action="store_true", help="single node with a free port (same as the default endpoint)")
-    add_flag(g, "--max-restarts", type=non_negative_int, default=0, help="restart the worker group up to K times")
+    add_flag(g, "--max-restarts", type=non_negative_int, default=None,
+             help="restart the worker group up to K times (default 0; 3 with --nnodes MIN:MAX, which restarts it "
+                  "at the new size when a node is lost)")
     add_flag(g, "--isolate-devices", action="store_true",
              help="each worker sees only its GPU (CUDA/QD/TI_VISIBLE_DEVICE(S), EGL_DEVICE_ID)")
     add_flag(g, "--allow-cpu-ranks", action="store_true",
@@ -91,6 +94,35 @@ def add_dry_run_flags(parser: argparse.ArgumentParser) -> None:
              help="memory of one device, e.g. 80GB, 40GiB, or a GPU name (H100, A100-40GB, L4, ...): does it fit?")
 
 
+ELASTIC_RESTARTS = 3
+"""``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) that gives none: a lost node makes the survivors'
+ranks fail, and torch's agent re-forms the group at the new size only where a restart is left."""
+
+
+def _nnodes(text: str) -> int | tuple[int, int]:
+    """``N`` or torchrun's ``MIN:MAX``."""
+    low, sep, high = text.partition(":")
+    if not sep:
+        return positive_int(text)
+    try:
+        return positive_int(low), positive_int(high)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; valid: a whole number of nodes, or MIN:MAX such as "
+                                         "1:4") from None
+
+
+def split_nnodes(args: argparse.Namespace) -> None:
+    """``--nnodes MIN:MAX`` into ``args.nnodes`` (MAX) and ``args.min_nodes`` (MIN; None for one number).
+    Idempotent: every reader of ``args.nnodes`` calls it first."""
+    if isinstance(getattr(args, "nnodes", None), tuple):
+        args.min_nodes, args.nnodes = args.nnodes
+        if args.min_nodes > args.nnodes:
+            raise ConfigError(f"--nnodes {args.min_nodes}:{args.nnodes} is invalid; valid: MIN:MAX with MIN <= MAX, "
+                              "e.g. 1:4")
+    elif not hasattr(args, "min_nodes"):
+        args.min_nodes = None
+
+
 def _ranks(text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(int(part) for part in text.split(","))
@@ -122,6 +154,7 @@ def _seconds_or_zero(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """LaunchConfig from the parsed launcher flags."""
+    split_nnodes(args)
     apply_accelerate_config(args)  # before anything reads the accelerate flags it may fill in
     placement = _scheduler_placement(args)
     translate(args)
@@ -156,11 +189,13 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         gpus=args.gpus,
         cpu=args.cpu,
         nnodes=args.nnodes,
+        min_nodes=args.min_nodes,
         node_rank=args.node_rank,
         rdzv_endpoint=endpoint,
         rdzv_conf=rdzv_conf,
         run_id=args.run_id,
-        max_restarts=args.max_restarts,
+        max_restarts=args.max_restarts if args.max_restarts is not None else
+        ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < args.nnodes else 0,
         isolate_devices=args.isolate_devices,
         allow_cpu_ranks=args.allow_cpu_ranks,
         share_gpus=args.share_gpus,
@@ -243,6 +278,8 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
             setattr(args, name, defaults[name] if given is None else given)
         elif given is None:
             setattr(args, name, value)
+        elif name == "nnodes" and args.min_nodes is not None and args.min_nodes <= value <= given:
+            continue  # an elastic job started on some of the nodes it may use
         elif given != value:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} {given} contradicts {placement.scheduler}, which says {value} for this node; "
@@ -288,6 +325,8 @@ def job_resources(args: argparse.Namespace, flag: str):
     from multigpu.launch.devices import parse_gpus
     from multigpu.launch.schedulers import JobResources
 
+    split_nnodes(args)
+
     nproc, cpu = args.nproc_per_node, args.cpu or args.nproc_per_node == "cpu"
     if getattr(args, "alias_num_processes", None):  # accelerate's count of all machines' processes
         from multigpu.launch.aliases import translate
@@ -312,4 +351,5 @@ def job_resources(args: argparse.Namespace, flag: str):
     nnodes = args.nnodes or (int(args.alias_num_machines) if str(getattr(args, "alias_num_machines", "") or "")
                              .isdecimal() else 1)
     cpus = args.threads * workers if args.threads else None
-    return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said)
+    return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said,
+                        min_nodes=args.min_nodes)

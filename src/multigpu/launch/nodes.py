@@ -27,10 +27,12 @@ rendezvous state, and checked before it is read. One node: nothing here runs (:f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,13 +40,16 @@ from pathlib import Path
 
 from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
 
-__all__ = ["LINGER_S", "NodeFailedError", "Nodes", "job_run_id", "joined", "posted_failure", "tell_others"]
+__all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line", "posted_failure",
+           "tell_others"]
 
 LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
 TELL_CONNECT_S = 10.0
 """How long a node that failed tries to reach node 0's store to say why."""
 _POLL_S = 0.2
+BEAT_S = 1.0
+"""How often a launcher posts its heartbeat while the job runs."""
 _PREFIX = "multigpu/nodes/"
 _MARKER = ".multigpu-shared-"
 _sessions: dict[str, Nodes] = {}  # run id -> the open session of this launcher
@@ -52,6 +57,11 @@ _sessions: dict[str, Nodes] = {}  # run id -> the open session of this launcher
 
 class NodeFailedError(LaunchError):
     """Another node stopped before the job formed; the message names it and says why."""
+
+
+class NodeLostError(LaunchError):
+    """A node's launcher stopped sending its heartbeat while the job ran; the message names it and the last step
+    each rank finished."""
 
 
 def job_run_id(run_id: str | None, nnodes: int) -> str:
@@ -88,10 +98,25 @@ class Nodes:
     host: str
     endpoint: str
     read_timeout_s: float = 60.0
+    min_nodes: int | None = None
+    """An elastic job's fewest nodes (``--nnodes MIN:MAX``); None: exactly ``nnodes``."""
     told: bool = False
     """This node's failure (or another's) was written to the store and the rendezvous closed."""
     _store: object = None
     _address: str | None = None
+    _marker: Path | None = None
+    beat_deadline_s: float = 15.0
+    """A node whose launcher sent no heartbeat for this long is lost (torch's rendezvous drops it after the same
+    time: ``keep_alive_interval`` × ``keep_alive_max_attempt``)."""
+    lost: dict = dataclasses.field(default_factory=dict)
+    """{node rank: its last heartbeat} of the nodes found lost while the job ran (:meth:`start_beats`)."""
+    _beats: dict = dataclasses.field(default_factory=dict)
+    _beat_stop: threading.Event | None = None
+    _beat_thread: threading.Thread | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
 
     @property
     def connected(self) -> bool:
@@ -171,6 +196,9 @@ class Nodes:
         """Every node sees ``folder`` as one folder: node 0 writes a marker there, every other node must find it
         in its own ``folder``; node 0 waits until each did, then removes it.
 
+        An elastic job (``--nnodes MIN:MAX``): node 0 waits only for the nodes the job cannot start without (node
+        ranks below MIN), and keeps its marker until it leaves, for the nodes that join later.
+
         Raises:
             ConfigError: this node does not see node 0's marker ("the run folder is not shared between nodes").
         """
@@ -180,9 +208,15 @@ class Nodes:
             marker.write_text(f"{self.host}\n")
             self._set("shared/token", token)
             try:
-                for rank in range(1, self.nnodes):
+                for rank in range(1, self.min_nodes if self.elastic else self.nnodes):
                     self._wait(f"shared/seen/{rank}", f"node {rank} to find the {what}")
-            finally:
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    marker.unlink()
+                raise
+            if self.elastic:
+                self._marker = marker  # removed when this node leaves (joined's end)
+            else:
                 with contextlib.suppress(OSError):
                     marker.unlink()
             return
@@ -195,6 +229,39 @@ class Nodes:
                               "system every node mounts at the same path (NFS, Lustre, a ReadWriteMany volume), "
                               "started from the same working directory")
         self._set(f"shared/seen/{self.node_rank}", True)
+
+    # ------------------------------------------------------------------ heartbeats
+    def start_beats(self, steps_dir: str, on_lost: Callable[[int], None]) -> None:
+        """Post this node's heartbeat and watch the others' in a thread until :meth:`stop_beats`; ``on_lost(node)``
+        is called (in that thread) once for each node found lost (:func:`lost_line` says it)."""
+        if self._beat_thread is not None:
+            return
+        self._beat_stop = threading.Event()
+        self._beat_thread = threading.Thread(target=_beat_loop, args=(self, steps_dir, on_lost),
+                                             name="multigpu-node-heartbeat", daemon=True)
+        self._beat_thread.start()
+
+    def stop_beats(self, why: str) -> None:
+        """Stop the heartbeat and say this node ended (``why``), so that no other node takes it for lost."""
+        if self._beat_thread is None:
+            return
+        self._beat_stop.set()
+        self._beat_thread.join(timeout=5)
+        self._beat_thread = None
+        if not self.connected:
+            return  # never opened: no other node heard of this one
+        with contextlib.suppress(Exception):  # noqa: BLE001 - the store may be gone
+            self._set(f"beat/{self.node_rank}", {"end": why, "host": self.host})
+
+    def wait_lost(self, within_s: float) -> list[int]:
+        """The nodes found lost, waiting up to ``within_s`` for the heartbeat to find one (after the job's
+        ranks failed: a node that died takes up to ``beat_deadline_s`` to be known as lost)."""
+        deadline = time.monotonic() + within_s
+        while not self.lost and self._beat_thread is not None and time.monotonic() < deadline:
+            if all(self._beats.get(node, {}).get("end") for node in range(self.nnodes) if node != self.node_rank):
+                break  # every other node ended as it should: none is lost
+            time.sleep(_POLL_S)
+        return sorted(self.lost)
 
     # ------------------------------------------------------------------ failure
     def _ack(self) -> None:
@@ -211,6 +278,8 @@ class Nodes:
         if self.told:
             return
         self.told = True
+        if self.elastic and not self.hosts_store and self.node_rank != 0:
+            return  # an elastic job goes on without this node: nobody waits for it, nothing is closed
         if not self.connected and (not reach or not self._reach()):
             return
         mine = seal(self.secret, json.dumps({"node": self.node_rank, "host": self.host,
@@ -242,7 +311,7 @@ class Nodes:
         from multigpu.launch import stores
 
         params = RendezvousParameters(backend=stores.BACKEND, endpoint=self.endpoint, run_id=self.run_id,
-                                      min_nodes=self.nnodes, max_nodes=self.nnodes)
+                                      min_nodes=self.min_nodes or self.nnodes, max_nodes=self.nnodes)
         backend = stores._SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret)
         create_handler(self.store, backend, params).set_closed()
 
@@ -260,6 +329,61 @@ class Nodes:
                       f"open up to {LINGER_S:g}s for the other nodes to read why", file=sys.stderr, flush=True)
                 said = True
             time.sleep(_POLL_S)
+
+
+# ---------------------------------------------------------------------- heartbeats while the job runs
+def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -> None:
+    """Every :data:`BEAT_S`: post this node's heartbeat (a count, its host, the steps its ranks finished) and read
+    the others'; a node whose count stood still for ``beat_deadline_s`` without saying it ended is lost."""
+    from multigpu.runtime import progress
+
+    count, interval = 0, min(BEAT_S, session.beat_deadline_s / 4)
+    seen: dict[int, tuple[int, float]] = {}  # node -> (its count, when it last changed, by this clock)
+    stop = session._beat_stop
+    while not stop.is_set():
+        if not session.connected:  # torch's rendezvous opens the store (or has not yet): nothing to say over
+            stop.wait(interval)
+            continue
+        now = time.monotonic()
+        count += 1
+        with contextlib.suppress(Exception):  # noqa: BLE001 - a store gone with node 0: its beat stops below
+            mine = {"n": count, "host": session.host, "steps": {str(r): s for r, s in progress.read(steps_dir).items()}}
+            session._set(f"beat/{session.node_rank}", mine)
+            session._beats[session.node_rank] = mine
+        for node in range(session.nnodes):
+            if node == session.node_rank or node in session.lost:
+                continue
+            try:
+                beat = session._get(f"beat/{node}")
+            except Exception:  # noqa: BLE001 - the store is unreachable: nobody's beat arrives
+                beat = None
+            if isinstance(beat, dict):
+                if beat.get("end"):
+                    seen.pop(node, None)
+                    session._beats[node] = {**session._beats.get(node, {}), "end": beat["end"]}
+                    continue
+                session._beats[node] = beat
+                if seen.get(node, (None,))[0] != beat.get("n"):
+                    seen[node] = (beat.get("n"), now)
+            if node in seen and now - seen[node][1] > session.beat_deadline_s:
+                session.lost[node] = session._beats.get(node, {})
+                seen.pop(node)
+                on_lost(node)
+        stop.wait(interval)
+
+
+def lost_line(session: Nodes, node: int) -> str:
+    """One line naming a lost node, how long it was silent, and the last step each rank of the job finished."""
+    beat = session.lost.get(node, {})
+    steps: dict[int, int] = {}
+    for other in session._beats.values():
+        steps.update({int(r): int(s) for r, s in (other.get("steps") or {}).items()})
+    theirs = sorted(int(r) for r in (beat.get("steps") or {}))
+    ranks = f" (rank{'s' if len(theirs) > 1 else ''} {', '.join(map(str, theirs))})" if theirs else ""
+    finished = ("; last step finished: " + ", ".join(f"rank {r}: {steps[r]}" for r in sorted(steps))) if steps \
+        else "; no rank had finished a step"
+    return (f"node {node} ({beat.get('host', 'unknown host')}){ranks} was lost: its launcher sent no heartbeat for "
+            f"{session.beat_deadline_s:g}s (--rdzv-conf keep_alive_interval x keep_alive_max_attempt){finished}")
 
 
 def describe(found: dict) -> str:
@@ -292,7 +416,10 @@ def _session(cfg) -> Nodes:
     parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
     session = Nodes(secret_from_env(cfg.nnodes), job_run_id(cfg.run_id, cfg.nnodes), cfg.nnodes, cfg.node_rank,
                     hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf), _seconds(cfg.rdzv_conf, "join_timeout", 600),
-                    socket.gethostname(), cfg.rdzv_endpoint, _seconds(cfg.rdzv_conf, "read_timeout", 60))
+                    socket.gethostname(), cfg.rdzv_endpoint, _seconds(cfg.rdzv_conf, "read_timeout", 60),
+                    getattr(cfg, "min_nodes", None),
+                    beat_deadline_s=_seconds(cfg.rdzv_conf, "keep_alive_interval", 5)
+                    * _seconds(cfg.rdzv_conf, "keep_alive_max_attempt", 3))
     _sessions[session.run_id] = session
     hand_over(session.run_id, session.connect)  # torch's rendezvous handler takes this session's store
     return session
@@ -321,6 +448,9 @@ def joined(cfg) -> Iterator[Nodes | None]:
             session.tell(_reason(exc), linger=not interrupted, reach=not interrupted)
         raise
     finally:
+        if session._marker is not None:
+            with contextlib.suppress(OSError):
+                session._marker.unlink()
         _sessions.pop(run_id, None)
         release(run_id)
 

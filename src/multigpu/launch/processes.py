@@ -54,7 +54,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from multigpu import envvars
 
-__all__ = ["HANDLED_SIGNALS", "job_processes", "leftover_processes", "stop_processes"]
+__all__ = ["HANDLED_SIGNALS", "job_processes", "leftover_processes", "stop_processes", "stop_workers"]
 
 HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 """The signals torch's agent turns into a ``SignalException`` (its ``signals_to_handle`` default)."""
@@ -158,6 +158,19 @@ def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.P
         _signal_all(alive, signal.SIGKILL)
         alive = _wait_gone(alive, 10.0)
     return alive
+
+
+def stop_workers(grace_s: float = 3.0) -> None:
+    """Stop this launcher's workers now (SIGTERM, then SIGKILL after ``grace_s``), not what else it started:
+    torch's agent sees them end and goes on as after any failure (it ends the job, or restarts the group)."""
+    from multigpu.launch import _worker
+
+    mine = []
+    for proc in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if _worker.__file__ in proc.cmdline():
+                mine.append(proc)
+    stop_processes(mine, grace_s)
 
 
 def _start_reaper(token: str, remove_on_death: list[str]) -> tuple[subprocess.Popen, int] | None:

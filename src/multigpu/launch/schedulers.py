@@ -90,6 +90,8 @@ class JobResources:
     """CPU cores per node (``--threads`` × workers), None: the whole node (``--exclusive``)."""
     said: str
     """Where ``gpus`` came from, for the job file's comment."""
+    min_nodes: int | None = None
+    """``--nnodes MIN:MAX``'s MIN (an elastic job), else None."""
 
 
 def rfc1123_name(what: str, *, limit: int = 40) -> str:

@@ -44,7 +44,7 @@ from multigpu.checkpoint import CHECKPOINTS, Checkpointer, CheckpointStore, PerR
 from multigpu.checkpoint.resume import decide, is_progress
 from multigpu.monitor import StepMeter
 from multigpu.run.interrupt import InterruptFlag
-from multigpu.runtime import context, group
+from multigpu.runtime import context, group, progress
 
 __all__ = ["Run", "StepEvent", "script_context"]
 
@@ -210,6 +210,7 @@ class Run:
         length is found as it goes: a simulation ensemble's waves) calls it after each of its steps. Call on all
         ranks."""
         self.step += 1
+        progress.finished(self.step)  # the launcher tells the other nodes (a lost node's last step is known)
         event = StepEvent(self.step, _unwrapped(self.state), self)
         for callback in self.callbacks:
             callback.on_step(event)

@@ -106,6 +106,10 @@ class RunContext:
     """The process-group backend the launcher chose ("gloo" when ranks share a GPU); None: by the devices."""
     record_wall: bool = False
     """The worker wrapper writes when the script started and ended (``multigpu bench`` on any script)."""
+    elastic: bool = False
+    """The worker group may re-form at another size (``--nnodes MIN:MAX``): every start of it continues the run
+    from its newest valid checkpoint, as a restart does, and a resume at another world size is recorded
+    (:data:`RESIZES_FILE`)."""
     resume_command: str | None = None
     """The whole command that continues this run (the job's own flags, ``--run-dir`` this folder,
     ``--resume auto``), for a workload that stops early to print; None: not launched from a command line."""

@@ -459,10 +459,27 @@ def export_state(state: dict, path: Path) -> Path:
     return path
 
 
+def _kept_on_resize(cfg: TrainJobConfig, ctx: RunContext) -> TrainJobConfig:
+    """In the ranks of an elastic job (``--nnodes MIN:MAX``) that torch's agent re-formed at another size: the
+    launcher's resume check (:func:`_keep_global_batch`), at the size the job has now (rank 0 says it)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    import multigpu as mg
+
+    plan = SimpleNamespace(world_size=mg.world_size(), run=SimpleNamespace(resume=ctx.resume_from,
+                                                                               run_dir=ctx.run_dir))
+    with contextlib.nullcontext() if mg.is_main() else contextlib.redirect_stdout(io.StringIO()):
+        return _keep_global_batch(cfg, plan) or cfg
+
+
 def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     import multigpu as mg
 
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
+    if ctx.elastic and ctx.resume_from:  # re-formed at another size: keep the global batch, as a resume does
+        cfg = _kept_on_resize(cfg, ctx)
     trainer, model, train_set = build(cfg, run_dir, run=ctx)
     trainer.setup()
     result = trainer.fit()

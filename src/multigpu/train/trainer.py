@@ -404,7 +404,8 @@ class Trainer:
         sharded = check_layout(path, self.config.strategy)
         into = {"trainer": None, "rng": PerRank(None), **({} if sharded else {"model": None, "optimizer": None})}
         loaded = CheckpointStore(path.parent).load(path, into)
-        state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"]}
+        state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"],
+                 "saved_fingerprint": (loaded["_manifest"].get("meta") or {}).get("fingerprint")}
         if sharded:
             state["sharded_dir"] = str(path)
         else:
@@ -446,6 +447,36 @@ class Trainer:
             print(f"note: checkpoint was written by {state['world_size']} rank(s), this job has {self.world_size}; "
                   "random streams are re-used by rank modulo", flush=True)
         restore_rng(state["rng"])  # this rank's (rank modulo the saving job's size)
+        if state["world_size"] != self.world_size:
+            self._record_resize(state)
+
+    def _fingerprint(self) -> dict[str, list[float]]:
+        """The model's and the optimizer's tensors, summed over the job (:mod:`multigpu.checkpoint.resize`)."""
+        from multigpu.checkpoint.resize import fingerprint
+
+        return fingerprint({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict().get("state")})
+
+    def _record_resize(self, state: dict) -> None:
+        """A resume at another world size: check that the state loaded is the state saved, and record it (from N
+        to M ranks, the step, the check) in the run folder; rank 0 says it in one line."""
+        from multigpu.checkpoint.resize import compare, record
+
+        loaded = self._fingerprint()  # a collective: every rank
+        saved = state.get("saved_fingerprint")
+        check = compare(saved, loaded) if isinstance(saved, dict) else None
+        if not mg.is_main():
+            return
+        entry = {"from_ranks": state["world_size"], "to_ranks": self.world_size, "step": self.step,
+                 "checkpoint": str(self._resumed_from), "check": check}
+        record(self.run.run_dir, entry)
+        said = ("the checkpoint has no fingerprint to check against (written before they were recorded)"
+                if check is None else
+                f"the state loaded equals the saved one (max relative difference {check['max_rel_diff']:.1e}, "
+                f"tolerance {check['tolerance']:g})" if check["equal"] else
+                f"WARNING: the state loaded differs from the saved one (max relative difference "
+                f"{check['max_rel_diff']:.1e}, tolerance {check['tolerance']:g})")
+        print(f"multigpu train: resized from {state['world_size']} to {self.world_size} rank(s) at step {self.step}: "
+              f"{said}", flush=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the RNG states (which the checkpoint gathers from every rank).
@@ -472,10 +503,12 @@ class Trainer:
             tensors = FsdpTensors(self.module, self.optimizer)
             state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
             state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.saved_param_groups})
-            return state, lambda: {"global_batch": self.effective_batch}
+            return state, lambda: {"global_batch": self.effective_batch, "fingerprint": self._fingerprint()}
         state.update(model=self.module, optimizer=self.optimizer, trainer=_Later(self._run_state))
         # the global batch (samples per step): a resume at another world size keeps it (read by the launcher)
-        return state, lambda: {"params": param_shapes(self.module.state_dict()), "global_batch": self.effective_batch}
+        # the fingerprint: a resume at another world size checks that it loaded what was saved
+        return state, lambda: {"params": param_shapes(self.module.state_dict()), "global_batch": self.effective_batch,
+                               "fingerprint": self._fingerprint()}
 
     def _check_finite(self, step: int) -> None:
         """Before a checkpoint: a step since the last check had a non-finite loss or gradient norm: nothing is

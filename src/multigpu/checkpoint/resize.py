@@ -1,0 +1,122 @@
+"""A resume at another world size, recorded and checked: from N to M ranks, at which step, and whether the state
+the ranks loaded equals the state that was saved (in the ranks).
+
+A state's *fingerprint* is, per part, the float64 sum and sum of squares of every tensor in it, summed over the
+job: a sharded tensor (a DTensor) counts each rank's shard once (its replicas divided out), a plain tensor is the
+same on every rank and counts once. It does not depend on how the tensors are split, so the fingerprint written
+with a checkpoint by N ranks and the one of the state M ranks loaded from it must agree: exactly where every
+tensor is whole on every rank, within :data:`TOLERANCE` (relative) where sums over shards are added in another
+order.
+
+Each resize is one JSON line in the run folder (:data:`RESIZES_FILE`), written by rank 0; the run's
+``summary.json`` lists them under ``resizes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "fingerprint", "read_resizes", "record"]
+
+RESIZES_FILE = "resizes.jsonl"
+TOLERANCE = 1e-9
+"""Relative difference allowed between two fingerprints (float64 sums added in another order)."""
+
+
+def _tensors(value: Any):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            yield from _tensors(value[key])
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def fingerprint(parts: Mapping[str, Any]) -> dict[str, list[float]]:
+    """{part: [sum, sum of squares]} of every tensor of each part (a state dict, or anything holding tensors),
+    over the whole job. A collective: call on every rank, with the same parts."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        DTensor = ()  # noqa: N806
+
+    names = sorted(parts)
+    whole = torch.zeros(2 * len(names), dtype=torch.float64)
+    shards = torch.zeros(2 * len(names), dtype=torch.float64)
+    for i, name in enumerate(names):
+        for tensor in _tensors(parts[name]):
+            if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64)):
+                continue
+            # on the tensor's own device, one float64 copy of one tensor at a time (no copy of the state to host)
+            if isinstance(tensor, DTensor):
+                replicas = math.prod(tensor.device_mesh.size(d) for d, p in enumerate(tensor.placements)
+                                     if p.is_replicate())
+                flat, into = tensor.to_local().detach().reshape(-1).double(), shards
+            else:
+                replicas, flat, into = 1, tensor.detach().reshape(-1).double(), whole
+            into[2 * i] += float(flat.sum()) / replicas
+            into[2 * i + 1] += float(flat.dot(flat)) / replicas
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and bool(shards.any()):
+        from multigpu.runtime import group
+
+        device = group.current_device()
+        moved = shards.to(device)
+        dist.all_reduce(moved)
+        shards = moved.cpu()
+    total = whole + shards
+    return {name: [float(total[2 * i]), float(total[2 * i + 1])] for i, name in enumerate(names)}
+
+
+def compare(saved: Mapping[str, list[float]], loaded: Mapping[str, list[float]]) -> dict[str, Any]:
+    """{"equal", "max_rel_diff", "tolerance", "parts"}: does the loaded state's fingerprint match the saved one?"""
+    worst = 0.0
+    for name in set(saved) | set(loaded):
+        a, b = saved.get(name), loaded.get(name)
+        if a is None or b is None or len(a) != len(b):
+            worst = math.inf
+            continue
+        for x, y in zip(a, b, strict=True):
+            scale = max(abs(x), abs(y), 1e-300)
+            worst = max(worst, abs(x - y) / scale if x != y else 0.0)
+    return {"equal": worst <= TOLERANCE, "bit_exact": worst == 0.0, "max_rel_diff": worst, "tolerance": TOLERANCE,
+            "parts": sorted(set(saved) | set(loaded))}
+
+
+def record(run_dir: str | Path | None, entry: dict[str, Any]) -> None:
+    """Append one resize to the run folder's :data:`RESIZES_FILE` (rank 0 calls it); a full disk loses only it."""
+    if run_dir is None:
+        return
+    entry = {**entry, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with contextlib.suppress(OSError):
+        fd = os.open(Path(run_dir) / RESIZES_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+
+def read_resizes(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every resize recorded in ``run_dir``, in order."""
+    try:
+        lines = (Path(run_dir) / RESIZES_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                out.append(item)
+    return out
