@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import assert_bad_input, run_cli
+from tests.conftest import ROOT, assert_bad_input, run_cli
 
 SMALL = ["model.kwargs.n_layer=2", "model.kwargs.n_embd=128", "data.kwargs.max_chars=200000", "batch_size=4"]
 """A small nano GPT on little text (the real runs below take seconds)."""
@@ -126,16 +126,15 @@ def test_per_rank_state_agrees_with_a_real_cpu_run(tmp_path, strategy, nproc, dr
         assert _mib(dry.stdout, name) == pytest.approx(float(value), rel=0.02), name
 
 
-def test_the_readmes_dry_run_block_says_what_the_readme_says(tmp_path, dry):
-    """The four commands of README "Will it fit?", as written (the infer line on a big.tif made here): three fit,
-    and the fsdp line at 1,024 ranks exits 2 with the two errors the README names."""
+def test_the_clusters_pages_dry_run_block_says_what_the_page_says(tmp_path, dry):
+    """The four commands of the clusters page's "Will it fit?", as written (the infer line on a big.tif made here):
+    three fit, and the fsdp line at 1,024 ranks exits 2 with the two errors the page names."""
     import numpy as np
     import tifffile
 
-    from tests.cli.test_readme_examples import README
-
-    block = README[README.index("**Will it fit? `--dry-run --world-size N`.**"):]
-    block = re.search(r"```bash\n(.*?)```", block, flags=re.S).group(1)
+    page = (ROOT / "docs" / "clusters.md").read_text(encoding="utf-8")
+    block = page[page.index("### Will it fit? `--dry-run --world-size N`"):]
+    block = re.search(r"<!-- no-run: needs an input image -->\n```bash\n(.*?)```", block, flags=re.S).group(1)
     lines = [line.split("#")[0].split()[1:] for line in block.strip().splitlines()]
     assert [argv[0] for argv in lines] == ["train", "train", "sim", "infer"]
     tifffile.imwrite(tmp_path / "big.tif", np.random.default_rng(0).random((512, 512, 3), dtype=np.float32),

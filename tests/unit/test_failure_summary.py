@@ -122,3 +122,31 @@ def test_a_rank_that_lost_its_peer_to_another_ranks_timeout_is_not_named_as_the_
     assert _root_failure(err) == (1, crash)
     err = SimpleNamespace(failures={0: lost, 1: gone}, get_first_failure=lambda: (0, lost))
     assert _root_failure(err) == (0, lost)  # two consequences: torch's first stays
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_of_its_peers_lost_connection_and_the_only_death_recorded():
+    """Rank 0 was SIGKILLed; rank 1's collective lost its peer and rank 1 exited with its error file (or was then
+    stopped by the agent's SIGTERM) before the agent saw rank 0 go. torch times rank 0, which wrote no error file,
+    when the agent saw it (seconds later on a busy machine), so its "first" was rank 1's consequence; and the
+    restart record named both ranks as deaths."""
+    import signal
+
+    from multigpu.launch.agent import _root_failure
+    from multigpu.launch.restarts import causes
+
+    def failure(message: str | None, exitcode: int, timestamp: int):
+        data = {"message": {"message": message}} if message else {}
+        return SimpleNamespace(error_file_data=data, exitcode=exitcode, timestamp=timestamp,
+                               signal_name=lambda: signal.Signals(-exitcode).name)
+
+    killed = failure(None, -signal.SIGKILL, 105)
+    for lost in (failure("CollectiveError: gather() on rank 1 of 2 lost a peer: Connection closed by peer", 1, 100),
+                 failure("CollectiveError: gather() on rank 1 of 2 lost a peer: Connection closed by peer",
+                         -signal.SIGTERM, 100)):
+        err = SimpleNamespace(failures={0: killed, 1: lost}, get_first_failure=lambda lost=lost: (1, lost))
+        assert _root_failure(err) == (0, killed)
+        assert causes(err.failures) == {0: killed}
+    stopped = failure(None, -signal.SIGTERM, 105)  # the agent's stop alone is no death either
+    assert causes({0: killed, 1: stopped}) == {0: killed}
+    crash = failure("ValueError: boom", 1, 100)
+    assert causes({0: crash, 1: killed}) == {0: crash, 1: killed}  # two deaths of their own: both named

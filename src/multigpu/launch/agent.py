@@ -440,26 +440,27 @@ def _message(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python exception"
 
 
-_CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
-"""What a collective says when another rank left under it (multigpu.runtime.collectives): a consequence."""
-
-
 def _root_failure(err: ChildFailedError):
-    """torch's first failure, unless it is a rank that lost its peer while another rank failed within the same
-    second: a collective that timed out there, else an error of its own (not another lost peer) is the cause
-    (that rank exited, closing the connection the other was waiting on), and error files time failures to the
-    second only (torch's "first" of a tie is the lowest rank)."""
+    """torch's first failure, unless it is a consequence of another rank's (a collective that lost its peer, or a
+    rank stopped by the agent): then a collective that timed out within the same second, else an error of its own
+    within that second (error files time failures to the second; torch's "first" of a tie is the lowest rank), else
+    a rank killed by a signal other than the agent's stop. Such a rank writes no error file: torch times it when
+    the agent saw it, which is later than the peer that lost it."""
     rank, failure = err.get_first_failure()
-    if not any(c in _message(failure) for c in _CONSEQUENCES):
+    if not restarts.is_consequence(failure):
         return rank, failure
     when = failure.timestamp
-    near = [(other, candidate) for other, candidate in sorted(err.failures.items())
-            if other != rank and candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
+    others = [(other, candidate) for other, candidate in sorted(err.failures.items()) if other != rank]
+    near = [(other, candidate) for other, candidate in others
+            if candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
     for other, candidate in near:
         if "timed out after" in _message(candidate):
             return other, candidate
     for other, candidate in near:
-        if not any(c in _message(candidate) for c in _CONSEQUENCES):
+        if not restarts.is_consequence(candidate):
+            return other, candidate
+    for other, candidate in others:
+        if candidate.exitcode < 0 and not restarts.is_consequence(candidate):
             return other, candidate
     return rank, failure
 

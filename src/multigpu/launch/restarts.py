@@ -23,9 +23,27 @@ from pathlib import Path
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-__all__ = ["ReportingAgent", "describe", "reporting"]
+__all__ = ["CONSEQUENCES", "ReportingAgent", "causes", "describe", "is_consequence", "reporting"]
 
 _where: dict[str, Path | None] = {"folder": None}  # where this launch records deaths (None: stderr only)
+
+
+CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
+"""What a collective says when another rank left under it (:mod:`multigpu.runtime.collectives`): a consequence."""
+
+
+def is_consequence(failure) -> bool:
+    """Whether ``failure`` is a rank that failed because another left: a collective that lost its peer, or the
+    SIGTERM with which torch's agent stops the rest of a group once one worker died."""
+    if failure.exitcode == -signal.SIGTERM and not (failure.error_file_data or {}).get("message"):
+        return True
+    return any(words in describe(failure) for words in CONSEQUENCES)
+
+
+def causes(failures: dict) -> dict:
+    """The failures of one group that are not consequences of another's (by rank); all of them when every one
+    looks like a consequence (nothing better to name)."""
+    return {rank: f for rank, f in failures.items() if not is_consequence(f)} or dict(failures)
 
 
 def describe(failure) -> str:
@@ -54,10 +72,10 @@ class ReportingAgent(LocalElasticAgent):
 def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> None:
     host = socket.gethostname()
     records = []
-    # torch stops the rest of the group with SIGTERM once one worker dies, and lists them as failed too (in the same
-    # second: failures are timed to the second): those are the group being stopped, not deaths, unless all are
-    stopped = -signal.SIGTERM
-    died = {r: f for r, f in result.failures.items() if f.exitcode != stopped} or dict(result.failures)
+    # torch stops the rest of the group with SIGTERM once one worker died, and lists them as failed too; a rank
+    # whose collective lost its peer (the one that died) may fail on its own just before: both are the group
+    # going down, not deaths, unless nothing else failed
+    died = causes(result.failures)
     for rank, failure in sorted(died.items()):
         record = {"restart": restart, "rank": rank, "local_rank": failure.local_rank, "node": group.group_rank,
                   "host": host, "exitcode": failure.exitcode,
