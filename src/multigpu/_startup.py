@@ -59,11 +59,12 @@ def _excepthook(kind, value, traceback) -> None:
 
 
 def install() -> None:
-    if (_is_command_line() and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    if not (_is_command_line() and threading.current_thread() is threading.main_thread()):
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (`cmd &`)
         signal.signal(signal.SIGINT, _interrupted)
-        if sys.excepthook is sys.__excepthook__:  # torch failing to load under ulimit -v: one line, not a traceback
-            sys.excepthook = _excepthook
+    if sys.excepthook is sys.__excepthook__:  # torch failing to load under ulimit -v: one line, not a traceback
+        sys.excepthook = _excepthook
 
 
 def restore() -> None:

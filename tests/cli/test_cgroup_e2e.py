@@ -8,6 +8,7 @@ with the reason.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -84,16 +85,21 @@ def test_a_rank_the_oom_killer_ends_is_named_so(version, tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("limit_mib", [300, 450])
-def test_an_rlimit_as_too_small_for_torch_is_one_line(tmp_path, limit_mib):
+@pytest.mark.parametrize("limit_mib, sigint", [(300, signal.SIG_DFL), (450, signal.SIG_IGN)])
+def test_an_rlimit_as_too_small_for_torch_is_one_line(tmp_path, limit_mib, sigint):
     """Under a ``ulimit -v`` too small to load torch the command itself died in a traceback through the imports
-    ("failed to map segment from shared object", or a MemoryError, as the limit falls)."""
+    ("failed to map segment from shared object", or a MemoryError, as the limit falls). Also with SIGINT ignored,
+    as a command started in the background of a script (`nohup multigpu ... &`) has it: the line came only where
+    Ctrl-C could be answered."""
     import resource
+
+    def limited():
+        signal.signal(signal.SIGINT, sigint)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     limit = limit_mib << 20
     proc = subprocess.run([sys.executable, "-m", "multigpu", "train", "-f", "nano", "--run-dir", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+                          capture_output=True, text=True, timeout=120, preexec_fn=limited)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: multigpu cannot load torch under ulimit -v (RLIMIT_AS) of {limit_mib} MiB ")
     assert "valid: ulimit -v unlimited" in proc.stderr and not (tmp_path / "r").exists()

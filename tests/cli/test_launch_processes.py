@@ -52,9 +52,12 @@ class _Jobs:
     def start(self, *args: str, cli: list[str] | None = None, capture: bool = True,
               env: dict[str, str] | None = None) -> subprocess.Popen:
         out = subprocess.PIPE if capture else subprocess.DEVNULL
+        # as typed at a terminal: SIGINT at its default (a `make test &` in a script starts everything with it
+        # ignored, which a Ctrl-C test must not inherit)
         proc = subprocess.Popen([*(cli or [sys.executable, "-m", "multigpu"]), *args], cwd=ROOT, text=True,
                                 stdout=out, stderr=out,
-                                env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.procs.append(proc)
         return proc
 
