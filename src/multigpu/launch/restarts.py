@@ -35,7 +35,7 @@ CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
 def is_consequence(failure) -> bool:
     """Whether ``failure`` is a rank that failed because another left: a collective that lost its peer, or the
     SIGTERM with which torch's agent stops the rest of a group once one worker died."""
-    if failure.exitcode == -signal.SIGTERM and not (failure.error_file_data or {}).get("message"):
+    if failure.exitcode == -signal.SIGTERM:  # its error file, if any, says what the stop interrupted
         return True
     return any(words in describe(failure) for words in CONSEQUENCES)
 
