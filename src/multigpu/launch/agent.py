@@ -605,7 +605,7 @@ def _lost_node(session, err: ChildFailedError) -> str | None:
     heartbeat's deadline passed: wait for that, but not for a failure of this node's own making."""
     if not session.lost:
         _, failure = _root_failure(err)
-        if failure.exitcode > 0 and not any(c in _message(failure) for c in _CONSEQUENCES):
+        if failure.exitcode > 0 and not restarts.is_consequence(failure):
             return None
         session.wait_lost(session.beat_deadline_s + 2 * nodes.BEAT_S)
     return nodes.lost_line(session, min(session.lost)) if session.lost else None
