@@ -27,9 +27,8 @@ import torch.distributed as dist
 from multigpu.checkpoint import CheckpointStore, Sharded, verify
 from multigpu.errors import ConfigError
 from multigpu.runtime import collectives, group
-from multigpu.sim import exchange
 from multigpu.sim.engine import SimEngine
-from multigpu.sim.state import AgentState
+from multigpu.sim.population import agents_by_id, id_range
 
 __all__ = ["EngineAgents", "load", "meta", "parts", "save"]
 
@@ -38,11 +37,6 @@ def _world() -> tuple[int, int]:
     if group.is_initialized() and group.world_size() > 1:
         return group.rank(), group.world_size()
     return 0, 1
-
-
-def _id_range(n: int, rank: int, world: int) -> tuple[int, int]:
-    per = -(-n // world)
-    return min(n, rank * per), min(n, (rank + 1) * per)
 
 
 def _wrap(local: torch.Tensor, n: int):
@@ -79,23 +73,9 @@ class EngineAgents:
         self.engine = engine
 
     def state_dict(self) -> dict:
-        engine = self.engine
-        rank, world = _world()
-        engine.flush()
-        n = engine.num_agents
-        # a copy of this rank's agents, sent to the owner of their id range, sorted by id
-        copy = AgentState(engine.state.schema, engine.state.n, engine.device)
-        copy.append({k: engine.state[k] for k in copy.schema})
-        if world > 1:
-            per = -(-n // world)
-            dest = (copy["id"].to(torch.int64) // per).to(torch.int32)
-            away = torch.nonzero(dest != rank).reshape(-1)
-            exchange.migrate(copy, away, dest[away])
-        fields = copy.sorted_by_id()
-        lo, hi = _id_range(n, rank, world)
-        if fields["id"].numel() != hi - lo:
-            raise RuntimeError(f"checkpoint: rank {rank} holds {fields['id'].numel()} agents, expected {hi - lo}")
-        return _Agents(fields, n).state_dict()
+        self.engine.flush()
+        fields, _, _ = agents_by_id(self.engine)  # a copy, each agent on the owner of its id range, by id
+        return _Agents(fields, self.engine.num_agents).state_dict()
 
 
 def parts(engine: SimEngine) -> dict:
@@ -146,7 +126,7 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     _check_compatible(engine, meta, directory)
     rank, world = _world()
     n = engine.num_agents
-    lo, hi = _id_range(n, rank, world)
+    lo, hi = id_range(n, rank, world)
     part = _Agents({k: torch.empty(hi - lo, dtype=dt, device=engine.device)
                     for k, dt in engine.state.schema.items()}, n)
     CheckpointStore(directory.parent).load(directory, {"agents": Sharded(part)})

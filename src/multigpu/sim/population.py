@@ -43,7 +43,7 @@ import torch
 from multigpu.errors import ConfigError, OutputError
 from multigpu.files import cannot_write, user_made, user_umask
 
-__all__ = ["agents_by_id", "check_target", "check_values", "columns", "num_rows", "read_rows", "save",
+__all__ = ["agents_by_id", "check_target", "check_values", "columns", "id_range", "num_rows", "read_rows", "save",
            "unused_value"]
 
 _SUFFIXES = (".npz", ".csv", ".parquet")
@@ -288,7 +288,8 @@ def check_values(path: str | Path, model, params, chunk: int = 1 << 20) -> None:
 
 
 # ----------------------------------------------------------------------------- writing
-def _id_range(n: int, rank: int, world: int) -> tuple[int, int]:
+def id_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """The agent ids ``[lo, hi)`` rank ``rank`` of ``world`` holds in id order: ``ceil(N / P)`` ids per rank."""
     per = -(-n // world)
     return min(n, rank * per), min(n, (rank + 1) * per)
 
@@ -309,7 +310,7 @@ def agents_by_id(engine) -> tuple[dict[str, torch.Tensor], int, int]:
         away = torch.nonzero(dest != rank).reshape(-1)
         exchange.migrate(copy, away, dest[away])
     fields = copy.sorted_by_id()
-    lo, hi = _id_range(n, rank, world)
+    lo, hi = id_range(n, rank, world)
     if fields["id"].numel() != hi - lo:
         raise RuntimeError(f"rank {rank} holds {fields['id'].numel()} agents of id range {lo}..{hi}")
     return fields, lo, hi
@@ -333,7 +334,7 @@ def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iter
     yield _numpy(fields[name])
     dtype = fields[name].dtype
     for r in range(1, engine.world):
-        lo, hi = _id_range(engine.num_agents, r, engine.world)
+        lo, hi = id_range(engine.num_agents, r, engine.world)
         # on the senders' device: a GPU tensor is sent over NCCL and must be received over NCCL
         buf = torch.empty((hi - lo) * fields[name].element_size(), dtype=torch.uint8, device=mine.device)
         with _translate("save_agents"):
