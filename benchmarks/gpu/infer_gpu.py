@@ -12,12 +12,13 @@ blending, bf16 autocast around the model on a GPU, fp32 on a CPU):
 * input: one 1 x 1 x S x S float32 image on the host (S = 4096: 441 windows of 256).
 
 Timed host to host, the median of ``--repeats`` after a warm-up:
-``ours`` takes the host tensor (cuts windows on the host, copies each batch to
-the GPU, stitches on the host) and returns a host tensor; ``monai`` is what a
+``ours`` takes the host tensor (moves it to the GPU once, cuts windows and
+stitches there when they fit, else cuts and stitches on the host, a batch
+behind the GPU) and returns a host tensor; ``monai`` is what a
 MONAI user writes: ``sliding_window_inference(x.cuda(), ...).cpu()``. Also
 reported: MONAI with the input already on the GPU and the output left there
 (no copies: its best case), and MONAI with ``sw_device=cuda, device=cpu``
-(windows on the GPU, stitching on the host, as ours). The outputs are compared
+(windows on the GPU, stitching on the host, as ours where the GPU is short of memory). The outputs are compared
 (largest difference over the output's largest value). Target: ours >= 1.0x monai.
 """
 
