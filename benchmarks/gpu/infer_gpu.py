@@ -90,12 +90,16 @@ def main() -> int:
 
     run_ours(x[..., : args.roi, : args.roi])  # warm-up: kernels, allocator
     mine, mine_s = _median_seconds(lambda: run_ours(x), device, args.repeats)
+    from multigpu.infer.runner import PHASE_SECONDS  # where the last run's host time went (queueing, on a GPU)
+
+    phases = {k: round(v, 4) for k, v in PHASE_SECONDS.items()}
     record = {"benchmark": "infer_gpu", "machine": _common.machine(),
               "config": {"model": model_name, "size": args.size, "roi": args.roi, "batch": args.batch,
                          "overlap": args.overlap, "blend": blend, "precision": precision, "windows": windows},
               "ours": {"seconds": mine_s, "windows_per_s": windows / mine_s,
-                       "peak_memory_gib": _common.peak_memory_gib(device)}}
-    print(f"  ours                               {mine_s:7.3f} s  {windows / mine_s:9.1f} windows/s", flush=True)
+                       "peak_memory_gib": _common.peak_memory_gib(device), "phases_s": phases}}
+    print(f"  ours                               {mine_s:7.3f} s  {windows / mine_s:9.1f} windows/s  (phases, s: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()) + ")", flush=True)
     try:
         from monai.inferers import sliding_window_inference
     except ImportError as exc:
