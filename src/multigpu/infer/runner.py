@@ -591,6 +591,18 @@ def _assemble(share: _Share, layout: _Layout, exchange: _Exchange, image: int, o
     share.canvases.pop(image, None)
 
 
+def _whole_canvas(share: _Share, groups: list[int] | None) -> torch.Tensor | None:
+    """One process and one image whose canvas is exactly its output (no padding to crop): the sums divided in place
+    and returned (on the host), as MONAI does; no second image-sized buffer. None in every other case."""
+    if share.distributed or groups is not None or len(share.images) != 1 or share.meta is None:
+        return None
+    canvas = share.canvases.get(0)
+    if canvas is None or canvas.box != share.plan.crop_box(0, share.meta.scale):
+        return None
+    share.canvases.pop(0)
+    return canvas.acc.div_(canvas.weight).to("cpu")  # the same quotient as blended(); on a GPU, one copy back
+
+
 def sliding_window(
     inputs: torch.Tensor | Sequence[torch.Tensor],
     model: Callable[[torch.Tensor], torch.Tensor],
@@ -682,11 +694,16 @@ def sliding_window(
             exchange.finish_receiving()
             exchange.agree_on_output()
         exchange.exchange_spill()
-        # 3. assembly on rank 0, slab by slab
-        with _phase("assemble"):
-            outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
-        for i in range(len(images)):
-            _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
+        # 3. assembly on rank 0, slab by slab (one process, one image: its canvas divided in place)
+        whole = _whole_canvas(share, groups)
+        if whole is not None:
+            with _phase("assemble"):
+                outputs = (whole[None], None)
+        else:
+            with _phase("assemble"):
+                outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
+            for i in range(len(images)):
+                _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
     if own_meter:
         meter.close({"num_windows": share.plan.num_windows, "num_images": len(images), "roi": list(roi)})
     return None if outputs is None else packed.unpack(outputs[0])
