@@ -18,7 +18,7 @@ from multigpu.errors import ShapeMismatchError
 from multigpu.infer import sliding_window
 from multigpu.infer.stitch import Canvas
 from multigpu.runtime import collectives, group
-from multigpu.runtime.env import DistEnv
+from multigpu.runtime.group import DistEnv
 from multigpu.testing.fakecuda import fake_cuda, fake_group, is_fake
 
 

@@ -25,7 +25,7 @@ import torch
 from multigpu.config import from_dict, load_yaml
 from multigpu.presets import preset_names
 from multigpu.runtime import group
-from multigpu.runtime.env import DistEnv
+from multigpu.runtime.group import DistEnv
 from multigpu.sim import Model, Substep, calibration, models, network, population
 from multigpu.sim.api import MODELS, get_model
 from multigpu.sim.config import SimConfig
