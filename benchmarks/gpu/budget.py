@@ -53,7 +53,10 @@ def plan(script: str) -> dict[str, dict]:
 
 
 def collected(files: list[str]) -> list[str]:
-    """The GPU tests of ``files`` (``path::name[params]``), collected by pytest in this process."""
+    """The GPU tests of ``files`` (``path::name[params]``, the path from the repository root), collected by pytest in
+    this process."""
+    if not files:
+        return []
     import pytest
 
     class Keep:
@@ -67,6 +70,12 @@ def collected(files: list[str]) -> list[str]:
     with contextlib.redirect_stdout(io.StringIO()):
         pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *files], plugins=[keep])
     return keep.ids
+
+
+def _of(ids: list[str], files: list[str]) -> list[str]:
+    """The collected tests that belong to ``files`` (paths as run_all.sh names them, from the repository root)."""
+    mine = {(ROOT / f).resolve() for f in files}
+    return [test for test in ids if (ROOT / test.split("::")[0]).resolve() in mine]
 
 
 def tests_estimate(ids: list[str]) -> dict[str, float]:
@@ -108,12 +117,13 @@ def main() -> int:
     if unknown:
         print(f"error: no step {', '.join(unknown)} in run_all.sh; valid: {', '.join(steps)}", file=sys.stderr)
         return 2
+    chosen = {name: step for name, step in steps.items() if not args.steps or name in args.steps}
+    # every chunk's tests in one collection (pytest's start and its conftest imports once, not once per chunk)
+    ids = collected([f for step in chosen.values() for f in step.get("tests", ())])
     over = []
-    for name, step in steps.items():
-        if args.steps and name not in args.steps:
-            continue
-        parts = tests_estimate(collected(step["tests"])) if "tests" in step else script_estimate(step["script"],
-                                                                                                   step["args"])
+    for name, step in chosen.items():
+        parts = tests_estimate(_of(ids, step["tests"])) if "tests" in step else script_estimate(step["script"],
+                                                                                                 step["args"])
         total = sum(parts.values())
         if total > step["cap"] or ("tests" in step and len(parts) == 1):
             over.append(name)

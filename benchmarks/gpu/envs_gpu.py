@@ -126,7 +126,10 @@ def main() -> int:
     # ours at every size first, alone on the machine: the peers' processes (one per core, each importing torch
     # as it starts) must not share the CPU that feeds the GPU while ours is measured
     rows = [{"num_envs": n, "ours": ours(n, seconds, device)} for n in sizes]
-    pool = None if args.no_peers else mp.get_context("spawn").Pool(procs)  # started once: every size reuses it
+    # started once: every size reuses it. Fresh interpreters on the GPU machine (a fork would copy CUDA's state);
+    # --quick on the CPU forks them: no CUDA here, and each spawned one spent its seconds importing torch again
+    start = "fork" if args.quick and device.type == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
+    pool = None if args.no_peers else mp.get_context(start).Pool(procs)
     for row in rows:
         n = row["num_envs"]
         if pool is not None:

@@ -45,6 +45,14 @@ def make_model(quick: bool) -> tuple[torch.nn.Module, str]:
     return BasicUNet(spatial_dims=2, in_channels=1, out_channels=1, features=features).eval(), f"BasicUNet{features}"
 
 
+def _without_transformers() -> None:
+    """--quick: MONAI's first import imports every subpackage of it, and one of its networks (TransChex, unused here)
+    imports transformers, which brings accelerate and torch._dynamo: most of this script's seconds on a CPU. Hidden
+    (``None`` in ``sys.modules``), it is an optional dependency MONAI goes without; ``BasicUNet`` and
+    ``sliding_window_inference`` never use it. The GPU run imports MONAI as its users do."""
+    sys.modules.setdefault("transformers", None)
+
+
 def _median_seconds(fn, device: torch.device, repeats: int):
     out, times = None, []
     for _ in range(repeats):
@@ -64,6 +72,7 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.size, args.roi, args.batch, args.repeats = 160, 64, 4, 1
+        _without_transformers()
     if args.size < 1 or args.roi < 1 or args.batch < 1 or args.repeats < 1 or not 0 <= args.overlap < 1:
         print("error: --size, --roi, --batch and --repeats must be >= 1 and --overlap in [0, 1)", file=sys.stderr)
         return 2

@@ -209,7 +209,8 @@ def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_pa
     (and a KeyboardInterrupt traceback while it imported torch). The launcher gets SIGINT once both workers are
     inside ``site``, where they stay (a 3 s sleep there once let a slow machine's workers past it first). Workers
     with an interpreter of their own: the launcher called from code (``main(argv)``), which starts them as fresh
-    processes (the console script forks them instead)."""
+    processes (the console script forks them instead). The launcher returns within seconds: it once waited
+    torch's 30 s stop timeout for the held workers, which had the signal pending, then SIGKILLed them."""
     slow = tmp_path / "slow_site"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(_HELD_SITE)
@@ -224,8 +225,11 @@ def test_ctrl_c_while_the_workers_start_up_stops_them_with_one_line(jobs, tmp_pa
         time.sleep(0.02)
     pids = jobs.watch(sorted(_workers(proc)))
     assert len(pids) == 2
+    start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
+    # the agent waited its whole 30 s stop timeout for workers that had the signal pending, then SIGKILLed them
+    assert time.monotonic() - start < WITHIN_S, f"Ctrl-C took {time.monotonic() - start:.1f} s to return"
     assert "Fatal Python error" not in err and "init_import_site" not in err and "Traceback" not in err, err
     assert proc.returncode == 130, err
     assert _stderr_lines(err) == ["error: interrupted"], err

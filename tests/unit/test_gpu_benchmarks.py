@@ -8,6 +8,7 @@ XML into the results file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -63,16 +64,22 @@ def test_sim_gpu_quick_measures_and_checks_the_digest(rehearsal):
     assert r["peer"]["same_digest"] and r["targets"]["same digest as the CPU"] is True
 
 
+def _installed(name: str):
+    """Skip unless ``name`` is installed, without importing it here (MONAI's import takes seconds: the rehearsal's
+    step imported it already, and this process has no use for it)."""
+    return pytest.mark.skipif(importlib.util.find_spec(name) is None, reason=f"{name} is not installed")
+
+
+@_installed("gymnasium")
 def test_envs_gpu_quick_measures_ours_and_gymnasium(rehearsal):
-    pytest.importorskip("gymnasium")
     r = rehearsal[1]["steps"]["envs"]["record"]
     assert r["ours"][0]["env_steps_per_s"] > 0
     gym = r["peer"][0]["gymnasium"]
     assert gym["env_steps_per_s"] > 0 and gym["procs"] == 2 and r["ratio"] > 0
 
 
+@_installed("monai")
 def test_infer_gpu_quick_matches_monai(rehearsal):
-    pytest.importorskip("monai")
     r = rehearsal[1]["steps"]["infer"]["record"]
     assert r["ours"]["windows_per_s"] > 0 and r["peer"]["monai"]["windows_per_s"] > 0
     assert r["output_difference"] < 1e-4 and r["config"]["model"].startswith("BasicUNet")

@@ -49,7 +49,8 @@ and no traceback: the launcher says "interrupted" once for the whole job
 are born with SIGINT blocked (see :mod:`multigpu.launch.processes`), and unblocking
 it is the first thing this wrapper does, inside that handler: a Ctrl-C while the
 interpreter was still starting (importing ``site``, a fatal error there) ends the
-worker the same way.
+worker the same way, or, where the worker is still starting when the agent stops the workers, the SIGTERM the
+launcher sends it then does (its default action: nothing printed).
 Before the script runs it also notes, in ``<stacks dir>/joined/rank<R>``, the first time this rank joins a
 process group (``torch.distributed.init_process_group``, which ``mg.init``, accelerate, Lightning and
 ``init_device_mesh`` all reach), so the launcher can tell a job from N independent copies of a script.

@@ -35,6 +35,8 @@ Workers are born with SIGINT *blocked* (the signal mask survives ``exec``; torch
 whose interpreter is still starting stays pending instead of raising ``KeyboardInterrupt`` inside
 ``import site``, which is a fatal error of the interpreter ("Fatal Python error: init_import_site"). The
 worker wrapper unblocks it first thing, inside its handler of ``KeyboardInterrupt`` (exit 130, no traceback).
+A worker that still has it blocked when the agent stops the workers on Ctrl-C is sent SIGTERM as well, which ends
+it at once (the agent otherwise waited its 30 s stop timeout for it, then SIGKILLed it).
 """
 
 from __future__ import annotations
@@ -229,6 +231,41 @@ def _set_handlers(handlers: dict) -> dict:
     return previous
 
 
+def _sigint_blocked(pid: int) -> bool:
+    """Whether process ``pid`` still has SIGINT blocked (Linux: its ``SigBlk`` in ``/proc``): a worker not yet
+    past its start-up (the wrapper unblocks it first thing). False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("SigBlk:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _stop_a_starting_worker_too(handler) -> None:
+    """Make torch's stop of this worker (``handler.close(SIGINT)`` on Ctrl-C) end it at once while it is starting.
+
+    SIGINT stays pending in a worker whose interpreter is still starting (importing ``site``, a slow
+    ``sitecustomize`` or ``.pth`` file, the wrapper's own imports): the agent waited its whole stop timeout (30 s)
+    for it, then SIGKILLed it, so Ctrl-C took 30 s to return. Such a worker has run none of the script (nothing
+    to save): it also gets SIGTERM, whose default action ends it without a word, as Python leaves SIGTERM alone
+    during start-up. A worker past its start-up (SIGINT unblocked) gets SIGINT alone, as before."""
+    close = getattr(handler, "close", None)
+    proc = getattr(handler, "proc", None)
+    if close is None or proc is None:
+        return
+
+    def close_starting_too(death_sig=None):
+        close(death_sig=death_sig)
+        if death_sig == signal.SIGINT and _sigint_blocked(proc.pid):
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGTERM)  # its group, as torch's close signals (its own session)
+
+    handler.close = close_starting_too
+
+
 @contextlib.contextmanager
 def _workers_born_with_sigint_blocked() -> Iterator[None]:
     """While the job runs, torch's agent starts every worker (restarts too) with SIGINT blocked."""
@@ -242,9 +279,11 @@ def _workers_born_with_sigint_blocked() -> Iterator[None]:
     def _spawn_with_sigint_blocked(*args, **kwargs):
         before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only; the child inherits it
         try:
-            return original(*args, **kwargs)
+            handler = original(*args, **kwargs)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C meanwhile is delivered here, not lost
+        _stop_a_starting_worker_too(handler)
+        return handler
 
     api.get_subprocess_handler = _spawn_with_sigint_blocked
     try:
