@@ -1,10 +1,13 @@
-"""An elastic training job (``--nnodes 1:2``) on two loopback nodes loses one (its launcher SIGKILLed) and goes on.
+"""Elastic jobs (``--nnodes 1:2``) on two loopback nodes lose one (its launcher SIGKILLed) and go on.
 
-One launch, several assertions: the survivor names the lost node in one line, torch's agent re-forms the job at
-the smaller size, the run resumes its newest checkpoint re-split for one rank (keeping the global batch), the
-resize is recorded (from 2 to 1 ranks, the step, the check that the state loaded is the state saved: bit-exact
-for ddp) in the run folder and in summary.json, and the job finishes every step. The test holds the rendezvous
-store itself (is_host=false), as the other two-node tests do, so no port is chosen by hand.
+One launch per workload, several assertions each: the survivor names the lost node in one line, torch's agent
+re-forms the job at the smaller size, the run resumes its newest checkpoint re-split for one rank, the resize is
+recorded (from 2 to 1 ranks, the step, the check that the state loaded is the state saved) in the run folder and
+in summary.json, and the job finishes every step. Training keeps its global batch (bit-exact check for ddp); the
+simulation's job also gets its lost node back (a new launcher with the same rendezvous), grows to 2 ranks again
+(records 2 -> 1 -> 2, each bit-exact: the re-partitioned agents' digest is the saved one) and ends with the
+agents an uninterrupted one-rank run ends with. The tests hold the rendezvous store themselves (is_host=false),
+as the other two-node tests do, so no port is chosen by hand.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +78,119 @@ def test_an_elastic_train_job_loses_a_node_and_finishes_at_the_smaller_size_with
     assert record["check"]["equal"] and record["check"]["bit_exact"]
     assert record["checkpoint"].endswith(f"step_{int(resized[1]):08d}")
     assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == [record]
+
+
+_PACE = """import os, time
+
+
+class Paced:
+    def on_step(self, event):
+        if os.path.exists(os.environ["PACE_GATE"]):
+            time.sleep(0.1)
+
+
+def hook():
+    return Paced()
+"""
+
+
+def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
+    """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes: once a checkpoint of 2 ranks is on disk node 1's
+    launcher is SIGKILLed; once the job has resized to 1 rank a new node 1 joins; once it has grown back the job
+    runs to its end. Each step sleeps 0.1 s until then (a test-only callback, ``callbacks=[pace_here:hook]``)
+    so the job cannot end before it has been through both. Returns the launchers (node 0, the lost node 1, the
+    new node 1) and their (stdout, stderr)."""
+    from torch.distributed import TCPStore
+
+    from multigpu.checkpoint.resize import read_resizes
+
+    (tmp_path / "pace_here.py").write_text(_PACE)
+    gate = tmp_path / "paced"
+    gate.write_text("")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    argv = [sys.executable, "-m", "multigpu", *workload, "callbacks=[pace_here:hook]", "--nnodes", "1:2",
+            "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+            "--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
+            "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PACE_GATE": str(gate),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([*argv, "--node-rank", str(rank)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def wait_for(what: str, done) -> None:
+        deadline = time.monotonic() + 120
+        while not done():
+            alive = [p.poll() is None for p in procs if p is not procs[1]]
+            assert time.monotonic() < deadline and all(alive), (what, [p.communicate(timeout=30) for p in procs])
+            time.sleep(0.2)
+
+    procs = [node(0), node(1)]
+    try:
+        wait_for("a checkpoint of 2 ranks", lambda: any(json.loads(m.read_text()).get("world_size") == 2
+                                                       for m in run.glob("checkpoints/step_*/manifest.json")))
+        time.sleep(1)
+        procs[1].kill()  # node 1's launcher, as a lost machine: without a word
+        procs[1].wait()
+        wait_for("the resize to 1 rank", lambda: len(read_resizes(run)) >= 1)
+        procs.append(node(1))  # the node comes back (a new launcher, the same rendezvous and run folder)
+        wait_for("the resize back to 2 ranks", lambda: len(read_resizes(run)) >= 2)
+        gate.unlink()
+        outputs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    return procs, outputs
+
+
+def _lost_line(err: str, workload: str) -> None:
+    lost = [line for line in err.splitlines() if "was lost" in line]
+    assert len(lost) == 1 and re.fullmatch(
+        r"multigpu: node 1 \(.+\) \(rank 1\) was lost: its launcher sent no heartbeat for 3s .*; last step finished: "
+        r"rank 0: \d+, rank 1: \d+; the job goes on with the nodes left \(--nnodes 1:2\)", lost[0]), (workload, err)
+
+
+@pytest.mark.fault
+def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_of_an_uninterrupted_run(tmp_path):
+    run = tmp_path / "run"
+    steps = 400
+    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "10",
+           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    assert "error:" not in err_new, err_new
+    _lost_line(err, "sim")
+    said = re.findall(r"multigpu sim: resized from (\d) to (\d) rank\(s\) at step (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-3001)\)", out)
+    assert [(int(a), int(b)) for a, b, _, _ in said] == [(2, 1), (1, 2)], out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["final_step"]) == (2, steps), summary
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s, _ in said]
+    for entry, (*_, digest) in zip(records, said, strict=True):
+        check = entry["check"]
+        assert check["equal"] and check["bit_exact"] and check["parts"] == ["agents"], entry
+        assert check["saved_digest"] == check["loaded_digest"] == digest, entry
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert manifest["meta"]["state_digest"] == digest and manifest["step"] == entry["step"]
+    assert records[0]["step"] < records[1]["step"] < steps
+    assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == records
+
+    # the job ends where an uninterrupted run on one rank ends: the agents are split-independent, and so is
+    # every resume (this process, no launcher)
+    from multigpu.config import load_config
+    from multigpu.sim.checkpoint import state_digest
+    from multigpu.sim.config import SimConfig
+    from multigpu.sim.engine import SimEngine
+
+    cfg = load_config(SimConfig, ROOT / "src/multigpu/presets/sir.yaml",
+                      ["agents=3001", "grid=[30,30]", f"steps={steps}", "compile=false", "plot=false"])
+    engine = SimEngine(cfg)
+    engine.run()
+    assert summary["state_digest"] == state_digest(engine)
