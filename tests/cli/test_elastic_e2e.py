@@ -194,3 +194,32 @@ def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_o
     engine = SimEngine(cfg)
     engine.run()
     assert summary["state_digest"] == state_digest(engine)
+
+
+@pytest.mark.fault
+def test_an_elastic_rl_job_loses_a_node_gets_it_back_with_the_same_environments_re_split(tmp_path):
+    run = tmp_path / "run"
+    updates = 300
+    rl = ["rl", "-f", "ppo-cartpole", "num_envs=8", "num_steps=8", f"total_env_steps={8 * 8 * updates}",
+          "target_return=null", "num_minibatches=2", "update_epochs=1", "checkpoint_every=5", "keep_last=100",
+          "log_every=100"]
+    procs, outputs = _lose_and_rejoin(tmp_path, rl, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    _lost_line(err, "rl")
+    said = re.findall(r"multigpu rl: resized from (\d) to (\d) rank\(s\) at update (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-8)\)", out)
+    assert [(int(a), int(b)) for a, b, _, _ in said] == [(2, 1), (1, 2)], out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["rl"]["world_size"], summary["rl"]["updates"]) == (2, updates), summary["rl"]
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s, _ in said]
+    for entry, (*_, digest) in zip(records, said, strict=True):
+        check = entry["check"]
+        assert check["equal"] and check["bit_exact"] and check["parts"] == ["envs"], entry
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert check["saved_digest"] == manifest["meta"]["env_digest"] == digest and manifest["step"] == entry["step"]
+        # the checkpoint's environments were written by the size the record says (every rank's, in id order)
+        assert manifest["world_size"] == entry["from_ranks"]
+    assert records[0]["step"] < records[1]["step"] < updates
