@@ -202,3 +202,57 @@ def test_an_elastic_rl_job_loses_a_node_gets_it_back_with_the_same_environments_
         # the checkpoint's environments were written by the size the record says (every rank's, in id order)
         assert manifest["world_size"] == entry["from_ranks"]
     assert records[0]["step"] < records[1]["step"] < updates
+
+
+@pytest.mark.fault
+def test_losing_node_0_which_hosts_the_rendezvous_store_ends_an_elastic_job_in_one_line(tmp_path):
+    """torch's c10d store lives in node 0's launcher: without it no node can re-form the job, elastic or not.
+    Before, the survivor ended with "error: the launcher could not start the job: The connection to the C10d
+    store has failed", which named neither node 0 nor why. Here node 0 hosts the store itself (a port held
+    bound but not listening until its launcher takes it, as the scheduler tests do: no fixed port)."""
+    import socket
+
+    (tmp_path / "pace_here.py").write_text(_PACE)
+    gate = tmp_path / "paced"
+    gate.write_text("")  # the job runs until it is lost
+    run = tmp_path / "run"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=400",
+            "--checkpoint-every", "10", "compile=false", "plot=false", "callbacks=[pace_here:hook]", "--nnodes", "1:2",
+            "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PACE_GATE": str(gate),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*argv, "--node-rank", str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not any(json.loads(m.read_text()).get("world_size") == 2
+                      for m in run.glob("checkpoints/step_*/manifest.json")):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate(timeout=30) for p in procs]
+            time.sleep(0.2)
+        sock.close()
+        time.sleep(1)
+        procs[0].kill()  # node 0's launcher, and the store in it
+        procs[0].wait()
+        lost = time.monotonic()
+        _, err = procs[1].communicate(timeout=60)
+        took = time.monotonic() - lost
+    finally:
+        sock.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[1].returncode == 1, err
+    said = [line for line in err.splitlines() if line.startswith(("error:", "multigpu: node"))]
+    assert len(said) == 1 and re.fullmatch(
+        rf"error: node 0 \(.+\) was lost, and with it the rendezvous store its launcher hosts at {endpoint} \(torch's "
+        r"c10d store lives on node 0\): the job cannot go on without it, also with --nnodes 1:2; last step finished: "
+        r"rank 0: \d+, rank 1: \d+", said[0]), err
+    assert err.rstrip().endswith(said[0]) and took < 30, (took, err[-2000:])  # the last line, within seconds
