@@ -268,6 +268,10 @@ def pytest_sessionfinish(session, exitstatus):
         if LEFT_BEHIND:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
+    compile_pool = sys.modules.get("torch._inductor.async_compile")
+    if compile_pool is not None:  # torch.compile's pool of compile workers: torch ends it at interpreter exit,
+        with contextlib.suppress(Exception):  # after this check; ended here instead (the first GPU call counted it)
+            compile_pool.shutdown_compile_workers()
     deadline = time.monotonic() + 10
     while (left := _suite_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)

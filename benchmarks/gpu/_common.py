@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
-STARTUP_S = 10.0
-"""A fresh Python process importing torch and starting CUDA on the GPU machine (estimates for run_all.sh's caps)."""
-COMPILE_COLD_S = 50.0
-"""A cold ``torch.compile`` of GPT-2 small's forward and backward on one H100 (the inductor cache empty)."""
-COMPILE_WARM_S = 20.0
-"""The same graph compiled again in another process: inductor's on-disk caches answer most of it."""
+STARTUP_S = 6.0
+"""A fresh Python process importing torch and starting CUDA on the GPU machine (estimates for run_all.sh's caps;
+the first GPU call, one H200 on 2026-11-27: the whole smoke step, start included, took 11 s)."""
+COMPILE_COLD_S = 30.0
+"""A cold ``torch.compile`` of GPT-2 small's forward and backward (the inductor cache empty): 20.8 s to the first
+step on that H200, rounded up."""
+COMPILE_WARM_S = 10.0
+"""The same graph compiled again in another process, inductor's on-disk caches answering most of it: 3.2 s there."""
 H100_BF16_FLOPS = 989e12
 ASSUMED_MFU = 0.30
 """What the estimates assume a training step reaches (the target is 0.40: an estimate must not count on it)."""

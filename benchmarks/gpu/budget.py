@@ -30,8 +30,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 PYTEST_START_S = 10.0
 """pytest starting, importing torch and collecting its files on the GPU machine."""
-TEST_SECONDS = {"test_launch_gpu.py": 8.0}
-"""A GPU test's seconds on one H100, by file: the launcher's end-to-end jobs start processes of their own."""
+TEST_SECONDS = {"test_launch_gpu.py": 6.0, "test_train_gpu.py": 6.0, "test_monitor_doctor_gpu.py": 8.0,
+                "test_sim_gpu.py": 4.0}
+"""A GPU test's seconds on one GPU, by file: the launcher's end-to-end jobs start processes of their own; the
+others from the first GPU call (one H200, 2026-11-27: training's DDP tests 8-16 s with their 2-rank fixture, the
+doctor's test starts a 2-rank job)."""
 DEFAULT_TEST_S = 3.0
 
 

@@ -12,12 +12,13 @@ blending, bf16 autocast around the model on a GPU, fp32 on a CPU):
 * input: one 1 x 1 x S x S float32 image on the host (S = 4096: 441 windows of 256).
 
 Timed host to host, the median of ``--repeats`` after a warm-up:
-``ours`` takes the host tensor (cuts windows on the host, copies each batch to
-the GPU, stitches on the host) and returns a host tensor; ``monai`` is what a
+``ours`` takes the host tensor (moves it to the GPU once, cuts windows and
+stitches there when they fit, else cuts and stitches on the host, a batch
+behind the GPU) and returns a host tensor; ``monai`` is what a
 MONAI user writes: ``sliding_window_inference(x.cuda(), ...).cpu()``. Also
 reported: MONAI with the input already on the GPU and the output left there
 (no copies: its best case), and MONAI with ``sw_device=cuda, device=cpu``
-(windows on the GPU, stitching on the host, as ours). The outputs are compared
+(windows on the GPU, stitching on the host, as ours where the GPU is short of memory). The outputs are compared
 (largest difference over the output's largest value). Target: ours >= 1.0x monai.
 """
 
@@ -89,12 +90,16 @@ def main() -> int:
 
     run_ours(x[..., : args.roi, : args.roi])  # warm-up: kernels, allocator
     mine, mine_s = _median_seconds(lambda: run_ours(x), device, args.repeats)
+    from multigpu.infer.runner import PHASE_SECONDS  # where the last run's host time went (queueing, on a GPU)
+
+    phases = {k: round(v, 4) for k, v in PHASE_SECONDS.items()}
     record = {"benchmark": "infer_gpu", "machine": _common.machine(),
               "config": {"model": model_name, "size": args.size, "roi": args.roi, "batch": args.batch,
                          "overlap": args.overlap, "blend": blend, "precision": precision, "windows": windows},
               "ours": {"seconds": mine_s, "windows_per_s": windows / mine_s,
-                       "peak_memory_gib": _common.peak_memory_gib(device)}}
-    print(f"  ours                               {mine_s:7.3f} s  {windows / mine_s:9.1f} windows/s", flush=True)
+                       "peak_memory_gib": _common.peak_memory_gib(device), "phases_s": phases}}
+    print(f"  ours                               {mine_s:7.3f} s  {windows / mine_s:9.1f} windows/s  (phases, s: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()) + ")", flush=True)
     try:
         from monai.inferers import sliding_window_inference
     except ImportError as exc:

@@ -11,7 +11,10 @@ then ``--steps`` timed steps between two ``cuda.synchronize()``. Agent-steps/s
 (``--chunk-size``, default 2**26 agents: a chunk of the CPU's default 2**18
 would cost ~4000 kernel launches a substep at 1B agents). Each size runs in
 its own subprocess (in this process under ``--quick``), so GPU memory goes back to the
-driver between sizes.
+driver between sizes. A child prints each phase as it ends (populate, warm-up step, timed steps) and, when its time
+is nearly up, where each of its threads stands (faulthandler): a run cut short says where it was. Each child's time
+is what is left of the step's budget (``STEP_BUDGET_S``, which run_all.sh sets; else ``--size-timeout-s``), and the
+record is rewritten after each size, so a cut run keeps the sizes it finished.
 
 Peer, for correctness: the same engine on the CPU. A small run (``--check-agents``,
 20 steps) on the CPU and on the GPU must end with the same ``state_digest`` (a
@@ -22,7 +25,9 @@ reported beside it.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
 import subprocess
 import sys
 import time
@@ -52,8 +57,11 @@ def throughput(agents: int, steps: int, chunk_size: int, compile_: bool, device:
     mg.init(backend=device.type)
     cfg = _config(agents, steps + 1, chunk_size, compile_)
     engine, setup_s = _common.timed(lambda: SimEngine(cfg), device)
+    _phase(f"{agents:,} agents populated in {setup_s:.1f} s")
     _, warmup_s = _common.timed(engine.step, device)
+    _phase(f"warm-up step {warmup_s:.2f} s")
     _, seconds = _common.timed(lambda: engine.run(steps), device)
+    _phase(f"{steps} timed steps {seconds:.2f} s")
     series = engine.series()
     out = {"agents": agents, "steps": steps, "seconds": seconds, "agent_steps_per_s": agents * steps / seconds,
            "setup_s": setup_s, "warmup_step_s": warmup_s, "bytes_per_agent": engine.state.bytes_per_agent,
@@ -61,6 +69,11 @@ def throughput(agents: int, steps: int, chunk_size: int, compile_: bool, device:
            "final": {k: series[k][-1] for k in ("S", "I", "R")}}
     mg.shutdown()
     return out
+
+
+def _phase(text: str) -> None:
+    """A child's progress, on stderr as it happens (the parent passes it through)."""
+    print(f"    [{os.getpid()}] {text}", file=sys.stderr, flush=True)
 
 
 def digest_check(agents: int, steps: int, chunk_size: int, compile_: bool, device: torch.device) -> dict:
@@ -73,6 +86,7 @@ def digest_check(agents: int, steps: int, chunk_size: int, compile_: bool, devic
         mg.init(backend=dev.type)
         cfg = _config(agents, steps, chunk_size if dev.type == "cuda" else 1 << 18, compile_ and dev.type == "cuda")
         result, seconds = _common.timed(lambda cfg=cfg: run(cfg), dev)
+        _phase(f"digest run on {dev.type}: {seconds:.2f} s")
         runs[where] = {"digest": result.summary["state_digest"], "series": result.series, "seconds": seconds}
         mg.shutdown()
     same_series = runs["cpu"]["series"] == runs["device"]["series"]
@@ -86,16 +100,24 @@ def _in_child(kind: str, kwargs: dict, timeout_s: float, inline: bool = False) -
     if inline:  # --quick: in this process (the smoke test's time is mostly torch imports)
         fn = throughput if kind == "throughput" else digest_check
         return fn(device=_common.pick_device(kwargs["device"]), **{k: v for k, v in kwargs.items() if k != "device"})
-    argv = [sys.executable, __file__, "--child", kind, json.dumps(kwargs)]
+    # the child's stderr goes straight to ours (its phases, and its threads' stacks 2 s before its deadline)
+    argv = [sys.executable, __file__, "--child", kind, json.dumps({**kwargs, "deadline_s": timeout_s - 2})]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"error": f"did not finish within {timeout_s:g}s", **kwargs}
+        return {"error": f"did not finish within {timeout_s:.0f}s (its stacks are printed above)", **kwargs}
     result = _common.child_result(proc.stdout)
     if result is None:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-3:]
-        return {"error": f"exit code {proc.returncode}: " + " | ".join(tail), **kwargs}
+        return {"error": f"exit code {proc.returncode} without a result (its stderr is above)", **kwargs}
     return result
+
+
+def _budget(default_s: float) -> float:
+    """Seconds this script may still use: run_all.sh's STEP_BUDGET_S (the step's cap) from now, else ``default_s``."""
+    try:
+        return float(os.environ["STEP_BUDGET_S"])
+    except (KeyError, ValueError):
+        return default_s
 
 
 def estimate(sizes: list[int], steps: int, check_agents: float, compile_: bool) -> dict[str, float]:
@@ -121,6 +143,7 @@ def main() -> int:
     args = p.parse_args()
     if args.child:
         kind, kwargs = args.child[0], json.loads(args.child[1])
+        faulthandler.dump_traceback_later(max(1.0, kwargs.pop("deadline_s")), exit=False)
         fn = throughput if kind == "throughput" else digest_check
         print("RESULT " + json.dumps(fn(device=_common.pick_device(kwargs.pop("device")), **kwargs)), flush=True)
         return 0
@@ -140,11 +163,19 @@ def main() -> int:
     chunk = args.chunk_size if dev.type == "cuda" else 1 << 18
     check_agents = 20_000 if args.quick else int(args.check_agents)
     print(f"SIR on {dev}: sizes {sizes}, {steps} timed steps, chunk {chunk}, compile {args.compile}", flush=True)
+    began, budget = time.perf_counter(), _budget(args.size_timeout_s * (len(sizes) + 1))
+    config = {"model": "sir", "grid": GRID, "params": PARAMS, "steps": steps, "chunk_size": chunk,
+              "compile": args.compile}
+
+    def child_time(reserve_s: float) -> float:  # what is left, keeping reserve_s back for what comes after
+        return max(5.0, min(args.size_timeout_s, budget - (time.perf_counter() - began) - reserve_s))
+
     rows = []
     for n in sizes:
         start = time.perf_counter()
+        # keep back time for the digest check (a process start and two small runs)
         r = _in_child("throughput", {"agents": n, "steps": steps, "chunk_size": chunk, "compile_": args.compile,
-                                     "device": device}, args.size_timeout_s, args.quick)
+                                     "device": device}, child_time(15.0), args.quick)
         r["wall_s"] = time.perf_counter() - start
         rows.append(r)
         if "error" in r:
@@ -152,8 +183,10 @@ def main() -> int:
         else:
             print(f"  {n:>14,} agents: {r['agent_steps_per_s']:>18,.0f} agent-steps/s  ({r['seconds'] / steps * 1e3:.1f} "
                   f"ms/step, setup {r['setup_s']:.1f} s, peak {r['peak_memory_gib'] or 0:.1f} GiB)", flush=True)
+        _common.write_record(args.json, {"benchmark": "sim_gpu", "machine": _common.machine(), "config": config,
+                                         "ours": rows, "peer": None, "ratio": None, "targets": {}}, quiet=True)
     check = _in_child("digest", {"agents": check_agents, "steps": 20, "chunk_size": chunk, "compile_": args.compile,
-                                 "device": device}, args.size_timeout_s, args.quick)
+                                 "device": device}, child_time(0.0), args.quick)
     if "error" in check:
         print(f"  digest check failed: {check['error']}")
     else:
@@ -162,10 +195,7 @@ def main() -> int:
               f"{dev.type} {check['device_vs_cpu']:.1f}x the CPU's speed")
     best = max((r["agent_steps_per_s"] for r in rows if "error" not in r), default=None)
     _common.write_record(args.json, {
-        "benchmark": "sim_gpu", "machine": _common.machine(),
-        "config": {"model": "sir", "grid": GRID, "params": PARAMS, "steps": steps, "chunk_size": chunk,
-                   "compile": args.compile},
-        "ours": rows, "peer": {"name": "the same engine on the CPU (digest check)", **check},
+        "benchmark": "sim_gpu", "machine": _common.machine(), "config": config, "ours": rows, "peer": {"name": "the same engine on the CPU (digest check)", **check},
         "ratio": check.get("device_vs_cpu"),
         "targets": {"agent-steps/s >= 1e10": best >= 1e10 if best is not None else None,
                     "same digest as the CPU": bool(check.get("same_digest") and check.get("same_series"))},

@@ -55,6 +55,12 @@ def _collectives_body(n_items: int) -> dict:
         if env.rank == env.world_size - 1:
             out["from_rank0"] = collectives.recv(0)
     mg.barrier()
+    # leaving through ``with env``: shutdown() waits at a barrier for the last rank, timed as a collective
+    before = collectives.collective_seconds()
+    time.sleep(0.5 if env.rank == env.world_size - 1 else 0)
+    with env:
+        pass
+    out["leave"] = (collectives.collective_seconds() - before, mg.is_initialized())
     return out
 
 
@@ -73,6 +79,8 @@ def test_gather_order_reduce_broadcast_and_shape_errors(world_size, n_items):
         assert out["bcast_obj"] == {"from": 0}
         assert "rank 0: (2, 3)" in out["mismatch"] and f"rank {world_size - 1}: (2, {2 + world_size})" in out["mismatch"]
         assert "the same shape on every rank" in out["reduce_mismatch"]
+        waited, still_in = out["leave"]
+        assert not still_in and (r == world_size - 1 or waited >= 0.3)  # the others waited for the last rank
     assert results[0]["tensor_gather"].tolist() == expected_rows
     assert results[0]["object_gather"] == [f"item{i}" for i in range(n_items)]
     assert all(out["tensor_gather"] is None for out in results[1:])

@@ -16,8 +16,8 @@ from unittest import mock
 import pytest
 import torch
 
-from multigpu.runtime import collectives, devicetime
-from multigpu.runtime.env import DistEnv
+from multigpu.runtime import calls, collectives, devicetime
+from multigpu.runtime.group import DistEnv
 
 GPU_TAIL_S = 0.08
 """How long the fake GPU still runs after the host has queued a step."""
@@ -114,7 +114,7 @@ def test_a_cuda_collective_is_timed_on_the_device_not_by_the_host_clock(events):
         # the host clock times: read from the events, it would show
         events.gpu_clock_s += 0.5 if tensor.device.type == "cuda" else 3600.0
 
-    with mock.patch.object(collectives, "_DEVICE_SPANS", spans), \
+    with mock.patch.object(calls, "_DEVICE_SPANS", spans), \
             mock.patch.object(collectives, "_active", lambda: True), \
             mock.patch("multigpu.runtime.group.get_env", lambda *a: _nccl_env()), \
             mock.patch("torch.distributed.all_reduce", all_reduce):

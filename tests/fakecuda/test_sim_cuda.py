@@ -25,7 +25,7 @@ import torch
 from multigpu.config import from_dict, load_yaml
 from multigpu.presets import preset_names
 from multigpu.runtime import group
-from multigpu.runtime.env import DistEnv
+from multigpu.runtime.group import DistEnv
 from multigpu.sim import Model, Substep, calibration, models, network, population
 from multigpu.sim.api import MODELS, get_model
 from multigpu.sim.config import SimConfig
@@ -156,6 +156,39 @@ def test_the_kernels_a_gpu_runs_give_the_cpus_agents():
     assert gpu.run() == want and want["I"][-1] > 0
     for name, values in cpu.state.sorted_by_id().items():
         assert torch.equal(values, gpu.state.sorted_by_id()[name]), name
+
+
+def test_the_gpu_count_of_the_infected_spreads_its_adds_over_the_cells():
+    """A GPU adds equal indices of an accumulating index_put_ one after another (it sorts them and gives each run
+    to one thread): the first GPU call's warm-up step of 1e8 agents took 12 s when every uninfected agent was sent
+    to the one drop slot. So the GPU kernel's adds go to the agents' own cells (0 or 1 each), and only agents off
+    this rank's rows go to the drop slot; and it adds as the CPU's kernel counts."""
+    gen = torch.Generator().manual_seed(3)
+    n, width, rows, lo = 20_000, 50, 40, 10
+    x = torch.randint(0, width, (n,), generator=gen, dtype=torch.int16)
+    y = torch.randint(0, 60, (n,), generator=gen, dtype=torch.int16)  # rows 0..59: some off rows 10..49
+    state = torch.randint(0, 4, (n,), generator=gen, dtype=torch.uint8)
+    seen: list[torch.Tensor] = []
+    real_add, real_put = torch.Tensor.index_add_, torch.Tensor.index_put_
+
+    def index_add_(self, dim, index, source, **kwargs):
+        seen.append(index.clone())
+        return real_add(self, dim, index, source, **kwargs)
+
+    def index_put_(self, indices, values, accumulate=False):
+        seen.append(indices[0].clone())
+        return real_put(self, indices, values, accumulate)
+
+    fused, want = torch.zeros(rows * width + 1, dtype=torch.int32), torch.zeros(rows * width + 1, dtype=torch.int32)
+    models.infected_kernel(want, x, y, state, lo, width)
+    with mock.patch.object(torch.Tensor, "index_add_", index_add_), \
+            mock.patch.object(torch.Tensor, "index_put_", index_put_):
+        models.infected_kernel_fused(fused, x, y, state, lo, width)
+    assert torch.equal(fused[:-1], want[:-1])
+    (index,) = seen
+    off_rows = int(((y < lo) | (y >= lo + rows)).sum())
+    assert int((index == rows * width).sum()) == off_rows  # the drop slot: only agents off the rows
+    assert int(torch.bincount(index[index < rows * width]).max()) < 40  # ~10 agents per cell, not n on one
 
 
 # -------------------------------------------------------------------- a user's model (sim.api)

@@ -4,7 +4,8 @@ These pin what the CPU tests cannot: autocast and the grad scaler on a GPU make
 the loss fall; the ``cpu`` sync backend, which stages CUDA gradients through
 host memory, gives what NCCL (2 GPUs) or gloo (2 ranks sharing one GPU) gives;
 and a job of GPU and CPU ranks (``--allow-cpu-ranks``), or of CUDA ranks at
-all, ends within float tolerance where 2 CPU ranks end (TF32 off).
+all, ends where 2 CPU ranks end, within what Adam makes of float rounding (TF32 off; see
+``assert_close_across_devices``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,25 @@ def assert_close(a: dict, b: dict, what: str, rtol: float, atol: float) -> None:
         assert torch.allclose(a[key], b[key], rtol=rtol, atol=atol), f"{what}: {max_diff(a, b)}"
 
 
+def assert_close_across_devices(a: dict, b: dict, what: str) -> None:
+    """Two runs of ``EXACT`` on different devices (CUDA vs CPU kernels) end where Adam lets them.
+
+    The kernels sum in different orders, so gradients differ by float rounding; Adam divides each gradient by its
+    own running scale, so where a gradient is near zero that rounding moves the update by a visible share of the
+    learning rate (the first GPU call, one H200: 3e-5 on a few elements after 4 steps at lr 3e-3). So: 99.9% of
+    the elements within the tight tolerance (rtol 1e-4, atol 1e-5), and every element within 1% of the most Adam
+    can move it (lr per step): a wrong gradient average (a sum, one rank's alone) moves almost every element
+    further than both.
+    """
+    bound = 0.01 * EXACT.lr * EXACT.steps
+    for key in a:
+        diff = (a[key].double() - b[key].double()).abs()
+        tight = diff <= 1e-5 + 1e-4 * b[key].double().abs()
+        assert tight.double().mean().item() >= 0.999, (
+            f"{what}: {key}: only {tight.double().mean().item():.2%} of the elements within rtol 1e-4, atol 1e-5")
+        assert diff.max().item() <= bound, f"{what}: {key} differs by {diff.max().item():.2e} > {bound:.1e}"
+
+
 def loss_fell(losses: list[float]) -> bool:
     start, end = losses[0], sum(losses[-5:]) / 5
     return all(math.isfinite(v) for v in losses) and end < 0.6 * start
@@ -120,7 +140,7 @@ def test_ddp_on_cuda_every_sync_backend_agrees_and_matches_cpu_ranks(two_cpu_ran
     reference = r0["fp32-auto"]["state"]
     for sync in syncs[1:]:  # the cpu hook stages CUDA buckets through host memory: same average
         assert_close(r0[f"fp32-{sync}"]["state"], reference, f"sync {sync} vs auto", rtol=1e-6, atol=1e-7)
-    assert_close(reference, two_cpu_ranks["fp32-auto"]["state"], "2 CUDA ranks vs 2 CPU ranks", rtol=1e-4, atol=1e-5)
+    assert_close_across_devices(reference, two_cpu_ranks["fp32-auto"]["state"], "2 CUDA ranks vs 2 CPU ranks")
     for precision in ("bf16", "fp16"):
         assert loss_fell(r0[precision]["losses"]), (precision, r0[precision]["losses"])
     assert r0["fp16"]["scaler"] and not r0["bf16"]["scaler"]
@@ -134,4 +154,4 @@ def test_hybrid_gpu_and_cpu_ranks_match_two_cpu_ranks(two_cpu_ranks):
     for name in ("fp32-auto", "fp32-cpu"):
         # the same averaged gradients on both ranks; the optimizer's float ops differ by ulps between devices
         assert_close(r0[name]["state"], r1[name]["state"], f"{name}: GPU rank vs CPU rank", rtol=1e-5, atol=1e-6)
-        assert_close(r0[name]["state"], reference, f"{name}: hybrid vs 2 CPU ranks", rtol=1e-4, atol=1e-5)
+        assert_close_across_devices(r0[name]["state"], reference, f"{name}: hybrid vs 2 CPU ranks")

@@ -88,13 +88,13 @@ def test_doctor_gpu_quick_and_the_run_script_parse(rehearsal):
 def test_a_step_whose_estimate_exceeds_its_cap_fails_the_budget():
     """What the rehearsal would catch: train's cap lowered under its estimate (or its arguments raised)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "TRAIN_S": "60", "SIM_ARGS": "--sizes 1e8,1e9,4e9"}
+           "TRAIN_S": "40", "SIM_ARGS": "--sizes 1e8,1e9,1e10"}
     proc = subprocess.run([sys.executable, str(GPU / "budget.py"), "--steps", "train", "sim", "doctor"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("budget train: estimate 96 s of cap 60 s (OVER)")
-    assert "(OVER)" in lines[1] and "4e+09 agents" in lines[1] and "(fits)" in lines[2]
+    assert lines[0].startswith("budget train: estimate 58 s of cap 40 s (OVER)")
+    assert "(OVER)" in lines[1] and "1e+10 agents" in lines[1] and "(fits)" in lines[2]
     assert "train, sim would not fit its cap" in proc.stderr
 
 

@@ -28,9 +28,16 @@ How the work and the output are split (windows.py numbers the windows):
    These messages are CPU tensors over gloo (``group.exchange_group``: a group
    beside NCCL on GPU jobs): a receive over NCCL would make the CUDA stream the
    main thread's kernels share wait until the last rank sends.
-5. **The host stitches one batch behind the GPU.** Batch k's output is copied
-   to the host without blocking and added into the canvas after batch k+1's
-   model call is queued, waiting only for batch k's copy (a CUDA event).
+5. **On a GPU, windows are cut and stitched there.** The image goes to the GPU
+   once (when it fits in a quarter of the free memory), windows are cut from
+   it there, and the canvases live there too (when this rank's fit in a
+   quarter of what is then free): the host only queues kernels, and the
+   blended voxels come back once, at assembly. Where either does not fit, it
+   stays on the host: each batch is copied over from pinned memory, and the
+   host stitches one batch behind the GPU (batch k's output is copied back
+   without blocking and added after batch k+1's model call is queued, waiting
+   only for batch k's copy, a CUDA event). The stitching's float operations
+   are the same on either side, so where it happens changes no bit.
 
 Guarantee: the output on any number of ranks is bitwise identical to the output
 of one process, for any model whose output for a window is a deterministic
@@ -176,7 +183,15 @@ class _Share:
         self.meta: _OutMeta | None = None
         self.weights: torch.Tensor | None = None
         self.canvases: dict[int, Canvas] = {}
+        self.stitch_device = torch.device("cpu")  # the GPU when this rank's canvases fit there (setup_output)
         self._padded: tuple[int, torch.Tensor] | None = None
+
+    def _fits_on_device(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in a quarter of the GPU's free memory (the model's activations need the rest)."""
+        if self.device.type != "cuda":
+            return False
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return nbytes <= free // 4
 
     def num_batches(self) -> int:
         return -(-(self.stop - self.start) // self.batch_size)
@@ -186,6 +201,8 @@ class _Share:
         if self._padded is not None and self._padded[0] == index:
             return self._padded[1]
         image = self.images[index]
+        if image.device.type == "cpu" and self._fits_on_device(image.numel() * image.element_size() * 2):
+            image = image.to(self.device)  # once: windows are then cut on the GPU, no copy per batch
         pad = self.plan.grids[index].pad
         if any(a or b for a, b in pad):
             flat = [w for a, b in reversed(pad) for w in (a, b)]
@@ -202,7 +219,8 @@ class _Share:
         self._padded = (index, image)
         return image
 
-    def _host_batches(self) -> Iterator[tuple[list[Window], torch.Tensor]]:
+    def _batches(self) -> Iterator[tuple[list[Window], torch.Tensor]]:
+        """This rank's window batches, cut from the image where it lies (the host, or the GPU: ``_image``)."""
         for lo in range(self.start, self.stop, self.batch_size):
             windows = list(self.plan.windows(lo, min(lo + self.batch_size, self.stop)))
             crops = []
@@ -246,13 +264,18 @@ class _Share:
             raise ConfigError(f"the model's output changed between batches: {self.meta} then {meta}")
         self.meta = meta
         out_size = [r * z for r, z in zip(self.roi, meta.scale, strict=True)]
+        # this rank's canvases: the sums and the weights over the box its windows touch, in every image they touch
+        canvas_bytes = sum((meta.channels + 1) * math.prod(b - a for a, b in self.plan.output_box(
+            image, self.start, self.stop, meta.scale)) for image in self.plan.images_in(self.start, self.stop))
+        if self._fits_on_device(canvas_bytes * torch.empty((), dtype=self.acc_dtype).element_size()):
+            self.stitch_device = self.device
         self.weights = importance_map(self.roi, self.blend, sigma_scale=self.sigma_scale, out_size=out_size,
-                                      dtype=self.acc_dtype)
+                                      dtype=self.acc_dtype).to(self.stitch_device)
 
     def _canvas(self, image: int) -> Canvas:
         if image not in self.canvases:
             box = self.plan.output_box(image, self.start, self.stop, self.meta.scale)
-            self.canvases[image] = Canvas(self.meta.channels, box, self.acc_dtype)
+            self.canvases[image] = Canvas(self.meta.channels, box, self.acc_dtype, self.stitch_device)
         return self.canvases[image]
 
     def _weights_of(self, w: Window) -> torch.Tensor:
@@ -277,7 +300,10 @@ class _Share:
             self._canvas(w.image).add(y, self._weights_of(w), start)
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
-                for r in owners[owners != self.rank]:
+                others = owners[owners != self.rank]
+                if len(others) and y.device.type != "cpu":  # the exchange sends host tensors (over gloo)
+                    y = y.to("cpu")
+                for r in others:
                     keep(int(r), w.index, y)
 
     def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -287,6 +313,8 @@ class _Share:
         the event tells when it has landed. Elsewhere the copy is done on return.
         """
         y = out.detach()
+        if self.stitch_device.type == "cuda":  # stitched where it is: nothing to copy, nothing to wait for
+            return y.to(self.acc_dtype), None
         if y.device.type != "cuda":
             return y.to("cpu", self.acc_dtype), None
         host = y.to("cpu", non_blocking=True)  # pinned (torch allocates it so for a non-blocking copy to the host)
@@ -303,11 +331,12 @@ class _Share:
     def evaluate(self, meter: StepMeter, keep: Callable[[int, int, torch.Tensor], None]) -> None:
         """Run the model over this rank's batches and stitch the outputs, one batch behind the model.
 
-        Batch k is stitched (on the host) after batch k+1's model call is queued: on a GPU the model
-        keeps running while the host adds batch k into the canvas, and no step waits for the whole
-        device. Stitching stays in window order, so the output is the same bits.
+        Batch k is stitched after batch k+1's model call is queued: on a GPU with host canvases the model
+        keeps running while the host adds batch k into the canvas (with canvases on the GPU the adds are
+        only queued behind it), and no step waits for the whole device. Stitching stays in window order,
+        so the output is the same bits.
         """
-        batches = iter(self._host_batches())
+        batches = iter(self._batches())
         with _phase("cut"):
             current = self._to_device(next(batches, None))
         behind = None  # (windows, host output, event) of the batch whose model call came before
@@ -562,6 +591,18 @@ def _assemble(share: _Share, layout: _Layout, exchange: _Exchange, image: int, o
     share.canvases.pop(image, None)
 
 
+def _whole_canvas(share: _Share, groups: list[int] | None) -> torch.Tensor | None:
+    """One process and one image whose canvas is exactly its output (no padding to crop): the sums divided in place
+    and returned (on the host), as MONAI does; no second image-sized buffer. None in every other case."""
+    if share.distributed or groups is not None or len(share.images) != 1 or share.meta is None:
+        return None
+    canvas = share.canvases.get(0)
+    if canvas is None or canvas.box != share.plan.crop_box(0, share.meta.scale):
+        return None
+    share.canvases.pop(0)
+    return canvas.acc.div_(canvas.weight).to("cpu")  # the same quotient as blended(); on a GPU, one copy back
+
+
 def sliding_window(
     inputs: torch.Tensor | Sequence[torch.Tensor],
     model: Callable[[torch.Tensor], torch.Tensor],
@@ -653,11 +694,16 @@ def sliding_window(
             exchange.finish_receiving()
             exchange.agree_on_output()
         exchange.exchange_spill()
-        # 3. assembly on rank 0, slab by slab
-        with _phase("assemble"):
-            outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
-        for i in range(len(images)):
-            _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
+        # 3. assembly on rank 0, slab by slab (one process, one image: its canvas divided in place)
+        whole = _whole_canvas(share, groups)
+        if whole is not None:
+            with _phase("assemble"):
+                outputs = (whole[None], None)
+        else:
+            with _phase("assemble"):
+                outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
+            for i in range(len(images)):
+                _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
     if own_meter:
         meter.close({"num_windows": share.plan.num_windows, "num_images": len(images), "roi": list(roi)})
     return None if outputs is None else packed.unpack(outputs[0])

@@ -99,13 +99,16 @@ class Canvas:
         channels: Output channels of the model.
         box: ``(start, stop)`` per spatial dim, in padded output coordinates.
         dtype: Accumulation dtype (float32 unless the input is float64).
+        device: Where the sums live: the host, or the GPU the windows ran on when they fit there. An output
+            from elsewhere (another rank's window, received on the host) is moved here first.
     """
 
-    def __init__(self, channels: int, box: Sequence[tuple[int, int]], dtype: torch.dtype = torch.float32):
+    def __init__(self, channels: int, box: Sequence[tuple[int, int]], dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         self.origin = tuple(int(a) for a, _ in box)
         self.size = tuple(int(b - a) for a, b in box)
-        self.acc = torch.zeros((channels, *self.size), dtype=dtype)
-        self.weight = torch.zeros((1, *self.size), dtype=dtype)
+        self.acc = torch.zeros((channels, *self.size), dtype=dtype, device=device)
+        self.weight = torch.zeros((1, *self.size), dtype=dtype, device=device)
 
     @property
     def box(self) -> tuple[tuple[int, int], ...]:
@@ -127,6 +130,7 @@ class Canvas:
         if spans is None:
             return
         mine, theirs = spans
+        output, weights = output.to(self.acc.device), weights.to(self.acc.device)
         # the product over the whole window first, then the add: MONAI's order of float operations
         self.acc[(slice(None), *mine)] += (output * weights)[(slice(None), *theirs)]
         self.weight[(slice(None), *mine)] += weights[None][(slice(None), *theirs)]
@@ -134,7 +138,11 @@ class Canvas:
     def blended(self, box: Sequence[tuple[int, int]], out: torch.Tensor | None = None) -> torch.Tensor:
         """``sum(w * y) / sum(w)`` over ``box`` (which must lie inside this canvas), shape ``(C, *box size)``.
 
-        With ``out`` (a tensor, or a view, of that shape) the quotient is written there: no temporary.
+        With ``out`` (a tensor, or a view, of that shape) the quotient is written there: no temporary when it
+        lives with the sums; from a GPU canvas into a host ``out`` the quotient is made on the GPU and copied.
         """
         index = tuple(slice(a - o, b - o) for (a, b), o in zip(box, self.origin, strict=True))
-        return torch.div(self.acc[(slice(None), *index)], self.weight[(slice(None), *index)], out=out)
+        acc, weight = self.acc[(slice(None), *index)], self.weight[(slice(None), *index)]
+        if out is not None and out.device != acc.device:
+            return out.copy_(torch.div(acc, weight))
+        return torch.div(acc, weight, out=out)

@@ -13,8 +13,8 @@ from multigpu.runtime.collectives import (
     collective_seconds,
     gather,
 )
-from multigpu.runtime.env import DistEnv
 from multigpu.runtime.group import (
+    DistEnv,
     backend,
     device,
     get_env,

@@ -12,8 +12,6 @@ call and the timeout) or :class:`~multigpu.errors.ShapeMismatchError`
 from __future__ import annotations
 
 import contextlib
-import re
-import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -21,9 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from multigpu.errors import CollectiveError, CollectiveTimeoutError, ShapeMismatchError
-from multigpu.runtime import group, watchdog
-from multigpu.runtime.devicetime import DeviceSpans, is_async
+from multigpu.errors import CollectiveError, ShapeMismatchError
+from multigpu.runtime import calls, group
+from multigpu.runtime.calls import collective_seconds, comm_between, comm_mark
 
 __all__ = [
     "all_gather",
@@ -47,33 +45,6 @@ _DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
     torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
 ]
-_COLLECTIVE_S = 0.0  # host time spent inside our collectives on this rank (read by the monitor)
-_DEVICE_SPANS = DeviceSpans()  # CUDA collectives: their device time, from events (the host only queues them)
-
-
-def collective_seconds() -> float:
-    """Seconds this rank has spent in multigpu's collectives since it started.
-
-    Host time for collectives that block the host (gloo, objects, barriers); for a tensor collective on CUDA,
-    the device time between events recorded on the current stream before and after it (the stream waits for
-    NCCL there): a span counts once its end event has completed, so read this after the work has run
-    (``StepMeter`` reads each step's collectives by :func:`comm_between`, one step later).
-    """
-    return _COLLECTIVE_S + _DEVICE_SPANS.seconds()
-
-
-def comm_mark() -> tuple[float, int]:
-    """Where this rank's collective time stands now; :func:`comm_between` two marks gives the time between them."""
-    return _COLLECTIVE_S, _DEVICE_SPANS.mark()
-
-
-def comm_between(first: tuple[float, int], last: tuple[float, int]) -> float:
-    """Seconds this rank spent in multigpu's collectives between two :func:`comm_mark` marks: host time, plus the
-    device time of the CUDA collectives begun between them (waiting for their end events if they have not run:
-    read it once the stream has passed them, as ``StepMeter`` does one step later)."""
-    return last[0] - first[0] + _DEVICE_SPANS.seconds_between(first[1], last[1])
-
-
 _TRAFFIC: dict[str, list[int]] = {}  # kind -> [calls, bytes this rank put in] (read by StepMeter, bench --predict)
 
 TRAFFIC_KINDS = ("all_reduce", "all_gather", "sharded_all_gather", "gather", "broadcast", "reduce_scatter",
@@ -119,55 +90,15 @@ def _active() -> bool:
     return group.is_initialized() and group.get_env().backend != "none"
 
 
-def _first_line(exc: BaseException) -> str:
-    """torch's message without gloo's source location and sign-off."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    first = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first)
-    return first.split(". This is typically caused")[0].rstrip(". ")
-
-
 @contextlib.contextmanager
 def _translate(op: str, device: torch.device | None = None) -> Iterator[None]:
-    """Time the collective and rewrite torch's errors into ours, naming rank and call.
+    """Time the collective and rewrite torch's errors into ours, naming rank and call (:func:`calls.timed`).
 
     ``device``: the tensor's device; on CUDA the collective is timed on the device (see collective_seconds).
     """
-    global _COLLECTIVE_S
     env = group.get_env(op)
-    on_device = is_async(device)
-    span = _DEVICE_SPANS.begin(device) if on_device else None
-    start = time.perf_counter()
-    try:
+    with calls.timed(op, env.rank, env.world_size, group.timeout_s(), device):
         yield
-    except (RuntimeError, dist.DistBackendError) as exc:
-        first = _first_line(exc)
-        low = str(exc).lower()
-        where = f"{op}() on rank {env.rank} of {env.world_size}"
-        elapsed = time.perf_counter() - start
-        timed_out = "timed out" in low or "timeout" in low or "failed to pass monitoredbarrier" in low
-        if timed_out and elapsed < 0.9 * group.timeout_s():
-            # gloo reports a peer that died mid-call as a failed barrier, long before the timeout
-            raise CollectiveError(
-                f"{where} failed after {elapsed:.1f}s, well before its {group.timeout_s():g}s timeout: {first}. "
-                "That rank probably exited or crashed; see its log."
-            ) from exc
-        if timed_out:
-            raise CollectiveTimeoutError(
-                f"{where} timed out after {group.timeout_s():g}s: {first}. "
-                "A rank probably skipped this call or is stuck before it (--timeout-s or mg.init(timeout_s=...) changes the limit)."
-            ) from exc
-        if "connection closed" in low or "connection reset" in low or "broken pipe" in low:
-            raise CollectiveError(
-                f"{where} lost a peer: {first}. Another rank probably exited or crashed; see its log."
-            ) from exc
-        raise
-    finally:
-        if span is not None:
-            _DEVICE_SPANS.end(span, device)
-        else:
-            _COLLECTIVE_S += time.perf_counter() - start
-        watchdog.heartbeat(f"{op}()")
 
 
 def barrier() -> None:
@@ -180,14 +111,8 @@ def barrier() -> None:
         group.get_env("barrier")
         return
     env = group.get_env("barrier")
-    with _translate("barrier"):
-        monitor = group.monitor_group()
-        if env.backend == "gloo" or monitor is not None:
-            dist.monitored_barrier(
-                group=monitor, timeout=timedelta(seconds=group.timeout_s()), wait_all_ranks=True
-            )
-        else:
-            dist.barrier()
+    calls.barrier(env.rank, env.world_size, group.timeout_s(), monitor=group.monitor_group(),
+                  monitored=env.backend == "gloo")
 
 
 def _meta(tensor: torch.Tensor) -> torch.Tensor:

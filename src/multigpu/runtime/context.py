@@ -30,7 +30,7 @@ from typing import Any
 from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["RESTARTS_FILE", "RUN_FILE_VAR", "RunContext", "current", "problem_scale", "read_restarts", "read_run_file",
+__all__ = ["RESTARTS_FILE", "RUN_FILE_VAR", "RunContext", "current", "read_restarts", "read_run_file",
            "set_current"]
 
 RUN_FILE_VAR = envvars.RUN_FILE
@@ -184,13 +184,3 @@ def current() -> RunContext:
         ctx = RunContext.from_dict(read_run_file(path).get("run", {})) if path else RunContext()
         _CURRENT = ctx
     return _CURRENT
-
-
-def problem_scale(world_size: int | None = None) -> int:
-    """``current().problem_scale(world_size)``; ``world_size`` defaults to the job's."""
-    if world_size is None:
-        from multigpu.runtime import group
-
-        world_size = group.world_size()
-    return current().problem_scale(world_size)
-

@@ -20,13 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from multigpu import envvars
 from multigpu.errors import ConfigError
 from multigpu.runtime.clusters import read_int, read_port, slurm_master_port  # noqa: F401 - re-exported
 
-__all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "DistEnv", "Placement", "cpu_count", "expand_slurm_nodelist",
+__all__ = ["LAUNCHER_VARIABLES", "RESTART_VAR", "Placement", "cpu_count", "expand_slurm_nodelist",
            "first_slurm_host", "found_variables", "launcher_variable", "read_int", "read_placement", "read_port",
            "restart_count", "slurm_master_port"]
 
@@ -55,37 +53,6 @@ class Placement:
     master_addr: str | None = None
     master_port: int | None = None
     source: Source = "single"
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This rank's place in the job, returned by :func:`multigpu.init`.
-
-    Also a context manager: ``with mg.init() as env: ...`` calls
-    :func:`multigpu.shutdown` on exit (without the final barrier when leaving
-    on an exception, so a failing rank does not wait for the others).
-    """
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    device: torch.device
-    backend: str
-    """Process-group backend: ``"nccl"``, ``"gloo"``, or ``"none"`` when ``world_size == 1``."""
-
-    def is_main(self) -> bool:
-        """True on rank 0."""
-        return self.rank == 0
-
-    def __enter__(self) -> DistEnv:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        from multigpu.runtime.group import shutdown
-
-        shutdown(barrier=exc_type is None)
 
 
 def _int(env: Mapping[str, str], name: str) -> int:

@@ -37,11 +37,10 @@ import torch
 import torch.distributed as dist
 
 from multigpu.errors import CollectiveTimeoutError, ConfigError, DeviceError, NotInitializedError
-from multigpu.runtime import context, watchdog
+from multigpu.runtime import calls, context, watchdog
 from multigpu.runtime.device import DeviceFacts, choose_backend, select_device
 from multigpu.runtime.env import (
     LAUNCHER_VARIABLES,
-    DistEnv,
     cpu_count,
     found_variables,
     launcher_variable,
@@ -50,6 +49,7 @@ from multigpu.runtime.env import (
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "DistEnv",
     "alone",
     "backend",
     "device",
@@ -76,6 +76,36 @@ DEFAULT_TIMEOUT_S = 600.0
 NO_LAUNCHER_WAIT_S = 60.0
 """How long ``init`` waits for the other ranks when rank variables are set but no launcher is there
 (:func:`multigpu.runtime.env.launcher_variable`); ``init(timeout_s=...)`` sets another wait."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """This rank's place in the job, returned by :func:`multigpu.init`.
+
+    Also a context manager: ``with mg.init() as env: ...`` calls
+    :func:`multigpu.shutdown` on exit (without the final barrier when leaving
+    on an exception, so a failing rank does not wait for the others).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str
+    """Process-group backend: ``"nccl"``, ``"gloo"``, or ``"none"`` when ``world_size == 1``."""
+
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+    def __enter__(self) -> DistEnv:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        shutdown(barrier=exc_type is None)
+
 
 _ENV: DistEnv | None = None
 _INIT_ARGS: dict | None = None
@@ -338,9 +368,8 @@ def shutdown(*, barrier: bool = True) -> None:
     global _ENV, _INIT_ARGS, _MONITOR_GROUP, _EXCHANGE_GROUP, _GROUP_OF_ONE
     watchdog.stop()
     if _ENV is not None and _ENV.world_size > 1 and dist.is_initialized() and barrier:
-        from multigpu.runtime.collectives import barrier as _barrier
-
-        _barrier()
+        calls.barrier(_ENV.rank, _ENV.world_size, _TIMEOUT_S, monitor=_MONITOR_GROUP,
+                      monitored=_ENV.backend == "gloo")
     if dist.is_initialized():
         # a DDP model its workload dropped is a reference cycle that still holds the group (its reducer): collect
         # it here, on this thread, before the group is destroyed and after. Otherwise the collector may run first

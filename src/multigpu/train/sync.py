@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.runtime.collectives import record_traffic
-from multigpu.runtime.env import DistEnv
+from multigpu.runtime.group import DistEnv
 
 __all__ = ["CommTimer", "NotTimed", "cpu_allreduce_hook", "timed_allreduce_hook", "wrap_ddp"]
 

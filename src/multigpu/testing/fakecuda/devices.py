@@ -11,7 +11,10 @@ from typing import Any
 
 import torch
 
-from multigpu.testing.fakecuda.tensors import _where
+
+def _where(tensor: torch.Tensor) -> torch.device:
+    """The device a tensor is on, also while the fake mode runs a kernel on its meta stand-in."""
+    return getattr(tensor, "fake_device", None) or tensor.device
 
 
 class _Stream:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from multigpu.testing.fakecuda.devices import FakeCuda
+from multigpu.testing.fakecuda.devices import FakeCuda, _where
+
 
 def _device(value: Any) -> torch.device:
     device = torch.device("cuda", value) if isinstance(value, int) else (
@@ -53,11 +53,6 @@ def _touches_gpu(args: tuple, kwargs: dict) -> bool:
         return False
 
     return any(gpu(v) for v in (*args, *kwargs.values()))
-
-
-def _where(tensor: torch.Tensor) -> torch.device:
-    """The device a tensor is on, also while the fake mode runs a kernel on its meta stand-in."""
-    return getattr(tensor, "fake_device", None) or tensor.device
 
 
 # metadata and bookkeeping calls: they read no data, so they wait for nothing
