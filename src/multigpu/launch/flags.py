@@ -354,4 +354,5 @@ def job_resources(args: argparse.Namespace, flag: str):
                              .isdecimal() else 1)
     cpus = args.threads * workers if args.threads else None
     return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said,
-                        min_nodes=args.min_nodes, max_restarts=args.max_restarts)
+                        min_nodes=args.min_nodes, max_restarts=args.max_restarts if args.max_restarts is not None
+                        else ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < nnodes else 0)

@@ -94,8 +94,8 @@ class JobResources:
     """Where ``gpus`` came from, for the job file's comment."""
     min_nodes: int | None = None
     """``--nnodes MIN:MAX``'s MIN (an elastic job), else None."""
-    max_restarts: int | None = None
-    """``--max-restarts`` as given (None: the launcher's default)."""
+    max_restarts: int = 0
+    """The restarts each launcher of the job gets (``--max-restarts``, else the launcher's default)."""
 
     @property
     def elastic(self) -> bool:
@@ -317,11 +317,8 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
 
     spec: dict = {"nprocPerNode": _Quoted(str(r.workers))}
     if r.elastic:  # only Workers (the operator's elastic form): c10d's store on worker 0, MIN to MAX of them
-        from multigpu.launch.flags import ELASTIC_RESTARTS
-
-        restarts = r.max_restarts if r.max_restarts is not None else ELASTIC_RESTARTS
         spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": r.min_nodes, "maxReplicas": r.nnodes,
-                                 "maxRestarts": restarts}
+                                 "maxRestarts": r.max_restarts}
         spec["pytorchReplicaSpecs"] = {"Worker": replica(r.nnodes)}
     else:
         spec["pytorchReplicaSpecs"] = {"Master": replica(1)}
