@@ -171,8 +171,8 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
-        *([f"#SBATCH --nodes={r.min_nodes}-{r.nnodes}               # elastic (--nnodes {r.min_nodes}:{r.nnodes}): "
-           f"it starts on {r.min_nodes} to {r.nnodes} node(s) and goes on while {r.min_nodes} are left",
+        *([f"#SBATCH --nodes={r.min_nodes}-{r.nnodes}".ljust(37) + f"# elastic (--nnodes {r.min_nodes}:{r.nnodes}): it "
+           f"starts on {r.min_nodes} to {r.nnodes} node(s) and goes on down to {r.min_nodes}",
            "#SBATCH --no-kill                    # a node that fails does not end the allocation: the job goes on "
            "without it"]
           if elastic else [f"#SBATCH --nodes={r.nnodes}"]),
