@@ -351,12 +351,18 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
             session._set(f"beat/{session.node_rank}", mine)
             session._beats[session.node_rank] = mine
         for node in range(session.nnodes):
-            if node == session.node_rank or node in session.lost:
+            if node == session.node_rank:
                 continue
             try:
                 beat = session._get(f"beat/{node}")
             except Exception:  # noqa: BLE001 - the store is unreachable: nobody's beat arrives
                 beat = None
+            if node in session.lost:
+                # an elastic job's lost node that joined again (a new launcher, counting from 1): watched again
+                if not (isinstance(beat, dict) and not beat.get("end") and beat.get("n") != session.lost[node].get("n")):
+                    continue
+                del session.lost[node]
+                seen.pop(node, None)
             if isinstance(beat, dict):
                 if beat.get("end"):
                     seen.pop(node, None)
