@@ -1,10 +1,14 @@
-"""An elastic training job (``--nnodes 1:2``) on two loopback nodes loses one (its launcher SIGKILLed) and goes on.
+"""Elastic jobs (``--nnodes 1:2``) on two loopback nodes lose one (its launcher SIGKILLed) and go on.
 
-One launch, several assertions: the survivor names the lost node in one line, torch's agent re-forms the job at
-the smaller size, the run resumes its newest checkpoint re-split for one rank (keeping the global batch), the
-resize is recorded (from 2 to 1 ranks, the step, the check that the state loaded is the state saved: bit-exact
-for ddp) in the run folder and in summary.json, and the job finishes every step. The test holds the rendezvous
-store itself (is_host=false), as the other two-node tests do, so no port is chosen by hand.
+One launch per workload, several assertions each: the survivor names the lost node in one line, torch's agent
+re-forms the job at the smaller size, the run resumes its newest checkpoint re-split for one rank, the resize is
+recorded (from 2 to 1 ranks, the step, the check that the state loaded is the state saved) in the run folder and
+in summary.json; then the lost node comes back (a new launcher with the same rendezvous and run folder), the job
+grows to 2 ranks again (records 2 -> 1 -> 2) and finishes every step. Training keeps its global batch (the check
+bit-exact for ddp); the simulation's re-partitioned agents and PPO's re-split environments are checked bit for
+bit against the digest saved with the checkpoint, and the simulation ends with the agents an uninterrupted
+one-rank run ends with. One harness (:func:`_lose_and_rejoin`) drives all three. The tests hold the rendezvous store themselves (is_host=false),
+as the other two-node tests do, so no port is chosen by hand.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,54 +28,231 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 _TINY = ["model.kwargs.n_layer=1", "model.kwargs.n_head=2", "model.kwargs.n_embd=16", "block_size=16",
-         "data.kwargs.max_chars=20000", "batch_size=4", "checkpoint_every=2", "keep_last=3", "warmup_steps=1",
-         "eval_every=0", "eval_batches=1", "log_every=0", "sample_chars=0", "prefetch=0", "logger=[]"]
+         "data.kwargs.max_chars=20000", "batch_size=4", "checkpoint_every=5", "warmup_steps=1",
+         "eval_every=0", "eval_batches=1", "log_every=0", "sample_chars=0", "prefetch=0", "logger=[]",
+         "keep_last=100"]
 
 
 @pytest.mark.fault
-def test_an_elastic_train_job_loses_a_node_and_finishes_at_the_smaller_size_with_its_resize_record(tmp_path):
+def test_an_elastic_train_job_loses_a_node_gets_it_back_and_keeps_its_global_batch_with_its_resize_records(tmp_path):
+    run = tmp_path / "run"
+    steps = 250
+    procs, outputs = _lose_and_rejoin(tmp_path, ["train", "-f", "nano", *_TINY, f"steps={steps}"], run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    _lost_line(err, "train")
+    resized = re.findall(r"multigpu train: resized from (\d) to (\d) rank\(s\) at step (\d+): the state loaded equals "
+                         r"the saved one \(max relative difference 0\.0e\+00, tolerance 1e-09\)", out)
+    assert [(int(a), int(b)) for a, b, _ in resized] == [(2, 1), (1, 2)], out
+    assert "keeps the global batch of 8 samples per step" in out and "the global batch stays 8 samples per step" \
+        in out, out  # grad_accum 1 -> 2 on one rank, then back to 1 on two
+    assert f"done: step {steps}," in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["final_step"], summary["effective_batch"]) == (2, steps, 8)
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s in resized]
+    for record in records:
+        assert record["check"]["equal"] and record["check"]["bit_exact"], record
+        assert record["checkpoint"].endswith(f"step_{record['step']:08d}")
+    assert records[0]["step"] < records[1]["step"] < steps
+    assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == records
+
+
+_PACE = """import os, time
+
+
+class Paced:
+    def on_step(self, event):
+        if os.path.exists(os.environ["PACE_GATE"]):
+            time.sleep(0.1)
+
+
+def hook():
+    return Paced()
+"""
+
+
+def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
+    """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes: once a checkpoint of 2 ranks is on disk node 1's
+    launcher is SIGKILLed; once the job has resized to 1 rank a new node 1 joins; once it has grown back the job
+    runs to its end. Each step sleeps 0.1 s until then (a test-only callback, ``callbacks=[pace_here:hook]``)
+    so the job cannot end before it has been through both. Returns the launchers (node 0, the lost node 1, the
+    new node 1) and their (stdout, stderr)."""
     from torch.distributed import TCPStore
 
+    from multigpu.checkpoint.resize import read_resizes
+
+    (tmp_path / "pace_here.py").write_text(_PACE)
+    gate = tmp_path / "paced"
+    gate.write_text("")
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    run = tmp_path / "run"
-    steps = 400
-    argv = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nnodes", "1:2", "--nproc-per-node", "1",
-            "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+    argv = [sys.executable, "-m", "multigpu", *workload, "callbacks=[pace_here:hook]", "--nnodes", "1:2",
+            "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
             "--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
-            "--run-dir", str(run), *_TINY, f"steps={steps}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123"}
-    procs = [subprocess.Popen([*argv, "--node-rank", str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
+            "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PACE_GATE": str(gate),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([*argv, "--node-rank", str(rank)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def wait_for(what: str, done) -> None:
         deadline = time.monotonic() + 120
-        # the job runs on both nodes: a checkpoint written by 2 ranks (then some steps, heard of by both nodes)
-        while not any(json.loads(m.read_text()).get("world_size") == 2
-                      for m in run.glob("checkpoints/step_*/manifest.json")):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
-                [p.communicate(timeout=30) for p in procs]
+        while not done():
+            alive = [p.poll() is None for p in procs if p is not procs[1]]
+            assert time.monotonic() < deadline and all(alive), (what, [p.communicate(timeout=30) for p in procs])
             time.sleep(0.2)
-        time.sleep(2)
+
+    procs = [node(0), node(1)]
+    try:
+        wait_for("a checkpoint of 2 ranks", lambda: any(json.loads(m.read_text()).get("world_size") == 2
+                                                       for m in run.glob("checkpoints/step_*/manifest.json")))
+        time.sleep(1)
         procs[1].kill()  # node 1's launcher, as a lost machine: without a word
-        out, err = procs[0].communicate(timeout=180)
+        procs[1].wait()
+        wait_for("the resize to 1 rank", lambda: len(read_resizes(run)) >= 1)
+        procs.append(node(1))  # the node comes back (a new launcher, the same rendezvous and run folder)
+        wait_for("the resize back to 2 ranks", lambda: len(read_resizes(run)) >= 2)
+        gate.unlink()
+        outputs = [p.communicate(timeout=180) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.communicate()
-    assert procs[0].returncode == 0, err
+    return procs, outputs
+
+
+def _lost_line(err: str, workload: str) -> None:
     lost = [line for line in err.splitlines() if "was lost" in line]
     assert len(lost) == 1 and re.fullmatch(
         r"multigpu: node 1 \(.+\) \(rank 1\) was lost: its launcher sent no heartbeat for 3s .*; last step finished: "
-        r"rank 0: \d+, rank 1: \d+; the job goes on with the nodes left \(--nnodes 1:2\)", lost[0]), err
-    resized = re.search(r"multigpu train: resized from 2 to 1 rank\(s\) at step (\d+): the state loaded equals the "
-                        r"saved one \(max relative difference 0\.0e\+00, tolerance 1e-09\)", out)
-    assert resized, out
-    assert "keeps the global batch of 8 samples per step" in out
-    assert f"done: step {steps}," in out
+        r"rank 0: \d+, rank 1: \d+; the job goes on with the nodes left \(--nnodes 1:2\)", lost[0]), (workload, err)
+
+
+@pytest.mark.fault
+def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_of_an_uninterrupted_run(tmp_path):
+    run = tmp_path / "run"
+    steps = 400
+    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "10",
+           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    assert "error:" not in err_new, err_new
+    _lost_line(err, "sim")
+    said = re.findall(r"multigpu sim: resized from (\d) to (\d) rank\(s\) at step (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-3001)\)", out)
+    assert [(int(a), int(b)) for a, b, _, _ in said] == [(2, 1), (1, 2)], out
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["world_size"], summary["final_step"], summary["effective_batch"]) == (1, steps, 8)
-    (record,) = summary["resizes"]
-    assert (record["from_ranks"], record["to_ranks"], record["step"]) == (2, 1, int(resized[1]))
-    assert record["check"]["equal"] and record["check"]["bit_exact"]
-    assert record["checkpoint"].endswith(f"step_{int(resized[1]):08d}")
-    assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == [record]
+    assert (summary["world_size"], summary["final_step"]) == (2, steps), summary
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s, _ in said]
+    for entry, (*_, digest) in zip(records, said, strict=True):
+        check = entry["check"]
+        assert check["equal"] and check["bit_exact"] and check["parts"] == ["agents"], entry
+        assert check["saved_digest"] == check["loaded_digest"] == digest, entry
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert manifest["meta"]["state_digest"] == digest and manifest["step"] == entry["step"]
+    assert records[0]["step"] < records[1]["step"] < steps
+    assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == records
+
+    # the job ends where an uninterrupted run on one rank ends: the agents are split-independent, and so is
+    # every resume (this process, no launcher)
+    from multigpu.config import load_config
+    from multigpu.sim.checkpoint import state_digest
+    from multigpu.sim.config import SimConfig
+    from multigpu.sim.engine import SimEngine
+
+    cfg = load_config(SimConfig, ROOT / "src/multigpu/presets/sir.yaml",
+                      ["agents=3001", "grid=[30,30]", f"steps={steps}", "compile=false", "plot=false"])
+    engine = SimEngine(cfg)
+    engine.run()
+    assert summary["state_digest"] == state_digest(engine)
+
+
+@pytest.mark.fault
+def test_an_elastic_rl_job_loses_a_node_gets_it_back_with_the_same_environments_re_split(tmp_path):
+    run = tmp_path / "run"
+    updates = 300
+    rl = ["rl", "-f", "ppo-cartpole", "num_envs=8", "num_steps=8", f"total_env_steps={8 * 8 * updates}",
+          "target_return=null", "num_minibatches=2", "update_epochs=1", "checkpoint_every=5", "keep_last=100",
+          "log_every=100"]
+    procs, outputs = _lose_and_rejoin(tmp_path, rl, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    _lost_line(err, "rl")
+    said = re.findall(r"multigpu rl: resized from (\d) to (\d) rank\(s\) at update (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-8)\)", out)
+    assert [(int(a), int(b)) for a, b, _, _ in said] == [(2, 1), (1, 2)], out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["rl"]["world_size"], summary["rl"]["updates"]) == (2, updates), summary["rl"]
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s, _ in said]
+    for entry, (*_, digest) in zip(records, said, strict=True):
+        check = entry["check"]
+        assert check["equal"] and check["bit_exact"] and check["parts"] == ["envs"], entry
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert check["saved_digest"] == manifest["meta"]["env_digest"] == digest and manifest["step"] == entry["step"]
+        # the checkpoint's environments were written by the size the record says (every rank's, in id order)
+        assert manifest["world_size"] == entry["from_ranks"]
+    assert records[0]["step"] < records[1]["step"] < updates
+
+
+@pytest.mark.fault
+def test_losing_node_0_which_hosts_the_rendezvous_store_ends_an_elastic_job_in_one_line(tmp_path):
+    """torch's c10d store lives in node 0's launcher: without it no node can re-form the job, elastic or not.
+    Before, the survivor ended with "error: the launcher could not start the job: The connection to the C10d
+    store has failed", which named neither node 0 nor why. Here node 0 hosts the store itself (a port held
+    bound but not listening until its launcher takes it, as the scheduler tests do: no fixed port)."""
+    import socket
+
+    (tmp_path / "pace_here.py").write_text(_PACE)
+    gate = tmp_path / "paced"
+    gate.write_text("")  # the job runs until it is lost
+    run = tmp_path / "run"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=400",
+            "--checkpoint-every", "10", "compile=false", "plot=false", "callbacks=[pace_here:hook]", "--nnodes", "1:2",
+            "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PACE_GATE": str(gate),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*argv, "--node-rank", str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not any(json.loads(m.read_text()).get("world_size") == 2
+                      for m in run.glob("checkpoints/step_*/manifest.json")):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate(timeout=30) for p in procs]
+            time.sleep(0.2)
+        sock.close()
+        time.sleep(1)
+        procs[0].kill()  # node 0's launcher, and the store in it
+        procs[0].wait()
+        lost = time.monotonic()
+        _, err = procs[1].communicate(timeout=60)
+        took = time.monotonic() - lost
+    finally:
+        sock.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[1].returncode == 1, err
+    said = [line for line in err.splitlines() if line.startswith(("error:", "multigpu: node"))]
+    assert len(said) == 1 and re.fullmatch(
+        rf"error: node 0 \(.+\) was lost, and with it the rendezvous store its launcher hosts at {endpoint} \(torch's "
+        r"c10d store lives on node 0\): the job cannot go on without it, also with --nnodes 1:2; last step finished: "
+        r"rank 0: \d+, rank 1: \d+", said[0]), err
+    assert err.rstrip().endswith(said[0]) and took < 30, (took, err[-2000:])  # the last line, within seconds

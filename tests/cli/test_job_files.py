@@ -123,6 +123,7 @@ def test_the_pytorchjob_is_valid_kubernetes_with_a_secret_a_shared_volume_and_sh
                     "template": spec["template"]}
         kubernetes_validate.validate(template, version, strict=True)  # the pods, against Kubernetes' own schema
     assert (job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"], job["spec"]["nprocPerNode"]) == (2, "2")
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and "elasticPolicy" not in job["spec"]
     name = job["metadata"]["name"]
     container = _container(job, "Worker")
     secret = docs["Secret"]
@@ -150,10 +151,16 @@ _PYTORCHJOB = {
         "spec": {
             "type": "object", "required": ["pytorchReplicaSpecs"], "additionalProperties": False,
             "properties": {
-                "nprocPerNode": {"type": "string"}, "elasticPolicy": {"type": "object"},
+                "nprocPerNode": {"type": "string"},
+                "elasticPolicy": {"type": "object", "additionalProperties": False,
+                                  "required": ["rdzvBackend", "minReplicas", "maxReplicas"],
+                                  "properties": {"rdzvBackend": {"enum": ["c10d", "etcd", "etcd-v2"]},
+                                                 "minReplicas": {"type": "integer", "minimum": 1},
+                                                 "maxReplicas": {"type": "integer", "minimum": 1},
+                                                 "maxRestarts": {"type": "integer", "minimum": 0}}},
                 "runPolicy": {"type": "object"},
                 "pytorchReplicaSpecs": {
-                    "type": "object", "required": ["Master"], "additionalProperties": False,
+                    "type": "object", "minProperties": 1, "additionalProperties": False,
                     "properties": {role: {
                         "type": "object", "required": ["replicas", "template"], "additionalProperties": False,
                         "properties": {"replicas": {"type": "integer", "minimum": 1},
@@ -214,3 +221,76 @@ def test_a_preempted_pod_or_batch_job_checkpoints_its_step_and_continues_its_run
                    HELLO).splitlines()
     assert any(line.startswith("#SBATCH --signal=B:USR1@") for line in lines)
     assert not any(flag in line for line in lines for flag in ("--run-dir", "--resume", "--checkpoint-on-interrupt"))
+
+
+def _launch_config(command: list[str], env: dict[str, str]):
+    """What the launcher makes of a job file's command on a node whose scheduler set ``env`` (nothing launched)."""
+    from multigpu.cli import build_parser
+    from multigpu.launch.flags import config_from_args
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
+    with mock.patch.dict(os.environ, {**clean, "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123", **env}, clear=True):
+        return config_from_args(build_parser(command[1]).parse_args(command[1:]))
+
+
+def test_an_elastic_batch_script_asks_min_to_max_nodes_and_a_lost_node_does_not_end_the_step(capsys, tmp_path):
+    """Before, --nnodes 1:2 gave the script of a fixed 2-node job: srun --kill-on-bad-exit=1 ended the survivors
+    when the lost node's task ended, and the launchers, without the range, were not elastic."""
+    script = _print(capsys, "sim", "-f", "sir", "--nnodes", "1:2", "--cpu", "--nproc-per-node", "2", "--print-sbatch")
+    lines = script.splitlines()
+    assert any(line.startswith("#SBATCH --nodes=1-2 ") and "elastic" in line for line in lines), script
+    assert any(line.startswith("#SBATCH --no-kill ") for line in lines)  # the allocation outlives a failed node
+    [srun] = [line for line in lines if line.startswith("srun ")]
+    assert srun.startswith("srun --no-kill --kill-on-bad-exit=0 multigpu sim --nnodes=1:2 -f sir ") and \
+        "--kill-on-bad-exit=1" not in script, srun
+    (tmp_path / "job.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+    command = srun.removeprefix("srun --no-kill --kill-on-bad-exit=0 ").removesuffix(" &").split()
+    for nodes in ("2", "1"):  # SLURM gave the job 2 nodes, or only 1 of the 1-2 it asked for
+        env = {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_NNODES": nodes, "SLURM_NODEID": "0",
+               "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_NTASKS_PER_NODE": "1"}
+        cfg = _launch_config([a.replace("${SLURM_JOB_ID}", "4242") for a in command], env)
+        assert (cfg.min_nodes, cfg.nnodes, cfg.max_restarts) == (1, 2, 3)  # elastic: restarts left to re-form
+    fixed = _print(capsys, "sim", "-f", "sir", "--nnodes", "2", "--cpu", "--nproc-per-node", "2", "--print-sbatch")
+    assert "#SBATCH --nodes=2" in fixed.splitlines() and "--no-kill" not in fixed and "--kill-on-bad-exit=1" in fixed
+
+
+def test_an_elastic_pytorchjob_has_the_operators_elastic_policy_and_its_pods_form_an_elastic_job(capsys):
+    """--print-k8s with --nnodes MIN:MAX: Workers only with an elasticPolicy (c10d, MIN/MAX replicas, the restarts
+    the launchers get), the rendezvous port the operator builds PET_RDZV_ENDPOINT from, and each pod's index as
+    its node rank; valid Kubernetes, and each pod's command with the variables the operator sets is an elastic
+    launch. Before, the job was a fixed-size one of MAX pods."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    jsonschema = pytest.importorskip("jsonschema")
+    text = _print(capsys, "rl", "-f", "ppo-cartpole", "--nnodes", "1:3", "--cpu", "--nproc-per-node", "2",
+                  "--max-restarts", "5", "--print-k8s")
+    assert not re.search(r"[&*]id\d+", text)
+    docs = _docs(text)
+    job = docs["PyTorchJob"]
+    jsonschema.validate(job, _PYTORCHJOB)
+    version = kubernetes_validate.latest_version()
+    for kind in ("Secret", "PersistentVolumeClaim"):
+        kubernetes_validate.validate(docs[kind], version, strict=True)
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert list(specs) == ["Worker"] and specs["Worker"]["replicas"] == 3  # the operator's elastic form
+    assert job["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": 3,
+                                            "maxRestarts": 5}
+    template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "worker"},
+                "template": specs["Worker"]["template"]}
+    kubernetes_validate.validate(template, version, strict=True)
+    container = _container(job, "Worker")
+    assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400}]
+    rank = next(e for e in container["env"] if e["name"] == "PET_NODE_RANK")
+    assert rank["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['training.kubeflow.org/replica-index']"
+    assert container["command"][:3] == ["multigpu", "rl", "--nnodes=1:3"]
+    assert "# multigpu-rl-" in text.splitlines()[0] and "1 to 3 pod(s) (elastic)" in text.splitlines()[0]
+    # what the training operator sets on an elastic job's pod (its elasticPolicy), plus the pod's index label
+    name = job["metadata"]["name"]
+    env = {"PET_NNODES": "1:3", "PET_RDZV_ENDPOINT": f"{name}-worker-0:29400", "PET_RDZV_BACKEND": "c10d",
+           "PET_MAX_RESTARTS": "5", "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "PET_NODE_RANK": "2"}
+    for command in (container["command"], [a for a in container["command"] if not a.startswith("--nnodes")]):
+        cfg = _launch_config(command, env)  # the range from the command, or from PET_NNODES alone
+        assert (cfg.min_nodes, cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.max_restarts) == \
+            (1, 3, 2, f"{name}-worker-0:29400", 5)
+    with pytest.raises(Exception, match=r"PET_NNODES='3:1' must be a number of nodes or MIN:MAX"):
+        _launch_config(container["command"][:2] + container["command"][3:], {**env, "PET_NNODES": "3:1"})

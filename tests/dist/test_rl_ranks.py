@@ -6,9 +6,14 @@
 * A gymnasium vector environment from a factory that knows nothing of ranks is seeded by global
   env id (``seed + env_ids.start``, gymnasium's own ``seed + i``), so the split share of 2 ranks
   resets to the same observations as one process building all of them.
+* A checkpoint resumes on another world size (an elastic job's restart after a node was lost or joined) with the
+  same environments re-split, checked bit for bit and recorded as a resize.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +64,45 @@ def test_normalizer_statistics_and_factory_seeding_do_not_depend_on_the_split():
         assert other[0] == count and torch.equal(other[1], mean) and torch.equal(other[2], var)  # bit-identical
     one = mg.envs.make(f"{__name__}:make_gym_pendulum", num_envs=NUM_ENVS, seed=0)
     assert torch.equal(results[0]["obs"], one.reset(seed=7)[0])  # 3 + 2 envs on 2 ranks = 5 in one process
+
+
+def _ppo(run_dir: str, updates: int) -> dict:
+    """A few PPO updates of 5 CartPole environments split over this job's ranks, continuing ``run_dir``'s
+    newest checkpoint (a checkpoint after every update); every environment's state at the end, in id order."""
+    from multigpu.rl import RLConfig
+    from multigpu.rl.ppo import train
+    from multigpu.run import script_context
+
+    cfg = RLConfig(env_id="CartPole-v1", num_envs=NUM_ENVS, num_steps=8, total_env_steps=NUM_ENVS * 8 * updates,
+                   target_return=None, num_minibatches=2, update_epochs=1, log_every=100, checkpoint_every=1,
+                   keep_last=10, checkpoint_mode="sync")
+    lines = []
+    train(cfg, script_context(run_dir, resume="auto"), log=lines.append)
+    return {"lines": lines}
+
+
+def test_ppo_resumes_on_another_world_size_with_the_same_environments_re_split_and_records_the_resize(tmp_path):
+    """An elastic rl job's restart at another size: every rank's saved environments (5, split 3+2 by 2 ranks) are
+    re-split for 3 ranks (2+2+1) and then for 1, each time checked bit for bit against the digest saved with the
+    checkpoint (the environments' state, the current observations, episode sums and pending resets, by id) and
+    recorded as a resize. Before, a resume on another size stopped with "valid: resume rl on the same world size"."""
+    from multigpu.checkpoint.resize import read_resizes
+
+    run = tmp_path / "run"
+    run_on_ranks(_ppo, 2, args=(str(run), 3), timeout_s=120)
+    three = run_on_ranks(_ppo, 3, args=(str(run), 5), timeout_s=120)
+    one = run_on_ranks(_ppo, 1, args=(str(run), 7), timeout_s=120)[0]
+    records = read_resizes(run)
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(2, 3, 3), (3, 1, 5)], records
+    for entry in records:
+        check = entry["check"]
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert check["equal"] and check["bit_exact"] and check["parts"] == ["envs"], entry
+        assert check["saved_digest"] == check["loaded_digest"] == manifest["meta"]["env_digest"], entry
+        assert check["loaded_digest"].endswith(f"-{NUM_ENVS}")
+    digest = records[0]["check"]["loaded_digest"]
+    assert three[0]["lines"][0] == (f"multigpu rl: resized from 2 to 3 rank(s) at update 3: the state loaded equals "
+                                    f"the saved one, bit for bit (digest {digest})")
+    assert three[0]["lines"][1].startswith("resumed at update 3 of 5")
+    assert one["lines"][0].startswith("multigpu rl: resized from 3 to 1 rank(s) at update 5: the state loaded equals")
+    assert json.loads((run / "checkpoints" / "step_00000007" / "manifest.json").read_text())["world_size"] == 1

@@ -3,13 +3,15 @@
 For one config and seed, the final agent state (sorted by id) and every
 per-step aggregate must be bit-identical across world sizes and across the
 data, spatial and adaptive strategies (sync_frequency 1), and a checkpoint
-written on 2 ranks must resume on 1 and 3 ranks to the same end state.
+written on 2 ranks must resume on 1 and 3 ranks to the same end state, each resume at another size checked
+(the re-partitioned agents' state digest equals the saved one, bit for bit) and recorded as a resize.
 Each spawn runs every case at once (a spawn costs seconds).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -48,7 +50,7 @@ def _gathered(engine: SimEngine):
     return {k: v[order].to(engine.state.schema[k]) for k, v in parts.items()}
 
 
-def _run_cases(ckpt_dir: str | None, resume_from: str | None):
+def _run_cases(ckpt_dir: str | None, resume_from: str | None, run_dir: str | None = None):
     out = {}
     for name, cfg in CASES.items():
         engine = SimEngine(cfg)
@@ -60,8 +62,9 @@ def _run_cases(ckpt_dir: str | None, resume_from: str | None):
     if resume_from is not None:
         for strategy in ("data", "adaptive"):
             engine = SimEngine(dataclasses.replace(SIR, strategy=strategy), populate=False)
-            checkpoint.load(engine, resume_from)
+            saved = checkpoint.load(engine, resume_from)
             assert engine.step_index == RESUME_AT
+            out[f"check-{strategy}"] = checkpoint.check_resize(engine, saved, resume_from, run_dir)
             series = engine.run()
             out[f"resumed-{strategy}"] = (_gathered(engine), series, [])
     return out if mg.is_main() else None
@@ -86,7 +89,9 @@ def _reference_results():
     return out
 
 
-def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path):
+def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path, capsys):
+    from multigpu.checkpoint.resize import read_resizes
+
     ref = _reference_results()
     # every strategy gives the same result at one rank already
     for name in ("sir-spatial", "sir-adaptive"):
@@ -100,14 +105,37 @@ def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path):
 
     saved = tmp_path / f"step_{RESUME_AT:08d}"
     assert (saved / "manifest.json").is_file() and (saved / ".metadata").is_file()
-    three = run_on_ranks(_run_cases, 3, args=(None, str(saved)), timeout_s=240)[0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    three = run_on_ranks(_run_cases, 3, args=(None, str(saved), str(run_dir)), timeout_s=240)[0]
     for name in CASES:
         _assert_same(three[name], ref[name], f"3 ranks {name}")
     for strategy in ("data", "adaptive"):
         _assert_same(three[f"resumed-{strategy}"], ref["sir-data"], f"resumed on 3 ranks ({strategy})")
+    # each resume at 3 ranks of the 2-rank checkpoint: re-partitioned, checked bit for bit, recorded
+    digest = json.loads((saved / "manifest.json").read_text())["meta"]["state_digest"]
+    records = read_resizes(run_dir)
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(2, 3, RESUME_AT)] * 2, records
+    for strategy, entry in zip(("data", "adaptive"), records, strict=True):
+        assert three[f"check-{strategy}"] == entry["check"]
+        assert entry["check"]["equal"] and entry["check"]["bit_exact"], entry
+        assert entry["check"]["saved_digest"] == entry["check"]["loaded_digest"] == digest
+        assert entry["checkpoint"] == str(saved)
 
-    # and the 2-rank checkpoint resumes in this single process too
+    # and the 2-rank checkpoint resumes in this single process too, checked the same way
     engine = SimEngine(SIR, populate=False)
-    checkpoint.load(engine, saved)
+    meta = checkpoint.load(engine, saved)
+    capsys.readouterr()
+    assert checkpoint.check_resize(engine, meta, saved, None)["equal"]
+    assert capsys.readouterr().out == (f"multigpu sim: resized from 2 to 1 rank(s) at step {RESUME_AT}: the state "
+                                       f"loaded equals the saved one, bit for bit (digest {digest})\n")
     series = engine.run()
     _assert_same((engine.state.sorted_by_id(), series, []), ref["sir-data"], "resumed on 1 rank")
+
+    # a re-partition that lost or changed one agent would not pass: the check compares every agent's state
+    engine = SimEngine(SIR, populate=False)
+    meta = checkpoint.load(engine, saved)
+    engine.state["state"][0] += 1
+    check = checkpoint.check_resize(engine, meta, saved, None)
+    assert not check["equal"] and not check["bit_exact"] and check["loaded_digest"] != digest
+    assert "WARNING: the state loaded differs from the saved one" in capsys.readouterr().out

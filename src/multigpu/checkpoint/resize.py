@@ -8,6 +8,11 @@ with a checkpoint by N ranks and the one of the state M ranks loaded from it mus
 tensor is whole on every rank, within :data:`TOLERANCE` (relative) where sums over shards are added in another
 order.
 
+A workload whose state is rows of items that each have a global id (a simulation's agents, PPO's environments)
+checks a *digest* instead: the sum over items of a 32-bit hash of each item's record (its id among its fields),
+modulo 2**64, over the job. Integers added in any order give the same sum, so it is bit-exact whatever the split:
+equal digests, equal items (up to hash collisions). :func:`digest_check` compares two.
+
 Each resize is one JSON line in the run folder (:data:`RESIZES_FILE`), written by rank 0; the run's
 ``summary.json`` lists them under ``resizes``.
 """
@@ -23,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "fingerprint", "read_resizes", "record"]
+__all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "describe", "digest_check", "fingerprint", "read_resizes",
+           "record", "recorded", "row_digest"]
 
 RESIZES_FILE = "resizes.jsonl"
 TOLERANCE = 1e-9
@@ -94,6 +100,76 @@ def compare(saved: Mapping[str, list[float]], loaded: Mapping[str, list[float]])
             worst = max(worst, abs(x - y) / scale if x != y else 0.0)
     return {"equal": worst <= TOLERANCE, "bit_exact": worst == 0.0, "max_rel_diff": worst, "tolerance": TOLERANCE,
             "parts": sorted(set(saved) | set(loaded))}
+
+
+def row_digest(rows: Mapping[str, Any]) -> int:
+    """This rank's share of a digest (see the module docstring) of the items whose fields are ``rows`` (name ->
+    a tensor whose first dimension is the item; give the items' global ids among them): the sum over items of
+    a 32-bit hash of the item's bytes. Add the ranks' shares (an int64 all-reduce) for the job's."""
+    import torch
+
+    names = sorted(rows)
+    if not names:
+        return 0
+    n = int(rows[names[0]].shape[0])
+    if any(int(rows[k].shape[0]) != n for k in names):
+        raise ValueError(f"row_digest(): the fields have different lengths ({ {k: int(rows[k].shape[0]) for k in names} })")
+    if n == 0:
+        return 0
+    # each item's record: its fields' bytes side by side, padded to whole 32-bit lanes
+    parts = [rows[k].detach().to("cpu").contiguous().reshape(n, -1).view(torch.uint8) for k in names]
+    records = torch.cat(parts, dim=1)
+    pad = (-records.shape[1]) % 4
+    if pad:
+        records = torch.cat([records, records.new_zeros(n, pad)], dim=1)
+    lanes = records.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    h = torch.full((n,), 0x2545F491, dtype=torch.int64)
+    for j in range(lanes.shape[1]):
+        h = _mix32(h ^ lanes[:, j] ^ (j + 1))
+    return int(h.sum())
+
+
+def _mix32(x):
+    """lowbias32 (two multiply-xorshift rounds) on int64 tensors holding 32-bit values; products stay below 2**63."""
+    for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B - (1 << 32))):
+        x = x ^ (x >> shift)
+        x = (x * multiplier) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def digest_check(saved: str | None, loaded: str, parts: list[str]) -> dict[str, Any] | None:
+    """The check of a resize for a digest (:func:`row_digest`, or a simulation's state digest): the same keys as
+    :func:`compare`'s, and both digests. None where the checkpoint has no digest (written before they were)."""
+    if not isinstance(saved, str):
+        return None
+    same = saved == loaded
+    return {"equal": same, "bit_exact": same, "max_rel_diff": 0.0 if same else math.inf, "tolerance": 0.0,
+            "parts": sorted(parts), "saved_digest": saved, "loaded_digest": loaded}
+
+
+def describe(check: dict[str, Any] | None) -> str:
+    """What a resize's check found, as the end of its line."""
+    if check is None:
+        return "the checkpoint has no fingerprint to check against (written before they were recorded)"
+    if "saved_digest" in check:
+        return ("the state loaded equals the saved one, bit for bit (digest "
+                f"{check['loaded_digest']})" if check["equal"] else
+                f"WARNING: the state loaded differs from the saved one (digest {check['loaded_digest']}, "
+                f"saved {check['saved_digest']})")
+    return (f"the state loaded equals the saved one (max relative difference {check['max_rel_diff']:.1e}, "
+            f"tolerance {check['tolerance']:g})" if check["equal"] else
+            f"WARNING: the state loaded differs from the saved one (max relative difference "
+            f"{check['max_rel_diff']:.1e}, tolerance {check['tolerance']:g})")
+
+
+def recorded(workload: str, run_dir: str | Path | None, *, from_ranks: int, to_ranks: int, step: int,
+             checkpoint: str | Path, check: dict[str, Any] | None, unit: str = "step") -> str:
+    """Record one resize (:func:`record`) and return its line, ``multigpu WORKLOAD: resized from N to M rank(s) at
+    step S: <the check>``, for the caller to print. Rank 0 calls it, after every rank took part in the check."""
+    record(run_dir, {"from_ranks": from_ranks, "to_ranks": to_ranks, "step": step, "checkpoint": str(checkpoint),
+                     "check": check})
+    return (f"multigpu {workload}: resized from {from_ranks} to {to_ranks} rank(s) at {unit} {step}: "
+            f"{describe(check)}")
 
 
 def record(run_dir: str | Path | None, entry: dict[str, Any]) -> None:

@@ -581,7 +581,7 @@ def _start_beats(cfg: LaunchConfig, plan: LaunchPlan):
         return None
 
     def on_lost(node: int) -> None:
-        if cfg.elastic:  # else the job's error line names it, once the ranks stopped
+        if cfg.elastic and not nodes.store_gone(session):  # else the job's error line names it, once ranks stopped
             print(f"multigpu: {nodes.lost_line(session, node)}; the job goes on with the nodes left (--nnodes "
                   f"{cfg.fewest_nodes}:{cfg.nnodes})", file=sys.stderr, flush=True)
         processes.stop_workers()
@@ -597,6 +597,13 @@ def _steps_folder(plan: LaunchPlan) -> str:
     from multigpu.runtime import progress
 
     return progress.folder(plan.env[envvars.STACKS_DIR], plan.env[envvars.LAUNCHER_PID])
+
+
+def _store_lost(cfg: LaunchConfig, session) -> None:
+    """Raise the one line that ends a job whose rendezvous store is gone (node 0's launcher, where torch's c10d
+    store lives, was lost): no job goes on without it, an elastic one neither."""
+    if session is not None and nodes.store_gone(session):
+        raise nodes.NodeLostError(nodes.store_lost_line(session, hosted_by_node0="is_host" not in cfg.rdzv_conf))
 
 
 def _lost_node(session, err: ChildFailedError) -> str | None:
@@ -647,6 +654,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                     raise LaunchError(f"the job was stopped: {refused}") from None
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
                     raise nodes.NodeFailedError(other) from None
+                _store_lost(cfg, session)
                 if session is not None and (lost := _lost_node(session, exc)) is not None:
                     raise nodes.NodeLostError(lost) from None
                 raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
@@ -656,6 +664,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                     raise KeyboardInterrupt from None
                 raise InterruptedBySignalError(exc.sigval) from None
             except TorchRdzvTimeout as exc:
+                _store_lost(cfg, session)
                 reason = f": {exc}" if str(exc).strip() else ""
                 raise RendezvousTimeoutError(
                     f"rendezvous at {cfg.rdzv_endpoint} timed out waiting for {cfg.nnodes} node(s){reason}. "
@@ -664,6 +673,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
             except MultigpuError:
                 raise
             except RendezvousStateError as exc:
+                _store_lost(cfg, session)
                 if stores.TAMPERED not in str(exc):
                     raise LaunchError(f"the launcher could not start the job: {exc}") from None
                 raise LaunchError(f"the job was stopped: {exc}") from None
@@ -674,6 +684,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 # another node stopped before the job formed and closed the rendezvous: name it
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
                     raise nodes.NodeFailedError(other) from None
+                _store_lost(cfg, session)
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one
         if session is not None:

@@ -271,6 +271,8 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return
+    if placement.min_nodes is not None and args.min_nodes is None and args.nnodes in (None, placement.nnodes):
+        args.min_nodes = placement.min_nodes  # an elastic PyTorchJob: PET_NNODES=MIN:MAX
     said = {"nnodes": placement.nnodes, "node_rank": placement.node_rank, "rdzv_endpoint": placement.rdzv_endpoint}
     for name, value in said.items():
         given = getattr(args, name)
@@ -352,4 +354,5 @@ def job_resources(args: argparse.Namespace, flag: str):
                              .isdecimal() else 1)
     cpus = args.threads * workers if args.threads else None
     return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said,
-                        min_nodes=args.min_nodes)
+                        min_nodes=args.min_nodes, max_restarts=args.max_restarts if args.max_restarts is not None
+                        else ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < nnodes else 0)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
 
-__all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line", "posted_failure",
-           "tell_others"]
+__all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line",
+           "posted_failure", "store_gone", "store_lost_line", "tell_others"]
 
 LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
@@ -351,12 +351,18 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
             session._set(f"beat/{session.node_rank}", mine)
             session._beats[session.node_rank] = mine
         for node in range(session.nnodes):
-            if node == session.node_rank or node in session.lost:
+            if node == session.node_rank:
                 continue
             try:
                 beat = session._get(f"beat/{node}")
             except Exception:  # noqa: BLE001 - the store is unreachable: nobody's beat arrives
                 beat = None
+            if node in session.lost:
+                # an elastic job's lost node that joined again (a new launcher, counting from 1): watched again
+                if not (isinstance(beat, dict) and not beat.get("end") and beat.get("n") != session.lost[node].get("n")):
+                    continue
+                del session.lost[node]
+                seen.pop(node, None)
             if isinstance(beat, dict):
                 if beat.get("end"):
                     seen.pop(node, None)
@@ -384,6 +390,36 @@ def lost_line(session: Nodes, node: int) -> str:
         else "; no rank had finished a step"
     return (f"node {node} ({beat.get('host', 'unknown host')}){ranks} was lost: its launcher sent no heartbeat for "
             f"{session.beat_deadline_s:g}s (--rdzv-conf keep_alive_interval x keep_alive_max_attempt){finished}")
+
+
+def store_gone(session: Nodes | None) -> bool:
+    """This node (not the store's host) can no longer reach the rendezvous store: the node hosting it (node 0's
+    launcher, unless ``is_host`` says otherwise) is gone. Never blocks on a live store (a ``check``)."""
+    if session is None or session.hosts_store or not session.connected:
+        return False
+    try:
+        session.store.check([session._key("beat/0")])
+    except Exception:  # noqa: BLE001 - a reset, a broken pipe, a closed store: all say the same
+        return True
+    return False
+
+
+def store_lost_line(session: Nodes, hosted_by_node0: bool) -> str:
+    """One line: the rendezvous store stopped answering (with node 0, where it lives), so the job ends, elastic
+    or not; the last step each rank finished."""
+    steps: dict[int, int] = {}
+    for other in session._beats.values():
+        steps.update({int(r): int(s) for r, s in (other.get("steps") or {}).items()})
+    finished = ("; last step finished: " + ", ".join(f"rank {r}: {steps[r]}" for r in sorted(steps))) if steps \
+        else ""
+    fewest = f", also with --nnodes {session.min_nodes}:{session.nnodes}" if session.elastic else ""
+    if hosted_by_node0:
+        host = session._beats.get(0, {}).get("host", "unknown host")
+        what = (f"node 0 ({host}) was lost, and with it the rendezvous store its launcher hosts at {session.endpoint} "
+                "(torch's c10d store lives on node 0)")
+    else:
+        what = f"the rendezvous store at {session.endpoint} stopped answering"
+    return f"{what}: the job cannot go on without it{fewest}{finished}"
 
 
 def describe(found: dict) -> str:

@@ -31,6 +31,8 @@ class SchedulerPlacement:
     node_rank: int
     rdzv_endpoint: str | None
     nproc_per_node: int | None = None
+    min_nodes: int | None = None
+    """An elastic job's MIN (Kubeflow's ``PET_NNODES=MIN:MAX``), else None."""
 
 
 def from_environment(env: Mapping[str, str], hostname: str | None = None) -> SchedulerPlacement | None:
@@ -50,7 +52,7 @@ def from_environment(env: Mapping[str, str], hostname: str | None = None) -> Sch
                           f"per node ({tasks[1]}); valid: srun --ntasks-per-node=1 multigpu launch ..., or run "
                           "your script under srun directly without the launcher (mg.init reads SLURM)")
     return SchedulerPlacement(cluster.name, cluster.nnodes(), cluster.node_rank(), cluster.rdzv_endpoint(),
-                              cluster.nproc_per_node())
+                              cluster.nproc_per_node(), cluster.min_nodes())
 
 
 _NODE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--print-sbatch", "--print-k8s")
@@ -92,6 +94,13 @@ class JobResources:
     """Where ``gpus`` came from, for the job file's comment."""
     min_nodes: int | None = None
     """``--nnodes MIN:MAX``'s MIN (an elastic job), else None."""
+    max_restarts: int = 0
+    """The restarts each launcher of the job gets (``--max-restarts``, else the launcher's default)."""
+
+    @property
+    def elastic(self) -> bool:
+        """``--nnodes MIN:MAX`` with MIN < MAX: the job goes on when nodes are lost, and grows when they join."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
 
 
 def rfc1123_name(what: str, *, limit: int = 40) -> str:
@@ -146,12 +155,15 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
 
     name = _job_name(what)
     workload = next((a for a in ours if not a.startswith("-")), "job")
+    r = resources
+    elastic = r.elastic
     extra = [stop_flag] if stop_flag else []
     if run_folder is not None:
         extra += ["--run-dir", f"runs/{workload}/{name}-{_JOB_ID}", *(["--resume", "auto"] if run_folder else [])]
-    command = shlex.join(["multigpu", *command_for_scheduler([*ours, *extra], script_args)])
-    command = command.replace(_JOB_ID, "${SLURM_JOB_ID}")
-    r = resources
+    command = command_for_scheduler([*ours, *extra], script_args)
+    if elastic:  # after the command's own flags: SLURM says the node count, the launcher needs the range
+        command.insert(command.index(workload) + 1 if workload in command else 0, f"--nnodes={r.min_nodes}:{r.nnodes}")
+    command = shlex.join(["multigpu", *command]).replace(_JOB_ID, "${SLURM_JOB_ID}")
     gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else []
     cpus = (f"#SBATCH --cpus-per-task={r.cpus}           # --threads × {r.workers} worker(s)" if r.cpus else
             "#SBATCH --exclusive                  # the whole node: each worker gets cores // workers threads "
@@ -159,7 +171,11 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
-        f"#SBATCH --nodes={r.nnodes}",
+        *([f"#SBATCH --nodes={r.min_nodes}-{r.nnodes}".ljust(37) + f"# elastic (--nnodes {r.min_nodes}:{r.nnodes}): it "
+           f"starts on {r.min_nodes} to {r.nnodes} node(s) and goes on down to {r.min_nodes}",
+           "#SBATCH --no-kill                    # a node that fails does not end the allocation: the job goes on "
+           "without it"]
+          if elastic else [f"#SBATCH --nodes={r.nnodes}"]),
         f"#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts {r.workers} worker(s)",
         *gpus,
         cpus,
@@ -185,8 +201,13 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
         "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
         "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed. The",
         "# nodes agree on one run folder (under this folder, which every node must see: a shared file system).",
-        "# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
-        f"srun --kill-on-bad-exit=1 {command} &",
+        *(["# Elastic: a node that is lost (or whose launcher fails) does not end the step (no --kill-on-bad-exit):",
+           "# the launchers left name it, re-form the job without it and resume from the newest checkpoint, re-split.",
+           "# SLURM never adds a node to a running job, so it does not grow back; losing the first node (the",
+           "# rendezvous host) ends the job.",
+           f"srun --no-kill --kill-on-bad-exit=0 {command} &"] if elastic else
+          ["# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
+           f"srun --kill-on-bad-exit=1 {command} &"]),
         "srun_pid=$!",
         "code=0",
         "wait \"$srun_pid\" || code=$?",
@@ -207,6 +228,10 @@ shutdown (which waits up to 30 s for the ranks)."""
 
 RUNS_MOUNT = "/runs"
 """Where the PyTorchJob mounts its shared volume: every pod's run folders and logs."""
+RDZV_PORT = 29400
+"""An elastic PyTorchJob's rendezvous port (torchrun's default for c10d), on its worker 0."""
+INDEX_LABEL = "training.kubeflow.org/replica-index"
+"""The label the training operator puts on each pod: its index among the replicas of its type."""
 RUNS_CLAIM = "multigpu-runs"
 """The ReadWriteMany PersistentVolumeClaim of that volume, shared by every job made this way."""
 
@@ -257,7 +282,11 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
     run_flags = [stop_flag] if stop_flag else []
     if run_folder is not None:
         run_flags += ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
-    command = [_Quoted(a) for a in ["multigpu", *command_for_scheduler([*ours, *run_flags], script_args)]]
+    command = command_for_scheduler([*ours, *run_flags], script_args)
+    if r.elastic:  # the operator's PET_NNODES says the same; written out, the command says it on its own
+        workload = next((a for a in ours if not a.startswith("-")), None)
+        command.insert(command.index(workload) + 1 if workload in command else 0, f"--nnodes={r.min_nodes}:{r.nnodes}")
+    command = [_Quoted(a) for a in ["multigpu", *command]]
     secret_name = f"{name}-rdzv"
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name}, "type": "Opaque",
               "stringData": {"MULTIGPU_RDZV_SECRET": _Quoted(secrets.token_hex(16))}}
@@ -268,12 +297,16 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
         limits: dict = {"nvidia.com/gpu": r.gpus} if r.gpus else {}
         if r.cpus:
             limits["cpu"] = r.cpus
+        env = [{"name": "MULTIGPU_RDZV_SECRET",
+                "valueFrom": {"secretKeyRef": {"name": secret_name, "key": "MULTIGPU_RDZV_SECRET"}}}]
+        if r.elastic:  # the pod's index: the operator sets no node rank on an elastic job's pods
+            env.append({"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
         container = {
-            "name": "pytorch", "image": image, "command": command,
-            "env": [{"name": "MULTIGPU_RDZV_SECRET",
-                     "valueFrom": {"secretKeyRef": {"name": secret_name, "key": "MULTIGPU_RDZV_SECRET"}}}],
+            "name": "pytorch", "image": image, "command": command, "env": env,
             "volumeMounts": [{"name": "runs", "mountPath": RUNS_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}],
         }
+        if r.elastic:  # the rendezvous port: the operator makes PET_RDZV_ENDPOINT=<job>-worker-0:<it>
+            container["ports"] = [{"name": "pytorchjob-port", "containerPort": RDZV_PORT}]
         if limits:
             container["resources"] = {"limits": limits}
         volumes = [{"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}},
@@ -282,13 +315,19 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
                 "template": {"spec": {"terminationGracePeriodSeconds": GRACE_S, "containers": [container],
                                       "volumes": volumes}}}
 
-    specs = {"Master": replica(1)}
-    if r.nnodes > 1:
-        specs["Worker"] = replica(r.nnodes - 1)
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
-           "spec": {"nprocPerNode": _Quoted(str(r.workers)), "pytorchReplicaSpecs": specs}}
+    spec: dict = {"nprocPerNode": _Quoted(str(r.workers))}
+    if r.elastic:  # only Workers (the operator's elastic form): c10d's store on worker 0, MIN to MAX of them
+        spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": r.min_nodes, "maxReplicas": r.nnodes,
+                                 "maxRestarts": r.max_restarts}
+        spec["pytorchReplicaSpecs"] = {"Worker": replica(r.nnodes)}
+    else:
+        spec["pytorchReplicaSpecs"] = {"Master": replica(1)}
+        if r.nnodes > 1:
+            spec["pytorchReplicaSpecs"]["Worker"] = replica(r.nnodes - 1)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name}, "spec": spec}
+    size = f"{r.min_nodes} to {r.nnodes} pod(s) (elastic)" if r.elastic else f"{r.nnodes} pod(s)"
     header = "\n".join([
-        f"# {name}: a Kubeflow PyTorchJob of {r.nnodes} pod(s), {r.workers} worker(s) each. Apply with kubectl apply -f.",
+        f"# {name}: a Kubeflow PyTorchJob of {size}, {r.workers} worker(s) each. Apply with kubectl apply -f.",
         "# The Secret below holds this job's rendezvous secret (made when this file was printed): keep the file",
         f"# private, or pipe it straight into kubectl apply -f -. The run folder is on the claim {RUNS_CLAIM}",
         "# (ReadWriteMany: NFS, CephFS, EFS, Filestore...; edit its storageClassName/size, or point claimName at",

@@ -24,7 +24,11 @@ The loop is :func:`train`: a :class:`multigpu.run.Run` over the updates, each on
 after the last and when the target is reached; in the background with ``checkpoint_mode=async``): the
 policy, the optimizer, the normalizer's statistics, the counters and moving returns, and every rank's
 environments, current observations and sampling generator; a resumed run continues bit-identically to an
-uninterrupted one on the same world size. :func:`load_policy` reads the newest one back as a module.
+uninterrupted one on the same world size. On another world size (``--resume`` there, or an elastic job that lost
+or regained a node) the same environments are re-split by global id (:func:`_resplit`), checked bit for bit
+against the digest saved with the checkpoint and recorded as a resize (:mod:`multigpu.checkpoint.resize`); each
+rank's sampling generator is then seeded afresh from (seed, rank, update). :func:`load_policy` reads the newest
+one back as a module.
 
 Glossary: *update* = one rollout plus ``update_epochs`` passes over it;
 *env-step* = one environment advancing once (the meter's unit).
@@ -43,6 +47,7 @@ from torch import nn
 import multigpu as mg
 from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
 from multigpu.envs.adapter import autoreset_mode_of
+from multigpu.envs.split import env_id_range
 from multigpu.errors import ConfigError
 from multigpu.rl.config import RLConfig
 from multigpu.rl.normalize import ObsNormalizer
@@ -317,9 +322,10 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
     run = Run(ctx if ctx is not None else script_context(), state, total=num_updates,
               checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last, mode=cfg.checkpoint_mode,
               callbacks=cfg.callbacks, unit="env-steps", description=f"ppo {cfg.env_name}", log_every=cfg.log_every,
-              on_interrupt=cfg.checkpoint_on_interrupt)
+              on_interrupt=cfg.checkpoint_on_interrupt,
+              meta=lambda: {"env_digest": _env_digest(ro)})  # what a resume on another size checks against
     if run.resume_from is not None:
-        _resume(run, world, num_updates, steps_per_update, log)
+        _resume(run, cfg, ro, world, num_updates, steps_per_update, log)
 
     start = time.perf_counter()
     for update in run.steps(num_updates if not progress.solved else run.start):
@@ -365,16 +371,88 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
     return result
 
 
-def _resume(run: Run, world: int, num_updates: int, steps_per_update: int, log) -> None:
-    """Load the run's checkpoint into its state; a job of another size is refused (each rank's environments are
-    its share of the global ids)."""
+def _resume(run: Run, cfg: RLConfig, ro: _Rollout, world: int, num_updates: int, steps_per_update: int,
+            log) -> None:
+    """Load the run's checkpoint into its state. Written by another number of ranks: the same environments,
+    re-split for this one (:func:`_resplit`), checked against the saved digest and recorded as a resize."""
     saved_world = read_manifest(run.resume_from)["world_size"]
-    if saved_world != world:
-        raise ConfigError(f"checkpoint {run.resume_from} was written by {saved_world} rank(s) and this job has "
-                          f"{world}; valid: resume rl on the same world size")
-    run.load()
+    if saved_world == world:
+        run.load()
+    else:
+        loaded = run.load({**{k: v for k, v in run.state.items() if k != "rank"}, "rank": None})  # every rank's
+        ro.load_state_dict(_resplit(loaded["rank"], cfg, ro, run.resume_from, saved_world, world, run.start))
+        saved = (loaded["_manifest"].get("meta") or {}).get("env_digest")
+        _record_resize(run, saved, _env_digest(ro), saved_world, world, log)
     if mg.is_main():
         log(f"resumed at update {run.start} of {num_updates} ({run.start * steps_per_update:,} env-steps)")
+
+
+_PER_ENV = ("obs", "episode_return", "reset_step")
+"""The rollout's own per-environment state (the environment is the first dimension); the environments' own are
+their state's tensors whose *last* dimension is the environment (:func:`_per_env`: a
+:class:`~multigpu.envs.VectorEnv` keeps its physics as ``(state_dim, num_envs)``, its counters as ``(num_envs,)``)."""
+
+
+def _per_env(envs_state: dict, n: int) -> list[str]:
+    return sorted(k for k, v in envs_state.items() if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[-1] == n)
+
+
+def _resplit(states: list[dict], cfg: RLConfig, ro: _Rollout, path, saved_world: int, world: int,
+             update: int) -> dict:
+    """This rank's share of every rank's saved rollout state (``states``, in rank order): each rank held a
+    contiguous slice of the global environment ids, so their rows concatenated are every environment in id order,
+    and this rank takes its slice of the new split. Its generator is seeded from (seed, rank, update)."""
+    if not isinstance(states, list) or len(states) != saved_world:
+        raise ConfigError(f"checkpoint {path}: its per-rank rollout state is not one entry per rank of the "
+                          f"{saved_world} that wrote it; valid: a checkpoint written by multigpu rl")
+    if any(state.get("envs") is None for state in states) or not hasattr(ro.envs, "load_state_dict"):
+        raise ConfigError(f"checkpoint {path} was written by {saved_world} rank(s) and this job has {world}; "
+                          f"{cfg.env_name}'s environments do not save their state, so they cannot be re-split; "
+                          f"valid: resume on {saved_world} rank(s), or a built-in environment (env_id)")
+    sizes = [int(state["episode_return"].shape[0]) for state in states]
+    keys = _per_env(states[0]["envs"], sizes[0])
+    whole = {f"envs.{k}": torch.cat([state["envs"][k] for state in states], dim=-1) for k in keys}
+    whole.update({k: torch.cat([state[k] for state in states]) for k in _PER_ENV})
+    ids = whole.get("envs.env_ids")
+    if sum(sizes) != cfg.num_envs or (ids is not None and not torch.equal(ids.cpu().long(),
+                                                                           torch.arange(cfg.num_envs))):
+        raise ConfigError(f"checkpoint {path} holds {sum(sizes)} environments in its ranks, not the ids 0..."
+                          f"{cfg.num_envs - 1} of num_envs={cfg.num_envs}; valid: resume with the num_envs it was "
+                          "written with")
+    mine = env_id_range(cfg.num_envs, rank=mg.rank(), world_size=world)
+    envs = {k: v for k, v in states[0]["envs"].items() if k not in keys}  # the same on every rank (the seed)
+    envs.update({k: whole[f"envs.{k}"][..., mine.start:mine.stop].clone() for k in keys})
+    gen = torch.Generator(device=ro.device).manual_seed((cfg.seed * 1_000_003 + mg.rank()) ^ (update << 24))
+    return {"envs": envs, "gen": gen.get_state(),
+            **{k: whole[k][mine.start:mine.stop].clone() for k in _PER_ENV}}
+
+
+def _env_digest(ro: _Rollout) -> str | None:
+    """A digest of every environment's state in the job and of the rollout's per-environment state (the current
+    observations, episode sums, pending resets): the same however the environments are split, bit for bit
+    (:func:`multigpu.checkpoint.resize.row_digest`). None where the environments do not save their state. A
+    collective."""
+    from multigpu.checkpoint.resize import row_digest
+    from multigpu.runtime import collectives
+
+    envs = ro.envs.state_dict() if hasattr(ro.envs, "state_dict") else None
+    if envs is None:
+        return None
+    rows = {f"envs.{k}": envs[k].movedim(-1, 0) for k in _per_env(envs, ro.n)}  # a row per environment
+    rows.update({"obs": ro.obs, "episode_return": ro.episode_return, "reset_step": ro.reset_step})
+    total = torch.tensor([row_digest(rows), ro.n], dtype=torch.int64)
+    if mg.world_size() > 1:
+        collectives.all_reduce(total, "sum", check_shapes=False)
+    return f"{int(total[0]) & (2**64 - 1):016x}-{int(total[1])}"
+
+
+def _record_resize(run: Run, saved: str | None, loaded: str | None, saved_world: int, world: int, log) -> None:
+    from multigpu.checkpoint.resize import digest_check, recorded
+
+    check = digest_check(saved, loaded or "", ["envs"])
+    if mg.is_main():
+        log(recorded("rl", run.run_dir, from_ranks=saved_world, to_ranks=world, step=run.start,
+                     checkpoint=run.resume_from, check=check, unit="update"))
 
 
 def _spec_state(spec, cfg: RLConfig) -> dict:

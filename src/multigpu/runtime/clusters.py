@@ -107,6 +107,10 @@ class ClusterEnvironment:
     def nnodes(self) -> int:
         return 1
 
+    def min_nodes(self) -> int | None:
+        """The fewest nodes an elastic job goes on with, where the scheduler says it (None: a fixed size)."""
+        return None
+
     def node_rank(self) -> int:
         return 0
 
@@ -209,7 +213,25 @@ class Kubeflow(ClusterEnvironment):
         return "PET_NNODES" in env
 
     def nnodes(self) -> int:
-        return self._int("PET_NNODES", minimum=1)
+        return self._nodes()[1]
+
+    def min_nodes(self) -> int | None:
+        """An elastic PyTorchJob's (``elasticPolicy``) ``PET_NNODES=MIN:MAX``: MIN; None for one number."""
+        return self._nodes()[0]
+
+    def _nodes(self) -> tuple[int | None, int]:
+        raw = self.env.get("PET_NNODES", "")
+        low, sep, high = raw.partition(":")
+        if not sep:
+            return None, self._int("PET_NNODES", minimum=1)
+        try:
+            least, most = (read_int({"PET_NNODES": part}, "PET_NNODES", minimum=1) for part in (low, high))
+        except ConfigError:
+            least = most = 0
+        if not 1 <= least <= most:
+            raise ConfigError(f"environment variable PET_NNODES={raw!r} must be a number of nodes or MIN:MAX; "
+                              "valid: a whole number such as 4, or MIN:MAX with 1 <= MIN <= MAX such as 1:4")
+        return least, most
 
     def node_rank(self) -> int:
         return self._int("PET_NODE_RANK") if self._given("PET_NODE_RANK") else 0

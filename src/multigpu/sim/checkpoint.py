@@ -10,7 +10,9 @@ A checkpoint is a ``step_*`` folder of :class:`multigpu.checkpoint.CheckpointSto
 the agents as a sharded part (DCP), and the engine's step, global scalars,
 aggregates so far and settings in the manifest's ``meta`` (read before anything
 is unpickled: a checkpoint of another model, seed, grid, agent count or
-parameters is refused in one line). The store checks every file's size and
+parameters is refused in one line). The meta holds the agents' state digest too (split-independent:
+:func:`state_digest`), which a resume at another world size checks the re-partitioned agents against
+(:func:`check_resize`). The store checks every file's size and
 SHA-256 and reads DCP's ``.metadata`` with a restricted unpickler
 (:mod:`multigpu.checkpoint.dcp_safe`). The checksums show that a checkpoint is the one a
 known run wrote, not who wrote the folder: resume a simulation only from a
@@ -30,7 +32,7 @@ from multigpu.runtime import collectives, group
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.population import agents_by_id, id_range
 
-__all__ = ["EngineAgents", "load", "meta", "parts", "save"]
+__all__ = ["EngineAgents", "check_resize", "load", "meta", "parts", "save", "state_digest"]
 
 
 def _world() -> tuple[int, int]:
@@ -95,6 +97,15 @@ def meta(engine: SimEngine) -> dict:
     return _engine_meta(engine)
 
 
+def state_digest(engine: SimEngine) -> str:
+    """A digest of every agent's state in the job, ``<hash sum>-<agents>``, that does not depend on how the agents
+    are split or ordered: equal digests, equal agents (:meth:`AgentState.digest_sum`). A collective."""
+    digest = torch.tensor([engine.state.digest_sum(), engine.state.n], dtype=torch.int64)
+    if group.is_initialized() and group.world_size() > 1:
+        collectives.all_reduce(digest, "sum", check_shapes=False)
+    return f"{int(digest[0]) & (2**64 - 1):016x}-{int(digest[1])}"
+
+
 def _engine_meta(engine: SimEngine) -> dict:
     env = {k: v for k, v in engine.ctx.env.items() if not k.startswith("_") and k != "series"}
     return {
@@ -108,11 +119,13 @@ def _engine_meta(engine: SimEngine) -> dict:
         "history": engine.history,
         "rebalances": engine.rebalances,
         "world_size": _world()[1],
+        "state_digest": state_digest(engine),  # what a resume at another world size checks its agents against
     }
 
 
-def load(engine: SimEngine, directory: str | Path) -> None:
+def load(engine: SimEngine, directory: str | Path) -> dict:
     """Fill an engine created with ``populate=False`` from checkpoint folder ``directory``. Call on all ranks.
+    Returns the checkpoint's meta (:func:`meta`).
 
     Raises:
         CorruptCheckpointError: the checkpoint fails its checksums, or holds more than tensors.
@@ -144,6 +157,25 @@ def load(engine: SimEngine, directory: str | Path) -> None:
     engine.rebalances = list(meta["rebalances"])
     if dist.is_initialized() and world > 1:
         collectives.barrier()
+    return meta
+
+
+def check_resize(engine: SimEngine, meta: dict, directory: str | Path, run_dir: str | Path | None) -> dict | None:
+    """After :func:`load` of a checkpoint written by another number of ranks: the agents re-partitioned here are
+    the ones saved (their state digest equals the saved one, bit for bit), recorded as a resize in ``run_dir``
+    (:mod:`multigpu.checkpoint.resize`); rank 0 prints its line. Call on all ranks; returns the check (None: the
+    same world size, nothing to check)."""
+    from multigpu.checkpoint.resize import digest_check, recorded
+
+    rank, world = _world()
+    saved_world = int(meta.get("world_size", world))
+    if saved_world == world:
+        return None
+    check = digest_check(meta.get("state_digest"), state_digest(engine), ["agents"])  # a collective
+    if rank == 0:
+        print(recorded("sim", run_dir, from_ranks=saved_world, to_ranks=world, step=engine.step_index,
+                       checkpoint=directory, check=check), flush=True)
+    return check
 
 
 def _check_compatible(engine: SimEngine, meta: dict, directory: Path) -> None:

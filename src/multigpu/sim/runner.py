@@ -78,7 +78,8 @@ def run(cfg: SimConfig, ctx: context.RunContext | None = None, *, callbacks: lis
     t0 = time.perf_counter()
     engine = SimEngine(cfg, populate=run.resume_from is None)
     if run.resume_from is not None:
-        checkpoint.load(engine, run.resume_from)
+        saved = checkpoint.load(engine, run.resume_from)
+        checkpoint.check_resize(engine, saved, run.resume_from, run.run_dir)  # on another world size: recorded
     setup_s = time.perf_counter() - t0
     run.state, run.meta = checkpoint.parts(engine), lambda: checkpoint.meta(engine)
 
@@ -110,9 +111,7 @@ def _finish(run: Run, engine: SimEngine, setup_s: float, return_agents: bool) ->
     series = engine.series()
     extra = _figures(engine, setup_s, run.resume_from)
     # a digest of the final agent state, independent of the split: equal digests, equal agents
-    digest = torch.tensor([engine.state.digest_sum(), engine.state.n], dtype=torch.int64)
-    collectives.all_reduce(digest, "sum", check_shapes=False)
-    extra["state_digest"] = f"{int(digest[0]) & (2**64 - 1):016x}-{int(digest[1])}"
+    extra["state_digest"] = checkpoint.state_digest(engine)
     agents_path = None
     if cfg.save_agents:
         from multigpu.sim import population

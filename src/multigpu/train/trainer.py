@@ -459,24 +459,14 @@ class Trainer:
     def _record_resize(self, state: dict) -> None:
         """A resume at another world size: check that the state loaded is the state saved, and record it (from N
         to M ranks, the step, the check) in the run folder; rank 0 says it in one line."""
-        from multigpu.checkpoint.resize import compare, record
+        from multigpu.checkpoint.resize import compare, recorded
 
         loaded = self._fingerprint()  # a collective: every rank
         saved = state.get("saved_fingerprint")
         check = compare(saved, loaded) if isinstance(saved, dict) else None
-        if not mg.is_main():
-            return
-        entry = {"from_ranks": state["world_size"], "to_ranks": self.world_size, "step": self.step,
-                 "checkpoint": str(self._resumed_from), "check": check}
-        record(self.run.run_dir, entry)
-        said = ("the checkpoint has no fingerprint to check against (written before they were recorded)"
-                if check is None else
-                f"the state loaded equals the saved one (max relative difference {check['max_rel_diff']:.1e}, "
-                f"tolerance {check['tolerance']:g})" if check["equal"] else
-                f"WARNING: the state loaded differs from the saved one (max relative difference "
-                f"{check['max_rel_diff']:.1e}, tolerance {check['tolerance']:g})")
-        print(f"multigpu train: resized from {state['world_size']} to {self.world_size} rank(s) at step {self.step}: "
-              f"{said}", flush=True)
+        if mg.is_main():
+            print(recorded("train", self.run.run_dir, from_ranks=state["world_size"], to_ranks=self.world_size,
+                           step=self.step, checkpoint=self._resumed_from, check=check), flush=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the RNG states (which the checkpoint gathers from every rank).
