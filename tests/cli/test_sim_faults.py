@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 SIR = "sir"
 
 
-def _run(run_dir, *extra, env=None):
-    proc = run_cli("sim", "-f", SIR, "--agents", "20000", "--steps", "12", "--nproc-per-node", "2",
+def _run(run_dir, *extra, env=None, agents=20000, steps=12):
+    proc = run_cli("sim", "-f", SIR, "--agents", str(agents), "--steps", str(steps), "--nproc-per-node", "2",
                    "--strategy", "spatial", "--checkpoint-every", "3", "--run-dir", str(run_dir),
                    "grid=[40,50]", "plot=false", *extra, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,7 +36,7 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     --checkpoint-on-interrupt, its ranks died where they stood and a resume started from the last cadence
     checkpoint (none here). Now every rank finishes step 5, its checkpoint is written, the launcher exits 143, and
     --resume auto ends with the agents and series of an uninterrupted run."""
-    base = ["sim", "-f", SIR, "--agents", "20000", "--steps", "12", "--nproc-per-node", "2", "--strategy", "spatial",
+    base = ["sim", "-f", SIR, "--agents", "4000", "--steps", "7", "--nproc-per-node", "2", "--strategy", "spatial",
             "--run-dir", str(tmp_path / "stopped"), "grid=[40,50]", "plot=false"]
     done, env = stopped_by_signal(tmp_path, [*base, "--checkpoint-on-interrupt"], step=5)
     assert done.returncode == 143, done.stderr[-3000:]
@@ -46,7 +46,7 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     resumed = run_cli(*base, "--resume", "auto", env=env, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stdout, resumed.stdout[-2000:]
-    clean, clean_csv = _run(tmp_path / "clean")
+    clean, clean_csv = _run(tmp_path / "clean", agents=4000, steps=7)  # step 5 of 7: two steps after the resume
     summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert summary["state_digest"] == clean["state_digest"]
     assert (tmp_path / "stopped" / "series.csv").read_text() == clean_csv
