@@ -53,12 +53,13 @@ def _one_rank_in_process(tmp_path, name, inputs, factory, capsys):
     out = tmp_path / f"{name}1"
     cfg = InferConfig(model=Factory(factory=factory), inputs=list(map(str, inputs)), output=str(out), roi=[12],
                       overlap=[0.25], batch_size=3, blend="gaussian")
-    threads = torch.get_num_threads()
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()  # a rank's settings: this process's back after
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_count()))
     try:
         assert job.main(cfg, RunContext(run_dir=str(tmp_path / f"run_{name}1"))) == 0
     finally:
         torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
     assert "on 1 rank(s)" in capsys.readouterr().out
     return out
 
