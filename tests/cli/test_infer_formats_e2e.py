@@ -40,14 +40,39 @@ def _run(tmp_path, name, nproc, inputs, *model):
     return out
 
 
-def test_volumes_get_3d_windows_and_two_ranks_write_the_one_rank_output(tmp_path):
+def _one_rank_in_process(tmp_path, name, inputs, factory, capsys):
+    """The 1-rank reference: the rank's own entry point (the infer workload's main) called in this process, with
+    the threads a 1-rank launch gives its rank (``OMP_NUM_THREADS`` where set, else every core): the output on
+    any number of ranks is bitwise the 1-rank output where the threads are the same (runner.py)."""
+    from multigpu.factory import Factory
+    from multigpu.infer import job
+    from multigpu.infer.config import InferConfig
+    from multigpu.runtime.context import RunContext
+    from multigpu.runtime.env import cpu_count
+
+    out = tmp_path / f"{name}1"
+    cfg = InferConfig(model=Factory(factory=factory), inputs=list(map(str, inputs)), output=str(out), roi=[12],
+                      overlap=[0.25], batch_size=3, blend="gaussian")
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()  # a rank's settings: this process's back after
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or cpu_count()))
+    try:
+        assert job.main(cfg, RunContext(run_dir=str(tmp_path / f"run_{name}1"))) == 0
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
+    assert "on 1 rank(s)" in capsys.readouterr().out
+    return out
+
+
+def test_volumes_get_3d_windows_and_two_ranks_write_the_one_rank_output(tmp_path, capsys):
     rng = np.random.default_rng(3)
     volume = rng.normal(size=(30, 26, 20)).astype(np.float32)
     np.save(tmp_path / "volume.npy", volume)
     ct = rng.integers(-1000, 1500, (28, 24, 18), dtype=np.int16)
     nib.Nifti1Image(ct, _affine()).to_filename(tmp_path / "ct.nii.gz")
     model = ["--model", "tests.cli.test_infer_formats_e2e:smooth3d"]
-    runs = {n: _run(tmp_path, "vol", n, [tmp_path / "volume.npy", tmp_path / "ct.nii.gz"], *model) for n in (1, 2)}
+    inputs = [tmp_path / "volume.npy", tmp_path / "ct.nii.gz"]
+    runs = {1: _one_rank_in_process(tmp_path, "vol", inputs, model[1], capsys), 2: _run(tmp_path, "vol", 2, inputs, *model)}
     npy = {n: np.load(runs[n] / "volume.npy") for n in runs}
     nii = {n: nib.load(runs[n] / "ct.nii.gz") for n in runs}
     assert npy[1].shape == (30, 26, 20) and npy[1].dtype == np.float32

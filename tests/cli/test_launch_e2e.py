@@ -254,24 +254,20 @@ def test_a_script_that_assumes_cuda_or_its_world_size_gets_a_hint_saying_what_to
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_plain_script_that_destroys_its_group_after_ddp_or_not_leaves_no_gloo_thread_running(tmp_path):
+@pytest.mark.parametrize("mode", [
+    # the script destroys its group and lists the gloo threads at once
+    (),
+    # the collector off in the script: the DDP model's cycle still holds the group when the script ends; the
+    # wrapper collects it then, so at the interpreter's exit no gloo thread runs
+    ("atexit",),
+    # a script that never destroys its group (an accelerate script once aborted at exit, -6): the wrapper destroys
+    # it once the script has ended well
+    ("never",),
+], ids=["destroys", "atexit", "never"])  # one launch each: pytest-xdist spreads them over its workers
+def test_a_plain_script_that_destroys_its_group_after_ddp_or_not_leaves_no_gloo_thread_running(tmp_path, mode):
     """torch.distributed.nn binds the live default group as default arguments when DDP imports it after
     init_process_group; destroy_process_group() then freed nothing and gloo's threads ran on into the
     interpreter's exit (see tests/dist/test_shutdown.py). The worker wrapper imports it before the script joins."""
-    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}
-    # the collector off in the script: the DDP model's cycle still holds the group when the script ends; the
-    # wrapper collects it then, so at the interpreter's exit no gloo thread runs
-    for p in tmp_path.glob("threads*"):
-        p.unlink()
-    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), "atexit")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}
-    # a script that never destroys its group (an accelerate script once aborted at exit, -6): the wrapper destroys
-    # it once the script has ended well
-    for p in tmp_path.glob("threads*"):
-        p.unlink()
-    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), "never")
+    proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), *mode)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}

@@ -339,14 +339,14 @@ def test_a_preempted_batch_job_checkpoints_its_step_requeues_and_resumes_bit_ide
     (tmp_path / "preempt_here.py").write_text(
         "from multigpu.testing.faults import WaitForSignal\n\n\n"
         f"def hook():\n    return WaitForSignal(rank=0, step=3, ready={str(tmp_path / 'ready')!r})\n")
-    job = ["train", "--nnodes", "2", "--cpu", "--nproc-per-node", "1", *_TINY, "steps=6"]
+    job = ["train", "--nnodes", "2", "--cpu", "--nproc-per-node", "1", *_TINY, "steps=4"]  # step 3: mid-run
     printed = _printed(capsys, *job, "callbacks=[preempt_here:hook]", "--print-sbatch")
     assert "#SBATCH --signal=B:USR1@120" in printed and "#SBATCH --requeue" in printed
     script = tmp_path / "job.sbatch"
     script.write_text(printed)
-    clean = subprocess.Popen(  # the uninterrupted run, meanwhile: the same job on one node
-        [sys.executable, "-m", "multigpu", "train", "--cpu", "--nproc-per-node", "2", *_TINY, "steps=6",
-         "--run-dir", str(tmp_path / "clean")], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    clean = subprocess.Popen(  # the uninterrupted run, meanwhile: the same job on one node (its last checkpoint only)
+        [sys.executable, "-m", "multigpu", "train", "--cpu", "--nproc-per-node", "2", *_TINY, "steps=4",
+         "checkpoint_every=0", "--run-dir", str(tmp_path / "clean")], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     port = _reserved_port()
     env = _batch_env(tmp_path, port, str(tmp_path))
@@ -381,7 +381,7 @@ def test_a_preempted_batch_job_checkpoints_its_step_requeues_and_resumes_bit_ide
     assert (logs / "rank0.log").samefile(logs / "start1" / "attempt_0" / "0" / "stdout.log")
     out, err = clean.communicate(timeout=240)
     assert clean.returncode == 0, err[-3000:]
-    a, b = (torch.load(folder / "checkpoints" / "step_00000006" / "state.pt", weights_only=True)["model"]
+    a, b = (torch.load(folder / "checkpoints" / "step_00000004" / "state.pt", weights_only=True)["model"]
             for folder in (run, tmp_path / "clean"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "differs from the uninterrupted run"
 

@@ -21,8 +21,15 @@ def _run(run_dir, *extra, env=None):
     return json.loads((run_dir / "summary.json").read_text()), (run_dir / "series.csv").read_text()
 
 
-def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_path, fault_rng):
-    clean, clean_csv = _run(tmp_path / "clean")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run both tests compare with: the same command for both, launched once per pytest
+    worker that runs them (summary, series.csv)."""
+    return _run(tmp_path_factory.mktemp("sim_faults") / "clean")
+
+
+def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_path, fault_rng, uninterrupted):
+    clean, clean_csv = uninterrupted
     step = fault_rng.randint(4, 11)  # any step after the first checkpoint
     fault, env = fault_callback(tmp_path, rank=1, step=step)
     faulty, faulty_csv = _run(tmp_path / "faulty", "--max-restarts", "1", fault, env=env)
@@ -31,7 +38,8 @@ def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_pa
     assert faulty_csv == clean_csv  # the whole aggregate time series, to the last digit
 
 
-def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resumes_bit_identical(tmp_path):
+def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resumes_bit_identical(tmp_path,
+                                                                                                   uninterrupted):
     """A pre-emption's SIGTERM to the launcher while rank 0 is at step 5: before, `multigpu sim` had no
     --checkpoint-on-interrupt, its ranks died where they stood and a resume started from the last cadence
     checkpoint (none here). Now every rank finishes step 5, its checkpoint is written, the launcher exits 143, and
@@ -46,7 +54,7 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     resumed = run_cli(*base, "--resume", "auto", env=env, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stdout, resumed.stdout[-2000:]
-    clean, clean_csv = _run(tmp_path / "clean")
+    clean, clean_csv = uninterrupted
     summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert summary["state_digest"] == clean["state_digest"]
     assert (tmp_path / "stopped" / "series.csv").read_text() == clean_csv

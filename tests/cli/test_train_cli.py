@@ -42,35 +42,17 @@ def test_bad_input_through_the_real_command_line(tmp_path):
 
 
 @pytest.mark.e2e
-def test_train_two_ranks_writes_checkpoints_and_resume_auto_continues(tmp_path):
-    run_dir = tmp_path / "run"
-    first = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
-                    *TINY, timeout=240)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "effective batch: batch 4 × grad_accum 1 × world_size 2 = 8 samples (256 tokens) per step" in first.stdout
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
-    assert (run_dir / "sample.txt").read_text().startswith("def ")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["final_step"] == 4 and summary["unit"] == "tokens"
-
-    again = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
-                    "--resume", "auto", *TINY, "steps=6", "checkpoint_every=0", timeout=240)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from {run_dir}/checkpoints/step_00000004" in again.stdout
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [2, 4, 6]  # the resumed run logged step 6 only
-    assert all(r["world_size"] == 2 and r["tokens_per_s"] > 0 and "val_loss" in r for r in records)
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006"]
-
-
-@pytest.mark.e2e
-def test_a_folder_rotation_does_not_understand_is_left_alone_and_no_real_checkpoint_is_deleted(tmp_path):
-    """Also: a pre-existing --run-dir (a link to it) and --log-dir keep 0755, what the job writes there is private.
+def test_train_two_ranks_checkpoint_resume_auto_continues_and_a_folder_rotation_does_not_understand_is_left_alone(
+        tmp_path):
+    """A 2-rank run writes its checkpoints; ``--resume auto`` continues from the newest, and no real checkpoint
+    is deleted for a folder rotation does not understand (one launch sequence for both: train, plant, resume).
 
     A stray ``checkpoints/step_99999999/manifest.json`` holding ``{}`` once counted as the newest checkpoint
     for rotation (which then deleted every real one, each new one right after it was written, with keep_last=1)
     while resume skipped it as invalid: the next ``--resume auto`` started from step 0. Rotation now counts and
-    deletes only valid checkpoints of the store's own layout, and names the folder it leaves alone, once."""
+    deletes only valid checkpoints of the store's own layout, and names the folder it leaves alone, once.
+
+    Also: a pre-existing --run-dir (a link to it) and --log-dir keep 0755, what the job writes there is private."""
     from multigpu.checkpoint import choose
     from tests.cli.test_launch_e2e import _open_to_others
 
@@ -80,25 +62,34 @@ def test_a_folder_rotation_does_not_understand_is_left_alone_and_no_real_checkpo
         folder.chmod(0o755)
     run_dir = tmp_path / "run"
     run_dir.symlink_to(shared)
-    small = [t for t in TINY if not t.startswith(("steps=", "checkpoint_every="))] + ["keep_last=1",
-                                                                                       "checkpoint_every=2"]
-    first = run_cli("train", "-f", "nano", "--nproc-per-node", "1", "--run-dir", str(run_dir), *small, "steps=6",
-                    timeout=240)
+    first = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+                    *TINY, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "effective batch: batch 4 × grad_accum 1 × world_size 2 = 8 samples (256 tokens) per step" in first.stdout
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
+    assert (run_dir / "sample.txt").read_text().startswith("def ")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 4 and summary["unit"] == "tokens"
+
     planted = shared / "checkpoints" / "step_99999999"  # the ranks name the folder the link leads to
     planted.mkdir()
     (planted / "manifest.json").write_text("{}")
-    again = run_cli("train", "-f", "nano", "--nproc-per-node", "1", "--run-dir", str(run_dir), "--resume", "auto",
-                    "--log-dir", str(logs), *small, "steps=8", timeout=240)
+    # keep_last=2 (the nano preset): rotation that counted the stray as the newest would keep it and step 6 only
+    again = run_cli("train", "-f", "nano", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--resume", "auto",
+                    "--log-dir", str(logs), *TINY, "steps=6", "checkpoint_every=0", timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming from {shared}/checkpoints/step_00000006" in again.stdout
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000008", "step_99999999"]
+    assert f"resuming from {shared}/checkpoints/step_00000004" in again.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]  # the resumed run logged step 6 only
+    assert all(r["world_size"] == 2 and r["tokens_per_s"] > 0 and "val_loss" in r for r in records)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000004", "step_00000006",
+                                                                           "step_99999999"]
     assert (planted / "manifest.json").read_text() == "{}"  # left as it was
     output = again.stdout + again.stderr
     left_alone = [line for line in output.splitlines() if "left alone" in line]
     assert len(left_alone) == 1 and str(planted) in left_alone[0], output[-3000:]
     said: list[str] = []
-    assert choose("auto", str(run_dir), 0, say=said.append) == run_dir / "checkpoints" / "step_00000008"
+    assert choose("auto", str(run_dir), 0, say=said.append) == run_dir / "checkpoints" / "step_00000006"
     # a --run-dir (here a link to it) and a --log-dir that existed keep their mode; what the job wrote there
     # (run.json, metrics, checkpoints, logs, stack dumps) is 0700 / 0600, as in folders multigpu makes
     assert shared.stat().st_mode & 0o777 == logs.stat().st_mode & 0o777 == 0o755
