@@ -51,12 +51,9 @@ def _stitch_log(monkeypatch, log: list) -> None:
     monkeypatch.setattr(Canvas, "add", add)
 
 
-def test_inference_on_cuda_cuts_and_stitches_on_the_gpu_and_copies_back_once(monkeypatch):
-    """Where the image and this rank's canvases fit the GPU (a quarter of its free memory each), the image
-    goes there once, the windows are cut there (nothing pinned, no copy per batch), the outputs are added
-    into canvases on the GPU, and nothing waits for the device until the blended output comes back at the
-    end. The first GPU call (one H200) measured the host path at 0.52x MONAI's, which keeps everything on
-    the GPU: host stitching and a copy each way per batch were the difference."""
+def _infer_on_gpu_1(monkeypatch):
+    """A small conv net's sliding window with the model on fake cuda:1: (the model calls and stitches logged in
+    order, the fake CUDA's record, the output)."""
     log: list = []
     _stitch_log(monkeypatch, log)
     image = torch.rand(1, 2, 40, 52)
@@ -65,6 +62,16 @@ def test_inference_on_cuda_cuts_and_stitches_on_the_gpu_and_copies_back_once(mon
         torch.cuda.set_device(1)
         model = _Logged(net.to("cuda"), log)
         out = sliding_window(image, model, roi=16, overlap=0.25, batch_size=3, blend="gaussian", progress=False)
+    return log, cuda, out
+
+
+def test_inference_on_cuda_cuts_and_stitches_on_the_gpu_and_copies_back_once(monkeypatch):
+    """Where the image and this rank's canvases fit the GPU (a quarter of its free memory each), the image
+    goes there once, the windows are cut there (nothing pinned, no copy per batch), the outputs are added
+    into canvases on the GPU, and nothing waits for the device until the blended output comes back at the
+    end. The first GPU call (one H200) measured the host path at 0.52x MONAI's, which keeps everything on
+    the GPU: host stitching and a copy each way per batch were the difference."""
+    log, cuda, out = _infer_on_gpu_1(monkeypatch)
     batches = [e for e in log if e[0] == "model"]
     assert len(batches) > 2 and {e[1] for e in batches} == {torch.device("cuda", 1)}
     stitches = [e for e in log if e[0] == "stitch"]
@@ -81,14 +88,7 @@ def test_inference_on_cuda_stitches_one_batch_behind_the_model_without_a_device_
     blends). Before: the output's blocking ``.to("cpu")`` waited for the device after every batch, the next
     model call came after the stitch, and the importance map read a value on the host (``.item()``)."""
     _little_free_memory(monkeypatch)
-    log: list = []
-    _stitch_log(monkeypatch, log)
-    image = torch.rand(1, 2, 40, 52)
-    net = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Conv2d(4, 3, 1))
-    with fake_cuda(devices=2) as cuda:
-        torch.cuda.set_device(1)
-        model = _Logged(net.to("cuda"), log)
-        out = sliding_window(image, model, roi=16, overlap=0.25, batch_size=3, blend="gaussian", progress=False)
+    log, cuda, out = _infer_on_gpu_1(monkeypatch)
     batches = [e for e in log if e[0] == "model"]
     assert len(batches) > 2 and {e[1] for e in batches} == {torch.device("cuda", 1)}
     stitches = [e for e in log if e[0] == "stitch"]
