@@ -150,14 +150,7 @@ def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_o
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["world_size"], summary["final_step"]) == (2, steps), summary
     records = summary["resizes"]
-    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
-                                                                                for a, b, s, _ in said]
-    for entry, (*_, digest) in zip(records, said, strict=True):
-        check = entry["check"]
-        assert check["equal"] and check["bit_exact"] and check["parts"] == ["agents"], entry
-        assert check["saved_digest"] == check["loaded_digest"] == digest, entry
-        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
-        assert manifest["meta"]["state_digest"] == digest and manifest["step"] == entry["step"]
+    _records_as_said(records, said, "agents", "state_digest")
     assert records[0]["step"] < records[1]["step"] < steps
     assert [json.loads(line) for line in (run / "resizes.jsonl").read_text().splitlines()] == records
 
@@ -173,6 +166,22 @@ def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_o
     engine = SimEngine(cfg)
     engine.run()
     assert summary["state_digest"] == state_digest(engine)
+
+
+def _records_as_said(records: list[dict], said: list[tuple], part: str, digest_key: str) -> list[dict]:
+    """Each resize record is what its line said (from, to, step, digest), its check bit-exact over ``part``, and
+    its checkpoint's manifest holds that digest (``meta[digest_key]``) at that step. Returns the manifests."""
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
+                                                                                for a, b, s, _ in said]
+    manifests = []
+    for entry, (*_, digest) in zip(records, said, strict=True):
+        check = entry["check"]
+        assert check["equal"] and check["bit_exact"] and check["parts"] == [part], entry
+        assert check["saved_digest"] == check["loaded_digest"] == digest, entry
+        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
+        assert manifest["meta"][digest_key] == digest and manifest["step"] == entry["step"], manifest
+        manifests.append(manifest)
+    return manifests
 
 
 @pytest.mark.fault
@@ -192,13 +201,7 @@ def test_an_elastic_rl_job_loses_a_node_gets_it_back_with_the_same_environments_
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["rl"]["world_size"], summary["rl"]["updates"]) == (2, updates), summary["rl"]
     records = summary["resizes"]
-    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(int(a), int(b), int(s))
-                                                                                for a, b, s, _ in said]
-    for entry, (*_, digest) in zip(records, said, strict=True):
-        check = entry["check"]
-        assert check["equal"] and check["bit_exact"] and check["parts"] == ["envs"], entry
-        manifest = json.loads((Path(entry["checkpoint"]) / "manifest.json").read_text())
-        assert check["saved_digest"] == manifest["meta"]["env_digest"] == digest and manifest["step"] == entry["step"]
+    for entry, manifest in zip(records, _records_as_said(records, said, "envs", "env_digest"), strict=True):
         # the checkpoint's environments were written by the size the record says (every rank's, in id order)
         assert manifest["world_size"] == entry["from_ranks"]
     assert records[0]["step"] < records[1]["step"] < updates
