@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(build_parser(_command_of(argv)), argv)
     except MultigpuError as exc:
         return _failed(exc, debug or "--debug" in argv)
+    except KeyboardInterrupt:  # a Ctrl-C while the command's own modules still import (a loaded machine: seconds)
+        return _interrupted()
     ours, theirs = split_script_args(args, argv)
     if "--debug" in ours and not debug:
         os.environ[envvars.DEBUG] = "1"  # for the workers too (their Ctrl-C tracebacks); put back below
@@ -164,6 +166,12 @@ def _failed(exc: MultigpuError, debug: bool) -> int:
     return exc.exit_code
 
 
+def _interrupted() -> int:
+    """The answer to a Ctrl-C, wherever the command was: one line, exit code 130 (128 + SIGINT)."""
+    print("error: interrupted", file=sys.stderr)
+    return 130
+
+
 def _run(args: argparse.Namespace, ours: list[str], theirs: list[str], *, debug: bool) -> int:
     try:
         if getattr(args, "_run", None) is None:
@@ -179,8 +187,7 @@ def _run(args: argparse.Namespace, ours: list[str], theirs: list[str], *, debug:
     except MultigpuError as exc:
         return _failed(exc, debug)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except Exception as exc:  # noqa: BLE001 - the one top-level handler
         if debug:
             raise
