@@ -267,7 +267,7 @@ class _Share:
         # this rank's canvases: the sums and the weights over the box its windows touch, in every image they touch
         canvas_bytes = sum((meta.channels + 1) * math.prod(b - a for a, b in self.plan.output_box(
             image, self.start, self.stop, meta.scale)) for image in self.plan.images_in(self.start, self.stop))
-        if self._fits_on_device(canvas_bytes * torch.empty((), dtype=self.acc_dtype).element_size()):
+        if self._fits_on_device(canvas_bytes * self.acc_dtype.itemsize):
             self.stitch_device = self.device
         self.weights = importance_map(self.roi, self.blend, sigma_scale=self.sigma_scale, out_size=out_size,
                                       dtype=self.acc_dtype).to(self.stitch_device)
@@ -695,13 +695,11 @@ def sliding_window(
             exchange.agree_on_output()
         exchange.exchange_spill()
         # 3. assembly on rank 0, slab by slab (one process, one image: its canvas divided in place)
-        whole = _whole_canvas(share, groups)
-        if whole is not None:
-            with _phase("assemble"):
-                outputs = (whole[None], None)
-        else:
-            with _phase("assemble"):
-                outputs = exchange.outputs or (_allocate(images, groups, share.meta) if share.rank == 0 else None)
+        with _phase("assemble"):
+            whole = _whole_canvas(share, groups)
+            outputs = (whole[None], None) if whole is not None else exchange.outputs or (
+                _allocate(images, groups, share.meta) if share.rank == 0 else None)
+        if whole is None:
             for i in range(len(images)):
                 _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
     if own_meter:
