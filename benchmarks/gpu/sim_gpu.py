@@ -166,6 +166,7 @@ def main() -> int:
     began, budget = time.perf_counter(), _budget(args.size_timeout_s * (len(sizes) + 1))
     config = {"model": "sir", "grid": GRID, "params": PARAMS, "steps": steps, "chunk_size": chunk,
               "compile": args.compile}
+    machine = _common.machine()  # once: it asks NVML
 
     def child_time(reserve_s: float) -> float:  # what is left, keeping reserve_s back for what comes after
         return max(5.0, min(args.size_timeout_s, budget - (time.perf_counter() - began) - reserve_s))
@@ -183,7 +184,7 @@ def main() -> int:
         else:
             print(f"  {n:>14,} agents: {r['agent_steps_per_s']:>18,.0f} agent-steps/s  ({r['seconds'] / steps * 1e3:.1f} "
                   f"ms/step, setup {r['setup_s']:.1f} s, peak {r['peak_memory_gib'] or 0:.1f} GiB)", flush=True)
-        _common.write_record(args.json, {"benchmark": "sim_gpu", "machine": _common.machine(), "config": config,
+        _common.write_record(args.json, {"benchmark": "sim_gpu", "machine": machine, "config": config,
                                          "ours": rows, "peer": None, "ratio": None, "targets": {}}, quiet=True)
     check = _in_child("digest", {"agents": check_agents, "steps": 20, "chunk_size": chunk, "compile_": args.compile,
                                  "device": device}, child_time(0.0), args.quick)
@@ -195,7 +196,8 @@ def main() -> int:
               f"{dev.type} {check['device_vs_cpu']:.1f}x the CPU's speed")
     best = max((r["agent_steps_per_s"] for r in rows if "error" not in r), default=None)
     _common.write_record(args.json, {
-        "benchmark": "sim_gpu", "machine": _common.machine(), "config": config, "ours": rows, "peer": {"name": "the same engine on the CPU (digest check)", **check},
+        "benchmark": "sim_gpu", "machine": machine, "config": config, "ours": rows,
+        "peer": {"name": "the same engine on the CPU (digest check)", **check},
         "ratio": check.get("device_vs_cpu"),
         "targets": {"agent-steps/s >= 1e10": best >= 1e10 if best is not None else None,
                     "same digest as the CPU": bool(check.get("same_digest") and check.get("same_series"))},
