@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "describe", "digest_check", "fingerprint", "read_resizes",
-           "record", "recorded", "row_digest"]
+           "record", "recorded", "records_digest", "row_digest"]
 
 RESIZES_FILE = "resizes.jsonl"
 TOLERANCE = 1e-9
@@ -116,14 +116,25 @@ def row_digest(rows: Mapping[str, Any]) -> int:
         raise ValueError(f"row_digest(): the fields have different lengths ({ {k: int(rows[k].shape[0]) for k in names} })")
     if n == 0:
         return 0
-    # each item's record: its fields' bytes side by side, padded to whole 32-bit lanes
+    # each item's record: its fields' bytes side by side
     parts = [rows[k].detach().to("cpu").contiguous().reshape(n, -1).view(torch.uint8) for k in names]
-    records = torch.cat(parts, dim=1)
+    return records_digest(torch.cat(parts, dim=1))
+
+
+def records_digest(records) -> int:
+    """The sum over rows of a 32-bit hash (lowbias32 chained over its 32-bit lanes) of each row's bytes, ``records``
+    a uint8 tensor ``[items, bytes]`` on any device, padded here to whole lanes. The one hash behind
+    :func:`row_digest` and a simulation's state digest (``AgentState.digest_sum``)."""
+    import torch
+
+    n = int(records.shape[0])
+    if n == 0:
+        return 0
     pad = (-records.shape[1]) % 4
     if pad:
         records = torch.cat([records, records.new_zeros(n, pad)], dim=1)
-    lanes = records.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    h = torch.full((n,), 0x2545F491, dtype=torch.int64)
+    lanes = records.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    h = torch.full((n,), 0x2545F491, dtype=torch.int64, device=records.device)
     for j in range(lanes.shape[1]):
         h = _mix32(h ^ lanes[:, j] ^ (j + 1))
     return int(h.sum())

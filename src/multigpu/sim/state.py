@@ -128,20 +128,11 @@ class AgentState:
         Sums add across ranks (all-reduce) into a digest of the whole population that does not depend
         on how agents are split or ordered: equal digests mean equal agent states (up to hash collisions).
         """
-        from multigpu.sim.rng import hash32
+        from multigpu.checkpoint.resize import records_digest
 
         total = 0
         for start in range(0, self.n, chunk):
-            fields = {k: self[k][start : start + chunk] for k in self.schema}
-            records = self.pack(fields)
-            pad = (-records.shape[1]) % 4
-            if pad:
-                records = torch.cat([records, records.new_zeros(records.shape[0], pad)], dim=1)
-            lanes = records.contiguous().view(torch.int32)
-            h = torch.full((lanes.shape[0],), 0x2545F491, dtype=torch.int32, device=lanes.device)
-            for j in range(lanes.shape[1]):
-                h = hash32(h ^ lanes[:, j] ^ (j + 1))
-            total += int((h.to(torch.int64) & 0xFFFFFFFF).sum().item())
+            total += records_digest(self.pack({k: self[k][start : start + chunk] for k in self.schema}))
         return total
 
     def reorder(self, order: torch.Tensor) -> None:
