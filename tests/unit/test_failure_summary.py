@@ -150,3 +150,33 @@ def test_a_rank_killed_by_a_signal_is_the_cause_of_its_peers_lost_connection_and
     assert causes({0: killed, 1: stopped}) == {0: killed}
     crash = failure("ValueError: boom", 1, 100)
     assert causes({0: crash, 1: killed}) == {0: crash, 1: killed}  # two deaths of their own: both named
+
+
+def test_a_rank_whose_ddp_all_reduce_lost_its_peer_is_not_a_second_death_beside_the_rank_killed():
+    """Seen in a full run (FAULT_SEED=950400662, 2 in 5 runs of that test): rank 1 SIGKILLed, rank 0 failed in DDP's
+    own all-reduce (torch's, not ours, so not rewritten into "lost a peer") with gloo's "Connection reset by peer".
+    The printed line named rank 1 alone, but the restart record (summary.json) named rank 0 too. Also a rank of a
+    user's script that writes no error file and exits 1 beside a rank killed by a signal: the signal is the cause."""
+    import signal
+
+    from multigpu.launch.agent import _root_failure
+    from multigpu.launch.restarts import causes
+
+    def failure(message: str | None, exitcode: int, timestamp: int):
+        data = {"message": {"message": message}} if message else {}
+        return SimpleNamespace(error_file_data=data, exitcode=exitcode, timestamp=timestamp,
+                               signal_name=lambda: signal.Signals(-exitcode).name)
+
+    killed = failure(None, -signal.SIGKILL, 105)
+    ddp = failure("RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/"
+                  "pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:32951: "
+                  "Connection reset by peer. This is typically caused by a remote worker hanging", 1, 100)
+    silent = failure(None, 1, 100)
+    for rank0 in (ddp, silent):
+        err = SimpleNamespace(failures={0: rank0, 1: killed}, get_first_failure=lambda rank0=rank0: (0, rank0))
+        assert causes(err.failures) == {1: killed}
+        assert _root_failure(err) == (1, killed)
+    # a plain exit that said why is a death of its own; a silent one with nothing killed beside it stays named
+    said = failure("RuntimeError: out of disk", 1, 100)
+    assert causes({0: said, 1: killed}) == {0: said, 1: killed}
+    assert causes({0: silent, 1: failure(None, -signal.SIGTERM, 105)}) == {0: silent}

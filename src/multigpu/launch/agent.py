@@ -447,7 +447,7 @@ def _root_failure(err: ChildFailedError):
     a rank killed by a signal other than the agent's stop. Such a rank writes no error file: torch times it when
     the agent saw it, which is later than the peer that lost it."""
     rank, failure = err.get_first_failure()
-    if not restarts.is_consequence(failure):
+    if not restarts.is_consequence(failure, err.failures):
         return rank, failure
     when = failure.timestamp
     others = [(other, candidate) for other, candidate in sorted(err.failures.items()) if other != rank]
@@ -457,10 +457,10 @@ def _root_failure(err: ChildFailedError):
         if "timed out after" in _message(candidate):
             return other, candidate
     for other, candidate in near:
-        if not restarts.is_consequence(candidate):
+        if not restarts.is_consequence(candidate, err.failures):
             return other, candidate
     for other, candidate in others:
-        if candidate.exitcode < 0 and not restarts.is_consequence(candidate):
+        if candidate.exitcode < 0 and not restarts.is_consequence(candidate, err.failures):
             return other, candidate
     return rank, failure
 
@@ -612,7 +612,7 @@ def _lost_node(session, err: ChildFailedError) -> str | None:
     heartbeat's deadline passed: wait for that, but not for a failure of this node's own making."""
     if not session.lost:
         _, failure = _root_failure(err)
-        if failure.exitcode > 0 and not restarts.is_consequence(failure):
+        if failure.exitcode > 0 and not restarts.is_consequence(failure, err.failures):
             return None
         session.wait_lost(session.beat_deadline_s + 2 * nodes.BEAT_S)
     return nodes.lost_line(session, min(session.lost)) if session.lost else None

@@ -23,6 +23,8 @@ from pathlib import Path
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from multigpu.runtime.calls import lost_peer
+
 __all__ = ["CONSEQUENCES", "ReportingAgent", "causes", "describe", "is_consequence", "reporting"]
 
 _where: dict[str, Path | None] = {"folder": None}  # where this launch records deaths (None: stderr only)
@@ -32,26 +34,46 @@ CONSEQUENCES = ("lost a peer", "That rank probably exited or crashed")
 """What a collective says when another rank left under it (:mod:`multigpu.runtime.collectives`): a consequence."""
 
 
-def is_consequence(failure) -> bool:
-    """Whether ``failure`` is a rank that failed because another left: a collective that lost its peer, or the
-    SIGTERM with which torch's agent stops the rest of a group once one worker died."""
+def is_consequence(failure, group: dict | None = None) -> bool:
+    """Whether ``failure`` is a rank that failed because another left: a collective that lost its peer (ours, or
+    torch's own such as DDP's all-reduce, whose error is gloo's "Connection reset by peer"), the
+    SIGTERM with which torch's agent stops the rest of a group once one worker died, or (given its ``group``'s
+    failures) a plain exit code with nothing said (no error file) beside a peer killed by a signal: a rank whose
+    peer vanished under a collective can exit before it writes why, and a signal death is the better name."""
     if failure.exitcode == -signal.SIGTERM:  # its error file, if any, says what the stop interrupted
         return True
-    return any(words in describe(failure) for words in CONSEQUENCES)
+    said = describe(failure)
+    if any(words in said for words in CONSEQUENCES) or lost_peer(said):
+        return True
+    return (group is not None and failure.exitcode > 0 and _said(failure) is None
+            and any(_killed(other) for other in group.values()))
+
+
+def _killed(failure) -> bool:
+    """Killed by a signal other than the agent's own stop (SIGTERM)."""
+    return failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
+
+
+def _said(failure) -> str | None:
+    """The first line of the error its worker wrote, None when it wrote none."""
+    message = (failure.error_file_data or {}).get("message")
+    if isinstance(message, dict) and str(message.get("message", "")).strip():
+        return str(message["message"]).strip().splitlines()[0]
+    return None
 
 
 def causes(failures: dict) -> dict:
     """The failures of one group that are not consequences of another's (by rank); all of them when every one
-    looks like a consequence (nothing better to name)."""
-    return {rank: f for rank, f in failures.items() if not is_consequence(f)} or dict(failures)
+    looks like a consequence (nothing better to name). The one rule :func:`multigpu.launch.agent._root_failure`
+    follows for the line it prints."""
+    return {rank: f for rank, f in failures.items() if not is_consequence(f, failures)} or dict(failures)
 
 
 def describe(failure) -> str:
     """How a worker ended: its exception's first line, else the signal, else the exit code."""
-    data = failure.error_file_data or {}
-    message = data.get("message")
-    if isinstance(message, dict) and str(message.get("message", "")).strip():
-        return str(message["message"]).strip().splitlines()[0]
+    said = _said(failure)
+    if said is not None:
+        return said
     if failure.exitcode < 0:
         return f"killed by signal {failure.signal_name()}"
     return f"exited with code {failure.exitcode}"

@@ -22,7 +22,7 @@ from multigpu.errors import CollectiveError, CollectiveTimeoutError
 from multigpu.runtime import watchdog
 from multigpu.runtime.devicetime import DeviceSpans, is_async
 
-__all__ = ["barrier", "collective_seconds", "comm_between", "comm_mark", "timed"]
+__all__ = ["barrier", "collective_seconds", "comm_between", "comm_mark", "lost_peer", "timed"]
 
 _COLLECTIVE_S = 0.0  # host time spent inside our collectives on this rank (read by the monitor)
 _DEVICE_SPANS = DeviceSpans()  # CUDA collectives: their device time, from events (the host only queues them)
@@ -90,7 +90,7 @@ def timed(op: str, rank: int, world_size: int, timeout_s: float,
                 f"{where} timed out after {timeout_s:g}s: {first}. "
                 "A rank probably skipped this call or is stuck before it (--timeout-s or mg.init(timeout_s=...) changes the limit)."
             ) from exc
-        if "connection closed" in low or "connection reset" in low or "broken pipe" in low:
+        if lost_peer(low):
             raise CollectiveError(
                 f"{where} lost a peer: {first}. Another rank probably exited or crashed; see its log."
             ) from exc
@@ -101,6 +101,13 @@ def timed(op: str, rank: int, world_size: int, timeout_s: float,
         else:
             _COLLECTIVE_S += time.perf_counter() - start
         watchdog.heartbeat(f"{op}()")
+
+
+def lost_peer(text: str) -> bool:
+    """Whether an error's text is gloo's word that the rank at the other end of a connection is gone (also when
+    torch's own calls raise it, e.g. DDP's all-reduce in a backward pass: "Connection reset by peer")."""
+    low = text.lower()
+    return "connection closed" in low or "connection reset" in low or "broken pipe" in low
 
 
 def barrier(rank: int, world_size: int, timeout_s: float, *, monitor=None, monitored: bool = False) -> None:
