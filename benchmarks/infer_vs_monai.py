@@ -20,7 +20,12 @@ its own (freed heap trimmed and the peak count reset before it, Linux):
    gathering every window output to rank 0 each batch and stitching there, on 2 ranks;
 4. the ceiling: the model alone over each rank's share of the windows, on 1 and on
    2 processes at once, and a 64 MiB copy per process (memory bandwidth each gets
-   while the other copies too): what 2 processes on this host can give at best.
+   while the other copies too): what 2 processes on this host can give at best;
+5. ours as the launcher runs it: on 1 and 2 ranks in processes of their own with the
+   heap policy ``multigpu launch``/``infer`` give CPU ranks (glibc keeps large blocks for
+   reuse, multigpu/launch/heap.py), against MONAI in a plain process (1 above): what a
+   user of each gets; the same-process comparison (1) is the runner against MONAI's
+   function with the allocator equal.
 """
 
 from __future__ import annotations
@@ -150,8 +155,13 @@ def _gather_windows(x, model):
     return None if canvas is None else canvas.blended(canvas.box)[None]
 
 
-def _body(kinds: list[str], size: int) -> dict:
-    """Every kind in this one process (group), in the order given, each pass right after the previous one."""
+def _body(kinds: list[str], size: int, launched: bool = False) -> dict:
+    """Every kind in this one process (group), in the order given, each pass right after the previous one.
+    ``launched``: first the heap policy the launcher gives a CPU rank, applied as its forked workers apply it."""
+    if launched:
+        from multigpu.launch import heap
+
+        assert heap.apply(heap.rank_env({})), "glibc's heap thresholds could not be set here"
     funcs = {"ours": _ours, "monai": _monai, "gather": _gather_windows, "ceiling": _ceiling}
     model, x = _setup(size)
     for kind in kinds:
@@ -163,9 +173,9 @@ def _body(kinds: list[str], size: int) -> dict:
     return out
 
 
-def _run(kinds: list[str], world_size: int, size: int) -> dict[str, list[dict]]:
+def _run(kinds: list[str], world_size: int, size: int, launched: bool) -> dict[str, list[dict]]:
     """Per kind, every rank's measurement."""
-    results = run_on_ranks(_body, world_size, args=(kinds, size), timeout_s=1800)
+    results = run_on_ranks(_body, world_size, args=(kinds, size, launched), timeout_s=1800)
     return {kind: [r[kind] for r in results] for kind in kinds}
 
 
@@ -190,9 +200,13 @@ def _line(name: str, s: dict) -> str:
             f"(+{s['rank0_mb']:.0f} MiB over its baseline)")
 
 
-CONTENDERS = {"ours, 1 rank": ("ours", 1), "MONAI, 1 rank": ("monai", 1), "ours, 2 ranks": ("ours", 2),
-              "gather, 2 ranks": ("gather", 2), "model only, 1 rank": ("ceiling", 1),
-              "model only, 2 ranks": ("ceiling", 2)}
+CONTENDERS = {"ours, 1 rank": ("ours", 1, False), "MONAI, 1 rank": ("monai", 1, False),
+              "ours, 2 ranks": ("ours", 2, False), "gather, 2 ranks": ("gather", 2, False),
+              "model only, 1 rank": ("ceiling", 1, False), "model only, 2 ranks": ("ceiling", 2, False),
+              "ours as launched, 1 rank": ("ours", 1, True), "ours as launched, 2 ranks": ("ours", 2, True),
+              "model only as launched, 1 rank": ("ceiling", 1, True),
+              "model only as launched, 2 ranks": ("ceiling", 2, True)}
+"""name -> (kind, ranks, run with the launcher's heap policy: a process group of its own)"""
 
 
 def main() -> int:
@@ -223,10 +237,13 @@ def main() -> int:
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for i in range(args.rounds):
         print(f"round {i + 1} (load average {os.getloadavg()[0]:.2f})")
-        for world_size in (1, 2) if i % 2 == 0 else (2, 1):  # one process group per size, its passes back to back
-            group = [k for k in names if CONTENDERS[k][1] == world_size]
+        groups = [(1, False), (2, False), (1, True), (2, True)]  # one process group each, its passes back to back
+        for world_size, launched in groups if i % 2 == 0 else groups[::-1]:
+            group = [k for k in names if CONTENDERS[k][1:] == (world_size, launched)]
+            if not group:
+                continue
             group = group if i % 2 == 0 else group[::-1]
-            results = _run([CONTENDERS[k][0] for k in group], world_size, args.size)
+            results = _run([CONTENDERS[k][0] for k in group], world_size, args.size, launched)
             for name in group:
                 kind = CONTENDERS[name][0]
                 runs[name].append(_summary(results[kind], n))
@@ -240,6 +257,15 @@ def main() -> int:
         if "model only, 2 ranks" in runs:
             line += (f"; model only, 2 processes / 1: "
                      f"{runs['model only, 1 rank'][-1]['s'] / runs['model only, 2 ranks'][-1]['s']:.2f}x")
+        if "ours as launched, 1 rank" in runs:
+            launched = runs["ours as launched, 1 rank"][-1]["s"]
+            two_launched = runs["ours as launched, 2 ranks"][-1]["s"]
+            line += f"\n  round {i + 1}, as launched: 2 ranks / 1 rank {launched / two_launched:.2f}x"
+            if monai is not None:
+                line += f"; ours / MONAI (a plain process) {runs['MONAI, 1 rank'][-1]['s'] / launched:.2f}x"
+            ceiling = (runs["model only as launched, 1 rank"][-1]["s"]
+                       / runs["model only as launched, 2 ranks"][-1]["s"])
+            line += f"; model only, 2 processes / 1: {ceiling:.2f}x"
         print(line)
     checksums = {name: {r["checksum"] for r in rs} for name, rs in runs.items() if CONTENDERS[name][0] != "ceiling"}
     print(f"checksums: {checksums}")
@@ -289,8 +315,22 @@ def _write(args, num_windows: int, runs: dict) -> None:
         if "model only, 2 ranks" in runs:
             ratios.append(_record.ratio("model only: 2 processes / 1 process", runs["model only, 1 rank"][i]["s"]
                                         / runs["model only, 2 ranks"][i]["s"], i + 1))
+        if "ours as launched, 1 rank" in runs:
+            launched = runs["ours as launched, 1 rank"][i]["s"]
+            if "MONAI, 1 rank" in runs:
+                ratios.append(_record.ratio("ours as launched, 1 rank / MONAI windows/s",
+                                            runs["MONAI, 1 rank"][i]["s"] / launched, i + 1))
+            ratios.append(_record.ratio("ours as launched: 2 ranks / 1 rank windows/s",
+                                        launched / runs["ours as launched, 2 ranks"][i]["s"], i + 1))
+            ratios.append(_record.ratio("model only as launched: 2 processes / 1 process",
+                                        runs["model only as launched, 1 rank"][i]["s"]
+                                        / runs["model only as launched, 2 ranks"][i]["s"], i + 1))
     one = {r["checksum"] for r in runs["ours, 1 rank"]}
     checks = {"2 ranks bitwise equal to 1 rank": one == {r["checksum"] for r in runs["ours, 2 ranks"]}}
+    if "ours as launched, 1 rank" in runs:
+        checks["as launched bitwise equal"] = one == {r["checksum"] for name in ("ours as launched, 1 rank",
+                                                                               "ours as launched, 2 ranks")
+                                                      for r in runs[name]}
     if "MONAI, 1 rank" in runs:
         checks["checksum ours - MONAI"] = runs["ours, 1 rank"][0]["checksum"] - runs["MONAI, 1 rank"][0]["checksum"]
     notes = [f"MONAI {_record.version('monai')}" if "MONAI, 1 rank" in runs

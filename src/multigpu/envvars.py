@@ -45,7 +45,9 @@ length of the soak test: see tests/conftest.py), read by nothing in the package.
 Besides these, the launcher sets torchrun's own
 variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...),
 ``OMP_NUM_THREADS`` (the thread budget), ``GLOO_SOCKET_IFNAME`` (loopback on
-one node) and ``CUDA_VISIBLE_DEVICES`` (the selected GPUs).
+one node), ``CUDA_VISIBLE_DEVICES`` (the selected GPUs) and, for CPU ranks,
+glibc's ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``
+(:mod:`multigpu.launch.heap`).
 """
 
 from __future__ import annotations

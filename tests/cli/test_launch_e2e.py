@@ -30,8 +30,8 @@ def _open_to_others(folder) -> dict[str, str]:
 def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a_fresh_one_would(tmp_path):
     """The command line forks its workers from a copy of itself taken after its imports (torch's, 1-2 s of CPU
     per rank otherwise): each is its launcher's child with the launcher's command line, in a session of its own,
-    and sees its arguments, script folder, working folder, thread budget and output as a `python script.py`
-    would; NumPy's global generator differs between ranks; atexit handlers run, and a file that a module of the
+    and sees its arguments, script folder, working folder, thread budget, heap policy and output as a
+    `python script.py` would; NumPy's global generator differs between ranks; atexit handlers run, and a file that a module of the
     script's left open is flushed when the worker leaves."""
     # the launcher loads torch with 2 OpenMP threads; the workers' budget is 1 (--threads). Its parent (a CI runner,
     # a shell) passes it a pipe: a new interpreter's worker never holds it (Popen closes it), nor may a forked one
@@ -51,6 +51,7 @@ def test_the_console_scripts_workers_are_forked_with_torch_loaded_and_see_what_a
         assert passed not in seen["inheritable_fds"], seen
         assert seen["cmdline"] == seen["parent_cmdline"] and seen["cmdline"][1:3] == ["-m", "multigpu"], seen
         assert seen["own_session"] and seen["threads"] == int(seen["omp"]) == 1
+        assert seen["refaults"] < 1000, seen  # glibc's heap thresholds applied (launch/heap.py): 12k without
         assert seen["argv"] == [str(SCRIPTS / "forked_worker.py"), str(tmp_path), "x"]
         assert seen["path0"] == str(SCRIPTS) and seen["cwd"] == str(ROOT) and seen["stdin_fd_open"]
         assert f"hello from rank {rank}" in proc.stdout and (tmp_path / f"atexit{rank}").is_file()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from multigpu import envvars
 from multigpu.errors import ConfigError, DeviceError
 from multigpu.launch._worker import DEVICE_VARIABLES
+from multigpu.launch import heap
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.memlimit import RANK_MAPPED_BYTES, format_bytes
 
@@ -300,6 +301,7 @@ def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] 
             note = f"no GPU visible: running {nproc} CPU rank(s) on gloo"
         env = {"CUDA_VISIBLE_DEVICES": ""} if cfg.cpu else {}
         env |= _threads_env(cfg, nproc, facts, inherited)
+        env |= heap.rank_env(inherited)  # large blocks reused, not mapped and zeroed again each step
         threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
         note = _join(note, _check_fits(nproc, nproc, facts, threads))
         return DevicePlan(nproc, [], env, note, available_bytes=facts.available_bytes,

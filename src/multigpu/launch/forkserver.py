@@ -16,7 +16,8 @@ would ``Popen`` the worker wrapper, asks the fork server for the worker instead:
    its group), takes the launcher's standard streams as they are now (or torch's log files), closes the other
    descriptors a ``Popen`` would not pass on, takes the launcher's umask as it is now (the command's private
    0077), its working folder and its environment (replacing the server's), sets the thread counts that the environment asks for
-   (OpenMP's and OpenBLAS's were read when torch loaded), reseeds NumPy's global generator, and puts the
+   (OpenMP's and OpenBLAS's were read when torch loaded) and glibc's heap thresholds (:mod:`multigpu.launch.heap`,
+   read when the launcher started), reseeds NumPy's global generator, and puts the
    wrapper's folder first on ``sys.path``, as ``python _worker.py`` does;
 3. then it runs the worker wrapper's ``main`` (:mod:`multigpu.launch._worker`) with the same arguments, and
    leaves as the interpreter's exit would for everything the script made (its threads joined, ``atexit``
@@ -290,6 +291,9 @@ def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     _thread_counts(os.environ)
+    from multigpu.launch import heap
+
+    heap.apply(os.environ)  # glibc read its thresholds when the launcher started, without them
     if "numpy.random" in sys.modules:  # its global generator was seeded in the launcher: the same on every rank
         sys.modules["numpy.random"].seed()
     from multigpu.launch import _worker
