@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from multigpu.errors import ShapeMismatchError
 from multigpu.infer import sliding_window
@@ -44,9 +45,9 @@ def _little_free_memory(monkeypatch, free: int = 64 << 10) -> None:
 def _stitch_log(monkeypatch, log: list) -> None:
     real_add = Canvas.add
 
-    def add(self, output, weights, start):
+    def add(self, output, weights, start, **kwargs):
         log.append(("stitch", output.device, self.acc.device, weights.device))
-        return real_add(self, output, weights, start)
+        return real_add(self, output, weights, start, **kwargs)
 
     monkeypatch.setattr(Canvas, "add", add)
 
@@ -61,8 +62,23 @@ def _infer_on_gpu_1(monkeypatch):
     with fake_cuda(devices=2) as cuda:
         torch.cuda.set_device(1)
         model = _Logged(net.to("cuda"), log)
-        out = sliding_window(image, model, roi=16, overlap=0.25, batch_size=3, blend="gaussian", progress=False)
+        with _CudaProducts() as products:
+            out = sliding_window(image, model, roi=16, overlap=0.25, batch_size=3, blend="gaussian", progress=False)
+    log.append(("products", products.count))
     return log, cuda, out
+
+
+class _CudaProducts(TorchDispatchMode):
+    """Counts the elementwise products of CUDA tensors (each one a kernel launch on a GPU)."""
+
+    def __enter__(self):
+        self.count = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mul.Tensor, torch.ops.aten.mul_.Tensor) and args[0].device.type == "cuda":
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def test_inference_on_cuda_cuts_and_stitches_on_the_gpu_and_copies_back_once(monkeypatch):
@@ -79,6 +95,10 @@ def test_inference_on_cuda_cuts_and_stitches_on_the_gpu_and_copies_back_once(mon
     assert cuda.pinned == 0  # cut on the GPU: no batch goes through pinned host memory
     assert cuda.synchronized == 0 and cuda.events_recorded == 0  # no wait per batch, none for the whole device
     assert out.shape == (1, 3, 40, 52) and out.device.type == "cpu"
+    # the weights multiply a whole batch in one product (MONAI's one launch per batch), not each window on its
+    # own (before: one product per window, 3 launches per batch here)
+    products = next(e[1] for e in log if e[0] == "products")
+    assert products == len(batches), (products, len(batches), len(stitches))
 
 
 def test_inference_on_cuda_stitches_one_batch_behind_the_model_without_a_device_sync(monkeypatch):

@@ -286,18 +286,26 @@ class _Share:
         return crop_mask(self.weights, grid.starts, self.roi, grid.grid_index(w.local), self.meta.scale)
 
     def add(self, index: int, y: torch.Tensor) -> None:
-        """Add the output of window ``index``, sent by another rank, into the canvas of its image (this rank owns
-        voxels there, so its own windows made that canvas)."""
+        """Add the weighted output of window ``index``, sent by another rank, into the canvas of its image (this
+        rank owns voxels there, so its own windows made that canvas)."""
         w = self.plan.window(index)
         start = tuple(s * f for s, f in zip(w.start, self.meta.scale, strict=True))
-        self.canvases[w.image].add(y, self._weights_of(w), start)
+        self.canvases[w.image].add(y, self._weights_of(w), start, weighted=True)
+
+    def _weighted(self, windows: list[Window], out: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """Each window's output times its weights: one product for the batch when every window has the same
+        weights (MONAI's order: the product, then the adds), else window by window (``blend="crop"``)."""
+        if self.blend != "crop":
+            return out * self.weights.to(out.device)
+        return [y * self._weights_of(w).to(y.device) for w, y in zip(windows, out, strict=True)]
 
     def _stitch(self, windows: list[Window], out: torch.Tensor, keep: Callable[[int, int, torch.Tensor], None]) -> None:
-        """Add each window's output in window order, and hand ``keep`` the ones other ranks' voxels need."""
+        """Add each window's weighted output in window order, and hand ``keep`` the ones other ranks' voxels need
+        (weighted: the receiver adds them as they are)."""
         z = self.meta.scale
-        for w, y in zip(windows, out, strict=True):
+        for w, y in zip(windows, self._weighted(windows, out), strict=True):
             start = tuple(s * f for s, f in zip(w.start, z, strict=True))
-            self._canvas(w.image).add(y, self._weights_of(w), start)
+            self._canvas(w.image).add(y, self._weights_of(w), start, weighted=True)
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
                 others = owners[owners != self.rank]

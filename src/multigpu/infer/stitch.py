@@ -124,15 +124,17 @@ class Canvas:
             theirs.append(slice(lo - s, hi - s))
         return tuple(mine), tuple(theirs)
 
-    def add(self, output: torch.Tensor, weights: torch.Tensor, start: Sequence[int]) -> None:
-        """Add ``weights * output`` (output ``(C, *out_roi)``) placed at ``start``; parts outside the box are dropped."""
+    def add(self, output: torch.Tensor, weights: torch.Tensor, start: Sequence[int], *, weighted: bool = False) -> None:
+        """Add ``weights * output`` (output ``(C, *out_roi)``) placed at ``start``; parts outside the box are dropped.
+        ``weighted``: ``output`` is that product already (made for a whole batch at once, as MONAI makes it)."""
         spans = self._overlap(start, output.shape[1:])
         if spans is None:
             return
         mine, theirs = spans
         output, weights = output.to(self.acc.device), weights.to(self.acc.device)
         # the product over the whole window first, then the add: MONAI's order of float operations
-        self.acc[(slice(None), *mine)] += (output * weights)[(slice(None), *theirs)]
+        product = output if weighted else output * weights
+        self.acc[(slice(None), *mine)] += product[(slice(None), *theirs)]
         self.weight[(slice(None), *mine)] += weights[None][(slice(None), *theirs)]
 
     def blended(self, box: Sequence[tuple[int, int]], out: torch.Tensor | None = None) -> torch.Tensor:
