@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 
 from multigpu import envvars
 from multigpu.errors import ConfigError, DeviceError
-from multigpu.launch._worker import DEVICE_VARIABLES
 from multigpu.launch import heap
+from multigpu.launch._worker import DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.memlimit import RANK_MAPPED_BYTES, format_bytes
 
