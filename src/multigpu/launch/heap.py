@@ -20,7 +20,8 @@ bounded and without a preload.
 A new interpreter's glibc reads the variables when it starts; a worker forked from the launcher's fork server
 (whose glibc started without them) applies them with ``mallopt`` (:func:`apply`).
 
-Left as it is: GPU ranks (their tensors live on the GPU), and a user's own choice: either variable set already,
+Left as it is: GPU ranks (their tensors live on the GPU) and so every rank of a hybrid job (``--allow-cpu-ranks``:
+the environment is the node's), and a user's own choice: either variable set already,
 ``GLIBC_TUNABLES`` naming a ``glibc.malloc`` tunable, or another allocator preloaded (jemalloc, tcmalloc,
 mimalloc). Not glibc (macOS, musl): nothing.
 """
