@@ -33,7 +33,7 @@ def test_doctor_json_answers_every_check_on_this_machine():
     proc = run_cli("doctor", "--json", timeout=180)
     report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
     checks = {c["name"]: c for c in report["checks"]}
-    assert len(checks) == 12 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
+    assert len(checks) == 13 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
     failed = [name for name, c in checks.items() if c["status"] == "fail"]  # exit 1 exactly when a check fails
     assert proc.returncode == (1 if failed else 0) and report["ok"] is (not failed), (failed, proc.stderr[-3000:])
     assert all(c["hint"] for c in checks.values() if c["status"] != "pass")

@@ -36,7 +36,7 @@ def _status(results):
 
 def test_a_healthy_gpu_machine_passes_every_check():
     results = run_checks(HEALTHY_GPU)
-    assert len(results) == 12 and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+    assert len(results) == 13 and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
     assert "2x NVIDIA H100" in check_gpus(HEALTHY_GPU).detail and "NCCL 2.27.3" in check_nccl(HEALTHY_GPU).detail
 
 
@@ -130,3 +130,17 @@ def test_doctor_exits_1_exactly_when_a_check_fails(statuses, code, capsys, monke
     assert json.loads(capsys.readouterr().out)["ok"] is (code == 0)
     assert main(["doctor"]) == code
     assert f"{statuses.count('fail')} failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("glibc", "env", "words"), [
+    ("2.36", {}, "glibc 2.36: CPU ranks keep blocks up to 128 MiB for reuse"),
+    ("2.36", {"MALLOC_TRIM_THRESHOLD_": "0"}, "yours, kept for CPU ranks: MALLOC_TRIM_THRESHOLD_=0"),
+    ("2.36", {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, "yours, kept for CPU ranks: LD_PRELOAD=/usr/lib/libjemalloc.so.2"),
+    ("2.36", {"LD_PRELOAD": "/opt/libfoo.so"}, "glibc 2.36: CPU ranks keep"),  # a preload that is no allocator
+    (None, {}, "not glibc"),
+])
+def test_the_cpu_heap_line_says_what_cpu_ranks_will_get(glibc, env, words):
+    from multigpu.doctor.checks import check_cpu_heap
+
+    result = check_cpu_heap(dataclasses.replace(HEALTHY_GPU, glibc=glibc, env=env))
+    assert result.status == "pass" and result.detail.startswith(words), result

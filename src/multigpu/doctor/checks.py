@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from multigpu.doctor.facts import Facts
+from multigpu.launch import heap
 
 __all__ = ["CHECKS", "CheckResult", "run_checks"]
 
@@ -127,6 +128,19 @@ def check_device_vars(f: Facts) -> CheckResult:
         return CheckResult(name, "warn", f"CUDA_VISIBLE_DEVICES is empty: it hides all {len(f.nvml_gpus)} GPU(s)",
                            "unset it to use the GPUs, or keep it to force CPU ranks")
     return CheckResult(name, "pass", f"agree: {shown}")
+
+
+def check_cpu_heap(f: Facts) -> CheckResult:
+    """What CPU ranks' heap will be: glibc's thresholds as the launcher sets them, the user's own, or nothing."""
+    name = "CPU ranks' heap"
+    if f.glibc is None:
+        return CheckResult(name, "pass", "not glibc: the C library's own policy (multigpu sets nothing)")
+    mine = heap.users_choice(f.env)
+    if mine is not None:
+        return CheckResult(name, "pass", f"yours, kept for CPU ranks: {mine}")
+    return CheckResult(name, "pass", f"glibc {f.glibc}: CPU ranks keep blocks up to {heap.MMAP_THRESHOLD >> 20} MiB "
+                       f"for reuse (multigpu sets MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_)",
+                       "set either variable, or preload another allocator, to choose otherwise")
 
 
 def check_shm(f: Facts) -> CheckResult:
@@ -301,7 +315,7 @@ def check_training_memory(f: Facts) -> CheckResult:
 
 
 CHECKS: list[Callable[[Facts], CheckResult | None]] = [
-    check_torch, check_gpus, check_driver, check_nccl, check_gloo, check_device_vars,
+    check_torch, check_gpus, check_driver, check_nccl, check_gloo, check_device_vars, check_cpu_heap,
     check_shm, check_open_files, check_port, check_network, check_p2p, check_nvlink, check_infiniband,
     check_bandwidth, check_training_memory,
 ]

@@ -14,10 +14,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from multigpu.launch import heap
+
 __all__ = ["ENV_VARS", "Facts", "Interface", "free_port", "gather_facts"]
 
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "QD_VISIBLE_DEVICE", "TI_VISIBLE_DEVICE", "EGL_DEVICE_ID",
-            "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+            "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", *heap.USER_VARS)
 """The variables the checks read (only the ones that are set are kept)."""
 
 
@@ -50,6 +52,8 @@ class Facts:
     gloo_available: bool = True
     env: dict[str, str] = field(default_factory=dict)
     """The variables of :data:`ENV_VARS` that are set."""
+    glibc: str | None = "2.36"
+    """glibc's version (Linux); None where the C library is another."""
     shm_bytes: int | None = 8 * 2**30
     """Size of /dev/shm; None when there is none."""
     nofile: tuple[int, int] | None = (65536, 65536)
@@ -213,6 +217,7 @@ def gather_facts(*, bandwidth: bool = True) -> Facts:
         nccl_version=nccl_version,
         gloo_available=dist.is_gloo_available(),
         env={k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        glibc=heap.glibc_version(),
         shm_bytes=shm,
         nofile=_nofile(),
         free_port=port,

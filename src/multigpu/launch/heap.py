@@ -33,7 +33,8 @@ import ctypes
 import platform
 from collections.abc import Mapping
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "VARS", "apply", "rank_env"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "USER_VARS", "VARS", "apply", "glibc_version", "rank_env",
+           "users_choice"]
 
 MMAP_THRESHOLD = 128 << 20
 """Blocks up to this size come from the heap (glibc's default: 128 KiB, adapting up to 32 MiB)."""
@@ -46,19 +47,37 @@ VARS = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
 _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
+def glibc_version() -> str | None:
+    """This machine's glibc version (Linux), None elsewhere (musl, macOS, Windows)."""
+    name, version = platform.libc_ver()
+    return version if platform.system() == "Linux" and name == "glibc" else None
+
+
 def _glibc() -> bool:
-    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    return glibc_version() is not None
+
+
+USER_VARS = (*VARS, "GLIBC_TUNABLES", "LD_PRELOAD")
+"""The variables where a user's own heap policy shows (:func:`users_choice` reads them)."""
+
+
+def users_choice(inherited: Mapping[str, str]) -> str | None:
+    """The heap policy the user chose in ``inherited`` (``NAME=value``), None when they chose none."""
+    for name in VARS:
+        if name in inherited:
+            return f"{name}={inherited[name]}"
+    if "glibc.malloc" in inherited.get("GLIBC_TUNABLES", ""):
+        return f"GLIBC_TUNABLES={inherited['GLIBC_TUNABLES']}"
+    preload = inherited.get("LD_PRELOAD", "")
+    if any(name in preload.lower() for name in _OTHER_ALLOCATORS):
+        return f"LD_PRELOAD={preload}"
+    return None
 
 
 def rank_env(inherited: Mapping[str, str]) -> dict[str, str]:
     """The variables to add to a CPU rank's environment: both thresholds, unless the user chose a heap policy of
     their own (or this is not glibc): then none."""
-    if not _glibc() or any(name in inherited for name in VARS):
-        return {}
-    if "glibc.malloc" in inherited.get("GLIBC_TUNABLES", ""):
-        return {}
-    preload = inherited.get("LD_PRELOAD", "").lower()
-    if any(name in preload for name in _OTHER_ALLOCATORS):
+    if not _glibc() or users_choice(inherited) is not None:
         return {}
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
 
