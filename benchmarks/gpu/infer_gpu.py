@@ -11,7 +11,7 @@ blending, bf16 autocast around the model on a GPU, fp32 on a CPU):
   stack stands in and the peer is skipped;
 * input: one 1 x 1 x S x S float32 image on the host (S = 4096: 441 windows of 256).
 
-Timed host to host, the median of ``--repeats`` after a warm-up:
+Timed host to host, the median of ``--repeats`` after a warm-up pass of each:
 ``ours`` takes the host tensor (moves it to the GPU once, cuts windows and
 stitches there when they fit, else cuts and stitches on the host, a batch
 behind the GPU) and returns a host tensor; ``monai`` is what a
@@ -20,6 +20,9 @@ reported: MONAI with the input already on the GPU and the output left there
 (no copies: its best case), and MONAI with ``sw_device=cuda, device=cpu``
 (windows on the GPU, stitching on the host, as ours where the GPU is short of memory). The outputs are compared
 (largest difference over the output's largest value). Target: ours >= 1.0x monai.
+
+Also the model alone over the same batches (cut on the device beforehand, timed to a sync), with autocast
+entered per batch as ours does and once around all as the MONAI user does: where our "model" phase's time goes.
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ def _median_seconds(fn, device: torch.device, repeats: int):
     return out, statistics.median(times)
 
 
+def _model_alone(model, x, args, device, precision: str) -> dict[str, float]:
+    """The model alone over the same batches, cut on the device beforehand (no stitching), timed to a sync: once
+    with autocast entered per batch (as ours runs it) and once with one autocast around all (as the MONAI user
+    above). Where the time of our "model" phase goes: the GPU's work (these), or the host's around it."""
+    from multigpu.infer import WindowPlan
+
+    plan = WindowPlan([x.shape[2:]], (args.roi,) * 2, (args.overlap,) * 2)
+    image = x[0].to(device)
+    crops = [image[:, w.start[0]:w.start[0] + args.roi, w.start[1]:w.start[1] + args.roi]
+             for w in plan.windows(0, plan.num_windows)]
+    batches = [torch.stack(crops[i:i + args.batch]) for i in range(0, len(crops), args.batch)]
+    enabled, dtype = precision != "fp32", torch.bfloat16
+
+    def per_batch():
+        with torch.inference_mode():
+            for b in batches:
+                with torch.autocast(device.type, dtype=dtype, enabled=enabled):
+                    model(b)
+
+    def one_context():
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=enabled):
+            for b in batches:
+                model(b)
+
+    out = {}
+    for name, fn in (("autocast per batch (ours)", per_batch), ("one autocast (the MONAI user's)", one_context)):
+        _, out[name] = _median_seconds(fn, device, args.repeats)
+    return out
+
+
 def main() -> int:
     p = _common.parser(__doc__)
     p.add_argument("--size", type=int, default=4096, help="image side S (the input is 1 x 1 x S x S)")
@@ -78,10 +111,11 @@ def main() -> int:
         return 2
     from multigpu.infer import WindowPlan, sliding_window
 
-    if args.estimate:  # on one H100: ours and three MONAI runs, each median of --repeats, ~400 windows/s or more
+    if args.estimate:  # ours and three MONAI runs, each median of --repeats, a warm-up pass of each, the model alone
+        # twice per repeat; 400 windows/s or more on one H100 (the H200 ran ours at 1,500)
         windows = WindowPlan([(args.size, args.size)], (args.roi,) * 2, (args.overlap,) * 2).num_windows
         return _common.print_estimate({"start": _common.STARTUP_S, "model and warm-ups": 5.0,
-                                       "runs": 4 * args.repeats * windows / 400.0})
+                                       "runs": (6 * args.repeats + 2) * windows / 400.0})
 
     device = _common.pick_device("cpu" if args.quick and args.device == "auto" else args.device)
     cuda = device.type == "cuda"
@@ -97,7 +131,9 @@ def main() -> int:
         return sliding_window(image, model, args.roi, args.overlap, args.batch, blend, precision=precision,
                               progress=False)
 
-    run_ours(x[..., : args.roi, : args.roi])  # warm-up: kernels, allocator
+    # warm-up: one whole pass, so that the batch's shapes (kernel choice, the allocator's blocks) are warm before
+    # ours is timed, as they are for the runs after it (a one-window warm-up left them to ours' first timed pass)
+    run_ours(x)
     mine, mine_s = _median_seconds(lambda: run_ours(x), device, args.repeats)
     from multigpu.infer.runner import PHASE_SECONDS  # where the last run's host time went (queueing, on a GPU)
 
@@ -122,7 +158,7 @@ def main() -> int:
         with torch.inference_mode(), autocast:
             return sliding_window_inference(image, args.roi, args.batch, model, args.overlap, blend, **kw)
 
-    run_monai(x[..., : args.roi, : args.roi].to(device))  # warm-up
+    run_monai(x.to(device))  # warm-up: one whole pass, as for ours
     peers = {}
     theirs, s = _median_seconds(lambda: run_monai(x.to(device)).float().cpu(), device, args.repeats)
     peers["monai"] = {"seconds": s, "windows_per_s": windows / s, "how": "sliding_window_inference(x.cuda()).cpu()"}
@@ -135,6 +171,9 @@ def main() -> int:
     for name, r in peers.items():
         print(f"  {name:<34} {r['seconds']:7.3f} s  {r['windows_per_s']:9.1f} windows/s  (ours {r['seconds'] / mine_s:.2f}x)",
               flush=True)
+    record["model_alone_s"] = _model_alone(model, x, args, device, precision)
+    print("  the model alone over the same batches, to a sync: " + ", ".join(
+        f"{k} {v:.3f} s" for k, v in record["model_alone_s"].items()), flush=True)
     diff = (mine - theirs).abs().max().item() / max(theirs.abs().max().item(), 1e-12)
     ratio = peers["monai"]["seconds"] / mine_s
     print(f"  ours / monai: {ratio:.2f}x; largest output difference {diff:.2e} of the output's largest value")
