@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick lint setup clean bench docs docs-serve
+.PHONY: demo test test-quick lint setup clean bench docs docs-serve cluster-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,17 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 FAULT_SEED ?=
 TEST_FLAGS := --hypothesis-profile=ci $(if $(FAULT_SEED),--fault-seed $(FAULT_SEED))
-test: $(STAMP)
+test: $(STAMP) cluster-deps
+
+# The cluster tier (tests/cluster) runs a real SLURM on virtual hosts of this machine: Debian's daemons, installed
+# here where the tests run as root with apt (CI does); elsewhere the tier says in one line why it did not run.
+CLUSTER_PACKAGES := slurmctld slurmd slurm-client munge iproute2
+cluster-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v slurmctld >/dev/null 2>&1; then \
+	  echo "installing the cluster tier's packages: $(CLUSTER_PACKAGES)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CLUSTER_PACKAGES)) >/dev/null 2>&1 \
+	    || echo "could not install them: the cluster tier will say why it did not run"; \
+	fi
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
 
 test-quick: $(STAMP)

@@ -113,12 +113,12 @@ class InterruptedBySignalError(LaunchError):
     Ctrl-C (SIGINT) is reported as ``KeyboardInterrupt`` instead (exit 130).
     """
 
-    def __init__(self, sig: int):
+    def __init__(self, sig: int, cause: str | None = None):
         import signal
 
         self.signal = signal.Signals(sig)
         self.exit_code = 128 + int(self.signal)
-        super().__init__(f"stopped by {self.signal.name}: every worker was stopped")
+        super().__init__(f"stopped by {cause or self.signal.name}: every worker was stopped")
 
 
 class NonFiniteError(MultigpuError):

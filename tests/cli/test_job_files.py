@@ -241,16 +241,19 @@ def test_an_elastic_batch_script_asks_min_to_max_nodes_and_a_lost_node_does_not_
     assert any(line.startswith("#SBATCH --nodes=1-2 ") and "elastic" in line for line in lines), script
     assert any(line.startswith("#SBATCH --no-kill ") for line in lines)  # the allocation outlives a failed node
     [srun] = [line for line in lines if line.startswith("srun ")]
-    assert srun.startswith("srun --no-kill --kill-on-bad-exit=0 multigpu sim --nnodes=1:2 -f sir ") and \
-        "--kill-on-bad-exit=1" not in script, srun
+    assert srun.startswith("srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 multigpu sim --nnodes=1:2 -f "
+                           "sir ") and "--kill-on-bad-exit=1" not in script, srun
+    # in the header, --ntasks-per-node makes SLURM give a --nodes=MIN-MAX job its MIN nodes, however many are free
+    assert not any(line.startswith("#SBATCH --ntasks-per-node") for line in lines), script
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
-    command = srun.removeprefix("srun --no-kill --kill-on-bad-exit=0 ").removesuffix(" &").split()
-    for nodes in ("2", "1"):  # SLURM gave the job 2 nodes, or only 1 of the 1-2 it asked for
+    command = srun.removeprefix("srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 ").removesuffix(" &").split()
+    # SLURM gave the job 2 nodes, or only 1 of the 1-2 it asked for: an allocation never grows, so that is the most
+    for nodes, expected in (("2", (1, 2, 3)), ("1", (1, 1, 0))):
         env = {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_NNODES": nodes, "SLURM_NODEID": "0",
                "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_NTASKS_PER_NODE": "1"}
         cfg = _launch_config([a.replace("${SLURM_JOB_ID}", "4242") for a in command], env)
-        assert (cfg.min_nodes, cfg.nnodes, cfg.max_restarts) == (1, 2, 3)  # elastic: restarts left to re-form
+        assert (cfg.min_nodes, cfg.nnodes, cfg.max_restarts) == expected  # elastic: restarts left to re-form
     fixed = _print(capsys, "sim", "-f", "sir", "--nnodes", "2", "--cpu", "--nproc-per-node", "2", "--print-sbatch")
     assert "#SBATCH --nodes=2" in fixed.splitlines() and "--no-kill" not in fixed and "--kill-on-bad-exit=1" in fixed
 

@@ -51,7 +51,7 @@ from multigpu.errors import (
     WorkerFailedError,
 )
 from multigpu.files import user_umask, write_json_atomic
-from multigpu.launch import _worker, forkserver, nodelogs, nodes, processes, restarts, stores
+from multigpu.launch import _worker, forkserver, nodelogs, nodes, processes, quiet, restarts, stores
 from multigpu.launch.config import LaunchConfig
 from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
 from multigpu.launch.hints import assumption_hint
@@ -635,7 +635,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     stopped: list[int] = []
     session = None
     try:
-        with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), \
+        with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), quiet.filtered_tails(), \
                 _environment(plan.env, drop=(envvars.RDZV_SECRET,)), forkserver.serving(), \
                 processes.job_processes(remove_on_death=[private] if private else []) as stopped:
             write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {}),
@@ -662,7 +662,9 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
                 if exc.sigval == signal.SIGINT:
                     raise KeyboardInterrupt from None
-                raise InterruptedBySignalError(exc.sigval) from None
+                warning = exc.sigval == signal.SIGTERM and processes.warned()
+                raise InterruptedBySignalError(exc.sigval, "the scheduler's warning (SIGUSR1, passed to the ranks "
+                                                           "as SIGTERM)" if warning else None) from None
             except TorchRdzvTimeout as exc:
                 _store_lost(cfg, session)
                 reason = f": {exc}" if str(exc).strip() else ""

@@ -281,6 +281,8 @@ def _apply_placement(args: argparse.Namespace, placement) -> None:
         elif given is None:
             setattr(args, name, value)
         elif name == "nnodes" and args.min_nodes is not None and args.min_nodes <= value <= given:
+            if placement.scheduler == "SLURM":  # an allocation never grows: the nodes SLURM gave are the most
+                args.nnodes = value
             continue  # an elastic job started on some of the nodes it may use
         elif given != value:
             flag = "--" + name.replace("_", "-")
@@ -353,6 +355,21 @@ def job_resources(args: argparse.Namespace, flag: str):
     nnodes = args.nnodes or (int(args.alias_num_machines) if str(getattr(args, "alias_num_machines", "") or "")
                              .isdecimal() else 1)
     cpus = args.threads * workers if args.threads else None
+    asked = False
+    if not cpu and said == "from --nproc-per-node" and flag == "--print-sbatch":
+        # --nproc-per-node N means GPUs where the node has them, CPU ranks where it has none (as the launcher
+        # reads it on the node): SLURM says which its nodes are; a GPU request sbatch refuses on a CPU cluster
+        import os
+
+        from multigpu.launch.schedulers import slurm_gpus_per_node
+
+        per_node = slurm_gpus_per_node(os.environ)
+        if per_node == 0:
+            cpu, said, asked = True, "the cluster's nodes have no GPUs (sinfo says): CPU ranks", True
+        elif per_node is None:
+            said = "from --nproc-per-node; SLURM (sinfo) could not be asked here whether the nodes have GPUs: " \
+                   "on a cluster without, delete this line or pass --cpu"
     return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said,
+                        asked_slurm=asked,
                         min_nodes=args.min_nodes, max_restarts=args.max_restarts if args.max_restarts is not None
                         else ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < nnodes else 0)

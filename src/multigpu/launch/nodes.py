@@ -111,6 +111,8 @@ class Nodes:
     lost: dict = dataclasses.field(default_factory=dict)
     """{node rank: its last heartbeat} of the nodes found lost while the job ran (:meth:`start_beats`)."""
     _beats: dict = dataclasses.field(default_factory=dict)
+    _heard: dict = dataclasses.field(default_factory=dict)
+    """{node rank: when (this machine's monotonic clock) its heartbeat's count last moved}."""
     _beat_stop: threading.Event | None = None
     _beat_thread: threading.Thread | None = None
 
@@ -263,6 +265,19 @@ class Nodes:
             time.sleep(_POLL_S)
         return sorted(self.lost)
 
+    def verdict(self, since: float, within_s: float) -> list[int]:
+        """After this node's ranks lost a peer at ``since`` (``time.monotonic()``): the nodes found lost, once every
+        other node is either found lost, heard from after ``since`` (its launcher lives: the cause is a rank of its
+        own, which its output names) or ended; at most ``within_s``."""
+        deadline = time.monotonic() + within_s
+        others = [node for node in range(self.nnodes) if node != self.node_rank]
+        while self._beat_thread is not None and time.monotonic() < deadline:
+            if all(node in self.lost or self._heard.get(node, -1.0) > since or self._beats.get(node, {}).get("end")
+                   for node in others):
+                break
+            time.sleep(_POLL_S)
+        return sorted(self.lost)
+
     # ------------------------------------------------------------------ failure
     def _ack(self) -> None:
         with contextlib.suppress(Exception):  # noqa: BLE001 - a store already gone has nobody left to tell
@@ -371,6 +386,7 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
                 session._beats[node] = beat
                 if seen.get(node, (None,))[0] != beat.get("n"):
                     seen[node] = (beat.get("n"), now)
+                    session._heard[node] = now
             if node in seen and now - seen[node][1] > session.beat_deadline_s:
                 session.lost[node] = session._beats.get(node, {})
                 seen.pop(node)

@@ -30,6 +30,11 @@ the start (torch registers its handlers only when it starts the workers, so a
 SIGTERM during rendezvous used to end the launcher without a word), and puts
 the previous handlers back afterwards (torch never does).
 
+SIGUSR1 is a scheduler's warning (:data:`WARNING_SIGNAL`: the generated SLURM job file passes the batch script's
+warning to every node's launcher with ``scancel --signal=USR1``; SLURM takes a SIGTERM sent that way for a
+cancel, and a SIGTERM sent to ``srun`` makes it kill its step): the launcher takes it as SIGTERM, which it sends
+itself, so the ranks finish their step, write its checkpoint and exit 143. :func:`warned` says it came.
+
 Workers are born with SIGINT *blocked* (the signal mask survives ``exec``; torch's agent starts them with
 :func:`_spawn_with_sigint_blocked` in place of its own function): Ctrl-C forwarded by the agent to a worker
 whose interpreter is still starting stays pending instead of raising ``KeyboardInterrupt`` inside
@@ -60,6 +65,9 @@ __all__ = ["HANDLED_SIGNALS", "job_processes", "leftover_processes", "stop_proce
 
 HANDLED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 """The signals torch's agent turns into a ``SignalException`` (its ``signals_to_handle`` default)."""
+WARNING_SIGNAL = getattr(signal, "SIGUSR1", None)
+"""A scheduler's warning before it stops the job, which the launcher takes as SIGTERM (see the module's text)."""
+_warned = threading.Event()
 
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _PR_GET_CHILD_SUBREAPER = 37
@@ -162,15 +170,19 @@ def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.P
     return alive
 
 
+_WORKERS: set[int] = set()
+"""The pids of the workers torch's agent started in this launch (as new interpreters or from the fork server, whose
+workers' command line is the launcher's own): :func:`stop_workers` stops these and nothing else."""
+
+
 def stop_workers(grace_s: float = 3.0) -> None:
     """Stop this launcher's workers now (SIGTERM, then SIGKILL after ``grace_s``), not what else it started:
     torch's agent sees them end and goes on as after any failure (it ends the job, or restarts the group)."""
-    from multigpu.launch import _worker
-
     mine = []
-    for proc in psutil.Process().children():
+    for pid in sorted(_WORKERS):
         with contextlib.suppress(psutil.Error):
-            if _worker.__file__ in proc.cmdline():
+            proc = psutil.Process(pid)
+            if proc.ppid() == os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
                 mine.append(proc)
     stop_processes(mine, grace_s)
 
@@ -214,6 +226,17 @@ def _stop_reaper(started: tuple[subprocess.Popen, int] | None) -> None:
 def _raise_signal(signum: int, frame) -> None:
     sig = signal.Signals(signum)
     raise SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+
+def _warning(signum: int, frame) -> None:
+    """The scheduler's warning: SIGTERM to this launcher, handled by whoever handles SIGTERM now."""
+    _warned.set()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def warned() -> bool:
+    """Whether the launch in progress (or the last one) got the scheduler's warning (:data:`WARNING_SIGNAL`)."""
+    return _warned.is_set()
 
 
 def _ignore(signum: int, frame) -> None:
@@ -283,6 +306,8 @@ def _workers_born_with_sigint_blocked() -> Iterator[None]:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C meanwhile is delivered here, not lost
         _stop_a_starting_worker_too(handler)
+        with contextlib.suppress(AttributeError):
+            _WORKERS.add(handler.proc.pid)
         return handler
 
     api.get_subprocess_handler = _spawn_with_sigint_blocked
@@ -290,6 +315,7 @@ def _workers_born_with_sigint_blocked() -> Iterator[None]:
         yield
     finally:
         api.get_subprocess_handler = original
+        _WORKERS.clear()
 
 
 @contextlib.contextmanager
@@ -309,14 +335,17 @@ def job_processes(grace_s: float = 3.0, remove_on_death: list[str] | None = None
     before = {p.pid for p in _descendants()}  # the reaper included: it is not the workers' to stop
     stopped: list[int] = []
     was_subreaper = _set_subreaper(True)
-    saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}  # torch replaces them all and restores none
+    warning = (WARNING_SIGNAL,) if WARNING_SIGNAL is not None else ()
+    saved = {sig: signal.getsignal(sig) for sig in (*HANDLED_SIGNALS, *warning)}  # torch restores none
+    _warned.clear()
     # SIGINT stays Python's KeyboardInterrupt until torch takes it over
     _set_handlers({sig: _raise_signal for sig in HANDLED_SIGNALS if sig != signal.SIGINT})
+    _set_handlers({sig: _warning for sig in warning})
     try:
         with _workers_born_with_sigint_blocked():
             yield stopped
     finally:
-        _set_handlers({sig: _ignore for sig in HANDLED_SIGNALS})
+        _set_handlers({sig: _ignore for sig in (*HANDLED_SIGNALS, *warning)})
         try:
             leftovers = leftover_processes(before)
             stopped.extend(p.pid for p in leftovers)

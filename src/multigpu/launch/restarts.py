@@ -91,9 +91,41 @@ class ReportingAgent(LocalElasticAgent):
         return result
 
 
+def _lost_nodes(group: WorkerGroup, failures: dict) -> tuple[object, list[int]] | None:
+    """On a job of several nodes whose ranks here all failed as consequences (they lost their peers): this node's
+    session and the nodes its heartbeat found lost, waiting for the verdict (a node is known as lost only when
+    its heartbeat's deadline passed; a node heard from meanwhile is alive). None: one node, or a rank here failed
+    of its own."""
+    from multigpu.launch import nodes
+
+    if any(not is_consequence(f, failures) for f in failures.values()):
+        return None
+    try:
+        session = nodes._sessions.get(group.spec.rdzv_handler.get_run_id())
+    except Exception:  # noqa: BLE001 - no handler to ask: nothing is known of other nodes
+        return None
+    if session is None:
+        return None
+    return session, session.verdict(time.monotonic(), session.beat_deadline_s + 2 * nodes.BEAT_S)
+
+
 def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> None:
     host = socket.gethostname()
     records = []
+    lost = _lost_nodes(group, result.failures)
+    if lost is not None:  # the cause is elsewhere: a lost node (named when found), or another node's own rank
+        session, found = lost
+        for node in found:
+            beat = session.lost.get(node, {})
+            records.append({"restart": restart, "node": node, "host": beat.get("host"), "lost": True,
+                            "reason": f"node {node} was lost: no heartbeat for {session.beat_deadline_s:g}s",
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        why = (f"node{'s' if len(found) > 1 else ''} {', '.join(map(str, found))} lost" if found else
+               "its ranks lost their peers on another node, whose output says why")
+        print(f"multigpu: restarting the worker group ({why}; restart {restart} of {most})", file=sys.stderr,
+              flush=True)
+        _record(group, records)
+        return
     # torch stops the rest of the group with SIGTERM once one worker died, and lists them as failed too; a rank
     # whose collective lost its peer (the one that died) may fail on its own just before: both are the group
     # going down, not deaths, unless nothing else failed
@@ -107,6 +139,10 @@ def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> N
         print(f"multigpu: rank {rank} (local rank {failure.local_rank} on node {group.group_rank}, {host}) died "
               f"(exit code {failure.exitcode}): {record['reason']}; restarting the worker group (restart "
               f"{restart} of {most})", file=sys.stderr, flush=True)
+    _record(group, records)
+
+
+def _record(group: WorkerGroup, records: list[dict]) -> None:
     folder = _where["folder"]
     if folder is not None and records:
         from multigpu.runtime.context import RESTARTS_FILE

@@ -14,6 +14,7 @@ everything is read from the mapping passed in.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -79,6 +80,45 @@ def command_for_scheduler(ours: list[str], script_args: list[str] = ()) -> list[
     return [*out, *script_args]
 
 
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:([0-9]+)")
+"""A GPU count in SLURM's GRES text: ``gpu:4``, ``gpu:a100:8``, ``gpu:h100:4(S:0-1)``."""
+
+
+def slurm_gpus_per_node(env: Mapping[str, str], run=None) -> int | None:
+    """GPUs per node of the partition an ``sbatch`` from here would use (``SBATCH_PARTITION``, else the cluster's
+    default partition), as SLURM's own ``sinfo`` says; 0 on a partition whose nodes have none; None where SLURM
+    cannot be asked (no ``sinfo`` here, or it fails). The most of any node of the partition."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sinfo", path=env.get("PATH")) is None:
+        return None
+    run = run or subprocess.run
+    try:
+        done = run(["sinfo", "--noheader", "--format=%P %G"], capture_output=True, text=True, timeout=15,
+                   env=dict(env))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    wanted = env.get("SBATCH_PARTITION")
+    counts: dict[str, int] = {}
+    default = None
+    for line in done.stdout.splitlines():
+        name, _, gres = line.strip().partition(" ")
+        if not name:
+            continue
+        if name.endswith("*"):
+            name = name[:-1]
+            default = default or name
+        found = [int(n) for n in _GRES_GPU.findall(gres)]
+        counts[name] = max(counts.get(name, 0), *found, 0)
+    partition = wanted or default
+    if partition is None or partition not in counts:
+        return None
+    return counts[partition]
+
+
 @dataclass(frozen=True)
 class JobResources:
     """What one node of the job asks its scheduler for, from the job's own flags (never from this machine)."""
@@ -94,6 +134,8 @@ class JobResources:
     """Where ``gpus`` came from, for the job file's comment."""
     min_nodes: int | None = None
     """``--nnodes MIN:MAX``'s MIN (an elastic job), else None."""
+    asked_slurm: bool = False
+    """Whether SLURM's ``sinfo`` said that the nodes have no GPUs (``said`` then tells it, for the job file)."""
     max_restarts: int = 0
     """The restarts each launcher of the job gets (``--max-restarts``, else the launcher's default)."""
 
@@ -141,10 +183,16 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job.
 
     Pre-emption and the time limit: the job asks SLURM for a warning (``--signal=B:USR1@WARNING_S``) and may be
-    requeued (``--requeue``). The script's trap passes the warning to every node's launcher as SIGTERM (srun
-    forwards signals to its tasks); the ranks finish their step, write its checkpoint and exit 143; the script
-    then requeues the job (``scontrol requeue $SLURM_JOB_ID``), whose next start continues the run. A SIGTERM
-    from SLURM itself (it signals every process of the job) counts the same and is not passed on twice.
+    requeued (``--requeue``). The script's trap passes the warning on to every node's launcher through SLURM
+    (``scancel --signal=USR1 $SLURM_JOB_ID`` signals the job's steps, not this script; SLURM takes a SIGTERM sent
+    that way for a cancel, and a SIGTERM sent to ``srun`` makes it kill its step at once), which stops its ranks
+    as at a SIGTERM (:data:`multigpu.launch.processes.WARNING_SIGNAL`); they finish their step, write its
+    checkpoint and exit 143; the script then requeues the job (``scontrol requeue $SLURM_JOB_ID``), whose next start continues the
+    run. A SIGTERM that comes without the warning is SLURM ending the job (``scancel``, the time limit reached):
+    the job is not requeued.
+
+    One launcher per node: ``srun --ntasks-per-node=1`` (in the header, ``--ntasks-per-node`` makes SLURM give a
+    ``--nodes=MIN-MAX`` job its MIN nodes however many are free; without it SLURM gives as many as are free).
 
     ``run_folder``: add ``--run-dir runs/<workload>/<job name>-$SLURM_JOB_ID`` (one folder per job: a requeued job
     keeps its id, a new submission gets a new folder), and ``--resume auto`` when True; None: add nothing (a
@@ -164,7 +212,8 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     if elastic:  # after the command's own flags: SLURM says the node count, the launcher needs the range
         command.insert(command.index(workload) + 1 if workload in command else 0, f"--nnodes={r.min_nodes}:{r.nnodes}")
     command = shlex.join(["multigpu", *command]).replace(_JOB_ID, "${SLURM_JOB_ID}")
-    gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else []
+    gpus = [f"#SBATCH --gpus-per-node={r.gpus}            # {r.said}"] if r.gpus else \
+        [f"# no --gpus-per-node: {r.said}"] if r.asked_slurm else []
     cpus = (f"#SBATCH --cpus-per-task={r.cpus}           # --threads × {r.workers} worker(s)" if r.cpus else
             "#SBATCH --exclusive                  # the whole node: each worker gets cores // workers threads "
             "(or pass --threads T for --cpus-per-task)")
@@ -172,11 +221,11 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
         *([f"#SBATCH --nodes={r.min_nodes}-{r.nnodes}".ljust(37) + f"# elastic (--nnodes {r.min_nodes}:{r.nnodes}): it "
-           f"starts on {r.min_nodes} to {r.nnodes} node(s) and goes on down to {r.min_nodes}",
+           f"starts on as many of {r.nnodes} node(s) as are free ({r.min_nodes} at least) and goes on down to "
+           f"{r.min_nodes}",
            "#SBATCH --no-kill                    # a node that fails does not end the allocation: the job goes on "
            "without it"]
           if elastic else [f"#SBATCH --nodes={r.nnodes}"]),
-        f"#SBATCH --ntasks-per-node=1          # one multigpu launcher per node; it starts {r.workers} worker(s)",
         *gpus,
         cpus,
         "#SBATCH --time=01:00:00              # edit: the job's time limit",
@@ -192,28 +241,31 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
         "# node's launcher in the environment (it is in no file).",
         _SECRET_LINE,
         "",
-        "# The warning (USR1) is passed to every node's launcher as SIGTERM (srun forwards signals to its tasks):",
-        "# the ranks finish the step they are in, write its checkpoint and exit 143. SLURM's own SIGTERM reaches",
-        "# every process of the job by itself. Either way the job is requeued below once srun has ended.",
+        "# The warning (USR1) is passed on to every node's launcher through SLURM (scancel signals the job's steps,",
+        "# not this script; a SIGTERM sent that way, or to srun, is taken for a cancel and kills the step), which",
+        "# stops its ranks as at a SIGTERM: they finish the step they are in, write its checkpoint and exit 143;",
+        "# the job is requeued below once srun has ended. A SIGTERM without the warning is SLURM ending the job",
+        "# (scancel, the time limit reached): it is not requeued.",
         "stop=\"\" srun_pid=\"\"",
-        "trap 'if [ -z \"$stop\" ]; then stop=USR1; kill -TERM \"$srun_pid\" 2>/dev/null || true; fi' USR1",
+        "trap 'if [ -z \"$stop\" ]; then stop=USR1; scancel --signal=USR1 \"$SLURM_JOB_ID\" || true; fi' USR1",
         "trap 'stop=${stop:-TERM}' TERM",
-        "# Each node's launcher reads SLURM_NNODES, SLURM_NODEID and SLURM_JOB_NODELIST (the first node hosts the",
-        "# rendezvous, on a port derived from the job id unless MASTER_PORT is set): no node flags are needed. The",
-        "# nodes agree on one run folder (under this folder, which every node must see: a shared file system).",
+        f"# One launcher per node (it starts {r.workers} worker(s)); each reads SLURM_NNODES, SLURM_NODEID and",
+        "# SLURM_JOB_NODELIST (the first node hosts the rendezvous, on a port derived from the job id unless",
+        "# MASTER_PORT is set): no node flags are needed. The nodes agree on one run folder (under this folder,",
+        "# which every node must see: a shared file system).",
         *(["# Elastic: a node that is lost (or whose launcher fails) does not end the step (no --kill-on-bad-exit):",
            "# the launchers left name it, re-form the job without it and resume from the newest checkpoint, re-split.",
            "# SLURM never adds a node to a running job, so it does not grow back; losing the first node (the",
            "# rendezvous host) ends the job.",
-           f"srun --no-kill --kill-on-bad-exit=0 {command} &"] if elastic else
+           f"srun --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 {command} &"] if elastic else
           ["# --kill-on-bad-exit: a node whose launcher fails ends the whole step.",
-           f"srun --kill-on-bad-exit=1 {command} &"]),
+           f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {command} &"]),
         "srun_pid=$!",
         "code=0",
         "wait \"$srun_pid\" || code=$?",
         "while kill -0 \"$srun_pid\" 2>/dev/null; do code=0; wait \"$srun_pid\" || code=$?; done  # a trap ended "
         "the wait",
-        "if [ -n \"$stop\" ] && [ \"$code\" -ne 0 ]; then",
+        "if [ \"$stop\" = USR1 ] && [ \"$code\" -ne 0 ]; then",
         "  echo \"multigpu: stopped by $stop before the end (exit $code): requeueing job $SLURM_JOB_ID\" >&2",
         "  scontrol requeue \"$SLURM_JOB_ID\"",
         "fi",

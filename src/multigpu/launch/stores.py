@@ -86,6 +86,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from multigpu.errors import RendezvousTimeoutError
+from multigpu.launch.quiet import without_noise
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
 __all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "formed", "hand_over", "open_store", "register", "release",
@@ -161,8 +162,9 @@ class _SignedBackend(RendezvousBackend):
 def _listening_store(host: str, port: int, timeout_s: float) -> tuple[TCPStore, str]:
     sock, address = bind_address(host, port)
     bound_port = sock.getsockname()[1]
-    store = TCPStore(address, bound_port, is_master=True, wait_for_workers=False, multi_tenant=False,
-                     timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.detach(), use_libuv=True)
+    with without_noise():  # the store's own client connects to it: torch's reverse-DNS line, where none answers
+        store = TCPStore(address, bound_port, is_master=True, wait_for_workers=False, multi_tenant=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.detach(), use_libuv=True)
     return store, address
 
 
@@ -303,7 +305,8 @@ def open_store(host: str, port: int, *, is_host: bool, read_timeout: float, join
     if is_host:
         return _listening_store(host, port, read_timeout)
     wait_for_store(host, port, join_timeout)
-    return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout)), None
+    with without_noise():
+        return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout)), None
 
 
 def hand_over(run_id: str, store: Callable[[], tuple[Store, str | None]]) -> None:

@@ -1,0 +1,73 @@
+"""The job file as printed, submitted with the real sbatch, on two hosts: its warning, requeue and resume, a
+cancel that ends it for good, and its time limit (the cluster tier: tests/cluster/virtual.py).
+
+Before (each found on a real SLURM, each where the stand-in srun said all was well): on a cluster without GPUs
+the printed file asked ``--gpus-per-node`` and sbatch refused it; the warning's trap sent SIGTERM to ``srun``,
+which the real srun answers by killing its step at once (exit 137, no checkpoint at the warning: the requeued
+job started over from the last periodic checkpoint, or from step 0); ``scancel`` ran the same trap and the
+cancelled job came back; every rank printed torch's "[c10d] The hostname of the client socket cannot be
+retrieved" on hosts without reverse DNS.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tests.cluster import virtual
+from tests.cluster.conftest import C10D_NOISE, TINY, hook_module, job_folder, output, printed, wait_for
+
+
+def _model(run) -> dict:
+    return torch.load(run / "checkpoints" / "step_00000004" / "state.pt", weights_only=True)["model"]
+
+
+def test_the_warning_checkpoints_the_step_requeues_and_the_job_ends_bit_identical_to_an_uninterrupted_one(hosts):
+    folder = job_folder(hosts, "warned")
+    env = hook_module(folder, "preempt_here", "from multigpu.testing.faults import WaitForSignal\n\n\n"
+                      f"def hook():\n    return WaitForSignal(rank=0, step=2, ready={str(folder / 'ready')!r})\n")
+    # as a user types it on a login node without GPUs: no --cpu, the cluster's nodes have none
+    job = ["train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--threads", "1", *TINY, "steps=4",
+           "checkpoint_every=100"]
+    warned = printed(hosts, folder, "warned.sbatch", *job, "callbacks=[preempt_here:hook]", env=env)
+    clean = printed(hosts, folder, "clean.sbatch", *job)
+    text = warned.read_text()
+    assert "#SBATCH --gpus-per-node" not in text, text  # sbatch refuses a GPU request on a cluster without GPUs
+    first = hosts.sbatch(warned, env=env)
+    reference = hosts.sbatch(clean)
+    wait_for(folder / "ready", hosts, first, 180)  # rank 0 finished step 2 and waits: the warning lands there
+    hosts.slurm("scancel", "--batch", "--signal=USR1", str(first))
+
+    info = hosts.wait_job(first, ("COMPLETED", "FAILED", "CANCELLED"), 240, restarts=1)
+    out, err = output(folder, first)
+    assert info["JobState"] == "COMPLETED", (info, out[-3000:], err[-3000:])
+    run = folder / "runs" / "train" / f"multigpu-train-{first}"
+    step2 = run / "checkpoints" / "step_00000002"
+    assert f"interrupted after step 2: checkpoint {step2}" in out, (out[-3000:], err[-3000:])
+    assert f"stopped by USR1 before the end (exit 143): requeueing job {first}" in err, err[-3000:]
+    assert f"resuming from {step2}" in out, out[-3000:]  # the warning's checkpoint, not step 0
+    assert out.count("multigpu train: 2 rank(s)") == 4  # each node's header, in each of the two starts
+    assert not C10D_NOISE.search(out + err), [line for line in err.splitlines() if C10D_NOISE.search(line)][:3]
+
+    ref = hosts.wait_job(reference, ("COMPLETED", "FAILED", "CANCELLED"), 240)
+    assert ref["JobState"] == "COMPLETED", (ref, output(folder, reference))
+    a, b = _model(run), _model(folder / "runs" / "train" / f"multigpu-train-{reference}")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "differs from the uninterrupted job"
+
+
+def test_scancel_ends_the_job_for_good(hosts):
+    folder = job_folder(hosts, "cancelled")
+    script = printed(hosts, folder, "long.sbatch", "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1",
+                     "--threads", "1", *TINY, "steps=100000")
+    job = hosts.sbatch(script)
+    hosts.wait_job(job, ("RUNNING",), 60)
+    wait_for(folder / "runs" / "train" / f"multigpu-train-{job}" / "metrics.jsonl", hosts, job, 120)
+    hosts.slurm("scancel", str(job))  # a user stopping the job
+    info = hosts.wait_job(job, ("CANCELLED", "COMPLETED", "FAILED", "PENDING"), 60)
+    time.sleep(virtual.CRED_EXPIRE_S + 5)  # a requeued job would be pending or running again by now
+    info = hosts.job(job)
+    out, err = output(folder, job)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, err[-2000:])
+    assert "requeueing" not in err, err[-2000:]
+
