@@ -372,7 +372,9 @@ JobRequeue=1
     def on(self, host: Host | str, argv: list[str], **popen) -> subprocess.Popen:
         """Start ``argv`` on a host (outside SLURM: the same machine as a user's ssh session would be)."""
         host = self.host(host) if isinstance(host, str) else host
-        return subprocess.Popen([*host.enter(), *argv], env=popen.pop("env", self.env()), **popen)
+        cwd = popen.pop("cwd", None)  # entering the host's mounts starts at its root: nsenter changes folder after
+        where = [f"--wd={cwd}"] if cwd is not None else []
+        return subprocess.Popen([*host.enter(), *where, *argv], env=popen.pop("env", self.env()), **popen)
 
     # ------------------------------------------------------------------ faults
     def kill_host(self, host: Host | str) -> None:

@@ -410,7 +410,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
     if args.dry_run:
         return _run_command(workload, args, launch_cfg, None, spec)
     with nodes.joined(launch_cfg) as session:
-        return _run_command(workload, args, launch_cfg, session, spec)
+        return _run_command(workload, args, nodes.placed(launch_cfg, session), session, spec)
 
 
 def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig, session,

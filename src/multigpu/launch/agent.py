@@ -566,9 +566,9 @@ def launch(
         RendezvousTimeoutError: the other nodes did not join in time.
         NodeFailedError: another node stopped before the job formed.
     """
-    with nodes.joined(cfg):
-        return _launch(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job,
-                       require_group=require_group)
+    with nodes.joined(cfg) as session:
+        return _launch(nodes.placed(cfg, session), target, args, module=module, facts=facts, devices=devices,
+                       run=run, job=job, require_group=require_group)
 
 
 def _start_beats(cfg: LaunchConfig, plan: LaunchPlan):

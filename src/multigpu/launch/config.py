@@ -35,8 +35,10 @@ class LaunchConfig:
     """``--nnodes MIN:MAX``'s MIN, as torchrun means it: the job runs on any number of nodes from ``min_nodes`` to
     ``nnodes``; a node lost or joining restarts the worker group at the new size (None: exactly ``nnodes``)."""
 
-    node_rank: int = 0
-    """Index of this machine, in [0, nnodes). Node 0 hosts the rendezvous store."""
+    node_rank: int | None = 0
+    """Index of this machine, in [0, nnodes). Node 0 hosts the rendezvous store. None (several nodes, no
+    ``--node-rank``, no scheduler: torchrun's elastic form): the node whose address is the endpoint's hosts the store
+    and is node 0, the others take the next free index when they join (:mod:`multigpu.launch.nodes`)."""
 
     rdzv_endpoint: str = "localhost:0"
     """host:port of the rendezvous store; port 0 picks a free port (single node only)."""
@@ -119,7 +121,9 @@ class LaunchConfig:
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
             raise ConfigError(f"--nnodes {self.min_nodes}:{self.nnodes} is invalid; valid: MIN:MAX with "
                               "1 <= MIN <= MAX, e.g. 1:4, or one number")
-        if not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank is None and self.nnodes == 1:
+            object.__setattr__(self, "node_rank", 0)
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(
                 f"--node-rank {self.node_rank} is invalid with --nnodes {self.nnodes}; valid: 0 to {self.nnodes - 1}"
             )

@@ -265,11 +265,12 @@ def _scheduler_placement(args: argparse.Namespace):
 
 def _apply_placement(args: argparse.Namespace, placement) -> None:
     """Fill the flags not given by hand from the scheduler; a flag that contradicts it is one line."""
+    # no --node-rank on several nodes: torchrun's elastic form, where the rendezvous numbers the nodes (None)
     defaults = {"nnodes": 1, "node_rank": 0, "rdzv_endpoint": "localhost:0"}
     if placement is None:
         for name, value in defaults.items():
             if getattr(args, name) is None:
-                setattr(args, name, value)
+                setattr(args, name, None if name == "node_rank" and args.nnodes > 1 else value)
         return
     if placement.min_nodes is not None and args.min_nodes is None and args.nnodes in (None, placement.nnodes):
         args.min_nodes = placement.min_nodes  # an elastic PyTorchJob: PET_NNODES=MIN:MAX

@@ -5,6 +5,11 @@ The launchers of a job of several nodes meet at the rendezvous store before torc
 * node 0's launcher (the one that hosts the store) opens it on the endpoint's address and the others connect
   (:func:`multigpu.launch.stores.open_store`); the same store then serves torch's rendezvous, handed to the
   ``multigpu`` backend;
+* without node ranks (torchrun's elastic form: every node runs the same command, no ``--node-rank``), the
+  launcher that can listen on the endpoint's address hosts the store and is node 0; each other node takes the
+  lowest free place among 1..nnodes-1 as it joins (:meth:`Nodes.connect`: a ``compare_set`` in the store, so two
+  nodes never take one place), gives it back when it ends, and the place of a node found lost is given back for
+  the node that joins next;
 * node 0 decides, the others learn (:meth:`Nodes.agree`): the run folder's name when none was given, so that a
   job has one run folder on every node;
 * every node checks that it sees the run folder node 0 made (:meth:`Nodes.check_shared`): node 0 writes a
@@ -41,7 +46,7 @@ from pathlib import Path
 from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
 
 __all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line",
-           "posted_failure", "store_gone", "store_lost_line", "tell_others"]
+           "placed", "posted_failure", "store_gone", "store_lost_line", "tell_others"]
 
 LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
@@ -92,8 +97,10 @@ class Nodes:
     secret: bytes
     run_id: str
     nnodes: int
-    node_rank: int
-    hosts_store: bool
+    node_rank: int | None
+    """This node's index; None until it joins, where none was given (its place is then taken in the store)."""
+    hosts_store: bool | None
+    """Whether this launcher hosts the store; None until it opens it, where no node rank says (torchrun's rule)."""
     join_timeout_s: float
     host: str
     endpoint: str
@@ -115,6 +122,8 @@ class Nodes:
     """{node rank: when (this machine's monotonic clock) its heartbeat's count last moved}."""
     _beat_stop: threading.Event | None = None
     _beat_thread: threading.Thread | None = None
+    _place: bytes | None = None
+    """What this node wrote into its place (``place/<node rank>``), where it took one on joining."""
 
     @property
     def elastic(self) -> bool:
@@ -135,7 +144,47 @@ class Nodes:
             self._store, self._address = open_store(host, port, is_host=self.hosts_store,
                                                     read_timeout=self.read_timeout_s,
                                                     join_timeout=join_timeout_s or self.join_timeout_s)
+            if self.hosts_store is None:
+                self.hosts_store = self._address is not None
+            if self.node_rank is None:
+                self.node_rank = self._take_place(join_timeout_s or self.join_timeout_s)
         return self._store, self._address
+
+    def _take_place(self, timeout_s: float) -> int:
+        """This node's index, where none was given: 0 for the node hosting the store, else the lowest free place of
+        1..nnodes-1 (``compare_set``: one node a place), waiting for one to be given back (a node that ended or was
+        found lost) within ``timeout_s``."""
+        from multigpu.launch.stores import seal
+
+        mine = seal(self.secret, secrets.token_bytes(16))
+        if self.hosts_store:
+            self.store.set(self._key("place/0"), mine)
+            self._place = mine
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.raise_if_failed()
+            for node in range(1, self.nnodes):
+                if self.store.compare_set(self._key(f"place/{node}"), "", mine) == mine:
+                    self._place = mine
+                    return node
+            if time.monotonic() > deadline:
+                raise RendezvousTimeoutError(
+                    f"every place of the job's {self.nnodes} nodes (--nnodes {self.nnodes}) was taken at "
+                    f"{self.endpoint} for {timeout_s:g}s: more nodes than --nnodes were started with this endpoint "
+                    "and --rdzv-id, or a node that stopped has not been found lost yet")
+            time.sleep(_POLL_S)
+
+    def give_back(self, node: int) -> None:
+        """Free ``node``'s place (it ended, or was found lost) for the next node that joins: only where places are
+        taken (no node ranks were given), and only the place as it is now (never one taken meanwhile)."""
+        key = self._key(f"place/{node}")
+        with contextlib.suppress(Exception):  # noqa: BLE001 - a store gone has no places left to give
+            if node == 0 or not self.store.check([key]):
+                return
+            held = self._place if node == self.node_rank else self.store.get(key)
+            if held:
+                self.store.compare_set(key, held, b"")
 
     @property
     def store(self):
@@ -254,6 +303,8 @@ class Nodes:
             return  # never opened: no other node heard of this one
         with contextlib.suppress(Exception):  # noqa: BLE001 - the store may be gone
             self._set(f"beat/{self.node_rank}", {"end": why, "host": self.host})
+        if self._place is not None:
+            self.give_back(self.node_rank)
 
     def wait_lost(self, within_s: float) -> list[int]:
         """The nodes found lost, waiting up to ``within_s`` for the heartbeat to find one (after the job's
@@ -390,6 +441,7 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
             if node in seen and now - seen[node][1] > session.beat_deadline_s:
                 session.lost[node] = session._beats.get(node, {})
                 seen.pop(node)
+                session.give_back(node)  # where nodes take places: the next node to join may take its place
                 on_lost(node)
         stop.wait(interval)
 
@@ -493,6 +545,8 @@ def joined(cfg) -> Iterator[Nodes | None]:
         return
     session = _session(cfg)
     try:
+        if session.node_rank is None:  # torchrun's elastic form: the node learns its index by joining
+            session.connect()
         yield session
     except (MultigpuError, KeyboardInterrupt, Exception) as exc:
         if not isinstance(exc, NodeFailedError) and not formed(run_id):
@@ -505,6 +559,13 @@ def joined(cfg) -> Iterator[Nodes | None]:
                 session._marker.unlink()
         _sessions.pop(run_id, None)
         release(run_id)
+
+
+def placed(cfg, session: Nodes | None):
+    """``cfg`` with this node's index as the job's session settled it (the same ``cfg`` where it was given)."""
+    if session is None or cfg.node_rank == session.node_rank:
+        return cfg
+    return dataclasses.replace(cfg, node_rank=session.node_rank)
 
 
 def _interrupted(exc: BaseException) -> bool:

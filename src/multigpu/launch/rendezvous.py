@@ -128,32 +128,40 @@ def _as_bool(key: str, text: str) -> bool:
     raise ConfigError(f"--rdzv-conf {key}={text} is invalid; valid: true or false")
 
 
-def hosts_store(nnodes: int, node_rank: int, rdzv_conf: dict[str, str]) -> bool:
+def hosts_store(nnodes: int, node_rank: int | None, rdzv_conf: dict[str, str]) -> bool | None:
     """Whether this node's launcher hosts the rendezvous store: node 0 (the only node of a single-node job),
-    unless ``--rdzv-conf is_host=...`` says otherwise."""
+    unless ``--rdzv-conf is_host=...`` says otherwise. None: no node rank was given (torchrun's elastic form), so
+    it hosts the store where it can listen on the endpoint's address, as torchrun's c10d rendezvous does (the
+    endpoint names this machine and its port is free; a launcher that finds the port taken is a client)."""
     if "is_host" in rdzv_conf:
         return _as_bool("is_host", str(rdzv_conf["is_host"]))
-    return nnodes == 1 or node_rank == 0
+    if nnodes == 1:
+        return True
+    return None if node_rank is None else node_rank == 0
 
 
-def check_endpoint(endpoint: str, *, nnodes: int, node_rank: int, rdzv_conf: dict[str, str]) -> None:
+def check_endpoint(endpoint: str, *, nnodes: int, node_rank: int | None, rdzv_conf: dict[str, str]) -> None:
     """Bad endpoints end here, before anything is written or started (one line, exit 2).
 
     The node that hosts the store must resolve the endpoint's host to an address of its own and
     be able to listen on its port. On several nodes, a name that resolves to loopback on the host
     (``/etc/hosts`` often maps the machine's own name to 127.0.1.1) would leave the other nodes
     unable to connect: a literal loopback address or ``localhost`` is taken as meant (nodes on one
-    machine). Other nodes are not checked: node 0's name may resolve, and its store open, only later.
+    machine). Other nodes are not checked: node 0's name may resolve, and its store open, only later. Without a
+    node rank (torchrun's elastic form) the node that can listen there is the one that hosts.
     """
     host, port = parse_endpoint(endpoint, nnodes=nnodes)
     if nnodes > 1 and _is_unspecified(host):
         raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {host} is no address the other nodes can reach; give "
                           "node 0's address, the same on every node, e.g. 10.0.0.5:29400")
-    if not hosts_store(nnodes, node_rank, rdzv_conf):
+    hosting = hosts_store(nnodes, node_rank, rdzv_conf)
+    if hosting is False:
         return
     try:
         sock, address = bind_address(host, port)
     except ConfigError as exc:
+        if hosting is None:  # not this machine's address, or another launcher here holds it: a client, as torchrun
+            return
         where = "this machine hosts the rendezvous store" if nnodes == 1 else f"node {node_rank} hosts the rendezvous store"
         hint = "a free port" if "in use" in str(exc) else "an address of this machine"
         raise ConfigError(f"--rdzv-endpoint {endpoint!r}: {exc}; {where}, so give {hint}") from None

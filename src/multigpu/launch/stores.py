@@ -85,7 +85,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from multigpu.errors import RendezvousTimeoutError
+from multigpu.errors import ConfigError, RendezvousTimeoutError
 from multigpu.launch.quiet import without_noise
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
@@ -297,13 +297,18 @@ def _file_store(timeout_s: float, parent: str | None) -> tuple[Store, str]:
     return store, folder
 
 
-def open_store(host: str, port: int, *, is_host: bool, read_timeout: float, join_timeout: float
+def open_store(host: str, port: int, *, is_host: bool | None, read_timeout: float, join_timeout: float
                ) -> tuple[Store, str | None]:
     """A multi-node job's rendezvous store: hosted here on the endpoint's own address (``is_host``), else a
-    client of it once it answers (Ctrl-C stops the wait). Returns the store and the address it listens on
-    (None for a client)."""
-    if is_host:
-        return _listening_store(host, port, read_timeout)
+    client of it once it answers (Ctrl-C stops the wait). ``is_host=None``: hosted here where this launcher can
+    listen there, else a client (torchrun's rule: the endpoint is another machine's, or another launcher of this
+    machine holds its port). Returns the store and the address it listens on (None for a client)."""
+    if is_host or is_host is None:
+        try:
+            return _listening_store(host, port, read_timeout)
+        except ConfigError:
+            if is_host:
+                raise
     wait_for_store(host, port, join_timeout)
     with without_noise():
         return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=read_timeout)), None
