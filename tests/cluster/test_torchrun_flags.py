@@ -16,10 +16,6 @@ import re
 import subprocess
 import time
 
-import pytest
-
-from tests.cluster.conftest import job_folder
-
 WORLD = """\
 import os
 import torch.distributed as dist
@@ -30,28 +26,28 @@ dist.destroy_process_group()
 """
 
 CASES = {"the store's host starts first": (["node1", "node2"], "node1"),
-         "the other host starts first": (["node2", "node1"], "node1"),
+         "the other host starts first": (["node4", "node3"], "node3"),
          "two launchers on one host (loopback)": (["node1", "node1"], "localhost")}
+"""Each case: the hosts in the order their launchers start (the second 2 s later), and the endpoint's host."""
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_torchruns_elastic_flags_form_the_world_torchrun_forms(hosts, case):
-    order, endpoint_host = CASES[case]
-    folder = job_folder(hosts, "torchrun-" + re.sub(r"\W+", "-", case))
-    (folder / "world.py").write_text(WORLD)
-    commands = {"torchrun": (["torchrun"], 29400), "multigpu": (["multigpu", "launch"], 29401)}
+def test_torchruns_elastic_flags_form_the_world_torchrun_forms(hosts):
+    """Every case at once (each on its own hosts or ports): torchrun's world and ours, for each."""
+    (hosts.shared / "world.py").write_text(WORLD)
     env = hosts.env(MULTIGPU_RDZV_SECRET="0123456789abcdef0123")
-    procs: dict[str, list[subprocess.Popen]] = {tool: [] for tool in commands}
+    procs: dict[tuple[str, str], list[subprocess.Popen]] = {}
     try:
-        for i, host in enumerate(order):
-            for tool, (argv, port) in commands.items():
-                flags = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                         "--rdzv-endpoint", f"{endpoint_host}:{port}", "--rdzv-id", "job1", "world.py"]
-                procs[tool].append(hosts.on(host, [*argv, *flags], cwd=folder, env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, start_new_session=True))
-            if i == 0:
+        for step in range(2):  # the first launcher of every case, then the second
+            for i, (case, (order, endpoint_host)) in enumerate(CASES.items()):
+                for j, (tool, argv) in enumerate((("torchrun", ["torchrun"]), ("multigpu", ["multigpu", "launch"]))):
+                    flags = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             f"{endpoint_host}:{29400 + 2 * i + j}", "--rdzv-id", f"job{i}", "world.py"]
+                    procs.setdefault((case, tool), []).append(hosts.on(
+                        order[step], [*argv, *flags], cwd=hosts.shared, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True, start_new_session=True))
+            if step == 0:
                 time.sleep(2)  # the second node comes later
-        outs = {tool: [p.communicate(timeout=180) for p in ps] for tool, ps in procs.items()}
+        outs = {key: [p.communicate(timeout=180) for p in ps] for key, ps in procs.items()}
     finally:
         for ps in procs.values():
             for p in ps:
@@ -59,10 +55,11 @@ def test_torchruns_elastic_flags_form_the_world_torchrun_forms(hosts, case):
                     p.kill()
                     p.wait()
     worlds = {}
-    for tool, results in outs.items():
-        codes = [p.returncode for p in procs[tool]]
-        assert codes == [0, 0], (tool, codes, [err[-2500:] for _, err in results])
+    for (case, tool), results in outs.items():
+        codes = [p.returncode for p in procs[case, tool]]
+        assert codes == [0, 0], (case, tool, codes, [err[-2500:] for _, err in results])
         found = re.findall(r"WORLD (\d+) (\d+) (\S+)", "".join(out for out, _ in results))
-        worlds[tool] = sorted((int(rank), int(size)) for rank, size, _ in found)
-    assert worlds["torchrun"] == [(0, 2), (1, 2)], outs["torchrun"]
-    assert worlds["multigpu"] == worlds["torchrun"], outs["multigpu"]
+        worlds[case, tool] = sorted((int(rank), int(size)) for rank, size, _ in found)
+    for case in CASES:
+        assert worlds[case, "torchrun"] == [(0, 2), (1, 2)], (case, outs[case, "torchrun"])
+        assert worlds[case, "multigpu"] == worlds[case, "torchrun"], (case, outs[case, "multigpu"])

@@ -9,7 +9,7 @@ SLURM runs them, in their host's namespaces, and see one shared folder (the clus
 test gives a host a private folder (:meth:`SlurmCluster.hide`, a tmpfs in that host's mount namespace).
 
 What a test can do to a host: kill every process on it (:meth:`SlurmCluster.kill_host`, a machine that died),
-cut its link (:meth:`SlurmCluster.partition`), slow its link (:meth:`SlurmCluster.slow_link`, ``tc netem``), and
+cut its link (:meth:`SlurmCluster.partition`), slow its link (:meth:`SlurmCluster.slow_link`, ``tc``), and
 put it back (:meth:`SlurmCluster.heal`). Every port is inside the namespaces made here; every address is on the
 bridge made here; :meth:`SlurmCluster.down` removes all of it (daemons by pid, every process left in a
 namespace, the namespaces, the links, the bridge), also after a failed start.
@@ -391,12 +391,13 @@ JobRequeue=1
         host = self.host(host) if isinstance(host, str) else host
         _run("ip", "link", "set", host.link, "down")
 
-    def slow_link(self, host: Host | str, delay_ms: float) -> None:
-        """Every packet to and from the host waits ``delay_ms`` (``tc netem`` on both ends of its link)."""
+    def slow_link(self, host: Host | str, mbit_s: float) -> None:
+        """The host's link carries at most ``mbit_s`` megabits a second each way (``tc``'s token bucket on both
+        ends). A rate, not a delay: this machine's kernel has no ``netem`` (CONFIG_NET_SCH_NETEM is not set)."""
         host = self.host(host) if isinstance(host, str) else host
-        _run("tc", "qdisc", "replace", "dev", host.link, "root", "netem", "delay", f"{delay_ms / 2:g}ms")
-        _run("nsenter", f"--net=/run/netns/{host.netns}", "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-             "delay", f"{delay_ms / 2:g}ms")
+        shape = ["root", "tbf", "rate", f"{mbit_s:g}mbit", "burst", "16kb", "latency", "2s"]
+        _run("tc", "qdisc", "replace", "dev", host.link, *shape)
+        _run("nsenter", f"--net=/run/netns/{host.netns}", "tc", "qdisc", "replace", "dev", "eth0", *shape)
 
     def hide(self, host: Host | str, folder: Path) -> None:
         """``folder`` on this host is a private, empty one (a tmpfs in its mount namespace): not shared."""
