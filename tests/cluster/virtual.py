@@ -41,8 +41,8 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "iproute2")
 _BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "munged", "mungekey", "ip",
              "tc", "nsenter", "unshare")
 _PREFIX = "mgc"
-"""Names of what a cluster makes here (namespaces, links): ``mgc<pid>...``, so a sweep finds what a killed test run
-left behind (its pid no longer runs)."""
+"""Names of what a cluster makes here (namespaces, links): ``mgc<pid>x<2 hex digits>...``, so a sweep finds what a
+killed test run left behind (its pid no longer runs), and never what another live one made."""
 CRED_EXPIRE_S = 5
 
 
@@ -82,7 +82,7 @@ def _alive(pid: int) -> bool:
 def sweep() -> None:
     """Remove the namespaces and links a killed earlier run of this tier left behind (its pid no longer runs)."""
     listed = _run("ip", "netns", "list", check=False).stdout
-    for name in re.findall(rf"^({_PREFIX}(\d+)-\S+)", listed, flags=re.M):
+    for name in re.findall(rf"^({_PREFIX}(\d+)x\w*-\S+)", listed, flags=re.M):
         netns, pid = name
         if _alive(int(pid)):
             continue
@@ -91,7 +91,7 @@ def sweep() -> None:
                 os.kill(proc, signal.SIGKILL)
         _run("ip", "netns", "del", netns, check=False)
     links = _run("ip", "-o", "link", "show", check=False).stdout
-    for name, pid in re.findall(rf"^\d+: ({_PREFIX}(\d+)[^:@\s]*)", links, flags=re.M):
+    for name, pid in re.findall(rf"^\d+: ({_PREFIX}(\d+)x[^:@\s]*)", links, flags=re.M):
         if not _alive(int(pid)):
             _run("ip", "link", "del", name, check=False)
 
@@ -139,7 +139,7 @@ class SlurmCluster:
 
     def __init__(self, root: Path, nodes: int = 3, *, slurmd_timeout_s: int = 10, kill_wait_s: int = 30):
         self.root = root
-        self.id = f"{_PREFIX}{os.getpid()}{random.randrange(16**2):02x}"
+        self.id = f"{_PREFIX}{os.getpid()}x{random.randrange(16**2):02x}"  # the pid ends at the x (see sweep)
         self.net = _free_subnet()
         hosts = list(self.net.hosts())
         self.bridge = self.id  # at most 15 characters (Linux interface names)
