@@ -382,6 +382,14 @@ def _suite_counts(terminalreporter) -> None:
         terminalreporter.write_line(f"  by kind: {_per(kinds)}")
 
 
+def logged_steps(run_dir: Path) -> list[int]:
+    """The step of every record of a run's ``metrics.jsonl`` that logged one, in the file's order."""
+    import json
+
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip() and "step" in json.loads(line)]
+
+
 def stopped_by_signal(folder: Path, argv: list[str], *, step: int, sig: int = signal.SIGTERM,
                       timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     """``python -m multigpu ARGV callbacks=[...]`` whose rank 0 waits after ``step`` until ``sig``, sent to the

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import fault_callback, run_cli, stopped_by_signal
+from tests.conftest import fault_callback, logged_steps, run_cli, stopped_by_signal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
@@ -50,6 +50,7 @@ def test_a_killed_rank_is_restarted_and_ppo_ends_bit_identical(tmp_path, fault_r
     a, b = _final(clean_dir), _final(tmp_path / "faulty")
     for name in ("policy", "optimizer", "normalizer", "progress", "rank"):
         assert repr(a[name]) == repr(b[name]) or _same(a[name], b[name]), (name, kill_at)
+    assert logged_steps(tmp_path / "faulty") == list(range(1, UPDATES + 1))  # each update once, as the run counts
     # the kept checkpoints rotate (keep_last 3) and nothing temporary is left
     assert sorted(p.name for p in (tmp_path / "faulty" / "checkpoints").iterdir()) == [
         "step_00000004", "step_00000006", "step_00000008"]
@@ -113,3 +114,4 @@ def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_id
     assert all(torch.equal(a["policy"][k], b["policy"][k]) for k in b["policy"])
     for key in ("mean_return", "episodes", "env_steps"):
         assert summary["rl"][key] == clean["rl"][key], key
+    assert logged_steps(run_dir) == list(range(1, UPDATES + 1))  # the resumed run's updates after the first's

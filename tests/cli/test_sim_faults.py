@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import fault_callback, run_cli, stopped_by_signal
+from tests.conftest import fault_callback, logged_steps, run_cli, stopped_by_signal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fault]
 
@@ -16,7 +16,7 @@ SIR = "sir"
 def _run(run_dir, *extra, env=None):
     proc = run_cli("sim", "-f", SIR, "--agents", "20000", "--steps", "12", "--nproc-per-node", "2",
                    "--strategy", "spatial", "--checkpoint-every", "3", "--run-dir", str(run_dir),
-                   "grid=[40,50]", "plot=false", *extra, env=env, timeout=240)
+                   "grid=[40,50]", "plot=false", "log_every=1", *extra, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text()), (run_dir / "series.csv").read_text()
 
@@ -36,6 +36,7 @@ def test_a_killed_rank_is_restarted_and_the_simulation_ends_bit_identical(tmp_pa
     assert faulty["resumed_from"] is not None, f"killed at step {step} but the run did not resume"
     assert faulty["state_digest"] == clean["state_digest"], f"final agents differ after a kill at step {step}"
     assert faulty_csv == clean_csv  # the whole aggregate time series, to the last digit
+    assert logged_steps(tmp_path / "faulty") == list(range(1, 13))  # each step once, as the run counts it
 
 
 def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resumes_bit_identical(tmp_path,
@@ -45,7 +46,7 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     checkpoint (none here). Now every rank finishes step 5, its checkpoint is written, the launcher exits 143, and
     --resume auto ends with the agents and series of an uninterrupted run."""
     base = ["sim", "-f", SIR, "--agents", "20000", "--steps", "12", "--nproc-per-node", "2", "--strategy", "spatial",
-            "--run-dir", str(tmp_path / "stopped"), "grid=[40,50]", "plot=false"]
+            "--run-dir", str(tmp_path / "stopped"), "grid=[40,50]", "plot=false", "log_every=1"]
     done, env = stopped_by_signal(tmp_path, [*base, "--checkpoint-on-interrupt"], step=5)
     assert done.returncode == 143, done.stderr[-3000:]
     checkpoint = tmp_path / "stopped" / "checkpoints" / "step_00000005"
@@ -58,3 +59,5 @@ def test_sigterm_ends_the_simulation_after_its_step_with_a_checkpoint_that_resum
     summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
     assert summary["state_digest"] == clean["state_digest"]
     assert (tmp_path / "stopped" / "series.csv").read_text() == clean_csv
+    # before, the resumed run logged its steps from 1 again, after the first run's 1..5: each step once now
+    assert logged_steps(tmp_path / "stopped") == list(range(1, 13))

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -56,7 +57,7 @@ from typing import Any
 
 import torch
 
-from multigpu.files import JsonlLog, write_json_atomic
+from multigpu.files import JsonlLog, read_jsonl, write_json_atomic, write_text_atomic
 from multigpu.monitor import profile, startup, stragglers
 from multigpu.monitor import sampler as _sampler
 from multigpu.runtime import collectives, context, devicetime, group, watchdog
@@ -175,6 +176,18 @@ def comm_share(comm_s: float, wall_s: float) -> float | None:
     if comm_s != comm_s:
         return None
     return comm_s / wall_s if wall_s > 0 else 0.0
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Rank 0, as a run starts logging: a resumed run repeats the steps after its checkpoint (``step``; 0 for a run
+    that starts from the beginning), so the records of those steps (a killed or stopped attempt's) go, and a torn
+    last line (a writer killed mid-line). Each step is then in ``metrics.jsonl`` once."""
+    if not path.is_file():
+        return
+    records = read_jsonl(path)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    if len(kept) != len(path.read_text(errors="replace").splitlines()):
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class StepMeter:
@@ -341,7 +354,7 @@ class StepMeter:
         comm_sum, wall_sum = summed[1].item(), summed[0].item()
         record = {
             "time": time.time(),
-            "step": self.steps,
+            "step": self.first_step - 1 + self.steps,  # as the run counts its steps, after a resume too
             "steps": self.steps - last_step,
             f"{self.unit}_per_s": summed[2].item() / slowest if slowest > 0 else None,
             "step_time_s": slowest / max(self.steps - last_step, 1),
@@ -349,7 +362,9 @@ class StepMeter:
             **self.extras,
         }
         if self._log is None:
-            self._log = JsonlLog(self.run_dir / "metrics.jsonl", "metrics records")
+            path = self.run_dir / "metrics.jsonl"
+            drop_records_after(path, self.first_step - 1)  # a resumed run's steps were logged by the run it continues
+            self._log = JsonlLog(path, "metrics records")
         self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
 
     def watch_stragglers(self) -> None:

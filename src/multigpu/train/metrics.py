@@ -12,7 +12,6 @@ it to the trackers the ``logger`` key names (TensorBoard, W&B: see
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,23 +20,12 @@ from typing import Any
 import torch
 
 import multigpu as mg
-from multigpu.files import JsonlLog, read_jsonl, write_text_atomic
+from multigpu.files import JsonlLog
 from multigpu.monitor import StepMeter
-from multigpu.monitor.meters import comm_share, sum_comm
+from multigpu.monitor.meters import comm_share, drop_records_after, sum_comm
 from multigpu.train.trackers import close_all
 
 __all__ = ["MetricLogger"]
-
-
-def _drop_records_after(path: Path, step: int) -> None:
-    """A resumed run repeats the steps after its checkpoint: drop their old records (a killed attempt's),
-    and a torn last line (a writer killed mid-line)."""
-    if not path.is_file():
-        return
-    records = read_jsonl(path)
-    kept = [r for r in records if r.get("step", 0) <= step]
-    if len(kept) != len(path.read_text(errors="replace").splitlines()):
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricLogger:
@@ -59,7 +47,7 @@ class MetricLogger:
         if fresh and run_dir is not None and mg.is_main():  # a new run in an old folder starts a new log
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         elif run_dir is not None and mg.is_main():
-            _drop_records_after(run_dir / "metrics.jsonl", resumed_at)
+            drop_records_after(run_dir / "metrics.jsonl", resumed_at)
 
     def log(self, step: int, metrics: dict[str, Any], *, flush: bool) -> dict[str, Any] | None:
         """Add this step's figures; at ``flush`` reduce the window and have rank 0 write. Call on all ranks."""
