@@ -44,3 +44,32 @@ def test_a_lost_node_that_joins_again_is_watched_again_and_named_when_lost_again
             assert nodes.lost_line(survivor, 1).startswith("node 1 (host1) was lost: its launcher sent no heartbeat")
     finally:
         survivor.stop_beats("ended")
+
+
+def _unnumbered(store, hosts: bool, nnodes: int = 3) -> nodes.Nodes:
+    """A launcher started with torchrun's elastic flags: no node rank; ``hosts``: it could listen on the endpoint."""
+    session = nodes.Nodes(b"0123456789abcdef0123", "job", nnodes, None, hosts, 60.0, "h", "127.0.0.1:0",
+                          min_nodes=1, beat_deadline_s=0.4)
+    session._store = store
+    return session
+
+
+def test_nodes_without_a_node_rank_take_one_place_each_and_give_it_back():
+    """torchrun's form (no --node-rank): the store's host is node 0, the others take the lowest free place. Before,
+    every node took itself for node 0. A place is given back when its node ends or is found lost, and a job whose
+    places are all taken says so in one line instead of joining a node twice."""
+    store = HashStore()
+    host, a, b = _unnumbered(store, True), _unnumbered(store, False), _unnumbered(store, False)
+    assert [s._take_place(1.0) for s in (host, a, b)] == [0, 1, 2]
+    late = _unnumbered(store, False)
+    try:
+        late._take_place(0.3)
+        raise AssertionError("a fourth node took a place of a 3-node job")
+    except nodes.RendezvousTimeoutError as exc:
+        assert str(exc).startswith("every place of the job's 3 nodes (--nnodes 3) was taken at 127.0.0.1:0")
+    a.give_back(1)  # node 1 ended
+    b.give_back(1)  # another node's word on a place that is no longer its own changes nothing
+    assert late._take_place(1.0) == 1
+    host.give_back(2)  # node 2 found lost by node 0: its place goes to the next node that joins
+    assert _unnumbered(store, False)._take_place(1.0) == 2
+    assert host.node_rank is None and host._place is not None  # _take_place reports; connect() sets the rank
