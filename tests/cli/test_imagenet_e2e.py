@@ -18,6 +18,7 @@ import time
 import pytest
 import torch
 
+from tests import guide_edits
 from tests.conftest import ROOT, SCRIPTS, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -71,37 +72,10 @@ def test_imagenet_without_its_flags_trains_alone_on_each_rank_and_is_told_at_its
     assert "never joined a process group" in proc.stderr, proc.stderr
 
 
-def _guide_edits() -> list[tuple[str, str]]:
-    """The edits docs/migration/torchrun.md shows for main.py, as (was, now) pairs read from its diff block."""
-    block = GUIDE.read_text().split("<!-- imagenet edits -->", 1)[1].split("```diff", 1)[1].split("```", 1)[0]
-    edits, was, now = [], [], []
-    for line in block.splitlines():
-        if line.startswith("@@"):
-            if was or now:
-                edits.append(("\n".join(was), "\n".join(now)))
-            was, now = [], []
-        elif line.startswith("-"):
-            was.append(line[1:])
-        elif line.startswith("+"):
-            now.append(line[1:])
-        elif line.startswith(" "):
-            was.append(line[1:])
-            now.append(line[1:])
-    if was or now:
-        edits.append(("\n".join(was), "\n".join(now)))
-    return edits
-
-
 def test_imagenet_edited_as_the_guide_shows_trains_as_one_job_of_two_ranks(imagenet):
     """The page's edits (DDP on CPU ranks too; rank 0 saves) and its command (--dist-url env://): one job, the
     model wrapped in DDP on both ranks, no warning, one checkpoint written by rank 0."""
-    text = (imagenet / "main.py").read_text()
-    edits = _guide_edits()
-    assert edits, "the guide shows no edits"
-    for was, now in edits:
-        assert text.count(was) == 1, f"the guide's edit does not match main.py exactly once:\n{was}"
-        text = text.replace(was, now)
-    (imagenet / "main.py").write_text(text)
+    guide_edits.apply(imagenet / "main.py", GUIDE, "imagenet")
     proc = _launch(imagenet, "--dist-url", "env://", "--dist-backend", "gloo")
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr, proc.stderr

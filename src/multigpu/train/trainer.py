@@ -43,6 +43,8 @@ ranks (default: a node's), replicated across those groups.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,15 +79,17 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     * an output with a ``loss`` that is not None (Hugging Face models given labels): that loss, as it is;
     * an output with ``logits``, or a tensor: the logits, scored against the targets;
     * a tuple or list (nanoGPT's ``(logits, loss)``, Hugging Face's ``return_dict=False``): a 0-dim tensor in it
-      is the loss, as it is; otherwise its first tensor is the logits (nanoGPT called without targets returns
-      ``(logits, None)``). A model whose own loss needs the targets (``model(x, targets)``) wants a loss
-      function instead: ``--loss pkg.module:fn`` with ``fn(model, batch) -> loss``.
+      is the loss, as it is; otherwise its first tensor is the logits.
+
+    A model whose ``forward`` takes ``targets`` (nanoGPT's and minGPT's ``forward(idx, targets=None)``) is called
+    as ``model(x, targets=y)``: called without them, nanoGPT computes the logits of the last position only, which
+    no loss can score against every target. Any other loss: ``--loss pkg.module:fn`` with ``fn(model, batch)``.
     """
     if isinstance(batch, dict):
         out, target = model(**batch), batch.get("labels")
     else:
         x, target = batch
-        out = model(x)
+        out = model(x, targets=target) if _takes_targets(type(_unwrapped(model))) else model(x)
     loss = getattr(out, "loss", None)
     if loss is not None:
         return loss
@@ -104,6 +108,24 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         raise ConfigError("the batch has no targets (no 'labels' key) and the model returned no loss; "
                           "give labels in the batch, or a loss function (--loss pkg.module:fn)")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module under DDP's (``module``) and ``torch.compile``'s (``_orig_mod``) wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_targets(cls: type) -> bool:
+    """Whether ``cls.forward`` has a parameter named ``targets`` (nanoGPT's GPT)."""
+    try:
+        return "targets" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def count_items(batch: Any, unit: str) -> int:
