@@ -168,6 +168,28 @@ def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_o
     assert summary["state_digest"] == state_digest(engine)
 
 
+@pytest.mark.fault
+def test_a_node_that_rejoins_before_the_smaller_group_wrote_a_checkpoint_is_recorded_as_a_resize_too(tmp_path):
+    """The lost node comes back while the 1-rank group has not yet written a checkpoint: the group re-forms at 2
+    ranks from the same 2-rank checkpoint. Its size changed (1 -> 2) with no resize record: the record compared
+    the checkpoint's world size (2) with the new group's (2). It compares with the size the run last ran at."""
+    run = tmp_path / "run"
+    steps = 400
+    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "100",
+           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    said = re.findall(r"multigpu sim: resized from (\d) to (\d) rank\(s\) at step (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-3001)\)", out)
+    assert [(int(a), int(b), int(s)) for a, b, s, _ in said] == [(2, 1, 100), (1, 2, 100)], out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["final_step"]) == (2, steps), summary
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(2, 1, 100), (1, 2, 100)], records
+    assert all(r["check"]["equal"] and r["check"]["bit_exact"] for r in records), records
+
+
 def _records_as_said(records: list[dict], said: list[tuple], part: str, digest_key: str) -> list[dict]:
     """Each resize record is what its line said (from, to, step, digest), its check bit-exact over ``part``, and
     its checkpoint's manifest holds that digest (``meta[digest_key]``) at that step. Returns the manifests."""

@@ -469,8 +469,11 @@ class Trainer:
             print(f"note: checkpoint was written by {state['world_size']} rank(s), this job has {self.world_size}; "
                   "random streams are re-used by rank modulo", flush=True)
         restore_rng(state["rng"])  # this rank's (rank modulo the saving job's size)
-        if state["world_size"] != self.world_size:
-            self._record_resize(state)
+        from multigpu.checkpoint.resize import resized_from
+
+        before = resized_from(self.run.run_dir, state["world_size"], self.world_size)
+        if before is not None:
+            self._record_resize(state, before)
 
     def _fingerprint(self) -> dict[str, list[float]]:
         """The model's and the optimizer's tensors, summed over the job (:mod:`multigpu.checkpoint.resize`)."""
@@ -478,7 +481,7 @@ class Trainer:
 
         return fingerprint({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict().get("state")})
 
-    def _record_resize(self, state: dict) -> None:
+    def _record_resize(self, state: dict, before: int) -> None:
         """A resume at another world size: check that the state loaded is the state saved, and record it (from N
         to M ranks, the step, the check) in the run folder; rank 0 says it in one line."""
         from multigpu.checkpoint.resize import compare, recorded
@@ -487,7 +490,7 @@ class Trainer:
         saved = state.get("saved_fingerprint")
         check = compare(saved, loaded) if isinstance(saved, dict) else None
         if mg.is_main():
-            print(recorded("train", self.run.run_dir, from_ranks=state["world_size"], to_ranks=self.world_size,
+            print(recorded("train", self.run.run_dir, from_ranks=before, to_ranks=self.world_size,
                            step=self.step, checkpoint=self._resumed_from, check=check), flush=True)
 
     def state_dict(self) -> dict[str, Any]:
