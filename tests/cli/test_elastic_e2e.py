@@ -281,3 +281,43 @@ def test_losing_node_0_which_hosts_the_rendezvous_store_ends_an_elastic_job_in_o
         r"c10d store lives on node 0\): the job cannot go on without it, also with --nnodes 1:2; last step finished: "
         r"rank 0: \d+, rank 1: \d+", said[0]), err
     assert err.rstrip().endswith(said[0]) and took < 30, (took, err[-2000:])  # the last line, within seconds
+
+
+@pytest.mark.fault
+def test_a_node_that_arrives_after_the_job_ended_is_told_so_and_exits_within_seconds(tmp_path):
+    """An elastic job of two nodes ends (node 0's launcher, which hosts the rendezvous store, exits with it); a node
+    started afterwards for the same job waited for the store, silently, for the whole join timeout (5+ minutes).
+    Its run folder holds the ended run's summary.json: it says so in one line and exits, within seconds."""
+    import socket
+
+    run = tmp_path / "run"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # node 0's store port, held until its launcher takes it (no fixed port)
+    endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=10",
+            "compile=false", "plot=false", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*argv, "--node-rank", str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        time.sleep(1)
+        sock.close()
+        outputs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        started = time.monotonic()
+        late = subprocess.run([*argv, "--node-rank", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60)
+        took = time.monotonic() - started
+    finally:
+        sock.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert late.returncode == 2 and took < 20, (took, late.stderr[-2000:])
+    line = late.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: node 1 arrived after the job in {run} had ended (its summary.json, written "), line
+    assert "nothing to join; valid: --resume auto on every node to continue it, or a new --run-dir" in line, line
