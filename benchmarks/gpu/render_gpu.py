@@ -38,6 +38,14 @@ WHAT = {
     "doctor": "`multigpu doctor`: checks, all-reduce and host↔GPU copy bandwidth",
 }
 """What each step of run_all.sh measures, in the tables' words."""
+RATIO = {
+    "train": ("tokens/s", "ours", "nanoGPT's loop", "ours"),
+    "sim": ("agent-steps/s", "CUDA", "the same engine on the CPU", "the GPU"),
+    "infer": ("speed", "ours", "MONAI", "ours"),
+    "envs": ("env-steps/s", "ours", "gymnasium", "ours"),
+}
+"""Each benchmark's ratio, ours ÷ the peer's on the figure named (collect.py's ``ratio``): (figure, ours, peer, who is
+faster above 1)."""
 
 
 def verdict(ok: bool | None) -> str:
@@ -59,7 +67,21 @@ def _result_text(name: str, step: dict[str, Any]) -> str:
         ok = sum(bool(c.get("ok")) for c in record["checks"])
         return f"{ok} of {len(record['checks'])} checks ran"
     ratio = record.get("ratio")
-    return f"ours / peer {fmt(ratio)}" if ratio is not None else NOT_MEASURED
+    if ratio is None:
+        return NOT_MEASURED
+    figure, ours, peer, faster = RATIO.get(name, ("figure", "ours", "the peer", "ours"))
+    return f"{figure}: {ours} {ratio:#.3g}x {peer} (above 1: {faster} faster)"
+
+
+def _status_text(name: str, step: dict[str, Any]) -> str:
+    """A step's status; a tests step that failed with no test failed says so (its process's exit code failed it,
+    after every test passed: a check of the session, a worker left behind), so the row reads as its counts do."""
+    status = step["status"]
+    t = step.get("tests")
+    if (name == "tests" or name.startswith("tests_")) and status == "failed" and t and t["passed"] \
+            and not t["failures"] + t["errors"]:
+        return f"failed: exit code {step.get('rc', '?')} after every test passed"
+    return status
 
 
 def _targets_of(data: dict[str, Any], step: str) -> list[tuple[str, bool | None]]:
@@ -87,7 +109,7 @@ def markdown(data: dict[str, Any]) -> str:
              f"torch {m.get('torch', '?')}, CUDA {m.get('cuda', '?')}, {m.get('cpu_cores', '?')} CPU cores.", "",
              "| step | what | status | s | result |", "|---|---|---|---|---|"]
     for name, step in data.get("steps", {}).items():
-        status = step["status"] + (f" ({fmt(step['note'])})" if step.get("note") else "")
+        status = _status_text(name, step) + (f" ({fmt(step['note'])})" if step.get("note") else "")
         seconds = step.get("seconds")
         lines.append(f"| {name} | {WHAT.get(name, name)} | {status} | {fmt(None if seconds is None else round(seconds))} | "
                      f"{_result_text(name, step)} |")
@@ -111,7 +133,8 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def readme_rows(data: dict[str, Any]) -> str:
-    """The README's GPU rows: one per step that ran, its ours/peer ratio and its targets."""
+    """The README's GPU rows: one per step that ran, its ratio to its peer (named, with which way is faster) and
+    its targets."""
     steps = {n: s for n, s in data.get("steps", {}).items() if s.get("status") != "skipped"}
     gpu = (data.get("machine") or {}).get("gpu")
     if not steps or not gpu:
@@ -121,7 +144,7 @@ def readme_rows(data: dict[str, Any]) -> str:
              "| GPU workload | status | result | targets |", "|---|---|---|---|"]
     for name, step in steps.items():
         targets = "; ".join(f"{fmt(t)}: {verdict(ok)}" for t, ok in _targets_of(data, name)) or NOT_MEASURED
-        lines.append(f"| {WHAT.get(name, name)} | {step['status']} | {_result_text(name, step)} | {targets} |")
+        lines.append(f"| {WHAT.get(name, name)} | {_status_text(name, step)} | {_result_text(name, step)} | {targets} |")
     return "\n".join(lines) + "\n"
 
 

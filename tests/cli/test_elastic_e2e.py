@@ -168,6 +168,28 @@ def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_o
     assert summary["state_digest"] == state_digest(engine)
 
 
+@pytest.mark.fault
+def test_a_node_that_rejoins_before_the_smaller_group_wrote_a_checkpoint_is_recorded_as_a_resize_too(tmp_path):
+    """The lost node comes back while the 1-rank group has not yet written a checkpoint: the group re-forms at 2
+    ranks from the same 2-rank checkpoint. Its size changed (1 -> 2) with no resize record: the record compared
+    the checkpoint's world size (2) with the new group's (2). It compares with the size the run last ran at."""
+    run = tmp_path / "run"
+    steps = 400
+    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "100",
+           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
+    (out, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    said = re.findall(r"multigpu sim: resized from (\d) to (\d) rank\(s\) at step (\d+): the state loaded equals the "
+                      r"saved one, bit for bit \(digest ([0-9a-f]{16}-3001)\)", out)
+    assert [(int(a), int(b), int(s)) for a, b, s, _ in said] == [(2, 1, 100), (1, 2, 100)], out
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["final_step"]) == (2, steps), summary
+    records = summary["resizes"]
+    assert [(r["from_ranks"], r["to_ranks"], r["step"]) for r in records] == [(2, 1, 100), (1, 2, 100)], records
+    assert all(r["check"]["equal"] and r["check"]["bit_exact"] for r in records), records
+
+
 def _records_as_said(records: list[dict], said: list[tuple], part: str, digest_key: str) -> list[dict]:
     """Each resize record is what its line said (from, to, step, digest), its check bit-exact over ``part``, and
     its checkpoint's manifest holds that digest (``meta[digest_key]``) at that step. Returns the manifests."""
@@ -259,3 +281,43 @@ def test_losing_node_0_which_hosts_the_rendezvous_store_ends_an_elastic_job_in_o
         r"c10d store lives on node 0\): the job cannot go on without it, also with --nnodes 1:2; last step finished: "
         r"rank 0: \d+, rank 1: \d+", said[0]), err
     assert err.rstrip().endswith(said[0]) and took < 30, (took, err[-2000:])  # the last line, within seconds
+
+
+@pytest.mark.fault
+def test_a_node_that_arrives_after_the_job_ended_is_told_so_and_exits_within_seconds(tmp_path):
+    """An elastic job of two nodes ends (node 0's launcher, which hosts the rendezvous store, exits with it); a node
+    started afterwards for the same job waited for the store, silently, for the whole join timeout (5+ minutes).
+    Its run folder holds the ended run's summary.json: it says so in one line and exits, within seconds."""
+    import socket
+
+    run = tmp_path / "run"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # node 0's store port, held until its launcher takes it (no fixed port)
+    endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=10",
+            "compile=false", "plot=false", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([*argv, "--node-rank", str(r)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        time.sleep(1)
+        sock.close()
+        outputs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        started = time.monotonic()
+        late = subprocess.run([*argv, "--node-rank", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60)
+        took = time.monotonic() - started
+    finally:
+        sock.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert late.returncode == 2 and took < 20, (took, late.stderr[-2000:])
+    line = late.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: node 1 arrived after the job in {run} had ended (its summary.json, written "), line
+    assert "nothing to join; valid: --resume auto on every node to continue it, or a new --run-dir" in line, line

@@ -1,7 +1,8 @@
-"""Moving a torchrun, nanoGPT, accelerate or Lightning Fabric script over, step by step, as the migration page
+"""Moving a torchrun, accelerate or Lightning Fabric script over, step by step, as the migration page
 walks it (tier 3: the real launcher, real ranks). Each test is one step of the page, run on a stand-in of the
-script's shape in tests/scripts: ddp_tutorial.py (pytorch/examples' DDP tutorial), nanogpt_train.py and
-nanogpt_model.py (nanoGPT), accelerate_train.py with an `accelerate config` file, fabric_train.py."""
+script's shape in tests/scripts: ddp_tutorial.py (pytorch/examples' DDP tutorial), accelerate_train.py with an
+`accelerate config` file, fabric_train.py. nanoGPT's own files: test_nanogpt_e2e.py; pytorch/examples' imagenet:
+test_imagenet_e2e.py."""
 
 from __future__ import annotations
 
@@ -53,28 +54,6 @@ def test_torchrun_step_2b_init_process_group_replaced_by_mg_init_benches_at_one_
     assert [sorted(r["seen"]) for r in one] == [list(range(64))]  # one rank: every sample
     assert len(two) == 2 and sorted(two[0]["seen"] + two[1]["seen"]) == list(range(64))
     assert [r["world_size"] for r in json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]] == [1, 2]
-
-
-def test_nanogpt_step_3_verify_names_the_lines_that_make_the_loss_depend_on_the_world_size():
-    """nanoGPT moved (``--backend=gloo``, its device from ``mg.device()``, the final loss recorded) runs at 1 and 2
-    ranks; verify fails, and says why: the per-rank seed and the accumulation divided by the world size."""
-    proc = run_cli("verify", "--nproc", "1,2", str(SCRIPTS / "nanogpt_train.py"), "--backend=gloo", "--moved=True",
-                   env={"COLUMNS": "300"}, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "error: verify failed: 'final_loss' at 2 ranks vs 1" in proc.stderr
-    out = proc.stdout
-    assert "likely causes, seen in" in out
-    assert "`seed_offset = ddp_rank if seed_offset_by_rank else 0`: a seed that depends on the rank" in out
-    assert "`gradient_accumulation_steps //= ddp_world_size`: the accumulation steps divided by the world size" in out
-
-
-def test_nanogpt_step_4_its_model_trains_under_multigpu_train_and_verifies_at_one_and_two_ranks():
-    """``GPT(config)`` returning ``(logits, loss)``, behind the factory ``gpt(block_size, vocab_size)``: multigpu
-    train splits the data itself, so the result does not depend on the world size."""
-    proc = run_cli("verify", "--nproc", "1,2", "train", "--model", "tests.scripts.nanogpt_model:gpt", "steps=4",
-                   "eval_every=4", "log_every=0", env={"COLUMNS": "200"}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "verify passed: 1 result(s) equal at 1, 2 ranks (atol 0, rtol 0)" in proc.stdout
 
 
 def test_accelerate_an_accelerate_config_file_launches_its_processes_and_precision(tmp_path):

@@ -133,3 +133,33 @@ def test_the_resume_command_is_the_whole_command(tmp_path):
     nodes = ["train", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "n0:29400", "--cpu"]
     assert resume_command(nodes, run, 2) == (f"multigpu train --nnodes 2 --rdzv-endpoint n0:29400 --cpu --run-dir "
                                              f"{run} --resume auto (on every node, each with its --node-rank)")
+
+
+def test_a_resume_at_another_world_size_says_so_in_one_line_for_every_workload(tmp_path, launched, capsys):
+    """A sim checkpoint written by 2 ranks resumed on 1, and a 2-rank ensemble continued on 1 (its progress is
+    files, not a checkpoint: the run's last launch says its size): each ran on the other size without a word (the
+    ensemble took 222 s instead of ~30). One line says so now; at the same size, nothing."""
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    store = CheckpointStore(sim / "checkpoints")
+    store.save(2, {"progress": {"step": 2}})
+    manifest = store.folders()[-1] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "world_size": 2}))  # as 2 ranks wrote it
+    (sim / "run.json").write_text(json.dumps({"workload": "sim", "config": {"agents": 4000, "steps": 4}}))
+    assert main(["sim", "--run-dir", str(sim), "--resume", "auto", "--cpu", "--nproc-per-node", "1"]) == 0
+    out = capsys.readouterr().out
+    line = ("multigpu sim: resuming a run of 2 rank(s) on 1 rank(s) (--nproc-per-node 2 runs it at the size it "
+            "ran)")
+    assert out.count(line) == 1, out
+
+    ensemble = tmp_path / "ensemble"
+    assert main(["sim", "--run-dir", str(ensemble), "--replicates", "4", "--agents", "2000", "--steps", "2",
+                 "--cpu", "--nproc-per-node", "2"]) == 0
+    assert json.loads((ensemble / "run.json").read_text())["world_size"] == 2
+    (ensemble / "ensemble").mkdir(exist_ok=True)
+    capsys.readouterr()
+    assert main(["sim", "--run-dir", str(ensemble), "--resume", "auto", "--cpu", "--nproc-per-node", "1"]) == 0
+    assert line in capsys.readouterr().out
+    assert main(["sim", "--run-dir", str(ensemble), "--resume", "auto", "--cpu", "--nproc-per-node", "1"]) == 0
+    assert "resuming a run of" not in capsys.readouterr().out  # the last launch was at 1 rank

@@ -257,3 +257,23 @@ def test_calibrating_against_a_flat_target_says_no_fit_instead_of_a_fit(tmp_path
         "forgot by 0): too little signal to learn from"), proc.stdout[-2000:]
     assert json.loads((tmp_path / "fit" / "calibration.json").read_text())["fitted"] is False
     assert "calibrated in" not in proc.stdout
+
+
+@pytest.mark.e2e
+def test_check_split_checks_at_the_users_agents_and_steps_and_says_so(tmp_path):
+    """--check-split ran at 4,000 agents and 10 steps whatever --agents and --steps said (a modeller's 6,000 and 12
+    were silently not what it checked). It checks at the sizes given, and its lines say which it used and why;
+    without them, the check's own small sizes, said as such."""
+    proc = run_cli("sim", "--model", SPEC, "--check-split", "--agents", "6000", "--steps", "12",
+                   "--run-dir", str(tmp_path / "given"), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "check-split: at 6,000 agents and 12 steps (your --agents and --steps)" in proc.stderr, proc.stderr
+    assert "check-split passed: model tests.cli.test_sim_model:MODEL, 6,000 agents, 12 steps" in proc.stdout
+    assert "4,000" not in proc.stderr + proc.stdout
+    from multigpu.sim.config import SimConfig
+    from multigpu.sim.splitcheck import check_sizes
+
+    assert check_sizes(SimConfig(model=SPEC))[:2] == (4000, 10)  # no sizes given: the check's own
+    assert "the check's own sizes" in check_sizes(SimConfig(model=SPEC))[2]
+    agents, steps, note = check_sizes(SimConfig(model=SPEC, agents=50_000_000, steps=365))
+    assert (agents, steps) == (100_000, 20) and "at most 100,000 agents and 20 steps" in note, note

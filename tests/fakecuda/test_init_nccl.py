@@ -57,3 +57,13 @@ def test_init_on_gpus_joins_nccl_bound_to_its_gpu_with_a_gloo_group_beside(rank3
         x = torch.ones(4, device="cuda")
         mg.all_reduce(x, check_shapes=False)  # over NCCL (the fake group's shapes would be garbage to check)
         assert x.device == torch.device("cuda", 3) and is_fake(x)
+
+
+def test_device_before_init_is_the_ranks_gpu_made_current_as_set_device_did(rank3_of_8):
+    """A torchrun script that keeps its own ``init_process_group`` replaces ``torch.cuda.set_device(local_rank)``
+    with ``mg.device()`` (docs/migration/nanogpt.md, torchrun.md): that GPU must then be the current CUDA device
+    (``.cuda()``, NCCL and streams use it), and ``str()`` of it is the string nanoGPT tests ``'cuda' in``."""
+    with fake_cuda(devices=8) as cuda:
+        dev = mg.device()
+        assert dev == torch.device("cuda", 3) and str(dev) == "cuda:3"
+        assert cuda.set_device_calls == [3]

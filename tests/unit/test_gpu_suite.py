@@ -64,7 +64,7 @@ def test_rendering_the_gpu_blocks_from_a_recorded_json(tmp_path):
     assert md.startswith("# Results\n\ntyped notes\n") and md.count("<!-- gpu:begin -->") == 1
     assert "Machine: NVIDIA H100 80GB HBM3 × 1, driver 570.86.15, torch 2.13.0+cu128" in md
     assert "| train | GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile) | ok | 112 | " \
-           "ours / peer 1.02 |" in md
+           "tokens/s: ours 1.02x nanoGPT's loop (above 1: ours faster) |" in md
     assert "| tests | GPU tests (`pytest -m gpu tests/gpu`) | failed | 131 | 25 passed, 1 failed, 4 skipped |" in md
     assert "| sim | SIR agent-steps/s on CUDA vs the same engine on the CPU | timeout (no record written) | 65 | — |" in md
     assert "| envs: faster than gymnasium on every core | — |" in md  # not measured is never "false" or 0
@@ -72,8 +72,8 @@ def test_rendering_the_gpu_blocks_from_a_recorded_json(tmp_path):
     assert "ours: tokens_per_s=410,000, mfu=0.43" in md and "| 1,048,576 | 2,100,000,000 |" in md
     assert rows.startswith("| cpu | rows |\n\n<!-- gpu-rows:begin -->\nGPU rows, from `bash benchmarks/gpu/run_all.sh`")
     assert rows.endswith("<!-- gpu-rows:end -->\n\n## Next\n") and rows.count("<!-- gpu-rows:begin -->") == 1
-    assert "| GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile) | ok | ours / peer 1.02 | " \
-           "mfu >= 0.40: met; ratio >= 1.0: met |" in rows
+    assert "| GPT-2 124M training tokens/s vs nanoGPT's bench.py loop (bf16, compile) | ok | tokens/s: ours 1.02x " \
+           "nanoGPT's loop (above 1: ours faster) | mfu >= 0.40: met; ratio >= 1.0: met |" in rows
     assert "doctor" not in rows.split("gpu-rows:begin")[1]  # a skipped step is no row
     assert (tmp_path / "gpu.md").read_text() in md
 
@@ -85,3 +85,29 @@ def test_a_run_with_no_step_leaves_the_placeholder(tmp_path):
     finally:
         sys.path.pop(0)
     assert render_gpu.readme_rows({"machine": None, "steps": {}}).startswith("GPU rows: none yet")
+
+
+def test_a_rows_status_matches_its_counts_and_each_ratio_names_its_peer_and_direction():
+    """The README read "ours / peer 1" (which peer? which way is better?) and a row "failed" beside "12 passed, 0
+    failed" (the chunk's process exited 1 after every test passed). Each ratio now names what it divides and which
+    way is faster; a tests row whose tests all passed but whose run failed says so in its status."""
+    sys.path.insert(0, str(GPU))
+    try:
+        import render_gpu
+    finally:
+        sys.path.pop(0)
+    counts = {"tests": 12, "failures": 0, "errors": 0, "skipped": 0, "passed": 12}
+    data = {"machine": {"gpu": "NVIDIA H200"}, "started": "now", "targets": {}, "steps": {
+        "tests_work": {"status": "failed", "rc": 1, "tests": counts},
+        "tests_train": {"status": "ok", "rc": 0, "tests": counts},
+        "infer": {"status": "ok", "rc": 0, "record": {"ratio": 0.655}},
+        "envs": {"status": "ok", "rc": 0, "record": {"ratio": 4.44}},
+        "sim": {"status": "ok", "rc": 0, "record": {"ratio": 3.5}}}}
+    rows = render_gpu.readme_rows(data)
+    assert ("| GPU tests: sim, infer, envs, monitor and doctor | failed: exit code 1 after every test passed | "
+            "12 passed, 0 failed, 0 skipped |") in rows, rows
+    assert "| GPU tests: training, timing, NCCL, devices | ok | 12 passed, 0 failed, 0 skipped |" in rows
+    assert "| speed: ours 0.655x MONAI (above 1: ours faster) |" in rows, rows
+    assert "| env-steps/s: ours 4.44x gymnasium (above 1: ours faster) |" in rows, rows
+    assert "| agent-steps/s: CUDA 3.50x the same engine on the CPU (above 1: the GPU faster) |" in rows, rows
+    assert "ours / peer" not in rows

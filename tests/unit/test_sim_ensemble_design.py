@@ -131,3 +131,36 @@ def test_which_waves_split_their_replicates_over_the_ranks():
     assert splits_agents("auto", 1, 2) and not splits_agents("auto", 2, 2)  # the last replicate of an odd count
     assert splits_agents("auto", 2, 4) and not splits_agents("auto", 3, 4)
     assert splits_agents("agents", 8, 2) and not splits_agents("replicates", 1, 8)
+
+
+def test_the_bands_plot_names_the_model_starts_at_step_0_and_shows_its_band_over_the_line():
+    """bands.png was titled "MODEL" (the attribute of pkg.module:MODEL), its axis began at step 1, and its band of
+    the mean (narrower than the mean's line) was hidden under it. Now: the model's own name and spec in the title,
+    the axis from step 0, the band filled above the line (alpha) with its edges drawn above and under it."""
+    import matplotlib.collections  # the [report] extra, which `make setup` installs
+
+    from multigpu.sim.bands import Bands
+    from multigpu.sim.config import SimConfig
+    from multigpu.sim.design import Point
+    from multigpu.sim.ensemble import bands_title
+    from multigpu.sim.ensemble_store import bands_figure
+
+    assert bands_title(SimConfig(model="examples.sim_schelling:MODEL"), 12) == (
+        "schelling (examples.sim_schelling:MODEL), 12 replicates")
+    assert bands_title(SimConfig(model="sir"), 3) == "sir, 3 replicates"
+    mean = np.array([[10.0], [20.0], [30.0]])
+    band = Bands(n=8, mean=mean, sd=mean * 0, low=mean - 0.5, high=mean + 0.5)
+    fig = bands_figure([Point(0, {}, {})], [["infected"]], [band], 0.95, "schelling (x:MODEL), 8 replicates")
+    try:
+        assert fig._suptitle.get_text().startswith("schelling (x:MODEL), 8 replicates")
+        ax = fig.axes[0]
+        assert ax.get_xlim()[0] == 0
+        line = next(ln for ln in ax.get_lines() if ln.get_label().startswith("all replicates"))
+        fills = [c for c in ax.collections if isinstance(c, matplotlib.collections.PolyCollection)]
+        assert fills and all(c.get_zorder() > line.get_zorder() and c.get_alpha() < 1 for c in fills)
+        edges = [ln for ln in ax.get_lines() if ln is not line]
+        assert sorted(tuple(ln.get_ydata()) for ln in edges) == [(9.5, 19.5, 29.5), (10.5, 20.5, 30.5)]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "describe", "digest_check", "fingerprint", "read_resizes",
-           "record", "recorded", "records_digest", "row_digest"]
+           "record", "recorded", "records_digest", "resized_from", "row_digest"]
 
 RESIZES_FILE = "resizes.jsonl"
 TOLERANCE = 1e-9
@@ -192,6 +192,21 @@ def record(run_dir: str | Path | None, entry: dict[str, Any]) -> None:
         fd = os.open(Path(run_dir) / RESIZES_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
+
+
+def resized_from(run_dir: str | Path | None, saved_world: int, world: int) -> int | None:
+    """The world size a resume at ``world`` ranks is resized from, or None where it is no resize.
+
+    A checkpoint written by ``saved_world`` != ``world`` ranks: from ``saved_world``. A checkpoint of this very size:
+    a resize all the same where the run last ran at another size from it, its last resize's ``to_ranks`` (an
+    elastic job that lost a node and got it back before the smaller group wrote a checkpoint re-formed at 2 ranks
+    from the 2-rank checkpoint the 1-rank group had loaded: 2 -> 1 was recorded, 1 -> 2 was not). Every rank reads
+    the same run folder."""
+    if saved_world != world:
+        return saved_world
+    records = read_resizes(run_dir) if run_dir is not None else []
+    last = records[-1].get("to_ranks") if records else None
+    return last if isinstance(last, int) and last > 0 and last != world else None
 
 
 def read_resizes(run_dir: str | Path) -> list[dict[str, Any]]:

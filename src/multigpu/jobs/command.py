@@ -359,11 +359,44 @@ def prepare(workload: Workload, config: Any, launch_cfg: LaunchConfig, run: RunC
 
 
 def launch_job(job: Job, run: RunContext | None = None) -> None:
-    """Launch the checked job; ``run`` replaces the run context it was checked with (bench, verify)."""
+    """Launch the checked job; ``run`` replaces the run context it was checked with (bench, verify). Its
+    ``run.json`` also keeps the world size it is launched at (what a resume compares with: :func:`say_resized`)."""
     from multigpu.launch.agent import launch
 
     launch(job.plan.launch, RANK_ENTRY, [], module=True, devices=job.plan.devices, run=run or job.plan.run,
-           job={"workload": job.spec, "config": to_dict(job.config)})
+           job={"workload": job.spec, "config": to_dict(job.config), "world_size": job.plan.world_size})
+
+
+_SAYS_ITS_OWN_RESIZE = ("train",)
+"""Workloads whose check says a resize itself, with what it does about it (train keeps the global batch)."""
+
+
+def resumed_world_size(run_dir: Path, target: Path | None) -> int | None:
+    """The world size of the run a resume continues: its checkpoint's (the manifest's ``world_size``), else, for a
+    folder of progress files, that run's last launch (its ``run.json``); None where neither says."""
+    import json
+
+    from multigpu.checkpoint.store import is_checkpoint, read_manifest
+
+    with contextlib.suppress(Exception):  # a damaged file: the ranks say what is wrong with it
+        if target is not None and is_checkpoint(target):
+            return int(read_manifest(target)["world_size"])
+    run_file = (target.parent if target is not None else run_dir) / "run.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        size = json.loads(run_file.read_text()).get("world_size")
+        return size if isinstance(size, int) and size > 0 else None
+    return None
+
+
+def say_resized(workload: Workload, run_dir: Path, target: Path | None, world_size: int, nnodes: int) -> None:
+    """One line when a resume runs at another world size than the run it continues (all workloads)."""
+    if workload.name in _SAYS_ITS_OWN_RESIZE:
+        return
+    before = resumed_world_size(run_dir, target)
+    if before is None or before == world_size:
+        return
+    how = f" (--nproc-per-node {before} runs it at the size it ran)" if nnodes == 1 else ""
+    print(f"multigpu {workload.name}: resuming a run of {before} rank(s) on {world_size} rank(s){how}", flush=True)
 
 
 def preload(workload: Workload) -> None:
@@ -451,10 +484,14 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
     if args.resume is not None:  # a folder of progress files continued: the same design (the checked config's)
         from multigpu.checkpoint.resume import planned
 
-        check_continued(workload, job.config, planned(args.resume, str(run_dir), progress=workload.progress_folder))
+        target = planned(args.resume, str(run_dir), progress=workload.progress_folder)
+        check_continued(workload, job.config, target)
+        say_resized(workload, run_dir, target, job.plan.world_size, launch_cfg.nnodes)
     if session is not None and session.node_rank != 0:
         if agreed:  # node 0 made the folder: its name, under this node's runs/<workload>
             run_dir, fresh = RUNS / workload.name / session.agree("run_name", lambda: ""), False
+        elif args.resume is None:  # a run that has ended there: this node came too late (before any wait)
+            rundir.refuse_ended(run_dir, session.node_rank)
         session.check_shared(run_dir)  # before this node writes anything there
     else:
         rundir.check_free_space(run_dir)

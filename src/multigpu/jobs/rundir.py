@@ -83,6 +83,21 @@ def refuse_used(folder: str | Path, flag: str = "--run-dir", *, hint: str = "giv
         raise ConfigError(f"{flag} {folder} already exists and is not empty ({shown}); {hint}")
 
 
+def refuse_ended(folder: str | Path, node_rank: int) -> None:
+    """On a node other than 0 of a job of several nodes, not resuming: raise a one-line ConfigError when ``folder``
+    holds a run that has ended (its ``summary.json``, which rank 0 writes at the end). That node arrived after the
+    job's end: the store it would wait for went with node 0's launcher, and it waited for the whole join timeout,
+    saying nothing. A job that runs has no summary.json yet; one that continues the run is started with --resume."""
+    summary = Path(folder) / "summary.json"
+    try:
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(summary.stat().st_mtime))
+    except OSError:
+        return
+    raise ConfigError(f"node {node_rank} arrived after the job in {folder} had ended (its summary.json, written "
+                      f"{written}): a node that arrives after the end has nothing to join; valid: --resume auto on "
+                      "every node to continue it, or a new --run-dir")
+
+
 def check_free_space(folder: str | Path, flag: str = "--run-dir") -> None:
     """Refuse a run whose folder's file system has less than :data:`MIN_FREE_BYTES` free."""
     from multigpu.launch.devices import format_bytes

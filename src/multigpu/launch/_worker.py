@@ -53,7 +53,10 @@ worker the same way, or, where the worker is still starting when the agent stops
 launcher sends it then does (its default action: nothing printed).
 Before the script runs it also notes, in ``<stacks dir>/joined/rank<R>``, the first time this rank joins a
 process group (``torch.distributed.init_process_group``, which ``mg.init``, accelerate, Lightning and
-``init_device_mesh`` all reach), so the launcher can tell a job from N independent copies of a script.
+``init_device_mesh`` all reach), so the launcher can tell a job from N independent copies of a script; and it
+installs :mod:`multigpu.launch._script_checks`: workers the script spawns itself (``torch.multiprocessing.spawn``)
+refuse to join a process group with one line, and rank 0 is told at its first optimizer step that it trains with no
+process group (or at once, with a group of one) in a job of several ranks.
 When the run context asks for it (``record_wall``: ``multigpu bench`` on a
 script that has no step meter), it also writes ``<run_dir>/wall/rank<R>.json``
 with the script's start and end times.
@@ -354,8 +357,9 @@ def _replace(module, name: str, original, wrapper) -> None:
             setattr(namespace, name, wrapper)
 
 
-def _note_group_joins(folder: str | None, rank: str) -> None:
-    """Write ``<folder>/joined/rank<R>`` when this rank first joins a process group (see the module docstring)."""
+def _note_group_joins(folder: str | None, rank: str, joined=None) -> None:
+    """Write ``<folder>/joined/rank<R>`` when this rank first joins a process group (see the module docstring),
+    then call ``joined()`` (when given) each time it has made one."""
     if not folder:
         return
     import torch.distributed as dist
@@ -365,6 +369,8 @@ def _note_group_joins(folder: str | None, rank: str) -> None:
 
     def init_process_group(*args, **kwargs):
         result = original(*args, **kwargs)
+        if joined is not None:
+            joined()
         marker = os.path.join(folder, "joined", f"rank{rank}")
         if not os.path.exists(marker):
             os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
@@ -619,7 +625,12 @@ def _main(argv: list[str]) -> None:
     # (by every later collection too); what the script creates is collected, and finalized, as before.
     gc.freeze()
 
-    _note_group_joins(os.environ.get(STACKS_DIR_VAR), os.environ.get("RANK", "0"))
+    # a script that spawns its own workers, or trains alone on every rank, is told so (not a silent hang or copies)
+    from multigpu.launch import _script_checks
+
+    rank, world_size = os.environ.get("RANK", "0"), _script_checks.world_size_from_env()
+    _script_checks.install(world_size, rank)
+    _note_group_joins(os.environ.get(STACKS_DIR_VAR), rank, lambda: _script_checks.group_of_one(world_size, rank))
     _hold_groups()
     _accelerate_on_cpu_ranks()
     _fabric_on_cpu_ranks()

@@ -21,6 +21,11 @@ _NO_NCCL = re.compile(r"doesn't have NCCL built in|ProcessGroupNCCL is only supp
 _BAD_ORDINAL = re.compile(r"invalid device ordinal", re.IGNORECASE)
 _FIXED_DEVICES = re.compile(r"You set `devices=(\d+)`.*?does not match the world size \((\d+)\)", re.DOTALL)
 _WORLD_SIZE_ASSERT = re.compile(r"world[ _]?size", re.IGNORECASE)
+_DIVIDES_ASSERT = re.compile(r"assert\s+(\w+)\s*%\s*\w*world[ _]?size\w*\s*==\s*0", re.IGNORECASE)
+_DEVICE_AS_STRING = re.compile(r"argument of type 'torch\.device' is not iterable|'torch\.device' object has no "
+                               r"attribute '(startswith|split|replace|lower)'")
+_DDP_DEVICE_IDS_ON_CPU = re.compile(r"DistributedDataParallel device_ids and output_device arguments only work.*"
+                                    r"module parameters \{device\(type='cpu'\)\}")
 
 
 def assumption_hint(text: str) -> str | None:
@@ -43,6 +48,17 @@ def assumption_hint(text: str) -> str | None:
                 "started on this node (with num_nodes= the --nnodes of a multi-node job); devices='auto' is the "
                 "GPU count, right only when every visible GPU has a rank (on CPU ranks multigpu makes it the "
                 "processes per node)")
+    if _DEVICE_AS_STRING.search(text):
+        return ("the script uses its device as a string ('cuda' in device): use str(mg.device()) ('cuda:1', "
+                "'cpu'); mg.device() is a torch.device")
+    if _DDP_DEVICE_IDS_ON_CPU.search(text):
+        return ("DDP's device_ids name a GPU, and this rank's model is on the CPU: write DDP(model) (DDP then uses "
+                "the device the model is on: the rank's GPU, or the CPU)")
+    divides = _DIVIDES_ASSERT.search(text) if "AssertionError" in text else None
+    if divides:
+        name = divides.group(1)
+        return (f"the script needs {name} to be a multiple of the number of ranks: give it one (--{name}=2 at 2 "
+                "ranks for nanoGPT's configurator), or run on a number of ranks that divides it")
     if "AssertionError" in text and _WORLD_SIZE_ASSERT.search(text):
         return ("the script asserts its world size: read it from the environment (WORLD_SIZE, mg.world_size()) "
                 "instead, since multigpu bench and verify run it at several")

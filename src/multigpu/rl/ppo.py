@@ -375,14 +375,20 @@ def _resume(run: Run, cfg: RLConfig, ro: _Rollout, world: int, num_updates: int,
             log) -> None:
     """Load the run's checkpoint into its state. Written by another number of ranks: the same environments,
     re-split for this one (:func:`_resplit`), checked against the saved digest and recorded as a resize."""
-    saved_world = read_manifest(run.resume_from)["world_size"]
+    from multigpu.checkpoint.resize import resized_from
+
+    manifest = read_manifest(run.resume_from)
+    saved_world = manifest["world_size"]
+    before = resized_from(run.run_dir, saved_world, world)
     if saved_world == world:
         run.load()
+        if before is not None:  # the group before ran at another size from this same checkpoint
+            _record_resize(run, (manifest.get("meta") or {}).get("env_digest"), _env_digest(ro), before, world, log)
     else:
         loaded = run.load({**{k: v for k, v in run.state.items() if k != "rank"}, "rank": None})  # every rank's
         ro.load_state_dict(_resplit(loaded["rank"], cfg, ro, run.resume_from, saved_world, world, run.start))
         saved = (loaded["_manifest"].get("meta") or {}).get("env_digest")
-        _record_resize(run, saved, _env_digest(ro), saved_world, world, log)
+        _record_resize(run, saved, _env_digest(ro), before, world, log)
     if mg.is_main():
         log(f"resumed at update {run.start} of {num_updates} ({run.start * steps_per_update:,} env-steps)")
 

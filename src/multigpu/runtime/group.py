@@ -459,10 +459,15 @@ def is_main() -> bool:
 def device() -> torch.device:
     """This rank's device: the one :func:`init` chose; before it, the one it would choose (the rank's GPU, else
     MPS, else the CPU), so a script can replace ``torch.cuda.set_device(local_rank)`` and ``"cuda:N"`` with it
-    whether or not it calls :func:`init`."""
+    whether or not it calls :func:`init`. A GPU is also made the current CUDA device, as ``init`` and
+    ``torch.cuda.set_device`` do (what ``.cuda()``, NCCL and CUDA streams use). ``str(device())`` is the string
+    scripts that test ``'cuda' in device`` (nanoGPT) want: ``'cuda:1'``, ``'cpu'``."""
     if _ENV is not None:
         return _ENV.device
-    return select_device("auto", read_placement().local_rank, DeviceFacts.probe(context.current()))
+    dev = select_device("auto", read_placement().local_rank, DeviceFacts.probe(context.current()))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
 
 
 def current_device() -> torch.device:

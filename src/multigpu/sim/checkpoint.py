@@ -161,19 +161,20 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
 
 
 def check_resize(engine: SimEngine, meta: dict, directory: str | Path, run_dir: str | Path | None) -> dict | None:
-    """After :func:`load` of a checkpoint written by another number of ranks: the agents re-partitioned here are
+    """After :func:`load`, in a job of another size than the checkpoint's (or than the run last ran at from it:
+    :func:`multigpu.checkpoint.resize.resized_from`): the agents re-partitioned here are
     the ones saved (their state digest equals the saved one, bit for bit), recorded as a resize in ``run_dir``
     (:mod:`multigpu.checkpoint.resize`); rank 0 prints its line. Call on all ranks; returns the check (None: the
     same world size, nothing to check)."""
-    from multigpu.checkpoint.resize import digest_check, recorded
+    from multigpu.checkpoint.resize import digest_check, recorded, resized_from
 
     rank, world = _world()
-    saved_world = int(meta.get("world_size", world))
-    if saved_world == world:
+    before = resized_from(run_dir, int(meta.get("world_size", world)), world)
+    if before is None:
         return None
     check = digest_check(meta.get("state_digest"), state_digest(engine), ["agents"])  # a collective
     if rank == 0:
-        print(recorded("sim", run_dir, from_ranks=saved_world, to_ranks=world, step=engine.step_index,
+        print(recorded("sim", run_dir, from_ranks=before, to_ranks=world, step=engine.step_index,
                        checkpoint=directory, check=check), flush=True)
     return check
 

@@ -308,6 +308,16 @@ def _wave_size(cfg: SimConfig, configs: Sequence[SimConfig]) -> tuple[int, int]:
     return max(1, small, batch), batch
 
 
+def bands_title(cfg: SimConfig, replicates: int) -> str:
+    """bands.png's title: the model's own name, with the spec it was given by where that says more
+    (``schelling (examples.sim_schelling:MODEL)``), and the replicates."""
+    from multigpu.sim.api import get_model
+
+    name = get_model(cfg.model).name
+    shown = name if name == cfg.model else f"{name} ({cfg.model})"
+    return f"{shown}, {replicates:,} replicates"
+
+
 def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: str | bool | None = None, log=None,
                  run=None, progress: bool = False) -> EnsembleResult | None:
     """Run the ensemble ``cfg.ensemble`` of the simulation ``cfg``. Call on all ranks.
@@ -455,7 +465,7 @@ def _finish(cfg, book: _Rank0, root, ran, agent_steps, seconds, split, batch, wo
         from multigpu.monitor import write_json_atomic
 
         if cfg.plot:
-            title = f"{cfg.model.rpartition(':')[2]}, {sum(counts):,} replicates"
+            title = bands_title(cfg, sum(counts))
             result.plot = plot_bands(root / "bands.png", book.points, book.names, bands, book.level, title)
         summary["tables"] = [str(p) for p in tables]
         summary["plot"] = str(result.plot) if result.plot else None

@@ -330,17 +330,13 @@ def write_tables(root: Path, points: Sequence[Point], names: Sequence[Sequence[s
 
 
 # ----------------------------------------------------------------------------- plot
-def plot_bands(path: Path, points: Sequence[Point], names: Sequence[Sequence[str]], bands: Sequence[Bands],
-               level: float, title: str) -> Path | None:
-    """Per series a panel: every point's mean, its band (darker) and the spread of its replicates (lighter)."""
-    try:
-        import matplotlib
+def bands_figure(points: Sequence[Point], names: Sequence[Sequence[str]], bands: Sequence[Bands], level: float,
+                 title: str):
+    """Per series a panel: every point's mean (a thin line), its band of the mean (filled above the line, with its
+    edges drawn above and under it, so a band narrower than the line still shows) and the spread of its replicates
+    (lighter). The axis starts at step 0, the start; the series are recorded after each step (1, 2, ...)."""
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("multigpu sim: no plot written; install matplotlib (pip install 'multigpu[report]')")
-        return None
     series = list(dict.fromkeys(n for ns in names for n in ns))
     shown = series[:6]
     cols = min(3, len(shown)) or 1
@@ -355,20 +351,38 @@ def plot_bands(path: Path, points: Sequence[Point], names: Sequence[Sequence[str
             j = list(ns).index(name)
             steps = np.arange(1, b.mean.shape[0] + 1)
             colour = colours(i / max(1, len(points) - 1)) if len(points) > 10 else colours(i % 10)
-            ax.plot(steps, b.mean[:, j], color=colour, lw=1.5,
+            ax.plot(steps, b.mean[:, j], color=colour, lw=1.0, zorder=2,
                     label=f"{point.label} (n={b.n})" if len(points) <= 10 else None)
             if b.q_low is not None:
-                ax.fill_between(steps, b.q_low[:, j], b.q_high[:, j], color=colour, alpha=0.12, lw=0)
+                ax.fill_between(steps, b.q_low[:, j], b.q_high[:, j], color=colour, alpha=0.12, lw=0, zorder=1)
             if b.n > 1:
-                ax.fill_between(steps, b.low[:, j], b.high[:, j], color=colour, alpha=0.35, lw=0)
+                ax.fill_between(steps, b.low[:, j], b.high[:, j], color=colour, alpha=0.4, lw=0, zorder=3)
+                for edge in (b.low[:, j], b.high[:, j]):
+                    ax.plot(steps, edge, color=colour, lw=0.6, alpha=0.9, zorder=3)
+        ax.set_xlim(left=0)
         ax.set_title(name)
         ax.set_xlabel("step")
         if k == 0 and len(points) <= 10:
             ax.legend(fontsize=7)
     for k in range(len(shown), rows * cols):
         axes[k // cols][k % cols].axis("off")
-    fig.suptitle(f"{title}: mean, {level:.0%} band of the mean (dark), spread of the replicates (light)", fontsize=9)
+    fig.suptitle(f"{title}\nmean, {level:.0%} band of the mean (dark), spread of the replicates (light)", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def plot_bands(path: Path, points: Sequence[Point], names: Sequence[Sequence[str]], bands: Sequence[Bands],
+               level: float, title: str) -> Path | None:
+    """Per series a panel (:func:`bands_figure`), saved to ``path``; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("multigpu sim: no plot written; install matplotlib (pip install 'multigpu[report]')")
+        return None
+    fig = bands_figure(points, names, bands, level, title)
     with atomic_path(path, keep_suffix=True) as tmp:
         fig.savefig(tmp, dpi=100)
     plt.close(fig)

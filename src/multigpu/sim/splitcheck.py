@@ -3,10 +3,12 @@
     multigpu sim --model mypkg.mymodel:MODEL --check-split        # exit 0: same agents; 1: names what differs
 
 In the launcher (:func:`launch_check`), the job is launched twice through the
-job contract, on 1 and on 2 ranks, with a small population (at most
-:data:`AGENTS` agents, :data:`STEPS` steps, a grid of at most
-:data:`GRID` cells a side for spatial models, chunks of 1024 agents so the
-chunked paths run). Inside the ranks (:func:`record`), every strategy the
+job contract, on 1 and on 2 ranks, at the run's ``--agents`` and ``--steps`` where
+they were given (at most :data:`MOST_AGENTS` and :data:`MOST_STEPS`: every agent is
+recorded after every substep), else at :data:`AGENTS` agents and :data:`STEPS` steps
+(:func:`check_sizes`; its first line says which), with a grid of at most
+:data:`GRID` cells a side for spatial models and chunks of 1024 agents so the
+chunked paths run. Inside the ranks (:func:`record`), every strategy the
 model allows runs in turn; rank 0 records the final agents (sorted by id) and
 the aggregate series with :func:`multigpu.verify.record`. Back in the launcher
 every (ranks, strategy) result is compared, bit for bit, with 1 rank's
@@ -30,11 +32,15 @@ import torch
 from multigpu.errors import ConfigError, MultigpuError
 from multigpu.sim.config import STRATEGIES, SimConfig
 
-__all__ = ["AGENTS", "GRID", "STEPS", "agents_on_rank0", "compare", "launch_check", "record", "series_owners",
+__all__ = ["AGENTS", "GRID", "MOST_AGENTS", "MOST_STEPS", "STEPS", "agents_on_rank0", "check_sizes", "compare", "launch_check", "record", "series_owners",
            "small_config", "strategies"]
 
 AGENTS = 4000
 STEPS = 10
+"""The check's own sizes, for a run that gives neither ``--agents`` nor ``--steps`` (their defaults)."""
+MOST_AGENTS = 100_000
+MOST_STEPS = 20
+"""The largest sizes the check runs at: it keeps every agent after every substep of every step, on 1 and 2 ranks."""
 GRID = 24
 SIZES = (1, 2)
 """World sizes compared (the first is the reference)."""
@@ -47,13 +53,32 @@ def strategies(cfg: SimConfig) -> tuple[str, ...]:
     return STRATEGIES if get_model(cfg.model).spatial else ("data",)
 
 
+def check_sizes(cfg: SimConfig) -> tuple[int, int, str]:
+    """(agents, steps, what they are) the check runs at: the run's where it gives them (sizes other than the
+    defaults), up to :data:`MOST_AGENTS` and :data:`MOST_STEPS`; else the check's own :data:`AGENTS` and
+    :data:`STEPS`. A split bug can depend on the size (a count over 3 chunks of 1024 agents on one rank and 2 + 2 on
+    two), so the sizes a modeller gives are the ones checked."""
+    default = SimConfig()
+    given = cfg.agents != default.agents or cfg.steps != default.steps
+    if not given:
+        return (min(cfg.agents, AGENTS), min(cfg.steps, STEPS),
+                "the check's own sizes; --agents and --steps check at yours")
+    agents, steps = min(cfg.agents, MOST_AGENTS), min(cfg.steps, MOST_STEPS)
+    if (agents, steps) == (cfg.agents, cfg.steps):
+        return agents, steps, "your --agents and --steps"
+    return agents, steps, (f"the run has {cfg.agents:,} agents and {cfg.steps} steps; the check runs at most "
+                           f"{MOST_AGENTS:,} agents and {MOST_STEPS} steps, since it keeps every agent after every "
+                           "substep")
+
+
 def small_config(cfg: SimConfig) -> SimConfig:
-    """The check's config: a small, dense population, a few steps, small chunks, nothing written."""
+    """The check's config: the sizes of :func:`check_sizes`, small chunks, nothing written."""
     from multigpu.sim.api import get_model
 
     shrink = get_model(cfg.model).spatial and not cfg.population  # a population's positions need its grid
     grid = tuple(min(g, GRID) for g in cfg.grid) if shrink else cfg.grid
-    return dataclasses.replace(cfg, agents=min(cfg.agents, AGENTS), steps=min(cfg.steps, STEPS), grid=grid,
+    agents, steps, _ = check_sizes(cfg)
+    return dataclasses.replace(cfg, agents=agents, steps=steps, grid=grid,
                                chunk_size=1024, rebalance_every=3, sort_every=4, checkpoint_every=0, plot=False,
                                save_agents="")
 
@@ -206,12 +231,14 @@ def launch_check(job) -> int | None:
     small = small_config(cfg)
     names = strategies(small)
     root = Path(job.plan.run.run_dir)
+    print(f"multigpu sim --check-split: at {small.agents:,} agents and {small.steps} steps ({check_sizes(cfg)[2]})",
+          file=sys.stderr, flush=True)
     results = {}
     for n, launch_cfg in configs_for(job.plan.launch, SIZES).items():
         sub = prepare(job.workload, small, launch_cfg, RunContext(), spec=job.spec)
         folder = root / f"np{n}"
-        print(f"multigpu sim --check-split: {small.agents:,} agents, {small.steps} steps, {n} rank(s), "
-              f"strategies {', '.join(names)} -> {folder}", file=sys.stderr, flush=True)
+        print(f"multigpu sim --check-split: {n} rank(s), strategies {', '.join(names)} -> {folder}", file=sys.stderr,
+              flush=True)
         launch_job(sub, RunContext(run_dir=str(folder.resolve()), verify_dir=str((folder / "verify").resolve())))
         results[n] = load_results(folder / "verify") if (folder / "verify").is_dir() else {}
     problems = compare(results, names, series_owners(small))

@@ -377,7 +377,10 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
 
 
 def sample(model, data, cfg: TrainJobConfig, device) -> str:
-    """``cfg.sample_chars`` tokens after ``cfg.sample_prompt`` (a fixed generator: reproducible)."""
+    """``cfg.sample_chars`` tokens after ``cfg.sample_prompt`` (a fixed generator: reproducible), drawn by the model's
+    own ``generate``: Hugging Face's, ours (``generator=``), or one with nanoGPT's signature (seeded torch)."""
+    import inspect
+
     import torch
 
     model.eval()
@@ -386,8 +389,11 @@ def sample(model, data, cfg: TrainJobConfig, device) -> str:
         torch.manual_seed(cfg.seed)
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=cfg.sample_chars,
                              do_sample=True, pad_token_id=0)
-    else:  # the nano protocol: generate(idx, max_new_tokens, generator=)
+    elif "generator" in inspect.signature(model.generate).parameters:  # ours: generate(idx, new_tokens, generator=)
         out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator().manual_seed(cfg.seed))
+    else:  # nanoGPT's generate(idx, max_new_tokens, temperature=1.0, top_k=None) draws from torch's generator
+        torch.manual_seed(cfg.seed)
+        out = model.generate(prompt, cfg.sample_chars)
     return data.decode(out[0].tolist())
 
 

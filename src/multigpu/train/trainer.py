@@ -43,6 +43,8 @@ ranks (default: a node's), replicated across those groups.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,15 +79,17 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     * an output with a ``loss`` that is not None (Hugging Face models given labels): that loss, as it is;
     * an output with ``logits``, or a tensor: the logits, scored against the targets;
     * a tuple or list (nanoGPT's ``(logits, loss)``, Hugging Face's ``return_dict=False``): a 0-dim tensor in it
-      is the loss, as it is; otherwise its first tensor is the logits (nanoGPT called without targets returns
-      ``(logits, None)``). A model whose own loss needs the targets (``model(x, targets)``) wants a loss
-      function instead: ``--loss pkg.module:fn`` with ``fn(model, batch) -> loss``.
+      is the loss, as it is; otherwise its first tensor is the logits.
+
+    A model whose ``forward`` takes ``targets`` (nanoGPT's and minGPT's ``forward(idx, targets=None)``) is called
+    as ``model(x, targets=y)``: called without them, nanoGPT computes the logits of the last position only, which
+    no loss can score against every target. Any other loss: ``--loss pkg.module:fn`` with ``fn(model, batch)``.
     """
     if isinstance(batch, dict):
         out, target = model(**batch), batch.get("labels")
     else:
         x, target = batch
-        out = model(x)
+        out = model(x, targets=target) if _takes_targets(type(_unwrapped(model))) else model(x)
     loss = getattr(out, "loss", None)
     if loss is not None:
         return loss
@@ -104,6 +108,24 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         raise ConfigError("the batch has no targets (no 'labels' key) and the model returned no loss; "
                           "give labels in the batch, or a loss function (--loss pkg.module:fn)")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module under DDP's (``module``) and ``torch.compile``'s (``_orig_mod``) wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_targets(cls: type) -> bool:
+    """Whether ``cls.forward`` has a parameter named ``targets`` (nanoGPT's GPT)."""
+    try:
+        return "targets" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def count_items(batch: Any, unit: str) -> int:
@@ -447,8 +469,11 @@ class Trainer:
             print(f"note: checkpoint was written by {state['world_size']} rank(s), this job has {self.world_size}; "
                   "random streams are re-used by rank modulo", flush=True)
         restore_rng(state["rng"])  # this rank's (rank modulo the saving job's size)
-        if state["world_size"] != self.world_size:
-            self._record_resize(state)
+        from multigpu.checkpoint.resize import resized_from
+
+        before = resized_from(self.run.run_dir, state["world_size"], self.world_size)
+        if before is not None:
+            self._record_resize(state, before)
 
     def _fingerprint(self) -> dict[str, list[float]]:
         """The model's and the optimizer's tensors, summed over the job (:mod:`multigpu.checkpoint.resize`)."""
@@ -456,7 +481,7 @@ class Trainer:
 
         return fingerprint({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict().get("state")})
 
-    def _record_resize(self, state: dict) -> None:
+    def _record_resize(self, state: dict, before: int) -> None:
         """A resume at another world size: check that the state loaded is the state saved, and record it (from N
         to M ranks, the step, the check) in the run folder; rank 0 says it in one line."""
         from multigpu.checkpoint.resize import compare, recorded
@@ -465,7 +490,7 @@ class Trainer:
         saved = state.get("saved_fingerprint")
         check = compare(saved, loaded) if isinstance(saved, dict) else None
         if mg.is_main():
-            print(recorded("train", self.run.run_dir, from_ranks=state["world_size"], to_ranks=self.world_size,
+            print(recorded("train", self.run.run_dir, from_ranks=before, to_ranks=self.world_size,
                            step=self.step, checkpoint=self._resumed_from, check=check), flush=True)
 
     def state_dict(self) -> dict[str, Any]:
