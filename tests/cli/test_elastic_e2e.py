@@ -321,3 +321,64 @@ def test_a_node_that_arrives_after_the_job_ended_is_told_so_and_exits_within_sec
     line = late.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: node 1 arrived after the job in {run} had ended (its summary.json, written "), line
     assert "nothing to join; valid: --resume auto on every node to continue it, or a new --run-dir" in line, line
+
+
+@pytest.mark.fault
+def test_a_restart_after_a_node_is_killed_and_started_again_names_that_node_not_the_survivors_gloo_error(tmp_path):
+    """Node 1's launcher killed and started again at once: the job re-forms at 2 ranks. The restart record named
+    only rank 0's gloo error ("lost a peer", a consequence); its cause, node 1, is named now, in the record and in
+    the line, whether node 1 was found lost or its new launcher's heartbeat began again first."""
+    from torch.distributed import TCPStore
+
+    from multigpu.runtime.context import read_restarts
+
+    (tmp_path / "pace_here.py").write_text(_PACE)
+    gate = tmp_path / "paced"
+    gate.write_text("")
+    run = tmp_path / "run"
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=200",
+            "--checkpoint-every", "10", "compile=false", "plot=false", "log_every=0", "callbacks=[pace_here:hook]",
+            "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+            "--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
+            "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
+           "PACE_GATE": str(gate),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([*argv, "--node-rank", str(rank)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    procs = [node(0), node(1)]
+    try:
+        deadline = time.monotonic() + 120
+        while not any(json.loads(m.read_text()).get("world_size") == 2
+                      for m in run.glob("checkpoints/step_*/manifest.json")):
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate(timeout=30)
+            time.sleep(0.2)
+        time.sleep(1)
+        procs[1].kill()  # node 1's launcher, then a new one at once (a scheduler's restart)
+        procs[1].wait()
+        procs.append(node(1))
+        while not read_restarts(run):
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate(timeout=30)
+            time.sleep(0.2)
+        time.sleep(3)
+        gate.unlink()
+        outputs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    (_, err), (_, err_new) = outputs[0], outputs[2]
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
+    records = json.loads((run / "summary.json").read_text())["restarts"]
+    first = [r for r in records if r["restart"] == 1]
+    # node 1 named as the cause (found lost, or its new launcher's heartbeat seen first), never rank 0's gloo error
+    assert first and all(r["node"] == 1 and "rank" not in r for r in first), records
+    assert all(re.match(r"node 1 \(.+\) (\(rank 1\) )?(was lost|started again)", r["cause"]) for r in first), records
+    said = [line for line in err.splitlines() if "restarting the worker group" in line and "restart 1 of" in line]
+    assert said and all("(the cause: node 1 (" in line for line in said), err
+    assert not [line for line in err.splitlines() if re.search(r"rank 0 \(local rank 0 on node 0, .*\) died", line)]

@@ -46,7 +46,7 @@ from pathlib import Path
 from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
 
 __all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line",
-           "placed", "posted_failure", "store_gone", "store_lost_line", "tell_others"]
+           "placed", "posted_failure", "started_again_line", "store_gone", "store_lost_line", "tell_others"]
 
 LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
@@ -120,6 +120,9 @@ class Nodes:
     _beats: dict = dataclasses.field(default_factory=dict)
     _heard: dict = dataclasses.field(default_factory=dict)
     """{node rank: when (this machine's monotonic clock) its heartbeat's count last moved}."""
+    started_again: dict = dataclasses.field(default_factory=dict)
+    """{node rank: (when, by this machine's monotonic clock; its new launcher's first heartbeat)} of the nodes whose
+    launcher stopped and a new one joined while the job ran (its heartbeat's count began anew), lost first or not."""
     _beat_stop: threading.Event | None = None
     _beat_thread: threading.Thread | None = None
     _place: bytes | None = None
@@ -316,18 +319,27 @@ class Nodes:
             time.sleep(_POLL_S)
         return sorted(self.lost)
 
-    def verdict(self, since: float, within_s: float) -> list[int]:
-        """After this node's ranks lost a peer at ``since`` (``time.monotonic()``): the nodes found lost, once every
-        other node is either found lost, heard from after ``since`` (its launcher lives: the cause is a rank of its
-        own, which its output names) or ended; at most ``within_s``."""
+    def verdict(self, since: float, within_s: float) -> dict[int, str]:
+        """After this node's ranks lost a peer at ``since`` (``time.monotonic()``): the other nodes that caused it,
+        each with one line: found lost (:func:`lost_line`), or started again (a new launcher joined before the old
+        one was found lost: :func:`started_again_line`). Waits until every other node is either of those, heard from
+        after ``since`` (its launcher lives: the cause is a rank of its own, which its output names) or ended; at
+        most ``within_s``. A node started again up to a heartbeat deadline before ``since`` counts: its ranks died
+        with the old launcher, before this node's ranks noticed."""
         deadline = time.monotonic() + within_s
         others = [node for node in range(self.nnodes) if node != self.node_rank]
+
+        def again(node: int) -> bool:
+            return self.started_again.get(node, (-1.0,))[0] > since - self.beat_deadline_s
+
         while self._beat_thread is not None and time.monotonic() < deadline:
-            if all(node in self.lost or self._heard.get(node, -1.0) > since or self._beats.get(node, {}).get("end")
-                   for node in others):
+            if all(node in self.lost or again(node) or self._heard.get(node, -1.0) > since
+                   or self._beats.get(node, {}).get("end") for node in others):
                 break
             time.sleep(_POLL_S)
-        return sorted(self.lost)
+        causes = {node: lost_line(self, node) for node in sorted(self.lost)}
+        causes.update({node: started_again_line(self, node) for node in others if again(node) and node not in causes})
+        return dict(sorted(causes.items()))
 
     # ------------------------------------------------------------------ failure
     def _ack(self) -> None:
@@ -427,6 +439,7 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
                 # an elastic job's lost node that joined again (a new launcher, counting from 1): watched again
                 if not (isinstance(beat, dict) and not beat.get("end") and beat.get("n") != session.lost[node].get("n")):
                     continue
+                session.started_again[node] = (now, beat)
                 del session.lost[node]
                 seen.pop(node, None)
             if isinstance(beat, dict):
@@ -435,7 +448,10 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
                     session._beats[node] = {**session._beats.get(node, {}), "end": beat["end"]}
                     continue
                 session._beats[node] = beat
-                if seen.get(node, (None,))[0] != beat.get("n"):
+                before = seen.get(node, (None,))[0]
+                if isinstance(before, int) and isinstance(beat.get("n"), int) and beat["n"] < before:
+                    session.started_again[node] = (now, beat)  # a new launcher there, before it was found lost
+                if before != beat.get("n"):
                     seen[node] = (beat.get("n"), now)
                     session._heard[node] = now
             if node in seen and now - seen[node][1] > session.beat_deadline_s:
@@ -458,6 +474,13 @@ def lost_line(session: Nodes, node: int) -> str:
         else "; no rank had finished a step"
     return (f"node {node} ({beat.get('host', 'unknown host')}){ranks} was lost: its launcher sent no heartbeat for "
             f"{session.beat_deadline_s:g}s (--rdzv-conf keep_alive_interval x keep_alive_max_attempt){finished}")
+
+
+def started_again_line(session: Nodes, node: int) -> str:
+    """One line naming a node whose launcher stopped and a new one joined while the job ran."""
+    beat = session.started_again.get(node, (0.0, {}))[1]
+    return (f"node {node} ({beat.get('host', 'unknown host')}) started again: its launcher stopped and a new one "
+            "joined (its heartbeat began anew) before it was found lost")
 
 
 def store_gone(session: Nodes | None) -> bool:

@@ -91,11 +91,11 @@ class ReportingAgent(LocalElasticAgent):
         return result
 
 
-def _lost_nodes(group: WorkerGroup, failures: dict) -> tuple[object, list[int]] | None:
-    """On a job of several nodes whose ranks here all failed as consequences (they lost their peers): this node's
-    session and the nodes its heartbeat found lost, waiting for the verdict (a node is known as lost only when
-    its heartbeat's deadline passed; a node heard from meanwhile is alive). None: one node, or a rank here failed
-    of its own."""
+def _cause_elsewhere(group: WorkerGroup, failures: dict) -> dict[int, str] | None:
+    """On a job of several nodes whose ranks here all failed as consequences (they lost their peers): the other
+    nodes that caused it, each with its line (found lost, or started again), waiting for the heartbeat's verdict
+    (:meth:`multigpu.launch.nodes.Nodes.verdict`). {}: none of them (the cause is a rank of another node's own).
+    None: one node, or a rank here failed of its own."""
     from multigpu.launch import nodes
 
     if any(not is_consequence(f, failures) for f in failures.values()):
@@ -106,22 +106,20 @@ def _lost_nodes(group: WorkerGroup, failures: dict) -> tuple[object, list[int]] 
         return None
     if session is None:
         return None
-    return session, session.verdict(time.monotonic(), session.beat_deadline_s + 2 * nodes.BEAT_S)
+    return session.verdict(time.monotonic(), session.beat_deadline_s + 2 * nodes.BEAT_S)
 
 
 def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> None:
     host = socket.gethostname()
     records = []
-    lost = _lost_nodes(group, result.failures)
-    if lost is not None:  # the cause is elsewhere: a lost node (named when found), or another node's own rank
-        session, found = lost
-        for node in found:
-            beat = session.lost.get(node, {})
-            records.append({"restart": restart, "node": node, "host": beat.get("host"), "lost": True,
-                            "reason": f"node {node} was lost: no heartbeat for {session.beat_deadline_s:g}s",
+    elsewhere = _cause_elsewhere(group, result.failures)
+    if elsewhere is not None:  # this node's ranks lost their peers: the cause is another node
+        for node, line in elsewhere.items():
+            records.append({"restart": restart, "node": node, "cause": line,
                             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        why = (f"node{'s' if len(found) > 1 else ''} {', '.join(map(str, found))} lost" if found else
-               "its ranks lost their peers on another node, whose output says why")
+        # the cause in short (a lost node's whole line was said when it was found): "node 1 (gpu7) was lost"
+        why = ("the cause: " + "; ".join(line.split(": ", 1)[0] for line in elsewhere.values()) if elsewhere else
+               "this node's ranks lost their peers on another node, whose own output says why")
         print(f"multigpu: restarting the worker group ({why}; restart {restart} of {most})", file=sys.stderr,
               flush=True)
         _record(group, records)
