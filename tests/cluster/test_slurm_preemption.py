@@ -23,19 +23,26 @@ def _model(run) -> dict:
     return torch.load(run / "checkpoints" / "step_00000004" / "state.pt", weights_only=True)["model"]
 
 
-def test_the_warning_checkpoints_the_step_requeues_and_the_job_ends_bit_identical_to_an_uninterrupted_one(hosts):
+def test_the_warning_checkpoints_the_step_requeues_and_ends_bit_identical_and_a_cancel_ends_a_job_for_good(hosts):
+    """Three jobs side by side: one warned at step 2, the same job uninterrupted, and a long one that the user
+    cancels (``scancel JOBID``), which must stay cancelled."""
     folder = job_folder(hosts, "warned")
     env = hook_module(folder, "preempt_here", "from multigpu.testing.faults import WaitForSignal\n\n\n"
                       f"def hook():\n    return WaitForSignal(rank=0, step=2, ready={str(folder / 'ready')!r})\n")
     # as a user types it on a login node without GPUs: no --cpu, the cluster's nodes have none
-    job = ["train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--threads", "1", *TINY, "steps=4",
-           "checkpoint_every=100"]
-    warned = printed(hosts, folder, "warned.sbatch", *job, "callbacks=[preempt_here:hook]", env=env)
-    clean = printed(hosts, folder, "clean.sbatch", *job)
+    job = ["train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--threads", "1", *TINY]
+    warned = printed(hosts, folder, "warned.sbatch", *job, "steps=4", "checkpoint_every=100",
+                     "callbacks=[preempt_here:hook]", env=env)
+    clean = printed(hosts, folder, "clean.sbatch", *job, "steps=4", "checkpoint_every=100")
+    long = printed(hosts, folder, "long.sbatch", *job, "steps=100000")
     text = warned.read_text()
     assert "#SBATCH --gpus-per-node" not in text, text  # sbatch refuses a GPU request on a cluster without GPUs
     first = hosts.sbatch(warned, env=env)
     reference = hosts.sbatch(clean)
+    cancelled = hosts.sbatch(long)
+    wait_for(folder / "runs" / "train" / f"multigpu-train-{cancelled}" / "metrics.jsonl", hosts, cancelled, 180)
+    hosts.slurm("scancel", str(cancelled))  # a user stopping the job
+    cancelled_at = time.monotonic()
     wait_for(folder / "ready", hosts, first, 180)  # rank 0 finished step 2 and waits: the warning lands there
     hosts.slurm("scancel", "--batch", "--signal=USR1", str(first))
 
@@ -55,19 +62,9 @@ def test_the_warning_checkpoints_the_step_requeues_and_the_job_ends_bit_identica
     a, b = _model(run), _model(folder / "runs" / "train" / f"multigpu-train-{reference}")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "differs from the uninterrupted job"
 
-
-def test_scancel_ends_the_job_for_good(hosts):
-    folder = job_folder(hosts, "cancelled")
-    script = printed(hosts, folder, "long.sbatch", "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1",
-                     "--threads", "1", *TINY, "steps=100000")
-    job = hosts.sbatch(script)
-    hosts.wait_job(job, ("RUNNING",), 60)
-    wait_for(folder / "runs" / "train" / f"multigpu-train-{job}" / "metrics.jsonl", hosts, job, 120)
-    hosts.slurm("scancel", str(job))  # a user stopping the job
-    info = hosts.wait_job(job, ("CANCELLED", "COMPLETED", "FAILED", "PENDING"), 60)
-    time.sleep(virtual.CRED_EXPIRE_S + 5)  # a requeued job would be pending or running again by now
-    info = hosts.job(job)
-    out, err = output(folder, job)
+    # a requeued job would be pending or running again CRED_EXPIRE_S after it ended
+    time.sleep(max(0.0, cancelled_at + virtual.CRED_EXPIRE_S + 5 - time.monotonic()))
+    info = hosts.job(cancelled)
+    _, err = output(folder, cancelled)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, err[-2000:])
     assert "requeueing" not in err, err[-2000:]
-
