@@ -578,7 +578,10 @@ class CheckpointStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(f".{PREFIX}*.tmp"):  # left by a process killed mid-save
-                shutil.rmtree(stale, ignore_errors=True)
+                if stale.is_symlink():  # not ours: a link is removed, never followed (mkdir below refuses one)
+                    stale.unlink()
+                else:
+                    shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         except OSError as exc:
             return f"could not write checkpoint {tmp.parent}: {describe_os_error(exc)}"

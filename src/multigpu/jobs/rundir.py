@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError, OutputError
-from multigpu.files import cannot_write, describe_os_error
+from multigpu.files import cannot_write, create_exclusive, describe_os_error
 
 __all__ = ["LOCK", "MIN_FREE_BYTES", "cannot_create", "check_free_space", "check_writable", "create", "hold", "lock_name",
            "refuse_used"]
@@ -166,19 +166,12 @@ def _read(lock: Path) -> dict[str, Any] | None:
 
 
 def _try_take(lock: Path, me: dict[str, Any]) -> bool:
-    """Create ``lock`` holding ``me``, atomically and only if it does not exist (write aside, then hard-link)."""
-    tmp = lock.with_name(f"{lock.name}.tmp{os.getpid()}")
+    """Create ``lock`` holding ``me``, atomically and only if it does not exist (written aside in a folder of this
+    write's own, then hard-linked: no guessable temporary name where another user could plant a link)."""
     try:
-        tmp.write_text(json.dumps(me))
-        os.link(tmp, lock)
-        return True
-    except FileExistsError:
-        return False
+        return create_exclusive(lock, json.dumps(me).encode())
     except OSError as exc:
         raise cannot_write(lock, exc) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _acquire(folder: Path, node_rank: int, flag: str) -> Path:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from multigpu.errors import ConfigError
-from multigpu.files import atomic_path, write_json_atomic, write_text_atomic
+from multigpu.files import Temporary, atomic_path, write_json_atomic, write_text_atomic
 from multigpu.sim.bands import Bands, point_bands
 from multigpu.sim.design import Point
 
@@ -44,7 +44,9 @@ __all__ = ["FOLDER", "ReplicateStore", "check_folder", "plot_bands", "read_repli
 FOLDER = "ensemble"
 FORMAT = 1
 _FILE = re.compile(r"^r(\d{6,})\.csv$")
-_LEFT = re.compile(r"^\.r\d{6,}\.csv\.tmp\d+$")  # a replicate being written when the ensemble was killed
+_LEFT = re.compile(r"^\.r\d{6,}\.csv\.(tmp\d+|[0-9a-f]{12}\.tmp)$")
+"""A replicate being written when the ensemble was killed: the temporary folder of its write (files.Temporary), or
+the file an earlier version wrote beside it."""
 
 
 def _point_dir(root: Path, p: int) -> Path:
@@ -177,7 +179,10 @@ class ReplicateStore:
             self._bring(Path(source))
         for left in (self.root / "replicates").glob("p*/.r*"):
             if _LEFT.match(left.name):
-                left.unlink(missing_ok=True)
+                if left.is_dir() and not left.is_symlink():
+                    shutil.rmtree(left, ignore_errors=True)
+                else:
+                    left.unlink(missing_ok=True)
         return {p["index"]: self.replicates(p["index"]) for p in self.manifest["points"]}
 
     def _bring(self, source: Path) -> None:
@@ -250,9 +255,16 @@ class _Table:
             self.paths["parquet"] = root / f"{name}.parquet"
         except ImportError:
             pass
-        self.tmp = {k: p.with_name(f".{p.name}.tmp{os.getpid()}") for k, p in self.paths.items()}
         root.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.tmp["csv"], "w", newline="")  # noqa: SIM115 - closed by close(), a point at a time
+        self.tmp: dict[str, Temporary] = {}
+        try:
+            for k, p in self.paths.items():  # each in a folder of its own: no name to plant a link at
+                self.tmp[k] = Temporary(p)
+            self._fh = open(self.tmp["csv"].path, "w", newline="")  # noqa: SIM115 - closed by close()
+        except BaseException:
+            for t in self.tmp.values():
+                t.discard()
+            raise
         self._writer = csv.writer(self._fh)
         self._writer.writerow(columns)
         self._pq = None
@@ -266,7 +278,7 @@ class _Table:
 
         table = pa.table({c: [row[i] for row in rows] for i, c in enumerate(self.columns)})
         if self._pq is None:
-            self._pq = pq.ParquetWriter(str(self.tmp["parquet"]), table.schema)
+            self._pq = pq.ParquetWriter(str(self.tmp["parquet"].path), table.schema)
         self._pq.write_table(table.cast(self._pq.schema))
 
     def close(self, ok: bool) -> list[Path]:
@@ -275,13 +287,15 @@ class _Table:
         if self._pq is not None:
             self._pq.close()
         done = []
-        for k, path in self.paths.items():
-            tmp = self.tmp[k]
-            if ok and tmp.exists():
-                os.replace(tmp, path)
-                done.append(path)
-            else:
-                tmp.unlink(missing_ok=True)
+        try:
+            for k, path in self.paths.items():
+                tmp = self.tmp[k]
+                if ok and tmp.path.exists():
+                    tmp.commit()
+                    done.append(path)
+        finally:
+            for tmp in self.tmp.values():
+                tmp.discard()
         return done
 
 
