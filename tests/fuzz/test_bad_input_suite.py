@@ -427,6 +427,24 @@ def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     return str(folder)
 
 
+def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
+    """A finished ensemble run (4 replicates) whose replicate r000002.csv had one digit changed since it was written,
+    its shape intact (a band mean of 13,751 instead of 2,501 passed unnoticed)."""
+    import subprocess
+    import sys
+
+    run = tmp / "ens"
+    subprocess.run([sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "2000", "--steps", "10",
+                    "grid=[20,20]", "plot=false", "compile=false", "--replicates", "4", "--run-dir", str(run),
+                    "--nproc-per-node", "1"], check=True, capture_output=True, timeout=180, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    victim = run / "ensemble" / "replicates" / "p000000" / "r000002.csv"
+    text = victim.read_text()
+    at = max(i for i, c in enumerate(text) if c.isdigit())
+    victim.write_text(text[:at] + str((int(text[at]) + 5) % 10) + text[at + 1:])
+    return run
+
+
 GIB = 1 << 30
 _SUMMARY_WITHOUT_STEPS = json.dumps({"unit": "items", "world_size": 1, "throughput": 1.0})
 _BENCH_OUTSIDE = json.dumps({"rows": [], "runs": [{"run_dir": "../elsewhere"}]})
@@ -462,6 +480,14 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty"),
+    # a replicate changed since it was written: refused by its checksum, naming it (continued or copied)
+    ("ensemble files", None, lambda t: ["sim", "--resume", "auto", "--run-dir", str(_ensemble_with_a_changed_digit(t))],
+     "ens/ensemble/replicates/p000000/r000002.csv is not the replicate this ensemble wrote (it does not match its "
+     "checksum in"),
+    ("ensemble files", None, lambda t: ["sim", "--resume", str(_ensemble_with_a_changed_digit(t) / "ensemble"),
+                                        "--run-dir", str(t / "r")],
+     "r000002.csv is not the replicate this ensemble wrote (it does not match its checksum in {t}/ens/ensemble/"
+     "checksums.jsonl"),
     ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
                                        _users_folder(t)],
      "thesis' holds files that are not agent files (sub/, thesis.txt), so it is not replaced"),
