@@ -445,6 +445,26 @@ def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
     return run
 
 
+def _loose_checkpoint(tmp: Path, workload: str, *args: str) -> str:
+    """A checkpoint of a short ``workload`` run copied away from its run folder (no run.json beside it)."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp / "made"
+    subprocess.run([sys.executable, "-m", "multigpu", workload, *args, "--run-dir", str(run), "--nproc-per-node", "1"],
+                   check=True, capture_output=True, timeout=180, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    first = min((run / "checkpoints").glob("step_*"))
+    shutil.copytree(first, tmp / "ck")
+    shutil.rmtree(run)
+    return str(tmp / "ck")
+
+
+_RL_RUN = ("-f", "ppo-cartpole", "num_envs=64", "total_env_steps=2048", "target_return=null", "checkpoint_every=1")
+_SIM_RUN = ("-f", "sir", "--agents", "2000", "--steps", "4", "grid=[20,20]", "plot=false", "compile=false",
+            "--checkpoint-every", "2")
+
 GIB = 1 << 30
 _SUMMARY_WITHOUT_STEPS = json.dumps({"unit": "items", "world_size": 1, "throughput": 1.0})
 _BENCH_OUTSIDE = json.dumps({"rows": [], "runs": [{"run_dir": "../elsewhere"}]})
@@ -488,6 +508,16 @@ LIMIT_CASES = [
                                         "--run-dir", str(t / "r")],
      "r000002.csv is not the replicate this ensemble wrote (it does not match its checksum in {t}/ens/ensemble/"
      "checksums.jsonl"),
+    # a checkpoint away from its run folder, resumed with a setting the run must keep: checked against the checkpoint
+    ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "num_steps=8",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: rl.num_steps is 8 here but 16 in the checkpoint {t}/ck, and a resumed rl run keeps"),
+    ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "seed=5",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: rl.seed is 5 here but 1 in the checkpoint {t}/ck"),
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--agents",
+                                          "3000", "--run-dir", str(t / "r")],
+     "error: --resume: sim.agents is 3000 here but 2000 in the checkpoint {t}/ck"),
     ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
                                        _users_folder(t)],
      "thesis' holds files that are not agent files (sub/, thesis.txt), so it is not replaced"),

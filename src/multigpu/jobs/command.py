@@ -245,9 +245,30 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
-def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
+def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint a resume would start from (:func:`multigpu.checkpoint.resume.planned`) and the config it
+    records (its manifest's ``meta.config``: the run harness records the job's settings in every checkpoint); None
+    for a checkpoint that records none (an older one), a folder of progress files, or no resume. Reads the manifest
+    only."""
+    from multigpu.checkpoint.resume import planned
+    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+
+    if not resume:
+        return None
+    target = planned(resume, str(run_dir), progress=workload.progress_folder)
+    if target is None or not is_checkpoint(target):
+        return None
+    try:
+        meta = read_manifest(target).get("meta")
+    except CorruptCheckpointError:  # the ranks say what is wrong with it (or skip it, for auto)
+        return None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    return (target, config) if isinstance(config, dict) and config else None
+
+
+def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any, where: str = "the run being resumed") -> None:
     """A resumed run keeps the keys its workload names in ``resume_keeps``: one line naming the first that
-    changed."""
+    changed from ``saved`` (the config of ``where``: the run's ``run.json``, or the checkpoint's own record)."""
     before = _flat(to_dict(from_dict(workload.config, saved, prefix=workload.prefix)))
     now = _flat(to_dict(cfg))
     keeps = workload.resume_keeps
@@ -255,8 +276,8 @@ def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
         if not any(key == k or key.startswith(k + ".") for k in keeps) or before.get(key) == now.get(key):
             continue
         name = f"{workload.prefix}.{key}" if workload.prefix else key
-        raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in the run being "
-                          f"resumed, and a resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
+        raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in {where}, and a "
+                          f"resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
                           "out (the run's own config is used), or start a new --run-dir without --resume")
 
 
@@ -432,7 +453,12 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         refuse_old_layout(run_dir)
         refuse_unusable(run_dir)  # checkpoints, none usable: one line, never a quiet start from step 0
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
+    recorded = checkpoint_config(workload, args.resume, run_dir)  # what the checkpoint itself says it was made with
+    if saved is None and recorded is not None:  # a checkpoint away from its run folder: its own record is the config
+        saved = recorded[1]
     cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
+    if recorded is not None:  # the checkpoint's own record first: run.json may be of another run, or replaced
+        check_kept(workload, recorded[1], cfg, where=f"the checkpoint {recorded[0]}")
     if saved is not None:
         check_kept(workload, saved, cfg)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists

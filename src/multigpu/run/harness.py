@@ -232,6 +232,8 @@ class Run:
         if self.before_save is not None:
             self.before_save(self.step)
         meta = self.meta() if callable(self.meta) else self.meta
+        if self.ctx.config is not None:  # the job's settings: a resume from this checkpoint alone is checked against them
+            meta = {**(meta or {}), "config": self.ctx.config}
         return self.checkpoints.save(self.step, self.state, meta=meta)
 
     def finish(self) -> None:

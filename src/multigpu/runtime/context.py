@@ -113,6 +113,11 @@ class RunContext:
     resume_command: str | None = None
     """The whole command that continues this run (the job's own flags, ``--run-dir`` this folder,
     ``--resume auto``), for a workload that stops early to print; None: not launched from a command line."""
+    config: dict[str, Any] | None = None
+    """The job's resolved config as ``run.json`` holds it, set by the rank entry point (None in ``run.json``'s run
+    context, and for a plain script): every checkpoint the run harness writes records it in its manifest
+    (``meta.config``), so that a resume from a checkpoint found anywhere, its run folder gone, is checked against
+    the settings that wrote it (what the workload keeps: ``Workload.resume_keeps``)."""
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
