@@ -494,6 +494,12 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
      "is in use by another run: pid"),
+    # launch --log-dir onto a run's folder: its run.json would be replaced (while it runs, or for its resume)
+    ("run dir", None, lambda t: ["launch", "--log-dir", str(_busy(t)), SCRIPT], "--log-dir {t}/busy is in use by "
+     "another run: pid"),
+    ("run dir", None, lambda t: ["launch", "--log-dir", str(_other_models_run(t)), SCRIPT],
+     "--log-dir {t}/narrow is the run folder of a train run (its run.json would be replaced); valid: another "
+     "--log-dir"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
      "step_00000004 does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
     ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],

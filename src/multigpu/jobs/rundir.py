@@ -40,6 +40,7 @@ from multigpu.errors import ConfigError, OutputError
 from multigpu.files import cannot_write, create_exclusive, describe_os_error
 
 __all__ = ["LOCK", "MIN_FREE_BYTES", "cannot_create", "check_free_space", "check_writable", "create", "hold", "lock_name",
+           "refuse_run_folder",
            "refuse_used"]
 
 LOCK = ".lock"
@@ -119,6 +120,21 @@ def check_writable(folder: str | Path, flag: str = "--log-dir") -> None:
         if path.is_dir():
             raise OutputError(f"cannot write into {flag} {folder}: {describe_os_error(cause)}")
         raise cannot_create(path, cause, flag)
+
+
+def refuse_run_folder(folder: str | Path, flag: str = "--log-dir") -> None:
+    """Refuse (one-line ConfigError) a folder that is a workload run's (its ``run.json`` names a workload): a plain
+    script launched with its logs there would replace that ``run.json``, which the run's resume reads."""
+    import json
+
+    try:
+        data = json.loads((Path(folder) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    workload = data.get("workload") if isinstance(data, dict) else None
+    if workload:
+        raise ConfigError(f"{flag} {folder} is the run folder of a {workload} run (its run.json would be replaced); "
+                          f"valid: another {flag} (a run's own logs are in its logs/ folder)")
 
 
 def cannot_create(path: Path, exc: OSError, flag: str = "--run-dir") -> OutputError:
