@@ -687,6 +687,18 @@ TINY_INPUT_CASES = [
      "override 'x=...' is refused: its aliases (*name) expand it to"),
     (lambda t: ["train", "-f", "nano", "--dry-run", "--world-size", "1000000000"],
      "--world-size 1000000000: a dry run plans at most 1,048,576 ranks"),
+    # an ensemble's size, counted before a replicate or a point is listed (5 GB after 25 s; 1.4 GB, nothing run)
+    (lambda t: ["sim", "-f", "sir", "--replicates", "1000000000000", "--run-dir", str(t / "r")],
+     "sim.ensemble.replicates=1000000000000 is more than one ensemble runs: valid: at most 1,000,000 replicates "
+     "in all"),
+    (lambda t: ["sim", "-f", "sir", "--replicates", "200", "--sweep", "params.beta=0.1:0.5:10000", "--run-dir",
+                str(t / "r")],
+     "10,000 points x 200 replicates = 2,000,000 replicates; valid: at most 1,000,000 replicates in all"),
+    (lambda t: ["sim", "-f", "sir", "--sweep", "params.beta=0.1:0.5:100000000", "--run-dir", str(t / "r")],
+     "--sweep params.beta=0.1:0.5:100000000 makes 100,000,000 points; valid: at most 10,000 sweep points"),
+    (lambda t: ["sim", "-f", "sir", "--sweep", "params.beta=0.1:0.5:5000", "--sweep", "agents=1000:2000:5000",
+                "--run-dir", str(t / "r")],
+     "--sweep makes 25,000,000 points (5,000 x 5,000); valid: at most 10,000 sweep points"),
 ]
 
 
