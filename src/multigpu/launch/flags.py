@@ -10,6 +10,7 @@ below both the command line and the job layer, so neither imports the other.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from multigpu.argtypes import non_negative_int, positive_float, positive_int
 from multigpu.cmdline import add_flag
@@ -212,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         rank_prefix=args.rank_prefix,
     )
+    _say_clamped(args)
     if cfg.log_dir:
         from multigpu.jobs.rundir import check_writable
 
@@ -356,3 +358,17 @@ def job_resources(args: argparse.Namespace, flag: str):
     return JobResources(nnodes=nnodes, workers=workers, gpus=0 if cpu else workers, cpus=cpus, said=said,
                         min_nodes=args.min_nodes, max_restarts=args.max_restarts if args.max_restarts is not None
                         else ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < nnodes else 0)
+
+
+def _say_clamped(args: argparse.Namespace) -> None:
+    """One line when ``--timeout-s`` or ``--stall-timeout-s`` was longer than the clocks count (the config clamps it:
+    :data:`multigpu.runtime.context.MAX_TIMEOUT_S`)."""
+    from multigpu.runtime.context import MAX_TIMEOUT_S
+
+    given = [f"{flag} {value:g}" for flag, value in (("--timeout-s", args.timeout_s),
+                                                     ("--stall-timeout-s", args.stall_timeout_s))
+             if value is not None and value > MAX_TIMEOUT_S]
+    if given:
+        print(f"multigpu: note: {' and '.join(given)} {'are' if len(given) > 1 else 'is'} clamped to "
+              f"{MAX_TIMEOUT_S:g} s (31 years, no timeout in effect): torch's and gloo's clocks overflow past about "
+              "9.2e+09 s", file=sys.stderr, flush=True)
