@@ -32,14 +32,5 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from multigpu.launch.agent import launch
 
-    cfg = config_from_args(args)
-    if not cfg.log_dir:
-        launch(cfg, args.target, args.args, module=args.module)
-        return 0
-    from multigpu.jobs import rundir
-
-    # the job writes its run.json there: not into a workload run's folder, and never while another run holds it
-    rundir.refuse_run_folder(cfg.log_dir)
-    with rundir.hold(cfg.log_dir, node_rank=cfg.node_rank, flag="--log-dir"):
-        launch(cfg, args.target, args.args, module=args.module)
+    launch(config_from_args(args), args.target, args.args, module=args.module)
     return 0
