@@ -227,7 +227,7 @@ class Temporary:
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, f"the temporary of {self.target} is not a regular file")
         if not exclusive:
-            os.rename(name, name, src_dir_fd=self._own_fd, dst_dir_fd=self._folder_fd)
+            os.replace(name, name, src_dir_fd=self._own_fd, dst_dir_fd=self._folder_fd)
             return True
         try:
             os.link(name, name, src_dir_fd=self._own_fd, dst_dir_fd=self._folder_fd, follow_symlinks=False)
