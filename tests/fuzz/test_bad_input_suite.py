@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from multigpu.cli import build_parser, commands, main
 from tests.conftest import ROOT, SCRIPTS
-from tests.payloads import evil_checkpoint, evil_sim_checkpoint, png_bomb
+from tests.payloads import evil_checkpoint, evil_sim_checkpoint, nifti_gz_bomb, png_bomb
 
 COMMANDS = commands()
 """Every command of ``multigpu --help`` (the tools and the built-in workloads that are commands)."""
@@ -419,6 +419,21 @@ def _file(path: Path) -> str:
     return str(path)
 
 
+def _nan_affine_nifti(tmp: Path) -> str:
+    """A NIfTI volume whose voxel-to-world matrix (sform) holds a NaN: nibabel reads it, and refuses to write it."""
+    import nibabel as nib
+    import numpy as np
+
+    header = nib.Nifti1Header()
+    header.set_data_shape((20, 20, 20))
+    header.set_data_dtype(np.float32)
+    header["sform_code"], header["qform_code"], header["vox_offset"] = 1, 0, 352
+    header["srow_x"], header["srow_y"], header["srow_z"] = [np.nan, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]
+    path = tmp / "nan.nii"
+    path.write_bytes(header.binaryblock + bytes(4) + bytes(20 * 20 * 20 * 4))
+    return str(path)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -533,6 +548,10 @@ LIMIT_CASES = [
     ("limits", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                 str(png_bomb(t / "bomb.png", 12000)), "--run-dir", str(t / "r")],
      "is 12000x12000 and would decode to 412 MiB from a "),
+    ("limits", None, lambda t: ["infer", "--model", "tests.cli.test_infer_formats_e2e:smooth3d", "--roi", "64",
+                                "--input", str(nifti_gz_bomb(t / "bomb.nii.gz")), "--run-dir", str(t / "r")],
+     "bomb.nii.gz' would decompress to 320 MiB of voxels from a 324 KiB file (1,011x its size, more than "
+     "max_decode_ratio=100)"),
     # the bomb guard turned off: the memory check now counts what decoding costs (the old count, 5.4 GiB, passed)
     ("limits", int(5.8 * GIB), lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                           str(png_bomb(t / "bomb.png", 12000)), "--set", "max_decode_ratio=0",
@@ -577,6 +596,11 @@ LIMIT_CASES = [
     ("data values", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
                                      _cut_png(t), "--run-dir", str(t / "r")],
      "error: input '{t}/cut.png' is cut short or damaged (Truncated File Read); valid: a complete PNG file"),
+    # a NaN in a NIfTI's affine: every window was computed, then nibabel refused to write the output (exit 1)
+    ("data values", None, lambda t: ["infer", "--model", "tests.cli.test_infer_formats_e2e:smooth3d", "--roi", "16",
+                                     "--input", _nan_affine_nifti(t), "--run-dir", str(t / "r")],
+     "NIfTI '{t}/nan.nii' has an affine (its voxel-to-world matrix) that is not finite (nan in row 0); valid: a "
+     "NIfTI whose qform/sform holds finite numbers"),
     # a --log-dir that is a file (torch's NotADirectoryError, an internal error), a rendezvous setting torch reads
     # as a number (its error came as the job started: two lines, exit 1)
     ("log dir", None, lambda t: ["launch", "--log-dir", _file(t / "afile"), SCRIPT],
