@@ -612,6 +612,13 @@ LIMIT_CASES = [
     ("rdzv conf", None, lambda t: ["sim", "-f", "sir", "--rdzv-conf", "is_host=true,keep_alive_max_attempt=0",
                                    "--run-dir", str(t / "r")],
      "error: --rdzv-conf keep_alive_max_attempt=0 is invalid; valid: a whole number of attempts, 1 or more"),
+    # a key given twice in a YAML mapping: the last one won, silently
+    ("config files", None, lambda t: ["train", "-f", _config(t, "steps: 4\nlr: 0.001\nsteps: 8\n"),
+                                      "--run-dir", str(t / "r")],
+     "error: config file '{t}/cfg.yaml' has the key 'steps' twice (lines 1 and 3); valid: each key once"),
+    ("config files", None, lambda t: ["sim", "-f", _config(t, "params:\n  beta: 0.1\n  beta: 0.2\n"),
+                                      "--run-dir", str(t / "r")],
+     "has the key 'beta' twice (lines 2 and 3)"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
