@@ -412,7 +412,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
     except DuplicateKeyError as exc:
-        raise ConfigError(f"config file '{path}' has {exc}; valid: each key once") from None
+        raise ConfigError(f"config file '{path}' has the key {exc.key!r} twice (lines {exc.first} and {exc.second}); "
+                          "valid: each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""
