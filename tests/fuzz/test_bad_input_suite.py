@@ -619,6 +619,9 @@ LIMIT_CASES = [
     ("config files", None, lambda t: ["sim", "-f", _config(t, "params:\n  beta: 0.1\n  beta: 0.2\n"),
                                       "--run-dir", str(t / "r")],
      "has the key 'beta' twice (lines 2 and 3)"),
+    # a misspelt --rdzv-conf key: ignored (torch reads the keys it knows, the join waited its default 600 s)
+    ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timout=5", SCRIPT],
+     "error: --rdzv-conf join_timout=5: unknown key 'join_timout' (did you mean join_timeout?); valid keys: "),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],

@@ -238,7 +238,18 @@ _RDZV_COUNTS = {"join_timeout": (1, 600), "last_call_timeout": (0, 30), "close_t
 the least valid value and torch's default; torch's own error for another value came only as the job started."""
 
 
+_RDZV_KEYS = (*_RDZV_COUNTS, "is_host", "store_type")
+"""Every ``--rdzv-conf`` key the rendezvous reads (torch's c10d backend, as :mod:`multigpu.launch.stores` runs it);
+another is a misspelling, which torch ignored without a word."""
+
+
 def _check_rdzv_value(key: str, value: str) -> None:
+    if key not in _RDZV_KEYS:
+        import difflib
+
+        close = difflib.get_close_matches(key, _RDZV_KEYS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"--rdzv-conf {key}={value}: unknown key {key!r}{hint}; valid keys: {', '.join(_RDZV_KEYS)}")
     if key not in _RDZV_COUNTS:
         return
     low, default = _RDZV_COUNTS[key]
