@@ -319,6 +319,13 @@ def _busy(tmp: Path) -> Path:
     return run
 
 
+def _lock_folder(tmp: Path) -> Path:
+    """A run directory whose lock's name is taken by a folder."""
+    run = tmp / "locked"
+    (run / ".lock").mkdir(parents=True)
+    return run
+
+
 def _other_models_run(tmp: Path) -> Path:
     """A train run whose checkpoint (never opened: the launcher reads its manifest) holds a narrower model."""
     run = tmp / "narrow"
@@ -515,6 +522,9 @@ LIMIT_CASES = [
     ("run dir", None, lambda t: ["launch", "--log-dir", str(_other_models_run(t)), SCRIPT],
      "--log-dir {t}/narrow is the run folder of a train run (its run.json would be replaced); valid: another "
      "--log-dir"),
+    ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_lock_folder(t)), "--resume", "auto"],
+     "--run-dir {t}/locked: {t}/locked/.lock is a folder, not the run's lock file; valid: remove that folder, or "
+     "another --run-dir"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
      "step_00000004 does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
     ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],

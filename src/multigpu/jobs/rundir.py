@@ -196,6 +196,10 @@ def _acquire(folder: Path, node_rank: int, flag: str) -> Path:
     for _ in range(3):
         if _try_take(lock, me):
             return lock
+        if lock.is_dir() or (lock.exists() and not lock.is_file()):  # never ours: not taken over, not removed
+            kind = "a folder" if lock.is_dir() else "not a file"
+            raise ConfigError(f"{flag} {folder}: {lock} is {kind}, not the run's lock file; valid: remove that "
+                              f"{'folder' if lock.is_dir() else 'entry'}, or another {flag}")
         owner = _read(lock)
         if owner is None:
             continue  # released between the two calls: try again
