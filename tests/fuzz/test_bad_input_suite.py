@@ -629,6 +629,9 @@ LIMIT_CASES = [
     ("config files", None, lambda t: ["sim", "-f", _config(t, "params:\n  beta: 0.1\n  beta: 0.2\n"),
                                       "--run-dir", str(t / "r")],
      "has the key 'beta' twice (lines 2 and 3)"),
+    # a --local-ranks-filter beyond the node's workers: every line hidden, silently
+    ("launch flags", None, lambda t: ["launch", "--nproc-per-node", "1", "--local-ranks-filter", "5", SCRIPT],
+     "error: --local-ranks-filter 5 names local rank(s) 5, but this node runs 1 worker(s); valid: local ranks 0 to 0"),
     # a misspelt --rdzv-conf key: ignored (torch reads the keys it knows, the join waited its default 600 s)
     ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timout=5", SCRIPT],
      "error: --rdzv-conf join_timout=5: unknown key 'join_timout' (did you mean join_timeout?); valid keys: "),

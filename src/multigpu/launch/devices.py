@@ -289,6 +289,21 @@ def _join(*notes: str | None) -> str | None:
 
 def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
     """Resolve the worker count and device variables for this node."""
+    plan = _plan_devices(cfg, facts, inherited)
+    _check_ranks_filter(cfg, plan.nproc_per_node)
+    return plan
+
+
+def _check_ranks_filter(cfg: LaunchConfig, nproc: int) -> None:
+    """``--local-ranks-filter`` names only local ranks this node has (one beyond them hid every line silently)."""
+    beyond = sorted(r for r in cfg.local_ranks_filter or () if r >= nproc)
+    if beyond:
+        raise ConfigError(f"--local-ranks-filter {','.join(map(str, cfg.local_ranks_filter))} names local rank(s) "
+                          f"{', '.join(map(str, beyond))}, but this node runs {nproc} worker(s); valid: local ranks "
+                          f"0 to {nproc - 1}")
+
+
+def _plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
     inherited = dict(os.environ) if inherited is None else inherited
     note = None
     if cfg.cpu or facts.gpu_count == 0:
