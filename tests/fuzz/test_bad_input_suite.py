@@ -632,6 +632,9 @@ LIMIT_CASES = [
     # a --local-ranks-filter beyond the node's workers: every line hidden, silently
     ("launch flags", None, lambda t: ["launch", "--nproc-per-node", "1", "--local-ranks-filter", "5", SCRIPT],
      "error: --local-ranks-filter 5 names local rank(s) 5, but this node runs 1 worker(s); valid: local ranks 0 to 0"),
+    # a thread count no rank can start: "exited with code 130 without a Python exception"
+    ("launch flags", None, lambda t: ["launch", "--threads", "100000", SCRIPT],
+     "error: --threads 100000 asks each rank for 100,000 compute threads on 2 core(s); valid: at most 1,024"),
     # a misspelt --rdzv-conf key: ignored (torch reads the keys it knows, the join waited its default 600 s)
     ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timout=5", SCRIPT],
      "error: --rdzv-conf join_timout=5: unknown key 'join_timout' (did you mean join_timeout?); valid keys: "),
