@@ -546,6 +546,11 @@ LIMIT_CASES = [
     ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "seed=5",
                                           "--run-dir", str(t / "r")],
      "error: --resume: rl.seed is 5 here but 1 in the checkpoint {t}/ck"),
+    # fewer steps than the checkpoint has done: nothing ran, and the run ended as if it had
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--steps", "1",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: {t}/ck is at step 2, past the 1 steps this sim run is set to: nothing would run; valid: more "
+     "steps than 2"),
     ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--agents",
                                           "3000", "--run-dir", str(t / "r")],
      "error: --resume: sim.agents is 3000 here but 2000 in the checkpoint {t}/ck"),

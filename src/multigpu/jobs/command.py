@@ -266,6 +266,26 @@ def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> 
     return (target, config) if isinstance(config, dict) and config else None
 
 
+def check_not_past(workload: Workload, cfg: Any, resume: str | None, run_dir: Path) -> None:
+    """A resume from a checkpoint at step N of a config that counts to fewer steps would run nothing (and end as if
+    it had): one line (``Workload.resume_total``; reads the manifest only)."""
+    from multigpu.checkpoint.resume import planned
+    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+
+    total = workload.resume_total(cfg) if resume and workload.resume_total is not None else None
+    target = planned(resume, str(run_dir), progress=workload.progress_folder) if total is not None else None
+    if target is None or not is_checkpoint(target):
+        return
+    try:
+        step = int(read_manifest(target)["step"])
+    except CorruptCheckpointError:  # the ranks say what is wrong with it (or skip it, for auto)
+        return
+    if step > total:
+        raise ConfigError(f"--resume: {target} is at step {step:,}, past the {total:,} steps this {workload.name} "
+                          f"run is set to: nothing would run; valid: more steps than {step:,}, or a new --run-dir "
+                          "without --resume")
+
+
 def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any, where: str = "the run being resumed") -> None:
     """A resumed run keeps the keys its workload names in ``resume_keeps``: one line naming the first that
     changed from ``saved`` (the config of ``where``: the run's ``run.json``, or the checkpoint's own record)."""
@@ -461,6 +481,7 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         check_kept(workload, recorded[1], cfg, where=f"the checkpoint {recorded[0]}")
     if saved is not None:
         check_kept(workload, saved, cfg)
+    check_not_past(workload, cfg, args.resume, run_dir)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists
         from multigpu.dryrun import dry_run
 

@@ -284,6 +284,7 @@ WORKLOAD = Workload(
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
     resumable=True,
+    resume_total=lambda cfg: None if cfg.ensemble.active else cfg.steps,  # an ensemble continues its replicates
     # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another
     resume_keeps=("model", "seed", "grid", "agents", "params", "ensemble.sweep", "ensemble.sweep_file",
                   "ensemble.same_seeds", "ensemble.until_ci", "ensemble.ci_series", "ensemble.min_replicates"),
