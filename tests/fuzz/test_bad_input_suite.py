@@ -546,6 +546,10 @@ LIMIT_CASES = [
     ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "seed=5",
                                           "--run-dir", str(t / "r")],
      "error: --resume: rl.seed is 5 here but 1 in the checkpoint {t}/ck"),
+    # another model on a resumed run: the old model's parameters were blamed ("unknown config key sim.params.move_prob")
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--model",
+                                          "market", "--run-dir", str(t / "r")],
+     "error: --resume: sim.model is 'market' here but 'sir' in the checkpoint {t}/ck, and a resumed sim run keeps"),
     # fewer steps than the checkpoint has done: nothing ran, and the run ended as if it had
     ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--steps", "1",
                                           "--run-dir", str(t / "r")],

@@ -295,10 +295,32 @@ def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any, where: str =
     for key in sorted(set(before) | set(now)):
         if not any(key == k or key.startswith(k + ".") for k in keeps) or before.get(key) == now.get(key):
             continue
-        name = f"{workload.prefix}.{key}" if workload.prefix else key
-        raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in {where}, and a "
-                          f"resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
-                          "out (the run's own config is used), or start a new --run-dir without --resume")
+        raise _changed(workload, key, now.get(key), before.get(key), where)
+
+
+def _changed(workload: Workload, key: str, now: Any, before: Any, where: str) -> ConfigError:
+    name = f"{workload.prefix}.{key}" if workload.prefix else key
+    return ConfigError(f"--resume: {name} is {now!r} here but {before!r} in {where}, and a resumed {workload.name} run "
+                       f"keeps {', '.join(workload.resume_keeps)}; valid: leave it out (the run's own config is "
+                       "used), or start a new --run-dir without --resume")
+
+
+def check_given_kept(workload: Workload, saved: dict[str, Any], overrides: Sequence[str],
+                     flags: dict[str, Any] | None, where: str = "the run being resumed") -> None:
+    """Before a resumed run's config is built on its own: a key the workload keeps, given as a plain value that
+    differs (``--model market`` on a sir run), is named, not what building the config then trips on (the old
+    model's parameters: "unknown config key 'sim.params.move_prob'")."""
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if sep and key.strip():
+            given.update(_flat(apply_overrides({}, [item])))
+    before = _flat(saved)
+    plain = (str, int, float, bool)
+    for key, value in given.items():
+        old = before.get(key)
+        if key in workload.resume_keeps and isinstance(value, plain) and isinstance(old, plain) and old != value:
+            raise _changed(workload, key, value, old, where)
 
 
 def check_continued(workload: Workload, cfg: Any, target: Path | None) -> None:
@@ -474,8 +496,11 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         refuse_unusable(run_dir)  # checkpoints, none usable: one line, never a quiet start from step 0
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
     recorded = checkpoint_config(workload, args.resume, run_dir)  # what the checkpoint itself says it was made with
+    where = "the run being resumed"
     if saved is None and recorded is not None:  # a checkpoint away from its run folder: its own record is the config
-        saved = recorded[1]
+        saved, where = recorded[1], f"the checkpoint {recorded[0]}"
+    if saved is not None:
+        check_given_kept(workload, saved, overrides, flag_values(workload, args), where)
     cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
     if recorded is not None:  # the checkpoint's own record first: run.json may be of another run, or replaced
         check_kept(workload, recorded[1], cfg, where=f"the checkpoint {recorded[0]}")
