@@ -344,3 +344,16 @@ def test_the_simulations_series_so_far_are_checksummed_with_its_checkpoint(tmp_p
     with pytest.raises(CorruptCheckpointError, match="state.pt"):
         runner.run(load_config(SimConfig, "sir", ["steps=6", *settings], prefix="sim"),
                    script_context(tmp_path / "run", resume=str(step)))
+
+
+def test_a_fingerprint_with_nan_is_never_called_equal_let_alone_bit_exact():
+    """Issue 48: a NaN in the saved (or loaded) fingerprint made the resize check say "bit for bit" (max() of 0.0
+    and NaN is 0.0). A NaN sum cannot show the state is the one saved."""
+    from multigpu.checkpoint.resize import compare
+
+    nan, inf = float("nan"), float("inf")
+    for saved, loaded in (([nan, 1.0], [1.0, 1.0]), ([1.0, 1.0], [nan, 1.0]), ([nan, 1.0], [nan, 1.0]),
+                          ([inf, 1.0], [1.0, 1.0])):
+        check = compare({"model": saved}, {"model": loaded})
+        assert not check["equal"] and not check["bit_exact"], (saved, loaded, check)
+    assert compare({"model": [inf, 2.0]}, {"model": [inf, 2.0]})["bit_exact"]  # the same infinity: the same sum
