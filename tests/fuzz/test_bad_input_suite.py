@@ -319,6 +319,14 @@ def _busy(tmp: Path) -> Path:
     return run
 
 
+def _deep_manifest(tmp: Path) -> Path:
+    """A run folder whose one checkpoint's manifest.json is 200,000 lists deep."""
+    step = tmp / "deep" / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    return tmp / "deep"
+
+
 def _lock_folder(tmp: Path) -> Path:
     """A run directory whose lock's name is taken by a folder."""
     run = tmp / "locked"
@@ -522,6 +530,12 @@ LIMIT_CASES = [
     ("run dir", None, lambda t: ["launch", "--log-dir", str(_other_models_run(t)), SCRIPT],
      "--log-dir {t}/narrow is the run folder of a train run (its run.json would be replaced); valid: another "
      "--log-dir"),
+    # a manifest nested too deeply for the JSON reader: an internal RecursionError, for auto and a path alike
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_deep_manifest(t)), "--resume", "auto"],
+     "step_00000002: its manifest.json is nested too deeply to read"),
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--resume", str(_deep_manifest(t) / "checkpoints" /
+                                                                       "step_00000002"), "--run-dir", str(t / "r")],
+     "step_00000002: its manifest.json is nested too deeply to read; valid: an intact checkpoint"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_lock_folder(t)), "--resume", "auto"],
      "--run-dir {t}/locked: {t}/locked/.lock is a folder, not the run's lock file; valid: remove that folder, or "
      "another --run-dir"),

@@ -140,6 +140,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         data = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise CorruptCheckpointError(path, f"it is not a checkpoint folder (no {MANIFEST})") from None
+    except RecursionError:  # JSON nested deeper than the reader recurses
+        raise CorruptCheckpointError(path, f"its {MANIFEST} is nested too deeply to read") from None
     except (OSError, ValueError) as exc:
         raise CorruptCheckpointError(path, f"its {MANIFEST} cannot be read ({type(exc).__name__})") from None
     problem = _manifest_problem(data)

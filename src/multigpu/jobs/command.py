@@ -227,7 +227,7 @@ def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[
     for path in candidates:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             continue

@@ -129,7 +129,7 @@ def refuse_run_folder(folder: str | Path, flag: str = "--log-dir") -> None:
 
     try:
         data = json.loads((Path(folder) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return
     workload = data.get("workload") if isinstance(data, dict) else None
     if workload:
@@ -176,7 +176,7 @@ def _read(lock: Path) -> dict[str, Any] | None:
         data = json.loads(lock.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
