@@ -321,6 +321,9 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
     workload = getattr(args, "_workload", None)
     run_folder = None if workload is None or getattr(args, "run_dir", None) else \
         workload.resumable and getattr(args, "resume", None) is None
+    # the user's own --run-dir: kept, and continued by a requeued or restarted start (the folder is used by then)
+    resume = workload is not None and bool(getattr(args, "run_dir", None)) and workload.resumable and \
+        getattr(args, "resume", None) is None
     # a pre-emption's SIGTERM ends the step in progress with its checkpoint, where the workload asks for it
     takes = workload is not None and any(f.key == "checkpoint_on_interrupt" for f in workload.flags)
     stop_flag = "--checkpoint-on-interrupt" if takes and not getattr(args, "flag__checkpoint_on_interrupt", None) \
@@ -329,9 +332,9 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
         # a folder per job id only where a requeued start continues it: a workload that cannot resume would find
         # its folder used on the next start
         return schedulers.sbatch_script(ours, script_args, what=what, resources=resources,
-                                        run_folder=True if run_folder else None, stop_flag=stop_flag)
+                                        run_folder=True if run_folder else None, stop_flag=stop_flag, resume=resume)
     return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder,
-                                          stop_flag=stop_flag)
+                                          stop_flag=stop_flag, resume=resume)
 
 
 def job_resources(args: argparse.Namespace, flag: str):
