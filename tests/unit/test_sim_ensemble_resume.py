@@ -77,3 +77,17 @@ def test_the_copy_of_another_runs_replicate_is_checked_as_it_is_made(tmp_path):
     with pytest.raises(ConfigError, match=rf"{victim} cannot be continued \(it does not match its checksum in "):
         store.open(theirs)  # no shapes: the folder check before the copy is left out
     assert not (tmp_path / "mine" / "ensemble" / "replicates" / "p000000" / "r000001.csv").exists()
+
+
+def test_a_replicate_value_that_is_not_a_number_names_its_file_and_line(tmp_path):
+    """Issue 48: an ``abc`` in a replicate file (an ensemble of format 1, which records no checksums) ended in
+    ``could not convert string to float: 'abc'``, naming no file."""
+    import pytest
+
+    from multigpu.errors import ConfigError
+    from multigpu.sim.ensemble_store import read_replicate
+
+    path = tmp_path / "r000003.csv"
+    path.write_text("step,S,I\n1,10,2\n2,abc,3\n")
+    with pytest.raises(ConfigError, match=rf"{path} line 3 holds 'abc', not a number"):
+        read_replicate(path)

@@ -66,8 +66,21 @@ def read_replicate(path: str | Path) -> tuple[list[str], np.ndarray]:
     with open(path, newline="") as fh:
         rows = list(csv.reader(fh))
     names = rows[0][1:]
-    values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
+    try:
+        values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
+    except ValueError:
+        line, bad = next((i + 2, v) for i, row in enumerate(rows[1:]) for v in row[1:] if not _is_number(v))
+        raise ConfigError(f"replicate file {path} line {line} holds {bad!r}, not a number; valid: delete that file (its "
+                          "replicate runs again, with the same seed) and resume again") from None
     return names, values
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _whole(path: Path, names: Sequence[str], rows: int) -> str | None:
