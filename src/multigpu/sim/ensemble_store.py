@@ -69,9 +69,11 @@ def read_replicate(path: str | Path) -> tuple[list[str], np.ndarray]:
     try:
         values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
     except ValueError:
-        line, bad = next((i + 2, v) for i, row in enumerate(rows[1:]) for v in row[1:] if not _is_number(v))
-        raise ConfigError(f"replicate file {path} line {line} holds {bad!r}, not a number; valid: delete that file (its "
-                          "replicate runs again, with the same seed) and resume again") from None
+        line, bad = next(((i + 2, v) for i, row in enumerate(rows[1:]) for v in row[1:] if not _is_number(v)),
+                         (None, None))
+        what = f"line {line} holds {bad!r}, not a number" if line else "a row has more or fewer values than its columns"
+        raise ConfigError(f"replicate file {path} {what}; valid: delete that file (its replicate runs again, with the "
+                          "same seed) and resume again") from None
     return names, values
 
 
