@@ -816,12 +816,15 @@ def test_a_log_dir_on_a_read_only_file_system_gets_one_line_and_exit_2(tmp_path)
     python = f"{sys.executable} -m multigpu"
     script = (f"mount -t tmpfs -o ro,size=1m tmpfs {ro} || exit 99; "
               f"{python} launch --log-dir {ro}/logs {SCRIPT}; echo rc=$?; "
-              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?")
+              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?; "
+              f"{python} sim -f sir --run-dir {ro}/run; echo rc=$?")
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     if proc.returncode == 99:
         pytest.skip(f"this machine does not let a mount namespace mount tmpfs: {proc.stderr.strip()}")
-    assert proc.stdout.split() == ["rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    assert proc.stdout.split() == ["rc=2", "rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    # the run folder on it: read-only, not "only 1 MiB free" (issue 48: the free-space check spoke first)
     assert proc.stderr.splitlines() == [f"error: could not create --log-dir {ro}/logs: Read-only file system (EROFS)",
-                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)"]
+                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)",
+                                        f"error: could not create --run-dir {ro}/run: Read-only file system (EROFS)"]
     assert not run.exists()

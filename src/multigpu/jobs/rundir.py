@@ -93,6 +93,8 @@ def check_free_space(folder: str | Path, flag: str = "--run-dir") -> None:
         probe = probe.parent
     try:
         free = shutil.disk_usage(probe).free
+        if os.statvfs(probe).f_flag & os.ST_RDONLY:
+            return  # read-only: its first write says so (EROFS), which is the reason, not how full it is
     except OSError:
         return  # no figure: the first write will say what is wrong
     if free < MIN_FREE_BYTES:
