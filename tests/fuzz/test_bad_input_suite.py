@@ -327,6 +327,20 @@ def _deep_manifest(tmp: Path) -> Path:
     return tmp / "deep"
 
 
+def _truncated_run(tmp: Path) -> Path:
+    """A train run whose every checkpoint has a file shorter than its manifest records (a copy cut short)."""
+    run = tmp / "cut"
+    for step in (2, 4):
+        folder = run / "checkpoints" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "state.pt").write_bytes(b"cut short")
+        manifest = {"format": 2, "step": step, "world_size": 1, "time": "", "meta": {},
+                    "files": {"state.pt": {"bytes": 4096, "sha256": "0" * 64}}}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {}}))
+    return run
+
+
 def _lock_folder(tmp: Path) -> Path:
     """A run directory whose lock's name is taken by a folder."""
     run = tmp / "locked"
@@ -530,6 +544,10 @@ LIMIT_CASES = [
     ("run dir", None, lambda t: ["launch", "--log-dir", str(_other_models_run(t)), SCRIPT],
      "--log-dir {t}/narrow is the run folder of a train run (its run.json would be replaced); valid: another "
      "--log-dir"),
+    # every checkpoint cut short: the ranks found none usable and one of them ended the job (exit 1)
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_truncated_run(t)), "--resume", "auto"],
+     "cut/checkpoints holds 2 checkpoint folder(s) and none can be used (step_00000004: state.pt is truncated (9 "
+     "bytes on disk, 4,096 written)"),
     # a manifest nested too deeply for the JSON reader: an internal RecursionError, for auto and a path alike
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_deep_manifest(t)), "--resume", "auto"],
      "step_00000002: its manifest.json is nested too deeply to read"),

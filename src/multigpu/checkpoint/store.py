@@ -177,7 +177,7 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     """The manifest of checkpoint folder ``path`` once its files have the recorded sizes and SHA-256.
 
     Every file of the folder must be listed (a file the manifest does not list has no checksum and is
-    never loaded) and every listed file present. ``only``: compare just these files' checksums (the
+    never loaded), every listed file present and of the size recorded (a stat: checked for every file). ``only``: compare just these files' checksums (the
     ranks re-check the pickles they are about to read; the resolver checked everything). Reads bytes,
     unpickles nothing; local.
 
@@ -194,12 +194,11 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     for name, entry in files.items():
         if Path(name).name != name or name not in present or not (path / name).is_file():
             raise CorruptCheckpointError(path, f"{name} is missing")
+        _check_size(path, name, (path / name).stat().st_size, entry["bytes"])  # cheap: every file, hashed or not
         if only is not None and name not in only:
             continue
         size, digest = sha256_file(path / name)  # read_manifest checked the entry: an int and a hex string
-        if size != entry["bytes"]:
-            what = "truncated" if size < entry["bytes"] else "not the size written"
-            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {entry['bytes']:,} written)")
+        _check_size(path, name, size, entry["bytes"])
         if digest != entry["sha256"]:
             raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
                                                f"{entry['sha256'][:16]}… written): it was altered or "
@@ -207,6 +206,12 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     if STATE in files and (only is None or STATE in only):
         _refuse_globals(path / STATE)
     return manifest
+
+
+def _check_size(path: Path, name: str, size: int, written: int) -> None:
+    if size != written:
+        what = "truncated" if size < written else "not the size written"
+        raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {written:,} written)")
 
 
 def _refuse_globals(path: Path) -> None:
