@@ -133,3 +133,20 @@ def test_the_resume_command_is_the_whole_command(tmp_path):
     nodes = ["train", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "n0:29400", "--cpu"]
     assert resume_command(nodes, run, 2) == (f"multigpu train --nnodes 2 --rdzv-endpoint n0:29400 --cpu --run-dir "
                                              f"{run} --resume auto (on every node, each with its --node-rank)")
+
+
+def test_a_resume_that_rewinds_its_own_run_sets_the_later_checkpoints_aside(tmp_path, launched, capsys):
+    """Issue 48: `--resume RUN/checkpoints/step_2` of a run that went on to steps 4 and 6 started a second branch
+    beside the first: `--resume auto` then continued the older, higher one, and keep_last deleted the new steps
+    (the old higher ones counted as newer). The later checkpoints are set aside now (moved, never deleted), said
+    in one line; the run's checkpoints are the new branch's."""
+    run = tmp_path / "run"
+    _checkpoints(run, steps=(2, 4, 6))
+    assert main(["sim", "--run-dir", str(run), "--resume", str(run / "checkpoints" / "step_00000002")]) == 0
+    out = capsys.readouterr().out
+    [aside] = [p for p in (run / "checkpoints").iterdir() if not p.name.startswith("step_")]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_00000004", "step_00000006"]
+    assert (f"multigpu sim: resuming {run / 'checkpoints' / 'step_00000002'} rewinds this run: its later "
+            f"checkpoints (step_00000004, step_00000006) are set aside in {aside}") in out, out
+    assert len(launched) == 1

@@ -286,6 +286,36 @@ def check_not_past(workload: Workload, cfg: Any, resume: str | None, run_dir: Pa
                           "without --resume")
 
 
+def set_aside_later(workload: Workload, run_dir: Path, resume: Path) -> Path | None:
+    """``--resume PATH`` of one of this run's own checkpoints, with later ones beside it, rewinds the run: its later
+    checkpoints are moved (never deleted) into ``checkpoints/abandoned_<time>/`` and one line says so. Left there,
+    ``--resume auto`` continued them, not the new branch, and rotation deleted the new branch's steps (the old,
+    higher ones counted as newer). Returns the folder they went to (None: nothing to set aside). Holding the run's
+    lock."""
+    import re
+    import time
+
+    from multigpu.checkpoint import CHECKPOINTS
+    from multigpu.checkpoint.store import is_checkpoint
+
+    folder = (run_dir / CHECKPOINTS).resolve()
+    step_of = re.compile(r"^step_(\d+)$")
+    here = resume.resolve()
+    if here.parent != folder or not is_checkpoint(here) or (m := step_of.match(here.name)) is None:
+        return None
+    later = sorted(p for p in folder.iterdir() if (n := step_of.match(p.name)) and int(n[1]) > int(m[1]))
+    if not later:
+        return None
+    aside = folder / f"abandoned_{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"multigpu {workload.name}: resuming {resume} rewinds this run: its later checkpoints "
+          f"({', '.join(p.name for p in later)}) are set aside in {run_dir / CHECKPOINTS / aside.name} (never deleted), "
+          "and --resume auto continues this branch from now on", flush=True)
+    return aside
+
+
 def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any, where: str = "the run being resumed") -> None:
     """A resumed run keeps the keys its workload names in ``resume_keeps``: one line naming the first that
     changed from ``saved`` (the config of ``where``: the run's ``run.json``, or the checkpoint's own record)."""
@@ -542,6 +572,8 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
                         run_dir.rmdir()
                 raise
     with rundir.hold(run_dir, node_rank=launch_cfg.node_rank, fresh_only=fresh_only, hint=_USED_HINT):
+        if args.resume not in (None, "auto") and (session is None or session.node_rank == 0):
+            set_aside_later(workload, run_dir, Path(args.resume))
         if not fresh and args.run_dir is None and args.resume == "auto":
             print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
         command = resume_command(getattr(args, "_argv", None), run_dir.resolve(), launch_cfg.nnodes) \
