@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import pickle
 from pathlib import Path
 
@@ -86,4 +87,41 @@ def png_bomb(path: Path, side: int = 12000) -> Path:
     stream = b"\x78\xda" + block * side + raw.flush() + struct.pack(">I", (len(row) * side % 65521) << 16 | 1)
     header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)  # 8-bit RGB
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b""))
+    return path
+
+
+def nifti_gz_bomb(path: Path, shape: tuple[int, int, int] = (512, 512, 320)) -> Path:
+    """A ``.nii.gz`` float32 volume of zeros, ``shape`` (the default: 320 MiB of voxels in about 330 KB), made in
+    well under a second without holding it: nibabel writes the header of an uncompressed file, and the voxels are one
+    deflated MiB of zeros with a full flush (so the block stands alone) repeated, in a gzip member whose CRC-32 is
+    extended by ``zlib.crc32`` over the same MiB. (A 1.3 MB one once decoded to 4.8 GB in every rank.)"""
+    import gzip
+    import io
+    import struct
+    import zlib
+
+    import nibabel as nib
+    import numpy as np
+
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.float32)
+    head = io.BytesIO()
+    header.write_to(head)
+    head.write(b"\0" * (int(header["vox_offset"]) - head.tell()))  # up to the voxels (352: the extension flag)
+    prefix, data_bytes, mib = head.getvalue(), math.prod(shape) * 4, 1 << 20
+    assert data_bytes % mib == 0
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    first = raw.compress(prefix) + raw.flush(zlib.Z_FULL_FLUSH)
+    block = raw.compress(b"\0" * mib) + raw.flush(zlib.Z_FULL_FLUSH)
+    crc = zlib.crc32(prefix)
+    zeros = b"\0" * mib
+    for _ in range(data_bytes // mib):
+        crc = zlib.crc32(zeros, crc)
+    total = len(prefix) + data_bytes
+    body = first + block * (data_bytes // mib) + raw.flush()
+    gz = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + body + struct.pack("<II", crc, total & 0xFFFFFFFF)
+    path.write_bytes(gz)
+    with gzip.open(path, "rb") as f:  # a valid stream: its first bytes are the header
+        assert f.read(len(prefix)) == prefix
     return path

@@ -365,10 +365,39 @@ def _alias_problem(data: Any) -> str | None:
     return None
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives a key twice (YAML says keys are unique; PyYAML keeps the last one, silently)."""
+
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"the key {key!r} twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding a key twice (:class:`DuplicateKeyError`)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys merged in may be given again
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(key, seen[key], line)
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+        return super().construct_mapping(node, deep=deep)
+
+
 def _safe_load(text: str) -> Any:
-    """``yaml.safe_load``, with a nesting too deep for the parser reported as bad YAML, not an internal error."""
+    """``yaml.safe_load``, refusing a mapping that gives a key twice (:class:`DuplicateKeyError`), and with a nesting
+    too deep for the parser reported as bad YAML, not an internal error."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise yaml.YAMLError("nested too deeply") from None
 
@@ -382,6 +411,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = _safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"config file '{path}' has the key {exc.key!r} twice (lines {exc.first} and {exc.second}); "
+                          "valid: each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""

@@ -3,7 +3,8 @@
 Standard library only. Two kinds of output:
 
 * whole files (summaries, CSVs, plots, images, reports, checkpoints) go through
-  :func:`atomic_path`: a temporary file beside the target, renamed over it once
+  :func:`atomic_path`: a temporary file in a private folder made beside the target
+  (no name another user can guess or plant a link at), renamed over it once
   complete, removed if writing fails;
 * line logs (``metrics.jsonl``, ``samples_node<k>.jsonl``) go through
   :func:`append_line` / :class:`JsonlLog`: a line is appended whole or not at
@@ -23,6 +24,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +32,8 @@ from typing import Any
 
 from multigpu.errors import OutputError
 
-__all__ = ["PRIVATE_UMASK", "JsonlLog", "append_line", "atomic_path", "cannot_write", "describe_os_error", "os_error_in",
+__all__ = ["PRIVATE_UMASK", "JsonlLog", "Temporary", "append_line", "atomic_path", "cannot_write", "create_exclusive",
+           "describe_os_error", "os_error_in",
            "private_files", "read_jsonl", "set_user_umask", "user_made", "user_umask", "write_failure", "write_json_atomic",
            "write_text_atomic"]
 
@@ -80,9 +83,23 @@ def user_made(path: str | Path) -> Path:
     path = Path(path)
     umask = user_umask()
     for item in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else ())]:
-        if not item.is_symlink():
-            item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+        _chmod_no_follow(item, umask)
     return path
+
+
+def _chmod_no_follow(item: Path, umask: int) -> None:
+    """Give ``item`` the mode a plain create under ``umask`` makes, through a descriptor opened without following a
+    link (a link put in its place meanwhile, in a folder another user owns, is left alone, as is its target)."""
+    try:
+        fd = os.open(item, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # a link (ELOOP), or gone
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            os.fchmod(fd, (0o777 if stat.S_ISDIR(st.st_mode) else 0o666) & ~umask)
+    finally:
+        os.close(fd)
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -142,32 +159,135 @@ def write_failure(path: str | Path, exc: BaseException) -> str | None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, *, keep_suffix: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it over ``path``, on error remove it.
+    """Yield a temporary path to write ``path``'s content to; on success it is renamed over ``path``, on error removed.
+
+    The temporary lies in a folder of this process's own, made beside ``path`` with a name no one can guess
+    (``.<name>.<random>.tmp/``, mode 0700, ``mkdir`` that never follows a link), and is named ``path``'s own name in
+    it, so a writer that picks the format from the name (``savefig``, image libraries, ``.nii.gz``) sees the suffix.
+    On Linux the yielded path reaches that folder through this process's descriptor of it
+    (``/proc/self/fd/<n>/<name>``): whoever owns ``path``'s folder can rename or replace any entry in it (a link
+    planted at the temporary's name, a folder of links put where ours was), and the write still goes to the file
+    this process made, never through a link. The rename that ends the write replaces whatever ``path`` is (a link
+    planted there included) without following it.
 
     Args:
         path: The file to write (its folder is created).
-        keep_suffix: End the temporary name with ``path``'s suffix, for writers that pick the
-            format from it (``savefig``, image libraries): ``.x.tmp<pid>.png`` instead of ``.x.png.tmp<pid>``.
+        keep_suffix: Kept for callers; the temporary always ends with ``path``'s own name.
 
     Raises:
         OutputError: the folder or the file could not be written (an ``OSError``: disk full,
             read-only, no permission), naming ``path``; the original error is its ``__cause__``.
     """
+    del keep_suffix
     path = Path(path)
-    name = f".{path.stem}.tmp{os.getpid()}{path.suffix}" if keep_suffix else f".{path.name}.tmp{os.getpid()}"
-    tmp = path.with_name(name)
+    temporary = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        yield tmp
-        os.replace(tmp, path)
+        temporary = Temporary(path)
+        yield temporary.path
+        temporary.commit()
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise cannot_write(path, exc) from exc
-    except BaseException:
+    finally:
+        if temporary is not None:
+            temporary.discard()
+
+
+_PROC_FD = os.path.isdir("/proc/self/fd") and sys.platform.startswith("linux")
+"""A folder's descriptor reaches it by path (``/proc/self/fd/<n>/...``) whatever its name becomes (Linux)."""
+
+
+class Temporary:
+    """The temporary of one whole-file write of ``target`` (see :func:`atomic_path`, which is this as a ``with``):
+    :attr:`path` to write to, then :meth:`commit` puts it in place, and :meth:`discard` (always) removes what is
+    left. For a write that spans calls (a table written a part at a time).
+
+    Raises:
+        OSError: from the constructor and :meth:`commit`, as the file system gives it.
+    """
+
+    def __init__(self, target: str | Path):
+        self.target = Path(target)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self._folder_fd = os.open(self.target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._own, self._own_fd = _own_folder(self.target.parent, self._folder_fd, self.target.name)
+        except BaseException:
+            os.close(self._folder_fd)
+            raise
+        name = self.target.name
+        self.path = Path(f"/proc/self/fd/{self._own_fd}", name) if _PROC_FD else self.target.parent / self._own / name
+        """Where to write: ``target``'s own name, in this write's own folder."""
+
+    def commit(self, *, exclusive: bool = False) -> bool:
+        """Put the written file at ``target``: renamed over whatever is there (a link is replaced, not followed), or,
+        ``exclusive``, hard-linked there only if nothing is (returns False when something is). The temporary must be
+        a regular file (not a link put in its place)."""
+        name = self.target.name
+        st = os.stat(name, dir_fd=self._own_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"the temporary of {self.target} is not a regular file")
+        if not exclusive:
+            os.replace(name, name, src_dir_fd=self._own_fd, dst_dir_fd=self._folder_fd)
+            return True
+        try:
+            os.link(name, name, src_dir_fd=self._own_fd, dst_dir_fd=self._folder_fd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        return True
+
+    def discard(self) -> None:
+        """Remove the temporary (if still there) and this write's folder (if still where it was made: one put in its
+        place is left alone); idempotent."""
+        if self._own_fd < 0:
+            return
         with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+            os.unlink(self.target.name, dir_fd=self._own_fd)
+        with contextlib.suppress(OSError):
+            if os.fstat(self._own_fd)[:2] == os.stat(self._own, dir_fd=self._folder_fd, follow_symlinks=False)[:2]:
+                os.rmdir(self._own, dir_fd=self._folder_fd)
+        os.close(self._own_fd)
+        os.close(self._folder_fd)
+        self._own_fd = self._folder_fd = -1
+
+
+def _own_folder(parent: Path, folder_fd: int, name: str) -> tuple[str, int]:
+    """Make a folder of this process's own in ``parent`` (open as ``folder_fd``), named ``.<name>.<random>.tmp``
+    (``mkdir`` refuses a name that exists, a link included: another name is drawn); its name and a descriptor of it,
+    checked to be the folder made (this user's, no one else's to enter), not one put in its place between the two."""
+    import secrets
+
+    for _ in range(100):
+        own = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.mkdir(own, 0o700, dir_fd=folder_fd)
+        except FileExistsError:
+            continue
+        fd = os.open(own, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            raise OSError(errno.EEXIST, f"a folder of another user's took the place of this write's temporary in "
+                                        f"{parent}")
+        return own, fd
+    raise OSError(errno.EEXIST, f"no free temporary name in {parent}")
+
+
+def create_exclusive(path: str | Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data``, whole, only if nothing is there (a link included): False if something is.
+    Written in a write's own folder (:class:`Temporary`), then hard-linked into place: a reader sees all of it or
+    nothing, and no link planted beside it is followed.
+
+    Raises:
+        OSError: as the file system gives it.
+    """
+    temporary = Temporary(path)
+    try:
+        fd = os.open(temporary.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as fh:
+            fh.write(data)
+        return temporary.commit(exclusive=True)
+    finally:
+        temporary.discard()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -85,12 +85,15 @@ def test_a_rank_the_oom_killer_ends_is_named_so(version, tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("limit_mib, sigint", [(300, signal.SIG_DFL), (450, signal.SIG_IGN)])
+@pytest.mark.parametrize("limit_mib, sigint", [(300, signal.SIG_DFL), (450, signal.SIG_IGN), (390, signal.SIG_DFL),
+                                              (488, signal.SIG_DFL)])
 def test_an_rlimit_as_too_small_for_torch_is_one_line(tmp_path, limit_mib, sigint):
     """Under a ``ulimit -v`` too small to load torch the command itself died in a traceback through the imports
     ("failed to map segment from shared object", or a MemoryError, as the limit falls). Also with SIGINT ignored,
     as a command started in the background of a script (`nohup multigpu ... &`) has it: the line came only where
-    Ctrl-C could be answered."""
+    Ctrl-C could be answered. Issue 48: at 390 MiB torch's import aborted in C++ (`std::bad_alloc`, exit 134) and at
+    488 MiB OpenBLAS ended it ("Memory allocation still failed after 10 retries"), neither with a multigpu line:
+    the limit is compared with what loading takes before anything is loaded."""
     import resource
 
     def limited():

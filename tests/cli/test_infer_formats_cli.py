@@ -95,6 +95,9 @@ def test_bad_array_or_volume_is_one_line_exit_2_before_anything_runs(tmp_path, c
 @pytest.mark.parametrize("roi,message", [
     (["8", "8"], "roi=[8, 8] has 2 entries; the inputs have 3 spatial dims (give one value or 3)"),
     (["8"], "the model multigpu.infer.models:denoiser failed on a test window of shape (1, 1, 8, 8, 8)"),
+    # issue 48: the built-in models are 2-D, and nothing said so
+    (["8"], "; the built-in models (denoiser, edges, upsample2x) are 2-D: a volume needs a 3-D model of yours "
+            "(--model pkg.module:factory)"),
     (["40"], "--roi 40 is larger than the largest input (16x16x8)"),
 ])
 def test_a_volume_takes_3d_windows_and_a_2d_model_is_refused(tmp_path, capsys, roi, message):

@@ -211,7 +211,17 @@ def test_a_preempted_pod_or_batch_job_checkpoints_its_step_and_continues_its_run
                    "mine", "--checkpoint-on-interrupt", "--print-sbatch").splitlines()
     srun = next(line for line in lines if line.startswith("srun "))
     assert srun.count("--checkpoint-on-interrupt") == 1 and srun.count("--run-dir") == 1  # the user's own, kept
-    assert "#SBATCH --requeue" in "\n".join(lines) and "--resume" not in srun
+    # ... and continued by a requeued start (issue 48: without --resume auto the second start found the folder used
+    # and was refused): the first start begins it, as --resume auto does on a new folder
+    assert "#SBATCH --requeue" in "\n".join(lines) and srun.count("--resume auto") == 1
+    job = _docs(_print(capsys, "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1", "--cpu", "--run-dir",
+                       "/data/mine", "--print-k8s"))["PyTorchJob"]
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert command.count("--run-dir") == 1 and command[-2:] == ["--resume", "auto"]
+    given = next(line for line in _print(capsys, "train", "-f", "nano", "--nnodes", "2", "--nproc-per-node", "1",
+                                         "--cpu", "--run-dir", "mine", "--resume", "auto", "--print-sbatch"
+                                         ).splitlines() if line.startswith("srun "))
+    assert given.count("--resume") == 1  # given already: not twice
     # a workload that cannot resume starts a new run folder of its own at each start (the next would be refused)
     srun = next(line for line in _print(capsys, "infer", "--nnodes", "2", "--nproc-per-node", "1", "--cpu",
                                         "--print-sbatch").splitlines() if line.startswith("srun "))

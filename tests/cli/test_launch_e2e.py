@@ -272,3 +272,18 @@ def test_a_plain_script_that_destroys_its_group_after_ddp_or_not_leaves_no_gloo_
     proc = run_cli("launch", "--nproc-per-node", "2", str(SCRIPTS / "ddp_then_destroy.py"), str(tmp_path), *mode)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name: p.read_text() for p in tmp_path.glob("threads*")} == {"threads0": "", "threads1": ""}
+
+
+def test_a_timeout_too_long_for_the_clocks_is_clamped_with_one_line(tmp_path):
+    """Issue 48: any --timeout-s of 1e10 or more killed every job at once (gloo "Timed out waiting 10000000000000ms",
+    the launcher "did not exit within 1e+10 s"): torch's and gloo's deadlines overflow past about 9.2e9 s. Past
+    1e9 s (31 years: no timeout, in effect) both timeouts are clamped to it, one line says so, and the job runs."""
+    proc = run_cli("launch", "--nproc-per-node", "2", "--timeout-s", "1e10", "--stall-timeout-s", "1e12",
+                   str(SCRIPTS / "allreduce_once.py"), env={"OMP_NUM_THREADS": "1"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank ")) == [
+        "rank 0: sum 2, timeout 1e+09 s", "rank 1: sum 2, timeout 1e+09 s"]
+    notes = [line for line in proc.stderr.splitlines() if "clamped" in line]
+    assert notes == ["multigpu: note: --timeout-s 1e+10 and --stall-timeout-s 1e+12 are clamped to 1e+09 s (31 "
+                     "years, no timeout in effect): torch's and gloo's clocks overflow past about 9.2e+09 s"], \
+        proc.stderr

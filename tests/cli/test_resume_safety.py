@@ -163,3 +163,20 @@ def test_a_resume_at_another_world_size_says_so_in_one_line_for_every_workload(t
     assert line in capsys.readouterr().out
     assert main(["sim", "--run-dir", str(ensemble), "--resume", "auto", "--cpu", "--nproc-per-node", "1"]) == 0
     assert "resuming a run of" not in capsys.readouterr().out  # the last launch was at 1 rank
+
+
+def test_a_resume_that_rewinds_its_own_run_sets_the_later_checkpoints_aside(tmp_path, launched, capsys):
+    """Issue 48: `--resume RUN/checkpoints/step_2` of a run that went on to steps 4 and 6 started a second branch
+    beside the first: `--resume auto` then continued the older, higher one, and keep_last deleted the new steps
+    (the old higher ones counted as newer). The later checkpoints are set aside now (moved, never deleted), said
+    in one line; the run's checkpoints are the new branch's."""
+    run = tmp_path / "run"
+    _checkpoints(run, steps=(2, 4, 6))
+    assert main(["sim", "--run-dir", str(run), "--resume", str(run / "checkpoints" / "step_00000002")]) == 0
+    out = capsys.readouterr().out
+    [aside] = [p for p in (run / "checkpoints").iterdir() if not p.name.startswith("step_")]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_00000004", "step_00000006"]
+    assert (f"multigpu sim: resuming {run / 'checkpoints' / 'step_00000002'} rewinds this run: its later "
+            f"checkpoints (step_00000004, step_00000006) are set aside in {aside}") in out, out
+    assert len(launched) == 1

@@ -155,3 +155,44 @@ def test_a_restarted_ensemble_ends_as_an_uninterrupted_one_and_resumes_like_any_
     assert copied.returncode == 0, (copied.stdout + copied.stderr)[-3000:]
     assert json.loads((other / "ensemble" / "summary.json").read_text())["replicates_run"] == 0
     assert _tables(other) == _tables(tmp_path / "ref") == _tables(run)
+
+
+@pytest.mark.e2e
+def test_continuing_another_users_ensemble_copies_its_files_checked_and_made_this_runs_own(tmp_path):
+    """Issue 48: `--resume THEIRS/ensemble --run-dir mine` hard-linked their replicate files into this run: `mine`
+    then held files of their owner and mode (0666 here), sharing inodes with their folder, and when they rewrote one
+    in place the next resume used it (an R band of 495.7 [-642, 1634] instead of ~2.4). Copies now: this run's
+    files, checked against the checksums their run recorded; what they do to theirs later changes nothing here."""
+    import os
+
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    design = ["-f", "sir", "--agents", "2000", "--steps", "10", "grid=[20,20]", "plot=false", "compile=false"]
+    first = run_cli("sim", *design, "--replicates", "4", "--run-dir", str(theirs), "--nproc-per-node", "1",
+                    env={"OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = sorted(theirs.glob("ensemble/replicates/p000000/r*.csv"))
+    assert len(files) == 4
+    for f in files:
+        f.chmod(0o666)  # as their owner left them: anyone may write
+    cont = run_cli("sim", "--resume", str(theirs / "ensemble"), "--replicates", "6", "--run-dir", str(mine),
+                   "--nproc-per-node", "1", env={"OMP_NUM_THREADS": "1"})
+    assert cont.returncode == 0, cont.stderr[-3000:]
+    ours = mine / "ensemble" / "replicates" / "p000000"
+    new_one = (ours / "r000005.csv").stat()  # one this run wrote itself: the mode and owner copies must have
+    for f in files:
+        copy = ours / f.name
+        assert copy.read_bytes() == f.read_bytes()
+        st = copy.stat()
+        assert st.st_ino != f.stat().st_ino and st.st_nlink == 1, f"{copy} is a link to {f}"
+        assert (st.st_uid, st.st_mode & 0o777) == (new_one.st_uid, new_one.st_mode & 0o777) == (os.geteuid(), 0o600)
+    bands = (mine / "ensemble" / "bands.csv").read_bytes()
+    # their owner rewrites one of their files in place (same inode): nothing of it reaches this run
+    kept = (ours / files[0].name).read_bytes()
+    with open(files[0], "r+b") as fh:
+        fh.seek(len(kept) - 3)
+        fh.write(b"99")
+    assert (ours / files[0].name).read_bytes() == kept
+    again = run_cli("sim", "--resume", "auto", "--run-dir", str(mine), "--nproc-per-node", "1",
+                    env={"OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (mine / "ensemble" / "bands.csv").read_bytes() == bands

@@ -165,3 +165,20 @@ def test_ranks_get_the_callers_environment_path_and_output_at_each_call(_server_
     out, err = capfd.readouterr()
     assert sorted(line for line in out.splitlines() if line.startswith("rank ")) == ["rank 0 prints", "rank 1 prints"]
     assert sorted(line for line in err.splitlines() if line.startswith("rank ")) == ["rank 0 warns", "rank 1 warns"]
+
+
+def _draws() -> list:
+    import random
+
+    import numpy
+    import torch
+
+    return [torch.initial_seed(), torch.rand(2).tolist(), random.random(), float(numpy.random.rand())]
+
+
+def test_each_rank_draws_its_own_random_numbers(_server_started_elsewhere):
+    """Issue 48: ranks forked from the long-lived forkserver drew its torch stream, the same on every rank (a new
+    interpreter's, as under torchrun, is its own). torch's, Python's and NumPy's generators differ between ranks."""
+    first, second = run_on_ranks(_draws, 2)
+    assert all(a != b for a, b in zip(first, second, strict=True)), (first, second)
+

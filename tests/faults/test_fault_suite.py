@@ -358,6 +358,27 @@ def test_a_second_run_on_a_busy_run_directory_is_refused_and_the_first_is_untouc
     FAULTS["run dir"] += 1
 
 
+def test_a_launch_whose_log_dir_is_a_running_runs_folder_is_refused_and_the_run_untouched(tmp_path, capsys,
+                                                                                         monkeypatch, fake_gpus):
+    """Issue 48: `multigpu launch --log-dir RUN script.py` on a running train run's folder was not refused (the lock
+    covered --run-dir only) and replaced its run.json, which the run's resume reads."""
+    fake_gpus(0)
+    run_dir = tmp_path / "run"
+    seen = {}
+
+    def first_run(config, entrypoint, args):  # while the train run is on, a plain launch names its folder
+        capsys.readouterr()
+        seen["code"] = main(["launch", "--log-dir", str(run_dir), str(SCRIPTS / "fail_rank1.py")])
+        seen["err"] = capsys.readouterr().err
+
+    monkeypatch.setattr("multigpu.launch.agent._elastic_launch", first_run)
+    assert main(["train", "-f", "nano", "--run-dir", str(run_dir), "seed=1"]) == 0
+    assert seen["code"] == 2 and seen["err"].count("\n") == 1, seen
+    assert f"--log-dir {run_dir} is the run folder of a train run (its run.json would be replaced)" in seen["err"]
+    assert json.loads((run_dir / "run.json").read_text())["workload"] == "train"
+    FAULTS["run dir"] += 1
+
+
 def test_a_stale_lock_is_taken_over_with_a_note(tmp_path, capsys, seam_ok, fake_gpus):
     fake_gpus(0)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from multigpu.cli import build_parser, commands, main
 from tests.conftest import ROOT, SCRIPTS
-from tests.payloads import evil_checkpoint, evil_sim_checkpoint, png_bomb
+from tests.payloads import evil_checkpoint, evil_sim_checkpoint, nifti_gz_bomb, png_bomb
 
 COMMANDS = commands()
 """Every command of ``multigpu --help`` (the tools and the built-in workloads that are commands)."""
@@ -319,6 +319,35 @@ def _busy(tmp: Path) -> Path:
     return run
 
 
+def _deep_manifest(tmp: Path) -> Path:
+    """A run folder whose one checkpoint's manifest.json is 200,000 lists deep."""
+    step = tmp / "deep" / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    return tmp / "deep"
+
+
+def _truncated_run(tmp: Path) -> Path:
+    """A train run whose every checkpoint has a file shorter than its manifest records (a copy cut short)."""
+    run = tmp / "cut"
+    for step in (2, 4):
+        folder = run / "checkpoints" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "state.pt").write_bytes(b"cut short")
+        manifest = {"format": 2, "step": step, "world_size": 1, "time": "", "meta": {},
+                    "files": {"state.pt": {"bytes": 4096, "sha256": "0" * 64}}}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    (run / "run.json").write_text(json.dumps({"workload": "train", "config": {}}))
+    return run
+
+
+def _lock_folder(tmp: Path) -> Path:
+    """A run directory whose lock's name is taken by a folder."""
+    run = tmp / "locked"
+    (run / ".lock").mkdir(parents=True)
+    return run
+
+
 def _other_models_run(tmp: Path) -> Path:
     """A train run whose checkpoint (never opened: the launcher reads its manifest) holds a narrower model."""
     run = tmp / "narrow"
@@ -419,6 +448,21 @@ def _file(path: Path) -> str:
     return str(path)
 
 
+def _nan_affine_nifti(tmp: Path) -> str:
+    """A NIfTI volume whose voxel-to-world matrix (sform) holds a NaN: nibabel reads it, and refuses to write it."""
+    import nibabel as nib
+    import numpy as np
+
+    header = nib.Nifti1Header()
+    header.set_data_shape((20, 20, 20))
+    header.set_data_dtype(np.float32)
+    header["sform_code"], header["qform_code"], header["vox_offset"] = 1, 0, 352
+    header["srow_x"], header["srow_y"], header["srow_z"] = [np.nan, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]
+    path = tmp / "nan.nii"
+    path.write_bytes(header.binaryblock + bytes(4) + bytes(20 * 20 * 20 * 4))
+    return str(path)
+
+
 def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     folder = tmp / "report_in"
     folder.mkdir()
@@ -426,6 +470,44 @@ def _report_dir(tmp: Path, files: dict[str, str]) -> str:
         (folder / name).write_text(text)
     return str(folder)
 
+
+def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
+    """A finished ensemble run (4 replicates) whose replicate r000002.csv had one digit changed since it was written,
+    its shape intact (a band mean of 13,751 instead of 2,501 passed unnoticed)."""
+    import subprocess
+    import sys
+
+    run = tmp / "ens"
+    subprocess.run([sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "2000", "--steps", "10",
+                    "grid=[20,20]", "plot=false", "compile=false", "--replicates", "4", "--run-dir", str(run),
+                    "--nproc-per-node", "1"], check=True, capture_output=True, timeout=180, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    victim = run / "ensemble" / "replicates" / "p000000" / "r000002.csv"
+    text = victim.read_text()
+    at = max(i for i, c in enumerate(text) if c.isdigit())
+    victim.write_text(text[:at] + str((int(text[at]) + 5) % 10) + text[at + 1:])
+    return run
+
+
+def _loose_checkpoint(tmp: Path, workload: str, *args: str) -> str:
+    """A checkpoint of a short ``workload`` run copied away from its run folder (no run.json beside it)."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp / "made"
+    subprocess.run([sys.executable, "-m", "multigpu", workload, *args, "--run-dir", str(run), "--nproc-per-node", "1"],
+                   check=True, capture_output=True, timeout=180, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    first = min((run / "checkpoints").glob("step_*"))
+    shutil.copytree(first, tmp / "ck")
+    shutil.rmtree(run)
+    return str(tmp / "ck")
+
+
+_RL_RUN = ("-f", "ppo-cartpole", "num_envs=64", "total_env_steps=2048", "target_return=null", "checkpoint_every=1")
+_SIM_RUN = ("-f", "sir", "--agents", "2000", "--steps", "4", "grid=[20,20]", "plot=false", "compile=false",
+            "--checkpoint-every", "2")
 
 GIB = 1 << 30
 _SUMMARY_WITHOUT_STEPS = json.dumps({"unit": "items", "world_size": 1, "throughput": 1.0})
@@ -456,12 +538,58 @@ LIMIT_CASES = [
      "already exists and is not empty (checkpoints/, metrics.jsonl); valid: --resume auto to continue that run"),
     ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_busy(t)), "--resume", "auto"],
      "is in use by another run: pid"),
+    # launch --log-dir onto a run's folder: its run.json would be replaced (while it runs, or for its resume)
+    ("run dir", None, lambda t: ["launch", "--log-dir", str(_busy(t)), SCRIPT], "--log-dir {t}/busy is in use by "
+     "another run: pid"),
+    ("run dir", None, lambda t: ["launch", "--log-dir", str(_other_models_run(t)), SCRIPT],
+     "--log-dir {t}/narrow is the run folder of a train run (its run.json would be replaced); valid: another "
+     "--log-dir"),
+    # every checkpoint cut short: the ranks found none usable and one of them ended the job (exit 1)
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_truncated_run(t)), "--resume", "auto"],
+     "cut/checkpoints holds 2 checkpoint folder(s) and none can be used (step_00000004: state.pt is truncated (9 "
+     "bytes on disk, 4,096 written)"),
+    # a manifest nested too deeply for the JSON reader: an internal RecursionError, for auto and a path alike
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_deep_manifest(t)), "--resume", "auto"],
+     "step_00000002: its manifest.json is nested too deeply to read"),
+    ("run dir", None, lambda t: ["train", "-f", "nano", "--resume", str(_deep_manifest(t) / "checkpoints" /
+                                                                       "step_00000002"), "--run-dir", str(t / "r")],
+     "step_00000002: its manifest.json is nested too deeply to read; valid: an intact checkpoint"),
+    ("run dir", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(_lock_folder(t)), "--resume", "auto"],
+     "--run-dir {t}/locked: {t}/locked/.lock is a folder, not the run's lock file; valid: remove that folder, or "
+     "another --run-dir"),
     ("run dir", None, lambda t: ["train", "-f", "nano", "--run-dir", str(_other_models_run(t)), "--resume", "auto"],
      "step_00000004 does not fit this model: tok.weight is (98, 32) in the checkpoint and (98, 192) in the model"),
     ("run dir", None, lambda t: ["bench", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty (checkpoints/, metrics.jsonl); give a new folder"),
     ("run dir", None, lambda t: ["verify", "--nproc", "1,2", "--run-dir", str(_used(t)), SCRIPT],
      "already exists and is not empty"),
+    # a replicate changed since it was written: refused by its checksum, naming it (continued or copied)
+    ("ensemble files", None, lambda t: ["sim", "--resume", "auto", "--run-dir", str(_ensemble_with_a_changed_digit(t))],
+     "ens/ensemble/replicates/p000000/r000002.csv is not the replicate this ensemble wrote (it does not match its "
+     "checksum in"),
+    ("ensemble files", None, lambda t: ["sim", "--resume", str(_ensemble_with_a_changed_digit(t) / "ensemble"),
+                                        "--run-dir", str(t / "r")],
+     "r000002.csv is not the replicate this ensemble wrote (it does not match its checksum in {t}/ens/ensemble/"
+     "checksums.jsonl"),
+    # a checkpoint away from its run folder, resumed with a setting the run must keep: checked against the checkpoint
+    ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "num_steps=8",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: rl.num_steps is 8 here but 16 in the checkpoint {t}/ck, and a resumed rl run keeps"),
+    ("resumed settings", None, lambda t: ["rl", "--resume", _loose_checkpoint(t, "rl", *_RL_RUN), "seed=5",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: rl.seed is 5 here but 1 in the checkpoint {t}/ck"),
+    # another model on a resumed run: the old model's parameters were blamed ("unknown config key sim.params.move_prob")
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--model",
+                                          "market", "--run-dir", str(t / "r")],
+     "error: --resume: sim.model is 'market' here but 'sir' in the checkpoint {t}/ck, and a resumed sim run keeps"),
+    # fewer steps than the checkpoint has done: nothing ran, and the run ended as if it had
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--steps", "1",
+                                          "--run-dir", str(t / "r")],
+     "error: --resume: {t}/ck is at step 2, past the 1 steps this sim run is set to: nothing would run; valid: more "
+     "steps than 2"),
+    ("resumed settings", None, lambda t: ["sim", "--resume", _loose_checkpoint(t, "sim", *_SIM_RUN), "--agents",
+                                          "3000", "--run-dir", str(t / "r")],
+     "error: --resume: sim.agents is 3000 here but 2000 in the checkpoint {t}/ck"),
     ("foreign files", None, lambda t: ["sim", "-f", "sir", "--run-dir", str(t / "r"), "--save-agents",
                                        _users_folder(t)],
      "thesis' holds files that are not agent files (sub/, thesis.txt), so it is not replaced"),
@@ -471,6 +599,10 @@ LIMIT_CASES = [
     ("limits", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                 str(png_bomb(t / "bomb.png", 12000)), "--run-dir", str(t / "r")],
      "is 12000x12000 and would decode to 412 MiB from a "),
+    ("limits", None, lambda t: ["infer", "--model", "tests.cli.test_infer_formats_e2e:smooth3d", "--roi", "64",
+                                "--input", str(nifti_gz_bomb(t / "bomb.nii.gz")), "--run-dir", str(t / "r")],
+     "bomb.nii.gz' would decompress to 320 MiB of voxels from a 324 KiB file (1,011x its size, more than "
+     "max_decode_ratio=100)"),
     # the bomb guard turned off: the memory check now counts what decoding costs (the old count, 5.4 GiB, passed)
     ("limits", int(5.8 * GIB), lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--input",
                                           str(png_bomb(t / "bomb.png", 12000)), "--set", "max_decode_ratio=0",
@@ -515,6 +647,11 @@ LIMIT_CASES = [
     ("data values", None, lambda t: ["infer", "--model", "multigpu.infer.models:denoiser", "--roi", "16", "--input",
                                      _cut_png(t), "--run-dir", str(t / "r")],
      "error: input '{t}/cut.png' is cut short or damaged (Truncated File Read); valid: a complete PNG file"),
+    # a NaN in a NIfTI's affine: every window was computed, then nibabel refused to write the output (exit 1)
+    ("data values", None, lambda t: ["infer", "--model", "tests.cli.test_infer_formats_e2e:smooth3d", "--roi", "16",
+                                     "--input", _nan_affine_nifti(t), "--run-dir", str(t / "r")],
+     "NIfTI '{t}/nan.nii' has an affine (its voxel-to-world matrix) that is not finite (nan in row 0); valid: a "
+     "NIfTI whose qform/sform holds finite numbers"),
     # a --log-dir that is a file (torch's NotADirectoryError, an internal error), a rendezvous setting torch reads
     # as a number (its error came as the job started: two lines, exit 1)
     ("log dir", None, lambda t: ["launch", "--log-dir", _file(t / "afile"), SCRIPT],
@@ -526,6 +663,22 @@ LIMIT_CASES = [
     ("rdzv conf", None, lambda t: ["sim", "-f", "sir", "--rdzv-conf", "is_host=true,keep_alive_max_attempt=0",
                                    "--run-dir", str(t / "r")],
      "error: --rdzv-conf keep_alive_max_attempt=0 is invalid; valid: a whole number of attempts, 1 or more"),
+    # a key given twice in a YAML mapping: the last one won, silently
+    ("config files", None, lambda t: ["train", "-f", _config(t, "steps: 4\nlr: 0.001\nsteps: 8\n"),
+                                      "--run-dir", str(t / "r")],
+     "error: config file '{t}/cfg.yaml' has the key 'steps' twice (lines 1 and 3); valid: each key once"),
+    ("config files", None, lambda t: ["sim", "-f", _config(t, "params:\n  beta: 0.1\n  beta: 0.2\n"),
+                                      "--run-dir", str(t / "r")],
+     "has the key 'beta' twice (lines 2 and 3)"),
+    # a --local-ranks-filter beyond the node's workers: every line hidden, silently
+    ("launch flags", None, lambda t: ["launch", "--nproc-per-node", "1", "--local-ranks-filter", "5", SCRIPT],
+     "error: --local-ranks-filter 5 names local rank(s) 5, but this node runs 1 worker(s); valid: local ranks 0 to 0"),
+    # a thread count no rank can start: "exited with code 130 without a Python exception"
+    ("launch flags", None, lambda t: ["launch", "--threads", "100000", SCRIPT],
+     "error: --threads 100000 asks each rank for 100,000 compute threads on 2 core(s); valid: at most 1,024"),
+    # a misspelt --rdzv-conf key: ignored (torch reads the keys it knows, the join waited its default 600 s)
+    ("rdzv conf", None, lambda t: ["launch", "--rdzv-conf", "join_timout=5", SCRIPT],
+     "error: --rdzv-conf join_timout=5: unknown key 'join_timout' (did you mean join_timeout?); valid keys: "),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": _SUMMARY_WITHOUT_STEPS})],
      "summary.json has no 'steps' entry"),
     ("report files", None, lambda t: ["report", _report_dir(t, {"summary.json": '{"steps": 3,'})],
@@ -625,6 +778,18 @@ TINY_INPUT_CASES = [
      "override 'x=...' is refused: its aliases (*name) expand it to"),
     (lambda t: ["train", "-f", "nano", "--dry-run", "--world-size", "1000000000"],
      "--world-size 1000000000: a dry run plans at most 1,048,576 ranks"),
+    # an ensemble's size, counted before a replicate or a point is listed (5 GB after 25 s; 1.4 GB, nothing run)
+    (lambda t: ["sim", "-f", "sir", "--replicates", "1000000000000", "--run-dir", str(t / "r")],
+     "sim.ensemble.replicates=1000000000000 is more than one ensemble runs: valid: at most 1,000,000 replicates "
+     "in all"),
+    (lambda t: ["sim", "-f", "sir", "--replicates", "200", "--sweep", "params.beta=0.1:0.5:10000", "--run-dir",
+                str(t / "r")],
+     "10,000 points x 200 replicates = 2,000,000 replicates; valid: at most 1,000,000 replicates in all"),
+    (lambda t: ["sim", "-f", "sir", "--sweep", "params.beta=0.1:0.5:100000000", "--run-dir", str(t / "r")],
+     "--sweep params.beta=0.1:0.5:100000000 makes 100,000,000 points; valid: at most 10,000 sweep points"),
+    (lambda t: ["sim", "-f", "sir", "--sweep", "params.beta=0.1:0.5:5000", "--sweep", "agents=1000:2000:5000",
+                "--run-dir", str(t / "r")],
+     "--sweep makes 25,000,000 points (5,000 x 5,000); valid: at most 10,000 sweep points"),
 ]
 
 
@@ -669,12 +834,15 @@ def test_a_log_dir_on_a_read_only_file_system_gets_one_line_and_exit_2(tmp_path)
     python = f"{sys.executable} -m multigpu"
     script = (f"mount -t tmpfs -o ro,size=1m tmpfs {ro} || exit 99; "
               f"{python} launch --log-dir {ro}/logs {SCRIPT}; echo rc=$?; "
-              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?")
+              f"{python} train -f nano --log-dir {ro} --run-dir {run}; echo rc=$?; "
+              f"{python} sim -f sir --run-dir {ro}/run; echo rc=$?")
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     if proc.returncode == 99:
         pytest.skip(f"this machine does not let a mount namespace mount tmpfs: {proc.stderr.strip()}")
-    assert proc.stdout.split() == ["rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    assert proc.stdout.split() == ["rc=2", "rc=2", "rc=2"], (proc.stdout, proc.stderr)
+    # the run folder on it: read-only, not "only 1 MiB free" (issue 48: the free-space check spoke first)
     assert proc.stderr.splitlines() == [f"error: could not create --log-dir {ro}/logs: Read-only file system (EROFS)",
-                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)"]
+                                        f"error: cannot write into --log-dir {ro}: Read-only file system (EROFS)",
+                                        f"error: could not create --run-dir {ro}/run: Read-only file system (EROFS)"]
     assert not run.exists()

@@ -307,3 +307,53 @@ def test_the_simulation_keeps_only_its_last_checkpoints(tmp_path):
                                          "checkpoint_every=2", "keep_last=2"], prefix="sim")
     runner.run(cfg, script_context(tmp_path / "run"))
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
+
+
+def test_the_simulations_series_so_far_are_checksummed_with_its_checkpoint(tmp_path):
+    """Issue 48: the series a resumed simulation continues (every step's aggregates so far) lived in manifest.json's
+    meta, outside every checksum: a digit flipped there reached series.csv. They are in state.pt now, whose size and
+    SHA-256 the manifest records: what the manifest still says of the series is nothing, and a flipped byte of
+    state.pt is refused, naming the file."""
+    import json
+
+    import multigpu as mg
+    from multigpu.checkpoint.store import CorruptCheckpointError
+    from multigpu.config import load_config
+    from multigpu.run import script_context
+    from multigpu.sim import runner
+    from multigpu.sim.config import SimConfig
+
+    mg.init(backend="cpu", threads=1)
+    settings = ["agents=2000", "grid=[32,32]", "compile=false", "plot=false", "checkpoint_every=3", "keep_last=3"]
+    whole = runner.run(load_config(SimConfig, "sir", ["steps=6", *settings], prefix="sim"))
+    cfg = load_config(SimConfig, "sir", ["steps=3", *settings], prefix="sim")
+    runner.run(cfg, script_context(tmp_path / "run"))
+    step = tmp_path / "run" / "checkpoints" / "step_00000003"
+    manifest = json.loads((step / "manifest.json").read_text())
+    meta = manifest["meta"]
+    if "history" in meta:  # a digit of the infected count at step 2 changed where no checksum looks
+        meta["history"]["I"][1] += 9000
+        (step / "manifest.json").write_text(json.dumps(manifest))
+    resumed = runner.run(load_config(SimConfig, "sir", ["steps=6", *settings], prefix="sim"),
+                         script_context(tmp_path / "run", resume="auto"))
+    assert resumed.series == whole.series
+    assert not {"history", "env", "rebalances"} & set(meta), sorted(meta)
+    data = bytearray((step / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 1
+    (step / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="state.pt"):
+        runner.run(load_config(SimConfig, "sir", ["steps=6", *settings], prefix="sim"),
+                   script_context(tmp_path / "run", resume=str(step)))
+
+
+def test_a_fingerprint_with_nan_is_never_called_equal_let_alone_bit_exact():
+    """Issue 48: a NaN in the saved (or loaded) fingerprint made the resize check say "bit for bit" (max() of 0.0
+    and NaN is 0.0). A NaN sum cannot show the state is the one saved."""
+    from multigpu.checkpoint.resize import compare
+
+    nan, inf = float("nan"), float("inf")
+    for saved, loaded in (([nan, 1.0], [1.0, 1.0]), ([1.0, 1.0], [nan, 1.0]), ([nan, 1.0], [nan, 1.0]),
+                          ([inf, 1.0], [1.0, 1.0])):
+        check = compare({"model": saved}, {"model": loaded})
+        assert not check["equal"] and not check["bit_exact"], (saved, loaded, check)
+    assert compare({"model": [inf, 2.0]}, {"model": [inf, 2.0]})["bit_exact"]  # the same infinity: the same sum

@@ -61,6 +61,13 @@ def test_the_faked_broken_setup_fails_the_right_checks_with_hints():
     ({"QD_VISIBLE_DEVICE": "0", "TI_VISIBLE_DEVICE": "2"}, "fail", "different GPUs"),
     ({"CUDA_VISIBLE_DEVICES": "0,1", "EGL_DEVICE_ID": "2"}, "fail", "hides"),
     ({"CUDA_VISIBLE_DEVICES": ""}, "warn", "hides all 2"),
+    # issue 48: CUDA stops reading the list at the first entry that is not an index or a UUID (none visible here)
+    ({"CUDA_VISIBLE_DEVICES": "garbage"}, "fail", "CUDA_VISIBLE_DEVICES='garbage': 'garbage' is not a GPU index or "
+                                                  "UUID, and CUDA reads no further: no GPU is visible"),
+    ({"CUDA_VISIBLE_DEVICES": "0,gpu1,1"}, "fail", "'gpu1' is not a GPU index or UUID, and CUDA reads no further: "
+                                                   "only 0 is visible"),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8f2a,MIG-1c3d, 1"}, "pass", "agree"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "warn", "no GPU is visible"),  # hiding them on purpose
 ])
 def test_device_variables_agree_or_not(env, status, words):
     r = check_device_vars(dataclasses.replace(HEALTHY_GPU, env=env))

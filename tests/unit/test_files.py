@@ -23,6 +23,8 @@ def test_success_replaces_and_failure_keeps_the_old_file_without_leftovers(tmp_p
 
 def test_keep_suffix_ends_the_temporary_with_the_format(tmp_path):
     with atomic_path(tmp_path / "plot.png", keep_suffix=True) as tmp:
-        assert tmp.suffix == ".png" and tmp.name.startswith(".plot.tmp")
+        # the target's own name, in a hidden folder of the writer's own beside it (issue 48: no guessable name)
+        assert tmp.suffix == ".png" and tmp.name == "plot.png" and tmp.resolve().parent.name.startswith(".plot.png.")
+        assert tmp.resolve().parent.parent == tmp_path
         tmp.write_bytes(b"png")
     assert (tmp_path / "plot.png").read_bytes() == b"png"

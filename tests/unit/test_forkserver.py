@@ -4,6 +4,7 @@ The whole path, with real workers, is tests/cli/test_launch_e2e.py's forked-work
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -120,3 +121,30 @@ def test_no_fork_server_is_made_once_a_thread_runs():
             "from multigpu.launch import forkserver\nforkserver.start()\nprint(forkserver._SERVER is None)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_worker_env())
     assert out.returncode == 0 and out.stdout.split() == ["True"], out.stderr[-2000:]
+
+
+def test_a_worker_starts_withfresh_random_state_whatever_the_fork_server_seeded():
+    """Issue 48: a worker forked from the server drew torch's stream of the server (the same on every rank). A module
+    the server preloaded may even have seeded torch (``torch.manual_seed`` also leaves a CUDA seed queued for CUDA's
+    start): a worker has none of it, as a new interpreter, whose CUDA generators torch seeds from the OS."""
+    code = ("import json, os, random, sys\nimport numpy, torch\n"
+            "from multigpu.launch import forkserver\n"
+            "torch.manual_seed(5); numpy.random.seed(5); random.seed(5)\n"
+            "assert any(torch.cuda._lazy_seed_tracker.get_calls())\n"
+            "for _ in range(2):\n"
+            "    if os.fork() == 0:\n"
+            "        forkserver.fresh_random_state()\n"
+            "        print(json.dumps([torch.initial_seed(), torch.rand(2).tolist(), random.random(),\n"
+            "                          float(numpy.random.rand()), any(torch.cuda._lazy_seed_tracker.get_calls())]),\n"
+            "              flush=True)\n"
+            "        os._exit(0)\n"
+            "    os.wait()\n"
+            "print(json.dumps([torch.initial_seed(), torch.rand(2).tolist(), random.random(),\n"
+            "                  float(numpy.random.rand()), True]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr
+    first, second, server = (json.loads(line) for line in proc.stdout.splitlines())
+    for i, what in enumerate(("torch seed", "torch draws", "random", "numpy")):
+        assert len({repr(first[i]), repr(second[i]), repr(server[i])}) == 3, (what, first, second, server)
+    assert server[0] == 5 and not first[4] and not second[4]  # no CUDA seed left queued in a worker

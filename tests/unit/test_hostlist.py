@@ -104,3 +104,17 @@ def test_a_rank_under_srun_reads_only_the_first_host_too():
     assert read_placement(env).master_addr == "gpu0-ib"
     with pytest.raises(ConfigError, match="SLURM_NTASKS_PER_NODE='one' must be a whole number"):
         read_placement({**env, "SLURM_NTASKS_PER_NODE": "one"})
+
+
+def test_a_range_past_a_machine_integer_is_counted_and_a_list_too_long_to_hold_is_one_line():
+    """Issue 48: a 30-digit range gave an internal OverflowError (``len()`` of a range past 2**63), and the public
+    ``expand_slurm_nodelist`` built every one of 10**9 names (gigabytes) before anything could look at them."""
+    from multigpu.runtime.env import expand_slurm_nodelist
+
+    huge = "n[0-999999999999999999999999999999]"
+    assert count_hosts(huge) == 10**30 and first_host(huge) == "n0"
+    assert next(iter(iter_hosts(huge))) == "n0"
+    with pytest.raises(ConfigError, match=r"SLURM_JOB_NODELIST='n\[0-999999999\]' holds 1,000,000,000 hosts, more than "
+                                          r"a list of names holds \(at most 1,000,000\); valid:"):
+        expand_slurm_nodelist("n[0-999999999]")
+    assert expand_slurm_nodelist("n[1-3]") == ["n1", "n2", "n3"]

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+import pytest
 import torch
 
 from multigpu.checkpoint import PerRank, RngState
@@ -103,3 +104,18 @@ def test_a_signal_ends_the_steps_after_the_current_one_with_its_checkpoint(singl
             os.kill(os.getpid(), signal.SIGTERM)  # only recorded: nothing is written in the handler
     assert run.interrupted and run.signal == signal.SIGTERM and run.step == 3
     assert _names(tmp_path / "run") == ["step_00000003"]  # written and complete when steps() ends
+
+
+def test_a_resume_past_the_steps_asked_for_is_one_line_not_a_run_that_does_nothing(tmp_path):
+    """Issue 48: a plain script (or a worker group) resumed from step 5 with total=3 ran no step and ended as if it
+    had; the launcher refuses a job so (Workload.resume_total), the run refuses the rest."""
+    from multigpu.errors import ConfigError
+
+    first = Run(script_context(tmp_path / "run"), _state(), total=5, mode="sync")
+    assert list(first.steps()) == [0, 1, 2, 3, 4]
+    again = Run(script_context(tmp_path / "run", "auto"), _state(), total=3, mode="sync")
+    with pytest.raises(ConfigError, match=r"step_00000005 is at step 5, past the 3 steps this run is set to: "
+                                          r"nothing would run; valid: more steps than 5"):
+        list(again.steps())
+    done = Run(script_context(tmp_path / "run", "auto"), _state(), total=5, mode="sync")
+    assert list(done.steps()) == []  # a finished run resumed at its own end: nothing to run, and no error

@@ -209,7 +209,7 @@ def check_design(folder: str | Path, design: dict[str, Any]) -> None:
     path = Path(folder) / PROGRESS_MANIFEST
     try:
         before = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"--resume: {path} cannot be read ({exc}); valid: a new --run-dir") from None
     if not isinstance(before, dict):
         raise ConfigError(f"--resume: {path} is not a manifest (a JSON object); valid: a new --run-dir")

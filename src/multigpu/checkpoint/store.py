@@ -140,6 +140,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         data = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise CorruptCheckpointError(path, f"it is not a checkpoint folder (no {MANIFEST})") from None
+    except RecursionError:  # JSON nested deeper than the reader recurses
+        raise CorruptCheckpointError(path, f"its {MANIFEST} is nested too deeply to read") from None
     except (OSError, ValueError) as exc:
         raise CorruptCheckpointError(path, f"its {MANIFEST} cannot be read ({type(exc).__name__})") from None
     problem = _manifest_problem(data)
@@ -175,7 +177,7 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     """The manifest of checkpoint folder ``path`` once its files have the recorded sizes and SHA-256.
 
     Every file of the folder must be listed (a file the manifest does not list has no checksum and is
-    never loaded) and every listed file present. ``only``: compare just these files' checksums (the
+    never loaded), every listed file present and of the size recorded (a stat: checked for every file). ``only``: compare just these files' checksums (the
     ranks re-check the pickles they are about to read; the resolver checked everything). Reads bytes,
     unpickles nothing; local.
 
@@ -192,12 +194,11 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     for name, entry in files.items():
         if Path(name).name != name or name not in present or not (path / name).is_file():
             raise CorruptCheckpointError(path, f"{name} is missing")
+        _check_size(path, name, (path / name).stat().st_size, entry["bytes"])  # cheap: every file, hashed or not
         if only is not None and name not in only:
             continue
         size, digest = sha256_file(path / name)  # read_manifest checked the entry: an int and a hex string
-        if size != entry["bytes"]:
-            what = "truncated" if size < entry["bytes"] else "not the size written"
-            raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {entry['bytes']:,} written)")
+        _check_size(path, name, size, entry["bytes"])
         if digest != entry["sha256"]:
             raise CorruptCheckpointError(path, f"{name}: checksum mismatch (SHA-256 {digest[:16]}… on disk, "
                                                f"{entry['sha256'][:16]}… written): it was altered or "
@@ -205,6 +206,12 @@ def verify(path: str | Path, only: tuple[str, ...] | None = None) -> dict[str, A
     if STATE in files and (only is None or STATE in only):
         _refuse_globals(path / STATE)
     return manifest
+
+
+def _check_size(path: Path, name: str, size: int, written: int) -> None:
+    if size != written:
+        what = "truncated" if size < written else "not the size written"
+        raise CorruptCheckpointError(path, f"{name} is {what} ({size:,} bytes on disk, {written:,} written)")
 
 
 def _refuse_globals(path: Path) -> None:
@@ -578,7 +585,10 @@ class CheckpointStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(f".{PREFIX}*.tmp"):  # left by a process killed mid-save
-                shutil.rmtree(stale, ignore_errors=True)
+                if stale.is_symlink():  # not ours: a link is removed, never followed (mkdir below refuses one)
+                    stale.unlink()
+                else:
+                    shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         except OSError as exc:
             return f"could not write checkpoint {tmp.parent}: {describe_os_error(exc)}"

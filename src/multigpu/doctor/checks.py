@@ -116,6 +116,14 @@ def check_device_vars(f: Facts) -> CheckResult:
             "EGL_DEVICE_ID), or unset them and let `multigpu launch --isolate-devices` set all four per worker")
     if cvd is None and not singles:
         return CheckResult(name, "pass", "none set: every process sees every GPU")
+    bad = _unreadable_device(cvd) if cvd is not None else None
+    if bad is not None:
+        entry, kept = bad
+        sees = f"only {', '.join(kept)} {'is' if len(kept) == 1 else 'are'} visible" if kept else "no GPU is visible"
+        hides = entry.startswith("-") and entry[1:].isdigit()  # -1: the usual way to hide the GPUs, on purpose
+        return CheckResult(name, "warn" if hides else "fail", f"CUDA_VISIBLE_DEVICES={cvd!r}: {entry!r} is not a GPU index or UUID, and "
+                           f"CUDA reads no further: {sees}",
+                           "list GPU indices (0,1) or UUIDs (GPU-..., MIG-..., as nvidia-smi -L prints them), or unset it")
     if len(set(singles.values())) > 1:
         return CheckResult(name, "fail", f"they name different GPUs: {shown}", hint)
     if cvd is not None and singles:
@@ -128,6 +136,18 @@ def check_device_vars(f: Facts) -> CheckResult:
         return CheckResult(name, "warn", f"CUDA_VISIBLE_DEVICES is empty: it hides all {len(f.nvml_gpus)} GPU(s)",
                            "unset it to use the GPUs, or keep it to force CPU ranks")
     return CheckResult(name, "pass", f"agree: {shown}")
+
+
+def _unreadable_device(cvd: str) -> tuple[str, list[str]] | None:
+    """The first entry of ``CUDA_VISIBLE_DEVICES`` that CUDA cannot read (it ignores it and every entry after it)
+    and the entries before it; None when every entry is an index or a GPU/MIG UUID (or the list is empty)."""
+    entries = [x.strip() for x in cvd.split(",")]
+    if not cvd.strip():
+        return None
+    for i, entry in enumerate(entries):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            return entry, entries[:i]
+    return None
 
 
 def check_cpu_heap(f: Facts) -> CheckResult:

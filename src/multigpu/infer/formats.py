@@ -139,7 +139,21 @@ def _nifti_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
-def _probe_nifti(path: Path) -> tuple[int, ...]:
+def _refuse_bomb(path: Path, decoded: int, max_decode_ratio: float, floor: int) -> None:
+    """One line for a compressed file that would decompress to more than ``max_decode_ratio`` times its size (and
+    more than ``floor`` bytes; 0: no guard), as :mod:`multigpu.infer.io` refuses an image that would."""
+    from multigpu.launch.devices import format_bytes
+
+    stored = max(path.stat().st_size, 1)
+    if not max_decode_ratio or decoded <= floor or decoded <= max_decode_ratio * stored:
+        return
+    raise ConfigError(f"input '{path}' would decompress to {format_bytes(decoded)} of voxels from a "
+                      f"{format_bytes(stored)} file ({decoded / stored:,.0f}x its size, more than max_decode_ratio="
+                      f"{max_decode_ratio:g}): a decompression bomb, or a volume of one flat value; valid: another "
+                      "file, or max_decode_ratio=0 to read it anyway")
+
+
+def _probe_nifti(path: Path, max_decode_ratio: float = 0.0, floor: int = 0) -> tuple[int, ...]:
     nib = _nibabel()
     try:
         with _quiet_nibabel():
@@ -153,12 +167,20 @@ def _probe_nifti(path: Path) -> tuple[int, ...]:
     except Exception as exc:  # noqa: BLE001 - nibabel's header errors are many kinds; all mean "not readable"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"input '{path}' cannot be read as NIfTI: {first}") from None
+    affine = np.asarray(image.affine, dtype=np.float64)
+    if not np.isfinite(affine).all():  # the output is written with it: nibabel refuses, once every window is done
+        row = int(np.argwhere(~np.isfinite(affine))[0][0])
+        raise ConfigError(f"NIfTI '{path}' has an affine (its voxel-to-world matrix) that is not finite "
+                          f"({affine[row][~np.isfinite(affine[row])][0]} in row {row}); valid: a NIfTI whose "
+                          "qform/sform holds finite numbers (set them with nibabel or fslorient)")
     with nib.openers.ImageOpener(path) as f:  # as stored: nib.load quietly fixes a wrong bitpix in its copy
         bitpix = int(type(header).from_fileobj(f, check=False)["bitpix"])
     if dtype.kind in "biuf" and bitpix != dtype.itemsize * 8:
         raise ConfigError(f"NIfTI '{path}' does not match its header: bitpix {bitpix} for datatype "
                           f"{dtype} ({dtype.itemsize * 8} bits); valid: a file written by nibabel or a NIfTI tool")
     size = _check_array(path, "NIfTI", _nifti_shape(shape), dtype)
+    if path.name.lower().endswith(".gz"):  # before a byte is decompressed: what the header says it holds
+        _refuse_bomb(path, offset + math.prod(shape) * dtype.itemsize, max_decode_ratio, floor)
     try:
         stored = _gzip_length(path) if path.name.lower().endswith(".gz") else path.stat().st_size
     except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
@@ -167,10 +189,12 @@ def _probe_nifti(path: Path) -> tuple[int, ...]:
     return size
 
 
-def probe(path: str | os.PathLike) -> tuple[int, tuple[int, ...]]:
-    """``(channels, spatial size)`` from the header, checked against the file's length; one line on any problem."""
+def probe(path: str | os.PathLike, max_decode_ratio: float = 0.0, floor: int = 0) -> tuple[int, tuple[int, ...]]:
+    """``(channels, spatial size)`` from the header, checked against the file's length; one line on any problem,
+    and for a ``.nii.gz`` that would decompress to more than ``max_decode_ratio`` times its size (and ``floor``
+    bytes: the decompression-bomb guard; 0: none), before it is decompressed."""
     path = Path(path)
-    return 1, (_probe_npy(path) if _suffix(path) in NPY_SUFFIXES else _probe_nifti(path))
+    return 1, (_probe_npy(path) if _suffix(path) in NPY_SUFFIXES else _probe_nifti(path, max_decode_ratio, floor))
 
 
 # ---- reading (every rank) ---------------------------------------------------------------------------------

@@ -139,8 +139,8 @@ def probe(path: str | os.PathLike, max_decode_ratio: float = MAX_DECODE_RATIO) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"input '{path}' does not exist")
-    if formats.handles(path):
-        return ImageInfo(str(path), *formats.probe(path))
+    if formats.handles(path):  # a .nii.gz is held to the same guard (an uncompressed file holds what it says)
+        return ImageInfo(str(path), *formats.probe(path, max_decode_ratio, BOMB_FLOOR_BYTES))
     kind = _kind(path)
     try:
         if kind == "pil":

@@ -94,8 +94,10 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model on a test window
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        builtin = "; the built-in models (denoiser, edges, upsample2x) are 2-D: a volume needs a 3-D model of yours " \
+                  "(--model pkg.module:factory)" if ndim == 3 and name.startswith("multigpu.infer.models:") else ""
         raise ConfigError(f"the model {name} failed on a test window of shape {(1, c, *roi)} "
-                          f"(the images have {c} channel(s)): {first}") from None
+                          f"(the images have {c} channel(s)): {first}{builtin}") from None
     if (not isinstance(out, torch.Tensor) or out.dim() != ndim + 2
             or any(o % r for o, r in zip(out.shape[2:], roi, strict=True))):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -227,7 +227,7 @@ def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[
     for path in candidates:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             continue
@@ -245,19 +245,112 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
-def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any) -> None:
+def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint a resume would start from (:func:`multigpu.checkpoint.resume.planned`) and the config it
+    records (its manifest's ``meta.config``: the run harness records the job's settings in every checkpoint); None
+    for a checkpoint that records none (an older one), a folder of progress files, or no resume. Reads the manifest
+    only."""
+    from multigpu.checkpoint.resume import planned
+    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+
+    if not resume:
+        return None
+    target = planned(resume, str(run_dir), progress=workload.progress_folder)
+    if target is None or not is_checkpoint(target):
+        return None
+    try:
+        meta = read_manifest(target).get("meta")
+    except CorruptCheckpointError:  # the ranks say what is wrong with it (or skip it, for auto)
+        return None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    return (target, config) if isinstance(config, dict) and config else None
+
+
+def check_not_past(workload: Workload, cfg: Any, resume: str | None, run_dir: Path) -> None:
+    """A resume from a checkpoint at step N of a config that counts to fewer steps would run nothing (and end as if
+    it had): one line (``Workload.resume_total``; reads the manifest only)."""
+    from multigpu.checkpoint.resume import planned
+    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+
+    total = workload.resume_total(cfg) if resume and workload.resume_total is not None else None
+    target = planned(resume, str(run_dir), progress=workload.progress_folder) if total is not None else None
+    if target is None or not is_checkpoint(target):
+        return
+    try:
+        step = int(read_manifest(target)["step"])
+    except CorruptCheckpointError:  # the ranks say what is wrong with it (or skip it, for auto)
+        return
+    if step > total:
+        raise ConfigError(f"--resume: {target} is at step {step:,}, past the {total:,} steps this {workload.name} "
+                          f"run is set to: nothing would run; valid: more steps than {step:,}, or a new --run-dir "
+                          "without --resume")
+
+
+def set_aside_later(workload: Workload, run_dir: Path, resume: Path) -> Path | None:
+    """``--resume PATH`` of one of this run's own checkpoints, with later ones beside it, rewinds the run: its later
+    checkpoints are moved (never deleted) into ``checkpoints/abandoned_<time>/`` and one line says so. Left there,
+    ``--resume auto`` continued them, not the new branch, and rotation deleted the new branch's steps (the old,
+    higher ones counted as newer). Returns the folder they went to (None: nothing to set aside). Holding the run's
+    lock."""
+    import re
+    import time
+
+    from multigpu.checkpoint import CHECKPOINTS
+    from multigpu.checkpoint.store import is_checkpoint
+
+    folder = (run_dir / CHECKPOINTS).resolve()
+    step_of = re.compile(r"^step_(\d+)$")
+    here = resume.resolve()
+    if here.parent != folder or not is_checkpoint(here) or (m := step_of.match(here.name)) is None:
+        return None
+    later = sorted(p for p in folder.iterdir() if (n := step_of.match(p.name)) and int(n[1]) > int(m[1]))
+    if not later:
+        return None
+    aside = folder / f"abandoned_{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"multigpu {workload.name}: resuming {resume} rewinds this run: its later checkpoints "
+          f"({', '.join(p.name for p in later)}) are set aside in {run_dir / CHECKPOINTS / aside.name} (never deleted), "
+          "and --resume auto continues this branch from now on", flush=True)
+    return aside
+
+
+def check_kept(workload: Workload, saved: dict[str, Any], cfg: Any, where: str = "the run being resumed") -> None:
     """A resumed run keeps the keys its workload names in ``resume_keeps``: one line naming the first that
-    changed."""
+    changed from ``saved`` (the config of ``where``: the run's ``run.json``, or the checkpoint's own record)."""
     before = _flat(to_dict(from_dict(workload.config, saved, prefix=workload.prefix)))
     now = _flat(to_dict(cfg))
     keeps = workload.resume_keeps
     for key in sorted(set(before) | set(now)):
         if not any(key == k or key.startswith(k + ".") for k in keeps) or before.get(key) == now.get(key):
             continue
-        name = f"{workload.prefix}.{key}" if workload.prefix else key
-        raise ConfigError(f"--resume: {name} is {now.get(key)!r} here but {before.get(key)!r} in the run being "
-                          f"resumed, and a resumed {workload.name} run keeps {', '.join(keeps)}; valid: leave it "
-                          "out (the run's own config is used), or start a new --run-dir without --resume")
+        raise _changed(workload, key, now.get(key), before.get(key), where)
+
+
+def _changed(workload: Workload, key: str, now: Any, before: Any, where: str) -> ConfigError:
+    name = f"{workload.prefix}.{key}" if workload.prefix else key
+    return ConfigError(f"--resume: {name} is {now!r} here but {before!r} in {where}, and a resumed {workload.name} run "
+                       f"keeps {', '.join(workload.resume_keeps)}; valid: leave it out (the run's own config is "
+                       "used), or start a new --run-dir without --resume")
+
+
+def check_given_kept(workload: Workload, saved: dict[str, Any], overrides: Sequence[str],
+                     flags: dict[str, Any] | None, where: str = "the run being resumed") -> None:
+    """Before a resumed run's config is built on its own: a key the workload keeps, given as a plain value that
+    differs (``--model market`` on a sir run), is named, not what building the config then trips on (the old
+    model's parameters: "unknown config key 'sim.params.move_prob'")."""
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if sep and key.strip():
+            given.update(_flat(apply_overrides({}, [item])))
+    before = _flat(saved)
+    plain = (str, int, float, bool)
+    for key, value in given.items():
+        old = before.get(key)
+        if key in workload.resume_keeps and isinstance(value, plain) and isinstance(old, plain) and old != value:
+            raise _changed(workload, key, value, old, where)
 
 
 def check_continued(workload: Workload, cfg: Any, target: Path | None) -> None:
@@ -465,9 +558,18 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         refuse_old_layout(run_dir)
         refuse_unusable(run_dir)  # checkpoints, none usable: one line, never a quiet start from step 0
     saved = saved_config(workload, run_dir, args.resume)  # --resume: the run's own config, then what is given
+    recorded = checkpoint_config(workload, args.resume, run_dir)  # what the checkpoint itself says it was made with
+    where = "the run being resumed"
+    if saved is None and recorded is not None:  # a checkpoint away from its run folder: its own record is the config
+        saved, where = recorded[1], f"the checkpoint {recorded[0]}"
+    if saved is not None:
+        check_given_kept(workload, saved, overrides, flag_values(workload, args), where)
     cfg = load_workload_config(workload, args.config, overrides, flag_values(workload, args), base=saved)
+    if recorded is not None:  # the checkpoint's own record first: run.json may be of another run, or replaced
+        check_kept(workload, recorded[1], cfg, where=f"the checkpoint {recorded[0]}")
     if saved is not None:
         check_kept(workload, saved, cfg)
+    check_not_past(workload, cfg, args.resume, run_dir)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists
         from multigpu.dryrun import dry_run
 
@@ -507,6 +609,8 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
                         run_dir.rmdir()
                 raise
     with rundir.hold(run_dir, node_rank=launch_cfg.node_rank, fresh_only=fresh_only, hint=_USED_HINT):
+        if args.resume not in (None, "auto") and (session is None or session.node_rank == 0):
+            set_aside_later(workload, run_dir, Path(args.resume))
         if not fresh and args.run_dir is None and args.resume == "auto":
             print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
         command = resume_command(getattr(args, "_argv", None), run_dir.resolve(), launch_cfg.nnodes) \

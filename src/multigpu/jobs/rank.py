@@ -13,6 +13,7 @@ and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"run file '{path}' names no workload")
     workload = get_workload(data["workload"])
     cfg = from_dict(workload.config, data.get("config") or {}, prefix=workload.prefix)
-    ctx = context.RunContext.from_dict(data.get("run", {}))
+    saved = data.get("config")
+    ctx = dataclasses.replace(context.RunContext.from_dict(data.get("run", {})),
+                              config=saved if isinstance(saved, dict) else None)  # recorded in every checkpoint
     if isinstance(data.get("umask"), int):
         set_user_umask(data["umask"])  # for the outputs the user names; the run folder stays 0700 / 0600
     context.set_current(ctx)

@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError, OutputError
-from multigpu.files import cannot_write, describe_os_error
+from multigpu.files import cannot_write, create_exclusive, describe_os_error
 
 __all__ = ["LOCK", "MIN_FREE_BYTES", "cannot_create", "check_free_space", "check_writable", "create", "hold", "lock_name",
+           "refuse_run_folder",
            "refuse_used"]
 
 LOCK = ".lock"
@@ -107,6 +108,8 @@ def check_free_space(folder: str | Path, flag: str = "--run-dir") -> None:
         probe = probe.parent
     try:
         free = shutil.disk_usage(probe).free
+        if os.statvfs(probe).f_flag & os.ST_RDONLY:
+            return  # read-only: its first write says so (EROFS), which is the reason, not how full it is
     except OSError:
         return  # no figure: the first write will say what is wrong
     if free < MIN_FREE_BYTES:
@@ -134,6 +137,21 @@ def check_writable(folder: str | Path, flag: str = "--log-dir") -> None:
         if path.is_dir():
             raise OutputError(f"cannot write into {flag} {folder}: {describe_os_error(cause)}")
         raise cannot_create(path, cause, flag)
+
+
+def refuse_run_folder(folder: str | Path, flag: str = "--log-dir") -> None:
+    """Refuse (one-line ConfigError) a folder that is a workload run's (its ``run.json`` names a workload): a plain
+    script launched with its logs there would replace that ``run.json``, which the run's resume reads."""
+    import json
+
+    try:
+        data = json.loads((Path(folder) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return
+    workload = data.get("workload") if isinstance(data, dict) else None
+    if workload:
+        raise ConfigError(f"{flag} {folder} is the run folder of a {workload} run (its run.json would be replaced); "
+                          f"valid: another {flag} (a run's own logs are in its logs/ folder)")
 
 
 def cannot_create(path: Path, exc: OSError, flag: str = "--run-dir") -> OutputError:
@@ -175,25 +193,18 @@ def _read(lock: Path) -> dict[str, Any] | None:
         data = json.loads(lock.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def _try_take(lock: Path, me: dict[str, Any]) -> bool:
-    """Create ``lock`` holding ``me``, atomically and only if it does not exist (write aside, then hard-link)."""
-    tmp = lock.with_name(f"{lock.name}.tmp{os.getpid()}")
+    """Create ``lock`` holding ``me``, atomically and only if it does not exist (written aside in a folder of this
+    write's own, then hard-linked: no guessable temporary name where another user could plant a link)."""
     try:
-        tmp.write_text(json.dumps(me))
-        os.link(tmp, lock)
-        return True
-    except FileExistsError:
-        return False
+        return create_exclusive(lock, json.dumps(me).encode())
     except OSError as exc:
         raise cannot_write(lock, exc) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _acquire(folder: Path, node_rank: int, flag: str) -> Path:
@@ -202,6 +213,10 @@ def _acquire(folder: Path, node_rank: int, flag: str) -> Path:
     for _ in range(3):
         if _try_take(lock, me):
             return lock
+        if lock.is_dir() or (lock.exists() and not lock.is_file()):  # never ours: not taken over, not removed
+            kind = "a folder" if lock.is_dir() else "not a file"
+            raise ConfigError(f"{flag} {folder}: {lock} is {kind}, not the run's lock file; valid: remove that "
+                              f"{'folder' if lock.is_dir() else 'entry'}, or another {flag}")
         owner = _read(lock)
         if owner is None:
             continue  # released between the two calls: try again

@@ -94,6 +94,10 @@ class Workload:
     """Config keys (or sections) a resumed run must keep: ``--resume`` starts from the run's own ``run.json``
     config, and a key given again with another value is refused in one line naming it (other keys given
     again are applied: more steps, say)."""
+    resume_total: Callable[[Any], int | None] | None = None
+    """The step a run of this config counts to (its run harness's ``total``: train's ``steps``), so that a resume
+    from a checkpoint already past it (nothing would run) is refused in one line before anything starts; None (or
+    None from it): not checked in the launcher (the run harness refuses it in the ranks)."""
     preload: tuple[str, ...] = ()
     """Modules its ranks import before their first step besides ``main``'s own (``torch._dynamo``, which a
     ``torch.optim`` optimizer imports when it is made): the command line's fork server imports them once, while

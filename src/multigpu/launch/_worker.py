@@ -128,10 +128,24 @@ def _note(name: str, value: float | None = None) -> None:
     path = os.path.join(folder, STARTUP_DIR, f"rank{os.environ.get('RANK', '0')}.json")
     with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        # the job's file (0600), also once a script runs under the user's own umask
-        with open(os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
-            json.dump(_MARKS, fh)
-        os.replace(f"{path}.tmp", path)
+        _write_json(path, _MARKS)
+
+
+def _write_json(path: str, data) -> None:
+    """Write ``data`` as JSON to ``path`` whole: the job's file (0600, also once a script runs under the user's own
+    umask), through a temporary beside it created new (``O_EXCL``), never through a link (``O_NOFOLLOW``), with a name
+    no one can guess (the folder may be a ``--log-dir`` another user can write to), then renamed over ``path``."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with open(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def worker_device_env(env, local_rank: int, gpu_ranks: int | None = None) -> dict[str, str]:
@@ -485,17 +499,13 @@ def _timed(target, wall_file: str | None):
         return target
 
     def run(argv: list[str]) -> None:
-        import json
         import time
 
         start = time.time()
         target(argv)
         end = time.time()
         os.makedirs(os.path.dirname(wall_file), mode=0o700, exist_ok=True)
-        tmp = f"{wall_file}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
-            json.dump({"start": start, "end": end, "marks": _MARKS}, fh)
-        os.replace(tmp, wall_file)
+        _write_json(wall_file, {"start": start, "end": end, "marks": _MARKS})
 
     return run
 

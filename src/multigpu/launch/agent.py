@@ -618,12 +618,25 @@ def _lost_node(session, err: ChildFailedError) -> str | None:
     return nodes.lost_line(session, min(session.lost)) if session.lost else None
 
 
+def _held(cfg: LaunchConfig):
+    """``--log-dir``, where a plain job writes its run.json, locked for the job as a run folder is: a second job on
+    it while this one runs is one line naming this one (:mod:`multigpu.jobs.rundir`)."""
+    from multigpu.jobs import rundir
+
+    return rundir.hold(cfg.log_dir, node_rank=cfg.node_rank, flag="--log-dir")
+
+
 def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool, facts: HostFacts | None,
             devices: DevicePlan | None, run: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
     started = time.time()
+    own_logs = bool(cfg.log_dir) and not (run is not None and run.run_dir)  # the job's run.json goes there
+    if own_logs:
+        from multigpu.jobs import rundir
+
+        rundir.refuse_run_folder(cfg.log_dir)  # a workload run's folder: its run.json would be replaced
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
@@ -635,7 +648,8 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     stopped: list[int] = []
     session = None
     try:
-        with _private_store(cfg.nnodes) as private, _quiet_agent_logs(), quiet.filtered_tails(), \
+        with _held(cfg) if own_logs else contextlib.nullcontext(), \
+                _private_store(cfg.nnodes) as private, _quiet_agent_logs(), quiet.filtered_tails(), \
                 _environment(plan.env, drop=(envvars.RDZV_SECRET,)), forkserver.serving(), \
                 processes.job_processes(remove_on_death=[private] if private else []) as stopped:
             write_json_atomic(plan.run_file, {**plan.run_data, **({"private_store": private} if private else {}),

@@ -133,6 +133,10 @@ class LaunchConfig:
             raise ConfigError(f"--timeout-s {self.timeout_s} is invalid; valid: a number of seconds > 0")
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
             raise ConfigError(f"--stall-timeout-s {self.stall_timeout_s} is invalid; valid: a number of seconds > 0")
+        from multigpu.runtime.context import clamp_timeout
+
+        for name in ("timeout_s", "stall_timeout_s"):  # longer: the clocks underneath overflow (the launcher says so)
+            object.__setattr__(self, name, clamp_timeout(getattr(self, name)))
         if not self.sample_interval_s >= 0:
             raise ConfigError(f"--sample-interval-s {self.sample_interval_s} is invalid; valid: seconds >= 0 (0: off)")
         if self.threads is not None and self.threads < 1:

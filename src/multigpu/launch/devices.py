@@ -241,12 +241,30 @@ def parse_gpus(spec: str, available: int) -> list[int]:
     return ids
 
 
+def max_threads(cores: int) -> int:
+    """The most compute threads a rank may be given: four per core, and at least 1,024 (past this many a thread
+    pool runs nothing faster, and 100,000 failed to start at all: a rank "exited with code 130")."""
+    return max(1024, 4 * cores)
+
+
 def _threads_env(cfg: LaunchConfig, nproc: int, facts: HostFacts, inherited: dict[str, str]) -> dict[str, str]:
     if cfg.threads is not None:
+        _check_threads(cfg.threads, f"--threads {cfg.threads}", facts)
         return {"OMP_NUM_THREADS": str(cfg.threads)}
     if "OMP_NUM_THREADS" in inherited:
+        given = inherited["OMP_NUM_THREADS"].strip()
+        if given.isdigit():
+            _check_threads(int(given), f"OMP_NUM_THREADS={given}", facts)
         return {}
     return {"OMP_NUM_THREADS": str(max(1, facts.cores // nproc))}
+
+
+def _check_threads(threads: int, given: str, facts: HostFacts) -> None:
+    most = max_threads(facts.cores)
+    if threads > most:
+        raise ConfigError(f"{given} asks each rank for {threads:,} compute threads on {facts.cores} core(s); valid: "
+                          f"at most {most:,} (the default, cores // ranks, is usually fastest), e.g. --threads "
+                          f"{max(1, facts.cores)}")
 
 
 def rank_mapped(facts: HostFacts, threads: str | None) -> int:
@@ -289,6 +307,21 @@ def _join(*notes: str | None) -> str | None:
 
 def plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
     """Resolve the worker count and device variables for this node."""
+    plan = _plan_devices(cfg, facts, inherited)
+    _check_ranks_filter(cfg, plan.nproc_per_node)
+    return plan
+
+
+def _check_ranks_filter(cfg: LaunchConfig, nproc: int) -> None:
+    """``--local-ranks-filter`` names only local ranks this node has (one beyond them hid every line silently)."""
+    beyond = sorted(r for r in cfg.local_ranks_filter or () if r >= nproc)
+    if beyond:
+        raise ConfigError(f"--local-ranks-filter {','.join(map(str, cfg.local_ranks_filter))} names local rank(s) "
+                          f"{', '.join(map(str, beyond))}, but this node runs {nproc} worker(s); valid: local ranks "
+                          f"0 to {nproc - 1}")
+
+
+def _plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str] | None = None) -> DevicePlan:
     inherited = dict(os.environ) if inherited is None else inherited
     note = None
     if cfg.cpu or facts.gpu_count == 0:

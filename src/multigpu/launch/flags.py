@@ -10,6 +10,7 @@ below both the command line and the job layer, so neither imports the other.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from multigpu.argtypes import non_negative_int, positive_float, positive_int
 from multigpu.cmdline import add_flag
@@ -212,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         local_ranks_filter=args.local_ranks_filter,
         rank_prefix=args.rank_prefix,
     )
+    _say_clamped(args)
     if cfg.log_dir:
         from multigpu.jobs.rundir import check_writable
 
@@ -236,7 +238,18 @@ _RDZV_COUNTS = {"join_timeout": (1, 600), "last_call_timeout": (0, 30), "close_t
 the least valid value and torch's default; torch's own error for another value came only as the job started."""
 
 
+_RDZV_KEYS = (*_RDZV_COUNTS, "is_host", "store_type")
+"""Every ``--rdzv-conf`` key the rendezvous reads (torch's c10d backend, as :mod:`multigpu.launch.stores` runs it);
+another is a misspelling, which torch ignored without a word."""
+
+
 def _check_rdzv_value(key: str, value: str) -> None:
+    if key not in _RDZV_KEYS:
+        import difflib
+
+        close = difflib.get_close_matches(key, _RDZV_KEYS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"--rdzv-conf {key}={value}: unknown key {key!r}{hint}; valid keys: {', '.join(_RDZV_KEYS)}")
     if key not in _RDZV_COUNTS:
         return
     low, default = _RDZV_COUNTS[key]
@@ -311,6 +324,9 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
     workload = getattr(args, "_workload", None)
     run_folder = None if workload is None or getattr(args, "run_dir", None) else \
         workload.resumable and getattr(args, "resume", None) is None
+    # the user's own --run-dir: kept, and continued by a requeued or restarted start (the folder is used by then)
+    resume = workload is not None and bool(getattr(args, "run_dir", None)) and workload.resumable and \
+        getattr(args, "resume", None) is None
     # a pre-emption's SIGTERM ends the step in progress with its checkpoint, where the workload asks for it
     takes = workload is not None and any(f.key == "checkpoint_on_interrupt" for f in workload.flags)
     stop_flag = "--checkpoint-on-interrupt" if takes and not getattr(args, "flag__checkpoint_on_interrupt", None) \
@@ -319,9 +335,9 @@ def scheduler_file(args: argparse.Namespace, ours: list[str], script_args: list[
         # a folder per job id only where a requeued start continues it: a workload that cannot resume would find
         # its folder used on the next start
         return schedulers.sbatch_script(ours, script_args, what=what, resources=resources,
-                                        run_folder=True if run_folder else None, stop_flag=stop_flag)
+                                        run_folder=True if run_folder else None, stop_flag=stop_flag, resume=resume)
     return schedulers.pytorchjob_manifest(ours, script_args, what=what, resources=resources, run_folder=run_folder,
-                                          stop_flag=stop_flag)
+                                          stop_flag=stop_flag, resume=resume)
 
 
 def job_resources(args: argparse.Namespace, flag: str):
@@ -374,3 +390,17 @@ def job_resources(args: argparse.Namespace, flag: str):
                         asked_slurm=asked,
                         min_nodes=args.min_nodes, max_restarts=args.max_restarts if args.max_restarts is not None
                         else ELASTIC_RESTARTS if args.min_nodes is not None and args.min_nodes < nnodes else 0)
+
+
+def _say_clamped(args: argparse.Namespace) -> None:
+    """One line when ``--timeout-s`` or ``--stall-timeout-s`` was longer than the clocks count (the config clamps it:
+    :data:`multigpu.runtime.context.MAX_TIMEOUT_S`)."""
+    from multigpu.runtime.context import MAX_TIMEOUT_S
+
+    given = [f"{flag} {value:g}" for flag, value in (("--timeout-s", args.timeout_s),
+                                                     ("--stall-timeout-s", args.stall_timeout_s))
+             if value is not None and value > MAX_TIMEOUT_S]
+    if given:
+        print(f"multigpu: note: {' and '.join(given)} {'are' if len(given) > 1 else 'is'} clamped to "
+              f"{MAX_TIMEOUT_S:g} s (31 years, no timeout in effect): torch's and gloo's clocks overflow past about "
+              "9.2e+09 s", file=sys.stderr, flush=True)

@@ -17,7 +17,8 @@ would ``Popen`` the worker wrapper, asks the fork server for the worker instead:
    descriptors a ``Popen`` would not pass on, takes the launcher's umask as it is now (the command's private
    0077), its working folder and its environment (replacing the server's), sets the thread counts that the environment asks for
    (OpenMP's and OpenBLAS's were read when torch loaded) and glibc's heap thresholds (:mod:`multigpu.launch.heap`,
-   read when the launcher started), reseeds NumPy's global generator, and puts the
+   read when the launcher started), draws fresh seeds for NumPy's and torch's generators (and drops a device seed the
+   server queued: :func:`fresh_random_state`), and puts the
    wrapper's folder first on ``sys.path``, as ``python _worker.py`` does;
 3. then it runs the worker wrapper's ``main`` (:mod:`multigpu.launch._worker`) with the same arguments, and
    leaves as the interpreter's exit would for everything the script made (its threads joined, ``atexit``
@@ -49,7 +50,7 @@ import time
 from collections.abc import Iterator
 from subprocess import TimeoutExpired
 
-__all__ = ["ForkedProcess", "available", "preload", "serving", "start"]
+__all__ = ["ForkedProcess", "available", "fresh_random_state", "preload", "serving", "start"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_GET_CHILD_SUBREAPER = 37
@@ -294,8 +295,7 @@ def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
     from multigpu.launch import heap
 
     heap.apply(os.environ)  # glibc read its thresholds when the launcher started, without them
-    if "numpy.random" in sys.modules:  # its global generator was seeded in the launcher: the same on every rank
-        sys.modules["numpy.random"].seed()
+    fresh_random_state()
     from multigpu.launch import _worker
 
     argv = request["argv"]
@@ -307,6 +307,38 @@ def _run_worker(request: dict, fds: list[int], launcher: int) -> int:
     except SystemExit as exc:
         return _exit_code(exc.code)
     return 0
+
+
+def fresh_random_state() -> None:
+    """Give this worker the random state a new interpreter starts with: a fork copied the server's, so every rank of
+    a node drew the same "random" numbers (issue 48).
+
+    * Python's ``random``: CPython reseeds its global generator in every forked child itself (``os.register_at_fork``).
+    * NumPy's legacy global generator (``numpy.random.rand``): seeded here from the OS, as at its import. A
+      ``numpy.random.default_rng()`` made without a seed reads the OS each time already.
+    * torch's CPU default generator: seeded here from the OS, as torch seeds it in a new process
+      (``at::detail::getDefaultCPUGenerator``).
+    * torch's device generators (CUDA's, XPU's, MTIA's): never started in the server (nothing there may start a
+      device), so torch seeds each from the OS when the worker first uses it, as in a new process; a seed the server
+      set meanwhile (``torch.manual_seed`` in a module it preloaded) waits in torch's queue for the device's start, and
+      is dropped here.
+
+    The string hash seed cannot change in a running interpreter: it stays the launcher's (docs/launching.md)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    torch.default_generator.seed()
+    try:
+        from torch._utils import _LazySeedTracker
+    except ImportError:  # another torch: its queue, if any, is left as it is
+        return
+    for name in ("torch.cuda", "torch.xpu", "torch.mtia"):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(getattr(module, "_lazy_seed_tracker", None), _LazySeedTracker):
+            module._lazy_seed_tracker = _LazySeedTracker()
 
 
 def _close_inherited_descriptors() -> None:

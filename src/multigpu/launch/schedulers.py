@@ -178,7 +178,7 @@ _JOB_ID = "@@SLURM_JOB_ID@@"
 
 
 def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
-                  run_folder: bool | None = None, stop_flag: str | None = None) -> str:
+                  run_folder: bool | None = None, stop_flag: str | None = None, resume: bool = False) -> str:
     """A ready ``sbatch`` script for ``multigpu OURS SCRIPT_ARGS``: one launcher per node under srun, which reads
     SLURM's variables (:func:`from_environment`); the rendezvous secret is made in the script, once per job.
 
@@ -197,7 +197,8 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     ``run_folder``: add ``--run-dir runs/<workload>/<job name>-$SLURM_JOB_ID`` (one folder per job: a requeued job
     keeps its id, a new submission gets a new folder), and ``--resume auto`` when True; None: add nothing (a
     script's own resume is its own). ``stop_flag``: the workload's flag that makes a signal a last checkpoint
-    (train's ``--checkpoint-on-interrupt``), added to the command.
+    (train's ``--checkpoint-on-interrupt``), added to the command. ``resume``: add ``--resume auto`` alone (the
+    user's own ``--run-dir`` of a workload that resumes: a requeued start continues it).
     """
     import shlex
 
@@ -208,6 +209,8 @@ def sbatch_script(ours: list[str], script_args: list[str] = (), *, what: str, re
     extra = [stop_flag] if stop_flag else []
     if run_folder is not None:
         extra += ["--run-dir", f"runs/{workload}/{name}-{_JOB_ID}", *(["--resume", "auto"] if run_folder else [])]
+    elif resume:
+        extra += ["--resume", "auto"]
     command = command_for_scheduler([*ours, *extra], script_args)
     if elastic:  # after the command's own flags: SLURM says the node count, the launcher needs the range
         command.insert(command.index(workload) + 1 if workload in command else 0, f"--nnodes={r.min_nodes}:{r.nnodes}")
@@ -306,7 +309,7 @@ def _yaml_dump(documents: list[dict]) -> str:
 
 
 def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: str, resources: JobResources,
-                        run_folder: bool | None = None, stop_flag: str | None = None,
+                        run_folder: bool | None = None, stop_flag: str | None = None, resume: bool = False,
                         image: str = "<your-image>") -> str:
     """Kubernetes manifests for ``multigpu OURS SCRIPT_ARGS`` as a Kubeflow ``PyTorchJob`` (a Master and
     nnodes - 1 Workers; Kubeflow sets the PET_* variables each node's launcher reads), with:
@@ -334,6 +337,8 @@ def pytorchjob_manifest(ours: list[str], script_args: list[str] = (), *, what: s
     run_flags = [stop_flag] if stop_flag else []
     if run_folder is not None:
         run_flags += ["--run-dir", f"{RUNS_MOUNT}/{name}", *(["--resume", "auto"] if run_folder else [])]
+    elif resume:  # the user's own --run-dir: a restarted pod continues it
+        run_flags += ["--resume", "auto"]
     command = command_for_scheduler([*ours, *run_flags], script_args)
     if r.elastic:  # the operator's PET_NNODES says the same; written out, the command says it on its own
         workload = next((a for a in ours if not a.startswith("-")), None)

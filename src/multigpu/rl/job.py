@@ -89,6 +89,7 @@ WORKLOAD = Workload(
     ),
     bench=("total_env_steps=20000", "target_return=null", "checkpoint_every=0"),
     resumable=True,
+    resume_total=lambda cfg: max(1, cfg.total_env_steps // (cfg.num_envs * cfg.num_steps)),  # updates (rl.ppo)
     preload=("torch._dynamo",),  # its optimizer imports it when made
     resume_keeps=("env_id", "env", "num_envs", "num_steps", "num_minibatches", "seed", "hidden_size",
                   "action_bounds", "log_std_init", "obs_norm", "return_window"),

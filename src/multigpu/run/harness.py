@@ -42,6 +42,7 @@ from typing import Any
 
 from multigpu.checkpoint import CHECKPOINTS, Checkpointer, CheckpointStore, PerRank, Sharded, read_manifest
 from multigpu.checkpoint.resume import decide, is_progress
+from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.run.interrupt import InterruptFlag
 from multigpu.runtime import context, group, progress
@@ -175,6 +176,10 @@ class Run:
             self.total = total
         if self.total is None:
             raise ValueError("steps(): give the step to run to (Run(total=...) or steps(total))")
+        if self.start > self.total:  # nothing would run, and the run would end as if it had
+            raise ConfigError(f"--resume: {self.resume_from} is at step {self.start:,}, past the {self.total:,} steps "
+                              f"this run is set to: nothing would run; valid: more steps than {self.start:,} (the "
+                              "checkpoint's own total is in its run.json), or a new --run-dir without --resume")
         meter = self.meter
         with InterruptFlag(self.on_interrupt) as flag:
             self._flag = flag
@@ -232,6 +237,8 @@ class Run:
         if self.before_save is not None:
             self.before_save(self.step)
         meta = self.meta() if callable(self.meta) else self.meta
+        if self.ctx.config is not None:  # the job's settings: a resume from this checkpoint alone is checked against them
+            meta = {**(meta or {}), "config": self.ctx.config}
         return self.checkpoints.save(self.step, self.state, meta=meta)
 
     def finish(self) -> None:

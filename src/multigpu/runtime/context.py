@@ -66,6 +66,17 @@ def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (str(r.get("time", "")), r.get("restart", 0), r.get("rank", 0)))
 
 
+MAX_TIMEOUT_S = 1e9
+"""The longest collective or stall timeout, in seconds (31 years: no timeout, in effect). torch's and gloo's deadlines
+(now + timeout, counted in nanoseconds) overflow past about 9.2e9 s, and every wait then ends at once ("Timed out
+waiting 10000000000000ms"); a longer timeout is clamped to this (:func:`clamp_timeout`)."""
+
+
+def clamp_timeout(value: float | None) -> float | None:
+    """``value`` seconds, at most :data:`MAX_TIMEOUT_S` (None stays None)."""
+    return None if value is None else min(value, MAX_TIMEOUT_S)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunContext:
     """Where a run writes, what it resumes, and how it is measured. Frozen: derive with ``replace``."""
@@ -113,6 +124,11 @@ class RunContext:
     resume_command: str | None = None
     """The whole command that continues this run (the job's own flags, ``--run-dir`` this folder,
     ``--resume auto``), for a workload that stops early to print; None: not launched from a command line."""
+    config: dict[str, Any] | None = None
+    """The job's resolved config as ``run.json`` holds it, set by the rank entry point (None in ``run.json``'s run
+    context, and for a plain script): every checkpoint the run harness writes records it in its manifest
+    (``meta.config``), so that a resume from a checkpoint found anywhere, its run folder gone, is checked against
+    the settings that wrote it (what the workload keeps: ``Workload.resume_keeps``)."""
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -126,6 +142,7 @@ class RunContext:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"run.{name}={value!r} is invalid; valid: a number of seconds > 0")
+            object.__setattr__(self, name, clamp_timeout(value))
         if self.pg_backend not in (None, "gloo", "nccl"):
             raise ConfigError(f"run.pg_backend={self.pg_backend!r} is invalid; valid: gloo, nccl, or null")
         if not (math.isfinite(self.sample_interval_s) and self.sample_interval_s >= 0):

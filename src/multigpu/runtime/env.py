@@ -66,11 +66,26 @@ def first_slurm_host(env: Mapping[str, str]) -> str | None:
     return SLURM(env).first_host()
 
 
-def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Every host of a SLURM node list such as ``gpu[01-03,7],login1`` (see :mod:`multigpu.runtime.hostlist`)."""
-    from multigpu.runtime.hostlist import iter_hosts
+MAX_LISTED_HOSTS = 1_000_000
+"""The most host names :func:`expand_slurm_nodelist` lists (a billion would be gigabytes of strings)."""
 
-    return list(iter_hosts(nodelist, variable))
+
+def expand_slurm_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Every host of a SLURM node list such as ``gpu[01-03,7],login1`` (see :mod:`multigpu.runtime.hostlist`).
+
+    Raises:
+        ConfigError: a malformed list, or one of more than :data:`MAX_LISTED_HOSTS` names (counted, not expanded:
+            ``multigpu.runtime.hostlist``'s ``first_host``, ``count_hosts`` and ``iter_hosts`` read any size).
+    """
+    from multigpu.runtime.hostlist import count_hosts, iter_hosts, parse_hostlist
+
+    parsed = parse_hostlist(nodelist, variable)
+    count = count_hosts(parsed)
+    if count > MAX_LISTED_HOSTS:
+        raise ConfigError(f"{variable}={nodelist!r} holds {count:,} hosts, more than a list of names holds (at most "
+                          f"{MAX_LISTED_HOSTS:,}); valid: a real allocation's node list, or "
+                          "multigpu.runtime.hostlist.iter_hosts to walk it, first_host and count_hosts to read it")
+    return list(iter_hosts(parsed, variable))
 
 
 def read_placement(env: Mapping[str, str] | None = None) -> Placement:

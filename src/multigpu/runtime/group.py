@@ -152,7 +152,7 @@ def _resolve_timeout(timeout_s: float | None, run: context.RunContext) -> float:
     value = timeout_s if timeout_s is not None else run.timeout_s if run.timeout_s is not None else DEFAULT_TIMEOUT_S
     if not value > 0:
         raise ConfigError(f"timeout_s={value} must be > 0 seconds")
-    return value
+    return context.clamp_timeout(value)  # longer: torch's and gloo's clocks overflow (context.MAX_TIMEOUT_S)
 
 
 def init(

@@ -38,7 +38,8 @@ class _Range:
     hi: int
     width: int
 
-    def __len__(self) -> int:
+    def size(self) -> int:
+        """How many numbers it holds (a Python int: ``len()`` cannot count past 2**63)."""
         return self.hi - self.lo + 1
 
     def text(self, i: int) -> str:
@@ -55,7 +56,8 @@ class HostList:
 
     expressions: tuple[tuple[Part, ...], ...]
 
-    def __len__(self) -> int:
+    def size(self) -> int:
+        """How many host names it holds (:func:`count_hosts`)."""
         return count_hosts(self)
 
 
@@ -130,7 +132,7 @@ def _expand(expression: tuple[Part, ...], k: int = 0, prefix: str = "") -> Itera
         yield from _expand(expression, k + 1, prefix + part)
         return
     for r in part:
-        for i in range(len(r)):
+        for i in range(r.size()):
             yield from _expand(expression, k + 1, prefix + r.text(i))
 
 
@@ -151,4 +153,4 @@ def first_host(hosts: HostList | str, variable: str = "SLURM_JOB_NODELIST") -> s
 def count_hosts(hosts: HostList | str, variable: str = "SLURM_JOB_NODELIST") -> int:
     """How many host names the list holds (duplicates counted), without expanding any range."""
     parsed = parse_hostlist(hosts, variable) if isinstance(hosts, str) else hosts
-    return sum(math.prod(sum(len(r) for r in p) for p in e if not isinstance(p, str)) for e in parsed.expressions)
+    return sum(math.prod(sum(r.size() for r in p) for p in e if not isinstance(p, str)) for e in parsed.expressions)

@@ -7,8 +7,9 @@ owns their id range in torch.chunk layout (``ceil(N / P)`` ids per rank), sorted
 and wrapped as a ``Shard(0)`` DTensor; loading reads the ranges of the new layout.
 
 A checkpoint is a ``step_*`` folder of :class:`multigpu.checkpoint.CheckpointStore`:
-the agents as a sharded part (DCP), and the engine's step, global scalars,
-aggregates so far and settings in the manifest's ``meta`` (read before anything
+the agents as a sharded part (DCP), the aggregates so far (the series a resumed run continues), the model's global
+values and the rebalances as a plain part (``state.pt``: checksummed like every file), and the engine's step and
+settings in the manifest's ``meta`` (read before anything
 is unpickled: a checkpoint of another model, seed, grid, agent count or
 parameters is refused in one line). The meta holds the agents' state digest too (split-independent:
 :func:`state_digest`), which a resume at another world size checks the re-partitioned agents against
@@ -32,7 +33,7 @@ from multigpu.runtime import collectives, group
 from multigpu.sim.engine import SimEngine
 from multigpu.sim.population import agents_by_id, id_range
 
-__all__ = ["EngineAgents", "check_resize", "load", "meta", "parts", "save", "state_digest"]
+__all__ = ["EngineAgents", "EngineRecord", "check_resize", "load", "meta", "parts", "save", "state_digest"]
 
 
 def _world() -> tuple[int, int]:
@@ -80,9 +81,36 @@ class EngineAgents:
         return _Agents(fields, self.engine.num_agents).state_dict()
 
 
+class EngineRecord:
+    """What the engine has recorded so far, as a plain checkpoint part (``state.pt``, whose size and SHA-256 the
+    manifest records): every step's aggregates (the series a resumed run continues), the model's global values and
+    the rebalances. Rank 0's copy is saved (every rank holds the same)."""
+
+    def __init__(self, engine: SimEngine):
+        self.engine = engine
+
+    def state_dict(self) -> dict:  # rank 0 only, after the agents' part has flushed the aggregates on every rank
+        return {"history": {k: list(v) for k, v in self.engine.history.items()}, "env": _env(self.engine),
+                "rebalances": list(self.engine.rebalances)}
+
+    def load_state_dict(self, state: dict) -> None:
+        _restore_record(self.engine, state)
+
+
+def _env(engine: SimEngine) -> dict:
+    return {k: v for k, v in engine.ctx.env.items() if not k.startswith("_") and k != "series"}
+
+
+def _restore_record(engine: SimEngine, record: dict) -> None:
+    engine.ctx.env.update(record["env"])
+    engine.history = {k: list(v) for k, v in record["history"].items()}
+    engine.rebalances = list(record["rebalances"])
+
+
 def parts(engine: SimEngine) -> dict:
-    """The checkpoint parts of ``engine`` (its agents, sharded by id range); :func:`meta` is the rest."""
-    return {"agents": Sharded(EngineAgents(engine))}
+    """The checkpoint parts of ``engine``: its agents (sharded by id range) and what it has recorded so far (the
+    series: checksummed with the rest); :func:`meta` is what the launcher checks before reading a file."""
+    return {"agents": Sharded(EngineAgents(engine)), "record": EngineRecord(engine)}
 
 
 def save(engine: SimEngine, store: CheckpointStore) -> Path:
@@ -107,7 +135,6 @@ def state_digest(engine: SimEngine) -> str:
 
 
 def _engine_meta(engine: SimEngine) -> dict:
-    env = {k: v for k, v in engine.ctx.env.items() if not k.startswith("_") and k != "series"}
     return {
         "step": engine.step_index,
         "num_agents": engine.num_agents,
@@ -115,9 +142,6 @@ def _engine_meta(engine: SimEngine) -> dict:
         "seed": engine.cfg.seed,
         "grid": list(engine.cfg.grid),
         "params": dict(engine.cfg.params),
-        "env": env,
-        "history": engine.history,
-        "rebalances": engine.rebalances,
         "world_size": _world()[1],
         "state_digest": state_digest(engine),  # what a resume at another world size checks its agents against
     }
@@ -142,7 +166,11 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
     lo, hi = id_range(n, rank, world)
     part = _Agents({k: torch.empty(hi - lo, dtype=dt, device=engine.device)
                     for k, dt in engine.state.schema.items()}, n)
-    CheckpointStore(directory.parent).load(directory, {"agents": Sharded(part)})
+    # the record is in state.pt (checksummed); a checkpoint written before kept it in the manifest's meta
+    record = {"history": meta["history"], "env": meta["env"], "rebalances": meta["rebalances"]} \
+        if "history" in meta else None
+    into = {"agents": Sharded(part)} if record is not None else {"agents": Sharded(part), "record": EngineRecord(engine)}
+    CheckpointStore(directory.parent).load(directory, into)
     loaded = {k: (v.to_local() if world > 1 else v) for k, v in part.fields.items()}
     engine.state.append(loaded)
     if engine.spatial:
@@ -152,9 +180,8 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
     elif engine.model.spatial and engine.cfg.sort_every:
         engine.sort_by_row()
     engine.step_index = meta["step"]
-    engine.ctx.env.update(meta["env"])
-    engine.history = {k: list(v) for k, v in meta["history"].items()}
-    engine.rebalances = list(meta["rebalances"])
+    if record is not None:
+        _restore_record(engine, record)
     if dist.is_initialized() and world > 1:
         collectives.barrier()
     return meta

@@ -37,8 +37,8 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["CI", "EnsembleConfig", "Point", "design_points", "next_counts", "parse_sweep", "parse_until_ci",
-           "replicate_seed", "sweep_values"]
+__all__ = ["CI", "MAX_POINTS", "MAX_REPLICATES", "EnsembleConfig", "Point", "check_points", "check_replicates",
+           "design_points", "next_counts", "parse_sweep", "parse_until_ci", "replicate_seed", "sweep_values"]
 
 _M64 = (1 << 64) - 1
 _SEED_TAG = 0x656E73656D626C65  # "ensemble": replicate seeds apart from the step keys of sim.rng
@@ -46,6 +46,29 @@ SPLITS = ("auto", "replicates", "agents")
 NOT_SWEPT = ("seed", "ensemble", "check_split", "calibrate", "differentiable", "save_agents", "callbacks",
              "checkpoint_every", "keep_last", "plot", "log_every", "backend", "model")
 """Keys a sweep cannot vary: the seed is the replicates', the rest are the run's, not the model's."""
+MAX_POINTS = 10_000
+"""The most sweep points one ensemble has: each is a model config made and checked in the launcher (about 2 ms
+each: 20 s at this many) and a folder of replicates. Counted before any point is made."""
+MAX_REPLICATES = 1_000_000
+"""The most replicates one ensemble runs in all (points x replicates): each is a file of its own, and a round lists
+the ones it runs in rank 0's memory. Counted before any is listed."""
+
+
+def check_points(count: int, why: str) -> None:
+    """Refuse (one-line ConfigError) a design of ``count`` sweep points past :data:`MAX_POINTS`; ``why`` says what
+    makes them."""
+    if count > MAX_POINTS:
+        raise ConfigError(f"{why}; valid: at most {MAX_POINTS:,} sweep points in one ensemble (fewer values, a "
+                          "coarser start:stop:count, or several runs)")
+
+
+def check_replicates(points: int, replicates: int) -> None:
+    """Refuse (one-line ConfigError) ``points`` x ``replicates`` past :data:`MAX_REPLICATES`."""
+    if points * replicates > MAX_REPLICATES:
+        what = (f"sim.ensemble.replicates={replicates} is more than one ensemble runs:" if points == 1 else
+                f"{points:,} points x {replicates:,} replicates = {points * replicates:,} replicates;")
+        raise ConfigError(f"{what} valid: at most {MAX_REPLICATES:,} replicates in all (points x replicates: each "
+                          "is a file of its own); fewer, or several runs")
 
 
 def _splitmix64(z: int) -> int:
@@ -116,9 +139,12 @@ def sweep_values(name: str, text: Any) -> list[Any]:
             if n < 2:
                 raise ConfigError(f"--sweep {name}={raw}: valid: start:stop:count with numbers and a count >= 2 "
                                   "(e.g. 0.01:0.1:10), or a list v1,v2,...")
+            check_points(n, f"--sweep {name}={raw} makes {n:,} points")
             values = [float(f"{lo + (hi - lo) * i / (n - 1):.12g}") for i in range(n)]  # 0.3, not 0.30000000000000004
         else:
+            check_points(raw.count(",") + 1, f"--sweep {name}= lists {raw.count(',') + 1:,} values")
             values = [_value(v) for v in raw.split(",") if v.strip()]
+    check_points(len(values), f"--sweep {name} lists {len(values):,} values")
     if not values:
         raise ConfigError(f"--sweep {name}= has no values; valid: {name}=v1,v2,... or {name}=start:stop:count")
     return values
@@ -145,6 +171,9 @@ def parse_sweep(items: Any) -> dict[str, list[Any]]:
         if name in out:
             raise ConfigError(f"--sweep {name} is given twice; give each name once (its values as one list)")
         out[name] = sweep_values(name, values)
+    sizes = [len(v) for v in out.values()]
+    if len(sizes) > 1:
+        check_points(math.prod(sizes), f"--sweep makes {math.prod(sizes):,} points ({' x '.join(f'{n:,}' for n in sizes)})")
     return out
 
 
@@ -219,6 +248,9 @@ def design_points(sweep: Mapping[str, list[Any]], rows: Sequence[Mapping[str, An
     clash = sorted(set(names) & {k for r in rows for k in r})
     if clash:
         raise ConfigError(f"--sweep {clash[0]} is also a column of the sweep file; give it in one place")
+    grid = math.prod(len(sweep[n]) for n in names)
+    check_points(max(1, len(rows)) * grid, f"the sweep file's {len(rows):,} rows x the --sweep grid's {grid:,} points "
+                                            f"make {max(1, len(rows)) * grid:,} points")
     points = []
     for row in rows or [{}]:
         for combo in itertools.product(*(sweep[n] for n in names)):
@@ -286,6 +318,8 @@ class EnsembleConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sweep", parse_sweep(self.sweep))
+        if self.replicates > MAX_REPLICATES:
+            check_replicates(1, self.replicates)
         if self.replicates < 1 or self.min_replicates < 2 or self.batch < 0 or self.wave < 0:
             raise ConfigError(f"sim.ensemble: replicates={self.replicates}, min_replicates={self.min_replicates}, "
                               f"batch={self.batch}, wave={self.wave}; valid: replicates >= 1, min_replicates >= 2, "

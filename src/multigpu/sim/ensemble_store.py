@@ -2,6 +2,7 @@
 
     <run_dir>/ensemble/
         manifest.json                  the design: points, seed rule, series; written once, at the start
+        checksums.jsonl                every replicate file's size and SHA-256, a line each, written before the file
         replicates/p000003/r000017.csv replicate 17 of point 3: step and every series (written whole, atomically)
         bands.csv   (.parquet)         per point, series, step: replicates, mean, sd, ci_low, ci_high, q_low,
                                        median, q_high (the tidy table; Parquet where pyarrow is installed)
@@ -13,7 +14,11 @@
 A replicate's file appears whole or not at all (written beside, then renamed),
 so the replicates an ensemble has are the files present: they are its state.
 A killed ensemble keeps every replicate it finished, and continuing it runs
-only the others: the run harness decides what a run continues
+only the others. What a continued ensemble trusts is checked as a checkpoint's files are: every replicate file must
+match the size and SHA-256 recorded for it in ``checksums.jsonl`` (a file changed since, by a digit, is refused
+naming it); an ensemble of another run is continued from copies made in this run's folder (this run's files,
+checked against those checksums as they are copied), never from links to its files. The run harness decides what a
+run continues
 (:func:`multigpu.checkpoint.resume.decide`: ``--resume auto``, ``--resume PATH``
 or a restarted worker group; this folder is the sim workload's ``progress``
 folder), and :meth:`ReplicateStore.open` reads it. Nothing holds every series
@@ -24,8 +29,8 @@ tables are made one point at a time.
 from __future__ import annotations
 
 import csv
+import errno
 import io
-import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
@@ -35,16 +40,21 @@ from typing import Any
 import numpy as np
 
 from multigpu.errors import ConfigError
-from multigpu.files import atomic_path, write_json_atomic, write_text_atomic
+from multigpu.files import Temporary, append_line, atomic_path, read_jsonl, write_json_atomic
 from multigpu.sim.bands import Bands, point_bands
 from multigpu.sim.design import Point
 
 __all__ = ["FOLDER", "ReplicateStore", "check_folder", "plot_bands", "read_replicate"]
 
 FOLDER = "ensemble"
-FORMAT = 1
+FORMAT = 2
+"""2: every replicate file has its size and SHA-256 in ``checksums.jsonl``. An ensemble written in format 1 (before
+there were checksums) is continued with its files checked for shape only."""
+CHECKSUMS = "checksums.jsonl"
 _FILE = re.compile(r"^r(\d{6,})\.csv$")
-_LEFT = re.compile(r"^\.r\d{6,}\.csv\.tmp\d+$")  # a replicate being written when the ensemble was killed
+_LEFT = re.compile(r"^\.r\d{6,}\.csv\.(tmp\d+|[0-9a-f]{12}\.tmp)$")
+"""A replicate being written when the ensemble was killed: the temporary folder of its write (files.Temporary), or
+the file an earlier version wrote beside it."""
 
 
 def _point_dir(root: Path, p: int) -> Path:
@@ -56,15 +66,39 @@ def read_replicate(path: str | Path) -> tuple[list[str], np.ndarray]:
     with open(path, newline="") as fh:
         rows = list(csv.reader(fh))
     names = rows[0][1:]
-    values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
+    try:
+        values = np.array([[float(v) for v in row[1:]] for row in rows[1:]], dtype=np.float64).reshape(-1, len(names))
+    except ValueError:
+        line, bad = next(((i + 2, v) for i, row in enumerate(rows[1:]) for v in row[1:] if not _is_number(v)),
+                         (None, None))
+        what = f"line {line} holds {bad!r}, not a number" if line else "a row has more or fewer values than its columns"
+        raise ConfigError(f"replicate file {path} {what}; valid: delete that file (its replicate runs again, with the "
+                          "same seed) and resume again") from None
     return names, values
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _whole(path: Path, names: Sequence[str], rows: int) -> str | None:
     """Why ``path`` is not a whole replicate with the series ``names`` and ``rows`` steps (None: it is)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"it cannot be read: {exc.__class__.__name__}"
+    return _whole_text(data, names, rows)
+
+
+def _whole_text(data: bytes, names: Sequence[str], rows: int) -> str | None:
+    """Why ``data`` is not a whole replicate file (see :func:`_whole`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeError as exc:
         return f"it cannot be read: {exc.__class__.__name__}"
     if not text.endswith("\n"):
         return "it is cut short: its last line has no end" if text else "it is empty"
@@ -79,10 +113,58 @@ def _whole(path: Path, names: Sequence[str], rows: int) -> str | None:
     return None
 
 
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _checksum_line(p: int, r: int, data: bytes) -> str:
+    import json
+
+    return json.dumps({"point": p, "replicate": r, "bytes": len(data), "sha256": _sha256(data)})
+
+
+def checksums(folder: str | Path) -> dict[tuple[int, int], dict[str, Any]] | None:
+    """What ``folder/checksums.jsonl`` records per (point, replicate) (the last line of each wins: a replicate run
+    again writes its line again); None for an ensemble of format 1, which records none."""
+    import json
+
+    folder = Path(folder)
+    try:
+        fmt = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("format", 1)
+    except (OSError, ValueError, AttributeError):
+        fmt = FORMAT
+    if fmt == 1:
+        return None
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for line in read_jsonl(folder / CHECKSUMS):
+        key = (line.get("point"), line.get("replicate"))
+        if all(isinstance(k, int) for k in key) and isinstance(line.get("sha256"), str):
+            out[key] = line
+    return out
+
+
+def _unchanged(data: bytes, recorded: dict[tuple[int, int], dict[str, Any]] | None, p: int, r: int,
+               log: Path) -> str | None:
+    """Why ``data`` (a replicate file's bytes) is not the replicate written as (p, r) (None: it is, or nothing is
+    recorded in a format-1 ensemble)."""
+    if recorded is None:
+        return None
+    entry = recorded.get((p, r))
+    if entry is None:
+        return f"{log} records no checksum for it (it was not written by this ensemble)"
+    if entry.get("bytes") != len(data) or entry["sha256"] != _sha256(data):
+        return (f"it does not match its checksum in {log} ({len(data):,} bytes, recorded {entry.get('bytes')}): it "
+                "was changed after it was written")
+    return None
+
+
 def check_folder(folder: str | Path, shapes: Sequence[tuple[Sequence[str], int]], most: int | None = None
                  ) -> dict[int, list[int]]:
     """The replicates of the ensemble folder ``folder`` that a run continues, per point, once every one of them is
-    checked: each file whole (its last line ended; the columns of ``shapes[p]``, the point's series names; as
+    checked: each file as written (its size and SHA-256 those ``checksums.jsonl`` records), whole (its last line
+    ended; the columns of ``shapes[p]``, the point's series names; as
     many rows as its steps; as many values as columns), no point the design does not have, and (``most``: the
     replicates asked per point) none beyond what this run asks for, whose results would be mixed into the
     bands. A half-written file a kill left is not a replicate (:meth:`ReplicateStore.open` removes it).
@@ -92,6 +174,7 @@ def check_folder(folder: str | Path, shapes: Sequence[tuple[Sequence[str], int]]
     """
     folder = Path(folder)
     found: dict[int, list[int]] = {}
+    recorded = checksums(folder)
     points = folder / "replicates"
     entries = sorted(points.iterdir()) if points.is_dir() else []
     for entry in entries:
@@ -111,6 +194,11 @@ def check_folder(folder: str | Path, shapes: Sequence[tuple[Sequence[str], int]]
                 raise ConfigError(f"--resume: {file} is not a whole replicate of this ensemble ({why}); valid: "
                                   "delete that file (its replicate runs again, with the same seed) and resume "
                                   "again, or a new --run-dir")
+            changed = _as_written(file, p, int(f.group(1)), recorded, folder / CHECKSUMS)
+            if changed is not None:
+                raise ConfigError(f"--resume: {file} is not the replicate this ensemble wrote ({changed}); valid: "
+                                  "delete that file (its replicate runs again, with the same seed) and resume "
+                                  "again, or a new --run-dir")
             done.append(int(f.group(1)))
         if most is not None and done and done[-1] >= most:
             raise ConfigError(f"--resume: the ensemble in {folder} holds {done[-1] + 1} replicates of point {p} "
@@ -119,6 +207,14 @@ def check_folder(folder: str | Path, shapes: Sequence[tuple[Sequence[str], int]]
                               "out: the run's own count), or a new --run-dir")
         found[p] = done
     return found
+
+
+def _as_written(file: Path, p: int, r: int, recorded, log: Path) -> str | None:
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        return f"it cannot be read: {exc.__class__.__name__}"
+    return _unchanged(data, recorded, p, r, log)
 
 
 def check_no_orphans(folder: str | Path) -> None:
@@ -174,14 +270,24 @@ class ReplicateStore:
         if shapes is not None:
             check_folder(source, shapes, most)
         if Path(source).resolve() != self.root.resolve():
-            self._bring(Path(source))
+            self._bring(Path(source), shapes)
         for left in (self.root / "replicates").glob("p*/.r*"):
             if _LEFT.match(left.name):
-                left.unlink(missing_ok=True)
+                if left.is_dir() and not left.is_symlink():
+                    shutil.rmtree(left, ignore_errors=True)
+                else:
+                    left.unlink(missing_ok=True)
         return {p["index"]: self.replicates(p["index"]) for p in self.manifest["points"]}
 
-    def _bring(self, source: Path) -> None:
-        """Another run's replicates into this folder (each file whole or not at all), then the manifest."""
+    def _bring(self, source: Path, shapes: Sequence[tuple[Sequence[str], int]] | None) -> None:
+        """Another run's replicates into this folder, then the manifest. Each file is copied (never linked: the other
+        run's owner could rewrite a shared file in place later), its copy read back and checked against the
+        checksum the other run recorded for it (a format-1 ensemble records none: the copy is checked for the
+        shape of a whole replicate instead), and recorded with this run's checksums; the copies are this run's
+        files (its owner, the mode it writes replicates with). One-line ConfigError naming a file that does not
+        match; nothing is half-copied."""
+        recorded = checksums(source)
+        log = source / CHECKSUMS
         for p in self.manifest["points"]:
             there, here = _point_dir(source, p["index"]), _point_dir(self.root, p["index"])
             names = sorted(e.name for e in there.iterdir() if _FILE.match(e.name)) if there.is_dir() else []
@@ -190,14 +296,28 @@ class ReplicateStore:
             for name in names:
                 if (here / name).exists():
                     continue
-                tmp = here / f".{name}.tmp{os.getpid()}"
-                tmp.unlink(missing_ok=True)
-                try:
-                    os.link(there / name, tmp)
-                except OSError:  # another file system, or none that links
-                    shutil.copyfile(there / name, tmp)
-                os.replace(tmp, here / name)
+                r = int(_FILE.match(name).group(1))
+                data = (there / name).read_bytes()
+                why = _unchanged(data, recorded, p["index"], r, log)
+                if why is None and recorded is None and shapes is not None:
+                    why = _whole_text(data, *shapes[p["index"]])
+                if why is not None:
+                    raise ConfigError(f"--resume: {there / name} cannot be continued ({why}); nothing of it was "
+                                      "copied; valid: ask that run's owner to delete that file (its replicate runs "
+                                      "again, with the same seed), or a new --run-dir")
+                self._write_bytes(p["index"], r, data)
         write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
+
+    def _write_bytes(self, p: int, r: int, data: bytes) -> None:
+        """Replicate ``r`` of point ``p`` as ``data``: its checksum line first (a kill between the two leaves a line
+        without a file, a replicate that runs again), then the file, whole or not at all, read back before it is put
+        in place (what lands is what was checked)."""
+        append_line(self.root / CHECKSUMS, _checksum_line(p, r, data))
+        path = _point_dir(self.root, p) / f"r{r:06d}.csv"
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+            if tmp.read_bytes() != data:
+                raise OSError(errno.EIO, f"the copy of {path} does not read back as written")
 
     def replicates(self, p: int) -> list[int]:
         """The finished replicates of point ``p``, in order."""
@@ -220,7 +340,7 @@ class ReplicateStore:
         buf.write(",".join(names) + "\n")
         for row in zip(*(series[n] for n in names), strict=True):
             buf.write(",".join(_format(v) for v in row) + "\n")
-        write_text_atomic(_point_dir(self.root, p) / f"r{r:06d}.csv", buf.getvalue())
+        self._write_bytes(p, r, buf.getvalue().encode())
 
     def read(self, p: int, r: int) -> np.ndarray:
         """Replicate ``r`` of point ``p`` as [steps, series] float64 (the step column left out)."""
@@ -250,9 +370,16 @@ class _Table:
             self.paths["parquet"] = root / f"{name}.parquet"
         except ImportError:
             pass
-        self.tmp = {k: p.with_name(f".{p.name}.tmp{os.getpid()}") for k, p in self.paths.items()}
         root.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.tmp["csv"], "w", newline="")  # noqa: SIM115 - closed by close(), a point at a time
+        self.tmp: dict[str, Temporary] = {}
+        try:
+            for k, p in self.paths.items():  # each in a folder of its own: no name to plant a link at
+                self.tmp[k] = Temporary(p)
+            self._fh = open(self.tmp["csv"].path, "w", newline="")  # noqa: SIM115 - closed by close()
+        except BaseException:
+            for t in self.tmp.values():
+                t.discard()
+            raise
         self._writer = csv.writer(self._fh)
         self._writer.writerow(columns)
         self._pq = None
@@ -266,7 +393,7 @@ class _Table:
 
         table = pa.table({c: [row[i] for row in rows] for i, c in enumerate(self.columns)})
         if self._pq is None:
-            self._pq = pq.ParquetWriter(str(self.tmp["parquet"]), table.schema)
+            self._pq = pq.ParquetWriter(str(self.tmp["parquet"].path), table.schema)
         self._pq.write_table(table.cast(self._pq.schema))
 
     def close(self, ok: bool) -> list[Path]:
@@ -275,13 +402,15 @@ class _Table:
         if self._pq is not None:
             self._pq.close()
         done = []
-        for k, path in self.paths.items():
-            tmp = self.tmp[k]
-            if ok and tmp.exists():
-                os.replace(tmp, path)
-                done.append(path)
-            else:
-                tmp.unlink(missing_ok=True)
+        try:
+            for k, path in self.paths.items():
+                tmp = self.tmp[k]
+                if ok and tmp.path.exists():
+                    tmp.commit()
+                    done.append(path)
+        finally:
+            for tmp in self.tmp.values():
+                tmp.discard()
         return done
 
 

@@ -49,6 +49,7 @@ def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
 def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     """Every sweep point is a valid simulation that fits (a whole replicate on one rank, unless the agents are
     split); a continued one keeps its design and has whole files (:func:`_check_continued`)."""
+    from multigpu.sim.design import check_replicates
     from multigpu.sim.ensemble import ensemble_points, point_configs
 
     ecfg = cfg.ensemble
@@ -56,6 +57,7 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
         ecfg = dataclasses.replace(ecfg, sweep_file=str(Path(ecfg.sweep_file).resolve()))
         cfg = dataclasses.replace(cfg, ensemble=ecfg)
     points = ensemble_points(cfg)
+    check_replicates(len(points), ecfg.replicates)
     configs = point_configs(cfg, points)
     whole = ecfg.split != "agents"
     for point, pcfg in zip(points, configs, strict=True):
@@ -282,6 +284,7 @@ WORKLOAD = Workload(
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
     resumable=True,
+    resume_total=lambda cfg: None if cfg.ensemble.active else cfg.steps,  # an ensemble continues its replicates
     # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another
     resume_keeps=("model", "seed", "grid", "agents", "params", "ensemble.sweep", "ensemble.sweep_file",
                   "ensemble.same_seeds", "ensemble.until_ci", "ensemble.ci_series", "ensemble.min_replicates"),

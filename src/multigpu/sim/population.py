@@ -387,12 +387,16 @@ def _temporary_beside(path: Path, folder: bool) -> Path:
     prefix, suffix = f".{path.name}.", ".tmp"
     if folder:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=path.parent))
-    else:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    else:  # O_CREAT | O_EXCL | O_NOFOLLOW, a name no one can guess
         fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
-        os.close(fd)
         tmp = Path(name)
-    # what a plain mkdir / open under the user's own umask would have made (a rank runs under the launcher's 0077)
-    tmp.chmod((0o777 if folder else 0o666) & ~user_umask())
+    # what a plain mkdir / open under the user's own umask would have made (a rank runs under the launcher's 0077),
+    # through the descriptor: a link put at that name meanwhile (the folder may be another user's) is not followed
+    try:
+        os.fchmod(fd, (0o777 if folder else 0o666) & ~user_umask())
+    finally:
+        os.close(fd)
     return tmp
 
 

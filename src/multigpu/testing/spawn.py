@@ -10,7 +10,8 @@ Shipped so users test their own distributed code the way multigpu tests its own:
 
 Each rank is a fresh process, forked from a ``forkserver`` that has already
 imported torch and multigpu (``spawn`` where there is no forkserver), so a rank
-starts in a fraction of the ~2 s an ``import torch`` costs; it calls :func:`multigpu.init` (on the
+starts in a fraction of the ~2 s an ``import torch`` costs (its random generators are seeded afresh, as a new
+process's are: :func:`multigpu.launch.forkserver.fresh_random_state`); it calls :func:`multigpu.init` (on the
 CPU unless ``backend`` says otherwise) with a ``file://`` rendezvous in a temporary folder: no ports, safe under
 parallel test runs. Three timeouts keep a test from hanging: the collective
 timeout inside the ranks, a deadline in the parent (at which every unfinished
@@ -71,6 +72,9 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
             **env,
         }
     )
+    from multigpu.launch.forkserver import fresh_random_state
+
+    fresh_random_state()  # a fork copied the forkserver's torch generator: each rank draws its own, as a new process
     stack_file = open(Path(store_dir) / f"stacks_rank{rank}.txt", "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.dump_traceback_later(startup_timeout_s + timeout_s + 60, exit=True, file=stack_file)  # parent gone

@@ -524,6 +524,7 @@ WORKLOAD = Workload(
     main=main,
     init=lambda cfg: {"seed": cfg.seed},
     resumable=True,
+    resume_total=lambda cfg: cfg.steps,
     preload=("torch._dynamo",),  # its optimizer imports it when made
     help="data-parallel training of your model and data (default: a character-level GPT) on every selected GPU",
     preset="nano",
