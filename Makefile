@@ -31,6 +31,7 @@ TEST_WORKERS ?= 2
 FAULT_SEED ?=
 TEST_FLAGS := --hypothesis-profile=ci $(if $(FAULT_SEED),--fault-seed $(FAULT_SEED))
 test: $(STAMP) cluster-deps
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
 
 # The cluster tier (tests/cluster) runs a real SLURM on virtual hosts of this machine: Debian's daemons, installed
 # here where the tests run as root with apt (CI does); elsewhere the tier says in one line why it did not run.
@@ -41,7 +42,6 @@ cluster-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CLUSTER_PACKAGES)) >/dev/null 2>&1 \
 	    || echo "could not install them: the cluster tier will say why it did not run"; \
 	fi
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not dist and not e2e and not slow" $(TEST_FLAGS)

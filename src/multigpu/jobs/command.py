@@ -593,7 +593,7 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         if agreed:  # node 0 made the folder: its name, under this node's runs/<workload>
             run_dir, fresh = RUNS / workload.name / session.agree("run_name", lambda: ""), False
         elif args.resume is None:  # a run that has ended there: this node came too late (before any wait)
-            rundir.refuse_ended(run_dir, session.node_rank)
+            rundir.refuse_ended(run_dir, session.node_rank, alive=session.store_answers)
         session.check_shared(run_dir)  # before this node writes anything there
     else:
         rundir.check_free_space(run_dir)

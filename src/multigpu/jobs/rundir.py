@@ -32,7 +32,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +84,18 @@ def refuse_used(folder: str | Path, flag: str = "--run-dir", *, hint: str = "giv
         raise ConfigError(f"{flag} {folder} already exists and is not empty ({shown}); {hint}")
 
 
-def refuse_ended(folder: str | Path, node_rank: int) -> None:
+def refuse_ended(folder: str | Path, node_rank: int, alive: Callable[[], bool] = lambda: False) -> None:
     """On a node other than 0 of a job of several nodes, not resuming: raise a one-line ConfigError when ``folder``
-    holds a run that has ended (its ``summary.json``, which rank 0 writes at the end). That node arrived after the
-    job's end: the store it would wait for went with node 0's launcher, and it waited for the whole join timeout,
-    saying nothing. A job that runs has no summary.json yet; one that continues the run is started with --resume."""
+    holds a run that has ended (its ``summary.json``, which rank 0 writes when an attempt ends) and the job's
+    rendezvous store does not answer (``alive()``: node 0's launcher, where it lives, is gone with the job). That
+    node arrived after the job's end, and waited for the whole join timeout saying nothing. An elastic job whose
+    worker group ended an attempt has a summary.json and a store that answers: a node joining it is let in."""
     summary = Path(folder) / "summary.json"
     try:
         written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(summary.stat().st_mtime))
     except OSError:
+        return
+    if alive():
         return
     raise ConfigError(f"node {node_rank} arrived after the job in {folder} had ended (its summary.json, written "
                       f"{written}): a node that arrives after the end has nothing to join; valid: --resume auto on "

@@ -193,6 +193,20 @@ class Nodes:
     def store(self):
         return self.connect()[0]
 
+    def store_answers(self, within_s: float = 3.0) -> bool:
+        """Whether the rendezvous store answers at the endpoint now (or this launcher holds it), within
+        ``within_s``: never waits for it as joining does."""
+        if self.connected:
+            return True
+        from multigpu.launch.rendezvous import parse_endpoint
+        from multigpu.launch.stores import wait_for_store
+
+        try:
+            wait_for_store(*parse_endpoint(self.endpoint, nnodes=self.nnodes), within_s)
+        except (MultigpuError, OSError):
+            return False
+        return True
+
     # ------------------------------------------------------------------ signed values
     def _key(self, name: str) -> str:
         return f"{_PREFIX}{self.run_id}/{name}"
@@ -319,10 +333,10 @@ class Nodes:
             time.sleep(_POLL_S)
         return sorted(self.lost)
 
-    def verdict(self, since: float, within_s: float) -> dict[int, str]:
+    def verdict(self, since: float, within_s: float) -> dict[int, tuple[str, str]]:
         """After this node's ranks lost a peer at ``since`` (``time.monotonic()``): the other nodes that caused it,
-        each with one line: found lost (:func:`lost_line`), or started again (a new launcher joined before the old
-        one was found lost: :func:`started_again_line`). Waits until every other node is either of those, heard from
+        each as (in short, its whole line): found lost (``node 1 (gpu7), lost``; :func:`lost_line`), or started
+        again (a new launcher joined before the old one was found lost: :func:`started_again_line`). Waits until every other node is either of those, heard from
         after ``since`` (its launcher lives: the cause is a rank of its own, which its output names) or ended; at
         most ``within_s``. A node started again up to a heartbeat deadline before ``since`` counts: its ranks died
         with the old launcher, before this node's ranks noticed."""
@@ -337,8 +351,12 @@ class Nodes:
                    or self._beats.get(node, {}).get("end") for node in others):
                 break
             time.sleep(_POLL_S)
-        causes = {node: lost_line(self, node) for node in sorted(self.lost)}
-        causes.update({node: started_again_line(self, node) for node in others if again(node) and node not in causes})
+        causes = {node: (f"node {node} ({self.lost[node].get('host', 'unknown host')}), lost", lost_line(self, node))
+                  for node in sorted(self.lost)}
+        for node in others:
+            if again(node) and node not in causes:
+                host = self.started_again[node][1].get("host", "unknown host")
+                causes[node] = (f"node {node} ({host}), started again", started_again_line(self, node))
         return dict(sorted(causes.items()))
 
     # ------------------------------------------------------------------ failure

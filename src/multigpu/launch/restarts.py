@@ -91,10 +91,10 @@ class ReportingAgent(LocalElasticAgent):
         return result
 
 
-def _cause_elsewhere(group: WorkerGroup, failures: dict) -> dict[int, str] | None:
+def _cause_elsewhere(group: WorkerGroup, failures: dict) -> dict[int, tuple[str, str]] | None:
     """On a job of several nodes whose ranks here all failed as consequences (they lost their peers): the other
-    nodes that caused it, each with its line (found lost, or started again), waiting for the heartbeat's verdict
-    (:meth:`multigpu.launch.nodes.Nodes.verdict`). {}: none of them (the cause is a rank of another node's own).
+    nodes that caused it, each in short and its line (found lost, or started again), waiting for the heartbeat's
+    verdict (:meth:`multigpu.launch.nodes.Nodes.verdict`). {}: none of them (the cause is a rank of another node's own).
     None: one node, or a rank here failed of its own."""
     from multigpu.launch import nodes
 
@@ -114,11 +114,11 @@ def _report(result: RunResult, group: WorkerGroup, restart: int, most: int) -> N
     records = []
     elsewhere = _cause_elsewhere(group, result.failures)
     if elsewhere is not None:  # this node's ranks lost their peers: the cause is another node
-        for node, line in elsewhere.items():
+        for node, (_, line) in elsewhere.items():
             records.append({"restart": restart, "node": node, "cause": line,
                             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        # the cause in short (a lost node's whole line was said when it was found): "node 1 (gpu7) was lost"
-        why = ("the cause: " + "; ".join(line.split(": ", 1)[0] for line in elsewhere.values()) if elsewhere else
+        # the cause in short (a lost node's whole line was said when it was found): "node 1 (gpu7), lost"
+        why = ("the cause: " + "; ".join(short for short, _ in elsewhere.values()) if elsewhere else
                "this node's ranks lost their peers on another node, whose own output says why")
         print(f"multigpu: restarting the worker group ({why}; restart {restart} of {most})", file=sys.stderr,
               flush=True)
