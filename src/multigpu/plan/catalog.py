@@ -21,7 +21,7 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["Catalog", "Gpu", "LinkSpec", "Prices", "load_catalog", "load_prices"]
+__all__ = ["HOST_CPU", "Catalog", "Gpu", "LinkSpec", "Prices", "load_catalog", "load_prices"]
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,13 @@ class Catalog:
 
     def gpu(self, name: str) -> Gpu:
         key = _key(name)
+        if key == "cpu":
+            return HOST_CPU
         for gpu in self.gpus.values():
             if _key(gpu.key) == key or any(_key(b) == key for b in gpu.board_names):
                 return gpu
-        raise ConfigError(f"unknown GPU type {name!r}; valid: {', '.join(self.gpus)}")
+        raise ConfigError(f"unknown GPU type {name!r}; valid: {', '.join(self.gpus)} (or cpu: this host's CPU ranks, "
+                          "for a folder measured here)")
 
     def gpu_for_board(self, board: str) -> Gpu | None:
         """The type of a board as NVML / torch name it (``NVIDIA H100 80GB HBM3``); None when not in the catalog."""
@@ -105,6 +108,14 @@ class Catalog:
         if name not in self.links:
             raise ConfigError(f"unknown link {name!r}; valid: {', '.join(self.links)}")
         return self.links[name]
+
+
+HOST_CPU = Gpu(key="cpu", tflops={p: 1.0 for p in ("bf16", "fp16", "tf32", "fp32")}, memory_gb=0, hbm_tbs=0,
+               tdp_w=0, node_link="loopback", per_node=1 << 20,
+               missing="this host's CPU: its rates are measured, not catalogued",
+               sources=({"url": "", "says": "this host, measured"},))
+"""``--gpus cpu``: ranks on this host's CPU (a measured folder only: ``multigpu bench --predict``'s model of this
+host, with the thread count carried by the CPU's measured roofline)."""
 
 
 def _key(name: str) -> str:
