@@ -282,8 +282,8 @@ def build_report(run_dir: str | Path) -> str:
     elif plan is not None:
         runs = []
     else:
-        raise ConfigError(f"report: {run_dir} holds neither bench.json, summary.json nor plan.json; give a folder written by "
-                          "`multigpu bench` or by a workload run (its run directory)")
+        raise ConfigError(f"report: {run_dir} holds neither bench.json nor summary.json (nor plan.json); give a folder "
+                          "written by `multigpu bench`, by a workload run (its run directory) or by `multigpu plan -o`")
     title = f"multigpu report: {root.resolve().name}"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">{html.escape(str(root.resolve()))} &middot; generated '
