@@ -178,3 +178,17 @@ def test_the_interval_comes_from_the_residuals():
     factor, how = interval_factor([0.1, -0.1, 0.05, -0.05])
     assert factor == pytest.approx(math.exp(3.18 * math.sqrt(0.00625) * math.sqrt(1.25)))
     assert "4 residuals" in how
+
+
+def test_hsdp_runs_its_shard_collectives_within_a_node_and_refuses_a_count_that_does_not_split():
+    """HSDP's all-gathers and reduce-scatters stay inside a replica (one node of 8 here, on NVLink): across 4 nodes
+    they cost what they cost on one node, FSDP's cross the network."""
+    from multigpu.plan.model import Cluster, describe_step
+
+    kw = {**LLAMA31_8B, "batch": 2, "ac": "selective"}
+    net = CAT.link("eth100")
+    hsdp = describe_step(ModelSpec(**kw, strategy="hsdp", shard_size=8), Cluster(CAT.gpu("H200"), 32, net), CAT)
+    fsdp = describe_step(ModelSpec(**kw, strategy="fsdp"), Cluster(CAT.gpu("H200"), 32, net), CAT)
+    assert hsdp["comm_s"] < fsdp["comm_s"] / 3
+    with pytest.raises(ConfigError, match="12 GPUs do not split into replicas of 8"):
+        ModelSpec(**kw, strategy="hsdp", shard_size=8).traffic(12)

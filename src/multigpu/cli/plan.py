@@ -170,8 +170,11 @@ class _Measured:
             f"{BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth, against the measured device's "
             + ("rates measured on this host's CPU (a float32 matmul and a copy, at the ranks' thread count)"
                if j.device == "cpu" else "catalog figures at the same efficiencies"),
-            "communication: the collectives the step meter counted, priced on the target's links by bench --predict's "
-            f"alpha-beta model, hidden behind compute as {j.strategy or 'the workload'} overlaps it",
+            ("communication: the collectives the step meter counted, priced on the target's links by bench --predict's "
+             f"alpha-beta model, hidden behind compute as {j.strategy or 'the workload'} overlaps it"
+             if any(r["world_size"] > 1 for r in j.runs) else
+             "communication: none measured (a 1-rank run): the plan counts compute alone; bench at 2 ranks or more "
+             "to count the job's collectives"),
             "memory per GPU: " + ("the measured peak per rank (on CPU ranks: the resident memory less what "
                                   "`import torch` holds); under FSDP its training state moves to 1/N"
                                   if j.last.get("peak_memory_bytes") else "not measured by this workload"),

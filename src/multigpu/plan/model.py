@@ -58,13 +58,14 @@ class Cluster:
         return math.ceil(self.count / self.gpu.per_node)
 
 
-def net_of(cluster: Cluster, node_link: LinkSpec):
-    """The :class:`multigpu.bench.predict.Net` of a cluster: the node link within a node, the network across."""
+def net_of(cluster: Cluster, node_link: LinkSpec, shards=None):
+    """The :class:`multigpu.bench.predict.Net` of a cluster: the node link within a node, the network across;
+    ``shards``: an HSDP job's ranks per replica at N (its ``:shard`` collectives run over those)."""
     from multigpu.bench.predict import Net
 
     if cluster.count <= cluster.gpu.per_node:
-        return Net(node_link.link())
-    return Net(cluster.network.link(), node_link.link(), cluster.gpu.per_node)
+        return Net(node_link.link(), shards=shards)
+    return Net(cluster.network.link(), node_link.link(), cluster.gpu.per_node, shards)
 
 
 def compute_time(spec: ModelSpec, gpu: Gpu, count: int, efficiency: float = MATMUL_EFFICIENCY) -> dict[str, float]:
@@ -87,7 +88,8 @@ def describe_step(spec: ModelSpec, cluster: Cluster, catalog=None, efficiency: f
     node_link = cluster.node_link or catalog.link(cluster.gpu.node_link)
     parts = compute_time(spec, cluster.gpu, cluster.count, efficiency)
     compute = sum(parts.values())
-    latency, bandwidth = comm_time(spec.traffic(cluster.count), cluster.count, net_of(cluster, node_link))
+    shards = spec._shards if spec.strategy == "hsdp" else None
+    latency, bandwidth = comm_time(spec.traffic(cluster.count), cluster.count, net_of(cluster, node_link, shards))
     comm = latency + bandwidth
     hidden = OVERLAP[spec.strategy] * compute
     exposed = max(0.0, comm - hidden)

@@ -209,7 +209,11 @@ class ModelSpec:
         if self.strategy == "ddp" or world_size < 2:
             return 1
         if self.strategy == "hsdp":
-            return min(self.shard_size or 8, world_size)
+            shards = min(self.shard_size or 8, world_size)
+            if world_size % shards:
+                raise ConfigError(f"strategy=hsdp: {world_size} GPUs do not split into replicas of {shards} "
+                                  f"(shard_size); valid: GPU counts that are multiples of {shards}")
+            return shards
         return world_size
 
     def traffic(self, world_size: int) -> dict[str, dict[str, float]]:
