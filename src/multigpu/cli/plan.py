@@ -225,7 +225,8 @@ def print_plan(result: dict[str, Any], out=None) -> None:
         else:
             memory = f"{_gib(o['need_bytes'])} of {_gib(o['have_bytes'])}"
         star = best is not None and (o["gpu"], o["count"]) == (best["gpu"], best["count"])
-        step = f"{o['step_s'] * 1e3:.1f} ms" if o["step_s"] < 10 else f"{o['step_s']:.1f} s"
+        step = (f"{o['step_s'] * 1e6:.0f} us" if o["step_s"] < 1e-3 else f"{o['step_s'] * 1e3:.1f} ms"
+                if o["step_s"] < 10 else f"{o['step_s']:.1f} s")
         table.add_row(f"{'* ' if star else ''}{o['count']} x {o['gpu']}", str(o["nodes"]), step,
                       f"{o['items_per_s']:,.0f}",
                       f"{_hours(o['time_s'])} ({_hours(o['time_low_s'])}-{_hours(o['time_high_s'])})", memory,
