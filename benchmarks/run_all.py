@@ -73,6 +73,8 @@ BENCHMARKS = (
 )
 
 LEFT_OUT = {
+    "plan_validate": "a check of multigpu plan's model (published figures, and CPU ranks fitted on 1-2, measured at 3-4 "
+                     "and another thread count), not a peer comparison; minutes of benches, run by hand under flock",
     "launch_overhead": "the launcher's side only (up to the agent, stubbed), for train: startup measures the whole start",
     "sim_calibrate": "not a side-by-side comparison (calibration accuracy and memory)",
     "infer_memory": "peak memory at 16k², minutes per run; not in the quick set",

@@ -124,7 +124,7 @@ def test_a_built_in_workload_is_one_entry_that_the_commands_and_the_help_derive_
     monkeypatch.setitem(registry.BUILTIN, "count", SPEC)
     monkeypatch.setitem(registry.BUILTIN, "hidden", "tests.cli.test_job_contract:HIDDEN")
     monkeypatch.setitem(globals(), "HIDDEN", hidden)
-    assert commands()[-6:] == ["count", "run", "bench", "verify", "doctor", "report"]
+    assert commands()[-7:] == ["count", "run", "bench", "verify", "plan", "doctor", "report"]
     assert "hidden" not in commands()
     with pytest.raises(SystemExit):
         cli_main(["--help"])

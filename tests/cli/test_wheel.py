@@ -43,6 +43,7 @@ def installed(tmp_path_factory):
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     assert (site / "multigpu" / "presets" / "nano.yaml").is_file()
+    assert (site / "multigpu" / "plan" / "catalog.yaml").is_file()  # multigpu plan's hardware catalog
     (site / "_borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp / "work"
     work.mkdir()

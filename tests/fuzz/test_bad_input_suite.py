@@ -77,6 +77,9 @@ BASES: dict[str, dict] = {
            "out": "--run-dir"},
     # the workload's own flags come after its name, so --run-dir cannot lead; the run dir is made only after checks
     "run": {"argv": ["sim", "-f", "sir"], "config": f"{PRESETS}/sir.yaml", "overrides": "positional"},
+    # a model description (its sizes are the key=value overrides); plan.json is written into -o only at the end
+    "plan": {"argv": ["train", "layers=12", "hidden=768", "seq=1024", "batch=12", "--steps", "100", "--count", "1,8"],
+             "overrides": "positional", "out": "-o"},
 }
 
 _TAKES_SCRIPT = ("launch", "bench", "verify")

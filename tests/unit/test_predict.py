@@ -74,6 +74,15 @@ def test_a_measured_size_is_left_out_of_the_fit_and_compared():
     assert row["measured_step_time_s"] == 0.040 and row["error"] == pytest.approx(0.025 / 0.040 - 1)
 
 
+def test_fit_on_fits_every_measured_size_and_predicts_inside_them():
+    """``multigpu plan`` fits on every measured size and asks for any size, a measured one or a smaller one."""
+    runs = [_run(1, 0.100, 64, [0.100]), _run(2, 0.050, 64, [0.050, 0.050]), _run(4, 0.040, 64, [0.03] * 4)]
+    pred = predict(runs, [2, 4], LINK, fit_on=[1, 2, 4])
+    assert pred["fit_on"] == [1, 2, 4]
+    assert all(r["error"] is not None for r in pred["rows"])  # every predicted size was also measured
+    assert pred["rows"][1]["step_time_s"] != pytest.approx(0.025)  # the 4-rank run moved the fit this time
+
+
 def test_imbalance_and_bandwidth_bottlenecks_are_named():
     # the slowest of 2 ranks computes 1.5x the mean; an all-reduce of 1 GB dominates the step
     runs = [_run(1, 0.100, 8, [0.100]), _run(2, 0.060 + 1.00002, 8, [0.040, 0.060],

@@ -40,7 +40,8 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["LINKS", "Link", "busy_cores", "cost", "fit_sizes", "parse_predict", "predict", "resolve_link", "row_label"]
+__all__ = ["LINKS", "Link", "Net", "busy_cores", "comm_time", "cost", "fit_sizes", "parse_predict", "predict",
+           "resolve_link", "row_label"]
 
 
 @dataclass(frozen=True)
@@ -215,8 +216,8 @@ Shards = Callable[[int], int]
 
 
 @dataclass(frozen=True)
-class _Net:
-    """Where each collective runs: ``link`` between nodes; ``node_link`` (when given) among the ranks of one
+class Net:
+    """Where each collective runs (also ``multigpu plan``'s network of a target cluster): ``link`` between nodes; ``node_link`` (when given) among the ranks of one
     node, i.e. a collective whose ranks all fit in one node of ``per_node`` consecutive ranks; ``shards``: an HSDP
     job's shard group at N."""
 
@@ -232,8 +233,9 @@ class _Net:
         return self.link
 
 
-def _comm(traffic: dict[str, dict[str, float]], n: int, net: _Net, messages: bool = False) -> tuple[float, float]:
-    """``(latency, bandwidth)`` seconds of one step's collectives at N; ``messages``: the latency term counted in
+def comm_time(traffic: dict[str, dict[str, float]], n: int, net: Net, messages: bool = False) -> tuple[float, float]:
+    """``(latency, bandwidth)`` seconds of one step's collectives at N (``traffic`` as ``StepMeter`` writes it:
+    ``{kind[:group]: {"calls": per step, "bytes": per step}}``; ``multigpu plan`` prices its own the same way); ``messages``: the latency term counted in
     messages instead (each collective's latency over its link's, the faster of ring and tree chosen as in time)."""
     latency = bandwidth = 0.0
     for key, fig in traffic.items():
@@ -270,9 +272,9 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return a, b
 
 
-def _hops(traffic: dict[str, dict[str, float]], n: int, net: _Net) -> float:
+def _hops(traffic: dict[str, dict[str, float]], n: int, net: Net) -> float:
     """Messages one rank waits for per step at N (the latency term counted in messages)."""
-    return _comm(traffic, n, net, messages=True)[0]
+    return comm_time(traffic, n, net, messages=True)[0]
 
 
 UNTIMED_KINDS = ("sharded_all_gather", "reduce_scatter")
@@ -281,7 +283,7 @@ autograd, so a rank's busy time includes them."""
 
 
 def _cpu_need(fits: list[_Point], compute: Callable[[int], float], traffic: dict[str, dict[str, float]],
-              net: _Net) -> Callable[[int], float] | None:
+              net: Net) -> Callable[[int], float] | None:
     """CPU seconds one rank's process needs per step at N (all its threads), from the measured CPU time; None
     where it was not measured.
 
@@ -360,7 +362,7 @@ def _ranks(n: int) -> str:
 def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *, scaling: str = "strong",
             cores: int | None = None, cpu_ranks: bool = False, threads: int | None = None,
             other_work: float = 0.0, ranks_per_node: int | None = None,
-            node_link: Link | None = None) -> dict[str, Any]:
+            node_link: Link | None = None, fit_on: Sequence[int] | None = None) -> dict[str, Any]:
     """Predicted rows at ``sizes`` from bench runs (``[{"world_size": N, "summary": {...}}, ...]``).
 
     ``cpu_ranks``: the ranks computed on this host's CPU; with ``link.source == "measured"`` on loopback the
@@ -368,11 +370,13 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     ``other_work`` cores busy with other processes (:func:`busy_cores`). ``ranks_per_node``: the ranks of one node
     at the predicted sizes (an HSDP job's default shard group: see :func:`_shards`). ``node_link``: the link among
     the ranks of one node, for collectives that stay within a node (``link`` is then the network between nodes).
+    ``fit_on``: the measured sizes to fit on (default: those below the smallest predicted, :func:`fit_sizes`);
+    ``multigpu plan`` fits on every measured size and predicts any, measured ones included.
     """
     by_size: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
         by_size.setdefault(int(run["world_size"]), []).append(run["summary"])
-    fit_on = fit_sizes(list(by_size), sizes)
+    fit_on = tuple(sorted(fit_on)) if fit_on else fit_sizes(list(by_size), sizes)
     points = {n: _point(n, by_size[n]) for n in by_size}
     fits = [points[n] for n in fit_on]
     base = points[min(by_size)]
@@ -380,7 +384,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     # nodes at the predicted sizes: this host alone on loopback, else GPU nodes of 8 unless given
     per_node = ranks_per_node or (None if link.name == LOOPBACK_NAME else 8)
     shards, hsdp_rule = _shards(points, sizes, per_node, given=ranks_per_node is not None)
-    net = _Net(link, node_link if per_node else None, per_node, shards)
+    net = Net(link, node_link if per_node else None, per_node, shards)
 
     def threads_at(n: int) -> int:
         return threads or max(1, (cores or 1) // n)
@@ -400,7 +404,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     traffic = traffic_from.traffic if traffic_from else {}
     # the slowest rank's compute: the measured step minus the modelled communication. Not the ranks' busy time:
     # an overlapped all-reduce (DDP's) is timed over the backward it overlaps, so busy time under-counts compute
-    computes = [max(p.step_s - sum(_comm(traffic, p.n, net)), 0.0) for p in fits]
+    computes = [max(p.step_s - sum(comm_time(traffic, p.n, net)), 0.0) for p in fits]
     last, first = fits[-1], fits[0]
     # items per step grow as N ** growth: 0 when the global problem is fixed, 1 when each rank's share is (a
     # workload whose per-rank batch is set, even under strong scaling); measured where two sizes were fitted
@@ -425,7 +429,7 @@ def predict(runs: Sequence[dict[str, Any]], sizes: Sequence[int], link: Link, *,
     for n in sizes:
         slow = (a + b * per_rank(n)) * crowding(n)
         compute = slow / imbalance  # the mean rank's; the rest is waiting for the slowest
-        latency, bandwidth = _comm(traffic, n, net)
+        latency, bandwidth = comm_time(traffic, n, net)
         step = slow + latency + bandwidth
         # the cores' bound: N ranks cannot finish a step before the cores free to them have run the CPU it needs
         waiting = max(0.0, n * cpu_need(n) / free_cores - step) if cpu_need else 0.0
@@ -473,7 +477,7 @@ CANNOT_KNOW = [
 ]
 
 
-def _network(net: _Net) -> list[str]:
+def _network(net: Net) -> list[str]:
     """What the prediction assumes of nodes (nothing where one link carries every collective)."""
     if net.node_link is None:
         return []

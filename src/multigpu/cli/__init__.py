@@ -25,7 +25,7 @@ from multigpu.errors import MultigpuError
 
 __all__ = ["TOOLS", "build_parser", "commands", "main"]
 
-TOOLS = ("launch", "info", "run", "bench", "verify", "doctor", "report")
+TOOLS = ("launch", "info", "run", "bench", "verify", "plan", "doctor", "report")
 """The commands that are modules under ``multigpu.cli`` (each has ``add_parser`` and ``run``); the others are the
 built-in workloads that are commands (:func:`multigpu.jobs.registry.commands`: their ``Workload`` entries say so)."""
 
@@ -88,7 +88,7 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def _launches(argv: Sequence[str]) -> bool:
     """Whether ``argv``'s command may start workers (the fork server is made only for those)."""
     first = next((a for a in argv if not a.startswith("-")), None)
-    return first is not None and first not in ("info", "doctor", "report") and "--help" not in argv \
+    return first is not None and first not in ("info", "doctor", "report", "plan") and "--help" not in argv \
         and "-h" not in argv
 
 

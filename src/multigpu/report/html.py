@@ -7,7 +7,8 @@ the run's configuration, the scaling table, verdicts and plots (bench folders),
 throughput over time (``metrics.jsonl``), CPU/GPU utilization per device over
 time (``samples_node*.jsonl``), and the communication share and load imbalance
 of every run (``summary.json``); a bench run with ``--predict`` adds the predicted rows, the interconnect, the
-assumptions and what the prediction cannot know.
+assumptions and what the prediction cannot know; a folder holding ``plan.json`` (``multigpu plan -o DIR``) adds the
+plan: its options, the best one, the time-vs-cost plot and the assumptions.
 """
 
 from __future__ import annotations
@@ -273,17 +274,25 @@ def build_report(run_dir: str | Path) -> str:
     if not root.is_dir():
         raise ConfigError(f"report: {run_dir} is not a folder; give a run or bench folder such as runs/bench/<time>")
     bench = _read_json(root / "bench.json")
+    plan = _read_json(root / "plan.json")
     if bench is not None:
         runs = _bench_runs(root, bench)
     elif (root / "summary.json").is_file() or list(root.glob("samples_node*.jsonl")):
         runs = [load_run(root)]
+    elif plan is not None:
+        runs = []
     else:
-        raise ConfigError(f"report: {run_dir} holds neither bench.json nor summary.json; give a folder written by "
-                          "`multigpu bench` or by a workload run (its run directory)")
+        raise ConfigError(f"report: {run_dir} holds neither bench.json nor summary.json (nor plan.json); give a folder "
+                          "written by `multigpu bench`, by a workload run (its run directory) or by `multigpu plan -o`")
     title = f"multigpu report: {root.resolve().name}"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">{html.escape(str(root.resolve()))} &middot; generated '
              f"{datetime.datetime.now().isoformat(timespec='seconds')}</p>"]
+    if plan is not None:
+        with _reading(root / "plan.json"):
+            parts.append(_plan_section(plan))
+    if not runs:
+        return _page(title, parts)
     parts.append("<h2>Configuration</h2>")
     if bench is not None:
         cfg = {k: bench.get(k) for k in ("command", "target", "scaling", "nproc", "repeat", "unit", "host", "created")}
@@ -305,9 +314,50 @@ def build_report(run_dir: str | Path) -> str:
         parts.append('<p class="meta">no metrics.jsonl (the workload\'s StepMeter had log_every=0)</p>')
     parts.append("<h2>Runs: communication, imbalance, utilization</h2>")
     parts += [_run_section(r, with_startup=bench is None) for r in runs]
+    return _page(title, parts)
+
+
+def _page(title: str, parts: list[str]) -> str:
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
             + "\n".join(parts) + f"<script>{_SCRIPT}</script></body></html>")
+
+
+def _plan_section(plan: dict[str, Any]) -> str:
+    """``multigpu plan``'s options (``plan.json``): the table, the best option, the plot, the assumptions."""
+    def gib(b):
+        return "—" if b is None else f"{b / 2**30:.1f}"
+
+    def hours(s):
+        return f"{s / 3600:,.1f} h"
+
+    cur = (plan.get("prices") or {}).get("currency") or ""
+    rows = []
+    for o in plan["options"]:
+        memory = (f"does not fit: needs {gib(o['need_bytes'])} GiB of {gib(o['have_bytes'])}" if o["fits"] is False
+                  else "not measured" if o["fits"] is None else f"{gib(o['need_bytes'])} of {gib(o['have_bytes'])}")
+        rows.append([f"{o['count']} x {o['gpu']}", str(o["nodes"]), f"{o['step_s'] * 1e3:,.1f}",
+                     f"{o['items_per_s']:,.0f}", f"{hours(o['time_s'])} ({hours(o['time_low_s'])}-"
+                     f"{hours(o['time_high_s'])})", memory, f"{o['gpu_hours']:,.0f}",
+                     "—" if o["cost"] is None else f"{o['cost']:,.0f}",
+                     "—" if o["kwh"] is None else f"{o['kwh']:,.0f}", str(o["bottleneck"])])
+    out = [f"<h2>Plan: {html.escape(str(plan['size']['text']))}</h2>",
+           _table(["GPUs", "nodes", "step (ms)", f"{plan['unit']}/s", "time (95% interval)", "memory per GPU (GiB)",
+                   "GPU-hours", f"cost {cur}".strip(), "kWh", "bound by"], rows)]
+    best = plan.get("best")
+    if best:
+        out.append(f"<p><b>best{' that meets the deadline' if plan.get('deadline_s') else ''}:</b> "
+                   f"{best['count']} x {html.escape(str(best['gpu']))}, {hours(best['time_s'])}</p>")
+    try:
+        from multigpu.plan.plot import plan_figure
+
+        out.append(_img(plan_figure(plan), "plan: time vs cost"))
+    except ImportError as exc:
+        out.append(f'<p class="meta">{html.escape(str(exc))}</p>')
+    out.append("<p>Assumptions:</p><ul>" + "".join(f"<li>{html.escape(str(a))}</li>" for a in plan["assumptions"])
+               + "</ul><p>The plan cannot know:</p><ul>"
+               + "".join(f"<li>{html.escape(str(a))}</li>" for a in plan["cannot_know"]) + "</ul>")
+    return "\n".join(out)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
