@@ -243,10 +243,18 @@ class _Share:
         # pinned memory + non_blocking: the copy overlaps the model still running on the previous batch
         return windows, x.pin_memory().to(self.device, non_blocking=True)
 
+    def _autocast(self):
+        """One autocast for the whole pass (``bf16``/``fp16``; nothing under fp32): entered per batch, each exit
+        would drop autocast's low-precision copies of the weights and cast them all again."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        autocast = (torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-                    if self.autocast_dtype is not None else contextlib.nullcontext())
-        with autocast:
+        """The model on one batch, gradients off but outside inference mode: under ``inference_mode`` autocast
+        keeps no copy of a cast weight (torch skips its cache there), so every batch would cast every weight again
+        (a kernel each on a GPU); here each is cast once per pass. The output is a plain tensor (no grad)."""
+        with torch.inference_mode(False), torch.no_grad():
             return self.model(x, **self.model_kwargs)
 
     def _check_output(self, out, x: torch.Tensor) -> _OutMeta:
@@ -367,6 +375,12 @@ class _Share:
         only queued behind it), and no step waits for the whole device. Stitching stays in window order,
         so the output is the same bits.
         """
+        with self._autocast():  # once: its cast weights are kept from one batch to the next
+            self._evaluate(meter, keep)
+        with _phase("blend"):
+            self._hand_over(keep)
+
+    def _evaluate(self, meter: StepMeter, keep: Callable[[int, int, torch.Tensor], None]) -> None:
         batches = iter(self._batches())
         with _phase("cut"):
             current = self._to_device(next(batches, None))
@@ -388,8 +402,6 @@ class _Share:
                     behind = queued
                     if current is None:  # the last batch: nothing left to queue before it
                         self._stitch_when_ready(*behind, keep)
-        with _phase("blend"):
-            self._hand_over(keep)
 
 
 class _Layout:
