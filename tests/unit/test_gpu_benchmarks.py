@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -128,3 +129,31 @@ def test_collect_merges_records_and_junit(tmp_path):
     # every step's entry says which torch ran it (run_all.sh sets TORCH_VERSION; none here)
     assert data["steps"]["sim"] == {"status": "skipped", "rc": None, "seconds": None, "note": "out of time",
                                     "torch": os.environ.get("TORCH_VERSION")}
+
+
+def _sim_gpu(tmp_path, budget_s: int, sizes: str) -> tuple[float, list[str], dict]:
+    """sim_gpu.py as run_all.sh runs it (children in subprocesses), on the CPU, with ``budget_s`` for its step:
+    (its wall seconds, the lines it printed, its record)."""
+    out = tmp_path / f"sim_{budget_s}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "STEP_BUDGET_S": str(budget_s), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(GPU / "sim_gpu.py"), "--device", "cpu", "--sizes", sizes, "--steps", "1",
+                           "--check-agents", "1e4", "--json", str(out)], capture_output=True, text=True, timeout=180,
+                          cwd=ROOT, env=env)
+    return time.perf_counter() - start, proc.stdout.splitlines(), json.loads(out.read_text())
+
+
+def test_sim_gpu_checks_the_digest_first_and_keeps_within_its_step(tmp_path):
+    """The first GPU call's sim step: every child got at least 5 s whatever was left (40 + 5 + 5 s in a 55 s step),
+    and the CPU-vs-GPU digest check ran last, so the cut step kept no digest. Now the digest check runs first, each
+    child gets what is left less what the later ones need at least, and a child that cannot have that is recorded
+    as not run instead of started: the step ends within its budget either way."""
+    wall, lines, record = _sim_gpu(tmp_path, 26, "1e5")  # room for both: the digest first, then the size
+    said = [i for i, line in enumerate(lines) if "digest" in line or "agent-steps/s" in line]
+    assert said and "digest" in lines[said[0]] and "agent-steps/s" in lines[said[-1]], lines
+    assert record["peer"]["same_digest"] and record["ours"][0]["agent_steps_per_s"] > 0 and wall <= 26 + 3
+    wall, lines, record = _sim_gpu(tmp_path, 8, "1e5,1e5")  # no room: nothing started, the step ends in time
+    assert wall <= 8 + 3, (wall, lines)
+    assert record["peer"]["error"].startswith("not run") and all(r["error"].startswith("not run") for r in record["ours"])
+    assert record["targets"] == {"agent-steps/s >= 1e10": None, "same digest as the CPU": None}
