@@ -18,7 +18,8 @@ leaves the steps it finished. Layout::
      "targets": {"train: mfu >= 0.45": true}}
 
 Every step's entry says which source, GPU and torch ran it, when it started (``started``) and in which call
-(``call``: that call's start): set by run_all.sh (``GPU_RUN_SOURCE``, ``TORCH_VERSION``), else the machine's. A
+(``call``: that call's start): the source from run_all.sh (``GPU_RUN_SOURCE``), the torch from ``TORCH_VERSION``
+where set, else the machine's (``--meta``). A
 step's status agrees with its counts: a test chunk whose tests all passed but whose pytest exited non-zero reads
 ``rc N, no test failed``, not ``failed``; a benchmark whose peer could not run reads ``peer missing``.
 """

@@ -164,8 +164,8 @@ def test_collect_merges_records_and_junit(tmp_path):
     assert data["steps"]["tests_work"]["tests"]["failing"] == [{"test": "tests.gpu.t::b", "kind": "failure",
                                                           "message": "assert 1 == 2"}]
     assert data["targets"] == {"train: ratio >= 1.0": True, "tests_work: every gpu test passed": False}
-    # every step's entry says which torch, source and GPU ran it (run_all.sh sets TORCH_VERSION and
-    # GPU_RUN_SOURCE, collect.py --meta the machine; none here), when it started and in which call
+    # every step's entry says which torch, source and GPU ran it (run_all.sh sets GPU_RUN_SOURCE and collect.py
+    # --meta the machine; none here), when it started and in which call
     assert data["steps"]["sim"] == {"status": "skipped", "rc": None, "seconds": None, "note": "out of time",
                                     "torch": os.environ.get("TORCH_VERSION"), "started": None,
                                     "call": data["started"], "gpu": "none (no GPU)",
