@@ -4,7 +4,7 @@ Each script in this folder runs our code and its peer in the same run, prints
 the ratio and, with ``--json PATH``, writes one record::
 
     {"benchmark": "train_mfu", "machine": {...}, "config": {...}, "ours": {...}, "peer": {...},
-     "ratio": 1.04, "targets": {"mfu >= 0.40": true, "ratio >= 1.0": true}}
+     "ratio": 1.04, "targets": {"mfu >= 0.45": true, "ratio >= 1.0": true}}
 
 ``--quick`` shrinks every size so the script runs on a CPU in seconds (tests/unit/test_gpu_benchmarks.py).
 """
@@ -32,7 +32,18 @@ COMPILE_WARM_S = 10.0
 """The same graph compiled again in another process, inductor's on-disk caches answering most of it: 3.2 s there."""
 H100_BF16_FLOPS = 989e12
 ASSUMED_MFU = 0.30
-"""What the estimates assume a training step reaches (the target is 0.40: an estimate must not count on it)."""
+"""What the estimates assume a training step reaches (the target is 0.45: an estimate must not count on it)."""
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc/self/stat's start time against the uptime; 0 elsewhere):
+    a step's budget counts from the process's start, its imports included."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def add_estimate_flag(p: argparse.ArgumentParser) -> None:
@@ -56,10 +67,18 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return tflops * 1e12 if tflops else None
 
 
+def source_text() -> str:
+    """The source this call runs (``benchmarks/gpu/source.py``'s ``text``, which run_all.sh passes on)."""
+    try:
+        return json.loads(os.environ["GPU_RUN_SOURCE"])["text"]
+    except (KeyError, ValueError, TypeError):
+        return "unknown: not run through run_all.sh (GPU_RUN_SOURCE unset)"
+
+
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: GPU, driver, torch, CUDA, cores."""
+    """What the figures were measured on: GPU, driver, torch, CUDA, cores, and the source (commit)."""
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-                            "cpu_cores": os.cpu_count(), "host": platform.node()}
+                            "cpu_cores": os.cpu_count(), "host": platform.node(), "commit": source_text()}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_count=torch.cuda.device_count(), gpu_memory_gib=props.total_memory / 2**30,

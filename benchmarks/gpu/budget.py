@@ -8,9 +8,11 @@ Reads run_all.sh itself: each step's cap (``TRAIN_S=${TRAIN_S:-110}``, the envir
 script takes it), each benchmark step's script and its ``*_ARGS``, and each test chunk's files. A benchmark's
 estimate is what its ``--estimate`` prints (its full-size run on one H100, from its own arguments); a test
 chunk's is pytest's start plus seconds per collected test (``TEST_SECONDS``). One process: the scripts are run
-in it, the tests collected in it. Prints ``budget NAME: estimate E s of cap C s (...)`` per step and exits 1 when
-any estimate exceeds its cap: a change that would make a step overrun on the GPU (more tests in a chunk, more
-steps or sizes in a benchmark) fails here, in ``make test`` (run_all.sh's ``REHEARSE=1``), not in the GPU call.
+in it, the tests collected in it. Prints ``budget NAME: estimate E s of cap C s (...)`` per step and, for the whole
+call, ``budget call: ... of CALL_S ...`` (setup, every step's estimate and the render one after the other), and
+exits 1 when any estimate exceeds its cap or the call's: a change that would make a step overrun on the GPU (more
+tests in a chunk, more steps or sizes in a benchmark) fails here, in ``make test`` (run_all.sh's ``REHEARSE=1``),
+not in the GPU call.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ TEST_SECONDS = {"test_launch_gpu.py": 6.0, "test_train_gpu.py": 6.0, "test_monit
 others from the first GPU call (one H200, 2026-11-27: training's DDP tests 8-16 s with their 2-rank fixture, the
 doctor's test starts a 2-rank job)."""
 DEFAULT_TEST_S = 3.0
+SETUP_ESTIMATE_S = 30.0
+"""run_all.sh's setup on the GPU machine: two Python starts that import torch (the GPU's probe; the machine's record
+with multigpu and the peers), source.py, and two pip installs (the first GPU call's setup, with six starts, took 44 s)."""
 
 
 def plan(script: str) -> dict[str, dict]:
@@ -120,11 +125,11 @@ def main() -> int:
     chosen = {name: step for name, step in steps.items() if not args.steps or name in args.steps}
     # every chunk's tests in one collection (pytest's start and its conftest imports once, not once per chunk)
     ids = collected([f for step in chosen.values() for f in step.get("tests", ())])
-    over = []
+    over, estimates = [], {}
     for name, step in chosen.items():
         parts = tests_estimate(_of(ids, step["tests"])) if "tests" in step else script_estimate(step["script"],
                                                                                                  step["args"])
-        total = sum(parts.values())
+        total = estimates[name] = sum(parts.values())
         if total > step["cap"] or ("tests" in step and len(parts) == 1):
             over.append(name)
         print(f"budget {name}: estimate {total:.0f} s of cap {step['cap']} s "
@@ -133,7 +138,26 @@ def main() -> int:
     if over:
         print(f"budget: {', '.join(over)} would not fit its cap on the GPU (or collected no test): cut the step, or "
               "raise its cap in run_all.sh within CALL_S", file=sys.stderr)
+    if not args.steps or set(args.steps) == set(steps):  # the whole call: every step one after the other
+        call = call_limits(Path(args.run_all).read_text())
+        need = SETUP_ESTIMATE_S + sum(estimates.values()) + call["RENDER_S"]
+        fits = need <= call["CALL_S"]
+        print(f"budget call: setup {SETUP_ESTIMATE_S:.0f} s + the steps' estimates {sum(estimates.values()):.0f} s + "
+              f"render {call['RENDER_S']} s = {need:.0f} s of CALL_S {call['CALL_S']} s ({'fits' if fits else 'OVER'})",
+              flush=True)
+        if not fits:
+            print("budget: the steps' estimates together exceed one call: move a step to a second call "
+                  "(STEPS=...) or cut one", file=sys.stderr)
+            return 1
     return 1 if over else 0
+
+
+def call_limits(script: str) -> dict[str, int]:
+    """CALL_S and RENDER_S as run_all.sh sets them (the environment's value first, as the script takes it)."""
+    out = {k: int(v) for k, v in re.findall(r"^(CALL_S)=(\d+)\b", script, flags=re.M)}
+    out |= {name: int(os.environ.get(name, default)) for name, default in
+            re.findall(r"^(RENDER_S)=\$\{\1:-(\d+)\}", script, flags=re.M)}
+    return out
 
 
 if __name__ == "__main__":

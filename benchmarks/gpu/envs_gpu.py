@@ -94,7 +94,7 @@ def estimate(sizes: list[int], seconds: float, procs: int, peers: bool) -> dict[
     (making ``num_envs`` gymnasium environments takes about as long as measuring them)."""
     parts = {"start": _common.STARTUP_S, "ours": len(sizes) * (seconds + 1.0)}
     if peers:
-        parts |= {"peers' pool start": 10.0, "gymnasium": len(sizes) * (2 * seconds + 1.0),
+        parts |= {"peers' pool start": 8.0, "gymnasium": len(sizes) * (2 * seconds + 1.0),
                   "envpool (when installed)": len(sizes) * 0.5}
     return parts
 
@@ -151,7 +151,12 @@ def main() -> int:
         pool.join()
     best = max(r["ours"]["env_steps_per_s"] for r in rows)
     ratios = [r["ours_vs_gymnasium"] for r in rows if "ours_vs_gymnasium" in r]
-    _common.write_record(args.json, {
+    skipped = [r["gymnasium"]["skipped"] for r in rows if "skipped" in r.get("gymnasium", {})]
+    extra = {}
+    if skipped and not args.no_peers:  # said in the step's row (collect.py), never a silent "—"
+        extra["peer_missing"] = f"{skipped[0]}: run bash benchmarks/gpu/fetch_wheels.sh and carry .whl"
+        print(f"  PEER MISSING: {extra['peer_missing']}", flush=True)
+    _common.write_record(args.json, {**extra, "summary": f"{best:.3g} env-steps/s at best",
         "benchmark": "envs_gpu", "machine": _common.machine(),
         "config": {"env": "CartPole-v1", "sizes": sizes, "seconds": seconds, "procs": procs, "device": str(device)},
         "ours": [r["ours"] for r in rows], "peer": [{k: v for k, v in r.items() if k != "ours"} for r in rows],

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Download the wheels the GPU machine lacks into .whl/ (gitignored): it has no network, so they travel with
-# the run (carry ".whl"). Run here, on a machine that reaches PyPI; the wheels are for CPython 3.12 on x86-64.
+# Before every GPU call, here (a machine with git that reaches PyPI): download the wheels the GPU machine lacks
+# into .whl/ (gitignored; it has no network, so they travel with the run: carry ".whl"), and write
+# .whl/source.json, the commit and its files' blobs, so a device copy without .git still says what it ran
+# (benchmarks/gpu/source.py). The wheels are for CPython 3.12 on x86-64; already there, they are not fetched again.
 #   bash benchmarks/gpu/fetch_wheels.sh
 # The GPU machine already has torch, numpy, cloudpickle, typing-extensions, pyyaml, rich, psutil, nvidia-ml-py,
 # pytest(-timeout), hypothesis, matplotlib, pillow and tifffile; these are what the GPU tests and peers need beyond.
@@ -26,5 +28,6 @@ if [ "${ENVPOOL:-0}" = 1 ]; then
     || echo "envpool: no wheel for CPython 3.12 x86-64; its peer will be skipped"
   du -sh .whl-envpool
 fi
+"$PY" benchmarks/gpu/source.py --write .whl/source.json || { echo "fetch_wheels: source.json not written" >&2; exit 1; }
 ls -l .whl
 du -sh .whl

@@ -12,14 +12,18 @@ then ``--steps`` timed steps between two ``cuda.synchronize()``. Agent-steps/s
 would cost ~4000 kernel launches a substep at 1B agents). Each size runs in
 its own subprocess (in this process under ``--quick``), so GPU memory goes back to the
 driver between sizes. A child prints each phase as it ends (populate, warm-up step, timed steps) and, when its time
-is nearly up, where each of its threads stands (faulthandler): a run cut short says where it was. Each child's time
-is what is left of the step's budget (``STEP_BUDGET_S``, which run_all.sh sets; else ``--size-timeout-s``), and the
-record is rewritten after each size, so a cut run keeps the sizes it finished.
+is nearly up, where each of its threads stands (faulthandler): a run cut short says where it was.
 
-Peer, for correctness: the same engine on the CPU. A small run (``--check-agents``,
+Peer, for correctness, first: the same engine on the CPU. A small run (``--check-agents``,
 20 steps) on the CPU and on the GPU must end with the same ``state_digest`` (a
 hash of every agent) and the same per-step series; its CPU/GPU speed ratio is
 reported beside it.
+
+The step's budget (``STEP_BUDGET_S``, which run_all.sh sets; else ``--size-timeout-s`` per child) is shared by
+:class:`Budget`: the digest check, then each size, gets what is left less the least each later child needs, and a
+child whose share is below that least is not started (recorded as not run) instead of being given a minimum the
+step does not have. The record is rewritten after each child, so a cut run keeps what it finished. (The first GPU
+call gave every child at least 5 s: 40 + 5 + 5 s in a 55 s step, and the digest check, last, was killed.)
 """
 
 from __future__ import annotations
@@ -163,20 +167,27 @@ def main() -> int:
     chunk = args.chunk_size if dev.type == "cuda" else 1 << 18
     check_agents = 20_000 if args.quick else int(args.check_agents)
     print(f"SIR on {dev}: sizes {sizes}, {steps} timed steps, chunk {chunk}, compile {args.compile}", flush=True)
-    began, budget = time.perf_counter(), _budget(args.size_timeout_s * (len(sizes) + 1))
+    clock = Budget(_budget(args.size_timeout_s * (len(sizes) + 1)), args.size_timeout_s)
     config = {"model": "sir", "grid": GRID, "params": PARAMS, "steps": steps, "chunk_size": chunk,
-              "compile": args.compile}
+              "compile": args.compile, "budget_s": round(clock.total, 1)}
     machine = _common.machine()  # once: it asks NVML
-
-    def child_time(reserve_s: float) -> float:  # what is left, keeping reserve_s back for what comes after
-        return max(5.0, min(args.size_timeout_s, budget - (time.perf_counter() - began) - reserve_s))
-
+    # the digest check first (the CPU and the GPU agree, or nothing else counts), keeping back for each size
+    # the least a child needs: it is never cut by the sizes that come after it
+    check = clock.run(lambda s: _in_child("digest", {"agents": check_agents, "steps": 20, "chunk_size": chunk,
+                                                      "compile_": args.compile, "device": device}, s, args.quick),
+                      reserve=len(sizes))
+    if "error" in check:
+        print(f"  digest check failed: {check['error']}", flush=True)
+    else:
+        print(f"  {check_agents:,} agents x 20 steps: CPU digest {check['cpu_digest']}, {dev.type} digest "
+              f"{check['device_digest']}: {'equal' if check['same_digest'] and check['same_series'] else 'DIFFERENT'}; "
+              f"{dev.type} {check['device_vs_cpu']:.1f}x the CPU's speed", flush=True)
     rows = []
-    for n in sizes:
+    for i, n in enumerate(sizes):
         start = time.perf_counter()
-        # keep back time for the digest check (a process start and two small runs)
-        r = _in_child("throughput", {"agents": n, "steps": steps, "chunk_size": chunk, "compile_": args.compile,
-                                     "device": device}, child_time(15.0), args.quick)
+        r = clock.run(lambda s, n=n: _in_child("throughput", {"agents": n, "steps": steps, "chunk_size": chunk,
+                                                              "compile_": args.compile, "device": device}, s, args.quick),
+                      reserve=len(sizes) - i - 1, what={"agents": n})
         r["wall_s"] = time.perf_counter() - start
         rows.append(r)
         if "error" in r:
@@ -184,25 +195,48 @@ def main() -> int:
         else:
             print(f"  {n:>14,} agents: {r['agent_steps_per_s']:>18,.0f} agent-steps/s  ({r['seconds'] / steps * 1e3:.1f} "
                   f"ms/step, setup {r['setup_s']:.1f} s, peak {r['peak_memory_gib'] or 0:.1f} GiB)", flush=True)
-        _common.write_record(args.json, {"benchmark": "sim_gpu", "machine": machine, "config": config,
-                                         "ours": rows, "peer": None, "ratio": None, "targets": {}}, quiet=True)
-    check = _in_child("digest", {"agents": check_agents, "steps": 20, "chunk_size": chunk, "compile_": args.compile,
-                                 "device": device}, child_time(0.0), args.quick)
-    if "error" in check:
-        print(f"  digest check failed: {check['error']}")
-    else:
-        print(f"  {check_agents:,} agents x 20 steps: CPU digest {check['cpu_digest']}, {dev.type} digest "
-              f"{check['device_digest']}: {'equal' if check['same_digest'] and check['same_series'] else 'DIFFERENT'}; "
-              f"{dev.type} {check['device_vs_cpu']:.1f}x the CPU's speed")
-    best = max((r["agent_steps_per_s"] for r in rows if "error" not in r), default=None)
-    _common.write_record(args.json, {
-        "benchmark": "sim_gpu", "machine": machine, "config": config, "ours": rows,
-        "peer": {"name": "the same engine on the CPU (digest check)", **check},
-        "ratio": check.get("device_vs_cpu"),
-        "targets": {"agent-steps/s >= 1e10": best >= 1e10 if best is not None else None,
-                    "same digest as the CPU": bool(check.get("same_digest") and check.get("same_series"))},
-    })
+        _common.write_record(args.json, _record(machine, config, rows, check), quiet=True)
+    _common.write_record(args.json, _record(machine, config, rows, check))
     return 0 if all("error" not in r for r in [*rows, check]) else 1
+
+
+def _record(machine: dict, config: dict, rows: list[dict], check: dict) -> dict:
+    best = max((r["agent_steps_per_s"] for r in rows if "error" not in r), default=None)
+    return {"benchmark": "sim_gpu", "machine": machine, "config": config, "ours": rows,
+            "peer": {"name": "the same engine on the CPU (digest check)", **check},
+            "ratio": check.get("device_vs_cpu"),
+            "summary": f"{best:.3g} agent-steps/s at best" if best is not None else None,
+            "targets": {"agent-steps/s >= 1e10": best >= 1e10 if best is not None else None,
+                        "same digest as the CPU": (bool(check.get("same_digest") and check.get("same_series"))
+                                                   if "error" not in check else None)}}
+
+
+class Budget:
+    """The step's seconds, shared between this script's children: a child gets what is left less what the children
+    after it need at least (``MIN_CHILD_S`` each) and less this script's own end (``EXIT_S``), never more than
+    ``per_child_s``; one that would get less than ``MIN_CHILD_S`` is not started (recorded as not run), so no
+    child's minimum pushes the step past its cap."""
+
+    MIN_CHILD_S = _common.STARTUP_S + 4.0
+    """A child process starting (Python, torch, CUDA) and doing anything at all."""
+    EXIT_S = 2.0
+    """This script's last record and exit."""
+
+    def __init__(self, total_s: float, per_child_s: float):
+        # from this process's start: its own imports are the step's seconds too
+        self.total, self.per_child = total_s, per_child_s
+        self.began = time.perf_counter() - _common.process_age_s()
+
+    def left(self) -> float:
+        return self.total - (time.perf_counter() - self.began) - self.EXIT_S
+
+    def run(self, fn, reserve: int, what: dict | None = None) -> dict:
+        """``fn(seconds)`` with this child's share, or a not-run record when the share is too small."""
+        share = min(self.per_child, self.left() - reserve * self.MIN_CHILD_S)
+        if share < self.MIN_CHILD_S:
+            return {"error": f"not run: {max(share, 0):.0f} s of the step's {self.total:.0f} s left for it "
+                             f"(a child needs {self.MIN_CHILD_S:.0f} s)", **(what or {})}
+        return fn(share)
 
 
 if __name__ == "__main__":

@@ -119,3 +119,42 @@ def test_bench_names_the_gpus_without_a_cuda_context(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     with forbid_cuda_init(devices=2):
         assert _host()["gpus"] == ["unknown (pip install nvidia-ml-py to name it)"] * 2
+
+
+def test_gpu_memory_is_the_smallest_of_the_selected_gpus_not_of_every_gpu_nvml_sees(monkeypatch):
+    """NVML numbers every GPU of the node; the job uses the visible ones (``CUDA_VISIBLE_DEVICES``) and of those the
+    selected ones (``--gpus``). A workload's GPU budget (``memory_per_rank("cuda")``) is the smallest of the GPUs
+    its ranks run on. Before: the minimum over every GPU NVML sees, so a 16 GiB board elsewhere on the node made a
+    job on two 80 GiB boards plan for 16 GiB."""
+    import sys
+    import types
+
+    from multigpu.launch.config import LaunchConfig
+    from multigpu.launch.devices import plan_devices
+
+    gib = 1 << 30
+    boards = {0: 16 * gib, 1: 80 * gib, 2: 141 * gib, 3: 40 * gib}
+    uuids = {"GPU-aa": 2}
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: len(boards),
+        nvmlDeviceGetHandleByIndex=lambda i: int(i), nvmlDeviceGetHandleByUUID=lambda u: uuids[u],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=boards[h]),
+        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,GPU-aa,3")  # physical 1 and 3 by index, 2 by its UUID
+    with forbid_cuda_init(devices=3):
+        facts = HostFacts.probe()
+    assert facts.gpu_memory_bytes == 40 * gib  # the smallest visible one, not GPU 0's 16 GiB
+    assert facts.gpu_memories == (80 * gib, 141 * gib, 40 * gib)  # each visible GPU, in visible order
+    plan = plan_devices(LaunchConfig(gpus="0,1"), facts, inherited={})  # visible 0 and 1: physical 1 and GPU-aa
+    assert plan.gpu_ids == ["1", "GPU-aa"] and plan.memory_per_rank("cuda") == 80 * gib
+    assert plan_devices(LaunchConfig(gpus="1,"), facts, inherited={}).memory_per_rank("cuda") == 141 * gib  # GPU 1
+    assert plan_devices(LaunchConfig(), facts, inherited={}).memory_per_rank("cuda") == 40 * gib
+    # NVML does not know one of them: unknown, never a guess from the others
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,GPU-zz")
+    with forbid_cuda_init(devices=2):
+        unknown = HostFacts.probe()
+    assert unknown.gpu_memories is None and unknown.gpu_memory_bytes is None
+    # facts given without the per-GPU figures (a test's, a dry run's) keep their one figure
+    assert plan_devices(LaunchConfig(), HostFacts(gpu_count=2, gpu_memory_bytes=8 * gib),
+                        inherited={}).memory_per_rank("cuda") == 8 * gib

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import multigpu as mg
+from multigpu.testing import run_on_ranks
 from tests.gpu import test_envs_gpu, test_infer_gpu, test_monitor_doctor_gpu, test_sim_gpu, test_train_gpu
 
 
@@ -38,6 +39,34 @@ def test_train_helper_learns_in_every_precision_within_the_gpu_tests_budget(alon
     assert t.max_diff(a["state"], moved)[0] == "tok.weight"
     with pytest.raises(AssertionError, match="tok.weight"):
         t.assert_close(a["state"], moved, "moved", rtol=1e-6, atol=1e-7)
+
+
+def _two_rank_runs(configs: list, summing: bool) -> list[dict]:
+    """Rank body: ``test_train_gpu.train`` of each config on 2 ranks; with ``summing``, DDP's all-reduce sums the
+    ranks' gradients instead of averaging them (its hook divides by 1, not by the world size)."""
+    if summing:
+        from multigpu.train import sync
+
+        real = sync.CommTimer.__init__
+        sync.CommTimer.__init__ = lambda self, group, world_size: real(self, group, 1)
+    return [test_train_gpu.train(cfg, test_train_gpu.random_tokens()) for cfg in configs]
+
+
+@pytest.mark.dist
+def test_train_helper_tells_summed_gradients_from_averaged():
+    """What the GPU tests' comparison of two training runs must see: 2 ranks whose DDP sums the gradients where it
+    should average them. The weights alone cannot always show it: where both runs' gradient norms are clipped
+    (here at 0.1: 0.56 averaged, 1.12 summed) both apply the same clipped gradients, and the weights agree bit
+    for bit; under EXACT (clipped at 1) they differ only because one run is clipped and the other not. The
+    gradients (each step's norm before clipping, the first step's applied gradient) show the x2 in both."""
+    t = test_train_gpu
+    configs = [t.EXACT, dataclasses.replace(t.EXACT, grad_clip=0.1)]
+    averaged = run_on_ranks(_two_rank_runs, 2, args=(configs, False), timeout_s=300)[0]
+    summed = run_on_ranks(_two_rank_runs, 2, args=(configs, True), timeout_s=300)[0]
+    for cfg, a, s in zip(configs, averaged, summed, strict=True):
+        t.assert_same_training(a, a, "a run with itself")
+        with pytest.raises(AssertionError, match="gradient"):
+            t.assert_same_training(s, a, f"summed vs averaged, grad_clip={cfg.grad_clip}")
 
 
 def test_sim_helper_sees_equal_and_different_runs():

@@ -20,7 +20,9 @@ How the work and the output are split (windows.py numbers the windows):
 4. **The last rank goes first.** Its voxels need no other rank's windows (every
    window covering them is its own), so as soon as it has evaluated it sends
    rank 0 its blended voxels, slab by slab, point to point; and it sends each
-   window that an earlier rank's voxels need right after evaluating it. A
+   window that an earlier rank's voxels need right after its windows (on a
+   GPU their copies to the host start without blocking in the model loop and
+   the host waits for them once, after it). A
    receiver thread on ranks 0..last-1 takes these while they still evaluate
    their own windows, so on 2 ranks nothing is exchanged after rank 0's last
    window but the wait for that thread. Rank 0 has the most windows (shards
@@ -185,6 +187,8 @@ class _Share:
         self.canvases: dict[int, Canvas] = {}
         self.stitch_device = torch.device("cpu")  # the GPU when this rank's canvases fit there (setup_output)
         self._padded: tuple[int, torch.Tensor] | None = None
+        self._leaving: list[tuple[list[int], int, torch.Tensor, torch.device]] = []
+        """Window outputs other ranks need, on their way to the host (``_stitch``), handed over after the loop."""
 
     def _fits_on_device(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit in a quarter of the GPU's free memory (the model's activations need the rest)."""
@@ -239,10 +243,18 @@ class _Share:
         # pinned memory + non_blocking: the copy overlaps the model still running on the previous batch
         return windows, x.pin_memory().to(self.device, non_blocking=True)
 
+    def _autocast(self):
+        """One autocast for the whole pass (``bf16``/``fp16``; nothing under fp32): entered per batch, each exit
+        would drop autocast's low-precision copies of the weights and cast them all again."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        autocast = (torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-                    if self.autocast_dtype is not None else contextlib.nullcontext())
-        with autocast:
+        """The model on one batch, gradients off but outside inference mode: under ``inference_mode`` autocast
+        keeps no copy of a cast weight (torch skips its cache there), so every batch would cast every weight again
+        (a kernel each on a GPU); here each is cast once per pass. The output is a plain tensor (no grad)."""
+        with torch.inference_mode(False), torch.no_grad():
             return self.model(x, **self.model_kwargs)
 
     def _check_output(self, out, x: torch.Tensor) -> _OutMeta:
@@ -301,18 +313,37 @@ class _Share:
 
     def _stitch(self, windows: list[Window], out: torch.Tensor, keep: Callable[[int, int, torch.Tensor], None]) -> None:
         """Add each window's weighted output in window order, and hand ``keep`` the ones other ranks' voxels need
-        (weighted: the receiver adds them as they are)."""
+        (weighted: the receiver adds them as they are). The exchange sends host tensors (over gloo): a window on a
+        GPU starts its copy to the host here without blocking, and is handed over after the model loop
+        (:meth:`_hand_over`), so the loop never waits for the GPU at a rank boundary."""
         z = self.meta.scale
         for w, y in zip(windows, self._weighted(windows, out), strict=True):
             start = tuple(s * f for s, f in zip(w.start, z, strict=True))
             self._canvas(w.image).add(y, self._weights_of(w), start, weighted=True)
             if self.distributed:
                 owners = np.unique(self.plan.owner(self.plan.first_windows_inside(w.image, w.local, z), self.bounds))
-                others = owners[owners != self.rank]
-                if len(others) and y.device.type != "cpu":  # the exchange sends host tensors (over gloo)
-                    y = y.to("cpu")
-                for r in others:
-                    keep(int(r), w.index, y)
+                others = [int(r) for r in owners if r != self.rank]
+                if not others:
+                    continue
+                if y.device.type == "cpu":
+                    for r in others:
+                        keep(r, w.index, y)
+                else:  # into pinned memory (torch allocates it so), behind this batch's kernels
+                    self._leaving.append((others, w.index, y.to("cpu", non_blocking=True), y.device))
+
+    def _hand_over(self, keep: Callable[[int, int, torch.Tensor], None]) -> None:
+        """After the model loop: one wait for the copies started by :meth:`_stitch` (an event on each copy's
+        stream), then every such window to ``keep``, in window order."""
+        if not self._leaving:
+            return
+        for device in {d for *_, d in self._leaving}:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))  # the copies' stream: the output's device's
+            ready.synchronize()
+        for others, index, host, _ in self._leaving:
+            for r in others:
+                keep(r, index, host)
+        self._leaving = []
 
     def _to_host(self, out: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Start copying a batch's output to the host: ``(host tensor, CUDA event or None)``.
@@ -344,6 +375,12 @@ class _Share:
         only queued behind it), and no step waits for the whole device. Stitching stays in window order,
         so the output is the same bits.
         """
+        with self._autocast():  # once: its cast weights are kept from one batch to the next
+            self._evaluate(meter, keep)
+        with _phase("blend"):
+            self._hand_over(keep)
+
+    def _evaluate(self, meter: StepMeter, keep: Callable[[int, int, torch.Tensor], None]) -> None:
         batches = iter(self._batches())
         with _phase("cut"):
             current = self._to_device(next(batches, None))

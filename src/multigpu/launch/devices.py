@@ -63,7 +63,10 @@ class HostFacts:
     available_bytes: int | None = None
     """Memory available to new processes now (psutil's ``available``: free plus reclaimable cache)."""
     gpu_memory_bytes: int | None = None
-    """Memory of the smallest GPU of this node (NVML, when installed), for data that lives on the GPU."""
+    """Memory of the smallest visible GPU of this node (NVML, when installed), for data that lives on the GPU."""
+    gpu_memories: tuple[int, ...] | None = None
+    """Total memory of each visible GPU, in visible order (NVML, when installed; None: unknown). The plan takes the
+    smallest of the GPUs it selects."""
     gpu_capabilities: tuple[tuple[int, int], ...] | None = None
     """CUDA compute capability of each visible GPU, in visible order (NVML, when installed; None: unknown)."""
     memory_source: str | None = None
@@ -89,9 +92,13 @@ class HostFacts:
             available, source = limit.available_bytes, f"the {format_bytes(limit.limit_bytes)} {limit.source}"
         facts = cls(gpu_count=count, visible=os.environ.get("CUDA_VISIBLE_DEVICES"), cores=cpu_count(),
                     memory_bytes=vm.total, available_bytes=available, memory_source=source,
-                    address_space_bytes=memlimit.address_space_limit(), mapped_bytes=memlimit.mapped_bytes(),
-                    gpu_memory_bytes=_gpu_memory() if count else None)
-        return replace(facts, gpu_capabilities=_gpu_capabilities(facts.physical_ids())) if count else facts
+                    address_space_bytes=memlimit.address_space_limit(), mapped_bytes=memlimit.mapped_bytes())
+        if not count:
+            return facts
+        ids = facts.physical_ids()
+        memories = _gpu_memories(ids)
+        return replace(facts, gpu_capabilities=_gpu_capabilities(ids), gpu_memories=memories,
+                       gpu_memory_bytes=min(memories) if memories else None)
 
     @property
     def memory_words(self) -> str:
@@ -129,7 +136,7 @@ class DevicePlan:
     available_bytes: int | None = None
     """Memory available on this node when the job was planned (None: unknown)."""
     gpu_memory_bytes: int | None = None
-    """Memory of this node's smallest GPU (None: unknown, or no GPU)."""
+    """Memory of the smallest GPU this node's ranks run on (None: unknown, or no GPU)."""
     gpu_capability: tuple[int, int] | None = None
     """The lowest CUDA compute capability of the selected GPUs (NVML; None: unknown, or no GPU). The launcher
     decides bf16 support from it without creating a CUDA context."""
@@ -148,7 +155,7 @@ class DevicePlan:
     def memory_per_rank(self, device_type: str = "cpu") -> int | None:
         """Bytes one rank of this node may fill with data: host memory beyond a rank's own
         (``available / nproc - RANK_RESIDENT_BYTES``, available as the cgroup allows) and within its
-        ``RLIMIT_AS`` for ``"cpu"``, the smallest GPU for ``"cuda"``."""
+        ``RLIMIT_AS`` for ``"cpu"``, the smallest GPU the ranks run on for ``"cuda"``."""
         if device_type == "cuda":
             return self.gpu_memory_bytes
         shares = [] if self.available_bytes is None else [
@@ -188,11 +195,17 @@ def _nvml_query(query):
         return None
 
 
-def _gpu_memory() -> int | None:
-    """The smallest GPU's memory through NVML; None without it."""
-    sizes = _nvml_query(lambda nvml: [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).total
-                                      for i in range(nvml.nvmlDeviceGetCount())])
-    return min(sizes) if sizes else None
+def _handles(nvml, ids: list[str]) -> list:
+    """NVML's handle of each GPU in ``ids`` (physical indices or UUIDs, as ``CUDA_VISIBLE_DEVICES`` names them)."""
+    return [nvml.nvmlDeviceGetHandleByIndex(int(i)) if i.isdigit() else nvml.nvmlDeviceGetHandleByUUID(i) for i in ids]
+
+
+def _gpu_memories(ids: list[str]) -> tuple[int, ...] | None:
+    """Total memory of each GPU in ``ids`` through NVML; None without it or when NVML does not know one.
+
+    Only these GPUs: NVML sees every GPU of the node, and a smaller board the job does not use says nothing of
+    the job's budget."""
+    return _nvml_query(lambda nvml: tuple(int(nvml.nvmlDeviceGetMemoryInfo(h).total) for h in _handles(nvml, ids)))
 
 
 def _gpu_capabilities(ids: list[str]) -> tuple[tuple[int, int], ...] | None:
@@ -200,12 +213,8 @@ def _gpu_capabilities(ids: list[str]) -> tuple[tuple[int, int], ...] | None:
 
     NVML numbers GPUs in PCI order, CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a node of
     mixed GPUs an index may name another board, so each rank checks its own GPU again at start."""
-    def query(nvml):
-        handles = [nvml.nvmlDeviceGetHandleByIndex(int(i)) if i.isdigit() else nvml.nvmlDeviceGetHandleByUUID(i)
-                   for i in ids]
-        return tuple(tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles)
-
-    return _nvml_query(query)
+    return _nvml_query(lambda nvml: tuple(tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))
+                                          for h in _handles(nvml, ids)))
 
 
 def parse_gpus(spec: str, available: int) -> list[int]:
@@ -378,10 +387,12 @@ def _plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str]
     env |= _threads_env(cfg, nproc, facts, inherited)
     threads = env.get("OMP_NUM_THREADS", inherited.get("OMP_NUM_THREADS"))
     note = _join(note, _check_fits(nproc, nproc - len(ids), facts, threads))
-    caps = facts.gpu_capabilities
+    caps, memories = facts.gpu_capabilities, facts.gpu_memories
     lowest = min(caps[i] for i in selected) if caps and len(caps) == facts.gpu_count else None
+    smallest = (min(memories[i] for i in selected) if memories and len(memories) == facts.gpu_count
+                else facts.gpu_memory_bytes)  # the selected GPUs', where each is known
     return DevicePlan(nproc, ids, env, note, isolated=isolated, hybrid=hybrid, shared=shared,
                       gpu_ranks=len(ids) if hybrid else None,
-                      available_bytes=facts.available_bytes, gpu_memory_bytes=facts.gpu_memory_bytes,
+                      available_bytes=facts.available_bytes, gpu_memory_bytes=smallest,
                       memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes,
                       rank_mapped_bytes=rank_mapped(facts, threads), gpu_capability=lowest)

@@ -258,7 +258,7 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     for device_type, budget in budgets:
         if device_type == "cuda" and cfg.fsdp_cpu_offload:
             continue  # the sharded state lives in host memory (it is checked against the host's share, if any)
-        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest GPU" if device_type == "cuda" else host,
+        check_fits(model, plan.world_size, cfg.strategy, budget, "the smallest selected GPU" if device_type == "cuda" else host,
                    shard_size(cfg, plan))
 
 

@@ -43,6 +43,9 @@ What the fake answers as a GPU would, so that a test fails where a GPU would fai
   graph, and ``backward`` raises instead of aborting. A training step's backward is proved on
   the ``meta`` device instead, where the real autograd engine runs, DDP's hooks fire and a
   gradient on another device is refused as on a GPU (tests/fakecuda/test_train_cuda.py).
+* **Autocast's weight cache is off** inside :func:`fake_cuda`: a cached cast is made with gradients on, an
+  autograd node the fake cannot record. Autocast itself runs (its casts, its dtypes); what the cache saves is
+  counted on the CPU, whose autocast runs the same code.
 * ``.item()``, ``.tolist()`` and ``bool(tensor)`` need values: fake mode raises. On a real
   GPU these are host syncs, which belong outside the hot loop anyway.
 
@@ -150,7 +153,22 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, 
             moves = stack.enter_context(_CudaMoves(mode, cuda))
             stack.enter_context(_in_new_threads(mode, moves))
             stack.enter_context(mock.patch.object(torch.nn.Module, "_apply", _apply_in_place))
+            stack.enter_context(_no_autocast_cache())
         yield cuda
+
+
+@contextlib.contextmanager
+def _no_autocast_cache() -> Iterator[None]:
+    """Autocast without its cache of cast weights: outside ``inference_mode`` the cache makes each cast with
+    gradients on (an autograd node), which a fake CUDA tensor cannot have (see the module docstring). The casts
+    then happen as on a GPU with the cache off; what the cache saves is counted on the CPU, whose autocast shares
+    its code (tests/fakecuda/test_infer_envs_cuda.py)."""
+    before = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(before)
 
 
 def _in_new_threads(*modes):
