@@ -14,9 +14,9 @@ its own (freed heap trimmed and the peak count reset before it, Linux):
 1. ours on 1 rank vs MONAI's ``sliding_window_inference`` (skipped without MONAI):
    windows/s and peak memory above the process's baseline;
 2. ours on 2 ranks vs ours on 1 rank: speedup, with each rank's seconds per phase
-   (``runner.PHASE_SECONDS``: cut, model, blend, idle, spill, assemble, gather,
+   (``multigpu.infer.stats.PHASE_SECONDS``: cut, model, blend, idle, spill, assemble, gather,
    and the wait at the closing barrier);
-3. the stitching strategy: ours (partial canvases + owners, see runner.py) vs
+3. the stitching strategy: ours (partial canvases + owners, see multigpu/infer/sliding.py) vs
    gathering every window output to rank 0 each batch and stitching there, on 2 ranks;
 4. the ceiling: the model alone over each rank's share of the windows, on 1 and on
    2 processes at once, and a 64 MiB copy per process (memory bandwidth each gets
@@ -25,7 +25,7 @@ its own (freed heap trimmed and the peak count reset before it, Linux):
 5. ours as the launcher runs it: on 1 and 2 ranks in processes of their own with the
    heap policy ``multigpu launch``/``infer`` give CPU ranks (glibc keeps large blocks for
    reuse, multigpu/launch/heap.py), against MONAI in a plain process (1 above): what a
-   user of each gets; the same-process comparison (1) is the runner against MONAI's
+   user of each gets; the same-process comparison (1) is sliding_window against MONAI's
    function with the allocator equal.
 """
 
@@ -46,7 +46,7 @@ import torch
 
 import multigpu as mg
 from multigpu.infer import WindowPlan, importance_map, sliding_window
-from multigpu.infer.runner import EXCHANGE_STATS, PHASE_SECONDS
+from multigpu.infer.stats import EXCHANGE_STATS, PHASE_SECONDS
 from multigpu.infer.stitch import Canvas
 from multigpu.testing import run_on_ranks
 
@@ -195,7 +195,7 @@ def _summary(results: list[dict], num_windows: int, phase: str | None = None) ->
 
 
 def _phases(s: dict) -> str:
-    """Per rank, seconds per phase of the last pass (runner.PHASE_SECONDS, plus the wait at the end barrier)."""
+    """Per rank, seconds per phase of the last pass (stats.PHASE_SECONDS, plus the wait at the end barrier)."""
     order = ("cut", "model", "blend", "idle", "spill", "assemble", "gather", "end barrier", "total")
     return "; ".join(f"rank {r}: " + ", ".join(f"{k} {p[k]:.3f}" for k in order if k in p)
                      for r, p in enumerate(s["phases"]))

@@ -6,7 +6,7 @@
 The doctor's bandwidth test runs one NCCL rank per GPU where there are two or
 more, else two CPU ranks on gloo (a figure for the gloo and ``cpu`` sync
 paths). Beside it, the host<->GPU copy bandwidth from pinned memory (what the
-``cpu`` sync backend and the inference runner's batch copies move through),
+``cpu`` sync backend and sliding_window's batch copies move through),
 the median of 5 copies of ``--copy-mib`` MiB each way. The NVML sampler runs
 during benchmarks/gpu/train_mfu.py (its record's ``sampler``).
 """

@@ -145,7 +145,7 @@ def main() -> int:
     # ours is timed, as they are for the runs after it (a one-window warm-up left them to ours' first timed pass)
     run_ours(x)
     mine, mine_s = _median_seconds(lambda: run_ours(x), device, args.repeats)
-    from multigpu.infer.runner import PHASE_SECONDS  # where the last run's host time went (queueing, on a GPU)
+    from multigpu.infer.stats import PHASE_SECONDS  # where the last run's host time went (queueing, on a GPU)
 
     phases = {k: round(v, 4) for k, v in PHASE_SECONDS.items()}
     record = {"benchmark": "infer_gpu", "machine": _common.machine(),

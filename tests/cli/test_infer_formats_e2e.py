@@ -43,7 +43,7 @@ def _run(tmp_path, name, nproc, inputs, *model):
 def _one_rank_in_process(tmp_path, name, inputs, factory, capsys):
     """The 1-rank reference: the rank's own entry point (the infer workload's main) called in this process, with
     the threads a 1-rank launch gives its rank (``OMP_NUM_THREADS`` where set, else every core): the output on
-    any number of ranks is bitwise the 1-rank output where the threads are the same (runner.py)."""
+    any number of ranks is bitwise the 1-rank output where the threads are the same (multigpu/infer/sliding.py)."""
     from multigpu.factory import Factory
     from multigpu.infer import job
     from multigpu.infer.config import InferConfig

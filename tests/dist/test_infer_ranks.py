@@ -108,7 +108,7 @@ def test_every_window_once_and_output_identical_to_one_process(world_size):
 
 def _group_of_one_body():
     """One rank with a real group (run_on_ranks(..., group_of_one=True)): the multi-rank exchange path."""
-    from multigpu.infer import runner
+    from multigpu.infer import stats
     from multigpu.runtime import collectives, group
 
     env = mg.get_env()
@@ -132,7 +132,7 @@ def _group_of_one_body():
     reduced = mg.all_reduce(torch.tensor([2.0]))  # checked: its shape exchange runs over the group too
     mg.barrier()
     return {"backend": env.backend, "world_size": env.world_size, "loopback": isinstance(exchange, group.Loopback),
-            "outputs": outputs, "calls": dict(calls), "owned": runner.EXCHANGE_STATS.get("owned", 0),
+            "outputs": outputs, "calls": dict(calls), "owned": stats.EXCHANGE_STATS.get("owned", 0),
             "reduced": reduced.tolist()}
 
 

@@ -325,28 +325,28 @@ class _HostCopies(torch.overrides.TorchFunctionMode):
 
 def _evaluate_as(rank: int, world_size: int, log: list):
     """This rank's share of a sliding window on fake cuda:0, as rank ``rank`` of ``world_size`` (its windows, its
-    canvases on the GPU), the model loop alone; ``keep`` logs each window output handed to the exchange, and reads
+    canvases on the GPU), the model loop alone; ``route`` logs each window output handed to the exchange, and reads
     it on the host as the exchange does (gloo sends host tensors)."""
-    from multigpu.infer.runner import _Share
+    from multigpu.infer.evaluate import RankWindows
     from multigpu.monitor import StepMeter
 
     net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1))
     image = torch.rand(2, 64, 76)  # 30 windows of 16: 10 batches of 3, 5 per rank on 2 ranks
     with fake_cuda(devices=1) as cuda:
         model = _Logged(net.to("cuda"), log)
-        share = _Share([image], model, (16, 16), (0.25, 0.25), 3, "gaussian", "fp32", "constant", sigma_scale=0.125,
-                       cval=0.0, device=None)
-        share.rank, share.world_size, share.distributed = rank, world_size, True
-        share.bounds = share.plan.rank_bounds(3, world_size)
-        share.start, share.stop = share.bounds[rank]
+        rank_windows = RankWindows([image], model, (16, 16), (0.25, 0.25), 3, "gaussian", "fp32", "constant",
+                                   sigma_scale=0.125, cval=0.0, device=None)
+        rank_windows.rank, rank_windows.world_size, rank_windows.distributed = rank, world_size, True
+        rank_windows.rank_bounds = rank_windows.plan.rank_bounds(3, world_size)
+        rank_windows.start, rank_windows.stop = rank_windows.rank_bounds[rank]
 
-        def keep(owner: int, index: int, y: torch.Tensor) -> None:
+        def route(owner: int, index: int, y: torch.Tensor) -> None:
             assert y.device.type == "cpu"
             y.sum()  # what a gloo send reads: the fake raises if the copy may still be landing
-            log.append(("keep", owner, index))
+            log.append(("route", owner, index))
 
         with _HostCopies(log), torch.inference_mode():
-            share.evaluate(StepMeter("windows", total_steps=share.num_batches(), progress=False), keep)
+            rank_windows.evaluate(StepMeter("windows", total_steps=rank_windows.num_batches(), progress=False), route)
     return cuda
 
 
@@ -358,13 +358,13 @@ def test_windows_another_rank_needs_leave_the_gpu_off_the_model_loop():
     log: list = []
     cuda = _evaluate_as(1, 2, log)
     models = [i for i, e in enumerate(log) if e[0] == "model"]
-    kept = [e for e in log if e[0] == "keep"]
-    assert len(models) > 2 and kept and {e[1] for e in kept} == {0}  # the last rank's spill goes to rank 0
+    routed = [e for e in log if e[0] == "route"]
+    assert len(models) > 2 and routed and {e[1] for e in routed} == {0}  # the last rank's spill goes to rank 0
     inside = log[models[0]:models[-1] + 1]
     assert ("to host", True) not in inside, [e for e in inside if e[0] != "model"]  # no blocking copy in the loop
     assert all(not blocking for kind, *rest in log if kind == "to host" for blocking in rest)
     assert cuda.synchronized == 0 and cuda.events_synchronized == 1  # one wait, after the loop
-    assert len([e for e in log if e[0] == "to host"]) == len(kept)  # one copy per window kept
+    assert len([e for e in log if e[0] == "to host"]) == len(routed)  # one copy per window routed
 
 
 class _WeightCasts(TorchDispatchMode):

@@ -75,7 +75,7 @@ def test_a_closure_or_partial_holding_a_module_and_extra_call_arguments():
     closure = sliding_window(x, drunet_like, 10, 0.0, progress=False, model_kwargs={"sigma": 0.05})
     partial = sliding_window(x, functools.partial(drunet_like, sigma=0.05), 10, 0.0, progress=False)
     assert torch.allclose(closure, reference, atol=1e-6) and torch.equal(closure, partial)
-    from multigpu.infer.runner import _held_modules
+    from multigpu.infer.sliding import _held_modules
 
     assert _held_modules(drunet_like) == [conv] and _held_modules(functools.partial(drunet_like, sigma=1)) == [conv]
 

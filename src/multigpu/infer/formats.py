@@ -46,7 +46,7 @@ NIFTI_SUFFIXES = (".nii", ".nii.gz")
 SUFFIXES = NPY_SUFFIXES + NIFTI_SUFFIXES
 VALID_SHAPES = "valid: 2-D (H, W) or 3-D (D, H, W), one channel (NIfTI: (X, Y) or (X, Y, Z))"
 _MAPPED = {np.dtype(t) for t in ("bool", "uint8", "uint16", "int8", "int16", "int32", "int64", "float32")}
-"""dtypes read straight from the map (torch views them; the runner casts each window to float32)."""
+"""dtypes read straight from the map (torch views them; sliding_window casts each window to float32)."""
 
 
 def _suffix(path: Path) -> str | None:

@@ -85,11 +85,11 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
     name = cfg.model.factory
     if wanted is not None and wanted != c:
         raise ConfigError(f"'{infos[0].path}' has {c} channel(s) but the model {name} takes {wanted}")
-    from multigpu.infer.runner import _Packed
+    from multigpu.infer.evaluate import PackedModel
 
     try:
         with torch.inference_mode():
-            out = _Packed(model)(torch.zeros((1, c, *roi)), **cfg.call_kwargs)
+            out = PackedModel(model)(torch.zeros((1, c, *roi)), **cfg.call_kwargs)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model on a test window
@@ -235,7 +235,7 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     import multigpu as mg
     from multigpu.files import user_made, write_json_atomic
     from multigpu.infer import io
-    from multigpu.infer.runner import sliding_window
+    from multigpu.infer.sliding import sliding_window
     from multigpu.infer.windows import WindowPlan, as_tuple
     from multigpu.run import Run
 

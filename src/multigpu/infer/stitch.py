@@ -10,9 +10,9 @@ float32 arithmetic, so a single process reproduces ``sliding_window_inference``.
 
 A canvas covers only a box of the padded output (the box a rank's windows
 touch), so a rank never allocates the whole image unless its windows cover it.
-Additions into one voxel happen in the order of ``add`` calls; the runner calls
-it in window order, which is what makes the result independent of the number
-of ranks (see ``runner``).
+Additions into one voxel happen in the order of ``add`` calls; ``sliding_window``
+calls it in window order, which is what makes the result independent of the number
+of ranks (see ``sliding``).
 """
 
 from __future__ import annotations

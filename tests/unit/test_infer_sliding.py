@@ -105,7 +105,7 @@ def test_bad_models_and_inputs_raise_config_error():
 def test_blended_into_a_view_is_the_quotient_and_phases_are_timed():
     """The output is divided straight into rank 0's tensor (no temporary): the same bits as ``acc / weight``;
     and every call records its seconds per phase for the benchmark's per-rank breakdown."""
-    from multigpu.infer.runner import PHASE_SECONDS
+    from multigpu.infer.stats import PHASE_SECONDS
     from multigpu.infer.stitch import Canvas
 
     canvas = Canvas(2, ((3, 13), (0, 8)))
@@ -118,3 +118,17 @@ def test_blended_into_a_view_is_the_quotient_and_phases_are_timed():
     assert torch.equal(out[:, 5:11, 2:8], canvas.blended(box)) and (out[:, :5] == -1).all()
     sliding_window(torch.rand(1, 3, 40, 40, generator=g), denoiser(), 16, 0.25, 4, progress=False)
     assert {"cut", "model", "blend", "assemble"} <= set(PHASE_SECONDS) and PHASE_SECONDS["model"] > 0
+
+
+def test_without_a_meter_the_call_is_metered_by_the_run_harness(tmp_path):
+    """A call given no meter records through the run harness's meter (``multigpu.run.Run``, as every workload's
+    run does), so its run directory has what every run directory has: ``summary.json`` with the call's figures and
+    this rank registered with the node's device sampler. Before, the call made a ``StepMeter`` of its own, which
+    wrote the summary and nothing else (no ``ranks/`` folder)."""
+    import json
+
+    sliding_window(torch.rand(1, 3, 40, 40), denoiser(), 16, 0.25, 4, progress=False, run_dir=tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_windows"] == 9 and summary["unit"] == "windows" and summary["steps"] + summary["warmup_steps"] == 3
+    assert (tmp_path / "ranks" / "rank0.json").is_file()
+    assert not (tmp_path / "checkpoints").exists()  # one pass: no checkpoint
