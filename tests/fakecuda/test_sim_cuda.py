@@ -345,18 +345,18 @@ def test_a_batch_of_network_sir_runs_on_cuda_with_one_host_read():
 # -------------------------------------------------------------------- timing the exchanges
 @contextlib.contextmanager
 def _timings():
-    """Record ``(op, device type)`` of every collective the simulation times (``collectives._translate``): a
+    """Record ``(op, device type)`` of every collective the simulation times (``collectives.timed_collective``): a
     device type ``cuda`` is timed by CUDA events on the stream, None by the host clock."""
     from multigpu.runtime import collectives
     from multigpu.sim import exchange
 
-    real, seen = collectives._translate, []
+    real, seen = collectives.timed_collective, []
 
     def recording(op, device=None):
         seen.append((op, None if device is None else device.type))
         return real(op, device)
 
-    with mock.patch.object(collectives, "_translate", recording), mock.patch.object(exchange, "_translate", recording):
+    with mock.patch.object(collectives, "timed_collective", recording), mock.patch.object(exchange, "timed_collective", recording):
         yield seen
 
 

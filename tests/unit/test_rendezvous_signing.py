@@ -72,12 +72,12 @@ def test_a_planted_state_is_refused_by_a_multi_node_host_and_run_by_torchs_own_b
 
 def test_nodes_with_different_secrets_are_told_so_and_state_is_signed_in_the_store(monkeypatch):
     store = HashStore()
-    ours = stores._SignedBackend(C10dRendezvousBackend(store, "r"), SECRET.encode())
+    ours = stores.SignedBackend(C10dRendezvousBackend(store, "r"), SECRET.encode())
     assert ours.set_state(b"state")[0] == b"state"
     assert ours.get_state()[0] == b"state"
     raw = base64.b64decode(store.get("torch.rendezvous.r"))
     assert raw.endswith(b"state") and len(raw) == 32 + len(b"state")  # HMAC-SHA256 in front
-    other = stores._SignedBackend(C10dRendezvousBackend(store, "r"), b"another secret, another node")
+    other = stores.SignedBackend(C10dRendezvousBackend(store, "r"), b"another secret, another node")
     with pytest.raises(RendezvousStateError, match="does not match.*different MULTIGPU_RDZV_SECRET"):
         other.get_state()
     with pytest.raises(RendezvousStateError, match=re.escape(stores.TAMPERED)):  # a write that loses returns their value

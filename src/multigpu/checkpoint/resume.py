@@ -78,9 +78,9 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
         return found
     what = old_layout(path.parent if path.is_file() else path)
     if not is_checkpoint(path) and what is not None:
-        from multigpu.checkpoint.store import _old_layout_error
+        from multigpu.checkpoint.store import old_layout_error
 
-        raise _old_layout_error(path, what)
+        raise old_layout_error(path, what)
     if not is_checkpoint(path):
         nor = f" nor a run's {progress}/ folder" if progress else ""
         raise ConfigError(f"--resume {resume}: not a checkpoint folder{nor} (it has no manifest.json, so nothing in "
@@ -95,12 +95,12 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
 def refuse_old_layout(run_dir: str | Path) -> None:
     """In the launcher, for ``--resume auto``: a run directory whose checkpoints are all of an earlier layout
     is refused in one line (:class:`~multigpu.checkpoint.store.OldLayoutError`) before anything starts."""
-    from multigpu.checkpoint.store import _old_layout_error
+    from multigpu.checkpoint.store import old_layout_error
 
     store = CheckpointStore(Path(run_dir) / CHECKPOINTS)
     what = old_layout(store.directory)
     if what is not None and not store.folders():
-        raise _old_layout_error(store.directory, what)
+        raise old_layout_error(store.directory, what)
 
 
 def _step_folders(directory: Path) -> list[Path]:

@@ -244,7 +244,9 @@ def old_layout(directory: Path) -> str | None:
     return None
 
 
-def _old_layout_error(directory: Path, what: str) -> OldLayoutError:
+def old_layout_error(directory: Path, what: str) -> OldLayoutError:
+    """The one-line error for ``directory``, which holds checkpoints of an earlier layout (``what``: the files
+    :func:`old_layout` found), for the store and the resume decision alike."""
     return OldLayoutError(f"{directory} holds checkpoints of an earlier multigpu layout ({what}), which this "
                           f"version does not read; valid: start the run again in a new --run-dir (each checkpoint "
                           f"is now a step_*/ folder with its own {MANIFEST})")
@@ -412,7 +414,7 @@ class CheckpointStore:
                 unusable.append((path, exc.reason))
         what = old_layout(self.directory)
         if what is not None:
-            raise _old_layout_error(self.directory, what)
+            raise old_layout_error(self.directory, what)
         return Scan(None, unusable)
 
     def latest(self, *, checksums: bool = True) -> Path | None:
@@ -445,7 +447,7 @@ class CheckpointStore:
 
         path = Path(path)
         if not is_checkpoint(path) and old_layout(path.parent if path.is_file() else path) is not None:
-            raise _old_layout_error(path, old_layout(path.parent if path.is_file() else path))
+            raise old_layout_error(path, old_layout(path.parent if path.is_file() else path))
         manifest = verify(path, only=(STATE, ".metadata"))  # the pickles this rank reads; the rest: weights only
         saved = _torch_load(path / STATE) if STATE in manifest["files"] else {}
         if not isinstance(saved, dict):

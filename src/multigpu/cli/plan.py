@@ -194,9 +194,9 @@ def _fit_residuals(job) -> list[float]:
 
 
 def _hours(seconds: float) -> str:
-    from multigpu.plan.planner import _hours as fmt
+    from multigpu.plan.planner import format_duration
 
-    return fmt(seconds) if math.isfinite(seconds) else "never"
+    return format_duration(seconds) if math.isfinite(seconds) else "never"
 
 
 def _gib(b: float | None) -> str:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bus_bandwidth", "measure"]
+__all__ = ["bus_bandwidth", "measure", "redirect_output"]
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
@@ -51,7 +51,7 @@ def measure(*, gpus: int = 0, size_mib: int | None = None, iters: int | None = N
     with tempfile.TemporaryDirectory(prefix="multigpu_doctor_") as tmp:
         out = Path(tmp) / "bandwidth.json"
         log = Path(tmp) / "output.log"
-        with open(log, "w") as fh, _redirected(fh.fileno()):
+        with open(log, "w") as fh, redirect_output(fh.fileno()):
             try:
                 launch(cfg, "multigpu.doctor._bandwidth_worker", [str(out), str(size_mib), str(iters)], module=True)
             except Exception:
@@ -61,8 +61,10 @@ def measure(*, gpus: int = 0, size_mib: int | None = None, iters: int | None = N
         return json.loads(out.read_text())
 
 
-class _redirected:
-    """Point this process's stdout and stderr (and so the workers') at ``fd`` for a while."""
+class redirect_output:
+    """Point this process's stdout and stderr (and so the workers') at ``fd`` for a while: ``with
+    redirect_output(fh.fileno()): ...`` (a class, as ``contextlib.redirect_stdout``, which redirects Python's
+    ``sys.stdout`` only, not the file descriptors the workers inherit)."""
 
     def __init__(self, fd: int):
         self.fd = fd

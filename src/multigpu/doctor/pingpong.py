@@ -31,13 +31,13 @@ def fit_alpha_beta(one_way: dict[int, float]) -> tuple[float, float]:
 
 def measure_link(timeout_s: float = 60.0) -> dict[str, Any]:
     """Run the sweep on two CPU ranks through the real launcher; worker output goes to a log, not the terminal."""
-    from multigpu.doctor.bandwidth import _redirected
+    from multigpu.doctor.bandwidth import redirect_output
     from multigpu.launch import LaunchConfig, launch
 
     cfg = LaunchConfig(nproc_per_node=2, cpu=True, timeout_s=timeout_s, threads=1)
     with tempfile.TemporaryDirectory(prefix="multigpu_pingpong_") as tmp:
         out, log = Path(tmp) / "pingpong.json", Path(tmp) / "output.log"
-        with open(log, "w") as fh, _redirected(fh.fileno()):
+        with open(log, "w") as fh, redirect_output(fh.fileno()):
             try:
                 launch(cfg, "multigpu.doctor._pingpong_worker", [str(out)], module=True)
             except Exception:

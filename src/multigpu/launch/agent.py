@@ -576,7 +576,7 @@ def _start_beats(cfg: LaunchConfig, plan: LaunchPlan):
     A node found lost is named at once; this node's ranks are stopped then, since on NCCL they would wait for
     the lost ranks for the whole collective timeout: torch's agent then ends the job, or, in an elastic job
     (``--nnodes MIN:MAX``), re-forms it with the nodes left. Returns the session (None on one node)."""
-    session = nodes._sessions.get(plan.torch_config.run_id) if cfg.nnodes != 1 else None
+    session = nodes.open_session(plan.torch_config.run_id) if cfg.nnodes != 1 else None
     if session is None:
         return None
 

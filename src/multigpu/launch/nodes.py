@@ -46,7 +46,7 @@ from pathlib import Path
 from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
 
 __all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line",
-           "placed", "posted_failure", "started_again_line", "store_gone", "store_lost_line", "tell_others"]
+           "open_session", "placed", "posted_failure", "started_again_line", "store_gone", "store_lost_line", "tell_others"]
 
 LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
@@ -408,7 +408,7 @@ class Nodes:
 
         params = RendezvousParameters(backend=stores.BACKEND, endpoint=self.endpoint, run_id=self.run_id,
                                       min_nodes=self.min_nodes or self.nnodes, max_nodes=self.nnodes)
-        backend = stores._SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret)
+        backend = stores.SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret)
         create_handler(self.store, backend, params).set_closed()
 
     def _linger(self) -> None:
@@ -535,6 +535,11 @@ def describe(found: dict) -> str:
     """One line naming the node that failed and why."""
     return (f"node {found.get('node')} ({found.get('host')}) stopped before the job formed: "
             f"{str(found.get('reason', '')).removeprefix('error: ')}")
+
+
+def open_session(run_id: str) -> Nodes | None:
+    """This launcher's open session for the rendezvous ``run_id`` (None: it has none, e.g. on one node)."""
+    return _sessions.get(run_id)
 
 
 def posted_failure(run_id: str) -> str | None:

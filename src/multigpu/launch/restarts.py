@@ -101,7 +101,7 @@ def _cause_elsewhere(group: WorkerGroup, failures: dict) -> dict[int, tuple[str,
     if any(not is_consequence(f, failures) for f in failures.values()):
         return None
     try:
-        session = nodes._sessions.get(group.spec.rdzv_handler.get_run_id())
+        session = nodes.open_session(group.spec.rdzv_handler.get_run_id())
     except Exception:  # noqa: BLE001 - no handler to ask: nothing is known of other nodes
         return None
     if session is None:

@@ -35,7 +35,7 @@ can list its keys (``list_keys``) and write any of them. So:
   can open (``mkdtemp``: 0700), removed when the handler shuts down: nothing
   listens for it;
 * every state blob is signed (HMAC-SHA256) with a secret that never goes
-  through the store (:class:`_SignedBackend`), and a blob whose signature does
+  through the store (:class:`SignedBackend`), and a blob whose signature does
   not match is refused before torch unpickles it, in one line naming tampering.
   On one node the secret is random and lives only in the launcher's memory; on
   several, every node reads the same one from ``MULTIGPU_RDZV_SECRET``
@@ -89,8 +89,8 @@ from multigpu.errors import ConfigError, RendezvousTimeoutError
 from multigpu.launch.quiet import without_noise
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
-__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "formed", "hand_over", "open_store", "register", "release",
-           "secret_from_env", "seal", "tampered", "unseal", "wait_for_store"]
+__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "SignedBackend", "formed", "hand_over", "open_store", "register",
+           "release", "secret_from_env", "seal", "tampered", "unseal", "wait_for_store"]
 
 BACKEND = "multigpu"
 """The rendezvous backend name given to torch's agent."""
@@ -135,7 +135,7 @@ def _open(secret: bytes, blob: bytes, what: str) -> bytes:
     return data
 
 
-class _SignedBackend(RendezvousBackend):
+class SignedBackend(RendezvousBackend):
     """torch's c10d backend with every state blob signed: torch's handler unpickles only what this job wrote."""
 
     def __init__(self, inner: RendezvousBackend, secret: bytes):
@@ -346,7 +346,7 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     else:
         store, address = open_store(host, port, is_host=is_host, read_timeout=read_timeout,
                                     join_timeout=params.get_as_int("join_timeout", 600) or 600)
-    backend = _SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
+    backend = SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
     _backends[params.run_id] = backend
     handler = create_handler(store, backend, params)
     single_node = params.max_nodes == 1 and address is not None

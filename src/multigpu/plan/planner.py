@@ -18,7 +18,7 @@ from typing import Any
 
 from multigpu.errors import ConfigError
 
-__all__ = ["DescribedJob", "Size", "interval_factor", "make_plan", "parse_duration", "pareto"]
+__all__ = ["DescribedJob", "Size", "format_duration", "interval_factor", "make_plan", "parse_duration", "pareto"]
 
 _GIB = 2**30
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
@@ -212,8 +212,8 @@ def _best(ok: list[dict[str, Any]], deadline_s, budget, prices) -> dict[str, Any
         pool = [o for o in pool if o["time_s"] <= deadline_s]
         if not pool:
             fast = min(ok, key=lambda o: o["time_s"])
-            raise ConfigError(f"no option meets --deadline {_hours(deadline_s)}: the fastest that fits is "
-                              f"{fast['count']} x {fast['gpu']} at {_hours(fast['time_s'])}; valid: a later deadline, "
+            raise ConfigError(f"no option meets --deadline {format_duration(deadline_s)}: the fastest that fits is "
+                              f"{fast['count']} x {fast['gpu']} at {format_duration(fast['time_s'])}; valid: a later deadline, "
                               "more GPUs (--count) or other types (--gpus)")
     if budget is not None:
         within = [o for o in pool if o["cost"] is not None and o["cost"] <= budget]
@@ -224,14 +224,15 @@ def _best(ok: list[dict[str, Any]], deadline_s, budget, prices) -> dict[str, Any
                                   "planned); valid: prices for them in --prices FILE")
             cheap = min(priced, key=lambda o: o["cost"])
             raise ConfigError(f"no option fits --budget {budget:g}: the cheapest is {cheap['count']} x {cheap['gpu']} "
-                              f"at {cheap['cost']:,.0f} ({_hours(cheap['time_s'])}); valid: a larger budget or a "
+                              f"at {cheap['cost']:,.0f} ({format_duration(cheap['time_s'])}); valid: a larger budget or a "
                               "later deadline")
         pool = within
     key = "cost" if prices and any(o["cost"] is not None for o in pool) else "gpu_hours"
     return min((o for o in pool if o[key] is not None), key=lambda o: (o[key], o["time_s"]), default=None)
 
 
-def _hours(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """``seconds`` as people say it: ``42.0 min``, ``5.5 h``, ``4.0 days`` (the reverse of :func:`parse_duration`)."""
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
     if seconds < 3 * 86400:

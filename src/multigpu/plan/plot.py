@@ -13,9 +13,9 @@ _COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#E
 def plan_figure(result: dict[str, Any]):
     """Time (hours, log) vs cost (log): each GPU type in its colour, sized by count; options that do not fit
     hollow; the Pareto front (nothing both faster and cheaper) joined; the deadline dashed; the best ringed."""
-    from multigpu.report.plots import _figure
+    from multigpu.report.plots import new_figure
 
-    fig, (ax,) = _figure(7.5, 4.8)
+    fig, (ax,) = new_figure(7.5, 4.8)
     key = "cost" if result["prices"] else "gpu_hours"
     label = f"cost ({result['prices']['currency']})" if result["prices"] else "GPU-hours (no prices given)"
     types = list(dict.fromkeys(o["gpu"] for o in result["options"]))

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 from multigpu.bench.table import shown
 
-__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "startup_figure", "throughput_figure",
-           "utilization_figure"]
+__all__ = ["bench_figure", "new_figure", "plain_text", "png_base64", "pred_parts", "save_png", "startup_figure",
+           "throughput_figure", "utilization_figure"]
 
 _IDEAL = "#888888"
 _COMPUTE = "#4C78A8"
@@ -34,7 +34,9 @@ def _nan(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
+def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1):
+    """A matplotlib ``Figure`` (inches, 100 dpi, constrained layout; no pyplot state) and its axes, row by row;
+    ImportError naming the extra to install without matplotlib."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -80,7 +82,7 @@ def bench_figure(result: dict[str, Any]):
     spanning more than 16x are drawn as shares of the step, its time written above each bar."""
     pred = result.get("prediction") or {}
     prows = pred.get("rows") or []
-    fig, (ax1, ax2) = _figure(10, 4.8 if prows else 4, ncols=2)
+    fig, (ax1, ax2) = new_figure(10, 4.8 if prows else 4, ncols=2)
     _speedup_panel(ax1, result, pred, prows)
     _split_panel(ax2, result["rows"], prows)
     if prows:
@@ -204,7 +206,7 @@ def startup_figure(rows: list[dict[str, Any]]):
 
     names = [name for name, _, _ in PARTS if any(name in r["parts_s"] for r in rows)]
     colors = [_COMPUTE, _IDEAL, _COMM, "#B279A2", _PRED, *_EXTRA_COLORS]
-    fig, (ax,) = _figure(10, 1.5 + 0.55 * len(rows))
+    fig, (ax,) = new_figure(10, 1.5 + 0.55 * len(rows))
     labels = [f"{r['world_size']} rank{'s' if r['world_size'] != 1 else ''}" for r in rows]
     left = [0.0] * len(rows)
     for k, name in enumerate([*names, "first step"]):
@@ -283,7 +285,7 @@ def _to_rgba(color: str, alpha: float):
 
 def throughput_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], unit: str = "items"):
     """Throughput over steps, one line per run, from each run's metrics.jsonl records."""
-    fig, (ax,) = _figure(10, 3.2)
+    fig, (ax,) = new_figure(10, 3.2)
     key = f"{unit}_per_s"
     for label, records in runs:
         points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
@@ -301,7 +303,7 @@ def utilization_figure(samples: list[dict[str, Any]], title: str = ""):
     t0 = samples[0]["time"] if samples else 0.0
     t = [s["time"] - t0 for s in samples]
     has_gpus = any(s.get("gpus") for s in samples)
-    fig, axes = _figure(10, 5.6 if has_gpus else 3.2, ncols=2, nrows=2 if has_gpus else 1)
+    fig, axes = new_figure(10, 5.6 if has_gpus else 3.2, ncols=2, nrows=2 if has_gpus else 1)
     cpu, mem = axes[0], axes[1]
     cpu.plot(t, [_nan(s.get("cpu_percent")) for s in samples], color="black", label="host (all cores)")
     for rank in sorted({r["rank"] for s in samples for r in s.get("ranks", [])}):

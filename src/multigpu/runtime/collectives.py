@@ -37,6 +37,7 @@ __all__ = [
     "isend",
     "recv",
     "send",
+    "timed_collective",
     "traffic",
 ]
 
@@ -91,8 +92,10 @@ def _active() -> bool:
 
 
 @contextlib.contextmanager
-def _translate(op: str, device: torch.device | None = None) -> Iterator[None]:
-    """Time the collective and rewrite torch's errors into ours, naming rank and call (:func:`calls.timed`).
+def timed_collective(op: str, device: torch.device | None = None) -> Iterator[None]:
+    """Time the collective called in the block and rewrite torch's errors into ours, naming rank and call
+    (:func:`calls.timed`). Every function here runs its torch call in one; so does code that calls torch's own
+    collectives directly (the simulation's halo, migration and network exchanges). Call on all ranks.
 
     ``device``: the tensor's device; on CUDA the collective is timed on the device (see collective_seconds).
     """
@@ -133,7 +136,7 @@ def _all_metas(tensor: torch.Tensor, op: str) -> list[tuple[tuple[int, ...], tor
     mine = _meta(tensor)
     parts = [torch.empty_like(mine) for _ in range(group.get_env().world_size)]
     record_traffic("all_gather", _nbytes(mine))
-    with _translate(op):
+    with timed_collective(op):
         dist.all_gather(parts, mine, group=group.host_group())
     out = []
     for p in parts:
@@ -172,7 +175,7 @@ def _gather_tensor(tensor: torch.Tensor, dst: int | None) -> torch.Tensor | None
     receive = dst is None or env.rank == dst
     buffers = [torch.empty_like(padded) for _ in shapes] if receive else None
     record_traffic("all_gather" if dst is None else "gather", _nbytes(padded))
-    with _translate("gather", padded.device):
+    with timed_collective("gather", padded.device):
         if dst is None:
             dist.all_gather(buffers, padded)
         else:
@@ -216,7 +219,7 @@ def gather(obj: Any, *, dst: int | None = 0) -> Any:
     if isinstance(obj, torch.Tensor):
         return _gather_tensor(obj, dst)
     env = group.get_env()
-    with _translate("gather"):
+    with timed_collective("gather"):
         if dst is None:
             parts: list[Any] = [None] * env.world_size
             dist.all_gather_object(parts, obj)
@@ -249,7 +252,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check_shapes: bool = Tr
     if check_shapes:
         _check_shapes(tensor, "all_reduce", allow_dim0=False)
     record_traffic("all_reduce", _nbytes(tensor))
-    with _translate("all_reduce", tensor.device):
+    with timed_collective("all_reduce", tensor.device):
         dist.all_reduce(tensor, op=_OPS[op])
     if op == "mean":
         if tensor.is_floating_point() or tensor.is_complex():
@@ -266,7 +269,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         return tensor
     _check_shapes(tensor, "broadcast", allow_dim0=False)
     record_traffic("broadcast", _nbytes(tensor))
-    with _translate("broadcast", tensor.device):
+    with timed_collective("broadcast", tensor.device):
         dist.broadcast(tensor, src=src)
     return tensor
 
@@ -277,7 +280,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
         group.get_env("broadcast_object")
         return obj
     box = [obj]
-    with _translate("broadcast_object"):
+    with timed_collective("broadcast_object"):
         dist.broadcast_object_list(box, src=src)
     return box[0]
 
@@ -290,7 +293,7 @@ class Pending:
 
     def wait(self) -> None:
         limit = timedelta(seconds=group.timeout_s())
-        with _translate("send"):
+        with timed_collective("send"):
             for work in self._works:
                 work.wait(limit)
         self._works, self._keep = [], []
@@ -322,7 +325,7 @@ def isend(tensor: torch.Tensor, dst: int, *, tag: int = 0, pg=None) -> Pending:
     header, data = _meta(tensor).to(tensor.device), tensor.contiguous()
     pg, peer = _route(pg, dst, sending=True)
     record_traffic("p2p", _nbytes(header) + _nbytes(data), calls=2 if data.numel() else 1)
-    with _translate("send"):
+    with timed_collective("send"):
         works = [dist.isend(header, group=pg, group_dst=peer, tag=tag)]
         if data.numel():
             works.append(dist.isend(data, group=pg, group_dst=peer, tag=tag))
@@ -342,7 +345,7 @@ def recv(src: int, *, tag: int = 0, pg=None) -> torch.Tensor:
     header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=device)
     limit = timedelta(seconds=group.timeout_s())
     pg, peer = _route(pg, src, sending=False)
-    with _translate("recv"):
+    with timed_collective("recv"):
         dist.irecv(header, group=pg, group_src=peer, tag=tag).wait(limit)
         fields = header.cpu().tolist()
         ndim, code = fields[0], fields[1]

@@ -53,6 +53,7 @@ __all__ = [
     "alone",
     "backend",
     "device",
+    "enable_group_of_one",
     "get_env",
     "init",
     "is_initialized",
@@ -112,10 +113,10 @@ _INIT_ARGS: dict | None = None
 _TIMEOUT_S: float = DEFAULT_TIMEOUT_S
 _MONITOR_GROUP = None  # a gloo group beside an NCCL default group: monitored_barrier, collectives' metadata
 _EXCHANGE_GROUP = None  # a gloo group for point-to-point exchanges on a side thread (NCCL jobs), made on first use
-_GROUP_OF_ONE = False  # the test harness's switch: a real process group at world size 1 (see _testing_group_of_one)
+_GROUP_OF_ONE = False  # the test harness's switch: a real process group at world size 1 (see enable_group_of_one)
 
 
-def _testing_group_of_one() -> None:
+def enable_group_of_one() -> None:
     """Test harness only (``run_on_ranks(fn, 1, group_of_one=True)``): the next :func:`init` at world size 1
     creates a real process group (NCCL on a GPU, else gloo), and collectives, point-to-point exchanges
     (through a loopback, :class:`Loopback`) and the workloads take their multi-rank paths, so a one-GPU

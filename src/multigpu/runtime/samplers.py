@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Sampler
 
 from multigpu.errors import ConfigError
-from multigpu.runtime.sharding import _coords, shard_bounds
+from multigpu.runtime.sharding import rank_and_world_size, shard_bounds
 
 __all__ = ["ShardSampler", "TrainSampler"]
 
@@ -40,7 +40,7 @@ class ShardSampler(Sampler[int]):
     """
 
     def __init__(self, data: Sized | int, *, rank: int | None = None, world_size: int | None = None):
-        self.rank, self.world_size = _coords(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.start, self.stop = shard_bounds(_length(data), self.rank, self.world_size)
 
     def __iter__(self) -> Iterator[int]:
@@ -76,7 +76,7 @@ class TrainSampler(Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
     ):
-        self.rank, self.world_size = _coords(rank, world_size)
+        self.rank, self.world_size = rank_and_world_size(rank, world_size)
         self.n = _length(data)
         self.shuffle = shuffle
         self.seed = seed

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from multigpu.errors import ConfigError
 
-__all__ = ["shard", "shard_bounds", "shard_range", "shard_sizes"]
+__all__ = ["rank_and_world_size", "shard", "shard_bounds", "shard_range", "shard_sizes"]
 
 T = TypeVar("T")
 
@@ -43,7 +43,8 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _coords(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)`` as given, each one None taken from the job (``mg.rank()``, ``mg.world_size()``)."""
     if rank is None or world_size is None:
         from multigpu.runtime import group
 
@@ -59,7 +60,7 @@ def shard_range(n: int, *, rank: int | None = None, world_size: int | None = Non
 
         shard_range(5)   # rank 0 -> range(0, 3); rank 1 -> range(3, 5)
     """
-    start, stop = shard_bounds(n, *_coords(rank, world_size))
+    start, stop = shard_bounds(n, *rank_and_world_size(rank, world_size))
     return range(start, stop)
 
 
@@ -88,7 +89,7 @@ def shard(
         shard(["a", "b", "c"])            # rank 0 -> ["a", "b"]; rank 1 -> ["c"]
         shard(["a", "b", "c"], pad=True)  # rank 0 -> ["a", "b"]; rank 1 -> ["c", "c"]
     """
-    rank, world_size = _coords(rank, world_size)
+    rank, world_size = rank_and_world_size(rank, world_size)
     start, stop = shard_bounds(len(items), rank, world_size)
     part = items[start:stop]
     if pad and len(items):

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from multigpu.errors import ConfigError
 from multigpu.runtime import collectives, group
-from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
+from multigpu.runtime.collectives import timed_collective  # times the call and rewrites torch's errors
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import exchange, models, native, network, partition, population, rules
 from multigpu.sim.api import SUBSTEPS, Context, Substep, get_model, model_params
@@ -162,7 +162,7 @@ class SimEngine:
     def arrange_by_id(self) -> None:
         """Send every agent to the rank whose id range (shard_bounds) holds it, in id order. Call on all ranks."""
         if self.world > 1:
-            dest = network._owner(self.state["id"], self.num_agents, self.world).to(torch.int32)
+            dest = network.id_owner(self.state["id"], self.num_agents, self.world).to(torch.int32)
             away = torch.nonzero(dest != self.rank).reshape(-1)
             exchange.migrate(self.state, away, dest[away])
         self.state.reorder(torch.argsort(self.state["id"]))
@@ -316,7 +316,7 @@ class SimEngine:
     def _fuses(self, sub: Substep, following: Substep | None, early: torch.Tensor | None) -> bool:
         """Whether the built-in movement, then the built-in sir's count, run as one C pass per chunk."""
         return (self.use_native and early is not None and early.dim() == 1
-                and sub.apply is models._move_apply and following.contribute is models._sir_contribute)
+                and sub.apply is models.move_apply and following.contribute is models.sir_contribute)
 
     def _new_cell_acc(self, sub: Substep) -> torch.Tensor:
         # one extra drop slot at the end for agents that count nowhere (see infected_kernel)
@@ -372,7 +372,7 @@ class SimEngine:
         """Whether ``sub`` runs on all of this rank's agents in one call: the built-in movement and SIR
         substeps on the C kernels, which keep no temporaries per agent, so chunks bound nothing there and each
         chunk's call cost Python time (~70 us: a 5M-agent rank spent 15% of its step on 20 chunks)."""
-        return self.use_native and sub.apply in (models._move_apply, models._sir_apply)
+        return self.use_native and sub.apply in (models.move_apply, models.sir_apply)
 
     def sort_by_row(self) -> None:
         """Order this rank's agents by grid row so each chunk's cell lookups stay in cache."""
@@ -433,7 +433,7 @@ class SimEngine:
         mine = torch.tensor([self.state.n], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         collectives.record_traffic("all_gather", mine.numel() * mine.element_size())
-        with _translate("agent_counts"):
+        with timed_collective("agent_counts"):
             dist.all_gather(parts, mine)
         return torch.cat(parts).tolist()
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from multigpu.runtime import collectives, group
-from multigpu.runtime.collectives import _translate  # times the call and rewrites torch's errors
+from multigpu.runtime.collectives import timed_collective  # times the call and rewrites torch's errors
 from multigpu.sim.state import AgentState
 
 __all__ = ["finish", "halo", "migrate", "start_sum", "sum_field"]
@@ -54,7 +54,7 @@ def halo(rows: torch.Tensor, radius: int) -> torch.Tensor:
     if world > 1:  # every rank's border rows have this shape by construction: no shape exchange (a host sync)
         parts = [torch.empty_like(borders) for _ in range(world)]
         collectives.record_traffic("all_gather", borders.numel() * borders.element_size())
-        with _translate("halo", borders.device):  # on CUDA: timed by events on the stream, not the host clock
+        with timed_collective("halo", borders.device):  # on CUDA: timed by events on the stream, not the host clock
             dist.all_gather(parts, borders)
         every = torch.cat(parts)
     r, p = (group.rank() if world > 1 else 0), world
@@ -68,7 +68,7 @@ def start_sum(field: torch.Tensor):
     if _world() == 1:
         return None
     collectives.record_traffic("all_reduce", field.numel() * field.element_size())
-    with _translate("all_reduce", field.device):
+    with timed_collective("all_reduce", field.device):
         return dist.all_reduce(field, op=dist.ReduceOp.SUM, async_op=True)
 
 
@@ -78,7 +78,7 @@ def finish(work, op: str = "all_reduce", device: torch.device | None = None) -> 
     tensors' (on CUDA the wait is timed on the stream: how long it held the stream up, what overlap left)."""
     if work is None:
         return
-    with _translate(op, device):
+    with timed_collective(op, device):
         work.wait(timedelta(seconds=group.timeout_s()))
 
 
@@ -101,14 +101,14 @@ def migrate(state: AgentState, index: torch.Tensor, dest: torch.Tensor, *, overl
     send_counts = torch.zeros(world, dtype=torch.int64, device=dest.device).index_add_(0, dest64, torch.ones_like(dest64))
     recv_counts = torch.empty_like(send_counts)
     collectives.record_traffic("all_to_all", send_counts.numel() * send_counts.element_size())
-    with _translate("migrate", send_counts.device):
+    with timed_collective("migrate", send_counts.device):
         work = dist.all_to_all_single(recv_counts, send_counts, async_op=overlap)
     records = state.pack(state.take(index))  # with overlap: while the counts travel
     finish(work, "migrate", send_counts.device)  # synchronous: work is None
     width = state.bytes_per_agent
     received = torch.empty((int(recv_counts.sum()), width), dtype=torch.uint8, device=records.device)
     collectives.record_traffic("all_to_all", records.numel())  # uint8 records: one byte each
-    with _translate("migrate", records.device):
+    with timed_collective("migrate", records.device):
         work = dist.all_to_all_single(received.view(-1), records.view(-1), (recv_counts * width).tolist(),
                                       (send_counts * width).tolist(), async_op=overlap)
     state.remove(torch.sort(index).values)  # with overlap: while the records travel (records is a copy)

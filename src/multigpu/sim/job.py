@@ -117,7 +117,7 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             raise ConfigError(f"sim.save_agents {cfg.save_agents!r}: {target.suffix} is not written; valid: "
                               "a .npz or .parquet file, or a folder (one .npy per field)")
         if target.suffix == ".parquet":
-            population._pyarrow()  # an install hint now, not after the run
+            population.import_pyarrow()  # an install hint now, not after the run
         if not target.is_absolute() and plan.run.run_dir:
             target = Path(plan.run.run_dir) / target  # where the ranks will write it (sim.runner)
         population.check_target(target, get_model(cfg.model).fields)  # never replace what we did not write
@@ -130,7 +130,7 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
     if cfg.network.kind == "file":
         edges = Path(cfg.network.path).resolve()
         try:
-            heads = population._headers(edges)
+            heads = population.read_headers(edges)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
         if set(heads) != {"src", "dst"}:

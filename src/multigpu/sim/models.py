@@ -28,7 +28,8 @@ from multigpu.errors import ConfigError
 from multigpu.sim import rng
 from multigpu.sim.api import MODELS, SUBSTEPS, Context, Model, Substep, model_params, neighbourhood_sum, spawn_on_grid
 
-__all__ = ["FUSED_KERNELS", "KERNELS", "MODELS", "SUBSTEPS", "Context", "Model", "Substep", "model_params"]
+__all__ = ["FUSED_KERNELS", "KERNELS", "MODELS", "SUBSTEPS", "Context", "Model", "Substep", "model_params", "move_apply",
+           "sir_apply", "sir_contribute"]
 
 S, E, I, R = 0, 1, 2, 3  # noqa: E741 - epidemic states (uint8), named as in the literature
 FUNDAMENTALIST, CHARTIST, NOISE = 0, 1, 2  # market trader kinds (uint8)
@@ -110,7 +111,8 @@ def move_kernel(ids, x, y, key: int, move_thr: int, height: int, width: int):
     return moving.sum(dtype=torch.int64)
 
 
-def _move_apply(ctx: Context, chunk, _prepared):
+def move_apply(ctx: Context, chunk, _prepared):
+    """The built-in movement's ``apply`` (the engine knows it by identity: it fuses it with :func:`sir_contribute`)."""
     kernel = ctx.kernels["move"]
     moved = kernel(chunk["id"], chunk["x"], chunk["y"], ctx.key(rng.STREAM_MOVE),
                    rng.threshold(ctx.params.move_prob, 16), ctx.grid[0], ctx.grid[1])
@@ -118,7 +120,7 @@ def _move_apply(ctx: Context, chunk, _prepared):
 
 
 SUBSTEPS["movement"] = Substep(
-    "movement", ("id", "x", "y"), _move_apply, moves=True, series=["moved"],
+    "movement", ("id", "x", "y"), move_apply, moves=True, series=["moved"],
 )
 """Random walk on the periodic grid with probability ``params.move_prob`` (the model's params need it)."""
 MODELS["movement"] = Model(
@@ -190,7 +192,8 @@ def transition_kernel(ids, x, y, state, key: int, cell_thr, lo: int, width: int,
     return torch.stack([(new == k).sum() for k in (S, E, I, R)])
 
 
-def _sir_contribute(ctx: Context, chunk, acc: torch.Tensor) -> None:
+def sir_contribute(ctx: Context, chunk, acc: torch.Tensor) -> None:
+    """The built-in SIR's ``contribute``: each infected agent counted into its cell (fused after :func:`move_apply`)."""
     ctx.kernels["infected"](acc, chunk["x"], chunk["y"], chunk["state"], ctx.lo, ctx.grid[1])
 
 
@@ -242,7 +245,8 @@ def _sir_prepare(ctx: Context, counts: torch.Tensor):
     return cell_thr, state_thr, next_state
 
 
-def _sir_apply(ctx: Context, chunk, prepared):
+def sir_apply(ctx: Context, chunk, prepared):
+    """The built-in SIR's ``apply``: each agent's transition, the counts per state returned (run whole, unchunked)."""
     cell_thr, state_thr, next_state = prepared
     counts = ctx.kernels["transition"](chunk["id"], chunk["x"], chunk["y"], chunk["state"],
                                        ctx.key(rng.STREAM_TRANSITION), cell_thr, ctx.lo, ctx.grid[1],
@@ -258,7 +262,7 @@ def _sir_init(ctx: Context, ids):
 
 
 SUBSTEPS["sir"] = Substep(
-    "sir", ("id", "x", "y", "state"), _sir_apply, field="cell", contribute=_sir_contribute,
+    "sir", ("id", "x", "y", "state"), sir_apply, field="cell", contribute=sir_contribute,
     prepare=_sir_prepare, series=lambda p: ["S", "E", "I", "R"] if p.seir else ["S", "I", "R"],
     halo=lambda p: p.radius,
 )

@@ -39,7 +39,7 @@ from multigpu.runtime import group
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import rng
 
-__all__ = ["KINDS", "Graph", "NetworkConfig", "build"]
+__all__ = ["KINDS", "Graph", "NetworkConfig", "build", "id_owner"]
 
 KINDS = ("none", "file", "households", "random", "geometric")
 _COORD = 1 << 20  # geometric graph: coordinates are integers in [0, 2**20)
@@ -74,8 +74,9 @@ def _world() -> tuple[int, int]:
     return group.rank(), group.world_size()
 
 
-def _owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
-    """The rank that owns each id under shard_bounds (lower ranks hold one more)."""
+def id_owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
+    """The rank that owns each of ``ids`` (of ``n`` agents over ``world`` ranks) under shard_bounds (lower ranks
+    hold one more)."""
     base, extra = divmod(n, world)
     cut = extra * (base + 1)
     ids = ids.to(torch.int64)
@@ -86,7 +87,7 @@ def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[t
     """Rows of ``values`` ([k, w] int64) sent to ranks ``dest``: (the rows received in rank order, rows per rank)."""
     import torch.distributed as dist
 
-    from multigpu.runtime.collectives import _translate
+    from multigpu.runtime.collectives import timed_collective
 
     if world == 1:
         return values, [values.shape[0]]
@@ -94,11 +95,11 @@ def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[t
     values = values[order].contiguous()
     send = torch.bincount(dest.to(torch.int64), minlength=world)
     recv = torch.empty_like(send)
-    with _translate("network", send.device):
+    with timed_collective("network", send.device):
         dist.all_to_all_single(recv, send)
     w = values.shape[1]
     out = torch.empty((int(recv.sum()), w), dtype=values.dtype)
-    with _translate("network", out.device):
+    with timed_collective("network", out.device):
         dist.all_to_all_single(out.view(-1), values.view(-1), (recv * w).tolist(), (send * w).tolist())
     return out, recv.tolist()
 
@@ -129,7 +130,7 @@ class Graph:
         self.num_halo = remote_ids.numel()
         self.num_edges = src.numel()
         # tell each owner which of its agents this rank reads; it sends their messages every step
-        owners = _owner(remote_ids, num_agents, world)
+        owners = id_owner(remote_ids, num_agents, world)
         asked, self.send_counts = _all_to_all(remote_ids[:, None], owners, world)
         self.recv_counts = torch.bincount(owners, minlength=world).tolist()
         self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
@@ -143,7 +144,7 @@ class Graph:
         """Per local agent, the sum of its neighbours' ``messages`` ([n] or [n, C] integers) as int64. Collective."""
         import torch.distributed as dist
 
-        from multigpu.runtime.collectives import _translate
+        from multigpu.runtime.collectives import timed_collective
 
         msgs = messages.to(torch.int64)
         flat = msgs.reshape(msgs.shape[0], -1)
@@ -152,7 +153,7 @@ class Graph:
         if group.world_size() > 1:
             out = flat[self.send_index].contiguous()
             halo = torch.empty((self.num_halo, width), dtype=torch.int64, device=flat.device)
-            with _translate("network halo", halo.device):  # on CUDA: timed on the stream (events)
+            with timed_collective("network halo", halo.device):  # on CUDA: timed on the stream (events)
                 dist.all_to_all_single(halo.view(-1), out.view(-1), [c * width for c in self.recv_counts],
                                        [c * width for c in self.send_counts])
             table = torch.cat([flat, halo])
@@ -176,7 +177,7 @@ def _route(edges: torch.Tensor, num_agents: int) -> torch.Tensor:
     """Undirected edges [k, 2] (any rank) -> this rank's incoming directed edges (src, dst). Collective."""
     _, world = _world()
     both = torch.cat([edges, edges.flip(1)])
-    return _all_to_all(both, _owner(both[:, 1], num_agents, world), world)[0]
+    return _all_to_all(both, id_owner(both[:, 1], num_agents, world), world)[0]
 
 
 def _from_file(cfg: NetworkConfig, num_agents: int) -> torch.Tensor:
@@ -186,7 +187,7 @@ def _from_file(cfg: NetworkConfig, num_agents: int) -> torch.Tensor:
     rank, world = _world()
     try:
         total = population.num_rows(cfg.path)
-        heads = set(population._headers(Path(cfg.path)))
+        heads = set(population.read_headers(Path(cfg.path)))
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("sim.population", "sim.network.path")) from None
     if heads != {"src", "dst"}:

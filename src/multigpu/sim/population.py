@@ -43,8 +43,8 @@ import torch
 from multigpu.errors import ConfigError, OutputError
 from multigpu.files import cannot_write, user_made, user_umask
 
-__all__ = ["agents_by_id", "check_target", "check_values", "columns", "id_range", "num_rows", "read_rows", "save",
-           "unused_value"]
+__all__ = ["agents_by_id", "check_target", "check_values", "columns", "id_range", "import_pyarrow", "num_rows",
+           "read_headers", "read_rows", "save", "unused_value"]
 
 _SUFFIXES = (".npz", ".csv", ".parquet")
 
@@ -58,7 +58,8 @@ def _kind(path: Path) -> str:
     return "npy"
 
 
-def _pyarrow():
+def import_pyarrow():
+    """``pyarrow`` with its ``parquet`` module, else one ConfigError with the install hint."""
     try:
         import pyarrow
         import pyarrow.parquet
@@ -90,8 +91,8 @@ def _check_length(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype
                           "complete file (write it again)")
 
 
-def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
-    """column -> (rows, numpy dtype or None for CSV), reading headers only."""
+def read_headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
+    """A population (or edge) file's column -> (rows, numpy dtype or None for CSV), reading headers only."""
     kind = _kind(path)
     if not path.exists():
         raise ConfigError(f"sim.population {str(path)!r} does not exist; valid: an .npz, .csv, .parquet file or a "
@@ -118,7 +119,7 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
                 rows = sum(1 for line in fh if line.strip())
             return {name.strip(): (rows, None) for name in header}
         else:
-            meta = _pyarrow().parquet.ParquetFile(path)
+            meta = import_pyarrow().parquet.ParquetFile(path)
             return {f.name: (meta.metadata.num_rows, np.dtype(f.type.to_pandas_dtype())) for f in meta.schema_arrow}
     except ConfigError:
         raise
@@ -133,7 +134,7 @@ def _headers(path: Path) -> dict[str, tuple[int, np.dtype | None]]:
 def columns(path: str | Path, fields: Mapping[str, torch.dtype]) -> tuple[int, list[str]]:
     """(rows, the file's columns) after checking them against the model's ``fields``. Reads headers only."""
     path = Path(path)
-    heads = _headers(path)
+    heads = read_headers(path)
     if not heads:
         raise ConfigError(f"sim.population {str(path)!r} has no columns")
     unknown = sorted(set(heads) - set(fields))
@@ -156,7 +157,7 @@ def columns(path: str | Path, fields: Mapping[str, torch.dtype]) -> tuple[int, l
 
 def num_rows(path: str | Path) -> int:
     """Rows of a population file (headers only; a CSV is counted line by line)."""
-    return next(iter(_headers(Path(path)).values()))[0]
+    return next(iter(read_headers(Path(path)).values()))[0]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -194,7 +195,7 @@ def _read_block(path: Path, kind: str, names: list[str], lo: int, hi: int, state
         if table.shape[0] != hi - lo or (table.size and table.shape[1] != len(header)):
             raise ValueError(f"population {path}: rows {lo}..{hi} do not have {len(header)} columns each")
         return {n: table[:, header.index(n)] for n in names}
-    pq = _pyarrow().parquet.ParquetFile(path)
+    pq = import_pyarrow().parquet.ParquetFile(path)
     parts, start = {n: [] for n in names}, 0
     for g in range(pq.num_row_groups):
         count = pq.metadata.row_group(g).num_rows
@@ -237,7 +238,7 @@ def read_rows(path: str | Path, fields: Mapping[str, torch.dtype], lo: int, hi: 
     """
     path = Path(path)
     kind = _kind(path)
-    names = [n for n in _headers(path) if n in fields]
+    names = [n for n in read_headers(path) if n in fields]
     state: dict = {}
     try:
         for start in range(lo, hi, chunk):
@@ -271,7 +272,7 @@ def check_values(path: str | Path, model, params, chunk: int = 1 << 20) -> None:
     """Refuse (one-line ConfigError) the first row whose column holds a value ``model`` does not use
     (:attr:`multigpu.sim.api.Model.values`). Reads only those columns, ``chunk`` rows at a time."""
     allowed = model.values(params) if model.values is not None else {}
-    fields = {n: model.fields[n] for n in _headers(Path(path)) if n in allowed}
+    fields = {n: model.fields[n] for n in read_headers(Path(path)) if n in allowed}
     if not fields:
         return
     try:
@@ -324,11 +325,11 @@ def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iter
     """On rank 0: field ``name`` of rank 0, 1, ... in turn (point-to-point from the others). Call on all ranks."""
     import torch.distributed as dist
 
-    from multigpu.runtime.collectives import _translate
+    from multigpu.runtime.collectives import timed_collective
 
     mine = fields[name].contiguous().view(torch.uint8)
     if engine.rank != 0:
-        with _translate("save_agents"):
+        with timed_collective("save_agents"):
             dist.send(mine, dst=0)
         return
     yield _numpy(fields[name])
@@ -337,7 +338,7 @@ def _slices_on_rank0(engine, fields: dict[str, torch.Tensor], name: str) -> Iter
         lo, hi = id_range(engine.num_agents, r, engine.world)
         # on the senders' device: a GPU tensor is sent over NCCL and must be received over NCCL
         buf = torch.empty((hi - lo) * fields[name].element_size(), dtype=torch.uint8, device=mine.device)
-        with _translate("save_agents"):
+        with timed_collective("save_agents"):
             dist.recv(buf, src=r)
         yield _numpy(buf.view(dtype))
 
@@ -365,7 +366,7 @@ def _foreign(path: Path, fields: Mapping[str, torch.dtype]) -> str | None:
     if path.is_dir():
         return "is a folder"
     try:
-        unknown = sorted(set(_headers(path)) - set(fields))
+        unknown = sorted(set(read_headers(path)) - set(fields))
     except ConfigError:
         return f"holds something that is not a {path.suffix} agent table"
     return f"holds columns {unknown} that are not fields of the model" if unknown else None
@@ -495,7 +496,7 @@ def _write(engine, kind: str, tmp: Path, fields: dict[str, torch.Tensor], lo: in
         if zf is not None:
             zf.close()
     else:
-        pa = _pyarrow() if engine.rank == 0 else None
+        pa = import_pyarrow() if engine.rank == 0 else None
         writer = None
         parts = {name: _slices_on_rank0(engine, fields, name) for name in fields}
         for _ in range(engine.world):  # one row group per rank's slice

@@ -84,7 +84,7 @@ def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, co
         if group_of_one:
             from multigpu.runtime import group
 
-            group._testing_group_of_one()
+            group.enable_group_of_one()
         mg.init(backend=backend, timeout_s=collective_timeout_s, threads=threads,
                 init_method=f"file://{store_dir}/store")  # its own rendezvous: no launcher variable is faked
         if world_size > 1:

@@ -19,13 +19,14 @@ from typing import Literal
 from multigpu.errors import ConfigError
 from multigpu.train.trackers import TrackerName, WandbConfig
 
-__all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum"]
+__all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum", "require"]
 
 Precision = Literal["fp32", "bf16", "fp16"]
 SyncBackend = Literal["auto", "nccl", "gloo", "cpu"]
 
 
-def _require(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``ok``: the training configs' checks, one line each."""
     if not ok:
         raise ConfigError(message)
 
@@ -161,22 +162,22 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "grad_accum", "ref_batch_size", "eval_batches", "keep_last"):
-            _require(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
+            require(getattr(self, key) >= 1, f"{key}={getattr(self, key)} must be >= 1")
         for key in ("warmup_steps", "eval_every", "log_every", "checkpoint_every", "num_workers", "prefetch"):
-            _require(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0")
-        _require(self.global_batch_size is None or self.global_batch_size >= 1,
+            require(getattr(self, key) >= 0, f"{key}={getattr(self, key)} must be >= 0")
+        require(self.global_batch_size is None or self.global_batch_size >= 1,
                  f"global_batch_size={self.global_batch_size} must be >= 1")
-        _require(self.lr > 0 and self.min_lr >= 0, f"lr={self.lr} must be > 0 and min_lr={self.min_lr} >= 0")
-        _require(self.lr_decay_steps is None or self.lr_decay_steps >= 1,
+        require(self.lr > 0 and self.min_lr >= 0, f"lr={self.lr} must be > 0 and min_lr={self.min_lr} >= 0")
+        require(self.lr_decay_steps is None or self.lr_decay_steps >= 1,
                  f"lr_decay_steps={self.lr_decay_steps} must be >= 1")
-        _require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
-        _require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
-        _require(self.hsdp_shard_size is None or self.hsdp_shard_size >= 1,
+        require(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
+        require(self.bucket_cap_mb > 0, f"bucket_cap_mb={self.bucket_cap_mb} must be > 0")
+        require(self.hsdp_shard_size is None or self.hsdp_shard_size >= 1,
                  f"hsdp_shard_size={self.hsdp_shard_size} must be >= 1")
-        _require(self.strategy == "ddp" or self.precision != "fp16",
+        require(self.strategy == "ddp" or self.precision != "fp16",
                  f"strategy={self.strategy} with precision=fp16: FSDP's mixed precision here is bf16 (parameters in "
                  "bf16, gradients reduced in fp32); valid: precision bf16 or fp32")
-        _require(self.peak_tflops is None or self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be > 0")
+        require(self.peak_tflops is None or self.peak_tflops > 0, f"peak_tflops={self.peak_tflops} must be > 0")
 
     def accum_per_rank(self, world_size: int) -> int:
         """Micro-steps each rank runs per optimizer step; see :func:`per_rank_accum`."""

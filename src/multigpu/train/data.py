@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from multigpu.errors import ConfigError
-from multigpu.train.config import _require
+from multigpu.train.config import require
 
 __all__ = ["VOCAB", "CharDataset", "DataConfig", "TextData", "TokenWindows", "bytes_file", "decode", "encode", "find_files",
            "load_text", "stdlib_text", "token_files"]
@@ -52,8 +52,8 @@ class DataConfig:
     """The last this-many percent of the text is held out for validation."""
 
     def __post_init__(self) -> None:
-        _require(self.max_chars >= 0, f"data.kwargs.max_chars={self.max_chars} must be >= 0")
-        _require(0.0 < self.val_percent < 100.0, f"data.kwargs.val_percent={self.val_percent} must be in (0, 100)")
+        require(self.max_chars >= 0, f"data.kwargs.max_chars={self.max_chars} must be >= 0")
+        require(0.0 < self.val_percent < 100.0, f"data.kwargs.val_percent={self.val_percent} must be in (0, 100)")
 
 
 VOCAB = "\t\n" + "".join(chr(c) for c in range(32, 127)) + "\u2047"

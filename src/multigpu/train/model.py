@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from multigpu.train.config import _require
+from multigpu.train.config import require
 
 __all__ = ["GPT", "ModelConfig"]
 
@@ -40,10 +40,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for key in ("n_layer", "n_head", "n_embd", "block_size"):
-            _require(getattr(self, key) >= 1, f"model.kwargs.{key}={getattr(self, key)} must be >= 1")
-        _require(self.n_embd % self.n_head == 0,
+            require(getattr(self, key) >= 1, f"model.kwargs.{key}={getattr(self, key)} must be >= 1")
+        require(self.n_embd % self.n_head == 0,
                  f"model.kwargs.n_embd={self.n_embd} must be divisible by model.kwargs.n_head={self.n_head}")
-        _require(0.0 <= self.dropout < 1.0, f"model.kwargs.dropout={self.dropout} must be in [0, 1)")
+        require(0.0 <= self.dropout < 1.0, f"model.kwargs.dropout={self.dropout} must be in [0, 1)")
 
 
 class _Attention(nn.Module):

@@ -15,7 +15,7 @@ Runs inside the test process (no ranks, no launcher). ``tensors`` fakes the tens
 What the fake answers as a GPU would, so that a test fails where a GPU would fail:
 
 * **Moves.** ``Tensor.to("cuda")``, ``.cuda()``, ``Module.to("cuda")`` and copies between devices
-  call into torch's C++ device guard, which a CPU build lacks. :class:`_CudaMoves` (a
+  call into torch's C++ device guard, which a CPU build lacks. :class:`CudaMoves` (a
   ``TorchFunctionMode``) answers them with a fake tensor on the target device. ``Module.to``
   keeps every Parameter object (its data is swapped in place, as a real move sets ``.data``),
   so an optimizer built before the move and tied weights (an embedding shared with the
@@ -69,9 +69,9 @@ from unittest import mock
 
 import torch
 
-from multigpu.testing.fakecuda.devices import FakeCuda, _record_stream
+from multigpu.testing.fakecuda.devices import FakeCuda, record_stream
 from multigpu.testing.fakecuda.groups import CudaInitialized, fake_group, fake_init, forbid_cuda_init
-from multigpu.testing.fakecuda.tensors import StreamOrderError, _apply_in_place, _CudaMoves, is_fake
+from multigpu.testing.fakecuda.tensors import CudaMoves, StreamOrderError, is_fake, module_apply_in_place
 
 __all__ = ["CudaInitialized", "FakeCuda", "StreamOrderError", "fake_cuda", "fake_group", "fake_init",
            "forbid_cuda_init", "is_fake"]
@@ -102,7 +102,7 @@ def _cuda_patches(cuda: FakeCuda, devices: int) -> list:
         mock.patch("torch.cuda.is_current_stream_capturing", lambda: False),  # asked by every optimizer step
         mock.patch("torch.cuda.random.get_rng_state", cuda.get_rng_state),
         mock.patch("torch.cuda.random.set_rng_state", cuda.set_rng_state),
-        mock.patch.object(torch.Tensor, "record_stream", _record_stream),
+        mock.patch.object(torch.Tensor, "record_stream", record_stream),
         mock.patch("torch.cuda._lazy_init", _refuse_runtime("_lazy_init")),
         mock.patch("torch.cuda.init", _refuse_runtime("init")),
         # torch.accelerator: DataLoader's pinning, init_process_group's device_id check
@@ -150,9 +150,9 @@ def fake_cuda(devices: int = 1, *, tensors: bool = True, capability: tuple[int, 
             mode = stack.enter_context(fake_tensor.FakeTensorMode(allow_non_fake_inputs=True))
             # no dispatch cache: its key holds ``device="cuda"`` as written, not the device it meant when cached
             mode.cache_enabled = False
-            moves = stack.enter_context(_CudaMoves(mode, cuda))
+            moves = stack.enter_context(CudaMoves(mode, cuda))
             stack.enter_context(_in_new_threads(mode, moves))
-            stack.enter_context(mock.patch.object(torch.nn.Module, "_apply", _apply_in_place))
+            stack.enter_context(mock.patch.object(torch.nn.Module, "_apply", module_apply_in_place))
             stack.enter_context(_no_autocast_cache())
         yield cuda
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+__all__ = ["FakeCuda", "device_of", "record_stream"]
 
-def _where(tensor: torch.Tensor) -> torch.device:
+
+def device_of(tensor: torch.Tensor) -> torch.device:
     """The device a tensor is on, also while the fake mode runs a kernel on its meta stand-in."""
     return getattr(tensor, "fake_device", None) or tensor.device
 
@@ -252,9 +254,9 @@ class FakeCuda:
         return index
 
 
-def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+def record_stream(tensor: torch.Tensor, stream: Any) -> None:
     """``Tensor.record_stream`` (its argument parser takes only torch's own streams, so it is replaced)."""
     if not isinstance(stream, _Stream):
         raise TypeError(f"record_stream() needs a torch.cuda.Stream, got {type(stream).__name__}")
-    if _where(tensor) != stream.device:
-        raise RuntimeError(f"record_stream: a {_where(tensor)} tensor cannot be recorded on {stream}")
+    if device_of(tensor) != stream.device:
+        raise RuntimeError(f"record_stream: a {device_of(tensor)} tensor cannot be recorded on {stream}")

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-from multigpu.testing.fakecuda.devices import FakeCuda, _where
+from multigpu.testing.fakecuda.devices import FakeCuda, device_of
+
+__all__ = ["CudaMoves", "StreamOrderError", "is_fake", "module_apply_in_place"]
 
 
 def _device(value: Any) -> torch.device:
@@ -61,7 +63,7 @@ _NO_READ = {"__get__", "__set__", "size", "dim", "numel", "stride", "element_siz
             "__format__", "untyped_storage", "storage_offset", "requires_grad_", "detach", "__reduce_ex__"}
 
 
-class _CudaMoves(torch.overrides.TorchFunctionMode):
+class CudaMoves(torch.overrides.TorchFunctionMode):
     """Answer the device moves a CPU build cannot dispatch with fake tensors on the target device, and keep the
     streams' order (see the module docstring): which stream wrote each CUDA result, and which host buffers a
     non-blocking copy from a GPU is still writing."""
@@ -149,7 +151,7 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
             if written is None:
                 continue
             stream, position = written
-            device = _where(tensor)
+            device = device_of(tensor)
             if stream.completed >= position:
                 if device.type != "cuda":
                     del self.written[tensor]  # the copy has landed: an ordinary host tensor from now on
@@ -177,17 +179,17 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
                 for out in outputs:
                     self.written[out] = source
             return
-        gpus = [_where(t) for t in (*inputs, *outputs) if _where(t).type == "cuda"]
+        gpus = [device_of(t) for t in (*inputs, *outputs) if device_of(t).type == "cuda"]
         if not gpus:
             return
         stream = self.cuda.current_stream(gpus[0])  # the device guard is the data's device
         position = stream.enqueue()
-        host_outputs = [o for o in outputs if _where(o).type == "cpu"]
-        from_gpu = any(_where(t).type == "cuda" for t in inputs)
+        host_outputs = [o for o in outputs if device_of(o).type == "cpu"]
+        from_gpu = any(device_of(t).type == "cuda" for t in inputs)
         non_blocking = func in (torch.Tensor.to, torch.Tensor.copy_) and (
             bool(kwargs.get("non_blocking")) or any(a is True for a in args[1:3]))
         for out in outputs:
-            where = _where(out)
+            where = device_of(out)
             if where.type == "cuda":
                 other = self.cuda.current_stream(where)
                 self.written[out] = (other, position if other is stream else other.enqueue())
@@ -275,7 +277,7 @@ class _CudaMoves(torch.overrides.TorchFunctionMode):
         return tensor
 
 
-def _apply_in_place(self: torch.nn.Module, fn, recurse: bool = True) -> torch.nn.Module:
+def module_apply_in_place(self: torch.nn.Module, fn, recurse: bool = True) -> torch.nn.Module:
     """``Module._apply`` as a real move does it: each Parameter object stays (its data changes in place), so an
     optimizer built before the move keeps its parameters and a weight shared by two modules stays shared.
 
