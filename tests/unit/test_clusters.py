@@ -13,6 +13,7 @@ from multigpu.launch.schedulers import from_environment
 from multigpu.runtime.clusters import (
     LSF,
     SLURM,
+    ClusterEnvironment,
     Kubeflow,
     Local,
     OpenMPI,
@@ -42,6 +43,20 @@ def test_each_scheduler_is_one_class_that_detects_itself(tmp_path):
     assert type(rank_environment({"RANK": "0", "WORLD_SIZE": "1"})) is TorchElastic
     assert type(rank_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})) is SLURM
     assert type(rank_environment({})) is Local
+
+
+def test_node_rank_is_the_launchers_question_and_group_rank_a_ranks():
+    """One name for one meaning (#47): ``node_rank()`` is the launcher's question (which node the scheduler says
+    this is: torchrun's ``--node-rank``); a rank asks ``group_rank()`` (its worker group's rank in the job as the
+    rendezvous formed it: torchrun's ``GROUP_RANK``, which c10d hands out in join order). Before, the class had
+    both ``node_rank()`` and ``rank_node()``."""
+    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert TorchElastic({**torchrun, "GROUP_RANK": "0"}).group_rank() == 0  # the rendezvous's, not 5 // 4
+    assert TorchElastic(torchrun).group_rank() == 1  # without GROUP_RANK: rank // local_world_size
+    assert read_placement({**torchrun, "GROUP_RANK": "0"}).node_rank == 0
+    assert SLURM(_SLURM).group_rank() == SLURM(_SLURM).node_rank() == 1 and Local({}).group_rank() == 0
+    assert not [c.__name__ for c in (ClusterEnvironment, TorchElastic, SLURM, Kubeflow, LSF, OpenMPI, Local)
+                if hasattr(c, "rank_node")]
 
 
 def test_the_launcher_and_the_ranks_read_slurm_through_the_same_class():

@@ -5,9 +5,12 @@ whether it started this process (``detect``) and answers in its scheduler's own 
 process ask:
 
 * the launcher, once per node (:func:`node_environment`; ``multigpu.launch.schedulers``): how many nodes, this
-  node's index, where the rendezvous is, how many workers this node runs;
-* a rank (:func:`rank_environment`; ``multigpu.runtime.env``): its rank, local rank, world size, node, and the
-  address of the job's store.
+  node's index (``node_rank()``: what the scheduler says, torchrun's ``--node-rank``), where the rendezvous is, how
+  many workers this node runs: torchrun's launcher flags;
+* a rank (:func:`rank_environment`; ``multigpu.runtime.env``): its rank, local rank, world size, its worker
+  group's rank (``group_rank()``: its node's place in the job as the rendezvous formed it, torchrun's
+  ``GROUP_RANK``; c10d hands it out in join order, so it need not be the launcher's ``node_rank()``), and the
+  address of the job's store: torchrun's worker variables.
 
 | class | detected by (launcher) | detected by (rank) | nnodes | node rank | endpoint | workers per node |
 |---|---|---|---|---|---|---|
@@ -112,6 +115,7 @@ class ClusterEnvironment:
         return None
 
     def node_rank(self) -> int:
+        """This node's index among ``nnodes``, as the scheduler placed it."""
         return 0
 
     def main_address(self) -> str | None:
@@ -143,8 +147,9 @@ class ClusterEnvironment:
     def local_world_size(self) -> int:
         return self.world_size()
 
-    def rank_node(self) -> int:
-        """This rank's node index."""
+    def group_rank(self) -> int:
+        """This rank's worker group (its node) in the job as it formed: torchrun's ``GROUP_RANK``, else
+        ``rank // local_world_size``. A rank's ``DistEnv.node_rank``."""
         return self.global_rank() // max(self.local_world_size(), 1)
 
     def rank_main_address(self) -> str | None:
@@ -193,8 +198,8 @@ class TorchElastic(ClusterEnvironment):
     def local_world_size(self) -> int:
         return self._int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in self.env else self.world_size()
 
-    def rank_node(self) -> int:
-        return self._int("GROUP_RANK") if "GROUP_RANK" in self.env else super().rank_node()
+    def group_rank(self) -> int:
+        return self._int("GROUP_RANK") if "GROUP_RANK" in self.env else super().group_rank()
 
     def rank_main_address(self) -> str | None:
         return self.env.get("MASTER_ADDR")
@@ -328,7 +333,7 @@ class SLURM(ClusterEnvironment):
                 return self._int(name, minimum=1, slurm_count=True)  # "4(x2)": 4 tasks on each of 2 nodes
         return self.world_size()
 
-    def rank_node(self) -> int:
+    def group_rank(self) -> int:
         return self._int("SLURM_NODEID") if "SLURM_NODEID" in self.env else 0
 
     def rank_main_address(self) -> str | None:

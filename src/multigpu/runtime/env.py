@@ -98,7 +98,7 @@ def read_placement(env: Mapping[str, str] | None = None) -> Placement:
         return Placement()
     placement = Placement(
         rank=cluster.global_rank(), local_rank=cluster.local_rank(), world_size=cluster.world_size(),
-        local_world_size=cluster.local_world_size(), node_rank=cluster.rank_node(),
+        local_world_size=cluster.local_world_size(), node_rank=cluster.group_rank(),
         master_addr=cluster.rank_main_address(), master_port=cluster.rank_main_port(),
         source="slurm" if isinstance(cluster, SLURM) else "torchrun",
     )

@@ -448,7 +448,8 @@ def world_size() -> int:
 
 
 def node_rank() -> int:
-    """Index of this process's node."""
+    """Index of this process's node in the job: its worker group's rank (torchrun's ``GROUP_RANK``, SLURM's
+    ``SLURM_NODEID``; :meth:`~multigpu.runtime.clusters.ClusterEnvironment.group_rank`)."""
     return _placement_or_env().node_rank
 
 
