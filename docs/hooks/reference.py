@@ -301,22 +301,33 @@ def errors_page() -> str:
     """The error classes a user can meet, their exit codes and what each means, from ``multigpu.errors``."""
     from multigpu import errors
 
+    doc = inspect.cleandoc(errors.__doc__ or "")
     out = ["# Errors and exit codes", "", GENERATED_NOTE, "",
-           md(inspect.cleandoc(errors.__doc__ or "").split("\n\n")[1]), "",
+           md(doc.split("\n\n")[1]), "",
            "Other exit codes: `130` after Ctrl-C (`error: interrupted`), `1` for an unexpected internal error "
            "(`error: internal error: ...`, rerun with `--debug` for the traceback). What each message means and "
            "what to do about it: [troubleshooting](../troubleshooting.md).", "",
+           "The whole hierarchy, as `multigpu.errors` draws it (`*` a root, `x` a subclass, `+` a subclass of that):",
+           "", "```text", drawn_tree(doc), "```", "",
            "| error | is a | exit code | when |", "|---|---|---|---|"]
     for name in errors.__all__:
         cls = getattr(errors, name)
         bases = ", ".join(code(b.__name__) for b in cls.__bases__ if b is not Exception)
         # a class that sets its exit code per error (a signal's) says how in its docstring, shown whole
         per_error = re.search(r"self\.exit_code\s*=", inspect.getsource(cls)) is not None
-        exit_code = "per error" if per_error else str(cls.exit_code)
+        # not a MultigpuError: never the command's own error line (a rank's or a test's failure)
+        exit_code = "per error" if per_error else str(cls.exit_code) if issubclass(cls, errors.MultigpuError) else "—"
         paragraphs = [p for p in inspect.cleandoc(cls.__doc__ or "").split("\n\n") if not p.startswith("Attributes:")]
         summary = " ".join(paragraphs if per_error else paragraphs[:1])
         out.append(f"| {code(name)} | {bases} | {exit_code} | {cell(summary)} |")
     return "\n".join(out).rstrip() + "\n"
+
+
+def drawn_tree(doc: str) -> str:
+    """The indented block after a docstring's ``::`` line: the tree ``multigpu.errors`` draws, as it draws it."""
+    block = doc.split("\n::\n", 1)[1].splitlines()
+    end = next((i for i, line in enumerate(block) if line and not line.startswith(" ")), len(block))
+    return textwrap.dedent("\n".join(block[:end])).strip("\n")
 
 
 def messages() -> list[tuple[str, str, str]]:

@@ -365,7 +365,7 @@ def _alias_problem(data: Any) -> str | None:
     return None
 
 
-class DuplicateKeyError(yaml.YAMLError):
+class _DuplicateKeyError(yaml.YAMLError):
     """A YAML mapping gives a key twice (YAML says keys are unique; PyYAML keeps the last one, silently)."""
 
     def __init__(self, key: Any, first: int, second: int):
@@ -374,7 +374,7 @@ class DuplicateKeyError(yaml.YAMLError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping holding a key twice (:class:`DuplicateKeyError`)."""
+    """``yaml.SafeLoader`` that refuses a mapping holding a key twice (:class:`_DuplicateKeyError`)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -386,7 +386,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 line = key_node.start_mark.line + 1
                 try:
                     if key in seen:
-                        raise DuplicateKeyError(key, seen[key], line)
+                        raise _DuplicateKeyError(key, seen[key], line)
                     seen[key] = line
                 except TypeError:  # an unhashable key: the base class says so
                     break
@@ -394,7 +394,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _safe_load(text: str) -> Any:
-    """``yaml.safe_load``, refusing a mapping that gives a key twice (:class:`DuplicateKeyError`), and with a nesting
+    """``yaml.safe_load``, refusing a mapping that gives a key twice (:class:`_DuplicateKeyError`), and with a nesting
     too deep for the parser reported as bad YAML, not an internal error."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
@@ -411,7 +411,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = _safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
-    except DuplicateKeyError as exc:
+    except _DuplicateKeyError as exc:
         raise ConfigError(f"config file '{path}' has the key {exc.key!r} twice (lines {exc.first} and {exc.second}); "
                           "valid: each key once") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

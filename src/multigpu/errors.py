@@ -1,8 +1,10 @@
-"""The exception hierarchy of multigpu (used on both sides of the launch).
+"""The exception hierarchy of multigpu, every class of it (used on both sides of the launch).
 
 Every error we raise on purpose derives from :class:`MultigpuError`. The CLI
 catches it once, at the top, prints ``error: <message>`` on one line and exits
-with the class's ``exit_code``; ``--debug`` shows the traceback instead.
+with the class's ``exit_code``; ``--debug`` shows the traceback instead. A few
+classes are not ``MultigpuError``: a rank's or a test's failure, not a line the
+command prints (the tree's second part).
 
 ::
 
@@ -15,30 +17,55 @@ with the class's ``exit_code``; ``--debug`` shows the traceback instead.
         + WorkerFailedError            a worker exited non-zero (rank, exitcode, message, error_file)
         + RendezvousTimeoutError
         + InterruptedBySignalError     exit 128 + N: the launcher got signal N (SIGTERM: 143)
+        + NodeFailedError              another node stopped before the job formed
+        + NodeLostError                a node's launcher stopped sending its heartbeat while the job ran
+      x CheckpointError                a checkpoint could not be written or read
+        + CheckpointWriteError         saving failed; the previous checkpoints are intact
+        + CorruptCheckpointError       a checkpoint file is truncated, altered or not a checkpoint (path, reason)
+        + OldLayoutError               exit 2: a run directory of an earlier checkpoint layout
       x NonFiniteError                 training met a non-finite loss or gradient norm (the step named)
       x NotInitializedError            a runtime call needing a process group before init()
       x CollectiveError
         + ShapeMismatchError           per-rank shapes listed, instead of a hang
         + CollectiveTimeoutError       a collective or barrier exceeded its timeout
+
+    * StallError (RuntimeError)        a rank made no progress for --stall-timeout-s: recorded, the rank exits 3
+    * RankFailedError (RuntimeError)   multigpu.testing.run_on_ranks: a rank raised (rank, its traceback)
+    * StreamOrderError (RuntimeError)  multigpu.testing.fakecuda: data read before its stream was waited for
+    * CudaInitialized (BaseException)  multigpu.testing.fakecuda.forbid_cuda_init: code made a CUDA context
+
+The packages whose code raises them re-export their own (``multigpu.checkpoint.CorruptCheckpointError``,
+``multigpu.testing.RankFailedError``, ``multigpu.testing.fakecuda.StreamOrderError``): the same classes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointWriteError",
     "CollectiveError",
     "CollectiveTimeoutError",
     "ConfigError",
+    "CorruptCheckpointError",
+    "CudaInitialized",
     "DeviceError",
     "InterruptedBySignalError",
     "LaunchError",
     "MultigpuError",
+    "NodeFailedError",
+    "NodeLostError",
     "NonFiniteError",
     "NotInitializedError",
+    "OldLayoutError",
     "OutputError",
+    "RankFailedError",
     "RendezvousTimeoutError",
     "ShapeMismatchError",
+    "StallError",
+    "StreamOrderError",
     "UsageError",
     "WorkerFailedError",
 ]
@@ -121,6 +148,38 @@ class InterruptedBySignalError(LaunchError):
         super().__init__(f"stopped by {cause or self.signal.name}: every worker was stopped")
 
 
+class NodeFailedError(LaunchError):
+    """Another node stopped before the job formed; the message names it and says why."""
+
+
+class NodeLostError(LaunchError):
+    """A node's launcher stopped sending its heartbeat while the job ran; the message names it and the last step
+    each rank finished."""
+
+
+class CheckpointError(MultigpuError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Saving failed (e.g. the disk is full); the previous checkpoints are intact."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated, altered, or not a checkpoint at all."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"checkpoint {path} is unusable: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+class OldLayoutError(CheckpointError):
+    """A run directory written by an earlier layout (``ckpt_*.pt`` files, ``engine.json`` folders). Exit 2."""
+
+    exit_code = 2
+
+
 class NonFiniteError(MultigpuError):
     """Training met a non-finite loss or gradient norm (``nonfinite=stop``): the step, rank and values named."""
 
@@ -147,3 +206,31 @@ class ShapeMismatchError(CollectiveError):
 
 class CollectiveTimeoutError(CollectiveError):
     """A collective or barrier did not complete within its timeout."""
+
+
+# ---------------------------------------------------------------- not MultigpuError: a rank's or a test's failure
+class StallError(RuntimeError):
+    """This rank made no progress for longer than the configured stall timeout (``--stall-timeout-s``): the
+    watchdog (:mod:`multigpu.runtime.watchdog`) records it in the rank's error file and ends the rank with exit
+    code 3; the launcher's failure line names it."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised under :func:`multigpu.testing.run_on_ranks`; carries the failing rank and its own traceback
+    text."""
+
+    def __init__(self, rank: int, world_size: int, trace: str):
+        super().__init__(f"rank {rank}/{world_size} raised an exception (other ranks were stopped):\n{trace}")
+        self.rank = rank
+        self.trace = trace
+
+
+class StreamOrderError(RuntimeError):
+    """Data read before the stream that writes it was waited for: on a GPU, a silently wrong result
+    (:mod:`multigpu.testing.fakecuda`)."""
+
+
+class CudaInitialized(BaseException):
+    """What :func:`multigpu.testing.fakecuda.forbid_cuda_init` raises where code would create a CUDA context. A
+    ``BaseException``, so that no ``except Exception`` (a capability probe's fallback, say) in the code under test
+    can swallow it."""

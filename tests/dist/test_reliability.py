@@ -26,7 +26,7 @@ import torch
 import multigpu as mg
 from multigpu.checkpoint import files as checkpointing
 from multigpu.checkpoint import CheckpointStore
-from multigpu.checkpoint.files import CheckpointWriteError
+from multigpu.errors import CheckpointWriteError
 from multigpu.errors import ConfigError
 from multigpu.testing import run_on_ranks
 from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer

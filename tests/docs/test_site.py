@@ -107,6 +107,18 @@ def test_the_generated_reference_covers_every_command_flag_key_and_variable():
         assert f"| `{name}` |" in errors_page, name
 
 
+def test_the_errors_page_draws_the_whole_hierarchy():
+    """The errors page shows the tree ``multigpu.errors`` draws, and it holds every error class, those that are
+    not ``MultigpuError`` too (#47: the tree left out the classes defined outside errors.py)."""
+    from multigpu import errors
+
+    page = _generator().errors_page()
+    tree = page.split("```text\n", 1)[1].split("```", 1)[0]
+    assert set(re.findall(r"^\s*[*x+] (\w+)", tree, flags=re.M)) == set(errors.__all__)
+    for name in ("CorruptCheckpointError", "NodeLostError", "StallError", "RankFailedError"):
+        assert f"| `{name}` |" in page, name
+
+
 def test_field_docs_reads_a_dataclass_fields_docstrings_through_its_bases():
     gen = _generator()
 

@@ -317,8 +317,8 @@ def test_the_simulations_series_so_far_are_checksummed_with_its_checkpoint(tmp_p
     import json
 
     import multigpu as mg
-    from multigpu.checkpoint.store import CorruptCheckpointError
     from multigpu.config import load_config
+    from multigpu.errors import CorruptCheckpointError
     from multigpu.run import script_context
     from multigpu.sim import runner
     from multigpu.sim.config import SimConfig

@@ -21,8 +21,9 @@ import torch
 import multigpu as mg
 from multigpu.checkpoint import CheckpointStore, check_resume_path
 from multigpu.checkpoint import store as store_module
-from multigpu.checkpoint.files import CheckpointWriteError, CorruptCheckpointError, atomic_write, sha256_file
+from multigpu.checkpoint.files import atomic_write, sha256_file
 from multigpu.cli import main
+from multigpu.errors import CheckpointWriteError, CorruptCheckpointError
 
 
 def _payload(step: int, size: int = 4096) -> bytes:

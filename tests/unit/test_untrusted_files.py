@@ -24,10 +24,9 @@ import torch
 import multigpu as mg
 from multigpu import checkpoint, verify
 from multigpu.checkpoint import CheckpointStore, PerRank, RngState, check_resume_path
-from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.cli import main
 from multigpu.config import load_config
-from multigpu.errors import MultigpuError
+from multigpu.errors import CorruptCheckpointError, MultigpuError
 from multigpu.run import script_context
 from multigpu.sim import runner
 from multigpu.sim.config import SimConfig

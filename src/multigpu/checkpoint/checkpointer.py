@@ -50,9 +50,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from multigpu.checkpoint.files import CheckpointWriteError
 from multigpu.checkpoint.staging import Stager
 from multigpu.checkpoint.store import CheckpointStore, Exchange
+from multigpu.errors import CheckpointWriteError
 
 __all__ = ["MODES", "Checkpointer"]
 

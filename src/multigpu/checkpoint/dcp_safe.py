@@ -28,7 +28,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from multigpu.checkpoint.files import CorruptCheckpointError
+from multigpu.errors import CorruptCheckpointError
 
 __all__ = ["METADATA", "MetadataUnpickler", "TensorsOnlyPlanner", "VerifiedReader", "load", "read_metadata"]
 

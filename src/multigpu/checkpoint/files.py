@@ -4,7 +4,7 @@
 :func:`atomic_write`: a temporary file in the same folder, its bytes read back and hashed (SHA-256, size)
 while they are fsynced, renamed into place, the folder fsynced. A failure at any
 point (a full disk: ``ENOSPC`` from a write, the fsync or the close) removes the temporary file;
-the target is untouched. The errors every checkpoint reader and writer raises live here too.
+the target is untouched. The errors every checkpoint reader and writer raises are in :mod:`multigpu.errors`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from multigpu.errors import MultigpuError
 from multigpu.files import atomic_path
 
 __all__ = [
-    "CheckpointError",
-    "CheckpointWriteError",
-    "CorruptCheckpointError",
     "atomic_write",
     "fsync_dir",
     "sha256_file",
@@ -30,23 +26,6 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
-
-
-class CheckpointError(MultigpuError):
-    """A checkpoint could not be written or read."""
-
-
-class CheckpointWriteError(CheckpointError):
-    """Saving failed (e.g. the disk is full); the previous checkpoints are intact."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint file is truncated, altered, or not a checkpoint at all."""
-
-    def __init__(self, path: str | Path, reason: str):
-        super().__init__(f"checkpoint {path} is unusable: {reason}")
-        self.path = Path(path)
-        self.reason = reason
 
 
 class _CountingWriter:

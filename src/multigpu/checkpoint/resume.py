@@ -19,9 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from multigpu.checkpoint.files import CorruptCheckpointError
 from multigpu.checkpoint.store import CheckpointStore, describe_unusable, is_checkpoint, old_layout, verify
-from multigpu.errors import ConfigError
+from multigpu.errors import ConfigError, CorruptCheckpointError, OldLayoutError
 
 __all__ = ["CHECKPOINTS", "RESTART_VAR", "check_design", "check_resume_path", "choose", "decide", "is_progress",
            "planned", "progress_folder", "refuse_old_layout", "refuse_unusable", "resolve", "restart_count", "run_of"]
@@ -94,7 +93,7 @@ def check_resume_path(resume: str, *, progress: str | None = None) -> Path:
 
 def refuse_old_layout(run_dir: str | Path) -> None:
     """In the launcher, for ``--resume auto``: a run directory whose checkpoints are all of an earlier layout
-    is refused in one line (:class:`~multigpu.checkpoint.store.OldLayoutError`) before anything starts."""
+    is refused in one line (:class:`~multigpu.errors.OldLayoutError`) before anything starts."""
     from multigpu.checkpoint.store import old_layout_error
 
     store = CheckpointStore(Path(run_dir) / CHECKPOINTS)
@@ -251,7 +250,6 @@ def resolve(resume: str | None, run_dir: str | None, *, restarts: int | None = N
     """:func:`choose` on rank 0, the same answer (or the same one-line error) on every rank. Call on all ranks
     after ``mg.init`` (a single process needs no group). ``restarts``: default :func:`restart_count`;
     ``elastic``: as :func:`choose`'s."""
-    from multigpu.checkpoint.store import OldLayoutError
     from multigpu.runtime import collectives, group
 
     restarts = restart_count() if restarts is None else restarts

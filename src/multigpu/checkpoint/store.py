@@ -68,32 +68,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from multigpu.checkpoint.files import (
-    CheckpointError,
-    CheckpointWriteError,
-    CorruptCheckpointError,
-    atomic_write,
-    fsync_dir,
-    sha256_file,
-    synced_digest,
-)
+from multigpu.checkpoint.files import atomic_write, fsync_dir, sha256_file, synced_digest
 from multigpu.checkpoint.staging import Stager, landed
+from multigpu.errors import CheckpointWriteError, CorruptCheckpointError, OldLayoutError
 from multigpu.files import describe_os_error, os_error_in
 
-__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "OldLayoutError", "PerRank", "Scan", "Sharded",
-           "Snapshot", "describe_unusable", "is_checkpoint", "read_manifest", "verify"]
+__all__ = ["MANIFEST", "STATE", "CheckpointStore", "Exchange", "PerRank", "Scan", "Sharded", "Snapshot",
+           "describe_unusable", "is_checkpoint", "old_layout_error", "read_manifest", "verify"]
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
 FORMAT = 2
 PREFIX = "step_"
 _STEP = re.compile(r"^step_(\d{8,})$")
-
-
-class OldLayoutError(CheckpointError):
-    """A run directory written by an earlier layout (``ckpt_*.pt`` files, ``engine.json`` folders). Exit 2."""
-
-    exit_code = 2
 
 
 class PerRank:

@@ -251,7 +251,8 @@ def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> 
     for a checkpoint that records none (an older one), a folder of progress files, or no resume. Reads the manifest
     only."""
     from multigpu.checkpoint.resume import planned
-    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+    from multigpu.checkpoint.store import is_checkpoint, read_manifest
+    from multigpu.errors import CorruptCheckpointError
 
     if not resume:
         return None
@@ -270,7 +271,8 @@ def check_not_past(workload: Workload, cfg: Any, resume: str | None, run_dir: Pa
     """A resume from a checkpoint at step N of a config that counts to fewer steps would run nothing (and end as if
     it had): one line (``Workload.resume_total``; reads the manifest only)."""
     from multigpu.checkpoint.resume import planned
-    from multigpu.checkpoint.store import CorruptCheckpointError, is_checkpoint, read_manifest
+    from multigpu.checkpoint.store import is_checkpoint, read_manifest
+    from multigpu.errors import CorruptCheckpointError
 
     total = workload.resume_total(cfg) if resume and workload.resume_total is not None else None
     target = planned(resume, str(run_dir), progress=workload.progress_folder) if total is not None else None

@@ -47,6 +47,8 @@ from multigpu.errors import (
     InterruptedBySignalError,
     LaunchError,
     MultigpuError,
+    NodeFailedError,
+    NodeLostError,
     RendezvousTimeoutError,
     WorkerFailedError,
 )
@@ -603,7 +605,7 @@ def _store_lost(cfg: LaunchConfig, session) -> None:
     """Raise the one line that ends a job whose rendezvous store is gone (node 0's launcher, where torch's c10d
     store lives, was lost): no job goes on without it, an elastic one neither."""
     if session is not None and nodes.store_gone(session):
-        raise nodes.NodeLostError(nodes.store_lost_line(session, hosted_by_node0="is_host" not in cfg.rdzv_conf))
+        raise NodeLostError(nodes.store_lost_line(session, hosted_by_node0="is_host" not in cfg.rdzv_conf))
 
 
 def _lost_node(session, err: ChildFailedError) -> str | None:
@@ -667,10 +669,10 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
                     raise LaunchError(f"the job was stopped: {refused}") from None
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
-                    raise nodes.NodeFailedError(other) from None
+                    raise NodeFailedError(other) from None
                 _store_lost(cfg, session)
                 if session is not None and (lost := _lost_node(session, exc)) is not None:
-                    raise nodes.NodeLostError(lost) from None
+                    raise NodeLostError(lost) from None
                 raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
                                         node_rank=cfg.node_rank if cfg.nnodes > 1 else None) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
@@ -699,7 +701,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
             except (RuntimeError, ValueError, RendezvousError) as exc:
                 # another node stopped before the job formed and closed the rendezvous: name it
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
-                    raise nodes.NodeFailedError(other) from None
+                    raise NodeFailedError(other) from None
                 _store_lost(cfg, session)
                 raise LaunchError(f"the launcher could not start the job: {exc}") from None
     finally:  # also after a failure or a signal: the error line stays the last one

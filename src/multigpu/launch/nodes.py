@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from multigpu.errors import ConfigError, LaunchError, MultigpuError, RendezvousTimeoutError
+from multigpu.errors import ConfigError, MultigpuError, NodeFailedError, RendezvousTimeoutError
 
-__all__ = ["BEAT_S", "LINGER_S", "NodeFailedError", "NodeLostError", "Nodes", "job_run_id", "joined", "lost_line",
+__all__ = ["BEAT_S", "LINGER_S", "Nodes", "job_run_id", "joined", "lost_line",
            "open_session", "placed", "posted_failure", "started_again_line", "store_gone", "store_lost_line", "tell_others"]
 
 LINGER_S = 30.0
@@ -58,15 +58,6 @@ BEAT_S = 1.0
 _PREFIX = "multigpu/nodes/"
 _MARKER = ".multigpu-shared-"
 _sessions: dict[str, Nodes] = {}  # run id -> the open session of this launcher
-
-
-class NodeFailedError(LaunchError):
-    """Another node stopped before the job formed; the message names it and says why."""
-
-
-class NodeLostError(LaunchError):
-    """A node's launcher stopped sending its heartbeat while the job ran; the message names it and the last step
-    each rank finished."""
 
 
 def job_run_id(run_id: str | None, nnodes: int) -> str:

@@ -23,17 +23,14 @@ import time
 import traceback
 
 from multigpu import envvars
+from multigpu.errors import StallError
 
-__all__ = ["StallError", "heartbeat", "start", "stop"]
+__all__ = ["heartbeat", "start", "stop"]
 
 _LAST_BEAT = time.monotonic()
 _LAST_WHAT = "start-up"
 _THREAD: threading.Thread | None = None
 _STOP = threading.Event()
-
-
-class StallError(RuntimeError):
-    """This rank made no progress for longer than the configured stall timeout."""
 
 
 def heartbeat(what: str) -> None:

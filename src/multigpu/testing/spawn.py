@@ -37,16 +37,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RankFailedError", "run_on_ranks"]
+from multigpu.errors import RankFailedError
 
-
-class RankFailedError(RuntimeError):
-    """A rank raised; carries the failing rank and its own traceback text."""
-
-    def __init__(self, rank: int, world_size: int, trace: str):
-        super().__init__(f"rank {rank}/{world_size} raised an exception (other ranks were stopped):\n{trace}")
-        self.rank = rank
-        self.trace = trace
+__all__ = ["run_on_ranks"]
 
 
 def _child(fn, args, kwargs, rank, world_size, store_dir, results, timeout_s, collective_timeout_s, env, threads,

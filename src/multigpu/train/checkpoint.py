@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from multigpu.checkpoint.files import CorruptCheckpointError
-from multigpu.errors import ConfigError
+from multigpu.errors import ConfigError, CorruptCheckpointError
 from multigpu.runtime.rng import capture_rng, restore_rng  # re-exported: checkpoints store and restore them
 
 __all__ = [

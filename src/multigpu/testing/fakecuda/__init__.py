@@ -69,9 +69,10 @@ from unittest import mock
 
 import torch
 
+from multigpu.errors import CudaInitialized, StreamOrderError
 from multigpu.testing.fakecuda.devices import FakeCuda, record_stream
-from multigpu.testing.fakecuda.groups import CudaInitialized, fake_group, fake_init, forbid_cuda_init
-from multigpu.testing.fakecuda.tensors import CudaMoves, StreamOrderError, is_fake, module_apply_in_place
+from multigpu.testing.fakecuda.groups import fake_group, fake_init, forbid_cuda_init
+from multigpu.testing.fakecuda.tensors import CudaMoves, is_fake, module_apply_in_place
 
 __all__ = ["CudaInitialized", "FakeCuda", "StreamOrderError", "fake_cuda", "fake_group", "fake_init",
            "forbid_cuda_init", "is_fake"]

@@ -10,6 +10,8 @@ from unittest import mock
 
 import torch
 
+from multigpu.errors import CudaInitialized
+
 
 @contextlib.contextmanager
 def fake_group(rank: int = 0, world_size: int = 2) -> Iterator[None]:
@@ -66,11 +68,6 @@ def fake_init(rank: int = 0, world_size: int = 2) -> Iterator[list[tuple[str, di
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-
-class CudaInitialized(BaseException):
-    """What :func:`forbid_cuda_init` raises where code would create a CUDA context. A ``BaseException``, so that
-    no ``except Exception`` (a capability probe's fallback, say) in the code under test can swallow it."""
 
 
 _CONTEXT_ENTRY_POINTS = ("init", "_lazy_init", "set_device", "current_device", "synchronize", "get_device_capability",

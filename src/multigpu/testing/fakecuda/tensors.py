@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
+from multigpu.errors import StreamOrderError
 from multigpu.testing.fakecuda.devices import FakeCuda, device_of
 
-__all__ = ["CudaMoves", "StreamOrderError", "is_fake", "module_apply_in_place"]
+__all__ = ["CudaMoves", "is_fake", "module_apply_in_place"]
 
 
 def _device(value: Any) -> torch.device:
@@ -27,10 +28,6 @@ def is_fake(tensor: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(tensor, FakeTensor)
-
-
-class StreamOrderError(RuntimeError):
-    """Data read before the stream that writes it was waited for: on a GPU, a silently wrong result."""
 
 
 def _tensors_in(values: Any) -> Iterator[torch.Tensor]:
