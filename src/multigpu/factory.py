@@ -5,19 +5,61 @@ callback). Importing the module runs its code, as ``python -m`` would: name
 only modules you trust.
 
     model = call_factory("multigpu.infer.models:denoiser", what="--model")
+
+The factory protocol: a factory is a callable taking keyword arguments, called in the ranks
+(:meth:`Factory.build`). It may also carry a launcher-side check (:class:`CheckedFactory`), given where it
+is defined with :func:`checked_by`::
+
+    def _check_gpt(n_head=4, n_embd=128, **_):          # cheap: no model built, no file read beyond a header
+        if n_embd % n_head:
+            raise ConfigError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+
+    @checked_by(_check_gpt)
+    def gpt(n_head=4, n_embd=128, **_): ...
+
+:meth:`Factory.check` calls it in the launcher, with the arguments the factory will get, before anything starts.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from multigpu.errors import ConfigError
 
-__all__ = ["Factory", "call_factory", "import_object"]
+__all__ = ["CheckedFactory", "Factory", "call_factory", "checked_by", "import_object"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@runtime_checkable
+class CheckedFactory(Protocol):
+    """A factory with a launcher-side check: the factory protocol's optional part.
+
+    ``factory(**kwargs)`` builds the object in a rank; ``factory.check(**kwargs)`` gets the same keyword arguments
+    in the launcher (:meth:`Factory.check`), before any rank starts, and raises a one-line
+    :class:`~multigpu.errors.ConfigError` for what the factory would refuse. It must be cheap: no model built, no
+    file read beyond its header. Give it with :func:`checked_by`.
+    """
+
+    check: Callable[..., None]
+    """Called with the factory's keyword arguments; returns nothing, raises ``ConfigError``."""
+
+    def __call__(self, **kwargs: Any) -> Any: ...
+
+
+def checked_by(check: Callable[..., None]) -> Callable[[F], F]:
+    """Decorator: give the factory below its launcher-side ``check`` (:class:`CheckedFactory`); the factory is
+    returned as it is, with ``check`` set on it."""
+
+    def attach(factory: F) -> F:
+        factory.check = check  # the protocol's attribute (CheckedFactory)
+        return factory
+
+    return attach
 
 
 def _working_directory_last_on_path() -> None:
@@ -76,8 +118,9 @@ class Factory:
     """A config section naming a factory and its arguments: ``{factory: pkg.module:name, kwargs: {...}}``.
 
     ``context`` values (e.g. ``block_size``, ``vocab_size``) are passed to a factory whose signature
-    names them, unless ``kwargs`` does. A factory may carry a ``check(**kwargs)`` attribute, a cheap
-    validation the launcher runs before anything starts (the built-in ones do).
+    names them, unless ``kwargs`` does. A factory may carry a ``check`` (:class:`CheckedFactory`, given with
+    :func:`checked_by`), a cheap validation :meth:`check` runs in the launcher before anything starts (the
+    built-in ones do).
     """
 
     factory: str
@@ -94,7 +137,8 @@ class Factory:
         return {**given, **self.kwargs}
 
     def check(self, what: str, context: Mapping[str, Any] | None = None) -> None:
-        """In the launcher: the factory imports, takes these keyword arguments, and passes its own ``check``."""
+        """In the launcher: the factory imports, takes these keyword arguments, and passes its own ``check``
+        (:class:`CheckedFactory`), called with the arguments :meth:`build` will pass."""
         target = import_object(self.factory, what=what, callable_only=True)
         args = self._arguments(target, context or {})
         try:
@@ -109,9 +153,8 @@ class Factory:
                                   f"(from {what.rsplit('.', 1)[0]}.kwargs); valid: {valid or 'none'}")
         if signature is not None:
             self._check_required(what, signature, {**(context or {}), **args})
-        check = getattr(target, "check", None)
-        if callable(check):
-            check(**args)
+        if isinstance(target, CheckedFactory) and callable(target.check):
+            target.check(**args)
 
     def _check_required(self, what: str, signature: inspect.Signature, args: Mapping[str, Any]) -> None:
         """Every argument without a default is given (by ``kwargs`` or the context, whose values the ranks may

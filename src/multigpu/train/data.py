@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from multigpu.errors import ConfigError
+from multigpu.factory import checked_by
 from multigpu.train.config import require
 
 __all__ = ["VOCAB", "CharDataset", "DataConfig", "TextData", "TokenWindows", "bytes_file", "decode", "encode", "find_files",
@@ -158,6 +159,12 @@ class CharDataset(Dataset):
         return chunk[:-1], chunk[1:]
 
 
+def _check_stdlib_text(block_size: int = 128, path: str | None = None, pattern: str = "*.py",
+                       max_chars: int = 2_000_000, val_percent: float = 10.0) -> None:
+    find_files(DataConfig(path=path, pattern=pattern, max_chars=max_chars, val_percent=val_percent), first_only=True)
+
+
+@checked_by(_check_stdlib_text)
 def stdlib_text(block_size: int = 128, path: str | None = None, pattern: str = "*.py", max_chars: int = 2_000_000,
                 val_percent: float = 10.0) -> tuple[CharDataset, CharDataset]:
     """Character-level text (the standard library's source, or ``path``): train and validation windows."""
@@ -165,14 +172,6 @@ def stdlib_text(block_size: int = 128, path: str | None = None, pattern: str = "
     text = load_text(cfg, min_chars=block_size + 1)
     print_main(f"data: {text.num_files} files, {len(text.train):,} train / {len(text.val):,} validation characters")
     return CharDataset(text.train, block_size), CharDataset(text.val, block_size)
-
-
-def _check_stdlib_text(block_size: int = 128, path: str | None = None, pattern: str = "*.py",
-                       max_chars: int = 2_000_000, val_percent: float = 10.0) -> None:
-    find_files(DataConfig(path=path, pattern=pattern, max_chars=max_chars, val_percent=val_percent), first_only=True)
-
-
-stdlib_text.check = _check_stdlib_text
 
 
 def print_main(line: str) -> None:
@@ -226,25 +225,6 @@ class TokenWindows(Dataset):
 _TOKEN_DTYPES = ("uint16", "uint32")
 
 
-def token_files(path: str, block_size: int = 128, dtype: str = "uint16",
-                vocab_size: int | None = None) -> tuple[TokenWindows, TokenWindows | None]:
-    """nanoGPT's token files: ``<path>/train.bin`` and, if present, ``<path>/val.bin`` (flat ``dtype`` ids).
-
-    ``vocab_size`` defaults to the largest id in ``train.bin`` plus one (a scan of the file: pass it to skip that).
-    """
-    folder = Path(path)
-    train = TokenWindows(folder / "train.bin", block_size, dtype)
-    val = TokenWindows(folder / "val.bin", block_size, dtype) if (folder / "val.bin").is_file() else None
-    vocab = vocab_size or train.max_token() + 1
-    _check_ids(val, vocab, vocab_size)  # an id past the vocabulary would be an IndexError deep in the model
-    for part in (train, val):
-        if part is not None:
-            part.vocab_size = vocab
-    print_main(f"data: {folder}: {train.stop:,} train tokens" + (f", {val.stop:,} validation" if val else "")
-               + f" ({dtype}, vocabulary {vocab:,})")
-    return train, val
-
-
 def _check_ids(part: TokenWindows | None, vocab: int, given: int | None) -> None:
     """Every id of ``part`` is below ``vocab`` (one line naming the file, the id and what is valid)."""
     if part is None:
@@ -288,7 +268,24 @@ def _check_token_files(path: str, block_size: int = 128, dtype: str = "uint16", 
                           f"block_size + 1 = {block_size + 1}")
 
 
-token_files.check = _check_token_files
+@checked_by(_check_token_files)
+def token_files(path: str, block_size: int = 128, dtype: str = "uint16",
+                vocab_size: int | None = None) -> tuple[TokenWindows, TokenWindows | None]:
+    """nanoGPT's token files: ``<path>/train.bin`` and, if present, ``<path>/val.bin`` (flat ``dtype`` ids).
+
+    ``vocab_size`` defaults to the largest id in ``train.bin`` plus one (a scan of the file: pass it to skip that).
+    """
+    folder = Path(path)
+    train = TokenWindows(folder / "train.bin", block_size, dtype)
+    val = TokenWindows(folder / "val.bin", block_size, dtype) if (folder / "val.bin").is_file() else None
+    vocab = vocab_size or train.max_token() + 1
+    _check_ids(val, vocab, vocab_size)  # an id past the vocabulary would be an IndexError deep in the model
+    for part in (train, val):
+        if part is not None:
+            part.vocab_size = vocab
+    print_main(f"data: {folder}: {train.stop:,} train tokens" + (f", {val.stop:,} validation" if val else "")
+               + f" ({dtype}, vocabulary {vocab:,})")
+    return train, val
 
 
 class ByteWindows(TokenWindows):
@@ -308,14 +305,6 @@ class ByteWindows(TokenWindows):
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-def bytes_file(path: str, block_size: int = 128, val_percent: float = 10.0) -> tuple[ByteWindows, ByteWindows]:
-    """Any file as byte-level tokens; the last ``val_percent`` of it is validation."""
-    size = os.path.getsize(path)
-    cut = int(size * (1 - val_percent / 100))
-    print_main(f"data: {path}: {cut:,} train / {size - cut:,} validation bytes")
-    return ByteWindows(path, block_size, 0, cut), ByteWindows(path, block_size, cut, size)
-
-
 def _check_bytes_file(path: str, block_size: int = 128, val_percent: float = 10.0) -> None:
     if not Path(path).is_file():
         raise ConfigError(f"data.kwargs.path '{path}' is not a file; valid: a text (or any) file, read as bytes")
@@ -327,4 +316,10 @@ def _check_bytes_file(path: str, block_size: int = 128, val_percent: float = 10.
                           f"block_size + 1 = {block_size + 1} bytes")
 
 
-bytes_file.check = _check_bytes_file
+@checked_by(_check_bytes_file)
+def bytes_file(path: str, block_size: int = 128, val_percent: float = 10.0) -> tuple[ByteWindows, ByteWindows]:
+    """Any file as byte-level tokens; the last ``val_percent`` of it is validation."""
+    size = os.path.getsize(path)
+    cut = int(size * (1 - val_percent / 100))
+    print_main(f"data: {path}: {cut:,} train / {size - cut:,} validation bytes")
+    return ByteWindows(path, block_size, 0, cut), ByteWindows(path, block_size, cut, size)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.errors import ConfigError
+from multigpu.factory import checked_by
 
 __all__ = ["causal_lm", "saved_dataset"]
 
@@ -50,20 +51,18 @@ def _config(config: str, vocab_size: int | None, block_size: int | None, overrid
     return cfg
 
 
+def _check_causal_lm(config: str = "gpt2", vocab_size: int | None = None, block_size: int | None = None,
+                     **overrides: Any) -> None:
+    _config(config, vocab_size, block_size, overrides)
+
+
+@checked_by(_check_causal_lm)
 def causal_lm(config: str = "gpt2", vocab_size: int | None = None, block_size: int | None = None, **overrides: Any):
     """A causal LM of the architecture ``config`` with random weights; ``overrides`` set config fields
     (``n_layer=2``, ``hidden_size=256``). ``vocab_size`` defaults to the data's."""
     transformers = _need("transformers", "transformers")
     model = transformers.AutoModelForCausalLM.from_config(_config(config, vocab_size, block_size, overrides))
     return model
-
-
-def _check_causal_lm(config: str = "gpt2", vocab_size: int | None = None, block_size: int | None = None,
-                     **overrides: Any) -> None:
-    _config(config, vocab_size, block_size, overrides)
-
-
-causal_lm.check = _check_causal_lm
 
 
 class _TokenRows:
@@ -84,6 +83,14 @@ class _TokenRows:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+def _check_saved_dataset(path: str, column: str = "input_ids", block_size: int | None = None,
+                         train_split: str = "train", val_split: str | None = "validation") -> None:
+    _need("datasets", "datasets")
+    if not Path(path).is_dir():
+        raise ConfigError(f"data.kwargs.path '{path}' is not a folder saved by datasets' save_to_disk")
+
+
+@checked_by(_check_saved_dataset)
 def saved_dataset(path: str, column: str = "input_ids", block_size: int | None = None,
                   train_split: str = "train", val_split: str | None = "validation"):
     """A ``datasets`` dataset saved with ``save_to_disk``: rows of token ids (``column``), as dict batches with
@@ -100,13 +107,3 @@ def saved_dataset(path: str, column: str = "input_ids", block_size: int | None =
         if part is not None:
             part.set_format("numpy", columns=[column])
     return _TokenRows(train, column, block_size), (_TokenRows(val, column, block_size) if val is not None else None)
-
-
-def _check_saved_dataset(path: str, column: str = "input_ids", block_size: int | None = None,
-                         train_split: str = "train", val_split: str | None = "validation") -> None:
-    _need("datasets", "datasets")
-    if not Path(path).is_dir():
-        raise ConfigError(f"data.kwargs.path '{path}' is not a folder saved by datasets' save_to_disk")
-
-
-saved_dataset.check = _check_saved_dataset

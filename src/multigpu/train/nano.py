@@ -10,17 +10,11 @@ its config know nothing of either.
 
 from __future__ import annotations
 
+from multigpu.factory import checked_by
 from multigpu.train.data import VOCAB, DataConfig
 from multigpu.train.model import GPT, ModelConfig
 
 __all__ = ["DataConfig", "ModelConfig", "gpt"]
-
-
-def gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
-        dropout: float = 0.0, bias: bool = False):
-    """nanoGPT's decoder-only transformer; ``vocab_size`` defaults to the character vocabulary of the default text."""
-    cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout, bias=bias)
-    return GPT(cfg, vocab_size or len(VOCAB))
 
 
 def _check_gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: int = 4, n_head: int = 4,
@@ -28,4 +22,9 @@ def _check_gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: in
     ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout, bias=bias)
 
 
-gpt.check = _check_gpt
+@checked_by(_check_gpt)
+def gpt(block_size: int = 128, vocab_size: int | None = None, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
+        dropout: float = 0.0, bias: bool = False):
+    """nanoGPT's decoder-only transformer; ``vocab_size`` defaults to the character vocabulary of the default text."""
+    cfg = ModelConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout, bias=bias)
+    return GPT(cfg, vocab_size or len(VOCAB))
