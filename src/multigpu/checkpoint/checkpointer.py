@@ -46,6 +46,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -90,18 +91,18 @@ def _say(line: str) -> None:
 class _Write:
     """One background write: its thread and its outcome."""
 
-    def __init__(self, step: int, run):
+    def __init__(self, step: int, write: Callable[[], Any]):
         self.step = step
         self.future: Future = Future()
-        self.thread = threading.Thread(target=self._main, args=(run,), name=f"multigpu-checkpoint-{step}",
+        self.thread = threading.Thread(target=self._main, args=(write,), name=f"multigpu-checkpoint-{step}",
                                        daemon=True)  # a process that exits (or is killed) never waits on it
         self.started = time.perf_counter()
         self.seconds: float | None = None
         self.thread.start()
 
-    def _main(self, run) -> None:
+    def _main(self, write: Callable[[], Any]) -> None:
         try:
-            result = run()
+            result = write()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
             self.seconds = time.perf_counter() - self.started
             self.future.set_exception(exc)
