@@ -126,7 +126,7 @@ def run_mode(kind: str, mode: str, folder: Path, args) -> dict:
         from multigpu.runtime.context import RunContext
 
         placement = ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}} if args.gpus >= 2 else
-                     {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")})
+                     {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "ctx": RunContext(isolated=True, pg_backend="gloo")})
     results = run_on_ranks(_rank, 2, args=(kind, mode, str(run_dir), args.steps, args.every, args.width, args.layers,
                                            args.batch), timeout_s=1800, threads=args.threads,
                            backend="cuda" if args.cuda else "cpu", **placement)

@@ -36,13 +36,13 @@ def main() -> None:
     params = [p for p in model.parameters()]
     teacher = torch.randn(args.dim, 1, device=dev) / args.dim**0.5
 
-    run = mg.run_context()  # what the launcher decided: run directory, scaling, --profile
-    global_batch = args.batch * run.problem_scale(env.world_size)
+    ctx = mg.run_context()  # what the launcher decided: run directory, scaling, --profile
+    global_batch = args.batch * ctx.problem_scale(env.world_size)
     mine = mg.shard_range(global_batch)  # this rank's rows of every global batch
     lo, hi = mine.start, mine.stop
     gen = torch.Generator(device=dev).manual_seed(1234)  # data keyed by step, not by rank
 
-    meter = StepMeter.from_context("samples", run, total_steps=args.steps, description="allreduce_dp", log_every=5)
+    meter = StepMeter.from_context("samples", ctx, total_steps=args.steps, description="allreduce_dp", log_every=5)
     for _ in range(args.steps):
         x_all = torch.randn(global_batch, args.dim, generator=gen, device=dev)
         x = x_all[lo:hi]

@@ -182,3 +182,18 @@ def test_each_rank_draws_its_own_random_numbers(_server_started_elsewhere):
     first, second = run_on_ranks(_draws, 2)
     assert all(a != b for a, b in zip(first, second, strict=True)), (first, second)
 
+
+
+def _context_seen() -> dict:
+    ctx = mg.run_context()
+    return {"run_dir": ctx.run_dir, "timeout_s": ctx.timeout_s, "scaling": ctx.scaling}
+
+
+def test_the_ranks_read_the_run_context_they_are_given(_server_started_elsewhere, tmp_path):
+    """``run_on_ranks(..., ctx=RunContext(...))`` hands every rank that context, as the launcher's run file would
+    (the GPU tests share one GPU between ranks this way)."""
+    from multigpu.runtime.context import RunContext
+
+    ctx = RunContext(run_dir=str(tmp_path), timeout_s=42.0, scaling="weak")
+    assert run_on_ranks(_context_seen, 2, ctx=ctx) == [{"run_dir": str(tmp_path), "timeout_s": 42.0,
+                                                          "scaling": "weak"}] * 2

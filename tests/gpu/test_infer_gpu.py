@@ -58,7 +58,7 @@ def test_cuda_output_matches_one_cpu_rank_and_two_gpu_ranks():
     assert cuda.device.type == "cpu" and cuda.shape == (1, 3, 333, 410)
     assert torch.allclose(cuda, cpu, rtol=1e-4, atol=1e-5), (cuda - cpu).abs().max().item()
     placement = ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}} if torch.cuda.device_count() >= 2 else  # else --share-gpus
-                 {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")})
+                 {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "ctx": RunContext(isolated=True, pg_backend="gloo")})
     two = run_on_ranks(_ranks_body, 2, backend="cuda", **placement, timeout_s=300)[0]
     assert torch.equal(two, cuda), (two - cuda).abs().max().item()
 

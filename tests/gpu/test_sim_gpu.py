@@ -72,7 +72,7 @@ def test_spatial_split_over_two_gpu_ranks_matches_one_cpu_rank(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     placement = ({"env": {"CUDA_VISIBLE_DEVICES": "0,1"}} if torch.cuda.device_count() >= 2 else  # else --share-gpus
-                 {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")})
+                 {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "ctx": RunContext(isolated=True, pg_backend="gloo")})
     for strategy in ("spatial", "adaptive"):
         cfg = dataclasses.replace(SIR, strategy=strategy, rebalance_every=5)
         ranks = run_on_ranks(outcome, 2, args=(cfg,), backend="cuda", **placement, timeout_s=300)

@@ -35,8 +35,8 @@ LEARN = dataclasses.replace(EXACT, steps=30, lr=1e-2, prefetch=2)
 # placements of 2 spawned ranks (run_on_ranks' env and run context, as the launcher would give them):
 # NCCL on 2 GPUs, gloo sharing GPU 0 (--share-gpus), hybrid GPU + CPU (--allow-cpu-ranks)
 NCCL_2 = {"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}
-SHARED_1 = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(isolated=True, pg_backend="gloo")}
-HYBRID = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "run": RunContext(allow_cpu_ranks=True, hybrid=True)}
+SHARED_1 = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "ctx": RunContext(isolated=True, pg_backend="gloo")}
+HYBRID = {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "ctx": RunContext(allow_cpu_ranks=True, hybrid=True)}
 
 
 def _gpus() -> int:

@@ -44,14 +44,14 @@ def test_sharing_over_gloo_pins_ranks_round_robin():
     assert plan.nproc_per_node == 3 and plan.gpu_ids == ["4", "5", "4"]
     assert plan.isolated and plan.shared and plan.env["MULTIGPU_DEVICE_MAP"] == "4,5,4"
     assert "CUDA_VISIBLE_DEVICES" not in plan.env and not plan.hybrid and "share 2 GPU(s)" in plan.note
-    run = run_context_for(LaunchConfig(nproc_per_node=3, share_gpus=True), plan)
-    assert run.pg_backend == "gloo" and run.isolated  # what every rank reads from the run file
+    ctx = run_context_for(LaunchConfig(nproc_per_node=3, share_gpus=True), plan)
+    assert ctx.pg_backend == "gloo" and ctx.isolated  # what every rank reads from the run file
     # each worker then sees its own GPU (all four variables) and computes on cuda:0 over gloo
     assert [worker_device_env(plan.env, r)["CUDA_VISIBLE_DEVICES"] for r in range(3)] == ["4", "5", "4"]
     facts_in_rank = DeviceFacts(cuda_count=1, isolated=True)
     device = select_device("auto", 2, facts_in_rank)
     assert device == torch.device("cuda", 0)
-    assert choose_backend(device, 3, facts_in_rank, run.pg_backend) == "gloo"
+    assert choose_backend(device, 3, facts_in_rank, ctx.pg_backend) == "gloo"
 
 
 def test_explicit_cpu_ranks_win_over_sharing_and_enough_gpus_change_nothing():

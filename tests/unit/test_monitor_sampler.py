@@ -76,8 +76,8 @@ def test_a_plain_step_meter_starts_nothing(tmp_path):
 
 
 def test_profile_in_the_run_context_makes_the_meter_write_a_trace_for_its_window(tmp_path):
-    run = RunContext(run_dir=str(tmp_path), profile=True, profile_steps=(1, 1, 2), sample_interval_s=0.1)
-    meter = StepMeter.from_context("items", run, progress=False)
+    ctx = RunContext(run_dir=str(tmp_path), profile=True, profile_steps=(1, 1, 2), sample_interval_s=0.1)
+    meter = StepMeter.from_context("items", ctx, progress=False)
     for _ in range(5):
         with meter.step(items=4):
             torch.mm(torch.ones(64, 64), torch.ones(64, 64))

@@ -59,16 +59,16 @@ class Launcher:
         self.devices = {n: plan_devices(c, facts) for n, c in configs.items()} if not target.workload else {}
         self.configs = configs
 
-    def __call__(self, n: int, run) -> None:
-        """Run at ``n`` processes per node with the run context ``run``, and wait."""
+    def __call__(self, n: int, ctx) -> None:
+        """Run at ``n`` processes per node with the run context ``ctx``, and wait."""
         if self.target.workload:
             from multigpu.jobs.command import launch_job
 
-            launch_job(self.jobs[n], run)
+            launch_job(self.jobs[n], ctx)
         else:
             from multigpu.launch import launch
 
-            launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run,
+            launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, ctx=ctx,
                    devices=self.devices[n], require_group=True)  # N copies of a script measure nothing
 
 
@@ -217,15 +217,15 @@ def run_bench(
                 run_dir = out_dir / f"np{n}_r{k}"
                 if on_run:
                     on_run(n, k, run_dir)
-                run = RunContext(run_dir=str(run_dir.resolve()), scaling=bench.scaling,
+                ctx = RunContext(run_dir=str(run_dir.resolve()), scaling=bench.scaling,
                                  record_wall=not target.workload)
                 try:
-                    launcher(n, run)
+                    launcher(n, ctx)
                 except MultigpuError:
                     print(f"multigpu bench: the run at {n} rank(s) (repeat {k + 1}) failed; its folder: {run_dir}",
                           file=sys.stderr)
                     raise
-                summary = _read_summary(run_dir, n, run.problem_scale(n * cfg.nnodes))
+                summary = _read_summary(run_dir, n, ctx.problem_scale(n * cfg.nnodes))
                 result = {"world_size": summary.get("world_size", n * cfg.nnodes), "nproc_per_node": n,
                           "repeat": k, "run_dir": run_dir.name, "summary": summary, "cpu": cpu_usage(run_dir)}
                 result["doubts"] = doubts(result, cores)

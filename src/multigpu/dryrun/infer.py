@@ -31,7 +31,7 @@ def examine(cfg, plan, rank: int, report: Report) -> None:
         infos = [io.probe(p) for p in cfg.inputs] if cfg.inputs else [io.ImageInfo("<demo photo>", 3, DEMO_SIZE)]
         ndim = len(infos[0].size)  # 2 (images) or 3 (volumes); the workload's check refuses a mix
         roi, overlap = as_tuple(cfg.roi, ndim, "roi"), as_tuple(cfg.overlap, ndim, "overlap")
-        windows = WindowPlan([tuple(i.size) for i in infos] * plan.run.problem_scale(world), roi, overlap)
+        windows = WindowPlan([tuple(i.size) for i in infos] * plan.ctx.problem_scale(world), roi, overlap)
     except ConfigError as exc:
         report.errors.append(str(exc))
         return

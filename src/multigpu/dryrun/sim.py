@@ -20,7 +20,7 @@ def examine(cfg, plan, rank: int, report: Report) -> None:
     from multigpu.sim.partition import even_borders
 
     world = plan.world_size
-    agents = cfg.agents * plan.run.problem_scale(world)
+    agents = cfg.agents * plan.ctx.problem_scale(world)
     start, stop = shard_bounds(agents, rank, world)
     report.lines.append(f"model {cfg.model}, strategy {cfg.strategy}; {agents:,} agents")
     if cfg.strategy == "data":

@@ -162,7 +162,7 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
         return
     roi = cfg.roi * len(infos[0].size) if len(cfg.roi) == 1 else cfg.roi
     zoom = math.prod(o // r for o, r in zip(out_shape[1:], roi, strict=True))
-    copies = plan.run.problem_scale(plan.world_size)  # weak scaling repeats the image list
+    copies = plan.ctx.problem_scale(plan.world_size)  # weak scaling repeats the image list
     held = [i.channels * math.prod(i.size) * 4 for i in infos]  # float32, every image on every rank
     # read one after another: image k's decoding peak on top of the images read before it (io.ImageInfo.read_bytes)
     inputs = max(sum(held[:k]) + i.read_bytes() for k, i in enumerate(infos))
@@ -206,7 +206,7 @@ def check_outputs(cfg: InferConfig, run_dir: str | None) -> None:
 
 def check(cfg: InferConfig, plan: JobPlan) -> InferConfig:
     """The inputs and the model are usable; returns the config with absolute paths (the ranks may run elsewhere)."""
-    check_outputs(cfg, plan.run.run_dir)  # before anything is probed or built: names alone
+    check_outputs(cfg, plan.ctx.run_dir)  # before anything is probed or built: names alone
     infos, _channels, out_shape = check_inputs(cfg)
     check_windows(cfg, infos)
     check_memory(cfg, infos, out_shape, plan)

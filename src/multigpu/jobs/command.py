@@ -443,22 +443,22 @@ def create_run_dir(path: Path, fresh: bool) -> Path:
 
 
 # ----------------------------------------------------------------------------- the job
-def prepare(workload: Workload, config: Any, launch_cfg: LaunchConfig, run: RunContext, *,
+def prepare(workload: Workload, config: Any, launch_cfg: LaunchConfig, ctx: RunContext, *,
             spec: str | None = None, facts: HostFacts | None = None) -> Job:
     """Plan the devices (once) and run the workload's ``check``. Writes nothing, starts nothing."""
     devices = plan_devices(launch_cfg, facts or HostFacts.probe())
-    plan = JobPlan(launch_cfg, devices, devices.nproc_per_node * launch_cfg.nnodes, run)
+    plan = JobPlan(launch_cfg, devices, devices.nproc_per_node * launch_cfg.nnodes, ctx)
     if workload.check is not None:
         config = workload.check(config, plan) or config
     return Job(workload, spec or workload.name, config, plan)
 
 
-def launch_job(job: Job, run: RunContext | None = None) -> None:
-    """Launch the checked job; ``run`` replaces the run context it was checked with (bench, verify). Its
+def launch_job(job: Job, ctx: RunContext | None = None) -> None:
+    """Launch the checked job; ``ctx`` replaces the run context it was checked with (bench, verify). Its
     ``run.json`` also keeps the world size it is launched at (what a resume compares with: :func:`say_resized`)."""
     from multigpu.launch.agent import launch
 
-    launch(job.plan.launch, RANK_ENTRY, [], module=True, devices=job.plan.devices, run=run or job.plan.run,
+    launch(job.plan.launch, RANK_ENTRY, [], module=True, devices=job.plan.devices, ctx=ctx or job.plan.ctx,
            job={"workload": job.spec, "config": to_dict(job.config), "world_size": job.plan.world_size})
 
 
@@ -583,8 +583,8 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
     fresh_only = args.resume is None and launch_cfg.nnodes == 1
     if fresh_only:
         rundir.refuse_used(run_dir, hint=_USED_HINT)
-    run = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
-    job = prepare(workload, cfg, launch_cfg, run, spec=spec)  # bad input ends here: nothing written yet
+    ctx = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
+    job = prepare(workload, cfg, launch_cfg, ctx, spec=spec)  # bad input ends here: nothing written yet
     if args.resume is not None:  # a folder of progress files continued: the same design (the checked config's)
         from multigpu.checkpoint.resume import planned
 
@@ -617,8 +617,8 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
             print(f"multigpu {workload.name}: --resume auto continues {run_dir}", flush=True)
         command = resume_command(getattr(args, "_argv", None), run_dir.resolve(), launch_cfg.nnodes) \
             if workload.resumable else None
-        job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, run=dataclasses.replace(
-            run, run_dir=str(run_dir.resolve()), resume_command=command)))
+        job = dataclasses.replace(job, plan=dataclasses.replace(job.plan, ctx=dataclasses.replace(
+            ctx, run_dir=str(run_dir.resolve()), resume_command=command)))
         if workload.launch is not None:
             code = workload.launch(job)
             if code is not None:

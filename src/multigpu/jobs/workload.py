@@ -31,13 +31,15 @@ __all__ = ["Flag", "JobPlan", "Workload"]
 
 @dataclass(frozen=True)
 class JobPlan:
-    """What ``check`` may rely on: the launch, this node's device plan (made once), the world size, the run."""
+    """What ``check`` may rely on: the launch, this node's device plan (made once), the world size, the run
+    context."""
 
     launch: LaunchConfig
     devices: DevicePlan
     world_size: int
     """Ranks in the whole job (``nproc_per_node × nnodes``)."""
-    run: RunContext
+    ctx: RunContext
+    """The run context (run directory, resume, scaling): the one ``main(cfg, ctx)`` gets in every rank."""
 
     @property
     def device_types(self) -> list[str]:

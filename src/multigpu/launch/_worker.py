@@ -487,10 +487,10 @@ def _run_file() -> dict:
 
 def _wall_file(run_file: dict) -> str | None:
     """``<run_dir>/wall/rank<R>.json`` when the run context asks for the script's wall time, else None."""
-    run = run_file.get("run", {})
-    if not isinstance(run, dict) or not run.get("record_wall") or not run.get("run_dir"):
+    ctx = run_file.get("run", {})  # the run context, as a dict
+    if not isinstance(ctx, dict) or not ctx.get("record_wall") or not ctx.get("run_dir"):
         return None
-    return os.path.join(run["run_dir"], "wall", f"rank{os.environ.get('RANK', '0')}.json")
+    return os.path.join(ctx["run_dir"], "wall", f"rank{os.environ.get('RANK', '0')}.json")
 
 
 def _timed(target, wall_file: str | None):
@@ -540,8 +540,8 @@ def _leave_within(run_file: dict, rank: str) -> None:
     import faulthandler
     import time
 
-    run = run_file.get("run", {}) if isinstance(run_file.get("run"), dict) else {}
-    seconds = next((float(v) for v in (run.get("stall_timeout_s"), run.get("timeout_s"))
+    ctx = run_file.get("run", {}) if isinstance(run_file.get("run"), dict) else {}  # the run context, as a dict
+    seconds = next((float(v) for v in (ctx.get("stall_timeout_s"), ctx.get("timeout_s"))
                     if isinstance(v, (int, float)) and v > 0), LEAVE_DEFAULT_S)
     where = _STACK_FILE.name if _STACK_FILE is not None else "its stderr"
     message = (f"rank {rank}: its script ended, but the process did not exit within {seconds:g} s (--stall-timeout-s, "

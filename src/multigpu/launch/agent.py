@@ -1,6 +1,6 @@
 """Start the job through torchrun's elastic agent and summarise failures (runs in the launcher).
 
-``launch(cfg, target, args, run=..., job=...)`` resolves devices
+``launch(cfg, target, args, ctx=..., job=...)`` resolves devices
 (``devices.plan_devices``, unless the caller already did), writes the run file
 (``run.json``: the workload and its config, if any, and the run context the
 ranks read through :mod:`multigpu.runtime.context`), builds torch's
@@ -102,14 +102,14 @@ def _check_target(target: str, module: bool) -> None:
 
 
 
-def run_context_for(cfg: LaunchConfig, devices: DevicePlan, run: RunContext | None = None) -> RunContext:
+def run_context_for(cfg: LaunchConfig, devices: DevicePlan, ctx: RunContext | None = None) -> RunContext:
     """The command's run context completed with what the launcher flags and the device plan decided."""
-    run = run or RunContext()
+    ctx = ctx or RunContext()
     return dataclasses.replace(
-        run, timeout_s=cfg.timeout_s, stall_timeout_s=cfg.stall_timeout_s, profile=cfg.profile or run.profile,
+        ctx, timeout_s=cfg.timeout_s, stall_timeout_s=cfg.stall_timeout_s, profile=cfg.profile or ctx.profile,
         profile_steps=cfg.profile_steps, sample_interval_s=cfg.sample_interval_s,
         isolated=devices.isolated, allow_cpu_ranks=cfg.allow_cpu_ranks, hybrid=devices.hybrid,
-        pg_backend="gloo" if devices.shared else run.pg_backend, elastic=cfg.elastic or run.elastic,
+        pg_backend="gloo" if devices.shared else ctx.pg_backend, elastic=cfg.elastic or ctx.elastic,
     )
 
 
@@ -121,29 +121,29 @@ def build_plan(
     module: bool = False,
     facts: HostFacts | None = None,
     devices: DevicePlan | None = None,
-    run: RunContext | None = None,
+    ctx: RunContext | None = None,
     job: dict | None = None,
 ) -> LaunchPlan:
     """Everything ``launch`` will do, without doing it (pure apart from probing devices).
 
     Args:
         devices: The device plan, when the caller made it already (it is made once per job).
-        run: The run context (run directory, resume, scaling, ...); the launcher flags fill in the rest.
+        ctx: The run context (run directory, resume, scaling, ...); the launcher flags fill in the rest.
         job: ``{"workload": name, "config": {...}}`` for a workload run by the rank entry point.
     """
     _check_target(target, module)
     host, port = parse_endpoint(cfg.rdzv_endpoint, nnodes=cfg.nnodes)
     secret_from_env(cfg.nnodes)  # several nodes without a shared secret: refused before anything is written
     devices = devices or plan_devices(cfg, facts or HostFacts.probe())
-    run = run_context_for(cfg, devices, run)
+    ctx = run_context_for(cfg, devices, ctx)
     if cfg.log_dir:
         log_dir = cfg.log_dir
-    elif run.run_dir:
-        log_dir = str(Path(run.run_dir) / "logs")
+    elif ctx.run_dir:
+        log_dir = str(Path(ctx.run_dir) / "logs")
     else:
         log_dir = tempfile.mkdtemp(prefix="multigpu_logs_")
     _private_folder(log_dir)  # before torch's DefaultLogsSpecs below makes it (0755)
-    run_file = Path(run.run_dir or log_dir) / "run.json"
+    run_file = Path(ctx.run_dir or log_dir) / "run.json"
     env = dict(devices.env)
     env[envvars.STACKS_DIR] = str(Path(log_dir) / "stacks")
     env[envvars.RUN_FILE] = str(run_file.resolve())
@@ -167,7 +167,7 @@ def build_plan(
         interface = gloo_interface(os.environ["NCCL_SOCKET_IFNAME"], _host_interfaces())
         if interface:
             env["GLOO_SOCKET_IFNAME"] = interface
-    if is_nccl_job(devices, run.pg_backend):
+    if is_nccl_job(devices, ctx.pg_backend):
         env.update(nccl_flight_recorder(log_dir))
     rdzv_configs: dict[str, object] = dict(cfg.rdzv_conf)
     rdzv_configs["is_host"] = hosts_store(cfg.nnodes, cfg.node_rank, cfg.rdzv_conf)
@@ -189,7 +189,7 @@ def build_plan(
     worker_args = ["-u", _worker.__file__, *(["-m"] if module else []), target, *args]
     # the user's umask: a user's script gets it back (the worker wrapper sets it); a built-in workload keeps 0077
     # for its run folder and gives it to the outputs the user names (files.user_made)
-    run_data = {"workload": None, "config": None, **(job or {}), "run": run.to_dict(), "umask": user_umask()}
+    run_data = {"workload": None, "config": None, **(job or {}), "run": ctx.to_dict(), "umask": user_umask()}
     if devices.gpu_ranks is not None:
         run_data["gpu_ranks"] = devices.gpu_ranks  # a hybrid job: the worker wrapper hides GPUs from the rest
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
@@ -550,13 +550,13 @@ def launch(
     module: bool = False,
     facts: HostFacts | None = None,
     devices: DevicePlan | None = None,
-    run: RunContext | None = None,
+    ctx: RunContext | None = None,
     job: dict | None = None,
     require_group: bool = False,
 ) -> LaunchPlan:
     """Run ``target`` on every worker of this node and wait. Returns the plan it ran.
 
-    ``devices``, ``run`` and ``job`` as in :func:`build_plan`. A job of several ranks none of which joined
+    ``devices``, ``ctx`` and ``job`` as in :func:`build_plan`. A job of several ranks none of which joined
     a process group ran as independent copies of the script: one line says so at the end, and with
     ``require_group`` (``bench``, ``verify``: their figures would be meaningless) it is an error.
 
@@ -570,7 +570,7 @@ def launch(
     """
     with nodes.joined(cfg) as session:
         return _launch(nodes.placed(cfg, session), target, args, module=module, facts=facts, devices=devices,
-                       run=run, job=job, require_group=require_group)
+                       ctx=ctx, job=job, require_group=require_group)
 
 
 def _start_beats(cfg: LaunchConfig, plan: LaunchPlan):
@@ -629,17 +629,17 @@ def _held(cfg: LaunchConfig):
 
 
 def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool, facts: HostFacts | None,
-            devices: DevicePlan | None, run: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
+            devices: DevicePlan | None, ctx: RunContext | None, job: dict | None, require_group: bool) -> LaunchPlan:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError as TorchRdzvTimeout
 
     started = time.time()
-    own_logs = bool(cfg.log_dir) and not (run is not None and run.run_dir)  # the job's run.json goes there
+    own_logs = bool(cfg.log_dir) and not (ctx is not None and ctx.run_dir)  # the job's run.json goes there
     if own_logs:
         from multigpu.jobs import rundir
 
         rundir.refuse_run_folder(cfg.log_dir)  # a workload run's folder: its run.json would be replaced
-    plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)
+    plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, ctx=ctx, job=job)
     world_size = plan.devices.nproc_per_node * cfg.nnodes
     dump = nccl_dump_prefix(plan.env) if is_nccl_job(plan.devices, plan.run_data["run"].get("pg_backend")) else None
     if dump:

@@ -255,13 +255,13 @@ class StepMeter:
         self._watched = 0  # steps given to the straggler watch so far
 
     @classmethod
-    def from_context(cls, unit: str = "items", run: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
-        """A meter for the launcher's run (``run``, default this rank's context): its run directory, the node's
+    def from_context(cls, unit: str = "items", ctx: context.RunContext | None = None, **kwargs: Any) -> StepMeter:
+        """A meter for the launcher's run (its context ``ctx``, default this rank's): its run directory, the node's
         device sampler (started here, on every rank) and ``--profile``'s profiler. ``kwargs`` as the constructor."""
-        run = run or context.current()
-        run_dir = Path(run.run_dir) if run.run_dir is not None else None
-        started = _sampler.start_for_rank(run_dir, run.sample_interval_s) if run_dir is not None else None
-        return cls(unit, run_dir=run_dir, sampler=started, profiler=profile.profiler_for(run, run_dir), **kwargs)
+        ctx = ctx or context.current()
+        run_dir = Path(ctx.run_dir) if ctx.run_dir is not None else None
+        started = _sampler.start_for_rank(run_dir, ctx.sample_interval_s) if run_dir is not None else None
+        return cls(unit, run_dir=run_dir, sampler=started, profiler=profile.profiler_for(ctx, run_dir), **kwargs)
 
     def add_comm(self, seconds: float | None) -> None:
         """Count ``seconds`` of communication done outside multigpu's collectives in the current step.

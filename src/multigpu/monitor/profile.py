@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from multigpu.files import atomic_path
+
+if TYPE_CHECKING:
+    from multigpu.runtime.context import RunContext
 
 __all__ = ["StepProfiler", "parse_window", "profiler_for"]
 
@@ -74,9 +78,9 @@ class StepProfiler:
             self._prof = None
 
 
-def profiler_for(run, run_dir: Path | None) -> StepProfiler | None:
-    """A :class:`StepProfiler` for this rank when the run context ``run`` asks for ``--profile``, else None."""
-    if not run.profile:
+def profiler_for(ctx: RunContext, run_dir: Path | None) -> StepProfiler | None:
+    """A :class:`StepProfiler` for this rank when the run context ``ctx`` asks for ``--profile``, else None."""
+    if not ctx.profile:
         return None
     from multigpu.runtime import group
 
@@ -84,4 +88,4 @@ def profiler_for(run, run_dir: Path | None) -> StepProfiler | None:
         if group.rank() == 0:
             print("multigpu: --profile needs a run directory; no trace written", file=sys.stderr)
         return None
-    return StepProfiler(Path(run_dir) / "profile" / f"rank{group.rank()}.json", run.profile_steps)
+    return StepProfiler(Path(run_dir) / "profile" / f"rank{group.rank()}.json", ctx.profile_steps)

@@ -45,7 +45,7 @@ def check(cfg: RLConfig, plan: JobPlan) -> None:
                        what=f"env.factory {cfg.env.factory!r}")
         finally:
             getattr(envs, "close", lambda: None)()
-    num_envs = cfg.num_envs * plan.run.problem_scale(plan.world_size)
+    num_envs = cfg.num_envs * plan.ctx.problem_scale(plan.world_size)
     if num_envs < plan.world_size:
         raise ConfigError(f"rl.num_envs={num_envs} leaves a rank without environments; valid: num_envs >= "
                           f"{plan.world_size} (the world size)")

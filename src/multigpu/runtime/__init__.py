@@ -1,7 +1,11 @@
 """The runtime: code that runs inside each rank. Depends only on torch and ``multigpu.errors``.
 
 Glossary: *shard* = this rank's slice of the data; *rank* = global process
-index; *local_rank* = index on this node; *world_size* = processes in the job.
+index; *local_rank* = index on this node; *world_size* = processes in the job;
+*run* = one execution of a workload (its folder, its ``run.json``): its context
+is a :class:`~multigpu.runtime.context.RunContext`, named ``ctx`` wherever it is
+held, and :class:`multigpu.run.Run` carries it over time. The runtime is not
+the run: it is the API every rank calls, whatever runs.
 """
 
 from multigpu.runtime.collectives import (

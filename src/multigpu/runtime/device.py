@@ -17,11 +17,14 @@ CUDA, gloo otherwise (a hybrid job uses gloo on every rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from multigpu.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:
+    from multigpu.runtime.context import RunContext
 
 __all__ = ["DeviceFacts", "choose_backend", "select_device", "BACKENDS"]
 
@@ -46,20 +49,20 @@ class DeviceFacts:
     ``local_rank % cuda_count`` instead of failing."""
 
     @classmethod
-    def probe(cls, run=None) -> DeviceFacts:
-        """What torch sees here, plus the launcher's decisions from the run context (``run``: a RunContext)."""
-        if run is None:
+    def probe(cls, ctx: RunContext | None = None) -> DeviceFacts:
+        """What torch sees here, plus the launcher's decisions from the run context (``ctx``: a RunContext)."""
+        if ctx is None:
             from multigpu.runtime import context
 
-            run = context.current()
+            ctx = context.current()
         mps = getattr(torch.backends, "mps", None)
         return cls(
             cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
             mps_available=bool(mps and mps.is_available()),
-            isolated=run.isolated,
-            allow_cpu_ranks=run.allow_cpu_ranks,
-            hybrid=run.hybrid,
-            share_gpus=run.pg_backend == "gloo",
+            isolated=ctx.isolated,
+            allow_cpu_ranks=ctx.allow_cpu_ranks,
+            hybrid=ctx.hybrid,
+            share_gpus=ctx.pg_backend == "gloo",
         )
 
 

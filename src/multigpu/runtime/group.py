@@ -149,8 +149,8 @@ def _seed_all(seed: int) -> None:
         pass
 
 
-def _resolve_timeout(timeout_s: float | None, run: context.RunContext) -> float:
-    value = timeout_s if timeout_s is not None else run.timeout_s if run.timeout_s is not None else DEFAULT_TIMEOUT_S
+def _resolve_timeout(timeout_s: float | None, ctx: context.RunContext) -> float:
+    value = timeout_s if timeout_s is not None else ctx.timeout_s if ctx.timeout_s is not None else DEFAULT_TIMEOUT_S
     if not value > 0:
         raise ConfigError(f"timeout_s={value} must be > 0 seconds")
     return context.clamp_timeout(value)  # longer: torch's and gloo's clocks overflow (context.MAX_TIMEOUT_S)
@@ -205,12 +205,12 @@ def init(
         return _ENV
 
     placement = read_placement()
-    run = context.current()
-    facts = DeviceFacts.probe(run)
+    ctx = context.current()
+    facts = DeviceFacts.probe(ctx)
     dev = select_device(backend, placement.local_rank, facts)
     as_ranks = 2 if _GROUP_OF_ONE and placement.world_size == 1 else placement.world_size
-    pg_backend = choose_backend(dev, as_ranks, facts, run.pg_backend)
-    _TIMEOUT_S = _resolve_timeout(timeout_s, run)
+    pg_backend = choose_backend(dev, as_ranks, facts, ctx.pg_backend)
+    _TIMEOUT_S = _resolve_timeout(timeout_s, ctx)
 
     torch.set_num_threads(thread_budget(placement.local_world_size, threads))
     if dev.type == "cuda":
@@ -224,8 +224,8 @@ def init(
         _torch_group_of_one(dev)
     if pg_backend == "nccl":
         _MONITOR_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=_TIMEOUT_S))
-    if run.stall_timeout_s is not None:
-        watchdog.start(placement.rank, run.stall_timeout_s)
+    if ctx.stall_timeout_s is not None:
+        watchdog.start(placement.rank, ctx.stall_timeout_s)
 
     _ENV = DistEnv(
         rank=placement.rank,

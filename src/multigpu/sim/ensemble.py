@@ -41,7 +41,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from multigpu.runtime import collectives, group, watchdog
 from multigpu.sim.bands import Bands, Running
 from multigpu.sim.config import SimConfig
 from multigpu.sim.design import Point, design_points, next_counts, read_sweep_file, replicate_seed
+
+if TYPE_CHECKING:
+    from multigpu.runtime.context import RunContext
 
 __all__ = ["EnsembleResult", "ensemble_points", "manifest_of", "point_configs", "run_ensemble", "series_names"]
 
@@ -319,20 +322,20 @@ def bands_title(cfg: SimConfig, replicates: int) -> str:
 
 
 def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: str | bool | None = None, log=None,
-                 run=None, progress: bool = False) -> EnsembleResult | None:
+                 ctx: RunContext | None = None, progress: bool = False) -> EnsembleResult | None:
     """Run the ensemble ``cfg.ensemble`` of the simulation ``cfg``. Call on all ranks.
 
     Args:
         cfg: The simulation; its ``ensemble`` says how many replicates, which sweep, when to stop.
         run_dir: Where rank 0 writes ``ensemble/`` (see :mod:`multigpu.sim.ensemble_store`); None: the
             replicates are kept in memory and nothing is written.
-        resume: Without ``run`` (a plain script): "auto" (True means the same) continues the ensemble in
+        resume: Without ``ctx`` (a plain script): "auto" (True means the same) continues the ensemble in
             ``run_dir`` (its replicates are kept, the others run; none there yet: a new one), a path continues
             another run's ensemble folder in ``run_dir``, and a worker group restarted by the launcher continues
             whatever this says; the rule every workload resumes by
-            (:func:`multigpu.checkpoint.resume.decide`). With ``run``, its decision (``resume_from``) is used.
+            (:func:`multigpu.checkpoint.resume.decide`). With ``ctx``, its decision (``resume_from``) is used.
         log: Rank 0's printer (default: print).
-        run: The run context (the job's ``ctx``): with it, a StepMeter times every wave (agent-steps) and
+        ctx: The run context (the job's): with it, a StepMeter times every wave (agent-steps) and
             writes ``<run_dir>/summary.json``, the figures ``multigpu bench`` reads; None: no meter.
         progress: Show the meter's progress bar (a terminal only).
 
@@ -354,11 +357,12 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: s
     # the callbacks after it; an ensemble writes no checkpoints (its replicates are its progress, read from its
     # folder) and finds its length as it goes, so it ends each step itself (end_step)
     progress_now = Wave(step=0, replicates=0)
-    ctx = (dataclasses.replace(run, run_dir=str(run_dir) if run_dir else None) if run is not None else
+    metered = ctx is not None  # a job's: timed, with a summary.json
+    ctx = (dataclasses.replace(ctx, run_dir=str(run_dir) if run_dir else None) if metered else
            script_context(run_dir, "auto" if resume is True else resume or None))
     harness = Run(ctx, {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks, progress=progress,
                   unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress_folder=FOLDER)
-    meter = harness.meter if run is not None else None
+    meter = harness.meter if metered else None
     book = _open(cfg, points, configs, names, root, harness.resume_from if root is not None else None, log)
     split = cfg.ensemble.split
     per_rank, batch = _wave_size(cfg, configs)

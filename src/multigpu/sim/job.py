@@ -29,7 +29,7 @@ __all__ = ["WORKLOAD", "check", "main"]
 
 
 def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
-    resume = plan.run.resume
+    resume = plan.ctx.resume
     if resume not in (None, "auto"):
         from multigpu.checkpoint import CorruptCheckpointError, check_resume_path
 
@@ -69,7 +69,7 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
             more = ("; or ensemble.split=agents (each replicate split over every rank)"
                     if whole and "does not fit" in str(exc) else "")
             raise ConfigError(f"{point.where}{exc}{more}") from None
-    if plan.run.resume:
+    if plan.ctx.resume:
         _check_continued(cfg, plan, points, configs)
     return cfg
 
@@ -83,10 +83,10 @@ def _check_continued(cfg: SimConfig, plan: JobPlan, points, configs) -> None:
     from multigpu.sim.ensemble import manifest_of, series_names
     from multigpu.sim.ensemble_store import check_folder, check_no_orphans
 
-    target = planned(plan.run.resume, plan.run.run_dir, progress=FOLDER)
+    target = planned(plan.ctx.resume, plan.ctx.run_dir, progress=FOLDER)
     if target is None or not is_progress(target, FOLDER):
-        if plan.run.resume == "auto" and plan.run.run_dir:
-            check_no_orphans(Path(plan.run.run_dir) / FOLDER)
+        if plan.ctx.resume == "auto" and plan.ctx.run_dir:
+            check_no_orphans(Path(plan.ctx.run_dir) / FOLDER)
         return
     check_design(target, manifest_of(cfg, points, configs))
     check_folder(target, [(series_names(c), c.steps) for c in configs], cfg.ensemble.replicates)
@@ -118,8 +118,8 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
                               "a .npz or .parquet file, or a folder (one .npy per field)")
         if target.suffix == ".parquet":
             population.import_pyarrow()  # an install hint now, not after the run
-        if not target.is_absolute() and plan.run.run_dir:
-            target = Path(plan.run.run_dir) / target  # where the ranks will write it (sim.runner)
+        if not target.is_absolute() and plan.ctx.run_dir:
+            target = Path(plan.ctx.run_dir) / target  # where the ranks will write it (sim.runner)
         population.check_target(target, get_model(cfg.model).fields)  # never replace what we did not write
     if cfg.calibrate.target:
         from multigpu.sim.calibration import read_target, target_columns
@@ -156,7 +156,7 @@ def _check_fits(cfg: SimConfig, plan: JobPlan) -> None:
     from multigpu.launch.devices import format_bytes
     from multigpu.sim.config import MAX_AGENTS, WORKING_BYTES_FACTOR
 
-    scale = plan.run.problem_scale(plan.world_size)
+    scale = plan.ctx.problem_scale(plan.world_size)
     agents = cfg.agents * scale
     weak = f" × {scale} ranks (weak scaling) = {agents:_}" if scale > 1 else ""
     if agents > MAX_AGENTS:
@@ -215,7 +215,7 @@ def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
     if scale > 1:
         cfg = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble,
                                                                     replicates=cfg.ensemble.replicates * scale))
-    result = run_ensemble(cfg, run_dir=ctx.run_dir, run=ctx, progress=True)
+    result = run_ensemble(cfg, run_dir=ctx.run_dir, ctx=ctx, progress=True)
     if result is not None:
         print("\n".join(report(result)), flush=True)
     return 0

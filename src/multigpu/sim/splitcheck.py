@@ -230,7 +230,7 @@ def launch_check(job) -> int | None:
         raise ConfigError("--check-split runs on one machine (1 and 2 ranks); drop --nnodes")
     small = small_config(cfg)
     names = strategies(small)
-    root = Path(job.plan.run.run_dir)
+    root = Path(job.plan.ctx.run_dir)
     print(f"multigpu sim --check-split: at {small.agents:,} agents and {small.steps} steps ({check_sizes(cfg)[2]})",
           file=sys.stderr, flush=True)
     results = {}

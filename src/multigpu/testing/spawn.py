@@ -35,9 +35,12 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multigpu.errors import RankFailedError
+
+if TYPE_CHECKING:
+    from multigpu.runtime.context import RunContext
 
 __all__ = ["run_on_ranks"]
 
@@ -113,13 +116,13 @@ _PRELOAD = ["torch", "torch.distributed", "multigpu", "multigpu.testing.spawn"]
 """What the forkserver imports once, so that no rank pays for it: nothing here touches a GPU or starts a thread."""
 
 
-def _context():
+def _mp_context():
     """The forkserver context with torch preloaded (its server starts once per parent process), else spawn."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts; ignored after
-    return ctx
+    mp_ctx = mp.get_context("forkserver")
+    mp_ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts; ignored after
+    return mp_ctx
 
 
 def _stdio() -> tuple:
@@ -148,7 +151,7 @@ def run_on_ranks(
     env: dict[str, str] | None = None,
     threads: int = 1,
     backend: str = "cpu",
-    run=None,
+    ctx: RunContext | None = None,
     group_of_one: bool = False,
     startup_timeout_s: float = 120.0,
 ) -> list[Any]:
@@ -166,8 +169,8 @@ def run_on_ranks(
         threads: CPU threads per rank.
         backend: ``multigpu.init(backend=...)`` in each rank: "cpu" (default; the ranks see
             no GPU), or "auto"/"cuda" for GPU ranks, placed by ``env`` (e.g.
-            ``{"CUDA_VISIBLE_DEVICES": "0,1"}``) and ``run``.
-        run: The :class:`~multigpu.runtime.context.RunContext` the ranks read, as the launcher would
+            ``{"CUDA_VISIBLE_DEVICES": "0,1"}``) and ``ctx``.
+        ctx: The :class:`~multigpu.runtime.context.RunContext` the ranks read, as the launcher would
             give it (e.g. ``RunContext(isolated=True, pg_backend="gloo")`` for ranks sharing one GPU).
         group_of_one: With ``world_size=1``: create a real process group of one rank (NCCL with
             ``backend="cuda"``, else gloo), so collectives and point-to-point exchanges take their
@@ -181,19 +184,19 @@ def run_on_ranks(
     """
     if group_of_one and world_size != 1:
         raise ValueError(f"group_of_one=True needs world_size=1, got {world_size}")
-    ctx = _context()
-    results = ctx.Queue()
+    mp_ctx = _mp_context()
+    results = mp_ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="multigpu_ranks_") as store_dir:
-        if run is not None:
+        if ctx is not None:
             import json
 
             from multigpu.runtime.context import RUN_FILE_VAR
 
             run_file = Path(store_dir) / "run.json"
-            run_file.write_text(json.dumps({"workload": None, "config": None, "run": run.to_dict()}))
+            run_file.write_text(json.dumps({"workload": None, "config": None, "run": ctx.to_dict()}))
             env = {**(env or {}), RUN_FILE_VAR: str(run_file)}
         procs = [
-            ctx.Process(
+            mp_ctx.Process(
                 target=_child,
                 args=(fn, args, kwargs or {}, r, world_size, store_dir, results, timeout_s,
                       collective_timeout_s or timeout_s, env or {}, threads, backend, dict(os.environ), _stdio(),

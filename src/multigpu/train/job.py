@@ -123,8 +123,8 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
         import_object("safetensors.torch:save_model", what="export=safetensors (pip install safetensors)")
     if cfg.strategy != "ddp":  # fsdp, hsdp
         _check_fsdp(cfg, plan)
-    if plan.run.resume not in (None, "auto"):
-        _check_resume_path(plan.run.resume)
+    if plan.ctx.resume not in (None, "auto"):
+        _check_resume_path(plan.ctx.resume)
     _check_resume_fits(cfg, plan)
     kept = _keep_global_batch(cfg, plan)
     _check_memory(kept or cfg, plan)
@@ -142,7 +142,7 @@ def _resume_target(plan: JobPlan) -> Path | None:
     rule the ranks decide by, :func:`multigpu.checkpoint.resume.planned`; they verify every byte of it)."""
     from multigpu.checkpoint.resume import planned
 
-    return planned(plan.run.resume, plan.run.run_dir)
+    return planned(plan.ctx.resume, plan.ctx.run_dir)
 
 
 def _keep_global_batch(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
@@ -345,7 +345,7 @@ def _datasets(cfg: TrainJobConfig):
 
 
 def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
-          run: RunContext | None = None):
+          ctx: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -372,7 +372,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=run)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=ctx)
     return trainer, model, train_set
 
 
@@ -474,7 +474,7 @@ def _kept_on_resize(cfg: TrainJobConfig, ctx: RunContext) -> TrainJobConfig:
 
     import multigpu as mg
 
-    plan = SimpleNamespace(world_size=mg.world_size(), run=SimpleNamespace(resume=ctx.resume_from,
+    plan = SimpleNamespace(world_size=mg.world_size(), ctx=SimpleNamespace(resume=ctx.resume_from,
                                                                                run_dir=ctx.run_dir))
     with contextlib.nullcontext() if mg.is_main() else contextlib.redirect_stdout(io.StringIO()):
         return _keep_global_batch(cfg, plan) or cfg
@@ -486,7 +486,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
     if ctx.elastic and ctx.resume_from:  # re-formed at another size: keep the global batch, as a resume does
         cfg = _kept_on_resize(cfg, ctx)
-    trainer, model, train_set = build(cfg, run_dir, run=ctx)
+    trainer, model, train_set = build(cfg, run_dir, ctx=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
