@@ -5,7 +5,7 @@ and ``multigpu.run.Run`` (the harness) is the only thing called ``run``.
 Read with ``ast`` over ``src/multigpu``, ``examples``, ``tests`` and ``benchmarks``: a parameter annotated ``RunContext``, a name bound to what
 makes or reads one (``RunContext(...)``, ``context.current()``, ``mg.run_context()``, ``script_context(...)``,
 ``run_context_for(...)``) and a keyword argument given one of those (also as a dict's key, for ``**kwargs``) are
-all named ``ctx``. Before, ``run`` meant a
+all named ``ctx``; a ``JobPlan``'s is ``plan.ctx``. Before, ``run`` meant a
 RunContext in the launcher (``launch(run=...)``, ``JobPlan.run``), the runtime (``run = context.current()``), the
 meters and the test harness, beside ``Run`` in the workloads.
 """
@@ -20,9 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [ROOT / "src" / "multigpu", ROOT / "examples", ROOT / "tests", ROOT / "benchmarks"]
 MAKERS = {"RunContext", "current", "run_context", "script_context", "run_context_for"}
-# Trainer(run=...) is renamed with the trainer's strategies (issue #47 item 2), on its own branch: the trainer's
-# names and the keyword its one caller gives it
-LEFT = {("train/trainer.py", "run"), ("train/job.py", "keyword of Trainer() 'run'")}
+# Trainer(run=...) and train/job.py's build(run=...), which hands it on, are renamed with the trainer's strategies
+# (issue #47 item 2), on their own branch
+LEFT = {("train/trainer.py", "run"), ("train/job.py", "run")}
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -70,6 +70,10 @@ def _misnamed(path: Path, source: str | None = None) -> list[str]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.isupper():
             if _is_context(node.annotation):
                 bad(node.target.id, node.lineno, "field or name")
+        elif isinstance(node, ast.Attribute) and node.attr == "run" and (
+                isinstance(node.value, ast.Name) and node.value.id == "plan"
+                or isinstance(node.value, ast.Attribute) and node.value.attr == "plan"):
+            found.append(f"{where}:{node.lineno}: JobPlan's run context is plan.ctx, not plan.run")
         elif isinstance(node, ast.Dict):  # keyword arguments given as a dict (``run_on_ranks(..., **SHARED)``)
             for key, value in zip(node.keys, node.values, strict=True):
                 if isinstance(key, ast.Constant) and isinstance(key.value, str) and _makes_context(value):
@@ -97,6 +101,7 @@ def test_a_run_context_is_always_called_ctx():
     ("launch(cfg, t, [], run=RunContext(run_dir='x'))\n", ["keyword of launch() 'run'"]),
     ("run_ensemble(cfg, run=ctx)\n", ["keyword of run_ensemble() 'run'"]),
     ("SHARED = {'env': {}, 'run': RunContext(isolated=True)}\n", ["key 'run'"]),
+    ("def check(cfg, plan):\n    return plan.run.resume, job.plan.run.run_dir\n", ["plan.ctx", "plan.ctx"]),
     ("def f(ctx: RunContext):\n    ctx = context.current()\n    run = Run(ctx)\n", []),
 ])
 def test_the_scan_finds_what_it_is_meant_to(source, expected):
