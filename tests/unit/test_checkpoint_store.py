@@ -199,6 +199,25 @@ def test_rotation_deletes_nothing_until_a_newer_checkpoint_is_valid(tmp_path):
     assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000005", "step_00000008", "step_00000009"]
 
 
+def test_rotation_with_keep_last_2_does_not_count_a_damaged_newer_checkpoint(tmp_path):
+    """keep_last=2, step 2 valid, step 3 damaged on disk, then step 4 saved: step 3 does not verify, so it must not
+    count as one of the two kept; step 2 stays and two valid checkpoints remain (4 and 2). A rotation that
+    trusted the unverified step 3 deleted step 2 and left one valid checkpoint (keep_last=1 cannot see this: the
+    checkpoint just written is always enough there)."""
+    store = _store(tmp_path, keep_last=2)
+    store.save(2, {"c": Counter(2)})
+    store.save(3, {"c": Counter(3)})
+    state = store.path_for(3) / "state.pt"
+    state.write_bytes(state.read_bytes()[:-1] + bytes([state.read_bytes()[-1] ^ 1]))  # same size, another checksum
+    store.save(4, {"c": Counter(4)})
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000002", "step_00000003", "step_00000004"]
+    with pytest.raises(CorruptCheckpointError):
+        store_module.verify(store.path_for(3))
+    store_module.verify(store.path_for(2))  # still whole: a resume past step 4's loss has it
+    store.save(5, {"c": Counter(5)})  # 5 and 4 valid and newer: now 2 goes; 3 (damaged, older) goes too
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000004", "step_00000005"]
+
+
 @pytest.mark.parametrize("entry, reason", [
     ({"bytes": "abc", "sha256": "0" * 64}, "records state.pt as"),
     ({"bytes": None, "sha256": "0" * 64}, "records state.pt as"),
