@@ -155,6 +155,35 @@ def test_choose_auto_path_and_restart(tmp_path):
 
 
 
+def test_an_elastic_start_before_any_restart_resumes_from_the_newest_checkpoint(tmp_path):
+    """An elastic job (``--nnodes MIN:MAX``) whose worker group torchrun re-forms because a node joined, before any
+    failure: the restart count is still 0, and without ``--resume``. It must continue from the run's newest valid
+    checkpoint like a restart, not start again from step 0 (the e2e harness always loses a node first, so it never
+    saw this). :func:`choose`, :func:`resolve` (the rank entry point's) and :func:`decide` alike."""
+    import dataclasses
+
+    from multigpu.checkpoint.resume import decide, resolve
+    from multigpu.runtime.context import RunContext
+
+    said: list[str] = []
+    run = tmp_path / "run"
+    assert choose(None, str(run), 0, say=said.append, elastic=True) is None  # the first start: nothing yet
+    assert resolve(None, str(run), restarts=0, elastic=True) is None
+    assert said == []
+    store = CheckpointStore(run / "checkpoints")
+    store.save(3, {"c": Counter(3)})
+    store.save(6, {"c": Counter(6)})
+    assert choose(None, str(run), 0, say=said.append, elastic=True) == store.path_for(6)
+    assert said == [f"elastic start: resuming from {store.path_for(6)}"]
+    assert choose(str(store.path_for(3)), str(run), 0, say=said.append, elastic=True) == store.path_for(6)
+    assert choose(None, str(run), 0, say=said.append) is None  # not elastic: a first start without --resume
+    assert resolve(None, str(run), restarts=0, elastic=True) == store.path_for(6)
+    assert resolve(None, str(run), restarts=0) is None
+    ctx = RunContext(run_dir=str(run), elastic=True)
+    assert decide(ctx).resume_from == str(store.path_for(6))
+    assert decide(dataclasses.replace(ctx, elastic=False)).resume_from is None
+
+
 # ----------------------------------------------------------------------------- rotation and damaged manifests
 def _plant(store, name="step_99999999", text="{}"):
     folder = store.directory / name
