@@ -24,17 +24,22 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # Two pytest workers (pytest-xdist): the end-to-end tests mostly wait on process start-up and deadlines,
-# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process. Hypothesis runs the same
+# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process. Each test file is one unit
+# of work (--dist loadscope: a module's fixtures are made once), handed out longest first (tests/conftest.py
+# orders the files by tests/durations.json; `pytest --record-durations` writes it). Hypothesis runs the same
 # examples every time (its "ci" profile, tests/conftest.py); the fault tests' random draws print their seed in
 # the header: FAULT_SEED=N draws them again.
 TEST_WORKERS ?= 2
 FAULT_SEED ?=
 TEST_FLAGS := --hypothesis-profile=ci $(if $(FAULT_SEED),--fault-seed $(FAULT_SEED))
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(TEST_FLAGS)
 
+# The pure tier (docs/testing.md): tests/unit and tests/fakecuda, without what spawns ranks, runs the command line
+# end to end or is marked slow.
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not dist and not e2e and not slow" $(TEST_FLAGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(TEST_FLAGS) -m "not dist and not e2e and not slow" tests/unit tests/fakecuda
 
 # Every side-by-side benchmark in quick mode (takes /tmp/multigpu-bench.lock itself), into one JSON;
 # then the Markdown table and the generated block of benchmarks/RESULTS.md are rendered from it.

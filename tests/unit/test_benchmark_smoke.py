@@ -280,6 +280,7 @@ def test_render_rewrites_only_the_marked_block(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot read") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.e2e  # the script runs in a subprocess (12 s: 40 replicates on each side)
 def test_sim_starsim_smoke(tmp_path):
     """The same SIR on a random network in Starsim and in multigpu (40 replicates each, in one process): per day,
     the two means of S, I and R lie within the 99.9% band of their difference (benchmarks/sim_starsim.py).
