@@ -163,3 +163,55 @@ def test_recorded_appends_one_line_per_resize_and_reads_them_back(tmp_path):
     assert got[1]["check"] is None and "time" in got[1]
     assert resize.read_resizes(tmp_path / "nowhere") == []
     resize.record(None, {"x": 1})  # no run folder: nothing written, no error
+
+
+def test_fingerprint_sums_in_float64_skips_what_it_does_not_count_and_takes_any_keys():
+    """Mutation testing: 1e8 + 1 is lost in float32; a bool tensor before a float one does not end the part; a state
+    dict keyed by ints and strings alike (an optimizer's) is read in a fixed order."""
+    big = torch.tensor([1e8, 1.0], dtype=torch.float64)
+    got = resize.fingerprint({"p": {0: torch.tensor([True]), "w": big, 1: torch.tensor([2.0])}})
+    assert got["p"] == [1e8 + 3.0, 1e16 + 1.0 + 4.0]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_only_the_shards_are_added_over_the_job_and_only_on_several_ranks(world_size, monkeypatch):
+    """The all-reduce adds every rank's shards (here the fake group's stand-in doubles them, as a second rank with
+    the same shard would); plain tensors, the same on every rank, are never added; one rank adds nothing. Sums in
+    float64: 1e8 + 1 kept in a shard too."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    calls = []
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: calls.append(1) or t.mul_(2))
+    with fake_group(rank=0, world_size=world_size):
+        mesh = init_device_mesh("cpu", (world_size,))
+        shard = DTensor.from_local(torch.tensor([1e8, 1.0], dtype=torch.float64), mesh, [Shard(0)], run_check=False)
+        got = resize.fingerprint({"s": {"x": shard}, "w": {"y": torch.tensor([3.0])}})
+        plain = resize.fingerprint({"w": {"y": torch.tensor([3.0])}})
+    times = 2 if world_size > 1 else 1
+    assert got == {"s": [times * (1e8 + 1.0), times * (1e16 + 1.0)], "w": [3.0, 9.0]}
+    assert plain == {"w": [3.0, 9.0]} and len(calls) == (1 if world_size > 1 else 0)
+
+
+def test_a_shard_replicated_on_one_axis_of_a_2d_mesh_is_divided_by_that_axis_alone():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    with fake_group(rank=0, world_size=8):
+        mesh = init_device_mesh("cpu", (2, 4))
+        x = DTensor.from_local(torch.tensor([4.0]), mesh, [Replicate(), Shard(0)], run_check=False)
+        y = DTensor.from_local(torch.tensor([4.0]), mesh, [Shard(0), Replicate()], run_check=False)
+        got = resize.fingerprint({"x": x, "y": y})
+    assert got == {"x": [2.0, 8.0], "y": [1.0, 4.0]}  # divided by 2 (axis 0), by 4 (axis 1)
+
+
+def test_compare_scales_by_the_larger_of_the_two():
+    assert resize.compare({"m": [4.0]}, {"m": [2.0]})["max_rel_diff"] == 0.5
+    assert resize.compare({"m": [2.0]}, {"m": [4.0]})["max_rel_diff"] == 0.5
+
+
+def test_records_digest_reads_each_lane_as_unsigned():
+    """A lane whose top byte is 0x80 or more is a negative int32: it is hashed as the unsigned value (pinned from a
+    plain-Python lowbias32 over the lane 0xFFFFFFFF)."""
+    assert resize.records_digest(torch.full((1, 4), 0xFF, dtype=torch.uint8)) == 352933165

@@ -53,6 +53,7 @@ def test_a_short_streak_of_windows_is_not_named_until_it_covers_persist_steps():
     assert [len(n) for n in said] == [0, 0, 1, 0]  # named once, when 1..6 is covered
     entry = watch.named[2]
     assert (entry.node, entry.host, entry.since_step, entry.last_step) == (1, "c", 1, 8)  # updated while it lasts
+    assert entry.busy_s == pytest.approx(0.8 / 8) and entry.others_busy_s == pytest.approx(0.08 / 8)  # over 8 steps
     assert watch.stragglers() == [entry.as_dict()]
 
 
@@ -94,4 +95,6 @@ def test_find_counts_steps_from_first_step_and_says_none_when_not_measured():
     [s] = find(busy, first_step=101, nodes=[3, 4], hosts=["x", "y"])
     assert (s["since_step"], s["last_step"], s["node"], s["host"]) == (101, 112, 4, "y")
     assert find([[0.01] * 9, [0.05] * 9]) == []  # 9 steps: fewer than PERSIST
+    [s] = find([[0.01] * 14, [0.05] * 12])  # a rank with fewer figures: the steps all ranks measured
+    assert (s["node"], s["host"], s["since_step"], s["last_step"]) == (0, None, 1, 12)
     assert find([None, [0.05] * 9]) is None
