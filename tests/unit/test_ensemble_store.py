@@ -1,0 +1,154 @@
+"""An ensemble's folder is its state (:mod:`multigpu.sim.ensemble_store`): a replicate is a whole file or none, a
+continued ensemble finds exactly the replicates on disk (and refuses a folder it cannot continue, in one line), a
+folder of another run is brought over whole, and every replicate keeps its own seed. Pure file work, no engine:
+before, only whole ensembles (tests/unit/test_sim_ensemble_resume.py, tests/dist, tests/cli) reached these rules,
+and mutation testing found much of them unchecked."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from multigpu.errors import ConfigError
+from multigpu.sim.config import SimConfig
+from multigpu.sim.design import replicate_seed
+from multigpu.sim.ensemble import _seed_of
+from multigpu.sim.ensemble_store import ReplicateStore, check_folder, check_no_orphans, read_replicate
+
+MANIFEST = {"points": [{"index": 0}, {"index": 1}], "seed": 7}
+NAMES = ["S", "I"]
+SHAPES = [(NAMES, 3), (NAMES, 3)]
+
+
+def _series(k: float) -> dict[str, list]:
+    return {"step": [1, 2, 3], "S": [10.0 - k, 9.0, 8.5], "I": [k, 1.0, 1.5]}
+
+
+def _filled(root) -> ReplicateStore:
+    store = ReplicateStore(root, MANIFEST)
+    assert store.open() == {}
+    for p, r in ((0, 0), (0, 1), (0, 3), (1, 0)):
+        store.write(p, r, _series(p + r / 10))
+    return store
+
+
+def test_replicates_are_whole_files_read_back_as_written_in_replicate_order(tmp_path):
+    root = tmp_path / "ensemble"
+    store = _filled(root)
+    assert json.loads((root / "manifest.json").read_text()) == {"format": 1, **MANIFEST}
+    assert store.replicates(0) == [0, 1, 3] and store.replicates(1) == [0] and store.replicates(5) == []
+    assert (root / "replicates" / "p000000" / "r000003.csv").read_text() == (
+        "step,S,I\n1,9.7,0.3\n2,9.0,1.0\n3,8.5,1.5\n")
+    assert store.read(0, 3).tolist() == [[9.7, 0.3], [9.0, 1.0], [8.5, 1.5]]
+    names, values = read_replicate(root / "replicates" / "p000001" / "r000000.csv")
+    assert names == NAMES and values.tolist() == store.read(1, 0).tolist() == [[9.0, 1.0], [9.0, 1.0], [8.5, 1.5]]
+    assert [r for r, _ in store.iter_point(0)] == [0, 1, 3] and [r for r, _ in store.iter_point(0, upto=3)] == [0, 1]
+    (root / "replicates" / "p000000" / "notes.txt").write_text("x")  # not a replicate's name: not one
+    assert store.replicates(0) == [0, 1, 3]
+    memory = ReplicateStore(None, MANIFEST)  # no run folder: the same, in memory, nothing written
+    assert memory.open() == {}
+    for p, r in ((0, 1), (0, 0), (1, 2)):
+        memory.write(p, r, _series(r))
+    assert memory.replicates(0) == [0, 1] and memory.replicates(1) == [2]
+    assert np.array_equal(memory.read(0, 1), np.array([[9.0, 1.0], [9.0, 1.0], [8.5, 1.5]]))
+    assert not list(tmp_path.glob("**/p000001"))[1:]  # only the folder's own point 1
+
+
+def test_a_continued_ensemble_finds_what_is_on_disk_and_drops_what_a_kill_left_half_written(tmp_path):
+    root = tmp_path / "ensemble"
+    _filled(root)
+    left = root / "replicates" / "p000000" / ".r000004.csv.tmp123"
+    left.write_text("step,S,I\n1,")
+    other = root / "replicates" / "p000000" / ".keep"
+    other.write_text("")
+    again = ReplicateStore(root, MANIFEST)
+    assert again.open(root, SHAPES, most=4) == {0: [0, 1, 3], 1: [0]}
+    assert not left.exists() and other.exists()  # only a replicate's temporary file is removed
+    with pytest.raises(ConfigError, match="holds an ensemble already"):
+        ReplicateStore(root, MANIFEST).open()
+    with pytest.raises(ConfigError, match="another seed"):
+        ReplicateStore(root, {**MANIFEST, "seed": 8}).open(root, SHAPES)  # another design: not continued
+    with pytest.raises(ConfigError, match="is not an ensemble folder"):
+        ReplicateStore(root, MANIFEST).open(tmp_path, SHAPES)
+
+
+def test_another_runs_ensemble_is_brought_over_whole_and_left_as_it_was(tmp_path):
+    theirs = tmp_path / "a" / "ensemble"
+    _filled(theirs)
+    before = {p.relative_to(theirs): p.read_bytes() for p in theirs.rglob("*") if p.is_file()}
+    mine = tmp_path / "b" / "ensemble"
+    mine.mkdir(parents=True)
+    (mine / "replicates" / "p000000").mkdir(parents=True)
+    (mine / "replicates" / "p000000" / "r000001.csv").write_text("mine\n")  # already here: kept
+    store = ReplicateStore(mine, MANIFEST)
+    assert store.open(theirs, SHAPES, most=4) == {0: [0, 1, 3], 1: [0]}
+    assert (mine / "replicates" / "p000000" / "r000001.csv").read_text() == "mine\n"
+    assert store.read(0, 3).tolist() == [[9.7, 0.3], [9.0, 1.0], [8.5, 1.5]] and store.replicates(1) == [0]
+    assert json.loads((mine / "manifest.json").read_text()) == {"format": 1, **MANIFEST}
+    assert not list(mine.rglob(".r*"))  # no temporary file left
+    assert {p.relative_to(theirs): p.read_bytes() for p in theirs.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda f: f.write_text(f.read_text()[:-1]), "it is cut short: its last line has no end"),
+    (lambda f: f.write_text(""), "it is empty"),
+    (lambda f: f.write_text("step,S,X\n1,2,3\n2,2,3\n3,2,3\n"), "its columns are 'step,S,X', this ensemble's are "
+                                                               "'step,S,I'"),
+    (lambda f: f.write_text("step,S,I\n1,2,3\n2,2,3\n"), "it has 2 steps, this ensemble's replicates have 3"),
+    (lambda f: f.write_text("step,S,I\n1,2\n2,2,3\n3,2,3\n"), "a row has more or fewer values than its columns"),
+    (lambda f: f.write_bytes(b"\xff\xfe\n"), "it cannot be read: UnicodeDecodeError"),
+])
+def test_a_replicate_that_is_not_whole_is_named_and_nothing_is_continued(tmp_path, damage, why):
+    root = tmp_path / "ensemble"
+    _filled(root)
+    damage(root / "replicates" / "p000000" / "r000001.csv")
+    with pytest.raises(ConfigError) as info:
+        check_folder(root, SHAPES)
+    assert str(info.value) == (f"--resume: {root / 'replicates' / 'p000000' / 'r000001.csv'} is not a whole "
+                               f"replicate of this ensemble ({why}); valid: delete that file (its replicate runs "
+                               "again, with the same seed) and resume again, or a new --run-dir")
+
+
+def test_a_point_or_replicate_this_run_does_not_ask_for_is_refused(tmp_path):
+    root = tmp_path / "ensemble"
+    _filled(root)
+    assert check_folder(root, SHAPES) == {0: [0, 1, 3], 1: [0]}
+    assert check_folder(root, SHAPES, most=4) == {0: [0, 1, 3], 1: [0]}
+    assert check_folder(tmp_path / "nothing", SHAPES) == {}
+    with pytest.raises(ConfigError, match=r"holds 4 replicates of point 0 and sim.ensemble.replicates is 3 here"):
+        check_folder(root, SHAPES, most=3)
+    with pytest.raises(ConfigError, match=r"p000001 is not a point of this ensemble \(it has 1, p000000..p000000\)"):
+        check_folder(root, SHAPES[:1])
+    (root / "replicates" / "p01").mkdir()
+    with pytest.raises(ConfigError, match="p01 is not a point of this ensemble"):
+        check_folder(root, SHAPES)
+    (root / "replicates" / "p01").rmdir()
+    (root / "replicates" / "p000009").write_text("a file")
+    with pytest.raises(ConfigError, match="p000009 is not a point of this ensemble"):
+        check_folder(root, [(NAMES, 3)] * 10)
+
+
+def test_replicate_files_without_a_manifest_are_neither_continued_nor_overwritten(tmp_path):
+    root = tmp_path / "ensemble"
+    _filled(root)
+    (root / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match="holds replicate files but no readable manifest.json"):
+        check_no_orphans(root)
+    with pytest.raises(ConfigError, match="holds replicate files but no readable manifest.json"):
+        ReplicateStore(root, MANIFEST).open()
+    for f in root.glob("replicates/p*/r*.csv"):
+        f.rename(f.with_suffix(".old"))
+    check_no_orphans(root)  # nothing a replicate's name: nothing to refuse
+
+
+def test_every_replicate_has_its_own_seed_and_same_seeds_shares_them_across_points():
+    cfg = SimConfig(model="sir", agents=100, grid=(4, 4), steps=2, seed=11,
+                    ensemble={"replicates": 4, "sweep": ["params.beta=0.1,0.3"]})
+    seed = _seed_of(cfg)
+    assert seed(1, 3) == replicate_seed(11, 1, 3) and seed(0, 3) == replicate_seed(11, 0, 3)
+    assert len({seed(p, r) for p in range(2) for r in range(4)}) == 8
+    same = _seed_of(dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble, same_seeds=True)))
+    assert [same(1, r) for r in range(4)] == [same(0, r) for r in range(4)] == [seed(0, r) for r in range(4)]
