@@ -84,8 +84,10 @@ def pytest_collection_modifyitems(config, items):
     """The longest test files start first. Under ``make test`` (pytest-xdist, ``--dist loadscope`` without its own
     reordering) each file is one unit of work handed to the next free worker in this order: the long e2e and
     rehearsal files begin at once on the two workers and the many short ones fill in after, instead of a long
-    file starting last and running alone. Every worker sorts alike (the same file of durations)."""
-    items[:] = file_order(items, _recorded_durations())
+    file starting last and running alone. Every worker sorts alike (the same file of durations). Not under mutation
+    testing (``make mutate`` runs a copy in ``mutants/``): there each mutant's few tests run as collected."""
+    if ROOT.name != "mutants":
+        items[:] = file_order(items, _recorded_durations())
 
 
 _FILE_SECONDS: Counter = Counter()

@@ -152,3 +152,28 @@ def test_every_replicate_has_its_own_seed_and_same_seeds_shares_them_across_poin
     assert len({seed(p, r) for p in range(2) for r in range(4)}) == 8
     same = _seed_of(dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble, same_seeds=True)))
     assert [same(1, r) for r in range(4)] == [same(0, r) for r in range(4)] == [seed(0, r) for r in range(4)]
+
+
+def test_bringing_another_runs_ensemble_into_a_fresh_folder_copies_where_it_cannot_link(tmp_path, monkeypatch):
+    """A point with no replicate yet has no folder there; the destination has no replicates/ folder yet; across
+    file systems (no hard link) each file is copied, whole (mutation testing: these paths were never run)."""
+    import os
+
+    manifest = {"points": [{"index": 0}, {"index": 1}, {"index": 2}], "seed": 7}
+    theirs = tmp_path / "a" / "ensemble"
+    store = ReplicateStore(theirs, manifest)
+    store.open()
+    store.write(0, 0, _series(0.5))
+    store.write(2, 1, _series(2.5))
+
+    def no_link(src, dst):
+        raise OSError("Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    mine = tmp_path / "b" / "ensemble"
+    mine.mkdir(parents=True)
+    shapes = [(NAMES, 3)] * 3
+    assert ReplicateStore(mine, manifest).open(theirs, shapes) == {0: [0], 1: [], 2: [1]}
+    assert (mine / "replicates" / "p000002" / "r000001.csv").read_bytes() == \
+        (theirs / "replicates" / "p000002" / "r000001.csv").read_bytes()
+    assert not (mine / "replicates" / "p000001").exists() and not list(mine.rglob(".r*"))

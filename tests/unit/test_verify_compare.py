@@ -133,3 +133,24 @@ def test_the_verify_command_passes_within_atol_and_fails_beyond_it(capsys, tmp_p
     assert code == 0 and "verify passed: 1 result(s) equal at 1, 3 ranks (atol 0.25, rtol 0)" in out
     code, _, last = verify_cli("--atol", "0.2")
     assert code == 1 and "max abs difference 0.25, " in last and "(atol 0.2, rtol 0)" in last
+
+
+def test_a_container_that_differs_fails_and_the_worst_item_is_kept():
+    """Mutation testing: a problem inside a container fails the comparison (not only names it), a nested place
+    reads ``[0][1]``, and the largest difference over the items is the one kept, whatever their order."""
+    short = compare({1: {"k": {"a": 1}, "l": [1, 2]}, 2: {"k": {"b": 1}, "l": [1]}})
+    assert [(c.name, c.passed) for c in short] == [("k", False), ("l", False)]
+    nested = compare({1: {"x": [[1, "a"]]}, 2: {"x": [[1, 2]]}})[0]
+    assert not nested.passed and nested.problem == "[0][1]: type int vs str"
+    base = [torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([4.0])]
+    for off in ([torch.tensor([1.5]), torch.tensor([1.25]), torch.tensor([4.0])],
+                [torch.tensor([1.0]), torch.tensor([1.5]), torch.tensor([4.5])]):
+        (c,) = compare({1: {"v": base}, 2: {"v": off}})
+        assert (c.max_abs, c.max_rel) == (0.5, 0.5), off
+
+
+def test_a_tolerance_is_rounded_up_and_zero_stays_zero():
+    from multigpu.verify.compare import _round_up
+
+    assert _round_up(0.0) == 0.0 and _round_up(-1.0) == 0.0
+    assert _round_up(1.23e-7) == pytest.approx(1.3e-7) and _round_up(0.5) == pytest.approx(0.5)
