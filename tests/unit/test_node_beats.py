@@ -44,3 +44,63 @@ def test_a_lost_node_that_joins_again_is_watched_again_and_named_when_lost_again
             assert nodes.lost_line(survivor, 1).startswith("node 1 (host1) was lost: its launcher sent no heartbeat")
     finally:
         survivor.stop_beats("ended")
+
+
+def test_a_node_that_ended_or_never_beat_is_not_lost_and_a_silent_one_is_named_once_with_its_steps(tmp_path):
+    """Mutation testing: the heartbeat's own rules, each able to fail. A node posts its count, host and its ranks'
+    steps; a node that said it ended is never lost; a node never heard of is not lost (only a count that stood
+    still); a silent node is lost once, after the deadline, with its last heartbeat; nothing is said over a store
+    not opened yet."""
+    import struct
+
+    from multigpu.runtime import progress
+
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    (steps / "local0").write_bytes(struct.pack(progress._FORMAT, 123, 2, 7))  # rank 2 finished 7 steps
+    store = HashStore()
+    lost: list[int] = []
+    watcher = _node(store, 0, 0.6)
+    watcher.nnodes = 4
+    watcher.start_beats(str(tmp_path / "none"), lost.append)
+    ended, silent = _node(store, 1, 0.6), _node(store, 2, 0.6)
+    ended.nnodes = silent.nnodes = 4
+    unopened = _node(None, 3, 0.6)
+    unopened.nnodes = 4
+    unopened.start_beats(str(steps), lost.append)  # its store is not open: it waits, says nothing
+    try:
+        ended.start_beats(str(steps), lambda node: None)
+        silent.start_beats(str(steps), lambda node: None)
+        _wait("both heartbeats", lambda: all(watcher._beats.get(n, {}).get("n", 0) >= 2 for n in (1, 2)))
+        beat = watcher._beats[2]
+        assert beat["host"] == "host2" and beat["steps"] == {"2": 7}
+        ended.stop_beats("finished")
+        silent._beat_stop.set()  # killed: no word
+        silent._beat_thread.join()
+        _wait("node 2 lost", lambda: lost == [2], within_s=10)
+        time.sleep(1.0)  # more than the deadline again: named once, and node 1 never
+        assert lost == [2] and sorted(watcher.lost) == [2] and watcher.lost[2]["host"] == "host2"
+        assert watcher._beats[1]["end"] == "finished" and 3 not in watcher.lost and 3 not in watcher._beats
+        assert watcher.wait_lost(0.1) == [2]
+        assert nodes.lost_line(watcher, 2).startswith("node 2 (host2) (rank 2) was lost: its launcher sent no "
+                                                      "heartbeat for 0.6s")
+        assert nodes.lost_line(watcher, 2).endswith("; last step finished: rank 2: 7")
+    finally:
+        for session in (watcher, ended, unopened):
+            session.stop_beats("ended")
+    assert store.check(["multigpu/nodes/job/beat/0"]) and not store.check(["multigpu/nodes/job/beat/3"])
+
+
+def test_wait_lost_returns_at_once_when_every_other_node_ended():
+    store = HashStore()
+    watcher, other = _node(store, 0, 5.0), _node(store, 1, 5.0)
+    watcher.start_beats("/nonexistent", lambda node: None)
+    other.start_beats("/nonexistent", lambda node: None)
+    try:
+        _wait("node 1's heartbeat", lambda: watcher._beats.get(1, {}).get("n", 0) >= 1)
+        other.stop_beats("finished")
+        _wait("node 1's end", lambda: watcher._beats.get(1, {}).get("end") == "finished")
+        start = time.monotonic()
+        assert watcher.wait_lost(30.0) == [] and time.monotonic() - start < 5
+    finally:
+        watcher.stop_beats("ended")
