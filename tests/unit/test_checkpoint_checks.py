@@ -162,3 +162,43 @@ def test_keep_last_is_one_at_least_and_rotation_trusts_a_folder_unchanged_since_
     assert not store._is_valid(store.path_for(3))
     fresh = CheckpointStore(store.directory, 2)
     assert not fresh._is_valid(store.path_for(3)) and fresh._is_valid(store.path_for(2))
+
+
+class _NotPlain:
+    pass
+
+
+def _folder(tmp_path, files: dict[str, bytes]):
+    """A checkpoint folder written by hand: ``files`` and a manifest with their true sizes and checksums."""
+    from multigpu.checkpoint.files import sha256_file
+
+    path = tmp_path / "step_00000001"
+    path.mkdir()
+    for name, data in files.items():
+        (path / name).write_bytes(data)
+    listed = {}
+    for name in files:
+        size, digest = sha256_file(path / name)
+        listed[name] = {"bytes": size, "sha256": digest}
+    (path / "manifest.json").write_text(json.dumps({"format": 2, "step": 1, "world_size": 1, "files": listed}))
+    return path
+
+
+def test_a_state_file_naming_code_is_refused_only_where_it_is_read_and_only_listed_files_are_hashed(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"x": _NotPlain()}, buf)
+    path = _folder(tmp_path, {"a.distcp": b"shard", "state.pt": buf.getvalue()})
+    with pytest.raises(CorruptCheckpointError, match="it refers to .*_NotPlain, which is not a tensor or plain value"):
+        store_module.verify(path)
+    with pytest.raises(CorruptCheckpointError, match="_NotPlain"):
+        store_module.verify(path, only=("state.pt",))
+    assert store_module.verify(path, only=("a.distcp",))["step"] == 1  # the shard only: state.pt not opened
+    assert store_module.verify(path, only=())["step"] == 1
+    (path / "state.pt").write_bytes(b"x" * len(buf.getvalue()))  # same size, another checksum: found after a.distcp
+    with pytest.raises(CorruptCheckpointError, match="state.pt: checksum mismatch"):
+        store_module.verify(path, only=("state.pt",))
+    (tmp_path / "b").mkdir()
+    shards_only = _folder(tmp_path / "b", {"a.distcp": b"shard"})
+    assert store_module.verify(shards_only)["files"].keys() == {"a.distcp"}  # no state.pt: nothing to unpickle

@@ -104,3 +104,47 @@ def test_wait_lost_returns_at_once_when_every_other_node_ended():
         assert watcher.wait_lost(30.0) == [] and time.monotonic() - start < 5
     finally:
         watcher.stop_beats("ended")
+
+
+class _SetFails:
+    """A store whose writes fail (node 0's store gone for this node's writes), reads still answered."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def set(self, key, value):
+        raise RuntimeError("Connection reset by peer")
+
+    def check(self, keys):
+        return self.real.check(keys)
+
+    def get(self, key):
+        return self.real.get(key)
+
+
+def test_the_first_beat_counts_from_1_a_store_opened_later_starts_the_beat_and_a_failed_write_stops_nothing():
+    store = HashStore()
+    late = _node(None, 1, 40.0)  # one beat a second
+    late.start_beats("/nonexistent", lambda node: None)
+    try:
+        time.sleep(0.3)
+        assert not store.check(["multigpu/nodes/job/beat/1"])  # no store yet: nothing posted
+        late._store = store  # torch's rendezvous opened it
+        _wait("the first beat", lambda: store.check(["multigpu/nodes/job/beat/1"]))
+        assert _node(store, 0, 40.0)._get("beat/1")["n"] == 1
+    finally:
+        late.stop_beats("ended")
+    lost: list[int] = []
+    watcher = _node(_SetFails(store), 0, 0.5)
+    other = _node(store, 2, 0.5)
+    watcher.nnodes = other.nnodes = 3
+    other.start_beats("/nonexistent", lambda node: None)
+    watcher.start_beats("/nonexistent", lost.append)
+    try:
+        _wait("node 2's heartbeat", lambda: watcher._beats.get(2, {}).get("n", 0) >= 2)
+        other._beat_stop.set()
+        other._beat_thread.join()
+        _wait("node 2 lost although this node cannot write", lambda: lost == [2])
+    finally:
+        watcher._beat_stop.set()
+        watcher._beat_thread.join()
