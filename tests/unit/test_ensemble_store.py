@@ -177,3 +177,45 @@ def test_bringing_another_runs_ensemble_into_a_fresh_folder_copies_where_it_cann
     assert (mine / "replicates" / "p000002" / "r000001.csv").read_bytes() == \
         (theirs / "replicates" / "p000002" / "r000001.csv").read_bytes()
     assert not (mine / "replicates" / "p000001").exists() and not list(mine.rglob(".r*"))
+
+
+def _book(cfg, root, source=None, said=None):
+    from multigpu.sim.ensemble import _Rank0, ensemble_points, point_configs, series_names
+
+    points = ensemble_points(cfg)
+    configs = point_configs(cfg, points)
+    names = [series_names(c) for c in configs]
+    return _Rank0(cfg, points, configs, names, root, source, (said if said is not None else []).append)
+
+
+def _result(book, p: int, r: int) -> tuple[int, int, dict[str, list]]:
+    steps = book.configs[p].steps
+    return p, r, {"step": list(range(1, steps + 1)), **{n: [float(p + r + k) for k in range(steps)]
+                                                         for n in book.names[p]}}
+
+
+def test_rank_0_asks_for_each_replicate_once_in_replicate_order_and_a_continued_run_only_for_the_missing(tmp_path):
+    """What an ensemble runs (rank 0's book, no engine): every point's first replicates first, each replicate
+    once (a result that comes twice is not written or counted twice), and a continued ensemble asks only for the
+    replicates not on disk, folding those that are."""
+    cfg = SimConfig(model="sir", agents=100, grid=(4, 4), steps=2, plot=False,
+                    ensemble={"replicates": 3, "sweep": ["params.beta=0.1,0.3"]})
+    root = tmp_path / "run" / "ensemble"
+    book = _book(cfg, root)
+    items = book.next_items()
+    assert items == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    book.take([_result(book, 1, 0), _result(book, 0, 0), _result(book, 0, 1)])
+    before = (root / "replicates" / "p000000" / "r000000.csv").read_bytes()
+    book.take([(0, 0, {**_result(book, 0, 0)[2], "step": [7, 8]})])  # the same replicate again: ignored
+    assert (root / "replicates" / "p000000" / "r000000.csv").read_bytes() == before
+    assert book.done == {0: {0, 1}, 1: {0}} and book.running[0].n == 2 and book.running[1].n == 1
+    said: list[str] = []
+    again = _book(cfg, root, source=root, said=said)  # killed here: continued
+    assert again.done == {0: {0, 1}, 1: {0}} and said == [f"ensemble: continuing with the 3 replicates already in "
+                                                          f"{root}"]
+    assert again.next_items() == [(1, 1), (0, 2), (1, 2)]
+    assert again.rounds == [{"round": 1, "replicates": 6, "kept": 3}] and again.running[0].n == 2
+    again.take([_result(again, p, r) for p, r in [(1, 1), (0, 2), (1, 2)]])
+    again.end_round(1.5)
+    assert again.next_items() == [] and again.counts == [3, 3] and again.rounds[0]["seconds"] == 1.5
+    assert sorted(again.store.replicates(0)) == [0, 1, 2] == sorted(again.store.replicates(1))
