@@ -165,3 +165,18 @@ def test_resolve_gives_the_choice_or_raises_the_same_error_as_choose(tmp_path, k
         assert resume.resolve("auto", str(run), restarts=0) == store.path_for(4)
         assert resume.resolve(None, str(run), restarts=2) == store.path_for(4)
         assert resume.resolve(None, str(run), restarts=0) is None
+
+
+def test_the_look_ahead_reads_no_bytes_and_says_nothing(tmp_path, monkeypatch):
+    """Mutation testing: the launcher leaves checksums to the ranks: a run whose only checkpoint has another
+    checksum is neither refused nor warned about in the launcher (the ranks skip it, saying so)."""
+    from multigpu.checkpoint import store as store_module
+
+    said: list[str] = []
+    monkeypatch.setattr(store_module, "_warn", said.append)  # the store's default warning (the rank's logger)
+    run, store = _run(tmp_path, 2)
+    _damage(store.path_for(2))
+    (store.directory / "step_00000009").mkdir()  # no manifest: skipped, silently here
+    resume.refuse_unusable(run)
+    assert resume.planned("auto", str(run)) == store.path_for(2)
+    assert said == []
