@@ -83,7 +83,12 @@ def _meta() -> dict[str, int | None]:
     """Every mutant mutmut made, with its exit code (None: not run)."""
     out: dict[str, int | None] = {}
     for path in (MUTANTS / "src").rglob("*.py.meta"):
-        out.update(json.loads(path.read_text())["exit_code_by_key"])
+        for _ in range(20):  # mutmut rewrites a file as it goes (--report during a run)
+            try:
+                out.update(json.loads(path.read_text())["exit_code_by_key"])
+                break
+            except ValueError:
+                time.sleep(0.1)
     return out
 
 

@@ -115,6 +115,7 @@ def test_a_replicate_that_is_not_whole_is_named_and_nothing_is_continued(tmp_pat
 def test_a_point_or_replicate_this_run_does_not_ask_for_is_refused(tmp_path):
     root = tmp_path / "ensemble"
     _filled(root)
+    (root / "replicates" / "p000000" / "a-note.txt").write_text("not a replicate: passed over, not the end")
     assert check_folder(root, SHAPES) == {0: [0, 1, 3], 1: [0]}
     assert check_folder(root, SHAPES, most=4) == {0: [0, 1, 3], 1: [0]}
     assert check_folder(tmp_path / "nothing", SHAPES) == {}
@@ -219,3 +220,58 @@ def test_rank_0_asks_for_each_replicate_once_in_replicate_order_and_a_continued_
     again.end_round(1.5)
     assert again.next_items() == [] and again.counts == [3, 3] and again.rounds[0]["seconds"] == 1.5
     assert sorted(again.store.replicates(0)) == [0, 1, 2] == sorted(again.store.replicates(1))
+
+
+def test_a_continued_book_checks_the_files_against_this_run_and_folds_in_replicate_order(tmp_path, monkeypatch):
+    """Mutation testing: rank 0's book passes the design's shapes and replicate count to the check of a continued
+    folder; results are folded per point in replicate order, each once, whatever order they arrive in; the
+    rounds are asked of next_counts with this run's figures, a point below its target gets only what it lacks,
+    and a round found whole on disk takes no time."""
+    from multigpu.sim import ensemble
+
+    cfg = SimConfig(model="sir", agents=100, grid=(4, 4), steps=2, plot=False,
+                    ensemble={"replicates": 3, "sweep": ["params.beta=0.1,0.3"]})
+    root = tmp_path / "run" / "ensemble"
+    book = _book(cfg, root)
+    book.next_items()
+    book.take([_result(book, 0, 2), _result(book, 0, 0), _result(book, 0, 0), _result(book, 1, 0)])
+    book.take([_result(book, 1, 0), _result(book, 0, 1)])  # one seen already, one new: the new one is kept
+    assert book.done == {0: {0, 1, 2}, 1: {0}}
+    assert book.running[0].n == 3 and book.running[0].mean[:, 0].tolist() == [1.0, 2.0]  # replicates 0, 1, 2
+    half = root / "replicates" / "p000000" / "r000001.csv"
+    whole = half.read_text()
+    half.write_text(whole[:-1])
+    with pytest.raises(ConfigError, match="is not a whole replicate"):
+        _book(cfg, root, source=root)
+    half.write_text(whole)
+    fewer = dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble, replicates=2))
+    with pytest.raises(ConfigError, match="holds 3 replicates of point 0 and sim.ensemble.replicates is 2 here"):
+        _book(fewer, root, source=root)
+    calls = []
+
+    def next_counts(done, widest, ci, most, first):
+        calls.append((list(done), widest, ci, most, first))
+        return [1, 2] if len(calls) == 1 else list(done)
+
+    monkeypatch.setattr(ensemble, "next_counts", next_counts)
+    other = _book(cfg, tmp_path / "other" / "ensemble")
+    assert other.next_items() == [(0, 0), (1, 0), (1, 1)]  # point 0 asked for 1, point 1 for 2
+    assert calls == [([0, 0], [None, None], None, 3, cfg.ensemble.min_replicates)]
+    again = _book(cfg, root, source=root)  # point 0 has 0..2 on disk, point 1 has 0: the first round is kept
+    calls.clear()
+    monkeypatch.setattr(ensemble, "next_counts", lambda done, *a: [1, 1] if sum(done) == 0 else list(done))
+    assert again.next_items() == [] and again.rounds == [{"round": 1, "replicates": 2, "kept": 2, "seconds": 0.0}]
+
+
+def test_the_bands_watched_for_the_stopping_rule_are_this_runs(tmp_path):
+    cfg = SimConfig(model="sir", agents=100, grid=(4, 4), steps=2, plot=False,
+                    ensemble={"replicates": 6, "min_replicates": 2, "until_ci": "90:0.5", "ci_series": ["I"]})
+    book = _book(cfg, tmp_path / "ensemble")
+    names = book.names[0]
+    assert book.ci == cfg.ensemble.ci and book.level == cfg.ensemble.band_level and book.ci.width == 0.5
+    assert book.columns == [[names.index("I")]]
+    everything = _book(dataclasses.replace(cfg, ensemble=dataclasses.replace(cfg.ensemble, ci_series=[])),
+                       tmp_path / "b" / "ensemble")
+    assert everything.columns == [list(range(len(names)))]
+    assert book.widest() == [None] and _book(dataclasses.replace(cfg, ensemble=dataclasses.replace(
+        cfg.ensemble, until_ci=None)), tmp_path / "c" / "ensemble").widest() == [None]

@@ -180,3 +180,22 @@ def test_the_look_ahead_reads_no_bytes_and_says_nothing(tmp_path, monkeypatch):
     resume.refuse_unusable(run)
     assert resume.planned("auto", str(run)) == store.path_for(2)
     assert said == []
+
+
+def test_decide_once_for_the_rank_entry_point_and_a_plain_script(tmp_path):
+    import dataclasses
+
+    from multigpu.runtime.context import RunContext
+
+    run, store = _run(tmp_path, 2, 4)
+    decided = resume.decide(RunContext(run_dir=str(run), resume="auto"))
+    assert decided.resume_from == str(store.path_for(4)) and decided.resume_decided is True
+    assert resume.decide(decided) is decided  # decided already: nothing decided (or said) twice
+    again = resume.decide(dataclasses.replace(decided, resume_from=None))
+    assert again.resume_from is None  # "start fresh" stays
+    fresh = resume.decide(RunContext(run_dir=str(run)))
+    assert fresh.resume_from is None and fresh.resume_decided is True
+    other = tmp_path / "other"
+    folder = _progress(other)
+    assert resume.decide(RunContext(run_dir=str(other), resume="auto"), progress="ensemble").resume_from == str(folder)
+    assert resume.decide(RunContext(run_dir=str(other), resume="auto")).resume_from is None
