@@ -202,3 +202,42 @@ def test_a_state_file_naming_code_is_refused_only_where_it_is_read_and_only_list
     (tmp_path / "b").mkdir()
     shards_only = _folder(tmp_path / "b", {"a.distcp": b"shard"})
     assert store_module.verify(shards_only)["files"].keys() == {"a.distcp"}  # no state.pt: nothing to unpickle
+
+
+def test_a_manifests_problem_quotes_what_it_holds():
+    long = "x" * 60
+    assert store_module._manifest_problem({"format": 2, "step": long, "world_size": 1, "files": {}}) == (
+        f'records step as "{long[:39]}, not a whole number >= 0')
+    entry = {"bytes": 1, "sha256": "y" * 100}
+    assert store_module._manifest_problem({"format": 2, "step": 1, "world_size": 1, "files": {"a": entry}}) == (
+        f"records a as {json.dumps(entry)[:80]}, not a size in bytes and a SHA-256")
+    assert store_module._manifest_problem({"format": 2, "step": 1, "world_size": 1, "files": {}, "meta": 3}) == (
+        "records meta as something other than a JSON object")
+
+
+def test_rotation_keeps_the_newest_valid_ones_counting_a_newer_folder_and_the_one_just_written(tmp_path):
+    """keep_last=3 keeps three; a valid folder of a higher step (a run resumed from an earlier one) counts before
+    the one just written; the defaults: keep_last 3, nothing skipped yet; a folder verified once by rotation is
+    not hashed again while its files are unchanged (mutation testing)."""
+    store, _ = _saved(tmp_path / "a", 1, 2, 3, 4, keep_last=3)
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000002", "step_00000003", "step_00000004"]
+    other, _ = _saved(tmp_path / "b", 2, 4, 8, keep_last=10)
+    resumed = CheckpointStore(other.directory, 2, warn=lambda _: None)
+    resumed.save(5, {"c": Counter(5)})
+    assert sorted(p.name for p in other.directory.iterdir()) == ["step_00000005", "step_00000008"]
+    fresh = CheckpointStore(tmp_path / "c")
+    assert fresh.keep_last == 3 and fresh.skipped == []
+    looked = CheckpointStore(other.directory, 2, warn=lambda _: None)
+    assert looked._is_valid(other.path_for(8))  # verified by hashing, and remembered
+    state = other.path_for(8) / "state.pt"
+    before = state.stat()
+    state.write_bytes(state.read_bytes()[:-1] + bytes([state.read_bytes()[-1] ^ 1]))
+    os.utime(state, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert looked._is_valid(other.path_for(8))
+
+
+def test_step_folders_are_in_step_order_across_widths(tmp_path):
+    store, _ = _saved(tmp_path, 99999999)
+    (store.directory / "step_123456789").mkdir()
+    (store.directory / "step_100000000").mkdir()
+    assert [p.name for p in store._step_folders()] == ["step_99999999", "step_100000000", "step_123456789"]

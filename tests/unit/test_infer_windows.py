@@ -148,3 +148,10 @@ def test_the_windows_of_every_rank_are_every_window_of_every_image_once():
     assert [(s[1], s[2]) for s in seen] == [(0, k) for k in range(6)] + [(1, k) for k in range(4)]
     assert seen[5][3] == (3, 2) and seen[9][3] == (1, 1)  # the last window of each image reaches its end
     assert list(plan.windows(4, 4)) == [] and [w.index for w in plan.windows(5, 7)] == [5, 6]
+
+
+def test_a_windows_output_box_is_its_start_and_size_times_the_scale():
+    plan = WindowPlan([(5, 4)], (2, 2), (0.0, 0.0))
+    start = plan.window(5).start
+    assert plan.covers(0, 5, (1, 1)) == (range(start[0], start[0] + 2), range(start[1], start[1] + 2))
+    assert plan.covers(0, 5, (2, 3)) == (range(2 * start[0], 2 * (start[0] + 2)), range(3 * start[1], 3 * (start[1] + 2)))
