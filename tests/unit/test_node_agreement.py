@@ -125,3 +125,41 @@ def test_an_elastic_job_waits_only_for_the_nodes_it_cannot_start_without_and_kee
     assert host._marker == marker and marker.read_text() == "host0\n"  # kept for a node that joins later
     _node(store, 2, nnodes=3, min_nodes=2).check_shared(shared)  # a node joining later finds it
     assert store.check(["multigpu/nodes/job/shared/seen/2"])
+
+
+def test_a_marker_someone_else_removed_does_not_break_node_0_and_the_waits_name_what_they_wait_for(tmp_path,
+                                                                                                    monkeypatch):
+    """Mutation testing: node 0 removes its marker whether the others found it or it gave up, even where the
+    marker is gone already; a node that waits for node 0's marker says so; a relative run folder is named with
+    the folder it is relative to."""
+    shared = tmp_path / "run"
+    shared.mkdir()
+    store = HashStore()
+
+    def polite_node_1():  # finds the marker, cleans it up itself, then says it saw it
+        session = _node(store, 1)
+        token = session._wait("shared/token", "the token")
+        (shared / f".multigpu-shared-{token}").unlink()
+        session._set("shared/seen/1", True)
+
+    helper = _in_thread(polite_node_1)
+    _node(store, 0).check_shared(shared)
+    helper()
+    store = HashStore()
+    giving_up = _in_thread(lambda: _node(store, 0, timeout_s=1.0).check_shared(shared))
+    deadline = time.monotonic() + 10
+    while not list(shared.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for marker in shared.iterdir():
+        marker.unlink()
+    with pytest.raises(RendezvousTimeoutError, match="for node 1 to find the run folder"):
+        giving_up()
+    with pytest.raises(RendezvousTimeoutError, match="for node 0 to make the run folder"):
+        _node(HashStore(), 1, timeout_s=0.3).check_shared(shared)
+    monkeypatch.chdir(tmp_path)
+    store = HashStore()
+    host = _in_thread(lambda: _node(store, 0, timeout_s=1.0).check_shared(shared))
+    with pytest.raises(ConfigError, match=rf"on node 1 \(host1\) elsewhere \(in {tmp_path}\) does not exist"):
+        _node(store, 1).check_shared(nodes.Path("elsewhere"))
+    with pytest.raises(RendezvousTimeoutError):
+        host()
