@@ -275,3 +275,14 @@ def test_the_bands_watched_for_the_stopping_rule_are_this_runs(tmp_path):
     assert everything.columns == [list(range(len(names)))]
     assert book.widest() == [None] and _book(dataclasses.replace(cfg, ensemble=dataclasses.replace(
         cfg.ensemble, until_ci=None)), tmp_path / "c" / "ensemble").widest() == [None]
+
+
+def test_each_round_is_asked_with_this_runs_stopping_rule(tmp_path, monkeypatch):
+    from multigpu.sim import ensemble
+
+    cfg = SimConfig(model="sir", agents=100, grid=(4, 4), steps=2, plot=False,
+                    ensemble={"replicates": 6, "min_replicates": 3, "until_ci": "90:0.5"})
+    calls = []
+    monkeypatch.setattr(ensemble, "next_counts", lambda *args: calls.append(args) or [0])
+    book = _book(cfg, tmp_path / "ensemble")
+    assert book.next_items() == [] and calls == [([0], [None], cfg.ensemble.ci, 6, 3)]

@@ -199,3 +199,59 @@ def test_decide_once_for_the_rank_entry_point_and_a_plain_script(tmp_path):
     folder = _progress(other)
     assert resume.decide(RunContext(run_dir=str(other), resume="auto"), progress="ensemble").resume_from == str(folder)
     assert resume.decide(RunContext(run_dir=str(other), resume="auto")).resume_from is None
+
+
+def test_rank_0_chooses_and_the_others_take_its_answer_or_its_error(tmp_path, monkeypatch, capsys):
+    """The one choice on every rank (a 2-rank job, its group stood in for): rank 0 chooses and says so, once; the
+    others never look at the run folder and raise rank 0's error as their own; nothing to resume on a first start
+    needs no collective at all (mutation testing: only one rank had ever been tested)."""
+    from multigpu.checkpoint.files import CorruptCheckpointError
+    from multigpu.runtime import collectives, group
+
+    run, store = _run(tmp_path, 2, 4)
+    sent: list = []
+    answer: dict = {}
+    monkeypatch.setattr(group, "is_initialized", lambda: True)
+    monkeypatch.setattr(group, "world_size", lambda: 2)
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj: sent.append(obj) or answer.get("value", obj))
+    monkeypatch.setattr(group, "rank", lambda: 0)
+    assert resume.resolve("auto", str(run), restarts=0) == store.path_for(4)
+    assert sent == [(str(store.path_for(4)), None)]
+    assert capsys.readouterr().out == f"resuming from {store.path_for(4)}\n"
+    assert resume.resolve(None, str(run), restarts=0) is None and len(sent) == 1  # no collective
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        resume.resolve(str(run / "nope"), str(run), restarts=0)
+    assert sent[-1][0] is None and sent[-1][1][0] == "config"
+    monkeypatch.setattr(group, "rank", lambda: 1)
+    elsewhere = tmp_path / "not-on-this-node"
+    answer["value"] = (str(store.path_for(2)), None)
+    assert resume.resolve("auto", str(elsewhere), restarts=0) == store.path_for(2)
+    assert sent[-1] == (None, None) and capsys.readouterr().out == ""  # rank 1 sent nothing, said nothing
+    answer["value"] = (None, ("old", "the checkpoints in x are of an earlier multigpu layout"))
+    with pytest.raises(OldLayoutError, match="^the checkpoints in x are of an earlier multigpu layout$"):
+        resume.resolve("auto", str(elsewhere), restarts=0)
+    answer["value"] = (None, ("corrupt", (str(store.path_for(4)), "state.pt is missing")))
+    with pytest.raises(CorruptCheckpointError) as info:
+        resume.resolve("auto", str(elsewhere), restarts=0)
+    assert (str(info.value.path), info.value.reason) == (str(store.path_for(4)), "state.pt is missing")
+    answer["value"] = (None, ("config", "--resume x: no such file or folder"))
+    with pytest.raises(ConfigError, match="^--resume x: no such file or folder$"):
+        resume.resolve("auto", str(elsewhere), restarts=0)
+
+
+def test_an_old_layout_is_refused_on_every_rank_with_its_own_message(tmp_path):
+    old = tmp_path / "old"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "checkpoints" / "manifest.json").write_text(json.dumps({"format": 1, "checkpoints": []}))
+    (old / "checkpoints" / "ckpt_00000004.pt").write_bytes(b"x")
+    with pytest.raises(OldLayoutError) as direct:
+        resume.choose("auto", str(old), 0, say=lambda _: None)
+    with pytest.raises(OldLayoutError) as resolved:
+        resume.resolve("auto", str(old), restarts=0)
+    assert str(resolved.value) == str(direct.value) and "earlier multigpu layout" in str(direct.value)
+
+
+def test_auto_without_a_run_folder_starts_fresh():
+    said: list[str] = []
+    assert resume.choose("auto", None, 0, say=said.append) is None
+    assert said == ["resume=auto: no checkpoint yet; starting from step 0"]
