@@ -9,7 +9,7 @@ of each module, are mutated; a statement that raises, says or warns is left alon
 Prints, per module, the share of its mutants killed and every survivor with the line it changed, and exits 1 when a
 module is below TARGET (docs/testing.md keeps the scores, the date, and why each survivor left is harmless).
 
-    python tools/mutate.py              # every module, about 15 minutes on 2 cores
+    python tools/mutate.py              # every module (docs/testing.md: how long it took)
     python tools/mutate.py hostlist     # one module (the names below)
 """
 

@@ -148,3 +148,23 @@ def test_the_first_beat_counts_from_1_a_store_opened_later_starts_the_beat_and_a
     finally:
         watcher._beat_stop.set()
         watcher._beat_thread.join()
+
+
+def test_a_lost_node_whose_launcher_says_it_ended_stays_lost():
+    """A node found lost whose launcher later posts that it ended (it was stuck, then stopped) is not taken for
+    a node that joined again: it stays lost and is not watched again (mutation testing)."""
+    store = HashStore()
+    lost: list[int] = []
+    watcher, late = _node(store, 0, 0.5), _node(store, 1, 0.5)
+    late.start_beats("/nonexistent", lambda node: None)
+    watcher.start_beats("/nonexistent", lost.append)
+    try:
+        _wait("node 1's heartbeat", lambda: watcher._beats.get(1, {}).get("n", 0) >= 2)
+        late._beat_stop.set()
+        late._beat_thread.join()
+        _wait("node 1 lost", lambda: lost == [1])
+        late._set("beat/1", {"end": "stopped", "host": "host1"})
+        time.sleep(1.0)  # the watcher reads it a few times
+    finally:
+        watcher.stop_beats("ended")
+    assert lost == [1] and 1 in watcher.lost
