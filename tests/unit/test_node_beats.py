@@ -30,11 +30,13 @@ def _wait(what: str, done, within_s: float = 10.0) -> None:
 
 def test_a_lost_node_that_joins_again_is_watched_again_and_named_when_lost_again(tmp_path):
     store = HashStore()
-    survivor, lost = _node(store, 0, 0.4), []
+    # a deadline of 1.5 s (beats every 0.375 s): at 0.4 s a loaded machine held node 1's live heartbeat thread back
+    # past it now and then (1 run in 4), and node 1 was taken for lost before it was stopped
+    survivor, lost = _node(store, 0, 1.5), []
     survivor.start_beats(str(tmp_path), lost.append)
     try:
         for round_ in (1, 2):  # the node's first launcher, then the one that joined again
-            node1 = _node(store, 1, 0.4)
+            node1 = _node(store, 1, 1.5)
             node1.start_beats(str(tmp_path), lambda node: None)
             _wait("node 1's heartbeat", lambda: 1 not in survivor.lost and survivor._beats.get(1, {}).get("n", 0) > 2)
             node1._beat_stop.set()  # its launcher SIGKILLed: no more beats, no word
