@@ -73,9 +73,13 @@ def test_every_file_must_be_listed_present_and_the_size_and_checksum_written(tmp
     state.write_bytes(original + b"x")
     with pytest.raises(CorruptCheckpointError, match=r"state.pt is not the size written \([\d,]+ bytes on disk"):
         store_module.verify(path)
-    assert store_module.verify(path, only=())["step"] == 4  # present: sizes and checksums left to the ranks
+    for only in ((), ("other.pt",), ("state.pt",)):  # a size is a stat: checked for every file, hashed or not
+        with pytest.raises(CorruptCheckpointError, match="state.pt is not the size written"):
+            store_module.verify(path, only=only)
+    state.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # the size written, other bytes
+    assert store_module.verify(path, only=())["step"] == 4  # checksums left to the ranks
     assert store_module.verify(path, only=("other.pt",))["step"] == 4
-    with pytest.raises(CorruptCheckpointError, match="state.pt is not the size written"):
+    with pytest.raises(CorruptCheckpointError, match="state.pt: checksum mismatch"):
         store_module.verify(path, only=("state.pt",))
     state.write_bytes(original[:-1])
     with pytest.raises(CorruptCheckpointError, match="state.pt is truncated"):

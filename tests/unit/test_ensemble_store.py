@@ -38,7 +38,7 @@ def _filled(root) -> ReplicateStore:
 def test_replicates_are_whole_files_read_back_as_written_in_replicate_order(tmp_path):
     root = tmp_path / "ensemble"
     store = _filled(root)
-    assert json.loads((root / "manifest.json").read_text()) == {"format": 1, **MANIFEST}
+    assert json.loads((root / "manifest.json").read_text()) == {"format": 2, **MANIFEST}
     assert store.replicates(0) == [0, 1, 3] and store.replicates(1) == [0] and store.replicates(5) == []
     assert (root / "replicates" / "p000000" / "r000003.csv").read_text() == (
         "step,S,I\n1,9.7,0.3\n2,9.0,1.0\n3,8.5,1.5\n")
@@ -87,7 +87,7 @@ def test_another_runs_ensemble_is_brought_over_whole_and_left_as_it_was(tmp_path
     assert store.open(theirs, SHAPES, most=4) == {0: [0, 1, 3], 1: [0]}
     assert (mine / "replicates" / "p000000" / "r000001.csv").read_text() == "mine\n"
     assert store.read(0, 3).tolist() == [[9.7, 0.3], [9.0, 1.0], [8.5, 1.5]] and store.replicates(1) == [0]
-    assert json.loads((mine / "manifest.json").read_text()) == {"format": 1, **MANIFEST}
+    assert json.loads((mine / "manifest.json").read_text()) == {"format": 2, **MANIFEST}
     assert not list(mine.rglob(".r*"))  # no temporary file left
     assert {p.relative_to(theirs): p.read_bytes() for p in theirs.rglob("*") if p.is_file()} == before
 

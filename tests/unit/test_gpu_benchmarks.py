@@ -111,6 +111,7 @@ def test_infer_gpu_quick_matches_monai(rehearsal):
     assert r["output_difference"] < 1e-4 and r["config"]["model"].startswith("BasicUNet")
 
 
+@SLOW
 def test_ppo_gpu_quick_trains_with_the_policy_in_the_loop(rehearsal):
     r = rehearsal[1]["steps"]["ppo"]["record"]
     cfg = r["config"]
@@ -122,6 +123,7 @@ def test_ppo_gpu_quick_trains_with_the_policy_in_the_loop(rehearsal):
     assert r["ratio"] == max(row["env_steps_per_s"] for row in r["ours"][:-1]) / 4e6
 
 
+@SLOW
 def test_checkpoint_gpu_quick_runs_checkpoint_async_as_a_step(rehearsal):
     r = rehearsal[1]["steps"]["checkpoint"]["record"]
     assert [(row["model"], row["mode"]) for row in r["ours"]] == [("big", "sync"), ("big", "async")]

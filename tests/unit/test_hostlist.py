@@ -130,7 +130,7 @@ def test_the_default_variable_is_named_and_a_parsed_list_is_not_parsed_again():
             read("n[", "SLURM_STEP_NODELIST")
     parsed = parse_hostlist("gpu[1-3],login1")
     assert list(iter_hosts(parsed)) == ["gpu1", "gpu2", "gpu3", "login1"]
-    assert first_host(parsed) == "gpu1" and count_hosts(parsed) == 4 == len(parsed)
+    assert first_host(parsed) == "gpu1" and count_hosts(parsed) == 4 == parsed.size()
     assert first_host(parse_hostlist("")) is None and count_hosts(parse_hostlist(" , ")) == 0
 
 

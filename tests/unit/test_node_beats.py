@@ -17,7 +17,7 @@ from multigpu.launch import nodes
 def _node(store, rank: int, deadline_s: float) -> nodes.Nodes:
     session = nodes.Nodes(b"0123456789abcdef0123", "job", 2, rank, rank == 0, 60.0, f"host{rank}", "127.0.0.1:0",
                           min_nodes=1, beat_deadline_s=deadline_s)
-    session._store = store  # connected: the store every launcher reaches
+    session._store = session._beat_client = store  # connected: the store every launcher reaches (one connection)
     return session
 
 
@@ -52,7 +52,7 @@ def _unnumbered(store, hosts: bool, nnodes: int = 3) -> nodes.Nodes:
     """A launcher started with torchrun's elastic flags: no node rank; ``hosts``: it could listen on the endpoint."""
     session = nodes.Nodes(b"0123456789abcdef0123", "job", nnodes, None, hosts, 60.0, "h", "127.0.0.1:0",
                           min_nodes=1, beat_deadline_s=0.4)
-    session._store = store
+    session._store = session._beat_client = store
     return session
 
 
@@ -160,7 +160,7 @@ def test_the_first_beat_counts_from_1_a_store_opened_later_starts_the_beat_and_a
     try:
         time.sleep(0.3)
         assert not store.check(["multigpu/nodes/job/beat/1"])  # no store yet: nothing posted
-        late._store = store  # torch's rendezvous opened it
+        late._store = late._beat_client = store  # torch's rendezvous opened it
         _wait("the first beat", lambda: store.check(["multigpu/nodes/job/beat/1"]))
         assert _node(store, 0, 40.0)._get("beat/1")["n"] == 1
     finally:
