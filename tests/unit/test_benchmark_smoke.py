@@ -263,7 +263,8 @@ def test_render_rewrites_only_the_marked_block(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True)
     first = results.read_text()
     assert first.startswith(original) and first.count(render.BEGIN) == 1 and first.rstrip().endswith(render.END)
-    assert (tmp_path / "bench.md").read_text() in first
+    assert render.summary(_result()) in first  # RESULTS.md: today's figures per workload
+    assert (tmp_path / "bench.md").read_text() == render.markdown(_result())  # bench.md: every benchmark's rows
     # a second render with other figures replaces the block and nothing else
     other = _result()
     other["benchmarks"][0]["record"]["ratios"][0]["value"] = 3.5
@@ -274,7 +275,7 @@ def test_render_rewrites_only_the_marked_block(tmp_path):
     assert "ours / MONAI: 3.5, 0.987" in second and "ours / MONAI: 1.02" not in second
     head, rest = second.split(render.BEGIN)
     assert head == first.split(render.BEGIN)[0] and rest.split(render.END)[1] == "\n\n## Typed after the block\n"
-    assert render.replace_block(second, render.markdown(other)) == second  # idempotent
+    assert render.replace_block(second, render.summary(other)) == second  # idempotent
     bad = subprocess.run([sys.executable, str(BENCH / "render.py"), str(tmp_path / "missing.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot read") and "Traceback" not in bad.stderr

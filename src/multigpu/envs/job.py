@@ -31,7 +31,7 @@ class EnvsBenchConfig:
     seed: int = 0
     threads: int = 1
     """CPU threads per rank: at these sizes each op is too short for OpenMP to pay, and 2 threads per rank
-    measured 35x slower on a busy 2-core machine (benchmarks/RESULTS.md)."""
+    measured 35x slower on a busy 2-core machine (benchmarks/history/environments.md)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "steps", "threads"):
