@@ -131,6 +131,11 @@ class Nodes:
     """What this node wrote into its place (``place/<node rank>``), where it took one on joining."""
 
     @property
+    def beat_interval_s(self) -> float:
+        """How often this node posts its heartbeat and reads the others' (four reads within the deadline)."""
+        return min(BEAT_S, self.beat_deadline_s / 4)
+
+    @property
     def elastic(self) -> bool:
         return self.min_nodes is not None and self.min_nodes < self.nnodes
 
@@ -360,8 +365,11 @@ class Nodes:
         def again(node: int) -> bool:
             return self.started_again.get(node, (-1.0,))[0] > since - self.beat_deadline_s
 
+        # a beat read within one read interval after ``since`` may have been posted before it (a killed node's
+        # last): only a later one is a sign of life
+        alive_after = since + self.beat_interval_s + _POLL_S
         while self._beat_thread is not None and time.monotonic() < deadline:
-            if all(node in self.lost or again(node) or self._heard.get(node, -1.0) > since
+            if all(node in self.lost or again(node) or self._heard.get(node, -1.0) > alive_after
                    or self._beats.get(node, {}).get("end") for node in others):
                 break
             time.sleep(_POLL_S)
@@ -447,7 +455,7 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
     the others'; a node whose count stood still for ``beat_deadline_s`` without saying it ended is lost."""
     from multigpu.runtime import progress
 
-    count, interval = 0, min(BEAT_S, session.beat_deadline_s / 4)
+    count, interval = 0, session.beat_interval_s
     seen: dict[int, tuple[int, float]] = {}  # node -> (its count, when it last changed, by this clock)
     stop = session._beat_stop
     while not stop.is_set():
