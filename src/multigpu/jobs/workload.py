@@ -115,6 +115,11 @@ class Workload:
     each point's series): ``resume_design(cfg)`` on the checked config, compared key by key with the folder's
     ``manifest.json`` before anything starts (:func:`multigpu.checkpoint.resume.check_design`). None from it:
     this config does not continue such a folder (a plain simulation), and naming one is refused."""
+    dry_run: Callable[[Any, JobPlan, int, Any], None] | None = None
+    """The workload's part of ``--dry-run --world-size N`` (:mod:`multigpu.jobs.dryrun`), in the launcher:
+    ``dry_run(cfg, plan, rank, report)`` adds to ``report`` what rank ``rank`` of ``plan.world_size`` holds (its
+    samples, agents, windows) and its memory, measured on fake tensors where it can; None: the check runs and
+    memory is not measured."""
     launch: Callable[[Any], int | None] | None = None
     """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
     ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to
