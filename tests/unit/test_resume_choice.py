@@ -205,7 +205,7 @@ def test_rank_0_chooses_and_the_others_take_its_answer_or_its_error(tmp_path, mo
     """The one choice on every rank (a 2-rank job, its group stood in for): rank 0 chooses and says so, once; the
     others never look at the run folder and raise rank 0's error as their own; nothing to resume on a first start
     needs no collective at all (mutation testing: only one rank had ever been tested)."""
-    from multigpu.checkpoint.files import CorruptCheckpointError
+    from multigpu.errors import CorruptCheckpointError
     from multigpu.runtime import collectives, group
 
     run, store = _run(tmp_path, 2, 4)
