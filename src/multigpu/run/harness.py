@@ -24,7 +24,9 @@ What the run owns:
   :meth:`steps` ends;
 * **the meter** (:class:`~multigpu.monitor.StepMeter`, from the context: run directory, device sampler,
   ``--profile``): each step is timed by :meth:`steps` (``timed=False``: the workload times the part of it
-  that counts with ``run.meter.step()``);
+  that counts with ``run.meter.step()``); after each step its log point when one is due (every ``log_every``-th
+  step as the run counts them, or a step the workload marks with ``run.meter.point()``), the one cadence of
+  every workload's ``metrics.jsonl`` (:mod:`multigpu.monitor.metrics`);
 * **callbacks**: objects with ``on_step(event)``, or ``pkg.module:factory`` names made here; after every step,
   on every rank, before that step's checkpoint, each gets one :class:`StepEvent`: the step (steps done), the
   state and the run;
@@ -90,7 +92,8 @@ class Run:
         unit: The step meter's unit (:class:`~multigpu.monitor.StepMeter`). This and the four below are plain
             attributes too, read when the meter is first used.
         description: The progress bar's label.
-        log_every: Reduce and log the meter's figures every N steps (0: at the end only).
+        log_every: A log point every N steps (0: none by cadence; :mod:`multigpu.monitor.metrics`): the meter's
+            figures reduced, rank 0 appends a record to ``metrics.jsonl``.
         warmup_steps: Steps left out of the summary.
         progress: Show the progress bar (on a terminal).
         on_interrupt: Ctrl-C/SIGTERM end the steps after the current one, with its checkpoint.
@@ -150,6 +153,7 @@ class Run:
                 description=self.description, log_every=self.log_every, warmup_steps=self.warmup_steps,
                 progress=self.progress)
             self._meter.first_step = self.start + 1  # steps are named as the run counts them, after a resume too
+            self._meter.ends_own_steps = False  # the log point comes after the workload's whole step (end_step)
         return self._meter
 
     def add_items(self, n: int) -> None:
@@ -216,6 +220,8 @@ class Run:
         ranks."""
         self.step += 1
         progress.finished(self.step)  # the launcher tells the other nodes (a lost node's last step is known)
+        if self._meter is not None:  # its log point, when one is due: the figures reduced, rank 0 writes them
+            self._meter.end_step(self.step)
         event = StepEvent(self.step, _unwrapped(self.state), self)
         for callback in self.callbacks:
             callback.on_step(event)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,10 @@ from multigpu.train.checkpoint import check_layout, check_model_fits, param_shap
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.finite import FiniteGuard
 from multigpu.train.loader import BatchStream, to_device
-from multigpu.train.metrics import MetricLogger
 from multigpu.train.optim import use_fused
 from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
 from multigpu.train.sync import wrap_ddp
+from multigpu.train.trackers import Trackers, console_line
 
 __all__ = ["Trainer", "count_items", "default_loss"]
 
@@ -214,6 +215,10 @@ class Trainer:
         self._step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
+        self.first_step_at: float | None = None
+        """When the first optimizer step of this run ended (wall clock)."""
+        self.trackers = Trackers([], unit)
+        """TensorBoard, W&B (``config.logger``): rank 0's, opened by ``setup()``."""
         self._is_setup = False
         self._resumed_from: Path | None = None
 
@@ -260,7 +265,8 @@ class Trainer:
         ctx = self._ctx if self._ctx is not None else script_context(self.run_dir, self.resume)
         self.run = Run(ctx, total=cfg.steps, checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last,
                        mode=cfg.checkpoint_mode, callbacks=[*self._callbacks, *cfg.callbacks], unit=self.unit,
-                       description="train", on_interrupt=cfg.checkpoint_on_interrupt, before_save=self._check_finite)
+                       description="train", log_every=cfg.log_every, on_interrupt=cfg.checkpoint_on_interrupt,
+                       before_save=self._check_finite)
         self.run_dir = self.run.run_dir
         self.world_size = self.env.world_size
         self.accum = self.config.accum_per_rank(self.world_size)
@@ -377,11 +383,20 @@ class Trainer:
 
     def _setup_logging(self) -> None:
         cfg = self.config
-        self.run.warmup_steps = min(2, max(cfg.steps - self.step - 1, 0))
-        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step,
-                                   trackers=self._open_trackers)
+        self.run.warmup_steps = min(2, max(cfg.steps - self.step - 1, 0))  # before the meter is made
+        self.trackers = Trackers(self._open_trackers() if mg.is_main() else [], self.unit)
+        self.meter.on_record.append(self._logged)
         if mg.is_main():
             self._print_plan()
+
+    def _logged(self, record: dict[str, Any]) -> None:
+        """After each log point of the run's meter, on every rank: rank 0 prints the line and feeds the trackers;
+        the log point synchronised already, so one more number says whether any step went non-finite."""
+        if mg.is_main():
+            print(console_line(record, self.config.steps, self.unit), flush=True)
+            self.trackers.log(record)
+        self.finite.check(record["step"], None if self.checkpoints is None else
+                          "the checkpoints written before it are kept")
 
     def _open_trackers(self) -> list:
         """TensorBoard, W&B (``config.logger``) on rank 0; W&B gets the resolved config and the job's shape."""
@@ -545,22 +560,22 @@ class Trainer:
             self.setup()
         cfg = self.config
         self.model.train()  # every submodule; train_step() calls it again only when the root was put in eval mode
-        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever). The run
-        # does the rest after each step: callbacks, a signal's agreement, the checkpoint
-        with self.logger.closed_on_error():
+        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever)
+        with self.trackers.closed_on_error():
             for number in self.run.steps(cfg.steps, timed=False):  # train_step times the part that counts
-                metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
+                self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
                 self.step = step = number + 1  # done: a failure from here on is after this step
+                if self.first_step_at is None:
+                    self.first_step_at = time.time()
                 last = step == cfg.steps
                 if self.val_data is not None and (last or _due(step, cfg.eval_every)):
-                    metrics["val_loss"] = self.last_val_loss = self.evaluate()
-                # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
-                flush = last or _due(step, cfg.log_every) or "val_loss" in metrics
-                self.logger.log(step, metrics, flush=flush)
-                if flush:
-                    self.meter.watch_stragglers()  # a rank that stays slower than the others is named as it happens  # the log point synchronised already: one more number says whether any step went non-finite
-                    self.finite.check(step, None if self.checkpoints is None else
-                                      "the checkpoints written before it are kept")
+                    self.last_val_loss = self.evaluate()
+                    self.meter.point(val_loss=self.last_val_loss)  # a log point, with it
+                if last:
+                    self.meter.point()  # the last step is logged whatever log_every says
+                # the run does the rest after each step: the log point (the figures reduced across ranks; rank 0
+                # writes metrics.jsonl, prints the line, feeds the trackers: _logged), callbacks, a signal's
+                # agreement, the checkpoint
         return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted,
                 "signal": self.interrupt_signal}
 
@@ -581,6 +596,8 @@ class Trainer:
                 loss_sum += loss.detach().float()
             grad_norm = self._clip_gradients()
             lr = self.optimizer.param_groups[0]["lr"]
+            self.meter.add(loss=loss_sum)  # its mean over the steps since the last log point, on the device until then
+            self.meter.extras.update(grad_norm=grad_norm, lr=lr)  # the log point's own step's
             if self._skips(grad_norm):  # nonfinite=skip: the norm is global, so every rank skips the same step
                 self.skipped_steps += 1
             else:
@@ -660,13 +677,13 @@ class Trainer:
             kind = "max_memory_allocated" if self.env.device.type == "cuda" else "peak RSS"
             print(f"peak memory per rank ({kind}): " + ", ".join(_mib(b) for b in peaks), flush=True)
         fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
-                 "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
+                 "first_step_at": self.first_step_at, "strategy": self.config.strategy,
                  "peak_memory_bytes": peaks, **(extra or {})}
         if self.config.strategy == "hsdp":  # bench --predict: the shard group, and whether it was chosen or a node
             fixed["hsdp"] = {"shard_size": self.shard_size, "set": self.config.hsdp_shard_size is not None}
         summary = self.run.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
         # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
-        self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
+        self.trackers.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
         return summary
 
     def _utilization(self, items_per_s: float) -> dict[str, Any]:
