@@ -162,12 +162,44 @@ class Run:
             self._count.items += int(n)
 
     # ------------------------------------------------------------------ resume
+    def read(self, parts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A load's first step: what :attr:`resume_from` holds of ``parts`` (default: :attr:`state`), nothing applied.
+        Call on all ranks.
+
+        ``parts`` names the parts to read, and each one's kind says how: a :class:`~multigpu.checkpoint.PerRank`
+        part is this rank's entry, any other plain part rank 0's value; a sharded part is read into the state by
+        :meth:`apply` (DCP reads straight into this job's layout). Returns every value read by name, and
+        ``"_manifest"`` (the checkpoint's step, world size and ``meta``): the workload can check them, or adapt
+        them to this job (another world size), before anything is applied."""
+        into = self.state if parts is None else parts
+        return self._store().load(self.resume_from, {
+            name: PerRank(None) if isinstance(part, PerRank) else None
+            for name, part in (into or {}).items() if not isinstance(part, Sharded)})
+
+    def apply(self, saved: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> None:
+        """A load's second step: each part of ``into`` (default: :attr:`state`) given its value from ``saved`` (what
+        :meth:`read` returned, maybe adapted; ``load_state_dict``), and its sharded parts read from the checkpoint
+        into this job's layout. Call on all ranks."""
+        into = self.state if into is None else into
+        sharded = {name: part for name, part in (into or {}).items() if isinstance(part, Sharded)}
+        for name, part in (into or {}).items():
+            part = part.part if isinstance(part, PerRank) else part
+            if not isinstance(part, Sharded) and hasattr(part, "load_state_dict"):
+                part.load_state_dict(saved[name])
+        if sharded:
+            self._store().load(self.resume_from, sharded)
+
     def load(self, into: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Restore ``into`` (default: :attr:`state`) from :attr:`resume_from`. Call on all ranks. Returns what
-        :meth:`CheckpointStore.load` returns (every saved part's value, and ``"_manifest"``)."""
+        """Restore ``into`` (default: :attr:`state`) from :attr:`resume_from`: :meth:`read`, then :meth:`apply`.
+        Call on all ranks. Returns what :meth:`read` returned (every plain part's value, and ``"_manifest"``)."""
+        saved = self.read(into)
+        self.apply(saved, into)
+        return saved
+
+    def _store(self) -> CheckpointStore:
         if self.resume_from is None:
-            raise ValueError("load(): this run does not resume (resume_from is None)")
-        return CheckpointStore(self.resume_from.parent).load(self.resume_from, into if into is not None else self.state)
+            raise ValueError("this run does not resume (resume_from is None): nothing to load")
+        return CheckpointStore(self.resume_from.parent)
 
     # ------------------------------------------------------------------ the steps
     def steps(self, total: int | None = None, *, timed: bool = True) -> Iterator[int]:

@@ -147,9 +147,10 @@ def _engine_meta(engine: SimEngine) -> dict:
     }
 
 
-def load(engine: SimEngine, directory: str | Path) -> dict:
+def load(engine: SimEngine, directory: str | Path, *, run=None) -> dict:
     """Fill an engine created with ``populate=False`` from checkpoint folder ``directory``. Call on all ranks.
-    Returns the checkpoint's meta (:func:`meta`).
+    Returns the checkpoint's meta (:func:`meta`). ``run``: the run harness resuming from it, which reads the
+    files (:meth:`multigpu.run.Run.load`); None: its store is opened here (a plain script, a test).
 
     Raises:
         CorruptCheckpointError: the checkpoint fails its checksums, or holds more than tensors.
@@ -170,7 +171,10 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
     record = {"history": meta["history"], "env": meta["env"], "rebalances": meta["rebalances"]} \
         if "history" in meta else None
     into = {"agents": Sharded(part)} if record is not None else {"agents": Sharded(part), "record": EngineRecord(engine)}
-    CheckpointStore(directory.parent).load(directory, into)
+    if run is not None:
+        run.load(into)
+    else:
+        CheckpointStore(directory.parent).load(directory, into)
     loaded = {k: (v.to_local() if world > 1 else v) for k, v in part.fields.items()}
     engine.state.append(loaded)
     if engine.spatial:

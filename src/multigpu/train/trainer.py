@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
-from multigpu.checkpoint import CheckpointStore, PerRank, RngState, Sharded
+from multigpu.checkpoint import PerRank, RngState, Sharded
 from multigpu.errors import ConfigError
 from multigpu.run import Run, script_context
 from multigpu.runtime import context
@@ -440,7 +440,7 @@ class Trainer:
         # what the checkpoint holds, not this run's strategy: DCP shards (fsdp, hsdp) load into any layout
         sharded = check_layout(path, self.config.strategy)
         into = {"trainer": None, "rng": PerRank(None), **({} if sharded else {"model": None, "optimizer": None})}
-        loaded = CheckpointStore(path.parent).load(path, into)
+        loaded = self.run.read(into)  # nothing applied yet: checked and fitted to this job first (setup)
         state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"],
                  "saved_fingerprint": (loaded["_manifest"].get("meta") or {}).get("fingerprint")}
         if sharded:
@@ -468,12 +468,10 @@ class Trainer:
         if "sharded_dir" in state:  # each rank reads its own shards, resharded from the saving job's layout
             from multigpu.train.sharded import FsdpTensors
 
-            path = Path(state["sharded_dir"])
             tensors = FsdpTensors(self.module, self.optimizer, state["param_groups"])
-            CheckpointStore(path.parent).load(path, {"tensors": Sharded(tensors)})
+            self.run.apply(state, {"tensors": Sharded(tensors)})
         else:
-            self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.run.apply(state, {"model": self.module, "optimizer": self.optimizer})
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler") is not None:
