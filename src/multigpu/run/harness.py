@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.checkpoint import CHECKPOINTS, Checkpointer, CheckpointStore, PerRank, Sharded, read_manifest
-from multigpu.checkpoint.resume import decide, is_progress
+from multigpu.checkpoint.resume import decide
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.run.interrupt import InterruptFlag
@@ -99,10 +99,6 @@ class Run:
         on_interrupt: Ctrl-C/SIGTERM end the steps after the current one, with its checkpoint.
         meta: Plain JSON values for each checkpoint's manifest (a dict, or a function called at each save).
         before_save: Called with the step before each checkpoint (it may raise to prevent it).
-        progress_folder: The folder of the run directory where the workload keeps its progress as files of its own
-            instead of checkpoints (a simulation ensemble's ``ensemble``): resume continues it where the run
-            has no checkpoint (:func:`multigpu.checkpoint.resume.choose`); the workload reads what is done
-            from :attr:`resume_from`'s files.
     """
 
     def __init__(self, ctx: context.RunContext | None = None, state: dict[str, Any] | None = None, *,
@@ -110,15 +106,13 @@ class Run:
                  checkpoint_last: bool = True, callbacks: Iterable[Any] = (), unit: str = "items",
                  description: str | None = None, log_every: int = 0, warmup_steps: int = 1, progress: bool = True,
                  on_interrupt: bool = False, meta: dict | Callable[[], dict] | None = None,
-                 before_save: Callable[[int], None] | None = None, progress_folder: str | None = None):
-        self.ctx = decide(ctx if ctx is not None else script_context(), progress=progress_folder)
+                 before_save: Callable[[int], None] | None = None):
+        self.ctx = decide(ctx if ctx is not None else script_context())
         self.run_dir = Path(self.ctx.run_dir) if self.ctx.run_dir else None
         self.resume_from = Path(self.ctx.resume_from) if self.ctx.resume_from else None
-        """What this run continues: a checkpoint, or its folder of progress files (``progress_folder``); None: a
-        fresh run."""
-        folder = is_progress(self.resume_from, progress_folder)
-        self.start = int(read_manifest(self.resume_from)["step"]) if self.resume_from and not folder else 0
-        """The step this run starts from (the resumed checkpoint's; 0 for a fresh run or a folder continued)."""
+        """The checkpoint this run continues from; None: a fresh run."""
+        self.start = int(read_manifest(self.resume_from)["step"]) if self.resume_from else 0
+        """The step this run starts from (the resumed checkpoint's; 0 for a fresh run)."""
         self.step = self.start
         """Steps done so far."""
         self.state = state
