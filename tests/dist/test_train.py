@@ -131,7 +131,7 @@ def _hooks_average(_=None) -> list[bool]:
     """Each sync backend's gradients equal the mean of the ranks' local gradients."""
     from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: F401
 
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     out = []
     for backend in ("auto", "gloo", "cpu"):

@@ -54,7 +54,7 @@ from multigpu.rl.normalize import ObsNormalizer
 from multigpu.rl.policy import ActorCritic, PolicySpec, policy_for
 from multigpu.run import Run, script_context
 from multigpu.runtime import context
-from multigpu.train.sync import wrap_ddp
+from multigpu.train.strategies import wrap_ddp
 
 __all__ = ["ActorCritic", "PPOResult", "TrainedPolicy", "load_policy", "train"]
 
