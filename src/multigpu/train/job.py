@@ -345,7 +345,7 @@ def _datasets(cfg: TrainJobConfig):
 
 
 def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
-          run: RunContext | None = None):
+          ctx: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -372,7 +372,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=run)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, ctx=ctx)
     return trainer, model, train_set
 
 
@@ -486,7 +486,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
     if ctx.elastic and ctx.resume_from:  # re-formed at another size: keep the global batch, as a resume does
         cfg = _kept_on_resize(cfg, ctx)
-    trainer, model, train_set = build(cfg, run_dir, run=ctx)
+    trainer, model, train_set = build(cfg, run_dir, ctx=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written

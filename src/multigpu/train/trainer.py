@@ -167,8 +167,9 @@ class Trainer:
             started by ``multigpu launch``/``bench``, ``mg.run_context().run_dir`` is the launcher's choice.
         resume: In a plain script: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``,
             if any; or a checkpoint folder (decided in ``setup()`` by the run harness, restarts included).
-        run: The run context of a job (its ``ctx``: ``resume_from`` decided; ``run_dir`` and ``resume`` are then
-            not looked at); None: a plain script.
+        ctx: The run context of a job (its ``main(cfg, ctx)``'s: ``resume_from`` decided; ``run_dir`` and
+            ``resume`` are then not looked at); None: a plain script. (``trainer.run`` is the run harness made
+            from it.)
         callbacks: Objects whose ``on_step(event)`` runs on every rank after every optimizer step, with a
             :class:`multigpu.run.StepEvent` (see the module docstring for what it holds).
         unit: "tokens" (the real tokens of each batch: see :func:`count_items`) or "samples" (its first dim).
@@ -195,14 +196,14 @@ class Trainer:
         shard_data: bool = True,
         resume: str | None = None,
         callbacks: list[Any] | None = None,
-        run: context.RunContext | None = None,
+        ctx: context.RunContext | None = None,
     ):
         self.config = config or TrainConfig()
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resume = resume
-        self._ctx = run
+        self._ctx = ctx
         self.run: Run | None = None
         """The run harness (made by ``setup()``): checkpoints, resume, meter, callbacks, summary."""
         self._callbacks = list(callbacks or [])
