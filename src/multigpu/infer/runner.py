@@ -693,8 +693,9 @@ def sliding_window(
         cval: Fill value for constant padding.
         device: Where windows go (default: the model's parameters' device, else ``mg.device()``).
         run_dir: Where rank 0 writes the step meter's ``summary.json`` (None: nowhere).
-        meter: A ``StepMeter`` to record into (one step per window batch); it is then
-            left open for the caller to ``close()``. Default: one made and closed here.
+        meter: A ``StepMeter`` to record into (one step per window batch; a job's: its run's ``run.meter``); it is
+            then left open for the caller to ``close()``. Default: the meter of a run harness
+            (:class:`multigpu.run.Run`) made and closed here.
         model_kwargs: Extra keyword arguments of every model call (e.g. ``{"sigma": 0.05}`` for
             DeepInverse's DRUNet, which takes ``model(x, sigma)``).
 
@@ -722,10 +723,13 @@ def sliding_window(
     layout = _Layout(share)
     exchange = _Exchange(share, layout)
     _move_held_modules(model, share.device)
-    own_meter = meter is None
-    if own_meter:
-        meter = StepMeter("windows", total_steps=share.num_batches(), description="infer", run_dir=run_dir,
-                          progress=progress)
+    run = None
+    if meter is None:  # a call of its own: the run harness's meter (summary.json in run_dir; the launcher's sampler)
+        from multigpu.run import Run, script_context
+
+        run = Run(script_context(run_dir), total=share.num_batches(), unit="windows", description="infer",
+                  checkpoint_last=False, progress=progress)  # one pass: no checkpoints
+        meter = run.meter
     with torch.inference_mode():  # canvases too: in-place adds into inference tensors need it
         # 1. this rank's windows into its canvases; meanwhile a thread takes what the last rank sends early
         if exchange.distributed and exchange.rank in exchange.receivers:
@@ -747,8 +751,8 @@ def sliding_window(
         if whole is None:
             for i in range(len(images)):
                 _assemble(share, layout, exchange, i, None if outputs is None else outputs[1][i])
-    if own_meter:
-        meter.close({"num_windows": share.plan.num_windows, "num_images": len(images), "roi": list(roi)})
+    if run is not None:
+        run.close({"num_windows": share.plan.num_windows, "num_images": len(images), "roi": list(roi)})
     return None if outputs is None else packed.unpack(outputs[0])
 
 

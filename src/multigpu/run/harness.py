@@ -111,7 +111,10 @@ class Run:
         self.run_dir = Path(self.ctx.run_dir) if self.ctx.run_dir else None
         self.resume_from = Path(self.ctx.resume_from) if self.ctx.resume_from else None
         """The checkpoint this run continues from; None: a fresh run."""
-        self.start = int(read_manifest(self.resume_from)["step"]) if self.resume_from else 0
+        self.manifest: dict[str, Any] | None = read_manifest(self.resume_from) if self.resume_from else None
+        """The manifest of the checkpoint resumed from (its ``step``, ``world_size`` and ``meta``; None: a fresh
+        run): what a workload decides how to load by (another world size) before anything is read."""
+        self.start = int(self.manifest["step"]) if self.manifest is not None else 0
         """The step this run starts from (the resumed checkpoint's; 0 for a fresh run)."""
         self.step = self.start
         """Steps done so far."""
