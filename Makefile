@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick lint setup clean bench docs docs-serve cluster-deps
+.PHONY: demo test test-quick mutate lint setup clean bench docs docs-serve cluster-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,14 +24,17 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # Two pytest workers (pytest-xdist): the end-to-end tests mostly wait on process start-up and deadlines,
-# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process. Hypothesis runs the same
+# so two of them share 2 cores well. TEST_WORKERS=0 runs everything in one process. Each test file is one unit
+# of work (--dist loadscope: a module's fixtures are made once), handed out longest first (tests/conftest.py
+# orders the files by tests/durations.json; `pytest --record-durations` writes it). Hypothesis runs the same
 # examples every time (its "ci" profile, tests/conftest.py); the fault tests' random draws print their seed in
 # the header: FAULT_SEED=N draws them again.
 TEST_WORKERS ?= 2
 FAULT_SEED ?=
 TEST_FLAGS := --hypothesis-profile=ci $(if $(FAULT_SEED),--fault-seed $(FAULT_SEED))
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: $(STAMP) cluster-deps
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal $(TEST_FLAGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(TEST_FLAGS)
 
 # The cluster tier (tests/cluster) runs a real SLURM on virtual hosts of this machine: Debian's daemons, installed
 # here where the tests run as root with apt (CI does); elsewhere the tier says in one line why it did not run.
@@ -43,8 +46,17 @@ cluster-deps:
 	    || echo "could not install them: the cluster tier will say why it did not run"; \
 	fi
 
+# The pure tier (docs/testing.md): tests/unit and tests/fakecuda, without what spawns ranks, runs the command line
+# end to end or is marked slow.
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not dist and not e2e and not slow" $(TEST_FLAGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(TEST_FLAGS) -m "not dist and not e2e and not slow" tests/unit tests/fakecuda
+
+# Mutation testing of the modules whose rules guard data (docs/testing.md): each mutant against the fast tests that
+# call its function, from a fresh mutants/ copy, niced (a shared machine); prints the score per module and every
+# survivor, and fails below 90% in any module. Not part of `make test` (about 15 minutes on 2 cores).
+mutate: $(STAMP)
+	rm -rf mutants
+	nice -n 10 $(PY) tools/mutate.py
 
 # Every side-by-side benchmark in quick mode (takes /tmp/multigpu-bench.lock itself), into one JSON;
 # then the Markdown table and the generated block of benchmarks/RESULTS.md are rendered from it.
@@ -63,7 +75,7 @@ docs-serve: $(STAMP)
 	$(MKDOCS) serve --strict
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks docs
+	$(VENV)/bin/ruff check src tests examples benchmarks docs tools
 
 clean:
-	rm -rf $(VENV) build site *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site mutants *.egg-info src/*.egg-info

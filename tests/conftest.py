@@ -39,6 +39,72 @@ except ImportError:  # the dev extra is not installed: the tests that use it ski
 def pytest_addoption(parser):
     parser.addoption("--fault-seed", type=int, default=None, metavar="N",
                      help=f"seed of the fault tests' random draws (default: ${SEED_VAR}, else a fresh one, printed)")
+    parser.addoption("--record-durations", action="store_true", default=False,
+                     help=f"write the seconds each test file took into {DURATIONS.relative_to(ROOT)} (the order in "
+                          "which files start: longest first)")
+
+
+DURATIONS = ROOT / "tests" / "durations.json"
+"""Seconds each test file took in a whole ``make test`` (its tests' set-up, call and tear-down, summed on 2 cores),
+written by ``pytest --record-durations``: the order in which the files start, longest first."""
+_MARKER_SECONDS = (("slow", 60.0), ("e2e", 15.0), ("dist", 8.0))
+"""A file not recorded yet counts each of its tests by its heaviest marker (else 0.2 s)."""
+
+
+def _test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _recorded_durations() -> dict[str, float]:
+    import json
+
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+
+
+def file_order(items, recorded: dict[str, float]) -> list:
+    """``items`` with the longest files first (their recorded seconds, else an estimate by marker), each file's
+    tests together and in their own order (so a module's fixtures are made once), ties in collection order."""
+    estimate: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        name = _test_file(item.nodeid)
+        first.setdefault(name, i)
+        marks = {m.name for m in item.iter_markers()}
+        estimate[name] = estimate.get(name, 0.0) + next((s for m, s in _MARKER_SECONDS if m in marks), 0.2)
+    weight = {name: recorded.get(name, estimate[name]) for name in first}
+    return sorted(items, key=lambda item: (-weight[_test_file(item.nodeid)], first[_test_file(item.nodeid)]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The longest test files start first. Under ``make test`` (pytest-xdist, ``--dist loadscope`` without its own
+    reordering) each file is one unit of work handed to the next free worker in this order: the long e2e and
+    rehearsal files begin at once on the two workers and the many short ones fill in after, instead of a long
+    file starting last and running alone. Every worker sorts alike (the same file of durations). Not under mutation
+    testing (``make mutate`` runs a copy in ``mutants/``): there each mutant's few tests run as collected."""
+    if ROOT.name != "mutants":
+        items[:] = file_order(items, _recorded_durations())
+
+
+_FILE_SECONDS: Counter = Counter()
+
+
+def pytest_runtest_logreport(report):
+    """Add up each test file's seconds for ``--record-durations`` (in the main process: under xdist the workers'
+    reports arrive there too)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _FILE_SECONDS[_test_file(report.nodeid)] += report.duration
+
+
+def _write_durations() -> None:
+    import json
+
+    merged = {**_recorded_durations(), **{k: round(v, 1) for k, v in _FILE_SECONDS.items()}}
+    DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
 
 
 def session_seed(config) -> int:
@@ -260,7 +326,12 @@ def pytest_runtest_call(item):
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session if any process it started is still running (after 10 s of grace), and stop those.
 
-    An xdist worker checks its own and leaves its findings in the shared folder; the main process reads them."""
+    An xdist worker checks its own and leaves its findings in the shared folder; the main process reads them.
+    Not under mutation testing (``make mutate``, a copy in ``mutants/``): there every mutant's session is a
+    process forked from one that loaded this module, so they all carry one mark, and each would take the others
+    running beside it for its own, wait for them and stop them."""
+    if ROOT.name == "mutants":
+        return
     shared = Path(os.environ[_SHARED_VAR])
     if _xdist_controller(session.config):
         for path in sorted(shared.glob("left_*.txt")):
@@ -298,6 +369,8 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         shutil.rmtree(os.environ[_SHARED_VAR], ignore_errors=True)
+        if config.getoption("--record-durations") and _FILE_SECONDS:
+            _write_durations()
 
 
 def _counted(terminalreporter, name: str) -> tuple[Counter, list]:

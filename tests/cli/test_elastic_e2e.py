@@ -81,7 +81,7 @@ def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subproces
     new node 1) and their (stdout, stderr)."""
     from torch.distributed import TCPStore
 
-    from multigpu.checkpoint.resize import read_resizes
+    from multigpu.runtime.context import read_resizes
 
     (tmp_path / "pace_here.py").write_text(_PACE)
     gate = tmp_path / "paced"

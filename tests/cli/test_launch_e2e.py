@@ -159,6 +159,32 @@ def test_two_nodes_on_loopback(tmp_path):
     assert "gathered on rank 0: [1, 4, 9, 16, 25, 36, 49, 64, 81, 100]" in joined
 
 
+def test_a_node_whose_ranks_finished_first_is_not_taken_for_lost_while_the_others_work_on():
+    """Node 1's rank ends while rank 0 works on alone for 3 heartbeat deadlines (a final save): node 1's launcher
+    waits in torch's exit barrier, whose blocking store wait held the heartbeat's writes on the same connection,
+    so node 0 took node 1 for lost ("no heartbeat for 3s") and ended the job that was about to succeed."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+            "--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"]
+    procs = [subprocess.Popen([*base, "--node-rank", str(r), str(SCRIPTS / "rank0_lingers.py"), "9"], cwd=ROOT,
+                              env={**_NODES_ENV, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]  # before: node 1 waited in the exit barrier for 300 s
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    said = "".join(out for out, _ in outs)
+    assert "rank 0 done (2 ranks summed)" in said and "rank 1 done (2 ranks summed)" in said
+    assert not [err for _, err in outs if "was lost" in err or "restarting" in err], outs
+
+
 @pytest.mark.fault
 def test_a_node_whose_launcher_is_killed_is_named_with_the_last_step_of_each_rank(tmp_path):
     """Two nodes on loopback; node 1's launcher alone is SIGKILLed mid-run (its worker dies with it): node 0 ends

@@ -41,7 +41,8 @@ def test_train_launch_imports_no_other_workload(tmp_path):
 def test_help_and_a_mistyped_command_still_list_every_command(capsys):
     from multigpu.cli import _command_of, commands, main
 
-    assert commands() == ["launch", "info", "train", "sim", "infer", "rl", "run", "bench", "verify", "doctor", "report"]
+    assert commands() == ["launch", "info", "train", "sim", "infer", "rl", "run", "bench", "verify", "plan", "doctor",
+                          "report"]
     assert _command_of(["envs"]) is None  # a built-in workload whose entry makes it no command (bench runs it)
     assert _command_of(["--debug", "train", "-f", "nano"]) == "train" and _command_of(["trian"]) is None
     assert _command_of(["--help"]) is None and _command_of([]) is None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import torch
 
 from tests.conftest import run_cli
 
@@ -29,17 +31,60 @@ def test_verify_fails_naming_the_result_and_the_difference(tmp_path):
     assert sorted(p.name for p in (keep / "np3").iterdir()) == ["mean.pt", "total.pt"]  # rank 0 wrote, atomically
 
 
+def _expected_doctor_statuses() -> dict[str, str]:
+    """What each check must say on this machine, read here by the test itself (a CPU-only host, or GPUs; no
+    visible-device or interface variables set; the thresholds of :mod:`multigpu.doctor.checks`)."""
+    import resource
+    import shutil
+    import socket
+
+    import psutil
+    import torch
+
+    from multigpu.doctor import checks
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        shm = shutil.disk_usage("/dev/shm").total
+    except OSError:
+        shm = None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    soft = soft if soft != resource.RLIM_INFINITY else 2**31
+    stats, addrs = psutil.net_if_stats(), psutil.net_if_addrs()
+    outside = [name for name, st in stats.items() if st.isup and name != "lo" and any(
+        a.family == socket.AF_INET and not a.address.startswith("127.") for a in addrs.get(name, []))]
+    return {
+        "torch": "pass", "GPUs": "warn" if gpus == 0 else "pass", "driver / NVML": "pass", "NCCL": "pass",
+        "gloo": "pass", "visible-device variables": "pass", "CPU ranks' heap": "pass",
+        "/dev/shm": ("warn" if shm is None else "fail" if shm < checks.SHM_FAIL_BYTES else
+                     "warn" if shm < checks.SHM_WARN_BYTES else "pass"),
+        "open-file limit": ("fail" if soft < checks.NOFILE_FAIL else "warn" if soft < checks.NOFILE_WARN else "pass"),
+        "rendezvous port": "pass", "network interfaces": "pass" if len(outside) == 1 else "warn",
+        "all-reduce bandwidth": "pass", "training memory": "pass",
+    }
+
+
 def test_doctor_json_answers_every_check_on_this_machine():
-    proc = run_cli("doctor", "--json", timeout=180)
+    """Each check's exact status on this machine, not just one of pass/warn/fail: a check that warns or fails
+    where all is well (or passes where it should warn) is caught."""
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")}
+    proc = run_cli("doctor", "--json", timeout=180, env=env)
     report = json.loads(proc.stdout)  # stdout is pure JSON: the bandwidth test's workers write elsewhere
     checks = {c["name"]: c for c in report["checks"]}
-    assert len(checks) == 13 and all(c["status"] in ("pass", "warn", "fail") and c["detail"] for c in checks.values())
+    expected = _expected_doctor_statuses()
+    if not torch.cuda.is_available():  # the GPU-only checks (P2P, NVLink, InfiniBand) are absent on a CPU host
+        assert list(checks) == list(expected), list(checks)
+    assert {name: checks[name]["status"] for name in expected} == expected, {n: c["detail"] for n, c in checks.items()}
+    assert all(c["detail"] for c in checks.values())
     failed = [name for name, c in checks.items() if c["status"] == "fail"]  # exit 1 exactly when a check fails
     assert proc.returncode == (1 if failed else 0) and report["ok"] is (not failed), (failed, proc.stderr[-3000:])
     assert all(c["hint"] for c in checks.values() if c["status"] != "pass")
-    bw = checks["all-reduce bandwidth"]
-    assert bw["status"] == "pass", bw  # 2 gloo ranks through the real launcher here
+    assert checks["gloo"]["detail"] == "available"
+    assert checks["torch"]["detail"].startswith(f"torch {torch.__version__.split('+')[0]}")
+    bw = checks["all-reduce bandwidth"]  # 2 gloo ranks through the real launcher here
     assert report["facts"]["bandwidth"]["busbw_gbps"] > 0 and report["facts"]["bandwidth"]["world_size"] >= 2
+    assert bw["detail"].startswith(f"busbw {report['facts']['bandwidth']['busbw_gbps']:.2f} GB/s")
 
 
 def test_verify_keeps_a_failed_runs_logs_in_its_run_dir(tmp_path):

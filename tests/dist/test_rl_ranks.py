@@ -86,7 +86,7 @@ def test_ppo_resumes_on_another_world_size_with_the_same_environments_re_split_a
     re-split for 3 ranks (2+2+1) and then for 1, each time checked bit for bit against the digest saved with the
     checkpoint (the environments' state, the current observations, episode sums and pending resets, by id) and
     recorded as a resize. Before, a resume on another size stopped with "valid: resume rl on the same world size"."""
-    from multigpu.checkpoint.resize import read_resizes
+    from multigpu.runtime.context import read_resizes
 
     run = tmp_path / "run"
     run_on_ranks(_ppo, 2, args=(str(run), 3), timeout_s=120)

@@ -96,7 +96,7 @@ def _reference_results():
 
 
 def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path, capsys):
-    from multigpu.checkpoint.resize import read_resizes
+    from multigpu.runtime.context import read_resizes
 
     ref = _reference_results()
     # every strategy gives the same result at one rank already

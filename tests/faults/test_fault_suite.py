@@ -395,7 +395,7 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path, capsys, seam_ok, fake_
 
 def test_a_reused_pid_does_not_keep_a_lock_alive(tmp_path):
     """The pid runs, but it is another process than the one that took the lock (other start time)."""
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
 
     me = psutil.Process()
     (tmp_path / ".lock").write_text(json.dumps({"pid": me.pid, "host": os.uname().nodename,

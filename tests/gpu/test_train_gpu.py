@@ -31,6 +31,8 @@ EXACT = TrainConfig(steps=4, global_batch_size=8, lr=3e-3, warmup_steps=1, eval_
 """For comparisons: fp32, no TF32, random tokens."""
 LEARN = dataclasses.replace(EXACT, steps=30, lr=1e-2, prefetch=2)
 """For a falling loss: a repeated text the model learns in a few steps."""
+SGD = {"lr": 0.1, "warmup_steps": 0, "grad_clip": 0.0}
+"""With plain SGD (:func:`assert_same_sgd`): no clipping, which would scale a summed gradient back to an average's."""
 
 # placements of 2 spawned ranks (run_on_ranks' env and run context, as the launcher would give them):
 # NCCL on 2 GPUs, gloo sharing GPU 0 (--share-gpus), hybrid GPU + CPU (--allow-cpu-ranks)
@@ -52,11 +54,13 @@ def text_tokens() -> torch.Tensor:
     return encode("def add(a, b):\n    return a + b\n\n" * 200)
 
 
-def train(cfg: TrainConfig, tokens: torch.Tensor) -> dict:
-    """Train the tiny GPT with the Trainer on every rank of the current job (or alone); figures on the CPU."""
+def train(cfg: TrainConfig, tokens: torch.Tensor, *, sgd: bool = False) -> dict:
+    """Train the tiny GPT with the Trainer on every rank of the current job (or alone); figures on the CPU.
+    ``sgd``: plain SGD instead of AdamW, whose update is the averaged gradient times lr (see :func:`assert_same_sgd`)."""
     torch.manual_seed(0)  # identical initial weights on every rank
     model = GPT(TINY, len(VOCAB))
-    optimizer = make_optimizer(model, cfg)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr) if sgd else make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, CharDataset(tokens, TINY.block_size), config=cfg,
                       scheduler=make_scheduler(optimizer, cfg), run_dir=None)
     trainer.setup()
@@ -76,7 +80,8 @@ def train(cfg: TrainConfig, tokens: torch.Tensor) -> dict:
     trainer.close()
     return {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses,
             "grads": grads, "grad_norms": norms,
-            "device": str(next(model.parameters()).device), "scaler": trainer.scaler.is_enabled()}
+            "device": str(next(model.parameters()).device), "scaler": trainer.scaler.is_enabled(),
+            "initial": initial}
 
 
 def max_diff(a: dict, b: dict) -> tuple[str, float]:
@@ -127,6 +132,24 @@ def assert_same_training(a: dict, b: dict, what: str) -> None:
     assert_close_across_devices(a["state"], b["state"], what)
 
 
+def assert_same_sgd(a: dict, b: dict, what: str) -> None:
+    """Two runs of ``EXACT`` with plain SGD (``sgd-*``) moved the weights by the same steps: each update is lr times
+    the averaged gradient, so a gradient summed over 2 ranks instead of averaged moves them twice as far, which
+    Adam would hide (it divides each gradient by its own running scale: x2 changes nothing). The movement from
+    the initial weights agrees to 0.1% of its size over the whole model (CUDA and CPU kernels round differently,
+    by far less), and in every tensor that moved to 1%; a sum (x2) or one rank's gradient alone misses both."""
+    moved_a = {k: a["state"][k].double() - a["initial"][k].cpu().double() for k in a["state"]}
+    moved_b = {k: b["state"][k].double() - b["initial"][k].cpu().double() for k in b["state"]}
+    size = math.sqrt(sum(float(m.square().sum()) for m in moved_b.values()))
+    apart = math.sqrt(sum(float((moved_a[k] - moved_b[k]).square().sum()) for k in moved_b))
+    assert size > 0 and apart <= 1e-3 * size, f"{what}: the SGD steps differ by {apart / size:.2%} of their size"
+    for key, m in moved_b.items():
+        norm = float(m.norm())
+        if norm > 1e-6:
+            off = float((moved_a[key] - m).norm())
+            assert off <= 0.01 * norm, f"{what}: {key}: the SGD steps differ by {off / norm:.2%}"
+
+
 def loss_fell(losses: list[float]) -> bool:
     start, end = losses[0], sum(losses[-5:]) / 5
     return all(math.isfinite(v) for v in losses) and end < 0.6 * start
@@ -135,6 +158,8 @@ def loss_fell(losses: list[float]) -> bool:
 def variants(syncs: tuple[str, ...], precisions: tuple[str, ...]) -> dict:
     """Rank body: fp32 training with each sync backend, and a learning run in each mixed precision."""
     out = {f"fp32-{s}": train(dataclasses.replace(EXACT, sync_backend=s), random_tokens()) for s in syncs}
+    out.update({f"sgd-{s}": train(dataclasses.replace(EXACT, sync_backend=s, **SGD),
+                                  random_tokens(), sgd=True) for s in syncs})
     for p in precisions:
         out[p] = train(dataclasses.replace(LEARN, precision=p), text_tokens())
     return out
@@ -167,7 +192,10 @@ def test_ddp_on_cuda_every_sync_backend_agrees_and_matches_cpu_ranks(two_cpu_ran
     reference = r0["fp32-auto"]["state"]
     for sync in syncs[1:]:  # the cpu hook stages CUDA buckets through host memory: same average
         assert_close(r0[f"fp32-{sync}"]["state"], reference, f"sync {sync} vs auto", rtol=1e-6, atol=1e-7)
+    # the gradients averaged, not summed: compared themselves, and by plain SGD's steps (which Adam would hide)
     assert_same_training(r0["fp32-auto"], two_cpu_ranks["fp32-auto"], "2 CUDA ranks vs 2 CPU ranks")
+    for sync in syncs:
+        assert_same_sgd(r0[f"sgd-{sync}"], two_cpu_ranks["sgd-auto"], f"sgd, sync {sync}: 2 CUDA ranks vs 2 CPU ranks")
     for precision in ("bf16", "fp16"):
         assert loss_fell(r0[precision]["losses"]), (precision, r0[precision]["losses"])
     assert r0["fp16"]["scaler"] and not r0["bf16"]["scaler"]
@@ -182,3 +210,5 @@ def test_hybrid_gpu_and_cpu_ranks_match_two_cpu_ranks(two_cpu_ranks):
         # the same averaged gradients on both ranks; the optimizer's float ops differ by ulps between devices
         assert_close(r0[name]["state"], r1[name]["state"], f"{name}: GPU rank vs CPU rank", rtol=1e-5, atol=1e-6)
         assert_same_training(r0[name], reference, f"{name}: hybrid vs 2 CPU ranks")
+    for sync in ("auto", "cpu"):
+        assert_same_sgd(r0[f"sgd-{sync}"], two_cpu_ranks["sgd-auto"], f"sgd, sync {sync}: hybrid vs 2 CPU ranks")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.bench import Launcher, configs_for, resolve_target
+from multigpu.bench import Launcher, resolve_target
 from multigpu.errors import ConfigError
 from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import configs_for
 
 
 def _global_batches(scaling: str, sizes: tuple[int, ...], *overrides: str) -> dict[int, int]:

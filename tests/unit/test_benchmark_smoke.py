@@ -2,7 +2,9 @@
 
 Each script runs in a subprocess with ``--smoke --json`` and must write the
 record benchmarks/_record.py defines: per-round rows and ratios whose fields
-the renderer reads. No figure is asserted: at these sizes they mean nothing.
+the renderer reads. No speed is asserted (at these sizes it means nothing), but every figure a test can
+know is: counts that follow from the smoke size, zero communication on one rank, and each ratio equal to the
+quotient (or difference) of the rows it is made of, so a wrong figure in a record fails.
 Then the runner (benchmarks/run_all.py) on fake scripts: a failure is recorded
 with its last lines and the others go on, a script without --json is "not
 machine-readable yet"; and the renderer (benchmarks/render.py): JSON ->
@@ -50,12 +52,27 @@ def _smoke(script: str, tmp_path) -> dict:
     return record
 
 
+def _ratio(record: dict, name: str, round_: int = 1) -> float:
+    [value] = [x["value"] for x in record["ratios"] if x["name"] == name and x["round"] == round_]
+    return value
+
+
+def _row(record: dict, **match) -> dict:
+    [row] = [row for row in record["rows"] if all(row.get(k) == v for k, v in match.items())]
+    return row
+
+
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_train_peers_smoke(tmp_path):
     r = _smoke("train_peers", tmp_path)
     assert {row["contender"] for row in r["rows"]} == {"ours", "raw"}
     assert all(row["tokens/s"] > 0 and row["launch to first step (s)"] > 0 for row in r["rows"])
     assert [x["name"] for x in r["ratios"]] == ["ours / raw tokens/s", "ours - raw launch to first step (s)"]
+    ours, raw = _row(r, contender="ours"), _row(r, contender="raw")
+    assert _ratio(r, "ours / raw tokens/s") == pytest.approx(ours["tokens/s"] / raw["tokens/s"], rel=1e-12)
+    assert _ratio(r, "ours - raw launch to first step (s)") == pytest.approx(
+        ours["launch to first step (s)"] - raw["launch to first step (s)"], rel=1e-12)
+    assert (r["config"]["steps"], r["config"]["rounds"], r["config"]["nproc"]) == (3, 1, 1)  # --smoke's size
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line and torchrun in subprocesses
@@ -66,6 +83,14 @@ def test_startup_smoke(tmp_path):
     assert [x["name"] for x in r["ratios"]] == ["ours / torchrun, wall s, empty 2-rank gloo job",
                                                  "ours / torchrun, cpu s, empty 2-rank gloo job",
                                                  "ours, fresh workers / torchrun, wall s, empty 2-rank gloo job"]
+    ours, fresh, torchrun = (_row(r, contender=c) for c in ("ours", "ours, fresh workers", "torchrun"))
+    for what in ("wall", "cpu"):
+        assert _ratio(r, f"ours / torchrun, {what} s, empty 2-rank gloo job") == pytest.approx(
+            ours[f"{what} (s)"] / torchrun[f"{what} (s)"], rel=1e-12)
+    assert _ratio(r, "ours, fresh workers / torchrun, wall s, empty 2-rank gloo job") == pytest.approx(
+        fresh["wall (s)"] / torchrun["wall (s)"], rel=1e-12)
+    met = _ratio(r, "ours / torchrun, wall s, empty 2-rank gloo job") <= 0.8  # the note says what the ratio says
+    assert r["notes"][0] == f"target ours / torchrun <= 0.8 on the wall clock: {'met' if met else 'NOT met'} in every round"
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
@@ -74,6 +99,8 @@ def test_train_scaling_smoke(tmp_path):
     assert [(row["round"], row["ranks"], row["speedup"]) for row in r["rows"]] == [(1, 1, 1.0)]
     assert r["rows"][0]["threads per rank"] == 1 == r["config"]["threads"]  # the same budget at every world size
     assert r["rows"][0]["tokens/s"] > 0
+    assert r["rows"][0]["comm share"] == 0.0  # one rank: no gradient all-reduce to time
+    assert (r["config"]["steps"], r["config"]["nproc"], r["config"]["global_batch_size"]) == (3, [1], 32)
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
@@ -95,6 +122,10 @@ def test_sim_throughput_smoke(tmp_path):
     assert {(row["impl"], row["agents"]) for row in r["rows"]} == {("ours", 10_000), ("hand", 10_000)}
     assert all(row["agent_steps_per_s"] > 0 and row["bytes_per_agent"] > 0 for row in r["rows"])
     assert [x["name"] for x in r["ratios"]] == ["ours / hand, sir 10,000 agents"]
+    for row in r["rows"]:  # a rate is the agent-steps done over the seconds measured
+        assert row["agent_steps_per_s"] == pytest.approx(row["agents"] * row["steps"] / row["seconds"], rel=1e-12)
+    assert _ratio(r, "ours / hand, sir 10,000 agents") == pytest.approx(
+        _row(r, impl="ours")["agent_steps_per_s"] / _row(r, impl="hand")["agent_steps_per_s"], rel=1e-12)
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
@@ -102,6 +133,8 @@ def test_sim_scaling_smoke(tmp_path):
     r = _smoke("sim_scaling", tmp_path)
     assert [(row["strategy"], row["ranks"], row["agents"]) for row in r["rows"]] == [("spatial", 1, 10_000)]
     assert r["rows"][0]["throughput"] > 0 and r["ratios"] == []  # the 2-rank runs are left to --quick
+    row = r["rows"][0]  # one rank: its own baseline, no communication, nothing to balance
+    assert (row["speedup"], row["comm_share"], row["imbalance"]) == (1.0, 0.0, 1.0)
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
@@ -117,6 +150,8 @@ def test_sim_overlap_smoke(tmp_path):
 def test_envs_ppo_ranks_smoke(tmp_path):
     r = _smoke("envs_ppo_ranks", tmp_path)
     assert [row["ranks"] for row in r["rows"]] == [1] and r["rows"][0]["env_steps"] > 0  # 2 ranks: --quick
+    row = r["rows"][0]  # --smoke: 16 envs x 8 steps an update, 256 env-steps: 2 updates, nothing solved
+    assert (row["updates"], row["env_steps"], row["solved"], row["comm"]) == (2, 256, False, 0.0)
 
 
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
@@ -127,6 +162,12 @@ def test_envs_cartpole_smoke(tmp_path):
     pool = ["ours / envpool (1 thread), CartPole-v1 64 envs"] if importlib.util.find_spec("envpool") else []
     assert [x["name"] for x in r["ratios"]] == ["ours / gymnasium CartPoleVectorEnv, CartPole-v1 64 envs", *pool,
                                                  "ours / gymnasium SyncVectorEnv (make_vec), Pendulum-v1 64 envs"]
+    for row in r["rows"]:  # each ratio is the row's two rates; the record's ratio is the row's; the note says it
+        assert row["ours / peer (wall)"] == pytest.approx(row["ours M env-steps/s"] / row["peer M env-steps/s"],
+                                                          rel=1e-9)
+        assert _ratio(r, f"ours / {row['peer']}, {row['env']} 64 envs") == row["ours / peer (wall)"]
+        met = "met" if row["ours / peer (wall)"] >= 1.2 else "NOT met"
+        assert f"{row['env']} 64 envs: target 1.2x {met} in every round" in r["notes"]
 
 
 @pytest.mark.e2e  # two ranks in subprocesses
@@ -222,7 +263,8 @@ def test_render_rewrites_only_the_marked_block(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True)
     first = results.read_text()
     assert first.startswith(original) and first.count(render.BEGIN) == 1 and first.rstrip().endswith(render.END)
-    assert (tmp_path / "bench.md").read_text() in first
+    assert render.summary(_result()) in first  # RESULTS.md: today's figures per workload
+    assert (tmp_path / "bench.md").read_text() == render.markdown(_result())  # bench.md: every benchmark's rows
     # a second render with other figures replaces the block and nothing else
     other = _result()
     other["benchmarks"][0]["record"]["ratios"][0]["value"] = 3.5
@@ -233,12 +275,13 @@ def test_render_rewrites_only_the_marked_block(tmp_path):
     assert "ours / MONAI: 3.5, 0.987" in second and "ours / MONAI: 1.02" not in second
     head, rest = second.split(render.BEGIN)
     assert head == first.split(render.BEGIN)[0] and rest.split(render.END)[1] == "\n\n## Typed after the block\n"
-    assert render.replace_block(second, render.markdown(other)) == second  # idempotent
+    assert render.replace_block(second, render.summary(other)) == second  # idempotent
     bad = subprocess.run([sys.executable, str(BENCH / "render.py"), str(tmp_path / "missing.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot read") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.e2e  # the script runs in a subprocess (12 s: 40 replicates on each side)
 def test_sim_starsim_smoke(tmp_path):
     """The same SIR on a random network in Starsim and in multigpu (40 replicates each, in one process): per day,
     the two means of S, I and R lie within the 99.9% band of their difference (benchmarks/sim_starsim.py).

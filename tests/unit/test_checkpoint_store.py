@@ -155,6 +155,35 @@ def test_choose_auto_path_and_restart(tmp_path):
 
 
 
+def test_an_elastic_start_before_any_restart_resumes_from_the_newest_checkpoint(tmp_path):
+    """An elastic job (``--nnodes MIN:MAX``) whose worker group torchrun re-forms because a node joined, before any
+    failure: the restart count is still 0, and without ``--resume``. It must continue from the run's newest valid
+    checkpoint like a restart, not start again from step 0 (the e2e harness always loses a node first, so it never
+    saw this). :func:`choose`, :func:`resolve` (the rank entry point's) and :func:`decide` alike."""
+    import dataclasses
+
+    from multigpu.checkpoint.resume import decide, resolve
+    from multigpu.runtime.context import RunContext
+
+    said: list[str] = []
+    run = tmp_path / "run"
+    assert choose(None, str(run), 0, say=said.append, elastic=True) is None  # the first start: nothing yet
+    assert resolve(None, str(run), restarts=0, elastic=True) is None
+    assert said == []
+    store = CheckpointStore(run / "checkpoints")
+    store.save(3, {"c": Counter(3)})
+    store.save(6, {"c": Counter(6)})
+    assert choose(None, str(run), 0, say=said.append, elastic=True) == store.path_for(6)
+    assert said == [f"elastic start: resuming from {store.path_for(6)}"]
+    assert choose(str(store.path_for(3)), str(run), 0, say=said.append, elastic=True) == store.path_for(6)
+    assert choose(None, str(run), 0, say=said.append) is None  # not elastic: a first start without --resume
+    assert resolve(None, str(run), restarts=0, elastic=True) == store.path_for(6)
+    assert resolve(None, str(run), restarts=0) is None
+    ctx = RunContext(run_dir=str(run), elastic=True)
+    assert decide(ctx).resume_from == str(store.path_for(6))
+    assert decide(dataclasses.replace(ctx, elastic=False)).resume_from is None
+
+
 # ----------------------------------------------------------------------------- rotation and damaged manifests
 def _plant(store, name="step_99999999", text="{}"):
     folder = store.directory / name
@@ -197,6 +226,25 @@ def test_rotation_deletes_nothing_until_a_newer_checkpoint_is_valid(tmp_path):
     assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000005", "step_00000008"]
     other.save(9, {"c": Counter(9)})  # keep_last=3: nothing of the others is deleted
     assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000005", "step_00000008", "step_00000009"]
+
+
+def test_rotation_with_keep_last_2_does_not_count_a_damaged_newer_checkpoint(tmp_path):
+    """keep_last=2, step 2 valid, step 3 damaged on disk, then step 4 saved: step 3 does not verify, so it must not
+    count as one of the two kept; step 2 stays and two valid checkpoints remain (4 and 2). A rotation that
+    trusted the unverified step 3 deleted step 2 and left one valid checkpoint (keep_last=1 cannot see this: the
+    checkpoint just written is always enough there)."""
+    store = _store(tmp_path, keep_last=2)
+    store.save(2, {"c": Counter(2)})
+    store.save(3, {"c": Counter(3)})
+    state = store.path_for(3) / "state.pt"
+    state.write_bytes(state.read_bytes()[:-1] + bytes([state.read_bytes()[-1] ^ 1]))  # same size, another checksum
+    store.save(4, {"c": Counter(4)})
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000002", "step_00000003", "step_00000004"]
+    with pytest.raises(CorruptCheckpointError):
+        store_module.verify(store.path_for(3))
+    store_module.verify(store.path_for(2))  # still whole: a resume past step 4's loss has it
+    store.save(5, {"c": Counter(5)})  # 5 and 4 valid and newer: now 2 goes; 3 (damaged, older) goes too
+    assert sorted(p.name for p in store.directory.iterdir()) == ["step_00000004", "step_00000005"]
 
 
 @pytest.mark.parametrize("entry, reason", [

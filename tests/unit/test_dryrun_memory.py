@@ -2,8 +2,8 @@
 
 import pytest
 
-from multigpu.dryrun.memory import GPUS, parse_device_memory
 from multigpu.errors import ConfigError
+from multigpu.jobs.dryrun import GPUS, parse_device_memory
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -3,8 +3,8 @@
 import pytest
 
 from multigpu.config import from_dict
-from multigpu.dryrun import fake_world
-from multigpu.dryrun.train import _collate, _fake_steps
+from multigpu.jobs.dryrun import fake_world
+from multigpu.train.dryrun import _collate, _fake_steps
 from multigpu.train.job import TrainJobConfig
 
 

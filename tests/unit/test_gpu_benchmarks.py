@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import ROOT
 
 GPU = ROOT / "benchmarks" / "gpu"
+SLOW = pytest.mark.slow  # the rehearsal: about a minute of set-up on 2 cores, in `make test`, not `make test-quick`
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,7 @@ def rehearsal(tmp_path_factory):
     return proc, json.loads((out / "gpu_results.json").read_text()), out
 
 
+@SLOW
 def test_the_rehearsal_runs_every_step_and_each_fits_its_cap(rehearsal):
     """The whole GPU call rehearsed on a CPU, as ``make test`` runs it: a script that breaks, a step whose own
     estimate of its GPU run exceeds its cap, or steps whose estimates together exceed one call, fail here instead of
@@ -70,6 +72,7 @@ def test_the_rehearsal_runs_every_step_and_each_fits_its_cap(rehearsal):
     assert (out / "gpu_results.md").exists() and "| smoke |" in (out / "gpu_results.md").read_text()
 
 
+@SLOW
 def test_train_mfu_quick_runs_both_loops(rehearsal):
     r = rehearsal[1]["steps"]["train"]["record"]
     for side in ("ours", "peer"):
@@ -78,6 +81,7 @@ def test_train_mfu_quick_runs_both_loops(rehearsal):
     assert set(r["targets"]) == {"mfu >= 0.45", "ratio >= 1.0"}
 
 
+@SLOW
 def test_sim_gpu_quick_measures_and_checks_the_digest(rehearsal):
     r = rehearsal[1]["steps"]["sim"]["record"]
     assert r["ours"][0]["agent_steps_per_s"] > 0 and r["ours"][0]["agents"] == 100_000
@@ -91,6 +95,7 @@ def _installed(name: str):
 
 
 @_installed("gymnasium")
+@SLOW
 def test_envs_gpu_quick_measures_ours_and_gymnasium(rehearsal):
     r = rehearsal[1]["steps"]["envs"]["record"]
     assert r["ours"][0]["env_steps_per_s"] > 0
@@ -99,12 +104,14 @@ def test_envs_gpu_quick_measures_ours_and_gymnasium(rehearsal):
 
 
 @_installed("monai")
+@SLOW
 def test_infer_gpu_quick_matches_monai(rehearsal):
     r = rehearsal[1]["steps"]["infer"]["record"]
     assert r["ours"]["windows_per_s"] > 0 and r["peer"]["monai"]["windows_per_s"] > 0
     assert r["output_difference"] < 1e-4 and r["config"]["model"].startswith("BasicUNet")
 
 
+@SLOW
 def test_ppo_gpu_quick_trains_with_the_policy_in_the_loop(rehearsal):
     r = rehearsal[1]["steps"]["ppo"]["record"]
     cfg = r["config"]
@@ -116,6 +123,7 @@ def test_ppo_gpu_quick_trains_with_the_policy_in_the_loop(rehearsal):
     assert r["ratio"] == max(row["env_steps_per_s"] for row in r["ours"][:-1]) / 4e6
 
 
+@SLOW
 def test_checkpoint_gpu_quick_runs_checkpoint_async_as_a_step(rehearsal):
     r = rehearsal[1]["steps"]["checkpoint"]["record"]
     assert [(row["model"], row["mode"]) for row in r["ours"]] == [("big", "sync"), ("big", "async")]
@@ -124,6 +132,7 @@ def test_checkpoint_gpu_quick_runs_checkpoint_async_as_a_step(rehearsal):
     assert r["config"]["placement"] == "2 CPU ranks, gloo"
 
 
+@SLOW
 def test_doctor_gpu_quick_and_the_run_script_parse(rehearsal):
     r = rehearsal[1]["steps"]["doctor"]["record"]
     assert {c["name"] for c in r["ours"]["checks"]} >= {"torch", "GPUs", "NCCL"}

@@ -118,3 +118,24 @@ def test_a_range_past_a_machine_integer_is_counted_and_a_list_too_long_to_hold_i
                                           r"a list of names holds \(at most 1,000,000\); valid:"):
         expand_slurm_nodelist("n[0-999999999]")
     assert expand_slurm_nodelist("n[1-3]") == ["n1", "n2", "n3"]
+
+
+def test_the_default_variable_is_named_and_a_parsed_list_is_not_parsed_again():
+    """Each entry point names SLURM_JOB_NODELIST when no variable is given, the one given otherwise; a HostList
+    already parsed is read as it is (mutation testing: these survived)."""
+    for read in (parse_hostlist, iter_hosts, first_host, count_hosts):
+        with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST='n\[' is not a SLURM host list: "):
+            read("n[")
+        with pytest.raises(ConfigError, match=r"^SLURM_STEP_NODELIST='n\[' is not a SLURM host list: "):
+            read("n[", "SLURM_STEP_NODELIST")
+    parsed = parse_hostlist("gpu[1-3],login1")
+    assert list(iter_hosts(parsed)) == ["gpu1", "gpu2", "gpu3", "login1"]
+    assert first_host(parsed) == "gpu1" and count_hosts(parsed) == 4 == parsed.size()
+    assert first_host(parse_hostlist("")) is None and count_hosts(parse_hostlist(" , ")) == 0
+
+
+def test_a_number_may_hold_every_digit_and_a_second_open_bracket_is_named_as_nested():
+    assert list(iter_hosts("n[1234567890]")) == ["n1234567890"]
+    assert count_hosts("n[0123456789-0123456790]") == 2 and first_host("n[0123456789-9876543210]") == "n0123456789"
+    with pytest.raises(ConfigError, match="brackets inside brackets"):
+        parse_hostlist("n[1[2]x[3]")  # the first '[' after the open one, not the last

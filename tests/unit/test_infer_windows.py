@@ -135,3 +135,23 @@ def test_canvas_blends_the_weighted_mean_and_drops_what_falls_outside():
     assert torch.allclose(out[:, :, :2], torch.full((2, 4, 2), (1 + 9) / 4))
     assert torch.equal(out[:, :, 2:4], torch.full((2, 4, 2), 3.0))
     assert torch.isnan(out[:, :, 4:]).all()  # no window touched them: 0 / 0
+
+
+def test_the_windows_of_every_rank_are_every_window_of_every_image_once():
+    """Mutation testing: ``windows(start, stop)`` (what a rank evaluates) was never called by a fast test."""
+    plan = WindowPlan([(5, 4), (3, 3)], (2, 2), (0.0, 0.0))  # 3 x 2 windows, then 2 x 2
+    assert plan.num_windows == 10 and plan.offsets == (0, 6, 10)
+    bounds = plan.rank_bounds(batch_size=3, world_size=2)
+    assert bounds == [(0, 6), (6, 10)]
+    seen = [(w.index, w.image, w.local, w.start) for start, stop in bounds for w in plan.windows(start, stop)]
+    assert [s[0] for s in seen] == list(range(10))
+    assert [(s[1], s[2]) for s in seen] == [(0, k) for k in range(6)] + [(1, k) for k in range(4)]
+    assert seen[5][3] == (3, 2) and seen[9][3] == (1, 1)  # the last window of each image reaches its end
+    assert list(plan.windows(4, 4)) == [] and [w.index for w in plan.windows(5, 7)] == [5, 6]
+
+
+def test_a_windows_output_box_is_its_start_and_size_times_the_scale():
+    plan = WindowPlan([(5, 4)], (2, 2), (0.0, 0.0))
+    start = plan.window(5).start
+    assert plan.covers(0, 5, (1, 1)) == (range(start[0], start[0] + 2), range(start[1], start[1] + 2))
+    assert plan.covers(0, 5, (2, 3)) == (range(2 * start[0], 2 * (start[0] + 2)), range(3 * start[1], 3 * (start[1] + 2)))

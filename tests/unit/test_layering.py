@@ -1,15 +1,18 @@
-"""Imports point one way: the command line builds on the job layer, the job layer on the argument
-building below both, and the config loader (a foundation module) on nothing above it; and no module of
-``src/multigpu`` reaches itself again through its imports (no import circle).
+"""Imports point one way, down the layers docs/architecture.md draws (its table is the rule: this test reads it
+from the page), and no module of ``src/multigpu`` reaches itself again through its imports (no import circle).
 
 Read from the source with ``ast`` (every import, at module level or inside a function), so an import made
-only when a function runs counts too: ``python -m pytest tests/unit/test_layering.py``.
+only when a function runs counts too: ``python -m pytest tests/unit/test_layering.py``. Before, five hand-picked
+rules held and the folders looped once function-level imports counted (launch -> jobs.rundir, jobs -> dryrun ->
+train/sim/infer -> jobs, bench <-> report, plan <-> report, sim -> bench, monitor -> checkpoint).
 """
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,43 +22,67 @@ from tests.conftest import ROOT
 SRC = ROOT / "src" / "multigpu"
 
 
-def _imports(path) -> set[str]:
-    """Every ``multigpu...`` module ``path`` imports (``from multigpu.x import y`` counts as multigpu.x and
-    multigpu.x.y: y may be a module)."""
-    found = set()
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+TYPE_ONLY_UP = 6
+"""Type-only imports (``if TYPE_CHECKING:``) that may point up: the package's lazily loaded submodules, named for
+type checkers in its ``__init__.py``."""
+
+
+def _layers() -> dict[str, int]:
+    """``{folder or module: layer}`` from the table under "The layers and their rule" in docs/architecture.md
+    (``cli/`` -> ``cli``, ``config.py`` -> ``config``, the package's ``__init__.py`` -> ``multigpu``)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text[text.index("## The layers and their rule"):]
+    section = section[:section.index("\n## ", 4)]
+    layers = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([^`]+)`", cells[1]):
+                unit = "multigpu" if name == "__init__.py" else name.removesuffix("/").removesuffix(".py")
+                layers[unit] = int(cells[0])
+    return layers
+
+
+def _unit(module: str) -> str:
+    """The folder (or top-level module) a module belongs to: ``multigpu.launch.agent`` -> ``launch``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "multigpu"
+
+
+def _type_only(path: Path) -> set[int]:
+    """The line numbers of the imports under ``if TYPE_CHECKING:`` in ``path``."""
+    lines = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.startswith("multigpu")}
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines |= {n.lineno for body in node.body for n in ast.walk(body) if isinstance(n, ast.Import | ast.ImportFrom)}
+    return lines
 
 
-def _files(*places: str):
-    for place in places:
-        path = SRC / place
-        yield from sorted(path.rglob("*.py")) if path.is_dir() else [path]
+def test_every_import_points_down_the_layers_the_architecture_page_draws():
+    layers, graph, paths = _layers(), _import_graph(), _module_paths()
+    units = {_unit(m) for m in paths}
+    assert not units - set(layers), f"docs/architecture.md's layer table does not place {sorted(units - set(layers))}"
+    up, type_only = [], []
+    for module, targets in graph.items():
+        lines = _type_only(paths[module])
+        for target, line in targets.items():
+            a, b = _unit(module), _unit(target)
+            if layers[b] < layers[a]:  # a smaller number is a higher layer
+                where = f"{paths[module].relative_to(SRC.parent)}:{line} imports {target} (layer {layers[b]} " \
+                        f"above {a}'s {layers[a]})"
+                (type_only if line in lines else up).append(where)
+    assert up == [], "imports that point up:\n  " + "\n  ".join(up)
+    assert len(type_only) <= TYPE_ONLY_UP and all(w.startswith("multigpu/__init__.py") for w in type_only), type_only
 
 
-def _reaching(places: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{path.relative_to(SRC)} imports {name}" for path in _files(*places) for name in sorted(_imports(path))
-            if any(name == f or name.startswith(f + ".") for f in forbidden)]
-
-
-@pytest.mark.parametrize(("places", "forbidden"), [
-    (("jobs", "launch", "cmdline.py"), ("multigpu.cli",)),  # was: jobs/command.py -> cli (add_flag, launch flags)
-    (("config.py", "presets", "cmdline.py", "argtypes.py", "envvars.py", "errors.py"),
-     ("multigpu.jobs", "multigpu.cli", "multigpu.launch")),  # was: config.py -> jobs/presets.py
-    (("runtime",), ("multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing")),
-    (("run",), ("multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing", "multigpu.train",
-                "multigpu.sim", "multigpu.rl", "multigpu.infer", "multigpu.envs")),
-    (("checkpoint",), ("multigpu.run", "multigpu.jobs", "multigpu.cli", "multigpu.launch", "multigpu.testing",
-                       "multigpu.train", "multigpu.sim", "multigpu.rl", "multigpu.infer", "multigpu.envs")),
-], ids=["job-layer-and-launcher-below-cli", "foundation-below-all", "runtime-below-launcher",
-        "run-harness-below-workloads", "checkpoints-below-run-harness"])
-def test_no_import_points_back_up(places, forbidden):
-    assert _reaching(places, forbidden) == []
+def test_the_layer_rule_fails_on_an_import_that_points_up(monkeypatch):
+    """The rule can fail: the run harness (layer 9) importing the launcher (8) above it is named."""
+    graph = _import_graph()
+    graph["multigpu.run.harness"]["multigpu.launch.agent"] = 7
+    monkeypatch.setattr(sys.modules[__name__], "_import_graph", lambda: graph)
+    with pytest.raises(AssertionError, match=r"run/harness.py:7 imports multigpu.launch.agent \(layer 8 above run"):
+        test_every_import_points_down_the_layers_the_architecture_page_draws()
 
 
 def _module_paths() -> dict[str, Path]:

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from multigpu.argtypes import parse_window
 from multigpu.errors import ConfigError
 from multigpu.launch.config import LaunchConfig
 from multigpu.monitor import Sampler, StepMeter
-from multigpu.monitor.profile import parse_window
 from multigpu.monitor.sampler import gpu_samples, register_rank, start_for_rank
 from multigpu.runtime.context import RunContext
 

@@ -102,7 +102,7 @@ def test_report_o_into_a_folder_with_planted_links_leaves_their_target_alone(tmp
 
 
 def test_the_run_folder_lock_is_taken_without_following_a_planted_link(tmp_path):
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
 
     secret = _secret(tmp_path)
     folder = tmp_path / "run"

@@ -7,9 +7,8 @@ owner gave it.
 
 from __future__ import annotations
 
-from multigpu.jobs import rundir
 from multigpu.jobs.command import create_run_dir
-from multigpu.launch import agent
+from multigpu.launch import agent, rundir
 
 
 def _mode(path) -> int:

@@ -38,7 +38,11 @@ def make_bench_dir(root):
             "gpus": [{"index": 0, "name": "G", "util_percent": 40 + i, "memory_used_gib": 1.0, "memory_total_gib": 8.0,
                       "power_w": None, "temperature_c": 50}]}) + "\n" for i in range(3)))
         runs.append({"world_size": n, "repeat": 0, "run_dir": run_dir.name, "summary": summary, "cpu": None})
-    return write_bench(root, BenchConfig(nproc=(1, 2)), runs, command=["multigpu", "bench", "--nproc", "1,2", "x.py"])
+    from multigpu.report.plots import save_bench_plot
+
+    result = write_bench(root, BenchConfig(nproc=(1, 2)), runs, command=["multigpu", "bench", "--nproc", "1,2", "x.py"])
+    save_bench_plot(result, root)  # as the bench command draws it
+    return result
 
 
 def test_report_of_a_bench_folder_is_one_self_contained_page(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -174,3 +175,58 @@ def test_a_non_finite_observation_or_reward_is_one_line_naming_the_env(factory, 
     assert "\n" not in message and message == (
         f"tests.unit.test_rl:{factory}: environment 2 on rank 0 returned a non-finite {what} of rollout 0; valid: "
         "finite observations and rewards (clip or guard them in the environment)")
+
+
+def _rollout(num_envs: int = 5):
+    from multigpu.rl import ppo
+
+    cfg = RLConfig(env_id="CartPole-v1", num_envs=num_envs, num_steps=4, target_return=None)
+    envs, autoreset, spec = ppo._make_envs(cfg, cfg.num_envs)
+    ro = ppo._Rollout(cfg, envs, spec, torch.device("cpu"), autoreset == "next_step")
+    for _ in range(3):  # a state of its own in every environment
+        ro.obs, reward, *_ = envs.step(torch.tensor([0, 1, 1, 0, 1][:num_envs]))
+        ro.episode_return += reward
+    return cfg, ro
+
+
+def test_the_env_digest_tells_a_changed_environment_and_a_resize_that_differs_is_named(tmp_path):
+    """The rl resize check in the failing direction (tests/dist/test_rl_ranks.py sees only equal digests): the digest
+    changes with any environment's physics, counters, observation, episode sum or pending reset; re-split from 3+2 saved ranks it is the same; a resize whose digests differ is recorded as
+    not equal, with a WARNING line."""
+    from types import SimpleNamespace
+
+    from multigpu.checkpoint.resize import read_resizes
+    from multigpu.rl import ppo
+
+    cfg, ro = _rollout()
+    base = ppo._env_digest(ro)
+    assert base.endswith("-5") and base == ppo._env_digest(ro)
+    clean = copy.deepcopy(ro.state_dict())
+    changes = {"physics": lambda s: s["envs"]["state"].__setitem__((2, 3), s["envs"]["state"][2, 3] + 1e-6),
+               "counter": lambda s: s["envs"]["elapsed_steps"].__setitem__(4, 99),
+               "obs": lambda s: s["obs"].__setitem__((1, 0), s["obs"][1, 0] + 1e-6),
+               "episode sum": lambda s: s["episode_return"].__setitem__(0, s["episode_return"][0] + 1),
+               "pending reset": lambda s: s["reset_step"].__setitem__(3, True)}
+    for what, change in changes.items():
+        state = copy.deepcopy(clean)
+        change(state)
+        ro.load_state_dict(state)
+        assert ppo._env_digest(ro) != base, what
+    other = ppo._env_digest(ro)  # the last change's
+    ro.load_state_dict(copy.deepcopy(clean))
+    assert ppo._env_digest(ro) == base
+    halves = [{"envs": {k: (v[..., a:b].clone() if isinstance(v, torch.Tensor) and v.dim() and v.shape[-1] == 5
+                            else v) for k, v in clean["envs"].items()},
+               **{k: clean[k][a:b].clone() for k in ppo._PER_ENV}} for a, b in ((0, 3), (3, 5))]
+    _, again = _rollout()
+    again.load_state_dict({**again.state_dict(), **ppo._resplit(halves, cfg, again, "ckpt", 2, 1, 3)})
+    assert ppo._env_digest(again) == base  # 3 + 2 saved ranks, re-split for one: bit for bit
+    lines: list[str] = []
+    run = SimpleNamespace(run_dir=tmp_path, start=3, resume_from="ckpt")
+    ppo._record_resize(run, base, base, 2, 1, lines.append)
+    ppo._record_resize(run, base, other, 2, 3, lines.append)
+    assert lines[0].endswith(f"the state loaded equals the saved one, bit for bit (digest {base})")
+    assert lines[1] == (f"multigpu rl: resized from 2 to 3 rank(s) at update 3: WARNING: the state loaded differs "
+                        f"from the saved one (digest {other}, saved {base})")
+    records = read_resizes(tmp_path)
+    assert [r["check"]["equal"] for r in records] == [True, False]

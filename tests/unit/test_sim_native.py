@@ -153,6 +153,7 @@ def test_permute_matches_index_select():
     assert not native.permute([torch.zeros(n, dtype=torch.complex128)], order)  # 16-byte elements: not taken
 
 
+@pytest.mark.slow  # a fresh interpreter that compiles the C kernels: 5 to 13 s on 2 cores
 def test_a_compiled_config_whose_kernels_run_in_c_never_loads_torchs_compiler():
     """``compile: true`` (the sir preset's) wrapped every kernel in torch.compile when the engine was made, which
     imports dynamo and inductor (2-3 CPU-seconds of every rank's set-up), though the C kernels replaced them all

@@ -86,3 +86,42 @@ def test_make_test_loads_the_derandomized_hypothesis_profile():
     pytest_lines = [line for line in recipe.splitlines() if " -m pytest " in line]
     assert len(pytest_lines) == 2 and all("--hypothesis-profile=ci --fault-seed 7" in line for line in pytest_lines)
 
+
+
+def test_the_longest_files_start_first_and_each_files_tests_stay_together():
+    """``make test`` hands whole files to its two workers in this order (``--dist loadscope``): the recorded
+    longest first, an unrecorded file by its tests' markers, ties and each file's own tests in collection order."""
+    from types import SimpleNamespace
+
+    from tests.conftest import file_order
+
+    def item(nodeid, *marks):
+        return SimpleNamespace(nodeid=nodeid, iter_markers=lambda: [SimpleNamespace(name=m) for m in marks])
+
+    items = [item("a.py::t1"), item("b.py::t1", "e2e"), item("a.py::t2"), item("c.py::t1"), item("b.py::t2"),
+             item("d.py::t1", "dist"), item("e.py::t1", "slow"), item("f.py::t1"), item("f.py::t2")]
+    order = [i.nodeid for i in file_order(items, {"a.py": 100.0, "c.py": 0.1})]
+    assert order == ["a.py::t1", "a.py::t2",   # recorded 100 s
+                     "e.py::t1",               # slow: 60
+                     "b.py::t1", "b.py::t2",   # 2 x e2e: 30
+                     "d.py::t1",               # dist: 8
+                     "f.py::t1", "f.py::t2",   # 2 x 0.2
+                     "c.py::t1"]               # recorded 0.1
+
+
+def test_make_test_quick_is_the_pure_tier_without_the_slow_tests():
+    """docs/testing.md: ``make test-quick`` runs the pure tier (tests/unit, tests/fakecuda) and nothing marked
+    dist, e2e or slow. The GPU rehearsal (a minute of set-up) and the compiled-kernel test ran in it unmarked."""
+    recipe = subprocess.run(["make", "-n", "test-quick"], capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
+    [line] = [line for line in recipe.splitlines() if " -m pytest " in line]
+    args = line.split(" -m pytest ", 1)[1]
+    assert re.search(r'-m "not dist and not e2e and not slow"', args), args
+    assert args.rstrip().endswith("tests/unit tests/fakecuda"), args
+    assert "--dist loadscope --no-loadscope-reorder" in line
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+         "not dist and not e2e and not slow", "tests/unit/test_gpu_benchmarks.py", "tests/unit/test_sim_native.py"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+    ids = [line for line in collected.splitlines() if "::" in line]
+    assert ids and not [i for i in ids if "rehearsal" in i or "quick" in i or "compiled_config" in i], ids
+    assert any("test_a_step_whose_estimate_exceeds_its_cap_fails_the_budget" in i for i in ids)

@@ -133,3 +133,66 @@ def test_the_verify_command_passes_within_atol_and_fails_beyond_it(capsys, tmp_p
     assert code == 0 and "verify passed: 1 result(s) equal at 1, 3 ranks (atol 0.25, rtol 0)" in out
     code, _, last = verify_cli("--atol", "0.2")
     assert code == 1 and "max abs difference 0.25, " in last and "(atol 0.2, rtol 0)" in last
+
+
+def test_a_container_that_differs_fails_and_the_worst_item_is_kept():
+    """Mutation testing: a problem inside a container fails the comparison (not only names it), a nested place
+    reads ``[0][1]``, and the largest difference over the items is the one kept, whatever their order."""
+    short = compare({1: {"k": {"a": 1}, "l": [1, 2]}, 2: {"k": {"b": 1}, "l": [1]}})
+    assert [(c.name, c.passed) for c in short] == [("k", False), ("l", False)]
+    nested = compare({1: {"x": [[1, "a"]]}, 2: {"x": [[1, 2]]}})[0]
+    assert not nested.passed and nested.problem == "[0][1]: type int vs str"
+    base = [torch.tensor([1.0]), torch.tensor([1.0]), torch.tensor([4.0])]
+    for off in ([torch.tensor([1.5]), torch.tensor([1.25]), torch.tensor([4.0])],
+                [torch.tensor([1.0]), torch.tensor([1.5]), torch.tensor([4.5])]):
+        (c,) = compare({1: {"v": base}, 2: {"v": off}})
+        assert (c.max_abs, c.max_rel) == (0.5, 0.5), off
+
+
+def test_a_tolerance_is_rounded_up_and_zero_stays_zero():
+    from multigpu.verify.compare import _round_up
+
+    assert _round_up(0.0) == 0.0 and _round_up(-1.0) == 0.0
+    assert _round_up(1.23e-7) == pytest.approx(1.3e-7) and _round_up(0.5) == pytest.approx(0.5)
+
+
+def test_each_kind_of_leaf_is_compared_as_what_it_is():
+    """Mutation testing: plain values, a tensor against a non-tensor, integer, bool, complex and empty tensors,
+    and the relative difference of a difference of exactly 1."""
+    by_name = {c.name: c for c in compare({
+        1: {"s": "a", "n": 1, "t": torch.ones(1), "e": torch.zeros(0), "i": torch.tensor([3, 4]),
+            "b": torch.tensor([True, False]), "c": torch.tensor([1 + 2j]), "one": torch.tensor([2.0]),
+            "shape": torch.zeros(2), "dtype": torch.zeros(1)},
+        2: {"s": "a", "n": "1", "t": "x", "e": torch.zeros(0), "i": torch.tensor([3, 6]),
+            "b": torch.tensor([True, True]), "c": torch.tensor([1 + 1j]), "one": torch.tensor([3.0]),
+            "shape": torch.zeros(3), "dtype": torch.zeros(1, dtype=torch.float64)}})}
+    assert (by_name["s"].passed, by_name["s"].problem) == (True, None)
+    assert (by_name["n"].passed, by_name["n"].problem) == (False, "type str vs int")
+    assert (by_name["t"].passed, by_name["t"].problem) == (False, "type str vs Tensor")
+    assert (by_name["e"].passed, by_name["e"].max_abs, by_name["e"].max_rel) == (True, 0.0, 0.0)
+    assert (by_name["i"].passed, by_name["i"].max_abs, by_name["i"].max_rel) == (False, 2.0, 0.5)
+    assert (by_name["b"].passed, by_name["b"].max_abs, by_name["b"].max_rel) == (False, 1.0, pytest.approx(1 / 2.2250738585072014e-308))
+    assert not by_name["c"].passed and by_name["c"].max_abs == 1.0
+    assert by_name["c"].max_rel == pytest.approx(1 / abs(1 + 2j))
+    assert (by_name["one"].max_abs, by_name["one"].max_rel) == (1.0, 0.5)
+    assert not by_name["shape"].passed and not by_name["dtype"].passed
+    assert compare({1: {"i": torch.tensor([3, 4])}, 2: {"i": torch.tensor([3, 4])}})[0].passed
+
+
+def test_a_result_missing_at_one_size_is_named_and_the_other_sizes_still_compared():
+    results = {1: {"a": 1.0, "b": 2.0}, 2: {"b": 2.0}, 3: {"a": 1.0, "b": 2.0}, 4: {"b": 3.0}}
+    got = [(c.name, c.world_size, c.baseline, c.passed, c.problem) for c in compare(results)]
+    assert got == [("a", 2, 1, False, "recorded at 1 ranks but not at 2"), ("a", 3, 1, True, None),
+                   ("a", 4, 1, False, "recorded at 1 ranks but not at 4"),
+                   ("b", 2, 1, True, None), ("b", 3, 1, True, None), ("b", 4, 1, False, None)]
+    only_later = compare({1: {}, 2: {"x": 1}})[0]
+    assert (only_later.passed, only_later.problem) == (False, "recorded at 2 ranks but not at 1")
+
+
+def test_complex_nan_in_the_same_place_is_equal_as_a_real_nan_is():
+    """The module says NaN equals NaN: a complex NaN on both sides was infinitely far instead."""
+    nan = complex(math.nan, 0.0)
+    (c,) = compare({1: {"z": torch.tensor([nan, 1 + 1j])}, 2: {"z": torch.tensor([nan, 1 + 1j])}})
+    assert c.passed and c.max_abs == 0.0
+    (d,) = compare({1: {"z": torch.tensor([nan])}, 2: {"z": torch.tensor([1 + 1j])}})
+    assert not d.passed and d.max_abs == math.inf

@@ -10,9 +10,9 @@ Pieces: :mod:`~multigpu.bench.config` (BenchConfig), :mod:`~multigpu.bench.workl
 """
 
 from multigpu.bench.config import BenchConfig, parse_nproc
-from multigpu.bench.runner import Launcher, configs_for, run_bench, write_bench
+from multigpu.bench.runner import Launcher, run_bench, write_bench
 from multigpu.bench.table import explain, scaling_rows
 from multigpu.bench.workloads import Target, resolve_target
 
-__all__ = ["BenchConfig", "Launcher", "Target", "configs_for", "explain", "parse_nproc", "resolve_target",
+__all__ = ["BenchConfig", "Launcher", "Target", "explain", "parse_nproc", "resolve_target",
            "run_bench", "scaling_rows", "write_bench"]

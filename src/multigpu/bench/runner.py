@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.bench.config import BenchConfig
-from multigpu.bench.table import NOT_MEASURED, doubts, explain, scaling_rows, startup_rows
+from multigpu.bench.table import doubts, explain, scaling_rows, startup_rows
 from multigpu.bench.workloads import Target
-from multigpu.errors import ConfigError, MultigpuError
+from multigpu.errors import MultigpuError
 from multigpu.launch.config import LaunchConfig
+from multigpu.launch.devices import configs_for
+from multigpu.units import NOT_MEASURED
 
-__all__ = ["Launcher", "configs_for", "cpu_usage", "run_bench", "save_plot", "wall_summary", "write_bench"]
+__all__ = ["Launcher", "cpu_usage", "run_bench", "wall_summary", "write_bench"]
 
 
 class Launcher:
@@ -70,26 +72,6 @@ class Launcher:
 
             launch(self.configs[n], self.target.target, self.target.args, module=self.target.module, run=run,
                    devices=self.devices[n], require_group=True)  # N copies of a script measure nothing
-
-
-def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:
-    """The launch config of each world size; with ``--gpus``, the first N of the chosen GPUs.
-
-    Raises ConfigError/DeviceError for a size the selection cannot serve, before anything runs.
-    """
-    if cfg.gpus is None:
-        return {n: dataclasses.replace(cfg, nproc_per_node=n) for n in sizes}
-    from multigpu.launch.devices import HostFacts, parse_gpus
-
-    chosen = parse_gpus(cfg.gpus, HostFacts.probe().gpu_count)
-    out = {}
-    for n in sizes:
-        if n > len(chosen):
-            raise ConfigError(f"--nproc {n} needs {n} GPUs but --gpus {cfg.gpus} selects "
-                              f"{len(chosen)}; valid: --nproc up to {len(chosen)}")
-        # "1," is GPU 1; a bare "1" would mean one GPU
-        out[n] = dataclasses.replace(cfg, nproc_per_node=n, gpus=",".join(map(str, chosen[:n])) + ",")
-    return out
 
 
 def wall_summary(run_dir: Path, items: int) -> dict[str, Any] | None:
@@ -203,7 +185,7 @@ def run_bench(
     on_run: Callable[[int, int, Path], None] | None = None,
 ) -> dict[str, Any]:
     """Run every world size ``bench.repeat`` times, then write bench.json and bench.png. Returns bench.json's data."""
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
     from multigpu.runtime.context import RunContext
     from multigpu.runtime.env import cpu_count
 
@@ -244,7 +226,8 @@ def _measure_notes(runs: list[dict[str, Any]]) -> list[str]:
 
 def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *,
                 command: list[str] | None = None, target: Target | None = None, cpu_only: bool = False) -> dict[str, Any]:
-    """Rows, verdicts, bench.json and the plot from the collected runs."""
+    """Rows, verdicts and bench.json from the collected runs (``bench.png`` is drawn by the report's plots:
+    :func:`multigpu.report.plots.save_bench_plot`)."""
     from multigpu.monitor import write_json_atomic
 
     host = _host()
@@ -264,17 +247,4 @@ def write_bench(out_dir: Path, bench: BenchConfig, runs: list[dict[str, Any]], *
         "runs": runs,
     }
     write_json_atomic(out_dir / "bench.json", result)
-    save_plot(result, out_dir)
     return result
-
-
-def save_plot(result: dict[str, Any], out_dir: Path) -> None:
-    """Draw ``bench.png`` from ``result`` (again after ``bench --predict`` added its prediction) and name it in
-    ``result["plot"]``; without matplotlib, one line saying so and no plot."""
-    try:
-        from multigpu.report.plots import bench_figure, save_png
-
-        save_png(bench_figure(result), out_dir / "bench.png")
-        result["plot"] = "bench.png"
-    except ImportError as exc:
-        print(f"multigpu: no plot ({exc})", file=sys.stderr)

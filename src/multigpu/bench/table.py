@@ -21,7 +21,7 @@ Definitions (baseline = the smallest world size benched):
 
 A figure that was not measured is ``None`` (in the rows and in ``bench.json``), never 0: a script timed by
 its wall clock measures no communication share, imbalance or compute per item, and a meter may not measure
-communication on some backends. The table prints it as :data:`NOT_MEASURED`; the verdicts name no cause
+communication on some backends. The table prints it as :data:`multigpu.units.NOT_MEASURED`; the verdicts name no cause
 from it.
 """
 
@@ -31,11 +31,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_MEASURED", "distrust", "explain", "fmt_rate", "scaling_rows", "shown", "startup_rows", "superlinear"]
+from multigpu.units import fmt_rate, shown
 
-NOT_MEASURED = "—"
-"""How a figure that was not measured is shown (comm share and imbalance under DDP's NCCL all-reduce, or of a script
-measured by wall clock): never as 0."""
+__all__ = ["distrust", "explain", "scaling_rows", "startup_rows", "superlinear"]
 
 COMM_NOTABLE = 0.2
 """A communication share at or above this is named as a cause."""
@@ -59,18 +57,6 @@ WALL_IMPLAUSIBLE = 2.0
 STARVED_RANK = 70.0
 """On CPU ranks: a rank using less than this % of one core while it computes (the non-communication
 share of its time) was kept waiting for a core by other processes."""
-
-
-def shown(value: float | None, spec: str) -> str:
-    """``format(value, spec)``, or :data:`NOT_MEASURED` for None."""
-    return NOT_MEASURED if value is None else format(value, spec)
-
-
-def fmt_rate(value: float | None) -> str:
-    """Items/s: whole numbers from 100 up, else three significant digits (a wall-timed run is 0.05 runs/s)."""
-    if value is None:
-        return NOT_MEASURED
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _median_measured(values) -> float | None:

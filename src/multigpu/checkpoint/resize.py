@@ -13,7 +13,7 @@ checks a *digest* instead: the sum over items of a 32-bit hash of each item's re
 modulo 2**64, over the job. Integers added in any order give the same sum, so it is bit-exact whatever the split:
 equal digests, equal items (up to hash collisions). :func:`digest_check` compares two.
 
-Each resize is one JSON line in the run folder (:data:`RESIZES_FILE`), written by rank 0; the run's
+Each resize is one JSON line in the run folder (:data:`multigpu.runtime.context.RESIZES_FILE`), written by rank 0; the run's
 ``summary.json`` lists them under ``resizes``.
 """
 
@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESIZES_FILE", "TOLERANCE", "compare", "describe", "digest_check", "fingerprint", "read_resizes",
+from multigpu.runtime.context import RESIZES_FILE, read_resizes
+
+__all__ = ["TOLERANCE", "compare", "describe", "digest_check", "fingerprint",
            "record", "recorded", "records_digest", "resized_from", "row_digest"]
 
-RESIZES_FILE = "resizes.jsonl"
 TOLERANCE = 1e-9
 """Relative difference allowed between two fingerprints (float64 sums added in another order)."""
 
@@ -187,7 +188,7 @@ def recorded(workload: str, run_dir: str | Path | None, *, from_ranks: int, to_r
 
 
 def record(run_dir: str | Path | None, entry: dict[str, Any]) -> None:
-    """Append one resize to the run folder's :data:`RESIZES_FILE` (rank 0 calls it); a full disk loses only it."""
+    """Append one resize to the run folder's resize records (rank 0 calls it); a full disk loses only it."""
     if run_dir is None:
         return
     entry = {**entry, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -210,18 +211,3 @@ def resized_from(run_dir: str | Path | None, saved_world: int, world: int) -> in
     records = read_resizes(run_dir) if run_dir is not None else []
     last = records[-1].get("to_ranks") if records else None
     return last if isinstance(last, int) and last > 0 and last != world else None
-
-
-def read_resizes(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every resize recorded in ``run_dir``, in order."""
-    try:
-        lines = (Path(run_dir) / RESIZES_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            item = json.loads(line)
-            if isinstance(item, dict):
-                out.append(item)
-    return out

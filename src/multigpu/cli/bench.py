@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multigpu.bench.table import shown
+from multigpu.units import shown
 
 HELP = "run a workload at several world sizes: speedup, efficiency, communication share, imbalance"
 
@@ -123,10 +123,10 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
         predict,
         resolve_link,
     )
-    from multigpu.bench.runner import save_plot
     from multigpu.bench.table import distrust
     from multigpu.errors import ConfigError
     from multigpu.monitor import write_json_atomic
+    from multigpu.report.plots import save_bench_plot
 
     cpu_ranks = bool(launch_cfg.cpu or not result["host"]["gpus"])
     name = args.interconnect or (LOOPBACK if cpu_ranks else "nvlink4")
@@ -157,7 +157,7 @@ def add_prediction(args: argparse.Namespace, result: dict[str, Any], out: Path, 
     if reasons:  # kept in bench.json, marked; printed struck out; not drawn as if it were a prediction
         result["prediction"]["distrusted"] = reasons
     elif result.get("plot"):
-        save_plot(result, out)  # bench.png again, now with the predicted sizes and the assumptions' caption
+        save_bench_plot(result, out)  # bench.png again, now with the predicted sizes and the assumptions' caption
     write_json_atomic(out / "bench.json", result)
     print_prediction(result["prediction"])
 
@@ -199,7 +199,7 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
-    from multigpu.jobs.rundir import refuse_used
+    from multigpu.launch.rundir import refuse_used
 
     if args.run_dir is None:
         return Path("runs") / "bench" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -221,7 +221,7 @@ def print_table(result: dict[str, Any], out=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from multigpu.bench.table import fmt_rate
+    from multigpu.units import fmt_rate
 
     out = out or console()
     unit = result.get("unit", "items")
@@ -291,6 +291,9 @@ def run(args: argparse.Namespace) -> int:
 
     command = ["multigpu", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else []
     result = run_bench(bench, launch_cfg, target, out, command=command, on_run=announce)
+    from multigpu.report.plots import save_bench_plot
+
+    save_bench_plot(result, out)
     print_table(result)
     if predicting:
         add_prediction(args, result, out, launch_cfg)

@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     figure = None
     if args.plot or args.out:
         try:
-            from multigpu.plan.plot import plan_figure
+            from multigpu.report.plots import plan_figure
 
             figure = plan_figure(result)
         except ImportError as exc:

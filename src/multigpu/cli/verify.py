@@ -64,9 +64,10 @@ def add_own_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multigpu.bench import Launcher, configs_for, parse_nproc
+    from multigpu.bench import Launcher, parse_nproc
     from multigpu.cli.workload_line import merge_workload_line, require_nproc, target_from_args
     from multigpu.errors import ConfigError, MultigpuError
+    from multigpu.launch.devices import configs_for
     from multigpu.launch.flags import config_from_args
     from multigpu.verify.compare import compare, tolerance_hint
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_nproc(args.nproc)
     if len(sizes) < 2:
         raise ConfigError(f"--nproc {args.nproc} names one world size; verify compares several, e.g. --nproc 1,2")
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
 
     asked = config_from_args(args)
     launch_cfg = same_threads(asked, sizes)
@@ -157,7 +158,7 @@ def _print_causes(target) -> None:
 def _run_sizes(launcher, sizes: tuple[int, ...], root: Path) -> dict[int, dict]:
     """Run at every world size, each with its verify folder ``root/np<N>`` and its run folder ``root/runs/np<N>``
     (a workload's outputs, a script's logs); the recorded results by world size."""
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
     from multigpu.runtime.context import RunContext
     from multigpu.verify import load_results
 

@@ -108,7 +108,7 @@ class CartPole(VectorEnv):
 
     # -- the host step (CPU): _dynamics's operations, the exact ones in NumPy -------------------------
 
-    host_step_max_envs = math.inf  # measured faster than the torch formulation at 64 to 65,536 (benchmarks/RESULTS.md)
+    host_step_max_envs = math.inf  # measured faster than the torch formulation at 64 to 65,536 (benchmarks/history/environments.md)
 
     def _make_state(self) -> torch.Tensor:
         if not self._host:

@@ -31,7 +31,7 @@ class EnvsBenchConfig:
     seed: int = 0
     threads: int = 1
     """CPU threads per rank: at these sizes each op is too short for OpenMP to pay, and 2 threads per rank
-    measured 35x slower on a busy 2-core machine (benchmarks/RESULTS.md)."""
+    measured 35x slower on a busy 2-core machine (benchmarks/history/environments.md)."""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "steps", "threads"):
@@ -60,7 +60,7 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
         low, high = float(space.low.min()), float(space.high.max())
         actions = [low + (high - low) * torch.rand(envs.num_envs, *space.shape, generator=gen) for _ in range(16)]
     actions = [a.to(envs.device) for a in actions]
-    from multigpu.bench.table import shown
+    from multigpu.units import shown
 
     # the run harness times every step (its meter: the run's folder, sampler, --profile) and writes summary.json;
     # nothing here is checkpointed

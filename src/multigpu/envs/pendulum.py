@@ -69,7 +69,7 @@ class Pendulum(VectorEnv):
 
     # -- the host step (CPU): _dynamics's operations in NumPy, sin and cos in torch ------------------------
 
-    # measured crossover: NumPy's remainder and the extra passes lose to torch above ~8k (benchmarks/RESULTS.md)
+    # measured crossover: NumPy's remainder and the extra passes lose to torch above ~8k (benchmarks/history/environments.md)
     host_step_max_envs = 8192
 
     def _host_setup(self) -> None:

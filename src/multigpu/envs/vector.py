@@ -50,7 +50,7 @@ __all__ = ["AUTORESET_MODES", "NumpyVectorEnv", "VectorEnv"]
 
 AUTORESET_MODES = ("next_step", "same_step", "disabled")
 # CPU resets up to this many environments use masked copies, above it index arrays: measured
-# crossover of whole CartPole steps with either (benchmarks/RESULTS.md: masked faster at 4,096, indexed at 8,192)
+# crossover of whole CartPole steps with either (benchmarks/history/environments.md: masked faster at 4,096, indexed at 8,192)
 _MASKED_RESETS_UP_TO = 4096
 _GYMNASIUM_MODES = {"NextStep": "next_step", "SameStep": "same_step", "Disabled": "disabled"}  # AutoresetMode values
 

@@ -142,7 +142,7 @@ def _nifti_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _refuse_bomb(path: Path, decoded: int, max_decode_ratio: float, floor: int) -> None:
     """One line for a compressed file that would decompress to more than ``max_decode_ratio`` times its size (and
     more than ``floor`` bytes; 0: no guard), as :mod:`multigpu.infer.io` refuses an image that would."""
-    from multigpu.launch.devices import format_bytes
+    from multigpu.units import format_bytes
 
     stored = max(path.stat().st_size, 1)
     if not max_decode_ratio or decoded <= floor or decoded <= max_decode_ratio * stored:

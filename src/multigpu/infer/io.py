@@ -180,7 +180,7 @@ def _refuse_cut(im, path: Path) -> None:
 
 
 def _refuse_bomb(info: ImageInfo, max_decode_ratio: float) -> None:
-    from multigpu.launch.devices import format_bytes
+    from multigpu.units import format_bytes
 
     decoded, stored = info.decoded_bytes, max(info.file_bytes or 0, 1)
     if not max_decode_ratio or decoded <= BOMB_FLOOR_BYTES or decoded <= max_decode_ratio * stored:

@@ -27,28 +27,15 @@ from pathlib import Path
 
 from multigpu.argtypes import positive_float, positive_int
 from multigpu.errors import ConfigError
-from multigpu.factory import Factory
 from multigpu.infer.config import InferConfig
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
 
-__all__ = ["WORKLOAD", "check", "load_model", "main"]
-
-DEMO_SIZE = (600, 512)
-"""Height and width of the demo photo (matplotlib's sample, or the pattern drawn without matplotlib)."""
+__all__ = ["WORKLOAD", "check", "main"]
 
 MAX_PASSES = 256
 """Most times the windows may cover each pixel on average (windows × roi pixels / image pixels). An overlap
 of 0.5 in 2-D is about 4, 0.75 about 16; 0.999999 with a 256 roi on a 1024² image is about 38,000."""
-
-
-def load_model(spec: Factory):
-    """Build the model from its factory and arguments; one-line ConfigError on any failure."""
-    model = spec.build("--model")
-    if not callable(model):
-        raise ConfigError(f"--model {spec.factory!r} returned {type(model).__name__}, not a model (nn.Module or "
-                          "a callable)")
-    return model
 
 
 def _first_in_channels(model) -> int | None:
@@ -64,6 +51,7 @@ def check_inputs(cfg: InferConfig) -> tuple[list, int, tuple]:
     import torch
 
     from multigpu.infer import io
+    from multigpu.infer.models import DEMO_SIZE, load_model
     from multigpu.infer.windows import as_tuple
 
     infos = ([io.probe(p, cfg.max_decode_ratio) for p in cfg.inputs] if cfg.inputs
@@ -155,7 +143,7 @@ def check_memory(cfg: InferConfig, infos: list, out_shape: tuple, plan: JobPlan)
     """Rank 0 holds every input, the stitched outputs and its canvas (host memory): refuse what cannot fit."""
     import math
 
-    from multigpu.launch.devices import format_bytes
+    from multigpu.units import format_bytes
 
     memory = plan.devices.memory_per_rank("cpu")
     if memory is None:
@@ -245,6 +233,8 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
         tempfile.mkdtemp(prefix="multigpu_infer_") if mg.is_main() else None))
     inputs = cfg.inputs or [_demo_input(run_dir)]
     output = cfg.output or str(run_dir / "out")
+    from multigpu.infer.models import load_model
+
     model = load_model(cfg.model)
     if isinstance(model, nn.Module):
         model = model.to(mg.device()).eval()  # a plain callable's modules are moved by sliding_window
@@ -282,11 +272,19 @@ def main(cfg: InferConfig, ctx: RunContext) -> int:
     return 0
 
 
+
+def _dry_run(cfg, plan, rank: int, report) -> None:
+    """``--dry-run``'s part of this workload, as rank ``rank`` would run it (:mod:`multigpu.infer.dryrun`)."""
+    from multigpu.infer.dryrun import examine
+
+    examine(cfg, plan, rank, report)
+
 WORKLOAD = Workload(
     name="infer",
     config=InferConfig,
     check=check,
     main=main,
+    dry_run=_dry_run,
     help="blend a model's output over overlapping windows of large images, on every rank",
     prefix="infer",
     flags=(

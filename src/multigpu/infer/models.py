@@ -20,7 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["denoiser", "edges", "noisy_demo_image", "upsample2x"]
+from multigpu.errors import ConfigError
+
+__all__ = ["DEMO_SIZE", "denoiser", "edges", "load_model", "noisy_demo_image", "upsample2x"]
+
+DEMO_SIZE = (600, 512)
+"""Height and width of the demo photo (matplotlib's sample, or the pattern drawn without matplotlib)."""
+
 
 
 def _gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
@@ -95,3 +101,12 @@ def noisy_demo_image(path: str | Path, noise: float = 0.08, seed: int = 0) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(np.clip(np.rint(np.clip(noisy, 0, 1) * 255), 0, 255).astype(np.uint8)).save(path)
     return path
+
+
+def load_model(spec):
+    """Build the model from its factory and arguments; one-line ConfigError on any failure."""
+    model = spec.build("--model")
+    if not callable(model):
+        raise ConfigError(f"--model {spec.factory!r} returned {type(model).__name__}, not a model (nn.Module or "
+                          "a callable)")
+    return model

@@ -15,7 +15,7 @@
    ``Workload.own_progress``, checks them there too);
 3. the run directory (:func:`choose_run_dir`): one already used is refused
    unless ``--resume`` continues it, and the launcher holds its lock for the
-   whole run (:mod:`multigpu.jobs.rundir`: two runs never share a folder; a
+   whole run (:mod:`multigpu.launch.rundir`: two runs never share a folder; a
    full disk or a read-only folder is one line, exit 2, before anything starts);
    the launcher writes ``run.json`` there (workload, resolved config, run
    context) and starts ``multigpu.jobs.rank`` on every worker, which calls the
@@ -398,7 +398,7 @@ def create_run_dir(path: Path, fresh: bool) -> Path:
     Raises:
         OutputError: the folder cannot be created (read-only file system, permission), naming it.
     """
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
 
     if not fresh:
         rundir.create(path)
@@ -518,7 +518,7 @@ def run_command(workload: Workload, args: argparse.Namespace, *, spec: str | Non
 
 def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig, session,
                  spec: str | None) -> int:
-    from multigpu.jobs import rundir
+    from multigpu.launch import rundir
 
     overrides = overrides_from_args(workload, args, launch_cfg)
     if args.resume is not None and not workload.resumable:
@@ -548,7 +548,7 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         check_kept(workload, saved, cfg)
     check_not_past(workload, cfg, args.resume, run_dir)
     if args.dry_run:  # the job at --world-size N in this process: before any folder exists
-        from multigpu.dryrun import dry_run
+        from multigpu.jobs.dryrun import dry_run
 
         return dry_run(workload, cfg, launch_cfg, args)
     if args.world_size is not None or args.device_memory is not None:

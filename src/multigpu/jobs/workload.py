@@ -110,6 +110,11 @@ class Workload:
     what a run continues to ``main`` (``ctx.resume_from`` undecided): a run that writes checkpoints decides it
     through its :class:`~multigpu.run.Run` (the rule of :func:`multigpu.checkpoint.resume.decide`), one that
     continues files of its own reads ``ctx.resume`` and checks them itself (in ``check`` too)."""
+    dry_run: Callable[[Any, JobPlan, int, Any], None] | None = None
+    """The workload's part of ``--dry-run --world-size N`` (:mod:`multigpu.jobs.dryrun`), in the launcher:
+    ``dry_run(cfg, plan, rank, report)`` adds to ``report`` what rank ``rank`` of ``plan.world_size`` holds (its
+    samples, agents, windows) and its memory, measured on fake tensors where it can; None: the check runs and
+    memory is not measured."""
     launch: Callable[[Any], int | None] | None = None
     """``launch(job)`` in the launcher, after the check and the run directory: returns an exit code when it
     ran the job its own way (sim's ``--check-split`` launches at 1 and 2 ranks and compares), None to

@@ -53,7 +53,7 @@ from multigpu.errors import (
 from multigpu.files import user_umask, write_json_atomic
 from multigpu.launch import _worker, forkserver, nodelogs, nodes, processes, quiet, restarts, stores
 from multigpu.launch.config import LaunchConfig
-from multigpu.launch.devices import DevicePlan, HostFacts, format_bytes, plan_devices
+from multigpu.launch.devices import DevicePlan, HostFacts, plan_devices
 from multigpu.launch.hints import assumption_hint
 from multigpu.launch.memlimit import MemoryWatch, explain_address_space
 from multigpu.launch.rendezvous import (
@@ -65,6 +65,7 @@ from multigpu.launch.rendezvous import (
 )
 from multigpu.launch.stacks import FRAME, is_library, read_positions
 from multigpu.runtime.context import RunContext
+from multigpu.units import format_bytes
 
 __all__ = ["LaunchPlan", "build_plan", "launch", "summarize_failure"]
 
@@ -317,7 +318,7 @@ def _nccl_dumps(prefix: str) -> str:
 def _private_folder(path: str) -> None:
     """Create the log folder for this user only (0700): worker output, error files and the folder names that
     carry the run id are nobody else's to read. A folder that exists keeps the mode its owner gave it."""
-    from multigpu.jobs.rundir import cannot_create
+    from multigpu.launch.rundir import cannot_create
 
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -620,8 +621,8 @@ def _lost_node(session, err: ChildFailedError) -> str | None:
 
 def _held(cfg: LaunchConfig):
     """``--log-dir``, where a plain job writes its run.json, locked for the job as a run folder is: a second job on
-    it while this one runs is one line naming this one (:mod:`multigpu.jobs.rundir`)."""
-    from multigpu.jobs import rundir
+    it while this one runs is one line naming this one (:mod:`multigpu.launch.rundir`)."""
+    from multigpu.launch import rundir
 
     return rundir.hold(cfg.log_dir, node_rank=cfg.node_rank, flag="--log-dir")
 
@@ -634,7 +635,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
     started = time.time()
     own_logs = bool(cfg.log_dir) and not (run is not None and run.run_dir)  # the job's run.json goes there
     if own_logs:
-        from multigpu.jobs import rundir
+        from multigpu.launch import rundir
 
         rundir.refuse_run_folder(cfg.log_dir)  # a workload run's folder: its run.json would be replaced
     plan = build_plan(cfg, target, args, module=module, facts=facts, devices=devices, run=run, job=job)

@@ -32,9 +32,10 @@ from multigpu.errors import ConfigError, DeviceError
 from multigpu.launch import heap
 from multigpu.launch._worker import DEVICE_VARIABLES
 from multigpu.launch.config import LaunchConfig
-from multigpu.launch.memlimit import RANK_MAPPED_BYTES, format_bytes
+from multigpu.launch.memlimit import RANK_MAPPED_BYTES
+from multigpu.units import format_bytes
 
-__all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "format_bytes", "parse_gpus",
+__all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "configs_for", "parse_gpus",
            "plan_devices"]
 
 THREAD_MAPPED_BYTES = 72 << 20
@@ -396,3 +397,21 @@ def _plan_devices(cfg: LaunchConfig, facts: HostFacts, inherited: dict[str, str]
                       available_bytes=facts.available_bytes, gpu_memory_bytes=smallest,
                       memory_source=facts.memory_source, address_space_bytes=facts.address_space_bytes,
                       rank_mapped_bytes=rank_mapped(facts, threads), gpu_capability=lowest)
+
+
+def configs_for(cfg: LaunchConfig, sizes: tuple[int, ...]) -> dict[int, LaunchConfig]:
+    """The launch config of each world size of one node (``bench``, ``verify``, sim's ``--check-split``); with ``--gpus``, the first N of the chosen GPUs.
+
+    Raises ConfigError/DeviceError for a size the selection cannot serve, before anything runs.
+    """
+    if cfg.gpus is None:
+        return {n: replace(cfg, nproc_per_node=n) for n in sizes}
+    chosen = parse_gpus(cfg.gpus, HostFacts.probe().gpu_count)
+    out = {}
+    for n in sizes:
+        if n > len(chosen):
+            raise ConfigError(f"--nproc {n} needs {n} GPUs but --gpus {cfg.gpus} selects "
+                              f"{len(chosen)}; valid: --nproc up to {len(chosen)}")
+        # "1," is GPU 1; a bare "1" would mean one GPU
+        out[n] = replace(cfg, nproc_per_node=n, gpus=",".join(map(str, chosen[:n])) + ",")
+    return out

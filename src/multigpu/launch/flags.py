@@ -84,7 +84,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_dry_run_flags(parser: argparse.ArgumentParser) -> None:
-    """``--dry-run --world-size N``: the workload commands' dry run at any size (:mod:`multigpu.dryrun`)."""
+    """``--dry-run --world-size N``: the workload commands' dry run at any size (:mod:`multigpu.jobs.dryrun`)."""
     g = parser.add_argument_group("dry run (nothing spawned, nothing written)")
     add_flag(g, "--dry-run", action="store_true",
              help="check the job as one rank of --world-size N, shard its work and step once on fake tensors; "
@@ -135,7 +135,7 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 
 def _profile_window(text: str) -> tuple[int, int, int]:
-    from multigpu.monitor.profile import parse_window
+    from multigpu.argtypes import parse_window
 
     try:
         return parse_window(text)
@@ -215,7 +215,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     )
     _say_clamped(args)
     if cfg.log_dir:
-        from multigpu.jobs.rundir import check_writable
+        from multigpu.launch.rundir import check_writable
 
         check_writable(cfg.log_dir, "--log-dir")
     from multigpu.launch.rendezvous import check_endpoint, secret_from_env

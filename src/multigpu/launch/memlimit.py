@@ -27,22 +27,15 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from multigpu.units import format_bytes
+
 __all__ = ["RANK_MAPPED_BYTES", "MemoryLimit", "MemoryWatch", "address_space_limit", "cgroup_memory",
-           "explain_address_space", "format_bytes", "mapped_bytes", "oom_kills"]
+           "explain_address_space", "mapped_bytes", "oom_kills"]
 
 RANK_MAPPED_BYTES = 600 << 20
 """Address space a rank maps before it holds any data (torch imported, a gloo group: VmSize 620 MiB measured
 here), where the launcher cannot read its own (:attr:`HostFacts.mapped_bytes`); under ``RLIMIT_AS`` a rank's
 data must fit in what is left of it."""
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 GiB``: binary units, three significant digits."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 _UNLIMITED = 1 << 60

@@ -110,6 +110,8 @@ class Nodes:
     told: bool = False
     """This node's failure (or another's) was written to the store and the rendezvous closed."""
     _store: object = None
+    _beat_client: object = None
+    """The heartbeat's own connection to the store (:meth:`beat_store`)."""
     _address: str | None = None
     _marker: Path | None = None
     beat_deadline_s: float = 15.0
@@ -127,6 +129,11 @@ class Nodes:
     _beat_thread: threading.Thread | None = None
     _place: bytes | None = None
     """What this node wrote into its place (``place/<node rank>``), where it took one on joining."""
+
+    @property
+    def beat_interval_s(self) -> float:
+        """How often this node posts its heartbeat and reads the others' (four reads within the deadline)."""
+        return min(BEAT_S, self.beat_deadline_s / 4)
 
     @property
     def elastic(self) -> bool:
@@ -211,19 +218,31 @@ class Nodes:
     def _key(self, name: str) -> str:
         return f"{_PREFIX}{self.run_id}/{name}"
 
-    def _set(self, name: str, value: object) -> None:
+    def _set(self, name: str, value: object, via: object = None) -> None:
         from multigpu.launch.stores import seal
 
-        self.store.set(self._key(name), seal(self.secret, json.dumps(value).encode()))
+        (via or self.store).set(self._key(name), seal(self.secret, json.dumps(value).encode()))
 
-    def _get(self, name: str) -> object | None:
-        """The value of ``name``, or None while it is not set (never blocks)."""
+    def _get(self, name: str, via: object = None) -> object | None:
+        """The value of ``name`` (over the connection ``via``, else the session's), or None while it is not set
+        (never blocks)."""
         from multigpu.launch.stores import unseal
 
-        key = self._key(name)
-        if not self.store.check([key]):
+        store, key = via or self.store, self._key(name)
+        if not store.check([key]):
             return None
-        return json.loads(unseal(self.secret, self.store.get(key), f"value {name!r}").decode())
+        return json.loads(unseal(self.secret, store.get(key), f"value {name!r}").decode())
+
+    def beat_store(self):
+        """The heartbeat's own connection to the store, opened on the first call. Not the session's: torch's agent
+        waits on that one in its exit barrier (until every node's ranks ended, up to 300 s) and a connection serves
+        one call at a time, so a node whose ranks had finished first sent no heartbeat while the others worked on,
+        and they took it for lost."""
+        if self._beat_client is None:
+            from multigpu.launch.stores import another_client
+
+            self._beat_client = another_client(self.store, self.read_timeout_s)
+        return self._beat_client
 
     def failure(self) -> dict | None:
         """What another node posted when it failed before the job formed (node, host, reason), or None."""
@@ -346,8 +365,11 @@ class Nodes:
         def again(node: int) -> bool:
             return self.started_again.get(node, (-1.0,))[0] > since - self.beat_deadline_s
 
+        # a beat read within one read interval after ``since`` may have been posted before it (a killed node's
+        # last): only a later one is a sign of life
+        alive_after = since + self.beat_interval_s + _POLL_S
         while self._beat_thread is not None and time.monotonic() < deadline:
-            if all(node in self.lost or again(node) or self._heard.get(node, -1.0) > since
+            if all(node in self.lost or again(node) or self._heard.get(node, -1.0) > alive_after
                    or self._beats.get(node, {}).get("end") for node in others):
                 break
             time.sleep(_POLL_S)
@@ -433,7 +455,7 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
     the others'; a node whose count stood still for ``beat_deadline_s`` without saying it ended is lost."""
     from multigpu.runtime import progress
 
-    count, interval = 0, min(BEAT_S, session.beat_deadline_s / 4)
+    count, interval = 0, session.beat_interval_s
     seen: dict[int, tuple[int, float]] = {}  # node -> (its count, when it last changed, by this clock)
     stop = session._beat_stop
     while not stop.is_set():
@@ -442,15 +464,19 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
             continue
         now = time.monotonic()
         count += 1
+        try:
+            via = session.beat_store()
+        except Exception:  # noqa: BLE001 - the store is unreachable: nobody's beat arrives
+            via = None
         with contextlib.suppress(Exception):  # noqa: BLE001 - a store gone with node 0: its beat stops below
             mine = {"n": count, "host": session.host, "steps": {str(r): s for r, s in progress.read(steps_dir).items()}}
-            session._set(f"beat/{session.node_rank}", mine)
+            session._set(f"beat/{session.node_rank}", mine, _reachable(via))
             session._beats[session.node_rank] = mine
         for node in range(session.nnodes):
             if node == session.node_rank:
                 continue
             try:
-                beat = session._get(f"beat/{node}")
+                beat = session._get(f"beat/{node}", _reachable(via))
             except Exception:  # noqa: BLE001 - the store is unreachable: nobody's beat arrives
                 beat = None
             if node in session.lost:
@@ -478,6 +504,12 @@ def _beat_loop(session: Nodes, steps_dir: str, on_lost: Callable[[int], None]) -
                 session.give_back(node)  # where nodes take places: the next node to join may take its place
                 on_lost(node)
         stop.wait(interval)
+
+
+def _reachable(via: object):
+    if via is None:
+        raise ConnectionError("the rendezvous store does not answer")
+    return via
 
 
 def lost_line(session: Nodes, node: int) -> str:

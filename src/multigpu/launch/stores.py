@@ -168,6 +168,14 @@ def _listening_store(host: str, port: int, timeout_s: float) -> tuple[TCPStore, 
     return store, address
 
 
+def another_client(store: TCPStore, timeout_s: float) -> TCPStore:
+    """A second connection to the store ``store`` talks to (its host and port). A store's connection serves one
+    call at a time: a thread that must not wait behind another's blocking call (torch's exit barrier waits on
+    the store up to 300 s) talks over a connection of its own."""
+    with without_noise():
+        return TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
 def _address_towards(host: str, port: int) -> str:
     """This machine's address on the route to ``host`` (no packet is sent)."""
     family, kind, proto, _, address = addresses(host, port or 1, socket.SOCK_DGRAM)[0]

@@ -452,7 +452,7 @@ class StepMeter:
             deaths = read_restarts(self.run_dir)  # ranks that died and made the agent restart the group
             if deaths:
                 result["restarts"] = deaths
-            from multigpu.checkpoint.resize import read_resizes
+            from multigpu.runtime.context import read_resizes
 
             resizes = read_resizes(self.run_dir)  # resumes at another world size: from, to, step, the check
             if resizes:

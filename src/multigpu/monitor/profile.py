@@ -16,23 +16,7 @@ from pathlib import Path
 
 from multigpu.files import atomic_path
 
-__all__ = ["StepProfiler", "parse_window", "profiler_for"]
-
-
-def parse_window(text: str) -> tuple[int, int, int]:
-    """``"wait,warmup,active"`` -> three whole numbers (active >= 1)."""
-    from multigpu.errors import ConfigError
-
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        wait, warmup, active = (int(p) for p in parts)
-    except ValueError:
-        raise ConfigError(
-            f"--profile-steps {text!r} is invalid; valid: three whole numbers wait,warmup,active such as 1,1,3"
-        ) from None
-    if wait < 0 or warmup < 0 or active < 1:
-        raise ConfigError(f"--profile-steps {text!r} is invalid; valid: wait >= 0, warmup >= 0, active >= 1")
-    return wait, warmup, active
+__all__ = ["StepProfiler", "profiler_for"]
 
 
 class StepProfiler:

@@ -60,9 +60,9 @@ class Gpu:
 
     @property
     def memory_bytes(self) -> int:
-        """What a job can fill: nvidia-smi's figure where :mod:`multigpu.dryrun.memory` has it, else the vendor's."""
+        """What a job can fill: nvidia-smi's figure where the dry run's table (:data:`multigpu.jobs.dryrun.GPUS`) has it, else the vendor's."""
         if self.device_memory:
-            from multigpu.dryrun.memory import GPUS
+            from multigpu.jobs.dryrun import GPUS
 
             if self.device_memory in GPUS:
                 return GPUS[self.device_memory]

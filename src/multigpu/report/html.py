@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from multigpu.bench.table import NOT_MEASURED, fmt_rate, shown
 from multigpu.errors import ConfigError
 from multigpu.files import read_jsonl, write_text_atomic
+from multigpu.units import NOT_MEASURED, fmt_rate, shown
 
 __all__ = ["build_report", "load_run", "write_report"]
 
@@ -349,7 +349,7 @@ def _plan_section(plan: dict[str, Any]) -> str:
         out.append(f"<p><b>best{' that meets the deadline' if plan.get('deadline_s') else ''}:</b> "
                    f"{best['count']} x {html.escape(str(best['gpu']))}, {hours(best['time_s'])}</p>")
     try:
-        from multigpu.plan.plot import plan_figure
+        from multigpu.report.plots import plan_figure
 
         out.append(_img(plan_figure(plan), "plan: time vs cost"))
     except ImportError as exc:

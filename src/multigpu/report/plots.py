@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from multigpu.bench.table import shown
+from multigpu.units import shown
 
-__all__ = ["bench_figure", "plain_text", "png_base64", "pred_parts", "save_png", "startup_figure", "throughput_figure",
-           "utilization_figure"]
+__all__ = ["bench_figure", "plain_text", "plan_figure", "png_base64", "pred_parts", "save_bench_plot", "save_png",
+           "startup_figure", "throughput_figure", "utilization_figure"]
 
 _IDEAL = "#888888"
 _COMPUTE = "#4C78A8"
@@ -330,4 +330,64 @@ def utilization_figure(samples: list[dict[str, Any]], title: str = ""):
         gmem.legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
+    return fig
+
+
+def save_bench_plot(result: dict[str, Any], out_dir) -> None:
+    """Draw ``bench.png`` from a bench's ``result`` (again after ``bench --predict`` added its prediction) and name it
+    in ``result["plot"]``; without matplotlib, one line saying so and no plot. The bench measures; this draws."""
+    import sys
+    from pathlib import Path
+
+    try:
+        save_png(bench_figure(result), Path(out_dir) / "bench.png")
+        result["plot"] = "bench.png"
+    except ImportError as exc:
+        print(f"multigpu: no plot ({exc})", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- the plan: time vs cost
+_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D", "#BAB0AC")
+
+
+def plan_figure(result: dict[str, Any]):
+    """Time (hours, log) vs cost (log): each GPU type in its colour, sized by count; options that do not fit
+    hollow; the Pareto front (nothing both faster and cheaper) joined; the deadline dashed; the best ringed."""
+    fig, (ax,) = _figure(7.5, 4.8)
+    key = "cost" if result["prices"] else "gpu_hours"
+    label = f"cost ({result['prices']['currency']})" if result["prices"] else "GPU-hours (no prices given)"
+    types = list(dict.fromkeys(o["gpu"] for o in result["options"]))
+    for i, gpu in enumerate(types):
+        mine = [o for o in result["options"] if o["gpu"] == gpu and o[key] is not None]
+        color = _COLORS[i % len(_COLORS)]
+        for fits in (True, False):
+            pts = [o for o in mine if (o["fits"] is not False) == fits]
+            if pts:
+                ax.scatter([o["time_s"] / 3600 for o in pts], [o[key] for o in pts],
+                           s=[18 + 6 * o["count"] ** 0.5 for o in pts], label=gpu if fits else None,
+                           facecolors=color if fits else "none", edgecolors=color, alpha=0.85)
+    front = [o for o in result["options"] if (o["gpu"], o["count"]) in {tuple(p) for p in result["pareto"]}]
+    front.sort(key=lambda o: o["time_s"])
+    if front:
+        ax.plot([o["time_s"] / 3600 for o in front], [o[key] for o in front], color="#333333", lw=1,
+                label="Pareto front")
+    if result["deadline_s"]:
+        ax.axvline(result["deadline_s"] / 3600, color="#b00020", ls="--", lw=1, label="deadline")
+    best = result["best"]
+    if best is not None and best[key] is not None:
+        ax.scatter([best["time_s"] / 3600], [best[key]], s=220, facecolors="none", edgecolors="#b00020", lw=2,
+                   label=f"best: {best['count']} x {best['gpu']}")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:.2g}")  # the report draws text as written (no mathtext)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
+    ax.set_xlabel(f"time to {result['size']['text']} (hours)")
+    ax.set_ylabel(label)
+    ax.set_title("multigpu plan: time vs cost (hollow: does not fit in memory)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="best")
     return fig

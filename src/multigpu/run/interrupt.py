@@ -33,8 +33,8 @@ import threading
 
 import torch
 
-import multigpu as mg
 from multigpu import envvars
+from multigpu.runtime import collectives
 
 __all__ = ["InterruptFlag"]
 
@@ -117,5 +117,5 @@ class InterruptFlag:
         if not self.enabled:
             return False
         flag = torch.tensor([float(self.received)], device=device)
-        self.signum = int(mg.all_reduce(flag, "max", check_shapes=False).item())
+        self.signum = int(collectives.all_reduce(flag, "max", check_shapes=False).item())
         return self.signum != 0

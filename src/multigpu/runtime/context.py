@@ -30,7 +30,7 @@ from typing import Any
 from multigpu import envvars
 from multigpu.errors import ConfigError
 
-__all__ = ["RESTARTS_FILE", "RUN_FILE_VAR", "RunContext", "current", "read_restarts", "read_run_file",
+__all__ = ["RESIZES_FILE", "RESTARTS_FILE", "RUN_FILE_VAR", "RunContext", "current", "read_resizes", "read_restarts", "read_run_file",
            "set_current"]
 
 RUN_FILE_VAR = envvars.RUN_FILE
@@ -48,21 +48,37 @@ RESTARTS_FILE = "restarts_node{node}.jsonl"
 run's ``summary.json`` lists them under ``restarts``."""
 
 
+RESIZES_FILE = "resizes.jsonl"
+"""In the run folder: one JSON line per resume at another world size (from, to, step, the check of the state
+loaded against the one saved), written by rank 0 (:mod:`multigpu.checkpoint.resize`); the run's ``summary.json``
+lists them under ``resizes``."""
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a file of one record a line; a torn or foreign line, or a file not there, gives none."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def read_resizes(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every resize recorded in ``run_dir``, in order."""
+    return _records(Path(run_dir) / RESIZES_FILE)
+
+
 def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every rank death recorded in ``run_dir`` by the launchers (all nodes), in time order."""
-    records: list[dict[str, Any]] = []
-    for path in sorted(Path(run_dir).glob(RESTARTS_FILE.format(node="*"))):
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
+    records = [r for path in sorted(Path(run_dir).glob(RESTARTS_FILE.format(node="*"))) for r in _records(path)]
     return sorted(records, key=lambda r: (str(r.get("time", "")), r.get("restart", 0), r.get("rank", 0)))
 
 

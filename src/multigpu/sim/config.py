@@ -103,7 +103,7 @@ class SimConfig:
     overlap: str | bool = "auto"
     """Start the migration all-to-alls and the series all-reduce asynchronously and do the local work that
     does not need them meanwhile (the same results): auto (off: measured no gain on gloo CPU ranks; see
-    benchmarks/RESULTS.md), on, off."""
+    benchmarks/history/simulation.md), on, off."""
 
     native: str | bool = "auto"
     """The built-in movement / SIR kernels as C loops compiled on first use (:mod:`multigpu.sim.native`; the

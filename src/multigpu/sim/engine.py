@@ -91,7 +91,7 @@ class SimEngine:
         self.ctx = Context(seed=cfg.seed, step=0, params=self.params, grid=tuple(cfg.grid),
                            num_agents=self.num_agents, env=self.model.env(self.params), kernels=self._kernels())
         self.state = AgentState(self.model.fields, 0, self.device)
-        self.overlap = cfg.overlap == "on"  # auto: off (measured: no gain on gloo CPU ranks, benchmarks/RESULTS.md)
+        self.overlap = cfg.overlap == "on"  # auto: off (measured: no gain on gloo CPU ranks, benchmarks/history/simulation.md)
         self._inflight = None  # with overlap: (work, sums, pending) of the series all-reduce started by flush
         self.step_index = 0
         self.series_names = [n for s in self.substeps for n in s.series(self.params)]

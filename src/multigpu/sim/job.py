@@ -179,8 +179,8 @@ def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
 
 def _check_fits(cfg: SimConfig, plan: JobPlan) -> None:
     """The agents (times the weak-scaling factor) have ids, and each rank's share fits its memory."""
-    from multigpu.launch.devices import format_bytes
     from multigpu.sim.config import MAX_AGENTS, WORKING_BYTES_FACTOR
+    from multigpu.units import format_bytes
 
     scale = plan.run.problem_scale(plan.world_size)
     agents = cfg.agents * scale
@@ -302,6 +302,13 @@ def _launch(job) -> int | None:
     return launch_check(job)
 
 
+
+def _dry_run(cfg, plan, rank: int, report) -> None:
+    """``--dry-run``'s part of this workload, as rank ``rank`` would run it (:mod:`multigpu.sim.dryrun`)."""
+    from multigpu.sim.dryrun import examine
+
+    examine(cfg, plan, rank, report)
+
 WORKLOAD = Workload(
     name="sim",
     config=SimConfig,
@@ -309,6 +316,7 @@ WORKLOAD = Workload(
     main=main,
     init=lambda cfg: {"backend": cfg.backend},
     launch=_launch,
+    dry_run=_dry_run,
     resumable=True,
     resume_total=lambda cfg: None if cfg.ensemble.active else cfg.steps,  # an ensemble continues its replicates
     # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another

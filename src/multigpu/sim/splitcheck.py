@@ -221,8 +221,8 @@ def launch_check(job) -> int | None:
     cfg: SimConfig = job.config
     if not cfg.check_split:
         return None
-    from multigpu.bench.runner import configs_for
     from multigpu.jobs.command import launch_job, prepare
+    from multigpu.launch.devices import configs_for
     from multigpu.runtime.context import RunContext
     from multigpu.verify import load_results
 

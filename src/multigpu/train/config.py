@@ -19,7 +19,7 @@ from typing import Literal
 from multigpu.errors import ConfigError
 from multigpu.train.trackers import TrackerName, WandbConfig
 
-__all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum"]
+__all__ = ["TrainConfig", "lr_scale_factor", "per_rank_accum", "shard_size"]
 
 Precision = Literal["fp32", "bf16", "fp16"]
 SyncBackend = Literal["auto", "nccl", "gloo", "cpu"]
@@ -225,3 +225,11 @@ def lr_scale_factor(mode: str, effective_batch: int, ref_batch: int) -> float:
         return 1.0
     ratio = effective_batch / ref_batch
     return ratio if mode == "linear" else math.sqrt(ratio)
+
+
+def shard_size(cfg: TrainConfig, plan) -> int | None:
+    """hsdp: the ranks of one replica (``hsdp_shard_size``, default the ranks per node, as the trainer's
+    ``local_world_size``); None under ddp and fsdp."""
+    if cfg.strategy != "hsdp":
+        return None
+    return cfg.hsdp_shard_size or plan.devices.nproc_per_node

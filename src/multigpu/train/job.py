@@ -33,7 +33,7 @@ from multigpu.errors import ConfigError
 from multigpu.factory import Factory
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
-from multigpu.train.config import TrainConfig
+from multigpu.train.config import TrainConfig, shard_size
 
 __all__ = ["DEFAULT_DATA", "DEFAULT_MODEL", "WORKLOAD", "TrainJobConfig", "build", "check", "export", "export_state",
            "full_state", "main", "sample", "shard_size"]
@@ -222,14 +222,6 @@ def _check_init_from(cfg: TrainJobConfig) -> None:
     check_weights(cfg.init_from, model, shapes=cfg.data.factory == DEFAULT_DATA)
 
 
-def shard_size(cfg: TrainJobConfig, plan: JobPlan) -> int | None:
-    """hsdp: the ranks of one replica (``hsdp_shard_size``, default the ranks per node, as the trainer's
-    ``local_world_size``); None under ddp and fsdp."""
-    if cfg.strategy != "hsdp":
-        return None
-    return cfg.hsdp_shard_size or plan.devices.nproc_per_node
-
-
 def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """The planned training state of one rank (parameters, gradients, Adam; 1/N of it under fsdp, 1/shard_size
     under hsdp) must fit in what a rank of this node may fill: its GPU, or its share of the host memory the job
@@ -249,7 +241,8 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
         return
     if not isinstance(model, torch.nn.Module):
         return
-    from multigpu.launch.devices import RANK_RESIDENT_BYTES, format_bytes
+    from multigpu.launch.devices import RANK_RESIDENT_BYTES
+    from multigpu.units import format_bytes
     n = plan.devices.nproc_per_node
     host = f"{format_bytes(plan.devices.available_bytes or 0)} available"
     if plan.devices.memory_source:  # a cgroup's limit (a container, SLURM, Kubernetes): launch/memlimit.py
@@ -517,6 +510,13 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     return 0
 
 
+
+def _dry_run(cfg, plan, rank: int, report) -> None:
+    """``--dry-run``'s part of this workload, as rank ``rank`` would run it (:mod:`multigpu.train.dryrun`)."""
+    from multigpu.train.dryrun import examine
+
+    examine(cfg, plan, rank, report)
+
 WORKLOAD = Workload(
     name="train",
     config=TrainJobConfig,
@@ -526,6 +526,7 @@ WORKLOAD = Workload(
     resumable=True,
     resume_total=lambda cfg: cfg.steps,
     preload=("torch._dynamo",),  # its optimizer imports it when made
+    dry_run=_dry_run,
     help="data-parallel training of your model and data (default: a character-level GPT) on every selected GPU",
     preset="nano",
     flags=(

@@ -115,7 +115,7 @@ def _compare_leaf(a: Any, b: Any, atol: float, rtol: float) -> tuple[bool, float
     else:
         a64, b64 = a.to(torch.complex128 if a.is_complex() else torch.float64), b.to(
             torch.complex128 if b.is_complex() else torch.float64)
-    both_nan = torch.isnan(a64) & torch.isnan(b64) if a64.is_floating_point() else torch.zeros_like(a64, dtype=torch.bool)
+    both_nan = torch.isnan(a64) & torch.isnan(b64)  # complex too: NaN in either part
     diff = (a64 - b64).abs()
     diff = torch.where(both_nan, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=float("inf"))  # NaN on one side only: infinitely far

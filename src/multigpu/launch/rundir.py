@@ -104,7 +104,7 @@ def refuse_ended(folder: str | Path, node_rank: int, alive: Callable[[], bool] =
 
 def check_free_space(folder: str | Path, flag: str = "--run-dir") -> None:
     """Refuse a run whose folder's file system has less than :data:`MIN_FREE_BYTES` free."""
-    from multigpu.launch.devices import format_bytes
+    from multigpu.units import format_bytes
 
     probe = Path(folder).absolute()
     while not probe.exists() and probe != probe.parent:

@@ -7,7 +7,8 @@
 
 Nothing is spawned and nothing is written. The workload's own ``check`` runs against a plan of N ranks
 (GPUs, 8 per node unless ``--nproc-per-node`` says otherwise; ``--cpu``: CPU ranks); then the workload's
-part (:mod:`.train`, :mod:`.sim`, :mod:`.infer`) shards the data, agents or windows as rank r would and,
+part (its ``Workload.dry_run``: :mod:`multigpu.train.dryrun`, :mod:`multigpu.sim.dryrun`,
+:mod:`multigpu.infer.dryrun`) shards the data, agents or windows as rank r would and,
 where it can, steps once on fake tensors (torch's ``FakeTensorMode``: shapes and dtypes, no memory) inside
 a ``fake`` process group of N ranks (torch's ``FakeStore``: every collective returns at once). Each memory
 figure says whether it was *measured* on those fake tensors (torch's ``MemTracker`` counts their storages)
@@ -21,13 +22,14 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from multigpu.errors import ConfigError, DeviceError
-from multigpu.launch.devices import format_bytes
+from multigpu.units import format_bytes
 
-__all__ = ["MAX_WORLD_SIZE", "Figure", "Report", "dry_run", "fake_world", "plan_for"]
+__all__ = ["GPUS", "MAX_WORLD_SIZE", "Figure", "Report", "dry_run", "fake_world", "parse_device_memory", "plan_for"]
 
 GPUS_PER_NODE = 8
 """Ranks per node assumed when ``--nproc-per-node`` gives no number."""
@@ -35,6 +37,43 @@ GPUS_PER_NODE = 8
 MAX_WORLD_SIZE = 1 << 20
 """The most ranks a dry run plans: torch's ``fake`` process group keeps an entry per rank (1,048,576 ranks took
 10 s and 450 MB here; a billion ended in a MemoryError after 27 s)."""
+
+# ``--device-memory``: ``80GB``, ``40GiB``, ``81559MiB`` or a GPU name. Decimal units are decimal (``80GB`` = 80 ×
+# 10⁹ bytes) and binary units binary (``80GiB`` = 80 × 2³⁰); a GPU name means the memory ``nvidia-smi`` reports for
+# that card, which is what ``torch.cuda.mem_get_info`` starts from, less the CUDA context's few hundred MiB.
+_MIB = 2**20
+GPUS: dict[str, int] = {
+    "H200": 143771 * _MIB,
+    "H100": 81559 * _MIB,  # SXM and PCIe 80GB
+    "H100-NVL": 95830 * _MIB,
+    "A100": 81920 * _MIB,  # the 80GB card
+    "A100-80GB": 81920 * _MIB,
+    "A100-40GB": 40960 * _MIB,
+    "L40S": 46068 * _MIB,
+    "L4": 23034 * _MIB,
+    "A10G": 23028 * _MIB,
+    "A10": 23028 * _MIB,
+    "RTX4090": 24564 * _MIB,
+    "V100": 32768 * _MIB,
+    "V100-16GB": 16384 * _MIB,
+    "T4": 15360 * _MIB,
+}
+"""Memory of known GPUs as ``nvidia-smi`` reports it (MiB × 2²⁰)."""
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_device_memory(text: str) -> tuple[int, str]:
+    """``(bytes, label)`` of a ``--device-memory`` value; one-line ConfigError naming what is valid."""
+    key = text.strip().upper().replace(" ", "").replace("_", "-")
+    if key in GPUS:
+        return GPUS[key], f"{key} ({GPUS[key] // _MIB:,} MiB)"
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]I?B|B)", key)  # a unit always: a bare 80 is not 80 bytes
+    if match and float(match.group(1)) > 0:
+        return int(float(match.group(1)) * _UNITS[match.group(2)]), text.strip()
+    raise ConfigError(f"--device-memory {text!r} is invalid; valid: a size such as 80GB, 40GiB or 24000MiB, "
+                      f"or a GPU name: {', '.join(GPUS)}")
 
 
 @dataclass
@@ -110,8 +149,6 @@ def _run_check(workload, cfg, plan, report: Report) -> Any:
 def dry_run(workload, cfg, launch_cfg, args: argparse.Namespace) -> int:
     """``multigpu <workload> ... --dry-run --world-size N``: print the report; raise ConfigError (exit 2) on
     the first error a real run would hit, or when the peak per rank does not fit ``--device-memory``."""
-    from multigpu.dryrun.memory import parse_device_memory
-
     world_size, rank = args.world_size, args.dry_run_rank
     if world_size is None:
         raise ConfigError("--dry-run needs --world-size N (the job's ranks, e.g. 64)")
@@ -124,15 +161,11 @@ def dry_run(workload, cfg, launch_cfg, args: argparse.Namespace) -> int:
     plan = plan_for(launch_cfg, world_size, limit, getattr(args, "resume", None))
     report = Report()
     checked = _run_check(workload, cfg, plan, report)
-    part = {"train": "train", "sim": "sim", "infer": "infer"}.get(workload.name)
-    if part is None:
+    if workload.dry_run is None:
         report.warnings.append(f"the {workload.name} workload has no dry-run measurement: its check ran, "
                                "memory is not measured")
     else:
-        import importlib
-
-        module = importlib.import_module(f"multigpu.dryrun.{part}")
-        module.examine(checked if checked is not None else cfg, plan, rank, report)
+        workload.dry_run(checked if checked is not None else cfg, plan, rank, report)
     report.errors = list(dict.fromkeys(report.errors))  # the check and the step may find the same
     _print(workload.name, plan, rank, report, limit, label)
     if report.errors:

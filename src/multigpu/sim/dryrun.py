@@ -9,7 +9,7 @@ built, so nothing here is measured.
 
 from __future__ import annotations
 
-from multigpu.dryrun import Figure, Report
+from multigpu.jobs.dryrun import Figure, Report
 
 __all__ = ["examine"]
 

@@ -17,8 +17,8 @@ import contextlib
 
 import torch
 
-from multigpu.dryrun import Figure, Report, fake_world
 from multigpu.errors import ConfigError
+from multigpu.jobs.dryrun import Figure, Report, fake_world
 
 __all__ = ["examine", "measure_step"]
 
@@ -45,7 +45,7 @@ def examine(cfg, plan, rank: int, report: Report) -> None:
         return
     train = out[0] if isinstance(out, tuple) else out
     _shard(cfg, train, world, rank, batch, accum, report)
-    from multigpu.train.job import shard_size
+    from multigpu.train.config import shard_size
 
     shards = shard_size(cfg, plan)
     if shards is not None:

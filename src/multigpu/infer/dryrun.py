@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from multigpu.dryrun import Figure, Report
+from multigpu.jobs.dryrun import Figure, Report
 
 __all__ = ["examine"]
 
@@ -23,7 +23,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def examine(cfg, plan, rank: int, report: Report) -> None:
     from multigpu.errors import ConfigError
     from multigpu.infer import io
-    from multigpu.infer.job import DEMO_SIZE
+    from multigpu.infer.models import DEMO_SIZE
     from multigpu.infer.windows import WindowPlan, as_tuple
 
     world = plan.world_size
@@ -101,7 +101,7 @@ class _LiveBytes:
 def _one_batch(cfg, batch: int, channels: int, roi: tuple[int, ...]) -> tuple[int, int]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from multigpu.infer.job import load_model
+    from multigpu.infer.models import load_model
 
     precision = _DTYPES[cfg.precision]
     autocast = torch.autocast("cpu", dtype=precision) if precision != torch.float32 else contextlib.nullcontext()
