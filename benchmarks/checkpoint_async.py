@@ -82,7 +82,7 @@ def _rank(kind: str, mode: str, run_dir: str, steps: int, every: int, width: int
     import multigpu as mg
     from multigpu.checkpoint import PerRank, RngState
     from multigpu.run import Run, script_context
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     torch.manual_seed(0)
     module, (what, size, vocab) = _model(kind, width, layers)

@@ -6,7 +6,7 @@ The built-in GPT (character vocabulary), the same global batch on every world
 size, ``--steps`` optimizer steps (the first is not timed). Each configuration
 runs in its own spawned ranks, one thread per rank. Per rank (the largest
 rank's figure): the planned training state (parameters + gradients + Adam's
-two moments, :func:`multigpu.train.fsdp.training_state_bytes`), the measured
+two moments, :func:`multigpu.train.strategy_checks.training_state_bytes`), the measured
 one (the bytes of this rank's local parameter, gradient and optimizer-state
 tensors after the last step, before ``zero_grad``), the peak RSS during setup
 (under fsdp on 2 or more ranks the model is built on meta and each rank
@@ -52,9 +52,9 @@ def _body(strategy: str, n_layer: int, n_embd: int, block: int, batch: int, step
     _mmap_threshold(mmap)
     from multigpu.train import ModelConfig, TrainConfig, Trainer, make_optimizer
     from multigpu.train.data import VOCAB, CharDataset
-    from multigpu.train.fsdp import training_state_bytes
     from multigpu.train.meta import build_on_meta
     from multigpu.train.model import GPT
+    from multigpu.train.strategy_checks import training_state_bytes
 
     cfg = TrainConfig(steps=steps, global_batch_size=batch, eval_every=0, log_every=0, checkpoint_every=0,
                       prefetch=0, warmup_steps=1, strategy=strategy)
@@ -70,7 +70,7 @@ def _body(strategy: str, n_layer: int, n_embd: int, block: int, batch: int, step
     trainer = Trainer(model, optimizer, CharDataset(tokens, block), config=cfg).setup()
     setup_rss = psutil.Process().memory_info().rss  # fsdp: only this rank's shards were ever materialized
     setup_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    planned = sum(training_state_bytes(trainer.module, mg.world_size(), trainer.sharded).values())
+    planned = sum(training_state_bytes(trainer.module, mg.world_size(), trainer.strategy.sharded).values())
     times, state, step_rss = [], 0, []
     real_zero = optimizer.zero_grad
 

@@ -7,11 +7,11 @@ First with a real process group of one (``cpu:gloo,cuda:nccl`` bound to the GPU,
 alone on the CPU):
 
 * ``nccl_all_reduce``: one all-reduce of a CUDA tensor over NCCL, its value checked;
-* ``ddp_wrappers``: the Trainer's DDP wrapper (``multigpu.train.sync.wrap_ddp``) with each sync backend one GPU
+* ``ddp_wrappers``: the Trainer's DDP wrapper (``multigpu.train.strategies.wrap_ddp``) with each sync backend one GPU
   allows (``auto``: DDP's own NCCL all-reduce; ``gloo`` and ``cpu``: our timed hooks over a gloo group beside NCCL,
   ``cpu`` staging each bucket through host memory), a step of the nano GPT each: the gradients must be the
   unwrapped model's (an average over one rank is the gradient itself);
-* ``fsdp_wrapper``, ``hsdp_wrapper``: the Trainer's sharding (``multigpu.train.fsdp.shard_model``: blocks then
+* ``fsdp_wrapper``, ``hsdp_wrapper``: the Trainer's sharding (``multigpu.train.strategies.shard_model``: blocks then
   the root, bf16 parameters, fp32 reductions) over a mesh of this GPU, 1-D and HSDP's 2-D ``(replicate, shard)``
   (1 x 1): every parameter and gradient a DTensor of that mesh, the loss within bf16's reach of the unwrapped
   model's under autocast;
@@ -92,7 +92,7 @@ def nccl_all_reduce(device):
 def ddp_wrappers(device):
     """wrap_ddp with each sync backend one GPU allows: the gradients equal the unwrapped model's."""
     import multigpu as mg
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     x = _batch(device)
     plain = _nano(device)
@@ -119,7 +119,7 @@ def _sharded_wrapper(device, shard_size: int | None):
     """shard_model over a mesh of this device (1-D, or HSDP's 2-D with ``shard_size``): one step."""
     from torch.distributed.tensor import DTensor
 
-    from multigpu.train.fsdp import shard_model
+    from multigpu.train.strategies import shard_model
 
     cuda = device.type == "cuda"
     x = _batch(device)

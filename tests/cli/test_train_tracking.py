@@ -220,22 +220,21 @@ def test_trackers_are_closed_once_with_the_runs_exit_code(monkeypatch):
     """An exception in the loop closes them with 1, Ctrl-C with 130 (W&B then marks the run failed, not running);
     a normal close passes the summary; a second close does nothing."""
     import multigpu as mg
-    from multigpu.monitor import StepMeter
-    from multigpu.train.metrics import MetricLogger
+    from multigpu.train.trackers import Trackers
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     mg.init()
     for error, code in ((RuntimeError("boom"), 1), (KeyboardInterrupt(), 130)):
         tracker = _Recorder()
-        logger = MetricLogger(None, StepMeter("samples", progress=False), 4, trackers=lambda t=tracker: [t])
-        with pytest.raises(type(error)), logger.closed_on_error():
+        trackers = Trackers([tracker], "samples")
+        with pytest.raises(type(error)), trackers.closed_on_error():
             raise error
-        logger.close({"final_step": 4})
+        trackers.close({"final_step": 4})
         assert tracker.closed == [(None, code)]
     tracker = _Recorder()
-    logger = MetricLogger(None, StepMeter("samples", progress=False), 4, trackers=lambda: [tracker])
-    with logger.closed_on_error():
-        logger.log(1, {"loss": torch.tensor(2.0), "grad_norm": 1.0, "lr": 0.1}, flush=True)
-    logger.close({"final_step": 1}, exit_code=143)
+    trackers = Trackers([tracker], "samples")
+    with trackers.closed_on_error():
+        trackers.log({"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 0.1})
+    trackers.close({"final_step": 1}, exit_code=143)
     assert tracker.records == [(1, "samples")] and tracker.closed == [({"final_step": 1}, 143)]

@@ -46,7 +46,7 @@ def _materialized(build) -> dict[str, torch.Tensor] | None:
     """``build`` on meta, sharded over the job, materialized; the whole state gathered on rank 0."""
     import multigpu as mg
     from multigpu.train import TrainConfig, make_optimizer
-    from multigpu.train.fsdp import shard_model
+    from multigpu.train.strategies import shard_model
     from multigpu.train.job import full_state
     from multigpu.train.meta import build_on_meta, is_on_meta
 
@@ -97,7 +97,7 @@ def _load_and_export(build, weights: str, out: str) -> int | None:
     if mg.world_size() > 1:
         local = sum(p.to_local().numel() for p in trainer.module.parameters())
         assert local < sum(p.numel() for p in trainer.module.parameters())  # this rank holds its rows only
-    state = full_state(trainer.module) if trainer.sharded else trainer.module.state_dict()
+    state = full_state(trainer.module) if trainer.strategy.sharded else trainer.module.state_dict()
     trainer.close()
     if mg.is_main():
         export_state(state, Path(out))

@@ -29,7 +29,7 @@ HSDP_CKPT = dataclasses.replace(CKPT, strategy="hsdp", hsdp_shard_size=2)
 def _hsdp_and_ddp(tmp: str) -> dict:
     import multigpu as mg
     from multigpu.errors import ConfigError
-    from multigpu.train.fsdp import check_hsdp
+    from multigpu.train.strategy_checks import check_hsdp
 
     hsdp = dataclasses.replace(BASE, strategy="hsdp", hsdp_shard_size=2)
     result = {"ddp": _run(BASE), "fsdp": _run(hsdp), "whole": _train(HSDP_CKPT, f"{tmp}/whole")}

@@ -33,7 +33,7 @@ def _gloo_threads() -> list[str]:
 
 def _train_a_step() -> list[str]:
     """What a workload does: wrap a model in DDP, as rl and train do (gloo: a timed comm hook), and step it."""
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     model, _ = wrap_ddp(torch.nn.Linear(4, 2), mg.get_env(), "auto")
     model(torch.ones(3, 4)).sum().backward()

@@ -18,6 +18,7 @@ import torch
 
 import multigpu as mg
 from multigpu.checkpoint import CheckpointStore
+from multigpu.run import Run, script_context
 from multigpu.sim import checkpoint
 from multigpu.sim.config import SimConfig
 from multigpu.sim.engine import SimEngine
@@ -38,6 +39,11 @@ CASES = {
     "market-data": SimConfig(model="market", agents=4001, steps=STEPS, chunk_size=1024),
 }
 RESUME_AT = 4
+
+
+def _resuming(path) -> Run:
+    """The run harness resuming from checkpoint ``path`` (as a plain script's, without a run folder)."""
+    return Run(script_context(None, str(path)), checkpoint_last=False)
 
 
 def _gathered(engine: SimEngine):
@@ -62,7 +68,7 @@ def _run_cases(ckpt_dir: str | None, resume_from: str | None, run_dir: str | Non
     if resume_from is not None:
         for strategy in ("data", "adaptive"):
             engine = SimEngine(dataclasses.replace(SIR, strategy=strategy), populate=False)
-            saved = checkpoint.load(engine, resume_from)
+            saved = checkpoint.load(engine, _resuming(resume_from))
             assert engine.step_index == RESUME_AT
             out[f"check-{strategy}"] = checkpoint.check_resize(engine, saved, resume_from, run_dir)
             series = engine.run()
@@ -124,7 +130,7 @@ def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path, capsys
 
     # and the 2-rank checkpoint resumes in this single process too, checked the same way
     engine = SimEngine(SIR, populate=False)
-    meta = checkpoint.load(engine, saved)
+    meta = checkpoint.load(engine, _resuming(saved))
     capsys.readouterr()
     assert checkpoint.check_resize(engine, meta, saved, None)["equal"]
     assert capsys.readouterr().out == (f"multigpu sim: resized from 2 to 1 rank(s) at step {RESUME_AT}: the state "
@@ -134,7 +140,7 @@ def test_two_and_three_ranks_match_one_rank_and_resume_anywhere(tmp_path, capsys
 
     # a re-partition that lost or changed one agent would not pass: the check compares every agent's state
     engine = SimEngine(SIR, populate=False)
-    meta = checkpoint.load(engine, saved)
+    meta = checkpoint.load(engine, _resuming(saved))
     engine.state["state"][0] += 1
     check = checkpoint.check_resize(engine, meta, saved, None)
     assert not check["equal"] and not check["bit_exact"] and check["loaded_digest"] != digest

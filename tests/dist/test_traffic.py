@@ -36,7 +36,7 @@ def test_counts_calls_and_bytes_of_a_known_pattern():
 
 
 def _ddp_steps() -> dict:
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 10)  # 1,010 float32 parameters: 4,040 gradient bytes, one bucket

@@ -131,7 +131,7 @@ def _hooks_average(_=None) -> list[bool]:
     """Each sync backend's gradients equal the mean of the ranks' local gradients."""
     from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: F401
 
-    from multigpu.train.sync import wrap_ddp
+    from multigpu.train.strategies import wrap_ddp
 
     out = []
     for backend in ("auto", "gloo", "cpu"):
@@ -154,11 +154,16 @@ def test_every_sync_backend_averages_across_ranks(job):
 
 def _stop_and_resume(tmp: str) -> dict[str, object]:
     cfg = dataclasses.replace(BASE, steps=6, lr_decay_steps=6, eval_every=3, checkpoint_every=3, keep_last=5,
-                              prefetch=2)
+                              prefetch=2, log_every=2)
     shape = dataclasses.replace(TINY, dropout=0.2)
     whole = _train(cfg, run_dir=f"{tmp}/whole", shape=shape)
     _train(dataclasses.replace(cfg, steps=3), run_dir=f"{tmp}/parts", shape=shape)      # stops after step 3
     resumed = _train(cfg, run_dir=f"{tmp}/parts", resume="auto", shape=shape)  # continues to 6
+    if mg.rank() == 0:  # the whole run rewound to step 3 (as --resume PATH sets the later checkpoints aside)
+        shutil.copytree(f"{tmp}/whole", f"{tmp}/rewound")
+        shutil.rmtree(f"{tmp}/rewound/checkpoints/step_00000006")
+    mg.barrier()
+    _train(cfg, run_dir=f"{tmp}/rewound", resume=f"{tmp}/rewound/checkpoints/step_00000003", shape=shape)
     return {"same": all(torch.equal(whole[k], resumed[k]) for k in whole),
             "trained": not torch.equal(whole["tok.weight"], GPT(TINY, len(VOCAB)).tok.weight)}
 
@@ -174,6 +179,23 @@ def test_stop_and_resume_is_bit_identical(job):
     manifest = json.loads((step6 / "manifest.json").read_text())
     assert state["trainer"]["step"] == 6 and len(state["rng"]) == 2 and manifest["world_size"] == 2
     assert state["rng"][0]["torch"].ne(state["rng"][1]["torch"]).any()  # every rank's own RNG state
+    # a resumed run's metrics.jsonl: each step once, with the figures of the uninterrupted run's records (log_every
+    # 2, validation at 3 and 6: windows 1-2, 3, 4, 5-6), also where the run it continues had logged steps 4 and 6
+    # already (rewound from step 6 to step 3: those records go, the resumed run writes them again)
+    whole = _records(tmp_path / "whole")
+    assert [r["step"] for r in whole] == [2, 3, 4, 6]
+    for name in ("parts", "rewound"):
+        records = _records(tmp_path / name)
+        assert [r["step"] for r in records] == [2, 3, 4, 6], (name, records)
+        for a, b in zip(whole, records, strict=True):
+            assert {k: a.get(k) for k in _FIGURES} == {k: b.get(k) for k in _FIGURES}, (name, a, b)
+
+
+_FIGURES = ("loss", "val_loss", "grad_norm", "lr", "world_size")
+
+
+def _records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------- a non-finite loss

@@ -143,10 +143,10 @@ def test_a_span_still_running_is_counted_when_done_without_waiting(events):
 
 
 def test_ddp_on_nccl_reports_communication_as_not_measured():
-    from multigpu.train import sync
+    from multigpu.train import strategies
 
-    with mock.patch.object(sync, "DDP", lambda module, **kw: mock.Mock(process_group=None)):
-        _, timer = sync.wrap_ddp(torch.nn.Linear(2, 2), _nccl_env(), "auto")
+    with mock.patch.object(strategies, "DistributedDataParallel", lambda module, **kw: mock.Mock(process_group=None)):
+        _, timer = strategies.wrap_ddp(torch.nn.Linear(2, 2), _nccl_env(), "auto")
     assert timer is not None and timer.pop_seconds() is None  # before: None, and the comm share read 0
 
 
@@ -182,15 +182,20 @@ def test_not_measured_shows_as_a_dash_in_the_bench_table_and_report():
 
 
 def test_training_log_line_says_comm_not_measured(capsys, single_rank_group):
-    from multigpu.train.metrics import MetricLogger
+    from multigpu.train.trackers import console_line
 
     meter = _meter(torch.device("cpu"))
-    logger = MetricLogger(None, meter, total_steps=2)
+    records = []
+    meter.on_record.append(lambda record: records.append(record) or print(console_line(record, 2, meter.unit)))
     for step in (1, 2):
         with meter.step(items=8):
             meter.add_comm(None)
-        record = logger.log(step, {"loss": torch.tensor(1.0), "grad_norm": 1.0, "lr": 0.1}, flush=step == 2)
-    assert record["comm_share"] is None
+            meter.add(loss=torch.tensor(1.0))
+            meter.extras.update(grad_norm=1.0, lr=0.1)
+            if step == 2:
+                meter.point()  # the trainer's last step
+    [record] = records
+    assert record["comm_share"] is None and record["step"] == 2
     assert "comm n/a" in capsys.readouterr().out
 
 

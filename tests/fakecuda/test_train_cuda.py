@@ -145,7 +145,7 @@ def test_compile_comes_after_ddp(text, monkeypatch):
         with mock.patch("torch.compile", lambda model, *a, **k: compiled.append(model) or model):
             trainer.setup()
         trainer.batches.close()
-    assert len(compiled) == 1 and isinstance(compiled[0], DistributedDataParallel) and compiled[0] is trainer.ddp
+    assert len(compiled) == 1 and isinstance(compiled[0], DistributedDataParallel) and compiled[0] is trainer.strategy.ddp
 
 
 @pytest.mark.parametrize("gpus", [8, 0], ids=["cuda", "cpu"])
@@ -269,7 +269,7 @@ def test_the_trainers_whole_step_with_backward_runs_on_a_device_that_is_not_the_
         env = mg.init(backend="cpu")
         monkeypatch.setattr(group, "_ENV", dataclasses.replace(env, device=torch.device("meta")))
         trainer.setup()
-        assert isinstance(trainer.model, DistributedDataParallel) and trainer.comm is not None
+        assert isinstance(trainer.model, DistributedDataParallel) and trainer.strategy.comm is not None
         before = collectives.traffic().get("all_reduce", (0, 0))[0]
         metrics = trainer.train_step()  # once: DDP rebuilds its buckets before the second (copying data meta lacks)
         assert collectives.traffic()["all_reduce"][0] > before  # the comm hook ran, bucket by bucket

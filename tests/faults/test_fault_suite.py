@@ -159,7 +159,7 @@ def test_a_full_disk_when_the_sampler_starts_is_a_warning_not_a_traceback(tmp_pa
 
 
 def test_a_resumed_log_drops_a_torn_last_line(tmp_path, monkeypatch):
-    from multigpu.monitor.meters import drop_records_after
+    from multigpu.monitor.metrics import drop_records_after
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 2}\n{"step": 4}\n{"step": 6}\n{"step": 8, "lo')

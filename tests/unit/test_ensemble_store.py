@@ -181,12 +181,16 @@ def test_bringing_another_runs_ensemble_into_a_fresh_folder_copies_where_it_cann
 
 
 def _book(cfg, root, source=None, said=None):
+    """Rank 0's book of the ensemble in ``root``; ``source``: the folder it continues (``--resume PATH``, which
+    the book decides from the run context by the ensemble's own rule)."""
+    from multigpu.runtime.context import RunContext
     from multigpu.sim.ensemble import _Rank0, ensemble_points, point_configs, series_names
 
     points = ensemble_points(cfg)
     configs = point_configs(cfg, points)
     names = [series_names(c) for c in configs]
-    return _Rank0(cfg, points, configs, names, root, source, (said if said is not None else []).append)
+    ctx = RunContext(run_dir=str(root.parent), resume=str(source) if source is not None else None)
+    return _Rank0(cfg, points, configs, names, root, ctx, (said if said is not None else []).append)
 
 
 def _result(book, p: int, r: int) -> tuple[int, int, dict[str, list]]:

@@ -8,7 +8,7 @@ import torch
 from multigpu.cli import main as cli_main
 from multigpu.errors import ConfigError
 from multigpu.train import TrainConfig
-from multigpu.train.fsdp import check_fits, check_sharding, training_state_bytes
+from multigpu.train.strategy_checks import check_fits, check_sharding, training_state_bytes
 
 
 def no_params():

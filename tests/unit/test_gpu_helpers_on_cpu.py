@@ -45,10 +45,10 @@ def _two_rank_runs(configs: list, summing: bool) -> list[dict]:
     """Rank body: ``test_train_gpu.train`` of each config on 2 ranks; with ``summing``, DDP's all-reduce sums the
     ranks' gradients instead of averaging them (its hook divides by 1, not by the world size)."""
     if summing:
-        from multigpu.train import sync
+        from multigpu.train import strategies
 
-        real = sync.CommTimer.__init__
-        sync.CommTimer.__init__ = lambda self, group, world_size: real(self, group, 1)
+        real = strategies.CommTimer.__init__
+        strategies.CommTimer.__init__ = lambda self, group, world_size: real(self, group, 1)
     return [test_train_gpu.train(cfg, test_train_gpu.random_tokens()) for cfg in configs]
 
 

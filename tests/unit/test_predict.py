@@ -136,7 +136,7 @@ def test_fsdp_step_traffic_from_the_sharding():
     import torch
 
     from multigpu.runtime import collectives
-    from multigpu.train.fsdp import StepTraffic
+    from multigpu.train.strategies import StepTraffic
 
     blocks = [torch.nn.Linear(10, 10), torch.nn.Linear(10, 10)]  # 110 weights each
     model = torch.nn.Sequential(*blocks, torch.nn.Linear(10, 1))  # the root's own: 11
@@ -209,7 +209,7 @@ def test_hsdp_step_traffic_runs_over_the_groups_of_its_mesh():
     import torch
 
     from multigpu.runtime import collectives
-    from multigpu.train.fsdp import StepTraffic
+    from multigpu.train.strategies import StepTraffic
 
     blocks = [torch.nn.Linear(10, 10)]
     plan = StepTraffic(torch.nn.Sequential(*blocks), blocks, reshard_after_forward=False, param_dtype=None,

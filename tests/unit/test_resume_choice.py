@@ -1,7 +1,8 @@
 """What a run continues from (:mod:`multigpu.checkpoint.resume`), rule by rule: the launcher's look ahead
 (``planned``), its refusal of a run folder whose checkpoints are all unusable, the newest step by number, the run a
-checkpoint or a progress folder belongs to, a progress folder (an ensemble's) continued in place of a checkpoint,
-and the one choice every rank receives, errors included. Mutation testing found these unchecked by fast tests."""
+checkpoint or an ensemble folder belongs to, an ensemble's folder continued by the same rule in the sim's own code
+(:mod:`multigpu.sim.ensemble_resume`: the general code knows checkpoints only), and the one choice every rank
+receives, errors included. Mutation testing found these unchecked by fast tests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from multigpu.checkpoint import CheckpointStore, CorruptCheckpointError, OldLayoutError, resume
 from multigpu.errors import ConfigError
+from multigpu.sim import ensemble_resume
 
 
 class Counter:
@@ -71,11 +73,12 @@ def test_the_launcher_looks_ahead_without_reading_a_checkpoints_bytes(tmp_path):
     assert resume.planned("/some/where", None) == resume.Path("/some/where")
     empty = tmp_path / "fresh"
     assert resume.planned("auto", str(empty)) is None
-    folder = _progress(empty)
-    assert resume.planned("auto", str(empty), progress="ensemble") == folder
-    assert resume.planned(str(empty), None, progress="ensemble") == folder  # the run folder that holds one
-    assert resume.planned(str(folder), None, progress="ensemble") == folder
-    assert resume.planned(str(tmp_path / "x"), None, progress="ensemble") == tmp_path / "x"
+    folder = _progress(empty)  # an ensemble's folder: the sim's own look ahead (the general one sees no checkpoint)
+    assert resume.planned("auto", str(empty)) is None
+    assert ensemble_resume.own_folder(str(empty)) == folder
+    assert ensemble_resume.named(str(empty)) == folder  # the run folder that holds one
+    assert ensemble_resume.named(str(folder)) == folder
+    assert ensemble_resume.named(str(tmp_path / "x")) is None
 
 
 def test_a_run_folder_whose_checkpoints_are_all_unusable_is_refused_before_anything_starts(tmp_path):
@@ -99,37 +102,40 @@ def test_the_run_a_resume_target_belongs_to(tmp_path):
     assert resume.run_of("relative/checkpoints/step_1") == (resume.Path.cwd() / "relative")
 
 
-def test_a_progress_folder_counts_once_its_manifest_is_written(tmp_path):
+def test_an_ensemble_folder_counts_once_its_manifest_is_written(tmp_path):
     run = tmp_path / "run"
-    assert resume.progress_folder(run, "ensemble") is None
+    assert ensemble_resume.own_folder(run) is None
     (run / "ensemble").mkdir(parents=True)
-    assert resume.progress_folder(run, "ensemble") is None and not resume.is_progress(run / "ensemble", "ensemble")
+    assert ensemble_resume.own_folder(run) is None and not ensemble_resume.is_ensemble(run / "ensemble")
+    assert not ensemble_resume.holds_ensemble(run)
     (run / "ensemble" / "manifest.json").write_text("{}")
-    assert resume.progress_folder(run, "ensemble") == run / "ensemble"
-    assert resume.progress_folder(run, None) is None and resume.progress_folder(None, "ensemble") is None
-    assert resume.is_progress(run / "ensemble", "ensemble") and not resume.is_progress(run / "ensemble", "other")
-    assert not resume.is_progress(None, "ensemble") and not resume.is_progress(run / "ensemble", None)
+    assert ensemble_resume.own_folder(run) == run / "ensemble" and ensemble_resume.holds_ensemble(run)
+    assert ensemble_resume.own_folder(None) is None
+    (run / "other").mkdir()
+    (run / "other" / "manifest.json").write_text("{}")
+    assert ensemble_resume.is_ensemble(run / "ensemble") and not ensemble_resume.is_ensemble(run / "other")
+    assert not ensemble_resume.is_ensemble(None)
 
 
-def test_a_workload_with_a_progress_folder_continues_it_where_the_run_has_no_checkpoint(tmp_path):
+def test_an_ensemble_continues_its_folder_by_the_rule_every_run_resumes_by(tmp_path):
     said: list[str] = []
     run = tmp_path / "run"
     folder = _progress(run)
-    assert resume.choose("auto", str(run), 0, progress="ensemble", say=said.append) == folder
-    assert resume.choose(None, str(run), 1, progress="ensemble", say=said.append) == folder
-    assert resume.choose(None, str(run), 0, progress="ensemble", say=said.append, elastic=True) == folder
+    assert ensemble_resume.continued("auto", str(run), restarts=0, say=said.append) == folder
+    assert ensemble_resume.continued(None, str(run), restarts=1, say=said.append) == folder
+    assert ensemble_resume.continued(None, str(run), restarts=0, say=said.append, elastic=True) == folder
     assert said == [f"continuing {folder}", f"restart 1: continuing {folder}", f"elastic start: continuing {folder}"]
-    assert resume.choose(str(run), str(tmp_path / "new"), 0, progress="ensemble", say=said.append) == folder
+    assert ensemble_resume.continued(str(run), str(tmp_path / "new"), restarts=0, say=said.append) == folder
     assert said[-1] == f"continuing {folder}"
-    assert resume.check_resume_path(str(folder), progress="ensemble") == folder
-    assert resume.choose("auto", str(tmp_path / "empty"), 0, progress="ensemble", say=said.append) is None
+    assert ensemble_resume.continued(str(folder), None, restarts=0, say=said.append) == folder
+    assert ensemble_resume.continued("auto", str(tmp_path / "empty"), restarts=0, say=said.append) is None
     assert said[-1] == "resume=auto: no checkpoint nor ensemble/ folder yet; starting from step 0"
-    _, store = _run(tmp_path, 3)  # a checkpoint wins over the progress folder
-    assert resume.choose("auto", str(run), 0, progress="ensemble", say=said.append) == store.path_for(3)
-    with pytest.raises(ConfigError, match="nor a run's ensemble/ folder"):
-        resume.check_resume_path(str(tmp_path / "missing"), progress="ensemble")
-    with pytest.raises(ConfigError, match=r"not a checkpoint folder nor a run's ensemble/ folder"):
-        resume.check_resume_path(str(tmp_path), progress="ensemble")
+    _, store = _run(tmp_path, 3)  # the checkpoint rule sees the checkpoint only (a plain run of the same folder)
+    assert resume.choose("auto", str(run), 0, say=said.append) == store.path_for(3)
+    with pytest.raises(ConfigError, match="not a run's ensemble/ folder"):
+        ensemble_resume.continued(str(tmp_path / "missing"), None, restarts=0, say=said.append)
+    with pytest.raises(ConfigError, match=r"not a run's ensemble/ folder"):
+        ensemble_resume.continued(str(tmp_path), None, restarts=0, say=said.append)
 
 
 def test_a_restart_over_checkpoints_that_are_all_unusable_does_not_start_again_from_zero(tmp_path):
@@ -197,8 +203,8 @@ def test_decide_once_for_the_rank_entry_point_and_a_plain_script(tmp_path):
     assert fresh.resume_from is None and fresh.resume_decided is True
     other = tmp_path / "other"
     folder = _progress(other)
-    assert resume.decide(RunContext(run_dir=str(other), resume="auto"), progress="ensemble").resume_from == str(folder)
-    assert resume.decide(RunContext(run_dir=str(other), resume="auto")).resume_from is None
+    assert resume.decide(RunContext(run_dir=str(other), resume="auto")).resume_from is None  # checkpoints only
+    assert ensemble_resume.continued("auto", str(other), restarts=0, say=lambda _: None) == folder  # the sim's own
 
 
 def test_rank_0_chooses_and_the_others_take_its_answer_or_its_error(tmp_path, monkeypatch, capsys):

@@ -119,3 +119,45 @@ def test_a_resume_past_the_steps_asked_for_is_one_line_not_a_run_that_does_nothi
         list(again.steps())
     done = Run(script_context(tmp_path / "run", "auto"), _state(), total=5, mode="sync")
     assert list(done.steps()) == []  # a finished run resumed at its own end: nothing to run, and no error
+
+
+def test_a_resumed_runs_log_points_fall_on_the_steps_an_uninterrupted_runs_do(single_rank_group, tmp_path):
+    """One cadence for every workload: a log point after every ``log_every``-th step as the run counts them.
+    Before, the meter counted from the resume: a run resumed at step 3 with log_every=2 logged steps 5 and 7 (the
+    uninterrupted run: 2, 4, 6, 8), so the records of a resumed sim or rl run differed from an uninterrupted
+    one's; each step's record once either way."""
+    from tests.conftest import logged_steps
+
+    def run(folder, total, resume=None):
+        made = Run(script_context(tmp_path / folder, resume), _state(), total=total, log_every=2, mode="sync",
+                   progress=False)
+        if made.resume_from:
+            made.load()
+        list(made.steps())
+        made.close()
+
+    run("whole", 8)
+    run("parts", 3)
+    run("parts", 8, "auto")
+    assert logged_steps(tmp_path / "parts") == logged_steps(tmp_path / "whole") == [2, 4, 6, 8]
+
+
+def test_a_records_workload_figures_are_those_of_its_own_step(single_rank_group, tmp_path):
+    """The log point comes after the workload's whole step. Before, a simulation's record was written as its meter
+    step ended, before the step's series were read into it: the record of step 4 held the S, I and R of step 2 (the
+    previous log point's), the first one none."""
+    import csv
+    import json
+
+    from multigpu.sim.config import SimConfig
+    from multigpu.sim.runner import run
+
+    cfg = SimConfig(model="sir", agents=600, grid=(12, 12), steps=6, log_every=2, plot=False,
+                    params={"initial_infected": 0.05})
+    run(cfg, script_context(tmp_path / "sim"))
+    with open(tmp_path / "sim" / "series.csv") as fh:
+        series = {int(row["step"]): row for row in csv.DictReader(fh)}
+    records = [json.loads(line) for line in (tmp_path / "sim" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    for record in records:
+        assert {k: record.get(k) for k in ("S", "I", "R")} == {k: int(series[record["step"]][k]) for k in "SIR"}

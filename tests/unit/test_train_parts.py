@@ -16,7 +16,7 @@ from multigpu.train.data import VOCAB, CharDataset, decode, encode, find_files, 
 from multigpu.train.nano import DataConfig
 from multigpu.train.optim import lr_at
 from multigpu.train.precision import PrecisionSupport, check_precision
-from multigpu.train.sync import CommTimer
+from multigpu.train.strategies import CommTimer
 
 
 def test_accumulation_global_or_per_rank_and_the_batch_split():

@@ -278,7 +278,7 @@ def _hops(traffic: dict[str, dict[str, float]], n: int, net: Net) -> float:
 
 
 UNTIMED_KINDS = ("sharded_all_gather", "reduce_scatter")
-"""Collectives counted from FSDP's sharding (``train.fsdp.StepTraffic``) but never timed: FSDP2 calls them inside
+"""Collectives counted from FSDP's sharding (``train.strategies.StepTraffic``) but never timed: FSDP2 calls them inside
 autograd, so a rank's busy time includes them."""
 
 

@@ -47,7 +47,7 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
     import torch
 
     import multigpu as mg
-    from multigpu.monitor import StepMeter
+    from multigpu.run import Run
 
     num_envs = cfg.num_envs * ctx.problem_scale(mg.world_size())
     envs = mg.envs.make(cfg.env_id, num_envs=num_envs, seed=cfg.seed, split=True)
@@ -62,13 +62,15 @@ def main(cfg: EnvsBenchConfig, ctx: RunContext) -> int:
     actions = [a.to(envs.device) for a in actions]
     from multigpu.units import shown
 
-    meter = StepMeter.from_context("env-steps", ctx, total_steps=cfg.steps + 5,
-                                   description=f"{cfg.env_id} x{num_envs:,}", warmup_steps=5)
-    for step in range(cfg.steps + 5):
-        with meter.step(items=envs.num_envs):
-            envs.step(actions[step % len(actions)])
+    # the run harness times every step (its meter: the run's folder, sampler, --profile) and writes summary.json;
+    # nothing here is checkpointed
+    run = Run(ctx, total=cfg.steps + 5, checkpoint_last=False, unit="env-steps",
+              description=f"{cfg.env_id} x{num_envs:,}", warmup_steps=5)
+    for step in run.steps():
+        run.add_items(envs.num_envs)
+        envs.step(actions[step % len(actions)])
     step_path = getattr(envs, "cpu_step", "torch step") if envs.device.type == "cpu" else "torch step"
-    summary = meter.close({"envs": {"env_id": cfg.env_id, "num_envs": num_envs, "step": step_path}})
+    summary = run.close({"envs": {"env_id": cfg.env_id, "num_envs": num_envs, "step": step_path}})
     if mg.is_main():
         limit = getattr(envs, "host_step_max_envs", 0)  # a factory's environment has no host step
         crossover = "" if envs.device.type != "cpu" else (

@@ -11,9 +11,8 @@
    (``Workload.resumable`` False) refuses ``--resume`` here;
 2. the device plan, once, and the workload's ``check(cfg, plan)``: everything
    that can be wrong with the input fails here with one line and exit code 2,
-   before a folder exists or a process starts; a run that continues a folder of
-   progress files (``Workload.progress_folder``) must be of the design its manifest holds
-   (``Workload.resume_design``, :func:`check_continued`);
+   before a folder exists or a process starts (a workload that continues files of its own,
+   ``Workload.own_progress``, checks them there too);
 3. the run directory (:func:`choose_run_dir`): one already used is refused
    unless ``--resume`` continues it, and the launcher holds its lock for the
    whole run (:mod:`multigpu.launch.rundir`: two runs never share a folder; a
@@ -32,7 +31,7 @@ import argparse
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,7 +213,8 @@ def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[
     """The config a resumed run was started with (its run.json), or None: none is there to reuse.
 
     ``run_dir``'s run.json; for ``--resume PATH`` into a new folder, the one of the run that wrote PATH
-    (``<run>/checkpoints/step_*``, ``<run>/<progress>``, or that run folder itself)."""
+    (``<run>/checkpoints/step_*``, a folder of the workload's own in ``<run>``, or that run folder itself:
+    :func:`multigpu.checkpoint.resume.run_of`)."""
     import json
 
     from multigpu.checkpoint.resume import planned, run_of
@@ -223,7 +223,7 @@ def saved_config(workload: Workload, run_dir: Path, resume: str | None) -> dict[
         return None
     candidates = [run_dir / "run.json"]
     if resume != "auto":
-        candidates.append(run_of(planned(resume, None, progress=workload.progress_folder)) / "run.json")
+        candidates.append(run_of(planned(resume, None)) / "run.json")
     for path in candidates:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -248,7 +248,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint a resume would start from (:func:`multigpu.checkpoint.resume.planned`) and the config it
     records (its manifest's ``meta.config``: the run harness records the job's settings in every checkpoint); None
-    for a checkpoint that records none (an older one), a folder of progress files, or no resume. Reads the manifest
+    for a checkpoint that records none (an older one), anything but a checkpoint, or no resume. Reads the manifest
     only."""
     from multigpu.checkpoint.resume import planned
     from multigpu.checkpoint.store import is_checkpoint, read_manifest
@@ -256,7 +256,7 @@ def checkpoint_config(workload: Workload, resume: str | None, run_dir: Path) -> 
 
     if not resume:
         return None
-    target = planned(resume, str(run_dir), progress=workload.progress_folder)
+    target = planned(resume, str(run_dir))
     if target is None or not is_checkpoint(target):
         return None
     try:
@@ -275,7 +275,7 @@ def check_not_past(workload: Workload, cfg: Any, resume: str | None, run_dir: Pa
     from multigpu.errors import CorruptCheckpointError
 
     total = workload.resume_total(cfg) if resume and workload.resume_total is not None else None
-    target = planned(resume, str(run_dir), progress=workload.progress_folder) if total is not None else None
+    target = planned(resume, str(run_dir)) if total is not None else None
     if target is None or not is_checkpoint(target):
         return
     try:
@@ -355,29 +355,6 @@ def check_given_kept(workload: Workload, saved: dict[str, Any], overrides: Seque
             raise _changed(workload, key, value, old, where)
 
 
-def check_continued(workload: Workload, cfg: Any, target: Path | None) -> None:
-    """A run that continues a folder of progress files (``target``, a ``Workload.progress_folder``) is of the
-    design its manifest holds (``Workload.resume_design`` of the checked config; one line naming the first
-    thing that differs); a config that continues such a folder names a checkpoint, or one that does not names
-    such a folder: one line each."""
-    from multigpu.checkpoint.resume import check_design, is_progress
-    from multigpu.checkpoint.store import is_checkpoint
-
-    if target is None or workload.progress_folder is None:
-        return
-    design = workload.resume_design(cfg) if workload.resume_design is not None else None
-    if is_progress(target, workload.progress_folder):
-        if design is None:
-            raise ConfigError(f"--resume: {target} is the {workload.progress_folder}/ folder of a {workload.name} run, "
-                              f"and this {workload.name} config does not continue one; valid: the settings that "
-                              "made it, or a new --run-dir without --resume")
-        check_design(target, design)
-    elif design is not None and is_checkpoint(target):
-        raise ConfigError(f"--resume: {target} is a checkpoint, and this {workload.name} config continues a run's "
-                          f"{workload.progress_folder}/ folder (it writes no checkpoints); valid: a run's "
-                          f"{workload.progress_folder}/ folder, or a new --run-dir without --resume")
-
-
 def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg: LaunchConfig) -> list[str]:
     """The ``key=value`` overrides of a workload command line: positional, ``--set``, and accelerate's
     ``--mixed-precision`` as the workload's ``precision``."""
@@ -390,28 +367,27 @@ def overrides_from_args(workload: Workload, args: argparse.Namespace, launch_cfg
 
 
 # ----------------------------------------------------------------------------- run directory
-def latest_run(workload: str, root: Path = RUNS, *, progress: str | None = None) -> Path | None:
-    """The newest run of ``workload`` that holds a checkpoint, or a folder of progress files named ``progress``
-    (its manifest written): what ``--resume auto`` continues."""
-    from multigpu.checkpoint.resume import progress_folder
-
+def latest_run(workload: str, root: Path = RUNS, *, own_progress: Callable[[Path], bool] | None = None
+               ) -> Path | None:
+    """The newest run of ``workload`` that holds a checkpoint, or progress of the workload's own (``own_progress``,
+    ``Workload.own_progress``): what ``--resume auto`` continues."""
     folder = root / workload
     if not folder.is_dir():
         return None
     runs = [p for p in folder.iterdir() if ((p / "checkpoints").is_dir() and any((p / "checkpoints").iterdir()))
-            or progress_folder(p, progress) is not None]
+            or (own_progress is not None and p.is_dir() and own_progress(p))]
     return max(runs, key=lambda p: p.name) if runs else None
 
 
 def choose_run_dir(workload: str, run_dir: str | None, resume: str | None, root: Path = RUNS, *,
-                   progress: str | None = None) -> tuple[Path, bool]:
+                   own_progress: Callable[[Path], bool] | None = None) -> tuple[Path, bool]:
     """The run directory and whether it is new: ``--run-dir``; with ``--resume auto`` alone, the newest run
-    that has a checkpoint (or a ``progress`` folder); else a fresh ``runs/<workload>/<time>`` (made unique by
-    :func:`create_run_dir`)."""
+    that has a checkpoint (or progress of the workload's own: ``own_progress``); else a fresh
+    ``runs/<workload>/<time>`` (made unique by :func:`create_run_dir`)."""
     if run_dir:
         return Path(run_dir), False
     if resume == "auto":
-        previous = latest_run(workload, root, progress=progress)
+        previous = latest_run(workload, root, own_progress=own_progress)
         if previous is not None:
             return previous, False
     return root / workload / time.strftime("%Y%m%d-%H%M%S"), True
@@ -467,16 +443,17 @@ _SAYS_ITS_OWN_RESIZE = ("train",)
 
 
 def resumed_world_size(run_dir: Path, target: Path | None) -> int | None:
-    """The world size of the run a resume continues: its checkpoint's (the manifest's ``world_size``), else, for a
-    folder of progress files, that run's last launch (its ``run.json``); None where neither says."""
+    """The world size of the run a resume continues: its checkpoint's (the manifest's ``world_size``), else (files of
+    the workload's own) that run's last launch (its ``run.json``); None where neither says."""
     import json
 
+    from multigpu.checkpoint.resume import run_of
     from multigpu.checkpoint.store import is_checkpoint, read_manifest
 
     with contextlib.suppress(Exception):  # a damaged file: the ranks say what is wrong with it
         if target is not None and is_checkpoint(target):
             return int(read_manifest(target)["world_size"])
-    run_file = (target.parent if target is not None else run_dir) / "run.json"
+    run_file = (run_of(target) if target is not None else run_dir) / "run.json"
     with contextlib.suppress(OSError, ValueError, TypeError):
         size = json.loads(run_file.read_text()).get("world_size")
         return size if isinstance(size, int) and size > 0 else None
@@ -549,7 +526,7 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
     if args.resume is not None and not workload.resumable:
         raise ConfigError(f"--resume {args.resume}: the {workload.name} workload cannot resume (it writes no "
                           f"checkpoints); valid: run it again without --resume")
-    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume, progress=workload.progress_folder)
+    run_dir, fresh = choose_run_dir(workload.name, args.run_dir, args.resume, own_progress=workload.own_progress)
     agreed = session is not None and args.run_dir is None  # the nodes take node 0's folder
     if agreed and args.resume == "auto":  # node 0's newest run, not each node's own
         name = session.agree("resumed_run", lambda: "" if fresh else run_dir.name)
@@ -585,12 +562,10 @@ def _run_command(workload: Workload, args: argparse.Namespace, launch_cfg: Launc
         rundir.refuse_used(run_dir, hint=_USED_HINT)
     ctx = RunContext(run_dir=str(run_dir.resolve()), resume=args.resume)
     job = prepare(workload, cfg, launch_cfg, ctx, spec=spec)  # bad input ends here: nothing written yet
-    if args.resume is not None:  # a folder of progress files continued: the same design (the checked config's)
+    if args.resume is not None:
         from multigpu.checkpoint.resume import planned
 
-        target = planned(args.resume, str(run_dir), progress=workload.progress_folder)
-        check_continued(workload, job.config, target)
-        say_resized(workload, run_dir, target, job.plan.world_size, launch_cfg.nnodes)
+        say_resized(workload, run_dir, planned(args.resume, str(run_dir)), job.plan.world_size, launch_cfg.nnodes)
     if session is not None and session.node_rank != 0:
         if agreed:  # node 0 made the folder: its name, under this node's runs/<workload>
             run_dir, fresh = RUNS / workload.name / session.agree("run_name", lambda: ""), False

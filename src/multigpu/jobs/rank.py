@@ -5,10 +5,10 @@
 Reads ``run.json`` (workload, resolved config, run context), joins the job
 with ``mg.init``, decides once which checkpoint this attempt starts from
 (``ctx.resume_from``: ``--resume auto``/PATH, or the run's newest valid
-checkpoint when torchrun's agent restarted the worker group, or the run's
-folder of progress files for a workload that keeps one; see
-:mod:`multigpu.checkpoint.resume`), calls the workload's ``main(cfg, ctx)``
-and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
+checkpoint when torchrun's agent restarted the worker group; see
+:mod:`multigpu.checkpoint.resume`; a workload that keeps progress of its own,
+``Workload.own_progress``, decides in ``main``), calls the workload's
+``main(cfg, ctx)`` and leaves with ``mg.shutdown``. Its exit code is ``main``'s.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     context.set_current(ctx)
     mg.init(**(workload.init(cfg) if workload.init else {}))
     try:
-        if workload.resumable:  # decided here, once, by the rule plain scripts use too: a workload loads resume_from
+        # decided here, once, by the rule plain scripts use too: a workload loads resume_from
+        if workload.resumable and workload.own_progress is None:
             from multigpu.checkpoint.resume import decide
 
-            ctx = decide(ctx, progress=workload.progress_folder)
+            ctx = decide(ctx)
             context.set_current(ctx)
         code = workload.main(cfg, ctx)
     except BaseException:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from multigpu.launch.config import LaunchConfig
@@ -104,17 +105,13 @@ class Workload:
     """Modules its ranks import before their first step besides ``main``'s own (``torch._dynamo``, which a
     ``torch.optim`` optimizer imports when it is made): the command line's fork server imports them once, while
     the launcher checks the config, instead of every rank (:func:`multigpu.launch.forkserver.preload`)."""
-    progress_folder: str | None = None
-    """The folder of the run directory where ``main`` may keep its progress as files of its own instead of
-    checkpoints (the sim ensemble's ``ensemble``: one file per finished replicate, and a ``manifest.json``,
-    written first, of what the work is). Resume takes it where a run has no checkpoint: ``--resume auto`` (with
-    or without ``--run-dir``) and a restarted worker group continue the run's own folder, ``--resume PATH`` may
-    name another run's; ``ctx.resume_from`` is then that folder (:mod:`multigpu.checkpoint.resume`)."""
-    resume_design: Callable[[Any], dict[str, Any] | None] | None = None
-    """What a run continuing a ``progress_folder`` must keep that config keys cannot show (a sweep file's rows,
-    each point's series): ``resume_design(cfg)`` on the checked config, compared key by key with the folder's
-    ``manifest.json`` before anything starts (:func:`multigpu.checkpoint.resume.check_design`). None from it:
-    this config does not continue such a folder (a plain simulation), and naming one is refused."""
+    own_progress: Callable[[Path], bool] | None = None
+    """For a workload whose runs may keep their progress in files of their own instead of checkpoints (sim's
+    ensembles: one file per finished replicate), whether a run folder holds such progress. ``--resume auto``
+    without ``--run-dir`` then takes the newest run with a checkpoint or with that, and the rank entry point leaves
+    what a run continues to ``main`` (``ctx.resume_from`` undecided): a run that writes checkpoints decides it
+    through its :class:`~multigpu.run.Run` (the rule of :func:`multigpu.checkpoint.resume.decide`), one that
+    continues files of its own reads ``ctx.resume`` and checks them itself (in ``check`` too)."""
     dry_run: Callable[[Any, JobPlan, int, Any], None] | None = None
     """The workload's part of ``--dry-run --world-size N`` (:mod:`multigpu.jobs.dryrun`), in the launcher:
     ``dry_run(cfg, plan, rank, report)`` adds to ``report`` what rank ``rank`` of ``plan.world_size`` holds (its

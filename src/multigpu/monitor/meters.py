@@ -34,9 +34,11 @@ Definitions (per rank, over the measured steps, i.e. after ``warmup_steps``):
 * *startup* - where the time from the command to the first step went, in parts
   (:mod:`multigpu.monitor.startup`).
 
-Metrics are reduced across ranks (one small collective every ``log_every``
-steps, and at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one line
-per log point) and ``summary.json`` in ``run_dir`` (None: nothing is written).
+Metrics are reduced across ranks (one small collective at each log point, and
+at ``close()``) and only rank 0 writes: ``metrics.jsonl`` (one record per log
+point: every ``log_every``-th step as the run counts them, and the steps a
+workload marks; see :mod:`multigpu.monitor.metrics`) and ``summary.json`` in
+``run_dir`` (None: nothing is written).
 A meter is given its run directory, device sampler and profiler explicitly;
 :meth:`StepMeter.from_context` takes all three from the launcher's run
 context (:mod:`multigpu.runtime.context`: the run directory ``multigpu bench``
@@ -47,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -57,9 +58,10 @@ from typing import Any
 
 import torch
 
-from multigpu.files import JsonlLog, read_jsonl, write_json_atomic, write_text_atomic
+from multigpu.files import write_json_atomic
 from multigpu.monitor import profile, startup, stragglers
 from multigpu.monitor import sampler as _sampler
+from multigpu.monitor.metrics import MetricsLog, sum_comm
 from multigpu.runtime import collectives, context, devicetime, group, watchdog
 
 __all__ = ["StepMeter", "write_json_atomic"]
@@ -166,30 +168,6 @@ def _place() -> tuple[int, str]:
     return group.node_rank(), socket.gethostname()
 
 
-def sum_comm(comm_times: list[float | None]) -> float:
-    """The total of per-step comm times; NaN when any step's was not measured (None)."""
-    return float("nan") if any(c is None for c in comm_times) else float(sum(comm_times))
-
-
-def comm_share(comm_s: float, wall_s: float) -> float | None:
-    """comm / wall; None when comm was not measured (NaN)."""
-    if comm_s != comm_s:
-        return None
-    return comm_s / wall_s if wall_s > 0 else 0.0
-
-
-def drop_records_after(path: Path, step: int) -> None:
-    """Rank 0, as a run starts logging: a resumed run repeats the steps after its checkpoint (``step``; 0 for a run
-    that starts from the beginning), so the records of those steps (a killed or stopped attempt's) go, and a torn
-    last line (a writer killed mid-line). Each step is then in ``metrics.jsonl`` once."""
-    if not path.is_file():
-        return
-    records = read_jsonl(path)
-    kept = [r for r in records if r.get("step", 0) <= step]
-    if len(kept) != len(path.read_text(errors="replace").splitlines()):
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
 class StepMeter:
     """Measures a workload's steps on every rank and reduces them; see the module docstring.
 
@@ -198,8 +176,9 @@ class StepMeter:
         total_steps: For the progress bar's ETA (None: no total).
         description: The progress bar's label.
         run_dir: Where rank 0 writes metrics.jsonl and summary.json (None: nowhere).
-        log_every: Reduce and log every N steps (0: only at ``close()``). Every rank must
-            run the same number of steps, as with any collective.
+        log_every: Reduce and log every N steps as the run counts them (0: only at steps marked by :meth:`point`;
+            the summary at ``close()`` either way); see :mod:`multigpu.monitor.metrics`. Every rank must run the
+            same number of steps, as with any collective.
         warmup_steps: Steps left out of the summary (start-up, compilation, caches).
         progress: Show the progress bar on rank 0 when stderr is a terminal.
         sampler: A started :class:`~multigpu.monitor.sampler.Sampler` (or None) to stop at ``close()``.
@@ -224,7 +203,8 @@ class StepMeter:
     ):
         self.unit = unit
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.log_every = log_every
+        self.log = MetricsLog(self, log_every)
+        """The log points (:mod:`multigpu.monitor.metrics`): the cadence, the records, ``metrics.jsonl``."""
         self.warmup_steps = warmup_steps
         self.steps = 0
         self.device = torch.device(device) if device is not None else None
@@ -237,13 +217,15 @@ class StepMeter:
         self.traffic: list[dict[str, tuple[int, int]]] = []
         """Per step: ``{kind: (calls, bytes)}`` of the collectives this rank made in it (``collectives.traffic``)."""
         self._extra_comm: float | None = 0.0
-        self._last_log = (0, 0.0, 0.0, 0)  # step, wall, comm, items at the previous log point
         self._progress = _Progress(description or unit, total_steps, unit, progress)
-        self.extras: dict[str, float] = {}
-        """Workload figures to carry into the log lines (loss, infected count, ...); set by the caller."""
+        self.extras: dict[str, Any] = {}
+        """The latest value of each workload figure (infected count, grad_norm, ...), carried into every record and
+        shown on the progress bar; set by the workload. A tensor is read at log points only."""
+        self.ends_own_steps = True
+        """A step's end is its log point's time (when one is due); False: a run ends its steps (:meth:`end_step`,
+        called by :class:`multigpu.run.Run` after its whole step)."""
         self._sampler = sampler
         self._profiler = profiler
-        self._log: JsonlLog | None = None
         self._first_step: tuple[float, float] | None = None
         """Wall-clock start and end of the first step (where the run's start-up ends: ``startup`` in the summary)."""
         self._first_start: float | None = None  # the first step's wall-clock start, until its time is recorded
@@ -273,6 +255,37 @@ class StepMeter:
         else:
             self._extra_comm += seconds
 
+    @property
+    def log_every(self) -> int:
+        """A log point every this many steps (as the run counts them; 0: at marked steps only)."""
+        return self.log.log_every
+
+    @log_every.setter
+    def log_every(self, value: int) -> None:
+        self.log.log_every = value
+
+    @property
+    def on_record(self) -> list[Callable[[dict[str, Any]], None]]:
+        """Called on every rank with each record, once rank 0 has written it (train: its line, its trackers)."""
+        return self.log.on_record
+
+    def add(self, **figures: Any) -> None:
+        """This step's ``figures`` whose mean over the steps since the last log point (and over the ranks) the next
+        record holds: a loss. A tensor is summed where it is: no sync per step."""
+        self.log.add(**figures)
+
+    def point(self, **figures: Any) -> None:
+        """Make the step in progress a log point, its record holding ``figures`` too (train: a validation loss)."""
+        self.log.point(**figures)
+
+    def end_step(self, step: int | None = None) -> dict[str, Any] | None:
+        """After a step: its log point, when one is due (:mod:`multigpu.monitor.metrics`). Call on all ranks.
+        ``step``: its number as the run counts them (default: this meter's count, from :attr:`first_step`).
+        Returns the record (the job's figures, on every rank), or None."""
+        if step is None:
+            step = self.first_step - 1 + self.steps + len(self._queued)
+        return self.log.end_step(step)
+
     @contextlib.contextmanager
     def step(self, items: int = 0) -> Iterator[StepCount]:
         """Time one step that processes ``items`` items on this rank. When the count is known only
@@ -297,10 +310,12 @@ class StepMeter:
             self._queued.append(_Queued(begin, devicetime.timed_event(device), comm_from, collectives.comm_mark(),
                                         self._extra_comm, cpu_s, int(count.items), traffic))
             self._read(keep=1)
-            return
-        extra = self._extra_comm
-        comm = None if extra is None else collectives.comm_between(comm_from, collectives.comm_mark()) + extra
-        self._record(wall, cpu_s, comm, int(count.items), traffic)
+        else:
+            extra = self._extra_comm
+            comm = None if extra is None else collectives.comm_between(comm_from, collectives.comm_mark()) + extra
+            self._record(wall, cpu_s, comm, int(count.items), traffic)
+        if self.ends_own_steps:
+            self.end_step()
 
     def flush(self) -> None:
         """Record every step still waiting for its CUDA events (waits for the GPU to run them): before reading
@@ -326,46 +341,13 @@ class StepMeter:
         self.traffic.append(traffic)
         self.items.append(items)
         self._progress.advance(items / wall * group.world_size() if wall > 0 else None, self._extras_text())
-        if self.log_every and self.steps % self.log_every == 0:
-            self._log_point()
 
     def _extras_text(self) -> str:
-        return " ".join(f"{k} {v:.4g}" for k, v in self.extras.items())
+        shown = {**{k: v for k, v in self.extras.items() if isinstance(v, (int, float))}, **self.log.shown}
+        return " ".join(f"{k} {v:.4g}" for k, v in shown.items())  # a tensor is not read for the bar
 
     def _measured(self) -> slice:
         return slice(min(self.warmup_steps, max(len(self.step_times) - 1, 0)), None)
-
-    def _log_point(self) -> None:
-        """Reduce the window since the last log point; rank 0 appends a line to metrics.jsonl."""
-        last_step, last_wall, last_comm, last_items = self._last_log
-        wall, items = sum(self.step_times), sum(self.items)
-        comm = sum_comm(self.comm_times)
-        window = torch.tensor(  # comm not measured travels as NaN: any rank's NaN makes the job's NaN
-            [wall - last_wall, comm - last_comm, float(items - last_items)], dtype=torch.float64
-        )
-        # sent once as max and once as sum: max wall = slowest rank, sum items = all ranks
-        maxed = collectives.all_reduce(window.clone(), "max", check_shapes=False)
-        summed = collectives.all_reduce(window.clone(), "sum", check_shapes=False)
-        self._last_log = (self.steps, wall, comm, items)
-        self.watch_stragglers()
-        if group.rank() != 0 or self.run_dir is None:
-            return
-        slowest = maxed[0].item()
-        comm_sum, wall_sum = summed[1].item(), summed[0].item()
-        record = {
-            "time": time.time(),
-            "step": self.first_step - 1 + self.steps,  # as the run counts its steps, after a resume too
-            "steps": self.steps - last_step,
-            f"{self.unit}_per_s": summed[2].item() / slowest if slowest > 0 else None,
-            "step_time_s": slowest / max(self.steps - last_step, 1),
-            "comm_share": comm_share(comm_sum, wall_sum),
-            **self.extras,
-        }
-        if self._log is None:
-            path = self.run_dir / "metrics.jsonl"
-            drop_records_after(path, self.first_step - 1)  # a resumed run's steps were logged by the run it continues
-            self._log = JsonlLog(path, "metrics records")
-        self._log.append(record)  # a whole line or none; a full disk is said once and the run goes on
 
     def watch_stragglers(self) -> None:
         """Each rank's busy seconds since the last call, to rank 0's straggler watch, which names a rank that stays

@@ -25,7 +25,7 @@ The counts, each a textbook rule stated where it is used:
   AdamW's step reads and writes parameters, two moments and reads gradients in fp32 (28 bytes per parameter
   held), once per step;
 * *memory*: parameters, gradients and AdamW's two moments in fp32 (16 bytes per parameter: a whole replica per
-  rank under DDP, 1/N under FSDP, 1/shard under HSDP, the rule of :func:`multigpu.train.fsdp.training_state_bytes`);
+  rank under DDP, 1/N under FSDP, 1/shard under HSDP, the rule of :func:`multigpu.train.strategy_checks.training_state_bytes`);
   the activations kept for backward per token and layer (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", their per-layer count with flash attention: no attention scores
   kept); the logits in bf16 plus their fp32 copy and log-softmax (10 bytes per token and vocabulary entry).

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 import multigpu as mg
-from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank, read_manifest
+from multigpu.checkpoint import CHECKPOINTS, CheckpointStore, PerRank
 from multigpu.envs.adapter import autoreset_mode_of
 from multigpu.envs.split import env_id_range
 from multigpu.errors import ConfigError
@@ -54,7 +54,7 @@ from multigpu.rl.normalize import ObsNormalizer
 from multigpu.rl.policy import ActorCritic, PolicySpec, policy_for
 from multigpu.run import Run, script_context
 from multigpu.runtime import context
-from multigpu.train.sync import wrap_ddp
+from multigpu.train.strategies import wrap_ddp
 
 __all__ = ["ActorCritic", "PPOResult", "TrainedPolicy", "load_policy", "train"]
 
@@ -377,7 +377,7 @@ def _resume(run: Run, cfg: RLConfig, ro: _Rollout, world: int, num_updates: int,
     re-split for this one (:func:`_resplit`), checked against the saved digest and recorded as a resize."""
     from multigpu.checkpoint.resize import resized_from
 
-    manifest = read_manifest(run.resume_from)
+    manifest = run.manifest  # the run read it: its world size says how this run loads
     saved_world = manifest["world_size"]
     before = resized_from(run.run_dir, saved_world, world)
     if saved_world == world:
@@ -509,7 +509,7 @@ def load_policy(run_dir) -> TrainedPolicy:
     if path is None:
         raise ConfigError(f"{run_dir} holds no checkpoint of an rl run (no {CHECKPOINTS}/step_*/ that verifies); "
                           "valid: the run directory of `multigpu rl`")
-    loaded = CheckpointStore(path.parent).load(path, {"spec": None, "policy": None, "normalizer": None})
+    loaded = store.load(path, {"spec": None, "policy": None, "normalizer": None})
     raw = loaded["spec"]
     action_map = {k: (v.numpy() if isinstance(v, torch.Tensor) else tuple(v) if k == "shape" else v)
                   for k, v in raw["action_map"].items()}

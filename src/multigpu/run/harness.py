@@ -24,7 +24,9 @@ What the run owns:
   :meth:`steps` ends;
 * **the meter** (:class:`~multigpu.monitor.StepMeter`, from the context: run directory, device sampler,
   ``--profile``): each step is timed by :meth:`steps` (``timed=False``: the workload times the part of it
-  that counts with ``run.meter.step()``);
+  that counts with ``run.meter.step()``); after each step its log point when one is due (every ``log_every``-th
+  step as the run counts them, or a step the workload marks with ``run.meter.point()``), the one cadence of
+  every workload's ``metrics.jsonl`` (:mod:`multigpu.monitor.metrics`);
 * **callbacks**: objects with ``on_step(event)``, or ``pkg.module:factory`` names made here; after every step,
   on every rank, before that step's checkpoint, each gets one :class:`StepEvent`: the step (steps done), the
   state and the run;
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.checkpoint import CHECKPOINTS, Checkpointer, CheckpointStore, PerRank, Sharded, read_manifest
-from multigpu.checkpoint.resume import decide, is_progress
+from multigpu.checkpoint.resume import decide
 from multigpu.errors import ConfigError
 from multigpu.monitor import StepMeter
 from multigpu.run.interrupt import InterruptFlag
@@ -90,16 +92,13 @@ class Run:
         unit: The step meter's unit (:class:`~multigpu.monitor.StepMeter`). This and the four below are plain
             attributes too, read when the meter is first used.
         description: The progress bar's label.
-        log_every: Reduce and log the meter's figures every N steps (0: at the end only).
+        log_every: A log point every N steps (0: none by cadence; :mod:`multigpu.monitor.metrics`): the meter's
+            figures reduced, rank 0 appends a record to ``metrics.jsonl``.
         warmup_steps: Steps left out of the summary.
         progress: Show the progress bar (on a terminal).
         on_interrupt: Ctrl-C/SIGTERM end the steps after the current one, with its checkpoint.
         meta: Plain JSON values for each checkpoint's manifest (a dict, or a function called at each save).
         before_save: Called with the step before each checkpoint (it may raise to prevent it).
-        progress_folder: The folder of the run directory where the workload keeps its progress as files of its own
-            instead of checkpoints (a simulation ensemble's ``ensemble``): resume continues it where the run
-            has no checkpoint (:func:`multigpu.checkpoint.resume.choose`); the workload reads what is done
-            from :attr:`resume_from`'s files.
     """
 
     def __init__(self, ctx: context.RunContext | None = None, state: dict[str, Any] | None = None, *,
@@ -107,15 +106,16 @@ class Run:
                  checkpoint_last: bool = True, callbacks: Iterable[Any] = (), unit: str = "items",
                  description: str | None = None, log_every: int = 0, warmup_steps: int = 1, progress: bool = True,
                  on_interrupt: bool = False, meta: dict | Callable[[], dict] | None = None,
-                 before_save: Callable[[int], None] | None = None, progress_folder: str | None = None):
-        self.ctx = decide(ctx if ctx is not None else script_context(), progress=progress_folder)
+                 before_save: Callable[[int], None] | None = None):
+        self.ctx = decide(ctx if ctx is not None else script_context())
         self.run_dir = Path(self.ctx.run_dir) if self.ctx.run_dir else None
         self.resume_from = Path(self.ctx.resume_from) if self.ctx.resume_from else None
-        """What this run continues: a checkpoint, or its folder of progress files (``progress_folder``); None: a
-        fresh run."""
-        folder = is_progress(self.resume_from, progress_folder)
-        self.start = int(read_manifest(self.resume_from)["step"]) if self.resume_from and not folder else 0
-        """The step this run starts from (the resumed checkpoint's; 0 for a fresh run or a folder continued)."""
+        """The checkpoint this run continues from; None: a fresh run."""
+        self.manifest: dict[str, Any] | None = read_manifest(self.resume_from) if self.resume_from else None
+        """The manifest of the checkpoint resumed from (its ``step``, ``world_size`` and ``meta``; None: a fresh
+        run): what a workload decides how to load by (another world size) before anything is read."""
+        self.start = int(self.manifest["step"]) if self.manifest is not None else 0
+        """The step this run starts from (the resumed checkpoint's; 0 for a fresh run)."""
         self.step = self.start
         """Steps done so far."""
         self.state = state
@@ -150,6 +150,7 @@ class Run:
                 description=self.description, log_every=self.log_every, warmup_steps=self.warmup_steps,
                 progress=self.progress)
             self._meter.first_step = self.start + 1  # steps are named as the run counts them, after a resume too
+            self._meter.ends_own_steps = False  # the log point comes after the workload's whole step (end_step)
         return self._meter
 
     def add_items(self, n: int) -> None:
@@ -158,12 +159,44 @@ class Run:
             self._count.items += int(n)
 
     # ------------------------------------------------------------------ resume
+    def read(self, parts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A load's first step: what :attr:`resume_from` holds of ``parts`` (default: :attr:`state`), nothing applied.
+        Call on all ranks.
+
+        ``parts`` names the parts to read, and each one's kind says how: a :class:`~multigpu.checkpoint.PerRank`
+        part is this rank's entry, any other plain part rank 0's value; a sharded part is read into the state by
+        :meth:`apply` (DCP reads straight into this job's layout). Returns every value read by name, and
+        ``"_manifest"`` (the checkpoint's step, world size and ``meta``): the workload can check them, or adapt
+        them to this job (another world size), before anything is applied."""
+        into = self.state if parts is None else parts
+        return self._store().load(self.resume_from, {
+            name: PerRank(None) if isinstance(part, PerRank) else None
+            for name, part in (into or {}).items() if not isinstance(part, Sharded)})
+
+    def apply(self, saved: Mapping[str, Any], into: Mapping[str, Any] | None = None) -> None:
+        """A load's second step: each part of ``into`` (default: :attr:`state`) given its value from ``saved`` (what
+        :meth:`read` returned, maybe adapted; ``load_state_dict``), and its sharded parts read from the checkpoint
+        into this job's layout. Call on all ranks."""
+        into = self.state if into is None else into
+        sharded = {name: part for name, part in (into or {}).items() if isinstance(part, Sharded)}
+        for name, part in (into or {}).items():
+            part = part.part if isinstance(part, PerRank) else part
+            if not isinstance(part, Sharded) and hasattr(part, "load_state_dict"):
+                part.load_state_dict(saved[name])
+        if sharded:
+            self._store().load(self.resume_from, sharded)
+
     def load(self, into: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Restore ``into`` (default: :attr:`state`) from :attr:`resume_from`. Call on all ranks. Returns what
-        :meth:`CheckpointStore.load` returns (every saved part's value, and ``"_manifest"``)."""
+        """Restore ``into`` (default: :attr:`state`) from :attr:`resume_from`: :meth:`read`, then :meth:`apply`.
+        Call on all ranks. Returns what :meth:`read` returned (every plain part's value, and ``"_manifest"``)."""
+        saved = self.read(into)
+        self.apply(saved, into)
+        return saved
+
+    def _store(self) -> CheckpointStore:
         if self.resume_from is None:
-            raise ValueError("load(): this run does not resume (resume_from is None)")
-        return CheckpointStore(self.resume_from.parent).load(self.resume_from, into if into is not None else self.state)
+            raise ValueError("this run does not resume (resume_from is None): nothing to load")
+        return CheckpointStore(self.resume_from.parent)
 
     # ------------------------------------------------------------------ the steps
     def steps(self, total: int | None = None, *, timed: bool = True) -> Iterator[int]:
@@ -216,6 +249,8 @@ class Run:
         ranks."""
         self.step += 1
         progress.finished(self.step)  # the launcher tells the other nodes (a lost node's last step is known)
+        if self._meter is not None:  # its log point, when one is due: the figures reduced, rank 0 writes them
+            self._meter.end_step(self.step)
         event = StepEvent(self.step, _unwrapped(self.state), self)
         for callback in self.callbacks:
             callback.on_step(event)

@@ -147,9 +147,10 @@ def _engine_meta(engine: SimEngine) -> dict:
     }
 
 
-def load(engine: SimEngine, directory: str | Path) -> dict:
-    """Fill an engine created with ``populate=False`` from checkpoint folder ``directory``. Call on all ranks.
-    Returns the checkpoint's meta (:func:`meta`).
+def load(engine: SimEngine, run) -> dict:
+    """Fill an engine created with ``populate=False`` from the checkpoint ``run`` resumes from
+    (:attr:`multigpu.run.Run.resume_from`; the run reads the files: :meth:`multigpu.run.Run.load`, the one
+    loading path of every workload). Call on all ranks. Returns the checkpoint's meta (:func:`meta`).
 
     Raises:
         CorruptCheckpointError: the checkpoint fails its checksums, or holds more than tensors.
@@ -157,7 +158,7 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
     """
     from multigpu.checkpoint import dcp_safe
 
-    directory = Path(directory)
+    directory = Path(run.resume_from)
     meta = verify(directory, only=(".metadata",))["meta"]
     dcp_safe.read_metadata(directory)  # a crafted .metadata is refused before anything else is said about it
     _check_compatible(engine, meta, directory)
@@ -170,7 +171,7 @@ def load(engine: SimEngine, directory: str | Path) -> dict:
     record = {"history": meta["history"], "env": meta["env"], "rebalances": meta["rebalances"]} \
         if "history" in meta else None
     into = {"agents": Sharded(part)} if record is not None else {"agents": Sharded(part), "record": EngineRecord(engine)}
-    CheckpointStore(directory.parent).load(directory, into)
+    run.load(into)
     loaded = {k: (v.to_local() if world > 1 else v) for k, v in part.fields.items()}
     engine.state.append(loaded)
     if engine.spatial:

@@ -24,9 +24,9 @@ With ``until_ci`` the ensemble runs in *rounds* (:func:`multigpu.sim.design.next
 after each, rank 0 measures every point's widest band and the next round adds
 replicates only to the points whose bands are still too wide.
 
-A continued ensemble (the run's ``resume_from`` is its folder: ``--resume``, or a
-worker group restarted by the launcher) keeps every replicate on disk and runs
-the others. Each round is decided from the replicates before it alone, folded in
+A continued ensemble (``--resume``, or a worker group restarted by the launcher:
+:func:`multigpu.sim.ensemble_resume.continued` decides which folder) keeps every
+replicate on disk and runs the others. Each round is decided from the replicates before it alone, folded in
 replicate order, which is the order an uninterrupted run folds them in; so the
 rounds a killed run had finished, or begun, are decided again from the files as
 that run decided them, and the continued ensemble adds exactly the replicates
@@ -220,10 +220,14 @@ class _Rank0:
     ``running[p]`` in replicate order; a round asks for more (``targets``), folds those already on disk (a
     continued ensemble), runs the rest and folds them as they come, in replicate order too."""
 
-    def __init__(self, cfg, points, configs, names, root: Path | None, source: Path | None, log):
+    def __init__(self, cfg, points, configs, names, root: Path | None, ctx, log):
+        from multigpu.sim.ensemble_resume import continued
         from multigpu.sim.ensemble_store import ReplicateStore
 
         self.cfg, self.points, self.configs, self.names, self.log = cfg, points, configs, names, log
+        # what this run continues (``ctx``: --resume, a restart): an ensemble folder, or none (a new ensemble)
+        source = continued(ctx.resume, ctx.run_dir, elastic=getattr(ctx, "elastic", False),
+                           say=lambda line: print(line, flush=True)) if root is not None else None
         self.store = ReplicateStore(root, manifest_of(cfg, points, configs))
         shapes = [(n, c.steps) for n, c in zip(names, configs, strict=True)]
         there = self.store.open(source, shapes, cfg.ensemble.replicates)
@@ -332,8 +336,8 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: s
         resume: Without ``ctx`` (a plain script): "auto" (True means the same) continues the ensemble in
             ``run_dir`` (its replicates are kept, the others run; none there yet: a new one), a path continues
             another run's ensemble folder in ``run_dir``, and a worker group restarted by the launcher continues
-            whatever this says; the rule every workload resumes by
-            (:func:`multigpu.checkpoint.resume.decide`). With ``ctx``, its decision (``resume_from``) is used.
+            whatever this says; the rule every workload resumes by, over ensemble folders
+            (:func:`multigpu.sim.ensemble_resume.continued`). With ``ctx``, its ``resume``.
         log: Rank 0's printer (default: print).
         ctx: The run context (the job's): with it, a StepMeter times every wave (agent-steps) and
             writes ``<run_dir>/summary.json``, the figures ``multigpu bench`` reads; None: no meter.
@@ -343,7 +347,7 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: s
         On rank 0 an :class:`EnsembleResult`; None on the other ranks.
     """
     from multigpu.run import Run, script_context
-    from multigpu.sim.ensemble_store import FOLDER
+    from multigpu.sim.ensemble_resume import FOLDER
 
     t0 = time.perf_counter()
     rank, world = group.rank(), group.world_size()
@@ -353,17 +357,18 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: s
     names = [series_names(c) for c in configs]
     seeds = _seed_of(cfg)
     root = Path(run_dir) / FOLDER if run_dir is not None else None
-    # the run harness decides what this run continues (its ensemble folder, or none), times every wave and calls
-    # the callbacks after it; an ensemble writes no checkpoints (its replicates are its progress, read from its
-    # folder) and finds its length as it goes, so it ends each step itself (end_step)
+    # the run harness times every wave and calls the callbacks after it; an ensemble writes no checkpoints (its
+    # replicates are its progress: rank 0 decides which folder it continues, ensemble_resume.continued) and finds
+    # its length as it goes, so it ends each step itself (end_step)
     progress_now = Wave(step=0, replicates=0)
     metered = ctx is not None  # a job's: timed, with a summary.json
     ctx = (dataclasses.replace(ctx, run_dir=str(run_dir) if run_dir else None) if metered else
            script_context(run_dir, "auto" if resume is True else resume or None))
-    harness = Run(ctx, {"wave": progress_now}, checkpoint_last=False, callbacks=cfg.callbacks, progress=progress,
-                  unit="agent-steps", description=f"ensemble {cfg.model.rpartition(':')[2]}", progress_folder=FOLDER)
+    harness = Run(dataclasses.replace(ctx, resume_from=None, resume_decided=True), {"wave": progress_now},
+                  checkpoint_last=False, callbacks=cfg.callbacks, progress=progress, unit="agent-steps",
+                  description=f"ensemble {cfg.model.rpartition(':')[2]}")
     meter = harness.meter if metered else None
-    book = _open(cfg, points, configs, names, root, harness.resume_from if root is not None else None, log)
+    book = _open(cfg, points, configs, names, root, ctx, log)
     split = cfg.ensemble.split
     per_rank, batch = _wave_size(cfg, configs)
     ran = waves = 0
@@ -406,13 +411,13 @@ def run_ensemble(cfg: SimConfig, *, run_dir: str | Path | None = None, resume: s
     return _finish(cfg, book, root, ran, agent_steps, seconds, split, batch, world, seeds)
 
 
-def _open(cfg, points, configs, names, root, source, log) -> _Rank0 | None:
-    """Rank 0's book, its folder opened (new, or continued from ``source``); a one-line error there (another
+def _open(cfg, points, configs, names, root, ctx, log) -> _Rank0 | None:
+    """Rank 0's book, its folder opened (new, or continued: what ``ctx`` resumes); a one-line error there (another
     design, a folder in the way) is raised on every rank, so none waits for rank 0."""
     book = error = None
     if group.rank() == 0:
         try:
-            book = _Rank0(cfg, points, configs, names, root, source, log)
+            book = _Rank0(cfg, points, configs, names, root, ctx, log)
         except ConfigError as exc:
             error = str(exc)
     error = _broadcast(error)

@@ -17,11 +17,10 @@ A killed ensemble keeps every replicate it finished, and continuing it runs
 only the others. What a continued ensemble trusts is checked as a checkpoint's files are: every replicate file must
 match the size and SHA-256 recorded for it in ``checksums.jsonl`` (a file changed since, by a digit, is refused
 naming it); an ensemble of another run is continued from copies made in this run's folder (this run's files,
-checked against those checksums as they are copied), never from links to its files. The run harness decides what a
-run continues
-(:func:`multigpu.checkpoint.resume.decide`: ``--resume auto``, ``--resume PATH``
-or a restarted worker group; this folder is the sim workload's ``progress``
-folder), and :meth:`ReplicateStore.open` reads it. Nothing holds every series
+checked against those checksums as they are copied), never from links to its files. What a run continues
+(``--resume auto``, ``--resume PATH`` or a restarted worker group) is decided by
+:func:`multigpu.sim.ensemble_resume.continued` (the rule every run resumes by, over ensemble folders), and
+:meth:`ReplicateStore.open` reads it. Nothing holds every series
 in memory: the running figures are one mean and variance per point; the
 tables are made one point at a time.
 """
@@ -43,10 +42,10 @@ from multigpu.errors import ConfigError
 from multigpu.files import Temporary, append_line, atomic_path, read_jsonl, write_json_atomic
 from multigpu.sim.bands import Bands, point_bands
 from multigpu.sim.design import Point
+from multigpu.sim.ensemble_resume import FOLDER, check_design, is_ensemble
 
 __all__ = ["FOLDER", "ReplicateStore", "check_folder", "plot_bands", "read_replicate"]
 
-FOLDER = "ensemble"
 FORMAT = 2
 """2: every replicate file has its size and SHA-256 in ``checksums.jsonl``. An ensemble written in format 1 (before
 there were checksums) is continued with its files checked for shape only."""
@@ -246,13 +245,11 @@ class ReplicateStore:
         """Start the folder, or continue an ensemble: ``source`` (the run's ``resume_from``) None: a new one,
         its manifest written first (a folder that holds an ensemble already is refused: continue it, or use
         another); this folder: continue it; another run's ensemble folder: its replicates are brought here
-        first (hard links where the file system allows, else copies; the manifest last, so that a kill
-        meanwhile leaves a folder that is not continued yet) and that folder is left as it is. A continued
-        ensemble must be of the same design (:func:`multigpu.checkpoint.resume.check_design`) and its files
+        first (copies, each checked; the manifest last, so that a kill meanwhile leaves a folder that is not
+        continued yet) and that folder is left as it is. A continued ensemble must be of the same design
+        (:func:`multigpu.sim.ensemble_resume.check_design`) and its files
         whole (:func:`check_folder`, with ``shapes`` and ``most``; a one-line ConfigError, never a start from
         zero over them). Returns the replicates there per point; a file a kill left half-written is removed."""
-        from multigpu.checkpoint.resume import check_design, is_progress
-
         if self.root is None:
             return {}
         if source is None:
@@ -262,7 +259,7 @@ class ReplicateStore:
             check_no_orphans(self.root)
             write_json_atomic(self.root / "manifest.json", {"format": FORMAT, **self.manifest})
             return {}
-        if not is_progress(source, FOLDER):
+        if not is_ensemble(source):
             raise ConfigError(f"--resume: {source} is not an ensemble folder (an {FOLDER}/ folder with a manifest.json: "
                               "a checkpoint is not continued by an ensemble); valid: an ensemble folder, or a new run "
                               "directory")

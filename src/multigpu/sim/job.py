@@ -23,21 +23,13 @@ from multigpu.errors import ConfigError
 from multigpu.jobs.workload import Flag, JobPlan, Workload
 from multigpu.runtime.context import RunContext
 from multigpu.sim.config import SimConfig
-from multigpu.sim.ensemble_store import FOLDER
+from multigpu.sim.ensemble_resume import FOLDER, VALID, holds_ensemble
 
 __all__ = ["WORKLOAD", "check", "main"]
 
 
 def check(cfg: SimConfig, plan: JobPlan) -> SimConfig:
-    resume = plan.ctx.resume
-    if resume not in (None, "auto"):
-        from multigpu.checkpoint import CorruptCheckpointError, check_resume_path
-
-        try:  # sizes and SHA-256 only: the launcher unpickles nothing
-            check_resume_path(resume, progress=FOLDER)
-        except CorruptCheckpointError as exc:
-            raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, a checkpoints/step_* folder written "
-                              "by multigpu sim, or an ensemble folder") from None
+    _check_resume(cfg, plan.ctx.resume, plan.ctx.run_dir)
     cfg.check_world(plan.world_size)
     cfg = _check_files(cfg, plan)
     if cfg.ensemble.active:
@@ -77,30 +69,64 @@ def _check_ensemble(cfg: SimConfig, plan: JobPlan) -> SimConfig:
 def _check_continued(cfg: SimConfig, plan: JobPlan, points, configs) -> None:
     """A resumed ensemble, before anything starts: the folder it continues (``--resume PATH``, or the run's own)
     is of this design and every replicate file in it whole, and none is beyond the replicates asked; a run
-    folder whose ensemble/ folder lost its manifest is not started over. One line each (the ranks check the
-    same where they open the folder: a restarted worker group, a plain script)."""
-    from multigpu.checkpoint.resume import check_design, is_progress, planned
+    folder whose ensemble/ folder lost its manifest is not started over. One line each (rank 0 checks the
+    same where it opens the folder: a restarted worker group, a plain script)."""
     from multigpu.sim.ensemble import manifest_of, series_names
+    from multigpu.sim.ensemble_resume import check_design, named, own_folder
     from multigpu.sim.ensemble_store import check_folder, check_no_orphans
 
-    target = planned(plan.ctx.resume, plan.ctx.run_dir, progress=FOLDER)
-    if target is None or not is_progress(target, FOLDER):
-        if plan.ctx.resume == "auto" and plan.ctx.run_dir:
-            check_no_orphans(Path(plan.ctx.run_dir) / FOLDER)
+    resume, run_dir = plan.ctx.resume, plan.ctx.run_dir
+    target = own_folder(run_dir) if resume == "auto" else named(resume)
+    if target is None:
+        if resume == "auto" and run_dir:
+            check_no_orphans(Path(run_dir) / FOLDER)
         return
     check_design(target, manifest_of(cfg, points, configs))
     check_folder(target, [(series_names(c), c.steps) for c in configs], cfg.ensemble.replicates)
 
 
-def _design(cfg: SimConfig) -> dict | None:
-    """An ensemble's design (its folder's manifest: points, seeds, series, the model's settings), what a
-    continued ensemble must keep; None for a plain simulation (it continues checkpoints, not a folder)."""
-    if not cfg.ensemble.active:
-        return None
-    from multigpu.sim.ensemble import ensemble_points, manifest_of, point_configs
+def _check_resume(cfg: SimConfig, resume: str | None, run_dir: str | None) -> None:
+    """``--resume``: an ensemble continues an ensemble folder, a simulation a checkpoint (the files of ``PATH``
+    checked: sizes and SHA-256 only, the launcher unpickles nothing); one line when it names neither, or the
+    other kind (an ensemble writes no checkpoints)."""
+    if resume is None:
+        return
+    from multigpu.checkpoint import CorruptCheckpointError, check_resume_path, is_checkpoint
+    from multigpu.checkpoint.store import old_layout
+    from multigpu.sim.ensemble_resume import named
 
-    points = ensemble_points(cfg)
-    return manifest_of(cfg, points, point_configs(cfg, points))
+    path = Path(resume)
+    if resume != "auto" and named(path) is None:
+        if not path.exists():
+            raise ConfigError(f"--resume {resume}: no such file or folder (it is not a checkpoint folder nor a run's "
+                              f"{FOLDER}/ folder); valid: {VALID}")
+        if not is_checkpoint(path) and old_layout(path.parent if path.is_file() else path) is None:
+            raise ConfigError(f"--resume {resume}: not a checkpoint folder nor a run's {FOLDER}/ folder (it has no "
+                              f"manifest.json, so nothing in it has a checksum and it is not loaded); valid: {VALID}")
+        try:  # sizes and SHA-256 only: the launcher unpickles nothing
+            check_resume_path(resume)
+        except CorruptCheckpointError as exc:
+            raise ConfigError(f"--resume {resume}: {exc.reason}; valid: auto, a checkpoints/step_* folder written "
+                              "by multigpu sim, or an ensemble folder") from None
+    _not_a_checkpoint(cfg.ensemble.active, resume, run_dir)
+
+
+def _not_a_checkpoint(ensemble: bool, resume: str, run_dir: str | None) -> None:
+    """An ensemble continues an ensemble folder, never a checkpoint; a simulation the reverse: one line each."""
+    from multigpu.checkpoint import is_checkpoint
+    from multigpu.checkpoint.resume import planned
+    from multigpu.sim.ensemble_resume import named, own_folder
+
+    target = (planned(resume, run_dir) or own_folder(run_dir)) if resume == "auto" else (named(resume) or Path(resume))
+    if target is None:
+        return
+    if ensemble and is_checkpoint(target) and named(target) is None:
+        raise ConfigError(f"--resume: {target} is a checkpoint, and this sim config continues a run's {FOLDER}/ folder "
+                          f"(it writes no checkpoints); valid: a run's {FOLDER}/ folder, or a new --run-dir without "
+                          "--resume")
+    if not ensemble and named(target) is not None:
+        raise ConfigError(f"--resume: {target} is the {FOLDER}/ folder of a sim run, and this sim config does not "
+                          "continue one; valid: the settings that made it, or a new --run-dir without --resume")
 
 
 def _check_files(cfg: SimConfig, plan: JobPlan) -> SimConfig:
@@ -206,8 +232,8 @@ def main(cfg: SimConfig, ctx: RunContext) -> int:
 
 def _ensemble(cfg: SimConfig, ctx: RunContext) -> int:
     """Replicates and sweep points over every rank; rank 0 prints the figures and where the tables are.
-    ``ctx.resume_from`` (decided by the rank entry point: ``--resume``, or a restarted worker group) is the
-    ensemble folder to continue: its replicates are kept, the others run."""
+    Rank 0 decides which ensemble folder it continues (``ctx.resume``, or a restarted worker group:
+    :func:`multigpu.sim.ensemble_resume.continued`): its replicates are kept, the others run."""
     import multigpu as mg
     from multigpu.sim.ensemble import report, run_ensemble
 
@@ -296,8 +322,9 @@ WORKLOAD = Workload(
     # an ensemble's design too (its sweep, seeds, rounds): the replicates on disk would be of another
     resume_keeps=("model", "seed", "grid", "agents", "params", "ensemble.sweep", "ensemble.sweep_file",
                   "ensemble.same_seeds", "ensemble.until_ci", "ensemble.ci_series", "ensemble.min_replicates"),
-    progress_folder=FOLDER,  # an ensemble's progress: one file per finished replicate (sim.ensemble_store)
-    resume_design=_design,
+    # an ensemble's progress: one file per finished replicate in the run's ensemble/ folder (sim.ensemble_resume
+    # decides what an ensemble continues; a simulation's Run decides its checkpoint)
+    own_progress=holds_ensemble,
     help="run an agent-based simulation (movement, sir, network_sir, market, or your model) split over ranks",
     prefix="sim",
     flags=(

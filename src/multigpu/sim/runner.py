@@ -78,7 +78,7 @@ def run(cfg: SimConfig, ctx: context.RunContext | None = None, *, callbacks: lis
     t0 = time.perf_counter()
     engine = SimEngine(cfg, populate=run.resume_from is None)
     if run.resume_from is not None:
-        saved = checkpoint.load(engine, run.resume_from)
+        saved = checkpoint.load(engine, run)  # the run reads the files
         checkpoint.check_resize(engine, saved, run.resume_from, run.run_dir)  # on another world size: recorded
     setup_s = time.perf_counter() - t0
     run.state, run.meta = checkpoint.parts(engine), lambda: checkpoint.meta(engine)

@@ -92,7 +92,7 @@ class TrainConfig:
     strategy: Literal["ddp", "fsdp", "hsdp"] = "ddp"
     """ddp: every rank holds the whole model, its gradients and optimizer state (gradients all-reduced);
     fsdp: each rank holds 1/world_size of each (``fully_shard`` per block, then the root; see
-    :mod:`multigpu.train.fsdp`), for a model whose training state does not fit on one device. On 2 or more
+    :mod:`multigpu.train.strategies`), for a model whose training state does not fit on one device. On 2 or more
     ranks the whole model is never put on a GPU: it stays on the host and each rank keeps its shards on its
     device. Not in hybrid jobs (GPU and CPU ranks). hsdp: fsdp within groups of ``hsdp_shard_size`` ranks
     (default: a node), replicated across groups."""

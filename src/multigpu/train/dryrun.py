@@ -8,7 +8,7 @@ the optimizer; the second step has the optimizer state that every later step has
 each moment: parameters, gradients, optimizer state, activations.
 DDP keeps its gradients in its buckets (``gradient_as_bucket_view``), so buckets add nothing here.
 A model that cannot be built or stepped on fake tensors gets the planned figures of
-:func:`multigpu.train.fsdp.training_state_bytes` instead (estimated), and no activation figure.
+:func:`multigpu.train.strategy_checks.training_state_bytes` instead (estimated), and no activation figure.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def measure_step(cfg, train, world: int, rank: int, batch: int, report: Report, 
 
 
 def _planned(cfg, train, world: int, shard_size: int | None = None) -> list[Figure]:
-    from multigpu.train.fsdp import training_state_bytes
+    from multigpu.train.strategy_checks import training_state_bytes
 
     with torch.device("meta"):
         model = cfg.model.build("model.factory", _context(cfg, getattr(train, "vocab_size", None)))
@@ -138,7 +138,7 @@ def _fake_steps(cfg, train, world: int, batch: int, *, fake: bool = True,
     sharded = cfg.strategy != "ddp"
     mesh = None
     if sharded:  # made outside fake mode: init_device_mesh needs real values
-        from multigpu.train.fsdp import device_mesh
+        from multigpu.train.strategies import device_mesh
 
         mesh = device_mesh(torch.device("cpu"), world, shard_size if cfg.strategy == "hsdp" else None)
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
@@ -188,11 +188,11 @@ def _build_in(cfg, train, dtype):
 
 
 def _shard_model(cfg, model, optimizer, mesh, precision):
-    """:func:`multigpu.train.fsdp.shard_model`'s sharding on an explicit mesh (its own would call
+    """:func:`multigpu.train.strategies.shard_model`'s sharding on an explicit mesh (its own would call
     ``init_device_mesh``, which cannot run on fake tensors)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from multigpu.train.fsdp import block_modules, check_sharding
+    from multigpu.train.strategy_checks import block_modules, check_sharding
 
     shards = mesh.size(mesh.ndim - 1)  # hsdp: the ranks of one replica (the mesh's last dimension)
     check_sharding(model, shards, cfg.fsdp_blocks, cfg.strategy)

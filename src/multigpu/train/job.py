@@ -107,7 +107,7 @@ def check(cfg: TrainJobConfig, plan: JobPlan) -> TrainJobConfig | None:
     Returns the config to run when the check changed it (a resume at another world size keeps its global batch
     through the accumulation), else None."""
     from multigpu.factory import import_object
-    from multigpu.train.sync import check_sync_backend
+    from multigpu.train.strategy_checks import check_sync_backend
     from multigpu.train.trackers import check_trackers
 
     cfg.validate_for(plan.world_size)
@@ -229,8 +229,8 @@ def _check_memory(cfg: TrainJobConfig, plan: JobPlan) -> None:
     ddp) is not checked."""
     import torch
 
-    from multigpu.train.fsdp import check_fits
     from multigpu.train.meta import build_on_meta
+    from multigpu.train.strategy_checks import check_fits
 
     budgets = [(t, b) for t in plan.device_types if (b := plan.devices.memory_per_rank(t)) is not None]
     if not budgets:
@@ -315,8 +315,8 @@ def _check_fsdp(cfg: TrainJobConfig, plan: JobPlan) -> None:
     """
     import torch
 
-    from multigpu.train.fsdp import check_hsdp, check_placement, check_sharding
     from multigpu.train.meta import build_on_meta, check_initializable
+    from multigpu.train.strategy_checks import check_hsdp, check_placement, check_sharding
 
     check_placement(plan.world_size, plan.device_types, cfg.fsdp_cpu_offload, cfg.strategy)
     shards = shard_size(cfg, plan)
@@ -338,7 +338,7 @@ def _datasets(cfg: TrainJobConfig):
 
 
 def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = None, *,
-          run: RunContext | None = None):
+          ctx: RunContext | None = None):
     """Data, model, loss, optimizer, schedule and trainer (not yet set up). Returns (trainer, model, train_set)."""
     import torch
 
@@ -365,7 +365,7 @@ def build(cfg: TrainJobConfig, run_dir: str | Path | None, resume: str | None = 
     loss_fn = import_object(cfg.loss, what="loss", callable_only=True) if cfg.loss else default_loss
     optimizer = make_optimizer(model, cfg)
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=make_scheduler(optimizer, cfg),
-                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, run=run)
+                      loss_fn=loss_fn, run_dir=run_dir, unit=cfg.unit, resume=resume, ctx=ctx)
     return trainer, model, train_set
 
 
@@ -479,7 +479,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     run_dir = Path(ctx.run_dir) if ctx.run_dir else None
     if ctx.elastic and ctx.resume_from:  # re-formed at another size: keep the global batch, as a resume does
         cfg = _kept_on_resize(cfg, ctx)
-    trainer, model, train_set = build(cfg, run_dir, run=ctx)
+    trainer, model, train_set = build(cfg, run_dir, ctx=ctx)
     trainer.setup()
     result = trainer.fit()
     if result["interrupted"]:  # Ctrl-C/SIGTERM with checkpoint_on_interrupt: the checkpoint of this step is written
@@ -492,7 +492,7 @@ def main(cfg: TrainJobConfig, ctx: RunContext) -> int:
     summary = trainer.close({"params": sum(p.numel() for p in model.parameters())})
     if trainer.last_val_loss is not None:  # what `multigpu verify --nproc 1,2 train` compares across world sizes
         mg.verify.record("val_loss", trainer.last_val_loss)
-    sharded = trainer.sharded  # fsdp: every forward all-gathers, so all ranks sample; the export is gathered
+    sharded = trainer.strategy.sharded  # fsdp: every forward all-gathers, so all ranks sample; the export is gathered
     can_sample = cfg.sample_chars and hasattr(model, "generate") and hasattr(train_set, "decode")
     text = sample(model, train_set, cfg, mg.device()) if can_sample and (sharded or mg.is_main()) else ""
     exporting = cfg.export == "safetensors" and run_dir is not None

@@ -5,7 +5,7 @@ build is materialized whole, with the same values):
 
 1. :func:`build_on_meta` runs the model factory under ``torch.device("meta")``:
    parameters and buffers have shapes and no storage.
-2. ``fully_shard`` (:func:`multigpu.train.fsdp.shard_model`) cuts each meta
+2. ``fully_shard`` (:func:`multigpu.train.strategies.shard_model`) cuts each meta
    parameter into this rank's ``Shard(0)`` DTensor, still on meta.
 3. :func:`materialize` gives the shards storage on the device (``to_empty``) and
    fills them, one parameter (or one module) at a time: a full copy of that one

@@ -1,7 +1,8 @@
 """Experiment trackers beside the console and ``metrics.jsonl``: TensorBoard and Weights & Biases.
 
 ``check_trackers`` runs in the launcher (before anything spawns); the trackers themselves are opened on
-rank 0 only, inside the rank, by :class:`~multigpu.train.metrics.MetricLogger`. The ``logger`` config key
+rank 0 only, inside the rank, by the trainer (:class:`Trackers`), which hands them every record of its run's step
+meter (:mod:`multigpu.monitor.metrics`) with its console line (:func:`console_line`). The ``logger`` config key
 names them::
 
     multigpu train --logger wandb                        # W&B beside metrics.jsonl
@@ -21,14 +22,16 @@ with a non-zero exit code, so W&B shows it as failed instead of running forever.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from multigpu.errors import ConfigError
 
-__all__ = ["TRACKERS", "WandbConfig", "check_trackers", "open_trackers"]
+__all__ = ["TRACKERS", "Trackers", "WandbConfig", "check_trackers", "console_line", "open_trackers"]
 
 TRACKERS = ("jsonl", "tensorboard", "wandb")
 """The names the ``logger`` key takes."""
@@ -158,3 +161,45 @@ def close_all(trackers: list, summary: dict[str, Any] | None = None, exit_code: 
             tracker.close(summary, exit_code)
         except Exception as exc:  # noqa: BLE001 - a tracker's own failure must not hide the run's result
             print(f"warning: closing {type(tracker).__name__.strip('_')} failed: {exc}", file=sys.stderr, flush=True)
+
+
+class Trackers:
+    """A run's open trackers (rank 0's; none on the other ranks): each gets every record, and they are closed once,
+    with the run's exit code."""
+
+    def __init__(self, trackers: list, unit: str):
+        self.trackers, self.unit = trackers, unit
+
+    def log(self, record: dict[str, Any]) -> None:
+        for tracker in self.trackers:
+            tracker.log(record, self.unit)
+
+    @contextlib.contextmanager
+    def closed_on_error(self) -> Iterator[None]:
+        """Around the training loop: an exception (or Ctrl-C) closes the trackers as failed, then goes on."""
+        try:
+            yield
+        except BaseException as exc:
+            self.close(exit_code=130 if isinstance(exc, KeyboardInterrupt) else 1)
+            raise
+
+    def close(self, summary: dict[str, Any] | None = None, *, exit_code: int = 0) -> None:
+        """Close the trackers (with the run's summary); closing again does nothing."""
+        trackers, self.trackers = self.trackers, []
+        close_all(trackers, summary, exit_code)
+
+
+def console_line(record: dict[str, Any], total_steps: int, unit: str) -> str:
+    """A training record as rank 0 prints it: ``step 10/100 | loss 2.3412 | grad_norm 0.812 | lr 0.0003 |
+    41,503 tokens/s | comm 12%`` (``val_loss`` where it was measured; ``comm n/a (not measured)`` where nobody
+    could time the communication)."""
+    parts = [f"step {record['step']}/{total_steps}", f"loss {record['loss']:.4f}"]
+    if "val_loss" in record:
+        parts.append(f"val_loss {record['val_loss']:.4f}")
+    parts += [f"grad_norm {record['grad_norm']:.3f}", f"lr {record['lr']:.3g}"]
+    rate = record.get(f"{unit}_per_s")
+    if rate:
+        parts.append(f"{rate:,.0f} {unit}/s")
+    share = record["comm_share"]
+    parts.append(f"comm {100 * share:.0f}%" if share is not None else "comm n/a (not measured)")
+    return " | ".join(parts)

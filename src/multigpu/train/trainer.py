@@ -1,26 +1,34 @@
-"""The data-parallel Trainer (inside each rank): DDP, accumulation, precision, metrics, checkpoints.
+"""The data-parallel Trainer (inside each rank): a strategy (DDP, FSDP, HSDP), accumulation, precision, checkpoints.
 
 Every rank builds the same model and optimizer, then::
 
     trainer = Trainer(model, optimizer, train_set, config=cfg, val_data=val_set, scheduler=sched)
-    trainer.setup()      # device, DDP, data, lr scaling, resume; prints the effective batch
+    trainer.setup()      # device, the strategy's wrapping, data, lr scaling, resume; prints the effective batch
     trainer.fit()        # until cfg.steps: train_step, evaluate, log, checkpoint
     trainer.close()      # summary.json (via StepMeter) on rank 0
 
-Checkpoints, resume, the step meter, callbacks and ``summary.json`` belong to the run harness
-(:class:`multigpu.run.Run`, made by ``setup()``); the trainer hands it its state: model, optimizer, trainer
-state, every rank's random state (under fsdp and hsdp the tensors as DCP shards, which resume on any layout
-and strategy; a ddp checkpoint resumes under ddp only). Checkpoints are ``<run_dir>/checkpoints/step_*``
+Checkpoints, resume, the step meter (its log points: ``metrics.jsonl``), callbacks and ``summary.json`` belong
+to the run harness (:class:`multigpu.run.Run`, made by ``setup()``); the trainer hands it its state, as its
+strategy names the parts (model, optimizer, trainer state, every rank's random state; under fsdp and hsdp the
+tensors as DCP shards, which resume on any layout and strategy; a ddp checkpoint resumes under ddp only). Checkpoints are ``<run_dir>/checkpoints/step_*``
 (every ``checkpoint_every`` steps and after the last), written in the background with
 ``checkpoint_mode=async`` (the default). A job's context comes with its resume decided; a plain script gives
 ``resume`` ("auto" or a path) and the run decides it by the same rule, so a worker group that torchrun's agent
 restarts (``--max-restarts``) resumes from the run's newest valid checkpoint whatever ``resume`` says (the
 given ``resume`` is used only when the run has no checkpoint yet).
 
-Callbacks: objects with an ``on_step(event)`` method (:class:`multigpu.run.StepEvent`: ``event.step``,
-``event.state["model"]``, ``event.run``), called on every rank after each optimizer step (and its metrics) and
-before its checkpoint; given as objects (``callbacks=[...]``) or, in the config, as ``pkg.module:factory``
-names (``TrainConfig.callbacks``) that the run calls with no arguments. With
+Callbacks: objects with an ``on_step(event)`` method, called on every rank after each optimizer step (after its
+validation and its log point) and before its checkpoint, with one :class:`multigpu.run.StepEvent`:
+
+* ``event.step``: optimizer steps done;
+* ``event.state``: the checkpoint's parts (wrappers taken off): ``"model"`` (the module, on the device) and
+  ``"optimizer"`` under ddp, ``"tensors"`` under fsdp and hsdp (:class:`~multigpu.train.strategies.FsdpTensors`:
+  its ``.module``, the sharded module, and ``.optimizer``), ``"rng"``, and ``"trainer"`` (its ``state_dict()``
+  is the step, the scheduler's, the scaler's and the sampler's state, and the config);
+* ``event.run``: the :class:`~multigpu.run.Run` (its ``meter``, ``checkpoints``, ``run_dir``).
+
+They are given as objects (``callbacks=[...]``, or appended to ``trainer.callbacks``) or, in the config, as
+``pkg.module:factory`` names (``TrainConfig.callbacks``) that the run calls with no arguments. With
 ``checkpoint_on_interrupt``, Ctrl-C or SIGTERM on the launcher (or on the ranks)
 ends ``fit()`` after the current step with a checkpoint on every rank's agreement
 (see :mod:`multigpu.run.interrupt`); ``fit()`` then returns ``interrupted: True``
@@ -29,22 +37,22 @@ and the agreed ``signal`` (2 or 15).
 The model is moved to the device in place, so an optimizer built on
 ``model.parameters()`` before ``setup()`` keeps working. ``loss_fn(model, batch)``
 defaults to cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``
-(logits ``(..., classes)``, targets ``(...)``). With world_size 1 there is no DDP;
-everything else is the same code.
+(logits ``(..., classes)``, targets ``(...)``).
 
-``strategy="fsdp"`` shards parameters, gradients and optimizer state instead of
-replicating them (:mod:`multigpu.train.fsdp`): the optimizer is re-pointed at the
-sharded parameters in ``setup()``, accumulation uses ``set_requires_gradient_sync``,
-and checkpoints hold the tensors as DCP shards (:mod:`multigpu.train.sharded`) on any world size.
-``strategy="hsdp"`` is the same on a 2-D ``(replicate, shard)`` mesh: sharded over ``hsdp_shard_size``
-ranks (default: a node's), replicated across those groups.
+How the model is spread over the ranks is its strategy's (:mod:`multigpu.train.strategies`, ``trainer.strategy``,
+Lightning Fabric's shape): ``strategy="ddp"`` replicates it (DDP's all-reduce in backward), ``"fsdp"`` shards
+parameters, gradients and optimizer state (the optimizer is re-pointed at the sharded parameters in ``setup()``),
+``"hsdp"`` shards within groups of ``hsdp_shard_size`` ranks (default: a node's) and replicates across them. The
+trainer asks it to wrap the model, for the context of accumulation micro-steps, to clip, for the checkpoint's parts
+and for the validation batches; it never tests the strategy's name. With world_size 1 nothing is wrapped;
+everything else is the same code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,18 +62,17 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import multigpu as mg
-from multigpu.checkpoint import CheckpointStore, PerRank, RngState, Sharded
+from multigpu.checkpoint import PerRank, RngState
 from multigpu.errors import ConfigError
 from multigpu.run import Run, script_context
 from multigpu.runtime import context
-from multigpu.train.checkpoint import check_layout, check_model_fits, param_shapes, restore_rng
+from multigpu.train.checkpoint import check_model_fits, restore_rng
 from multigpu.train.config import TrainConfig, lr_scale_factor
 from multigpu.train.finite import FiniteGuard
 from multigpu.train.loader import BatchStream, to_device
-from multigpu.train.metrics import MetricLogger
-from multigpu.train.optim import use_fused
-from multigpu.train.precision import DTYPES, autocast, check_precision, probe_support
-from multigpu.train.sync import wrap_ddp
+from multigpu.train.precision import autocast, check_precision, probe_support
+from multigpu.train.strategies import Strategy, strategy_for
+from multigpu.train.trackers import Trackers, console_line
 
 __all__ = ["Trainer", "count_items", "default_loss"]
 
@@ -143,16 +150,6 @@ def count_items(batch: Any, unit: str) -> int:
     return int(first.numel()) if unit == "tokens" else int(first.shape[0])
 
 
-class _Later:
-    """A plain checkpoint part computed when the store takes it (after the sharded parts)."""
-
-    def __init__(self, make: Callable[[], dict]):
-        self.make = make
-
-    def state_dict(self) -> dict:
-        return self.make()
-
-
 class Trainer:
     """Trains ``model`` with ``optimizer`` on ``train_data`` across all ranks; see the module docstring.
 
@@ -170,9 +167,11 @@ class Trainer:
             started by ``multigpu launch``/``bench``, ``mg.run_context().run_dir`` is the launcher's choice.
         resume: In a plain script: None: start fresh; "auto": the newest valid checkpoint in ``run_dir``,
             if any; or a checkpoint folder (decided in ``setup()`` by the run harness, restarts included).
-        run: The run context of a job (its ``ctx``: ``resume_from`` decided; ``run_dir`` and ``resume`` are then
-            not looked at); None: a plain script.
-        callbacks: Objects whose ``on_step(trainer)`` runs after every optimizer step (see above).
+        ctx: The run context of a job (its ``main(cfg, ctx)``'s: ``resume_from`` decided; ``run_dir`` and
+            ``resume`` are then not looked at); None: a plain script. (``trainer.run`` is the run harness made
+            from it.)
+        callbacks: Objects whose ``on_step(event)`` runs on every rank after every optimizer step, with a
+            :class:`multigpu.run.StepEvent` (see the module docstring for what it holds).
         unit: "tokens" (the real tokens of each batch: see :func:`count_items`) or "samples" (its first dim).
         collate_fn: Passed to the DataLoader.
         shard_data: True: ``train_data`` is the whole dataset, split equally over ranks by
@@ -197,14 +196,14 @@ class Trainer:
         shard_data: bool = True,
         resume: str | None = None,
         callbacks: list[Any] | None = None,
-        run: context.RunContext | None = None,
+        ctx: context.RunContext | None = None,
     ):
         self.config = config or TrainConfig()
         self.module, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.train_data, self.val_data, self.loss_fn = train_data, val_data, loss_fn
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resume = resume
-        self._ctx = run
+        self._ctx = ctx
         self.run: Run | None = None
         """The run harness (made by ``setup()``): checkpoints, resume, meter, callbacks, summary."""
         self._callbacks = list(callbacks or [])
@@ -214,8 +213,13 @@ class Trainer:
         self._step = 0
         self.model: torch.nn.Module = model
         self.last_val_loss: float | None = None
+        self.first_step_at: float | None = None
+        """When the first optimizer step of this run ended (wall clock)."""
+        self.trackers = Trackers([], unit)
+        """TensorBoard, W&B (``config.logger``): rank 0's, opened by ``setup()``."""
+        self.strategy: Strategy | None = None
+        """How the model is spread over the ranks (made by ``setup()``): :mod:`multigpu.train.strategies`."""
         self._is_setup = False
-        self._resumed_from: Path | None = None
 
     # ----------------------------------------------------------------- what the run holds
     @property
@@ -254,13 +258,15 @@ class Trainer:
 
     # ----------------------------------------------------------------- setup
     def setup(self) -> Trainer:
-        """Place the model, wrap it in DDP, build the data stream, apply lr scaling, resume. Call on all ranks."""
+        """Place and wrap the model (its strategy), build the data stream, apply lr scaling, resume. Call on all
+        ranks."""
         self.env = mg.get_env("Trainer.setup")
         cfg = self.config
         ctx = self._ctx if self._ctx is not None else script_context(self.run_dir, self.resume)
         self.run = Run(ctx, total=cfg.steps, checkpoint_every=cfg.checkpoint_every, keep_last=cfg.keep_last,
                        mode=cfg.checkpoint_mode, callbacks=[*self._callbacks, *cfg.callbacks], unit=self.unit,
-                       description="train", on_interrupt=cfg.checkpoint_on_interrupt, before_save=self._check_finite)
+                       description="train", log_every=cfg.log_every, on_interrupt=cfg.checkpoint_on_interrupt,
+                       before_save=self._check_finite)
         self.run_dir = self.run.run_dir
         self.world_size = self.env.world_size
         self.accum = self.config.accum_per_rank(self.world_size)
@@ -269,16 +275,13 @@ class Trainer:
         self.items_per_sample = self._items_per_sample()
         self._setup_precision()
         self._setup_model()
-        state = self._resume_state()
-        if state is not None and "sharded_dir" not in state:  # (sharded states are checked by DCP)
-            # another model's checkpoint: one line, not load_state_dict's page of mismatches
-            check_model_fits(self._resumed_from, state, self.module, _plain(self.config))
-        if state is not None:
-            state["sampler"] = self._sampler_for_this_job(state)
-        self._setup_data(state)
+        saved = self._read_checkpoint()  # a resume in two steps: read (checked, fitted to this job), then apply
+        if saved is not None:
+            saved["trainer"]["sampler"] = self._sampler_for_this_job(saved)
+        self._setup_data(saved["trainer"] if saved is not None else None)
         self._setup_lr()
-        if state is not None:
-            self._load_state(state)
+        if saved is not None:
+            self._load_state(saved)
         self.run.state, self.run.meta = self._checkpoint_parts()
         self._setup_logging()
         self._is_setup = True
@@ -295,57 +298,15 @@ class Trainer:
         self.finite = FiniteGuard(dev, scaler_skips=self.scaler.is_enabled())
 
     def _setup_model(self) -> None:
-        cfg = self.config
         optimized = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
         if not optimized <= {id(p) for p in self.module.parameters()}:
             raise ConfigError("the optimizer holds tensors that are not parameters of the model; "
                               "build it with the model's own parameters, e.g. AdamW(model.parameters())")
-        if cfg.strategy != "ddp":
-            from multigpu.train.fsdp import check_placement
-
-            run = context.current()
-            kinds = ["cuda", "cpu"] if run.hybrid else [self.env.device.type]
-            check_placement(self.world_size, kinds, cfg.fsdp_cpu_offload, cfg.strategy)
-        self.sharded = cfg.strategy != "ddp" and self.world_size > 1
-        # hsdp: shard within groups of hsdp_shard_size ranks (default: a node), replicate across them
-        self.shard_size = (cfg.hsdp_shard_size or self.env.local_world_size) if cfg.strategy == "hsdp" else None
-        self.autocast_precision = "fp32" if self.sharded else cfg.precision  # fsdp: its mixed-precision policy
-        from multigpu.train.meta import is_on_meta, materialize
-
-        if not self.sharded and is_on_meta(self.module):  # built on meta, not sharded here: all of it on this rank
-            materialize(self.module, self.env.device, cfg.seed, self.optimizer)
-        # in place: the optimizer keeps its params. Under fsdp the whole model never goes to the device:
-        # fully_shard moves one block at a time there and keeps only this rank's shard of it
-        self.module.to(device=None if self.sharded else self.env.device, dtype=DTYPES[cfg.dtype])
-        if cfg.activation_checkpointing:
-            from multigpu.train.speed import checkpoint_blocks
-
-            checkpoint_blocks(self.module)
-        self.model, self.ddp, self.comm = self.module, None, None
-        self.fsdp_traffic = None  # fsdp: what each step communicates (counted for bench --predict)
-        if self.sharded:  # fully_shard changes self.module in place; the optimizer gets the sharded parameters
-            from multigpu.train.fsdp import compile_blocks, shard_model
-
-            if cfg.compile:  # per block, before sharding (torchtitan's order): FSDP's hooks stay outside the graphs
-                compile_blocks(self.module, cfg.fsdp_blocks, self.env.device)
-            param_dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
-            self.fsdp_traffic = shard_model(self.module, self.optimizer, device=self.env.device, class_names=cfg.fsdp_blocks,
-                        param_dtype=param_dtype, reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                        cpu_offload=cfg.fsdp_cpu_offload, seed=cfg.seed, shard_size=self.shard_size)
-            self._load_pretrained()
-            use_fused(self.optimizer)  # on the sharded parameters (unless offloaded to the host)
-            return
-        self._load_pretrained()  # before DDP: every rank holds the same whole weights
-        use_fused(self.optimizer)
-        if self.world_size > 1:
-            self.ddp, self.comm = wrap_ddp(self.module, self.env, cfg.sync_backend,
-                                           find_unused_parameters=cfg.find_unused_parameters,
-                                           bucket_cap_mb=cfg.bucket_cap_mb)
-            self.model = self.ddp
-        if cfg.compile:  # after DDP, as DDP's documentation orders: its bucketed all-reduce overlaps the graph
-            from multigpu.train.speed import compiled
-
-            self.model = compiled(self.model, self.env.device)
+        self.strategy = strategy_for(self.config, self.env, hybrid=context.current().hybrid)
+        self.autocast_precision = self.strategy.autocast_precision
+        # in place: the optimizer keeps its parameters (or is pointed at the sharded ones); the starting weights
+        # are loaded where every rank holds what it reads
+        self.model = self.strategy.setup(self.module, self.optimizer, init=self._load_pretrained)
 
     def _load_pretrained(self) -> None:
         """``init_from``: each rank reads its own rows of every parameter (all of them when not sharded)."""
@@ -377,11 +338,20 @@ class Trainer:
 
     def _setup_logging(self) -> None:
         cfg = self.config
-        self.run.warmup_steps = min(2, max(cfg.steps - self.step - 1, 0))
-        self.logger = MetricLogger(self.run_dir, self.meter, cfg.steps, fresh=self.step == 0, resumed_at=self.step,
-                                   trackers=self._open_trackers)
+        self.run.warmup_steps = min(2, max(cfg.steps - self.step - 1, 0))  # before the meter is made
+        self.trackers = Trackers(self._open_trackers() if mg.is_main() else [], self.unit)
+        self.meter.on_record.append(self._logged)
         if mg.is_main():
             self._print_plan()
+
+    def _logged(self, record: dict[str, Any]) -> None:
+        """After each log point of the run's meter, on every rank: rank 0 prints the line and feeds the trackers;
+        the log point synchronised already, so one more number says whether any step went non-finite."""
+        if mg.is_main():
+            print(console_line(record, self.config.steps, self.unit), flush=True)
+            self.trackers.log(record)
+        self.finite.check(record["step"], None if self.checkpoints is None else
+                          "the checkpoints written before it are kept")
 
     def _open_trackers(self) -> list:
         """TensorBoard, W&B (``config.logger``) on rank 0; W&B gets the resolved config and the job's shape."""
@@ -404,42 +374,31 @@ class Trainer:
         sync = cfg.sync_backend if self.world_size > 1 else "none (world_size 1)"
         print(f"device {self.env.device}, precision {cfg.precision}, dtype {cfg.dtype}, gradient sync {sync}"
               + (f"; resumed at step {self.step}" if self.step else ""), flush=True)
-        from multigpu.train.fsdp import training_state_bytes
-
-        shards = self.shard_size or self.world_size
-        plan = training_state_bytes(self.module, shards, self.sharded)
-        how = f"sharded over {shards} ranks" if self.sharded else "a whole replica"
-        if self.sharded and self.shard_size is not None:  # hsdp: the same shards in every replica
-            how += f" of a replica, {self.world_size // shards} replica{'s' if self.world_size > shards else ''}"
+        plan, how = self.strategy.memory_plan(self.module)
         print(f"training state per rank (planned, strategy {cfg.strategy}: {how}): parameters "
               f"{_mib(plan['params'])}, gradients {_mib(plan['grads'])}, optimizer (Adam) {_mib(plan['optimizer'])}"
               f" = {_mib(sum(plan.values()))}", flush=True)
 
     # ----------------------------------------------------------------- resume
-    def _resume_state(self) -> dict | None:
-        """The checkpoint's parts (model and optimizer state dicts unless sharded), not yet applied."""
+    def _read_checkpoint(self) -> dict | None:
+        """A resume's first step: what the run's checkpoint holds (the parts its layout has: whole state dicts,
+        or a sharded checkpoint's plain parts), nothing applied yet. Another model's checkpoint is one line here,
+        not ``load_state_dict``'s page of mismatches (a sharded one's shapes are DCP's, checked as it loads)."""
         path = self.run.resume_from  # decided by the run: a job's, or a plain script's resume
         if path is None:
             return None
-        self._resumed_from = path
-        # what the checkpoint holds, not this run's strategy: DCP shards (fsdp, hsdp) load into any layout
-        sharded = check_layout(path, self.config.strategy)
-        into = {"trainer": None, "rng": PerRank(None), **({} if sharded else {"model": None, "optimizer": None})}
-        loaded = CheckpointStore(path.parent).load(path, into)
-        state = {**loaded["trainer"], "rng": loaded["rng"], "world_size": loaded["_manifest"]["world_size"],
-                 "saved_fingerprint": (loaded["_manifest"].get("meta") or {}).get("fingerprint")}
-        if sharded:
-            state["sharded_dir"] = str(path)
-        else:
-            state["model"], state["optimizer"] = loaded["model"], loaded["optimizer"]
-        return state
+        saved = self.run.read(self.strategy.checkpoint_reads(path))
+        if "model" in saved:
+            check_model_fits(path, {"model": saved["model"], "config": saved["trainer"].get("config")}, self.module,
+                             _plain(self.config))
+        return saved
 
-    def _sampler_for_this_job(self, state: dict) -> dict:
+    def _sampler_for_this_job(self, saved_parts: dict) -> dict:
         """The saved sampler position, moved to this job's world size.
 
         Ranks take strided slices of one permutation, so ``offset`` samples on each of W ranks are the
         first ``offset × W`` samples of the epoch; on W' ranks that is ``offset × W / W'`` each."""
-        saved, sampler = state["world_size"], dict(state["sampler"])
+        saved, sampler = saved_parts["_manifest"]["world_size"], dict(saved_parts["trainer"]["sampler"])
         if saved == self.world_size:
             return sampler
         consumed = sampler["offset"] * saved
@@ -449,31 +408,26 @@ class Trainer:
         sampler["offset"] = consumed // self.world_size
         return sampler
 
-    def _load_state(self, state: dict) -> None:
-        if "sharded_dir" in state:  # each rank reads its own shards, resharded from the saving job's layout
-            from multigpu.train.sharded import FsdpTensors
-
-            path = Path(state["sharded_dir"])
-            tensors = FsdpTensors(self.module, self.optimizer, state["param_groups"])
-            CheckpointStore(path.parent).load(path, {"tensors": Sharded(tensors)})
-        else:
-            self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+    def _load_state(self, saved: dict) -> None:
+        """A resume's second step: the tensors (the strategy's: whole state dicts, or each rank its own shards,
+        resharded from the saving job's layout), then the trainer's own state and this rank's random state."""
+        self.strategy.restore(self.run, saved, self.module, self.optimizer)
+        state, world_size = saved["trainer"], saved["_manifest"]["world_size"]
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.sampler_state = state["sampler"]
-        if state["world_size"] != self.world_size and mg.is_main():
-            print(f"note: checkpoint was written by {state['world_size']} rank(s), this job has {self.world_size}; "
+        if world_size != self.world_size and mg.is_main():
+            print(f"note: checkpoint was written by {world_size} rank(s), this job has {self.world_size}; "
                   "random streams are re-used by rank modulo", flush=True)
-        restore_rng(state["rng"])  # this rank's (rank modulo the saving job's size)
+        restore_rng(saved["rng"])  # this rank's (rank modulo the saving job's size)
         from multigpu.checkpoint.resize import resized_from
 
-        before = resized_from(self.run.run_dir, state["world_size"], self.world_size)
+        before = resized_from(self.run.run_dir, world_size, self.world_size)
         if before is not None:
-            self._record_resize(state, before)
+            self._record_resize(saved, before)
 
     def _fingerprint(self) -> dict[str, list[float]]:
         """The model's and the optimizer's tensors, summed over the job (:mod:`multigpu.checkpoint.resize`)."""
@@ -481,17 +435,17 @@ class Trainer:
 
         return fingerprint({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict().get("state")})
 
-    def _record_resize(self, state: dict, before: int) -> None:
+    def _record_resize(self, saved_parts: dict, before: int) -> None:
         """A resume at another world size: check that the state loaded is the state saved, and record it (from N
         to M ranks, the step, the check) in the run folder; rank 0 says it in one line."""
         from multigpu.checkpoint.resize import compare, recorded
 
         loaded = self._fingerprint()  # a collective: every rank
-        saved = state.get("saved_fingerprint")
+        saved = (saved_parts["_manifest"].get("meta") or {}).get("fingerprint")
         check = compare(saved, loaded) if isinstance(saved, dict) else None
         if mg.is_main():
             print(recorded("train", self.run.run_dir, from_ranks=before, to_ranks=self.world_size,
-                           step=self.step, checkpoint=self._resumed_from, check=check), flush=True)
+                           step=self.step, checkpoint=self.run.resume_from, check=check), flush=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the RNG states (which the checkpoint gathers from every rank).
@@ -508,21 +462,14 @@ class Trainer:
             "config": _plain(self.config),
         }
 
-    def _checkpoint_parts(self) -> tuple[dict[str, Any], Callable[[], dict] | None]:
-        """What a checkpoint holds (rank 0 the plain parts, every rank its RNG state and, under fsdp and hsdp,
-        its shards), and the manifest's ``meta``: the parameter shapes, which the launcher checks a resume by."""
-        state: dict[str, Any] = {"rng": PerRank(RngState())}
-        if self.config.strategy != "ddp":  # fsdp, hsdp: every rank writes its shards (DCP)
-            from multigpu.train.sharded import FsdpTensors
-
-            tensors = FsdpTensors(self.module, self.optimizer)
-            state["tensors"] = Sharded(tensors)  # the store takes sharded parts first: param_groups are set then
-            state["trainer"] = _Later(lambda: {**self._run_state(), "param_groups": tensors.saved_param_groups})
-            return state, lambda: {"global_batch": self.effective_batch, "fingerprint": self._fingerprint()}
-        state.update(model=self.module, optimizer=self.optimizer, trainer=_Later(self._run_state))
-        # the global batch (samples per step): a resume at another world size keeps it (read by the launcher)
-        # the fingerprint: a resume at another world size checks that it loaded what was saved
-        return state, lambda: {"params": param_shapes(self.module.state_dict()), "global_batch": self.effective_batch,
+    def _checkpoint_parts(self) -> tuple[dict[str, Any], Callable[[], dict]]:
+        """What a checkpoint holds (rank 0 the plain parts, every rank its random state and, as the strategy
+        names them, its shards), and the manifest's ``meta``, which the launcher checks a resume by: the global
+        batch (a resume at another world size keeps it), the fingerprint (it checks that it loaded what was
+        saved) and the strategy's (ddp: the parameter shapes)."""
+        state = {"rng": PerRank(RngState()),
+                 **self.strategy.checkpoint_parts(self.module, self.optimizer, self._run_state)}
+        return state, lambda: {**self.strategy.checkpoint_meta(self.module), "global_batch": self.effective_batch,
                                "fingerprint": self._fingerprint()}
 
     def _check_finite(self, step: int) -> None:
@@ -545,22 +492,22 @@ class Trainer:
             self.setup()
         cfg = self.config
         self.model.train()  # every submodule; train_step() calls it again only when the root was put in eval mode
-        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever). The run
-        # does the rest after each step: callbacks, a signal's agreement, the checkpoint
-        with self.logger.closed_on_error():
+        # an exception or Ctrl-C leaves the trackers closed as failed (W&B: not a run "running" forever)
+        with self.trackers.closed_on_error():
             for number in self.run.steps(cfg.steps, timed=False):  # train_step times the part that counts
-                metrics = self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
+                self.train_step()  # accumulation, backward (DDP all-reduces), clip, optimizer step
                 self.step = step = number + 1  # done: a failure from here on is after this step
+                if self.first_step_at is None:
+                    self.first_step_at = time.time()
                 last = step == cfg.steps
                 if self.val_data is not None and (last or _due(step, cfg.eval_every)):
-                    metrics["val_loss"] = self.last_val_loss = self.evaluate()
-                # metrics are reduced across ranks at log points; rank 0 writes console, JSONL, TensorBoard
-                flush = last or _due(step, cfg.log_every) or "val_loss" in metrics
-                self.logger.log(step, metrics, flush=flush)
-                if flush:
-                    self.meter.watch_stragglers()  # a rank that stays slower than the others is named as it happens  # the log point synchronised already: one more number says whether any step went non-finite
-                    self.finite.check(step, None if self.checkpoints is None else
-                                      "the checkpoints written before it are kept")
+                    self.last_val_loss = self.evaluate()
+                    self.meter.point(val_loss=self.last_val_loss)  # a log point, with it
+                if last:
+                    self.meter.point()  # the last step is logged whatever log_every says
+                # the run does the rest after each step: the log point (the figures reduced across ranks; rank 0
+                # writes metrics.jsonl, prints the line, feeds the trackers: _logged), callbacks, a signal's
+                # agreement, the checkpoint
         return {"step": self.step, "val_loss": self.last_val_loss, "interrupted": self.interrupted,
                 "signal": self.interrupt_signal}
 
@@ -573,14 +520,17 @@ class Trainer:
             for micro in range(self.accum):
                 batch, self.sampler_state = next(self.batches)
                 counted.items += count_items(batch, self.unit)
-                # grads are all-reduced by DDP in the last micro-step's backward; the others skip sync,
-                # and no_sync must cover the forward too (DDP prepares the reducer there)
-                with self._sync_context(micro == self.accum - 1), autocast(self.autocast_precision, self.env.device.type):
+                # grads are synced in the last micro-step's backward (DDP's all-reduce, FSDP's reduce-scatter); the
+                # others skip it, the forward included (DDP prepares its reducer there)
+                with self.strategy.no_backward_sync(micro < self.accum - 1), \
+                        autocast(self.autocast_precision, self.env.device.type):
                     loss = self.loss_fn(self.model, batch) / self.accum
                 self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
             grad_norm = self._clip_gradients()
             lr = self.optimizer.param_groups[0]["lr"]
+            self.meter.add(loss=loss_sum)  # its mean over the steps since the last log point, on the device until then
+            self.meter.extras.update(grad_norm=grad_norm, lr=lr)  # the log point's own step's
             if self._skips(grad_norm):  # nonfinite=skip: the norm is global, so every rank skips the same step
                 self.skipped_steps += 1
             else:
@@ -590,11 +540,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
-            if self.comm is not None:
-                self.meter.add_comm(self.comm.pop_seconds())
-            if self.fsdp_traffic is not None:
-                self.fsdp_traffic.record(self.accum)
-                self.meter.add_comm(None)  # FSDP's all-gathers and reduce-scatters are torch's: nobody times them
+            self.strategy.record_comm(self.meter, self.accum)  # DDP's timed all-reduces; FSDP's: not measured
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def _skips(self, grad_norm: torch.Tensor) -> bool:
@@ -608,22 +554,11 @@ class Trainer:
                   flush=True)
         return True
 
-    def _sync_context(self, sync: bool):
-        if self.sharded:  # FSDP2's no_sync: keep unsharded gradients until the last micro-step's reduce-scatter
-            self.module.set_requires_gradient_sync(sync)
-            return contextlib.nullcontext()
-        if sync or self.ddp is None:
-            return contextlib.nullcontext()
-        return self.ddp.no_sync()
-
     def _clip_gradients(self) -> torch.Tensor:
-        """Unscale (fp16) and clip to ``grad_clip``; returns the global norm (grads are already averaged).
-
-        Under fsdp the gradients are DTensor shards: the norm is reduced over all ranks (the whole gradient's)."""
+        """Unscale (fp16) and clip to ``grad_clip`` (the strategy's clip); returns the norm of the whole gradient."""
         self.scaler.unscale_(self.optimizer)
-        limit = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), limit).detach()
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return self.strategy.clip_gradients(self.module, self.config.grad_clip if self.config.grad_clip > 0 else
+                                            float("inf"))
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -635,11 +570,8 @@ class Trainer:
         picks = [int(i * len(self.val_data) / n) for i in range(n)]  # evenly spread over the val set
         mine = list(mg.shard(picks))
         total = torch.zeros(2, dtype=torch.float64)
-        starts = list(range(0, len(mine), self.batch_size))
-        if self.sharded:  # every forward all-gathers parameters: all ranks run as many batches (extra ones count 0)
-            most = mg.all_reduce(torch.tensor([len(starts)]), "max", check_shapes=False).item()
-            starts += [None] * (int(most) - len(starts))
-        for start in starts:
+        # this rank's batches (sharded: every forward all-gathers, so every rank runs as many; the extra ones None)
+        for start in self.strategy.eval_batches(list(range(0, len(mine), self.batch_size))):
             if start is None:
                 with autocast(self.autocast_precision, self.env.device.type):
                     self.loss_fn(self.module, to_device(self._collate([self.val_data[picks[0]]]), self.env.device))
@@ -660,13 +592,11 @@ class Trainer:
             kind = "max_memory_allocated" if self.env.device.type == "cuda" else "peak RSS"
             print(f"peak memory per rank ({kind}): " + ", ".join(_mib(b) for b in peaks), flush=True)
         fixed = {"effective_batch": self.effective_batch, "val_loss": self.last_val_loss, "final_step": self.step,
-                 "first_step_at": self.logger.first_step_at, "strategy": self.config.strategy,
-                 "peak_memory_bytes": peaks, **(extra or {})}
-        if self.config.strategy == "hsdp":  # bench --predict: the shard group, and whether it was chosen or a node
-            fixed["hsdp"] = {"shard_size": self.shard_size, "set": self.config.hsdp_shard_size is not None}
+                 "first_step_at": self.first_step_at, **self.strategy.summary(), "peak_memory_bytes": peaks,
+                 **(extra or {})}
         summary = self.run.close(lambda summary: {**fixed, **self._utilization(summary["throughput"])})
         # the trackers get the summary, then finish; a run stopped by a signal ends as the process does (130, 143)
-        self.logger.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
+        self.trackers.close(summary, exit_code=128 + self.interrupt_signal if self.interrupted else 0)
         return summary
 
     def _utilization(self, items_per_s: float) -> dict[str, Any]:
