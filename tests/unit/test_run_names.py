@@ -20,9 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [ROOT / "src" / "multigpu", ROOT / "examples", ROOT / "tests", ROOT / "benchmarks"]
 MAKERS = {"RunContext", "current", "run_context", "script_context", "run_context_for"}
-# Trainer(run=...) and train/job.py's build(run=...), which hands it on, are renamed with the trainer's strategies
-# (issue #47 item 2), on their own branch
-LEFT = {("train/trainer.py", "run"), ("train/job.py", "run")}
+LEFT: set[tuple[str, str]] = set()  # none left: Trainer(ctx=...) and build(ctx=...) since the strategies' merge
 
 
 def _call_name(node: ast.AST) -> str | None:
