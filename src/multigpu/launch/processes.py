@@ -254,17 +254,22 @@ def _set_handlers(handlers: dict) -> dict:
     return previous
 
 
-def _sigint_blocked(pid: int) -> bool:
-    """Whether process ``pid`` still has SIGINT blocked (Linux: its ``SigBlk`` in ``/proc``): a worker not yet
-    past its start-up (the wrapper unblocks it first thing). False where that cannot be read."""
+def _still_starting(pid: int) -> bool:
+    """Whether process ``pid`` is a worker not yet past its start-up (the wrapper unblocks SIGINT first thing):
+    SIGINT blocked *and pending* (Linux: ``SigBlk`` and ``SigPnd``/``ShdPnd`` in ``/proc``). Blocked alone is no
+    sign: the kernel also blocks it while the worker runs its SIGINT handler (then it is no longer pending). False
+    where that cannot be read."""
+    masks: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("SigBlk:"):
-                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+                key, _, value = line.partition(":")
+                if key in ("SigBlk", "SigPnd", "ShdPnd"):
+                    masks[key] = int(value.split()[0], 16)
     except (OSError, ValueError, IndexError):
-        pass
-    return False
+        return False
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(masks.get("SigBlk", 0) & bit) and bool((masks.get("SigPnd", 0) | masks.get("ShdPnd", 0)) & bit)
 
 
 def _stop_a_starting_worker_too(handler) -> None:
@@ -274,7 +279,8 @@ def _stop_a_starting_worker_too(handler) -> None:
     ``sitecustomize`` or ``.pth`` file, the wrapper's own imports): the agent waited its whole stop timeout (30 s)
     for it, then SIGKILLed it, so Ctrl-C took 30 s to return. Such a worker has run none of the script (nothing
     to save): it also gets SIGTERM, whose default action ends it without a word, as Python leaves SIGTERM alone
-    during start-up. A worker past its start-up (SIGINT unblocked) gets SIGINT alone, as before."""
+    during start-up. A worker past its start-up gets SIGINT alone, as before (:func:`_still_starting` tells them
+    apart: a worker inside its SIGINT handler has it blocked too, and was SIGTERMed mid-checkpoint)."""
     close = getattr(handler, "close", None)
     proc = getattr(handler, "proc", None)
     if close is None or proc is None:
@@ -282,7 +288,7 @@ def _stop_a_starting_worker_too(handler) -> None:
 
     def close_starting_too(death_sig=None):
         close(death_sig=death_sig)
-        if death_sig == signal.SIGINT and _sigint_blocked(proc.pid):
+        if death_sig == signal.SIGINT and _still_starting(proc.pid):
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGTERM)  # its group, as torch's close signals (its own session)
 
