@@ -12,19 +12,9 @@ import torch
 
 from multigpu.checkpoint import CheckpointStore, CorruptCheckpointError, OldLayoutError
 from multigpu.checkpoint import store as store_module
+from tests.counter import Counter
 
 SHA = "0" * 64
-
-
-class Counter:
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": torch.tensor(self.value)}
-
-    def load_state_dict(self, state):
-        self.value = int(state["value"])
 
 
 def _saved(tmp_path, *steps, keep_last=10):

@@ -22,17 +22,7 @@ from multigpu.checkpoint import (
 from multigpu.checkpoint import store as store_module
 from multigpu.errors import ConfigError
 from multigpu.testing import run_on_ranks
-
-
-class Counter:
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": torch.tensor(self.value)}
-
-    def load_state_dict(self, state):
-        self.value = int(state["value"])
+from tests.counter import Counter
 
 
 def _store(tmp_path, keep_last=3, warnings=None):
@@ -152,7 +142,6 @@ def test_choose_auto_path_and_restart(tmp_path):
     assert choose(str(store.path_for(2)), str(run), 0, say=said.append) == store.path_for(2)
     with pytest.raises(ConfigError, match="no such file or folder"):
         choose(str(run / "nope"), str(run), 0, say=said.append)
-
 
 
 def test_an_elastic_start_before_any_restart_resumes_from_the_newest_checkpoint(tmp_path):

@@ -9,22 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from multigpu.checkpoint import CheckpointStore, CorruptCheckpointError, OldLayoutError, resume
 from multigpu.errors import ConfigError
 from multigpu.sim import ensemble_resume
-
-
-class Counter:
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": torch.tensor(self.value)}
-
-    def load_state_dict(self, state):
-        self.value = int(state["value"])
+from tests.counter import Counter
 
 
 def _run(tmp_path, *steps):

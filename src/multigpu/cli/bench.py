@@ -190,12 +190,18 @@ def print_prediction(pred: dict[str, Any], out=None) -> None:
         out.print(f"[bold yellow]not a prediction: the runs it is fitted on cannot be trusted "
                   f"({escape('; '.join(distrusted))}). Rerun with --repeat 3 (world sizes alternate) on a quieter "
                   "machine, then predict.[/bold yellow]", highlight=False)
-    out.print("assumptions:", highlight=False)
-    for line in pred["assumptions"]:
-        out.print(f"  - {escape(line)}", highlight=False)
-    out.print("the prediction cannot know:", highlight=False)
-    for line in pred["cannot_know"]:
-        out.print(f"  - {escape(line)}", highlight=False)
+    print_limits(out, pred, "the prediction")
+
+
+def print_limits(out, result: dict[str, Any], what: str) -> None:
+    """A model's ``assumptions`` and what ``what`` ``cannot_know``, a bulleted list each (bench's prediction,
+    plan's answer)."""
+    from rich.markup import escape
+
+    for title, key in (("assumptions", "assumptions"), (f"{what} cannot know", "cannot_know")):
+        out.print(f"{title}:", highlight=False)
+        for line in result[key]:
+            out.print(f"  - {escape(line)}", highlight=False)
 
 
 def _out_dir(args: argparse.Namespace) -> Path:

@@ -204,10 +204,9 @@ def _gib(b: float | None) -> str:
 
 
 def print_plan(result: dict[str, Any], out=None) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
-    from multigpu.cli.bench import console
+    from multigpu.cli.bench import console, print_limits
 
     out = out or console()
     unit = result["unit"]
@@ -240,12 +239,7 @@ def print_plan(result: dict[str, Any], out=None) -> None:
         out.print(f"best{goal}: {best['count']} x {best['gpu']}: {_hours(best['time_s'])}, {what}", highlight=False)
     else:
         out.print("best: none (no option fits in memory)", highlight=False)
-    out.print("assumptions:", highlight=False)
-    for line in result["assumptions"]:
-        out.print(f"  - {escape(line)}", highlight=False)
-    out.print("the plan cannot know:", highlight=False)
-    for line in result["cannot_know"]:
-        out.print(f"  - {escape(line)}", highlight=False)
+    print_limits(out, result, "the plan")
 
 
 def _list(catalog) -> None:
