@@ -519,3 +519,30 @@ def test_leftover_rank_variables_say_what_was_found_and_do_not_wait_long(variabl
         assert said.count("\n") == 0 and "but no launcher is" in said and "waiting at most 1 s" in said, said
         assert "did not join" in message and "leftover variables" in message and elapsed < 10
     FAULTS["leftover variables"] += 1
+
+
+# ----------------------------------------------------------------------------- variables doctor must not pass
+@pytest.mark.parametrize(("name", "value", "status", "words"), [
+    ("MALLOC_ARENA_MAX", "abc", "warn", "MALLOC_ARENA_MAX='abc' is not a whole number, so glibc ignores it; valid: "),
+    ("GLIBC_TUNABLES", "glibc.malloc.mmap_treshold=1000", "warn",
+     "GLIBC_TUNABLES names glibc.malloc.mmap_treshold, which is no tunable of this glibc, so glibc ignores it; valid: "
+     "glibc.malloc.mmap_threshold"),
+    ("CUDA_VISIBLE_DEVICES", "garbage", "fail",
+     "CUDA_VISIBLE_DEVICES='garbage': 'garbage' is not a GPU index or UUID, and CUDA reads no further"),
+], ids=["arena-max", "tunables-typo", "visible-devices"])
+def test_doctor_flags_a_variable_that_is_ignored_in_one_line(name, value, status, words, monkeypatch, capsys):
+    """issue 48: ``multigpu doctor`` passed heap settings glibc ignores (MALLOC_ARENA_MAX=abc, a misspelt
+    GLIBC_TUNABLES: "yours, kept for CPU ranks"); CUDA_VISIBLE_DEVICES=garbage, flagged since, is pinned here
+    too. The real doctor on this machine: one check names the variable, in one line that says what is valid."""
+    for other in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "CUDA_VISIBLE_DEVICES", "MALLOC_MMAP_THRESHOLD_",
+                  "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, value)
+    code = main(["doctor", "--skip-bandwidth", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    named = [c for c in report["checks"] if f"{name}=" in c["detail"] or f"{name} " in c["detail"]]
+    assert len(named) == 1, report["checks"]
+    assert named[0]["status"] == status and named[0]["detail"].startswith(words), named
+    assert "\n" not in named[0]["detail"] and "valid" in named[0]["detail"] + named[0]["hint"], named
+    assert code == (1 if status == "fail" or not report["ok"] else 0)
+    FAULTS["doctor variables"] += 1
