@@ -479,6 +479,25 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     FAULTS["resume"] += 2
 
 
+def test_an_address_space_limit_too_small_for_torch_and_gloo_is_one_line_before_any_rank_starts(tmp_path):
+    """issue 48: under ``ulimit -v 800000`` (781 MiB) a launch loads torch, starts its ranks, and they die in gloo
+    or DDP (a MemoryError, "SystemError: error return without exception set", "can't start new thread") with the
+    limit named at best as a remark. A rank needs torch as the launcher maps it plus a gloo group and DDP's buffers:
+    a limit below that is one line naming the limit and what to do, exit 2, before any rank starts (run for real,
+    the launcher under the limit as a shell's ``ulimit -v`` puts it)."""
+    import resource
+
+    limit = 800_000 << 10
+    proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2",
+                           str(SCRIPTS / "ddp_gloo.py")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: ulimit -v (RLIMIT_AS) of 781 MiB is too small for torch + gloo: "), proc.stderr
+    assert "valid: ulimit -v unlimited" in proc.stderr and "stepped" not in proc.stdout, proc.stderr
+    FAULTS["memory limit"] += 1
+
+
 # ----------------------------------------------------------------------------- leftover rank variables
 def _closed_port() -> int:
     import socket
