@@ -479,6 +479,33 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     FAULTS["resume"] += 2
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0, "garbled"], ids=["half", "empty", "garbled"])
+def test_a_sharded_file_cut_short_behind_a_matching_manifest_is_one_line_naming_it(tmp_path, one_rank, keep):
+    """issue 48: a DCP shard truncated (or garbled) with its manifest rewritten to match (sizes and checksums)
+    passed verification, and the load printed torch's traceback ("PytorchStreamReader failed reading zip archive")
+    then "exited with code 1 without a Python exception". It is one line naming the file that cannot be read."""
+    import hashlib
+
+    from multigpu.checkpoint import CheckpointStore, Sharded
+    from multigpu.checkpoint.files import CorruptCheckpointError
+
+    store = CheckpointStore(tmp_path / "checkpoints")
+    path = store.save(1, {"agents": Sharded({"x": torch.arange(4096.0), "y": torch.ones(64)})})
+    shard = path / "__0_0.distcp"
+    data = shard.read_bytes()
+    data = data[:int(len(data) * keep)] if keep != "garbled" else data[:40] + bytes(len(data) - 80) + data[-40:]
+    shard.write_bytes(data)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][shard.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    into = {"x": torch.zeros(4096), "y": torch.zeros(64)}
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.load(path, {"agents": Sharded(into)})
+    message = str(info.value)
+    assert "\n" not in message and str(shard) in message and "cannot be read" in message, message
+    FAULTS["resume"] += 1
+
+
 def test_an_address_space_limit_too_small_for_torch_and_gloo_is_one_line_before_any_rank_starts(tmp_path):
     """issue 48: under ``ulimit -v 800000`` (781 MiB) a launch loads torch, starts its ranks, and they die in gloo
     or DDP (a MemoryError, "SystemError: error return without exception set", "can't start new thread") with the
