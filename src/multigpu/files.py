@@ -26,7 +26,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from multigpu.errors import OutputError
 
 __all__ = ["PRIVATE_UMASK", "JsonlLog", "Temporary", "append_line", "atomic_path", "cannot_write", "create_exclusive",
            "describe_os_error", "os_error_in",
-           "private_files", "read_jsonl", "set_user_umask", "user_made", "user_umask", "write_failure", "write_json_atomic",
+           "private_files", "read_jsonl", "replace_files", "set_user_umask", "user_made", "user_umask", "write_failure", "write_json_atomic",
            "write_text_atomic"]
 
 PRIVATE_UMASK = 0o077
@@ -270,6 +270,30 @@ def _own_folder(parent: Path, folder_fd: int, name: str) -> tuple[str, int]:
                                         f"{parent}")
         return own, fd
     raise OSError(errno.EEXIST, f"no free temporary name in {parent}")
+
+
+def replace_files(source: str | Path, names: Iterable[str], folder: str | Path) -> None:
+    """Move the finished files ``names`` of ``source`` (a folder of this process's own) into ``folder`` (made if
+    missing), each by one rename over whatever holds its name there: a reader of ``folder`` finds each file whole,
+    the old one or the new one, and a second writer doing the same meanwhile never leaves it without them (a link
+    at ``folder`` itself is refused, a link at a file's name is replaced, neither followed).
+
+    Raises:
+        OSError: as the file system gives it (``folder`` a link: ELOOP).
+    """
+    folder = Path(folder)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(parents=True)
+    src_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for name in names:
+                os.replace(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
 
 
 def create_exclusive(path: str | Path, data: bytes) -> bool:

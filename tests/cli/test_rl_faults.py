@@ -115,3 +115,22 @@ def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_id
     for key in ("mean_return", "episodes", "env_steps"):
         assert summary["rl"][key] == clean["rl"][key], key
     assert logged_steps(run_dir) == list(range(1, UPDATES + 1))  # the resumed run's updates after the first's
+
+
+def test_a_checkpoint_without_its_config_still_refuses_another_hidden_size_in_one_line(tmp_path, clean):
+    """issue 48: a checkpoint whose manifest records no config (an older one, or one copied without it) resumed with
+    another ``hidden_size``: the launcher had nothing to compare, and the rank printed torch's state_dict page
+    ("size mismatch for actor.0.weight ..."), though its state.pt records the network's sizes (``spec``). The rank
+    reads them before loading: one line naming the key, the checkpoint's value and the one given."""
+    clean_dir, _ = clean
+    loose = tmp_path / "loose" / "step_00000004"
+    shutil.copytree(clean_dir / "checkpoints" / "step_00000004", loose)
+    manifest = json.loads((loose / "manifest.json").read_text())
+    manifest["meta"].pop("config")
+    (loose / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("rl", *ARGS, "hidden_size=32", "--resume", str(loose), "--run-dir", str(tmp_path / "again"),
+                   timeout=240)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr
+    assert "rl.hidden_size is 32 here but 64 in the checkpoint " + str(loose) in errors[0], proc.stderr
+    assert "size mismatch" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

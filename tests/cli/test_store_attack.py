@@ -128,3 +128,59 @@ def test_a_planted_rendezvous_state_ends_a_multi_node_job_in_one_line_and_runs_n
     for node, err in zip(nodes, errs, strict=True):
         last = err.strip().splitlines()[-1]
         assert node.returncode == 1 and last.startswith("error: the job was stopped: ") and TAMPERED in last, err
+
+
+_CPP_DUMP = ("frame #", "Exception raised from", "c10::", "TCPStore.cpp")
+"""What torch's C++ prints when a store call fails under it (a warning with its stack, frame by frame)."""
+
+
+@pytest.mark.parametrize("planted", ["pickle", "not_base64"])
+def test_tampered_state_in_the_store_node_0_hosts_ends_every_node_in_one_line_naming_the_store_and_key(
+        jobs, tmp_path, planted):
+    """Node 0 hosts the rendezvous store (the default), and someone writes over the rendezvous state mid-run: a
+    signed-looking pickle, or a value that is not even base64 (which torch's backend decodes first). Every node
+    ends (exit 1) with one line naming the tampering, the store's address and the key; none blames "node 0 was
+    lost" (node 0 used to end first and take the store with it), none prints torch's "The state object is
+    corrupt", and the launchers print no C++ dump (torch's warnings of store calls that failed, with their frames).
+    The ranks' own lines (teed, ``[rankN]:``) may report their lost peer."""
+    import base64
+    import pickle
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from multigpu.launch.stores import TAMPERED
+
+    class Planted:
+        def __reduce__(self):
+            return open, (str(tmp_path / "pwned"), "w")
+
+    held = socket.socket()  # a port bound, not listening, until node 0's launcher takes it: no fixed port
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{held.getsockname()[1]}"
+    try:
+        nodes = [jobs.start("launch", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1",
+                            "--rdzv-endpoint", endpoint, str(SCRIPTS / "barrier_until_stop.py"), str(tmp_path),
+                            env={"MULTIGPU_RDZV_SECRET": "0123456789abcdef0123", "OMP_NUM_THREADS": "1"})
+                 for r in range(2)]
+        jobs.watch(_pids(tmp_path, "pid", 2, nodes[0]))
+        client = TCPStore("127.0.0.1", held.getsockname()[1], is_master=False, timeout=timedelta(seconds=30))
+        key = "torch.rendezvous.multigpu"
+        value = base64.b64encode(pickle.dumps(Planted())) if planted == "pickle" else b"{not base64!}"
+        client.set(key, value)
+        errs = [node.communicate(timeout=90)[1] for node in nodes]
+    finally:
+        (tmp_path / "stop").touch()
+        held.close()
+    assert not (tmp_path / "pwned").exists(), f"the planted pickle ran: {errs}"
+    for rank, (node, err) in enumerate(zip(nodes, errs, strict=True)):
+        mine = [line for line in err.strip().splitlines() if not line.startswith("[rank")]  # the launcher's own
+        said = f"node {rank} (exit {node.returncode}):\n{err}"
+        assert node.returncode == 1, said
+        assert not [line for line in err.splitlines() if any(d in line for d in _CPP_DUMP)], said
+        assert [line for line in mine if not line.startswith("multigpu: no GPU visible")] == [mine[-1]], said
+        assert mine[-1].startswith("error: the job was stopped: ") and TAMPERED in mine[-1], said
+        assert f"key {key} in the rendezvous store at {endpoint}" in mine[-1], said
+        assert "was lost" not in err and "The state object is corrupt" not in err, said

@@ -479,6 +479,52 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, one_rank):
     FAULTS["resume"] += 2
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.0, "garbled"], ids=["half", "empty", "garbled"])
+def test_a_sharded_file_cut_short_behind_a_matching_manifest_is_one_line_naming_it(tmp_path, one_rank, keep):
+    """issue 48: a DCP shard truncated (or garbled) with its manifest rewritten to match (sizes and checksums)
+    passed verification, and the load printed torch's traceback ("PytorchStreamReader failed reading zip archive")
+    then "exited with code 1 without a Python exception". It is one line naming the file that cannot be read."""
+    import hashlib
+
+    from multigpu.checkpoint import CheckpointStore, Sharded
+    from multigpu.checkpoint.files import CorruptCheckpointError
+
+    store = CheckpointStore(tmp_path / "checkpoints")
+    path = store.save(1, {"agents": Sharded({"x": torch.arange(4096.0), "y": torch.ones(64)})})
+    shard = path / "__0_0.distcp"
+    data = shard.read_bytes()
+    data = data[:int(len(data) * keep)] if keep != "garbled" else data[:40] + bytes(len(data) - 80) + data[-40:]
+    shard.write_bytes(data)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][shard.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    into = {"x": torch.zeros(4096), "y": torch.zeros(64)}
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.load(path, {"agents": Sharded(into)})
+    message = str(info.value)
+    assert "\n" not in message and str(shard) in message and "cannot be read" in message, message
+    FAULTS["resume"] += 1
+
+
+def test_an_address_space_limit_too_small_for_torch_and_gloo_is_one_line_before_any_rank_starts(tmp_path):
+    """issue 48: under ``ulimit -v 800000`` (781 MiB) a launch loads torch, starts its ranks, and they die in gloo
+    or DDP (a MemoryError, "SystemError: error return without exception set", "can't start new thread") with the
+    limit named at best as a remark. A rank needs torch as the launcher maps it plus a gloo group and DDP's buffers:
+    a limit below that is one line naming the limit and what to do, exit 2, before any rank starts (run for real,
+    the launcher under the limit as a shell's ``ulimit -v`` puts it)."""
+    import resource
+
+    limit = 800_000 << 10
+    proc = subprocess.run([sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2",
+                           str(SCRIPTS / "ddp_gloo.py")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: ulimit -v (RLIMIT_AS) of 781 MiB is too small for torch + gloo: "), proc.stderr
+    assert "valid: ulimit -v unlimited" in proc.stderr and "stepped" not in proc.stdout, proc.stderr
+    FAULTS["memory limit"] += 1
+
+
 # ----------------------------------------------------------------------------- leftover rank variables
 def _closed_port() -> int:
     import socket
@@ -519,3 +565,30 @@ def test_leftover_rank_variables_say_what_was_found_and_do_not_wait_long(variabl
         assert said.count("\n") == 0 and "but no launcher is" in said and "waiting at most 1 s" in said, said
         assert "did not join" in message and "leftover variables" in message and elapsed < 10
     FAULTS["leftover variables"] += 1
+
+
+# ----------------------------------------------------------------------------- variables doctor must not pass
+@pytest.mark.parametrize(("name", "value", "status", "words"), [
+    ("MALLOC_ARENA_MAX", "abc", "warn", "MALLOC_ARENA_MAX='abc' is not a whole number, so glibc ignores it; valid: "),
+    ("GLIBC_TUNABLES", "glibc.malloc.mmap_treshold=1000", "warn",
+     "GLIBC_TUNABLES names glibc.malloc.mmap_treshold, which is no tunable of this glibc, so glibc ignores it; valid: "
+     "glibc.malloc.mmap_threshold"),
+    ("CUDA_VISIBLE_DEVICES", "garbage", "fail",
+     "CUDA_VISIBLE_DEVICES='garbage': 'garbage' is not a GPU index or UUID, and CUDA reads no further"),
+], ids=["arena-max", "tunables-typo", "visible-devices"])
+def test_doctor_flags_a_variable_that_is_ignored_in_one_line(name, value, status, words, monkeypatch, capsys):
+    """issue 48: ``multigpu doctor`` passed heap settings glibc ignores (MALLOC_ARENA_MAX=abc, a misspelt
+    GLIBC_TUNABLES: "yours, kept for CPU ranks"); CUDA_VISIBLE_DEVICES=garbage, flagged since, is pinned here
+    too. The real doctor on this machine: one check names the variable, in one line that says what is valid."""
+    for other in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "CUDA_VISIBLE_DEVICES", "MALLOC_MMAP_THRESHOLD_",
+                  "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, value)
+    code = main(["doctor", "--skip-bandwidth", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    named = [c for c in report["checks"] if f"{name}=" in c["detail"] or f"{name} " in c["detail"]]
+    assert len(named) == 1, report["checks"]
+    assert named[0]["status"] == status and named[0]["detail"].startswith(words), named
+    assert "\n" not in named[0]["detail"] and "valid" in named[0]["detail"] + named[0]["hint"], named
+    assert code == (1 if status == "fail" or not report["ok"] else 0)
+    FAULTS["doctor variables"] += 1

@@ -151,3 +151,76 @@ def test_the_cpu_heap_line_says_what_cpu_ranks_will_get(glibc, env, words):
 
     result = check_cpu_heap(dataclasses.replace(HEALTHY_GPU, glibc=glibc, env=env))
     assert result.status == "pass" and result.detail.startswith(words), result
+
+
+_TAKEN = {"glibc.malloc.arena_max": [0, 1, 2**64 - 1], "glibc.malloc.check": [0, 0, 3],
+          "glibc.malloc.mmap_threshold": [0, 0, 2**64 - 1], "glibc.malloc.trim_threshold": [0, 0, 2**64 - 1],
+          "glibc.malloc.perturb": [0, 0, 255]}
+"""What glibc's loader lists (``ld.so --list-tunables``) for an environment that sets no heap variable."""
+
+
+@pytest.mark.parametrize(("env", "taken", "lines"), [
+    ({"MALLOC_ARENA_MAX": "abc"}, {}, ["MALLOC_ARENA_MAX='abc' is not a whole number, so glibc ignores it; valid: "
+                                       "a whole number, e.g. MALLOC_ARENA_MAX=4"]),
+    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_treshold=1000:glibc.malloc.arena_max=7"},
+     {"glibc.malloc.arena_max": 7},
+     ["GLIBC_TUNABLES names glibc.malloc.mmap_treshold, which is no tunable of this glibc, so glibc ignores it; "
+      "valid: glibc.malloc.mmap_threshold"]),
+    ({"MALLOC_CHECK_": "5"}, {}, ["MALLOC_CHECK_='5' is outside glibc's range 0 to 3, so glibc ignores it; valid: "
+                                 "a whole number from 0 to 3"]),
+    ({"MALLOC_TRIM_THRESHOLD_": "12k"}, {"glibc.malloc.trim_threshold": 12},
+     ["MALLOC_TRIM_THRESHOLD_='12k' is not a whole number, so glibc reads it as 12; valid: a whole number, e.g. "
+      "MALLOC_TRIM_THRESHOLD_=12288"]),
+    ({"MALLOC_MMAP_THRESHOLD": "1048576"}, {},
+     ["MALLOC_MMAP_THRESHOLD is no variable of glibc's, so glibc ignores it; valid: MALLOC_MMAP_THRESHOLD_ "
+      "(glibc's names of the heap variables end in an underscore, but MALLOC_ARENA_MAX and MALLOC_ARENA_TEST)"]),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max"}, {},
+     ["GLIBC_TUNABLES entry 'glibc.malloc.arena_max' has no value, so glibc ignores it; valid: NAME=VALUE "
+      "entries separated by ':', e.g. GLIBC_TUNABLES=glibc.malloc.arena_max=4"]),
+    ({"MALLOC_ARENA_MAX": "abc", "GLIBC_TUNABLES": "glibc.malloc.perturb=256"}, {},
+     ["MALLOC_ARENA_MAX='abc' is not a whole number, so glibc ignores it; valid: a whole number, e.g. "
+      "MALLOC_ARENA_MAX=4",
+      "glibc.malloc.perturb='256' in GLIBC_TUNABLES is outside glibc's range 0 to 255, so glibc ignores it; valid: "
+      "a whole number from 0 to 255"]),
+])
+def test_heap_variables_glibc_ignores_are_flagged_one_line_each(env, taken, lines):
+    """issue 48: doctor passed MALLOC_ARENA_MAX=abc and a misspelt GLIBC_TUNABLES ("yours, kept for CPU ranks"),
+    which glibc ignores (or misreads) without a word. Each is a warning of its own, saying what is wrong and what is
+    valid; the verdict is glibc's own where its loader lists what it took (``taken``)."""
+    from multigpu.doctor.checks import check_cpu_heap
+
+    tunables = {name: [taken.get(name, v[0]), v[1], v[2]] for name, v in _TAKEN.items()}
+    results = check_cpu_heap(dataclasses.replace(HEALTHY_GPU, glibc="2.36", env=env, malloc_tunables=tunables))
+    assert isinstance(results, list), results
+    assert [(r.name, r.status, r.detail) for r in results] == [("CPU ranks' heap", "warn", line) for line in lines]
+    assert all("\n" not in r.detail and r.hint for r in results)
+    flat = run_checks(dataclasses.replace(HEALTHY_GPU, glibc="2.36", env=env, malloc_tunables=tunables))
+    assert [r.detail for r in flat if r.name == "CPU ranks' heap"] == lines
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_ARENA_MAX": "4"}, {"MALLOC_ARENA_MAX": "0x10"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.check=3"},
+                                 {"GLIBC_TUNABLES": "glibc.rtld.nns=8"}])
+def test_heap_variables_glibc_takes_are_not_flagged(env):
+    from multigpu.doctor.checks import check_cpu_heap
+
+    result = check_cpu_heap(dataclasses.replace(HEALTHY_GPU, glibc="2.36", env=env))  # without the loader's list
+    assert not isinstance(result, list) and result.status == "pass", result
+
+
+def test_the_heap_verdict_agrees_with_what_glibcs_loader_takes():
+    """The same variables through this machine's glibc (``ld.so --list-tunables``, as the doctor gathers it): the
+    values glibc takes as given pass, those it ignores or misreads are flagged."""
+    from multigpu.doctor.checks import check_cpu_heap
+    from multigpu.launch import heap
+
+    assert heap.glibc_version() is not None, "this test needs glibc (Linux)"
+    cases = {"MALLOC_ARENA_MAX": ("4", "abc"), "MALLOC_CHECK_": ("3", "5"), "MALLOC_TRIM_THRESHOLD_": ("4096", "12k"),
+             "GLIBC_TUNABLES": ("glibc.malloc.arena_max=7", "glibc.malloc.mmap_treshold=1000")}
+    for name, (good, bad) in cases.items():
+        for value, flagged in ((good, False), (bad, True)):
+            taken = heap.malloc_tunables({name: value})
+            assert taken is not None and "glibc.malloc.arena_max" in taken, taken
+            result = check_cpu_heap(dataclasses.replace(HEALTHY_GPU, glibc=heap.glibc_version(), env={name: value},
+                                                        malloc_tunables=taken))
+            assert isinstance(result, list) is flagged, (name, value, result)

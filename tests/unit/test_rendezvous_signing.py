@@ -105,3 +105,28 @@ def test_after_a_worker_fails_the_launcher_can_tell_a_planted_state_from_a_signe
         assert not (tmp_path / "pwned").exists()
     finally:
         handler.shutdown()
+
+
+@pytest.mark.parametrize("planted", [b"{not base64!}", base64.b64encode(b"short")])
+def test_a_value_written_over_the_state_is_tampering_naming_the_store_and_the_key(tmp_path, monkeypatch, planted):
+    """Whatever someone writes over the state (a value that is not even base64, which torch's backend decodes
+    first and called "The state object is corrupt", or one not signed) is refused as tampering, in a line that
+    names the store's address and the key; ``stores.tampered`` says the same after a worker failed."""
+    monkeypatch.setenv(stores.SECRET_VAR, SECRET)
+    stores.register()
+    handler = get_rendezvous_handler(_params("named", is_host=True))
+    try:
+        port = handler._inner._state_holder._backend._inner._store.port
+        assert handler.num_nodes_waiting() == 0
+        TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10)).set("torch.rendezvous.named",
+                                                                                       planted)
+        refused = stores.tampered("named")
+        assert isinstance(refused, RendezvousStateError), refused
+        assert str(refused).startswith(f"the rendezvous state (key torch.rendezvous.named in the rendezvous store at "
+                                       f"127.0.0.1:{port}) {stores.TAMPERED}: "), refused
+        with pytest.raises(RendezvousStateError, match=re.escape(str(refused))):
+            for _ in range(40):  # the handler reads the store again once its cached state is 1 s old
+                handler.num_nodes_waiting()
+                time.sleep(0.1)
+    finally:
+        handler.shutdown()

@@ -8,6 +8,7 @@ line naming the file and the column; a save -> load round trip is exact.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -261,3 +262,41 @@ def test_bad_values_inside_a_population_file_are_one_line_naming_the_column(tmp_
         population.columns(path, SimEngine(SIR, populate=False).model.fields)
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"sim.population {str(path)!r}: ") and expected in message
+
+
+@pytest.mark.fault
+def test_two_writers_of_one_agents_folder_never_leave_a_reader_without_whole_files(tmp_path, small_engine,
+                                                                                 monkeypatch):
+    """issue 48: ``save_agents`` swapped the whole folder (old one renamed away, the new one renamed in): a second
+    writer in between left readers without the folder (FileNotFoundError: 43k of 147k reads of two writers in a
+    loop) and the first writer then failed on "Directory not empty". Each .npy is now put in place by a rename of
+    its own: here writer B's whole save runs right after writer A's first rename, and a reader finds every file
+    whole at each moment, both saves succeed, and what is left are whole agent files."""
+    target = tmp_path / "agents"
+    population.save(small_engine, target)  # the folder a reader is reading
+    names = sorted(small_engine.state.schema)
+    n = small_engine.num_agents
+
+    def whole() -> list[str]:
+        found = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+        assert found == [f"{k}.npy" for k in names], found
+        for k in names:
+            assert np.load(target / f"{k}.npy").shape == (n,), k
+        return found
+
+    real, calls = os.replace, []
+
+    def replace(src, dst, *args, **kwargs):
+        real(src, dst, *args, **kwargs)
+        calls.append(dst)
+        if len(calls) == 1:  # writer A has made its first rename: writer B saves now, whole
+            whole()
+            population.save(small_engine, target)
+            whole()
+
+    monkeypatch.setattr(os, "replace", replace)
+    population.save(small_engine, target)  # writer A
+    monkeypatch.setattr(os, "replace", real)
+    whole()
+    assert (np.load(target / "id.npy") == np.arange(n)).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agents"]  # no temporary of either writer left

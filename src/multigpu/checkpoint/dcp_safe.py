@@ -8,7 +8,9 @@ runs code. Everything here reads it instead, for both kinds of sharded checkpoin
   from elsewhere) with one line naming it; the result must describe tensors only, stored in files of the folder;
 * :func:`load` hands torch that result (:class:`VerifiedReader`: torch never unpickles the file itself, nor a
   rank-local ``__<rank>.metadata``), and a planner that refuses byte entries (torch would load those with
-  ``weights_only=False``); the tensor files are read with ``weights_only=True``.
+  ``weights_only=False``); the tensor files are read with ``weights_only=True``. A tensor file that cannot be
+  read (cut short, or altered, behind a manifest rewritten to match) is one line naming it
+  (:func:`unreadable_file`), never torch's traceback.
 
 The checkpoint store (:mod:`multigpu.checkpoint.store`) checks ``.metadata``'s size and SHA-256 against the
 folder's manifest before it gets here. A checksum shows that a checkpoint is the one a known
@@ -17,9 +19,11 @@ run wrote; it cannot show who wrote a folder someone hands you: resume only from
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +127,45 @@ class TensorsOnlyPlanner(DefaultLoadPlanner):
                                                       "only tensors are loaded")
 
 
+def _slices(metadata: dcp_metadata.Metadata) -> dict[str, list[tuple[int, int]]]:
+    """Each data file the metadata names, with the (offset, length) of every entry it stores there."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        with contextlib.suppress(AttributeError, TypeError):
+            found.setdefault(str(info.relative_path), []).append((int(info.offset), int(info.length)))
+    return found
+
+
+def unreadable_file(directory: Path, metadata: dcp_metadata.Metadata, *, read: bool = False) -> str | None:
+    """Why a data file of ``directory`` cannot be read, naming it, or None: a file missing or cut short of the
+    bytes the metadata places in it; with ``read``, also an entry that is no intact torch file (its zip's
+    checksums), which takes reading every byte."""
+    for name, slices in sorted(_slices(metadata).items()):
+        file = directory / name
+        try:
+            size = file.stat().st_size
+        except OSError as exc:
+            return f"its file {file} cannot be read ({exc.strerror})"
+        end = max((offset + length for offset, length in slices), default=0)
+        if size < end:
+            return (f"its file {file} cannot be read: it holds {size:,} bytes, and the checkpoint's metadata places "
+                    f"data up to byte {end:,} (cut short)")
+        if not read:
+            continue
+        with open(file, "rb") as fh:
+            for offset, length in slices:
+                fh.seek(offset)
+                try:
+                    with zipfile.ZipFile(io.BytesIO(fh.read(length))) as entry:
+                        bad = entry.testzip()
+                except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+                    bad = str(exc) or type(exc).__name__
+                if bad is not None:
+                    return (f"its file {file} cannot be read: the entry at byte {offset:,} is no intact torch file "
+                            f"({bad}); it was altered or damaged")
+    return None
+
+
 def load(state: dict[str, Any], directory: str | Path, metadata: dcp_metadata.Metadata | None = None) -> None:
     """``dcp.load(state)`` from ``directory`` through :func:`read_metadata` and :class:`TensorsOnlyPlanner`.
 
@@ -130,9 +173,23 @@ def load(state: dict[str, Any], directory: str | Path, metadata: dcp_metadata.Me
     building ``state``). Call on all ranks.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     directory = Path(directory)
     metadata = read_metadata(directory) if metadata is None else metadata
-    with warnings.catch_warnings():  # one process: DCP warns that it "assumes the intent" to load locally
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=VerifiedReader(directory, metadata), planner=TensorsOnlyPlanner(directory))
+    problem = unreadable_file(directory, metadata)  # on every rank alike, before any rank reads: one line each
+    if problem is not None:
+        raise CorruptCheckpointError(directory, problem)
+    try:
+        with warnings.catch_warnings():  # one process: DCP warns that it "assumes the intent" to load locally
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=VerifiedReader(directory, metadata), planner=TensorsOnlyPlanner(directory))
+    except CheckpointException as exc:  # a rank could not read its part: DCP gathered every rank's traceback
+        refused = [e.exc for e in exc.failures.values() if isinstance(getattr(e, "exc", None), CorruptCheckpointError)]
+        if refused:
+            raise refused[0] from None
+        problem = unreadable_file(directory, metadata, read=True)
+        first = next((str(getattr(e, "exc", e)).strip().splitlines()[:1] for e in exc.failures.values()), [])
+        raise CorruptCheckpointError(directory, problem or (
+            f"its files ({', '.join(sorted(_slices(metadata)))}) cannot be read: "
+            f"{(first or [type(exc).__name__])[0][:200]}")) from None

@@ -122,7 +122,7 @@ def check_device_vars(f: Facts) -> CheckResult:
         sees = f"only {', '.join(kept)} {'is' if len(kept) == 1 else 'are'} visible" if kept else "no GPU is visible"
         hides = entry.startswith("-") and entry[1:].isdigit()  # -1: the usual way to hide the GPUs, on purpose
         return CheckResult(name, "warn" if hides else "fail", f"CUDA_VISIBLE_DEVICES={cvd!r}: {entry!r} is not a GPU index or UUID, and "
-                           f"CUDA reads no further: {sees}",
+                           f"CUDA reads no further: {sees}; valid: GPU indices (0,1) or UUIDs (GPU-..., MIG-...)",
                            "list GPU indices (0,1) or UUIDs (GPU-..., MIG-..., as nvidia-smi -L prints them), or unset it")
     if len(set(singles.values())) > 1:
         return CheckResult(name, "fail", f"they name different GPUs: {shown}", hint)
@@ -150,11 +150,18 @@ def _unreadable_device(cvd: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def check_cpu_heap(f: Facts) -> CheckResult:
-    """What CPU ranks' heap will be: glibc's thresholds as the launcher sets them, the user's own, or nothing."""
+def check_cpu_heap(f: Facts) -> CheckResult | list[CheckResult]:
+    """What CPU ranks' heap will be: glibc's thresholds as the launcher sets them, the user's own, or nothing; or,
+    where a heap setting is one glibc ignores or misreads without a word, one warning for each
+    (:func:`multigpu.launch.heap.ignored_settings`)."""
     name = "CPU ranks' heap"
     if f.glibc is None:
         return CheckResult(name, "pass", "not glibc: the C library's own policy (multigpu sets nothing)")
+    ignored = heap.ignored_settings(f.env, f.malloc_tunables)
+    if ignored:
+        hint = ("fix it or unset it: glibc reads these variables once, as a process starts, and says nothing of "
+                "one it cannot use (`ld.so --list-tunables` shows what it took)")
+        return [CheckResult(name, "warn", line, hint) for line in ignored]
     mine = heap.users_choice(f.env)
     if mine is not None:
         return CheckResult(name, "pass", f"yours, kept for CPU ranks: {mine}")
@@ -334,7 +341,7 @@ def check_training_memory(f: Facts) -> CheckResult:
                        "ranks (1/N each)")
 
 
-CHECKS: list[Callable[[Facts], CheckResult | None]] = [
+CHECKS: list[Callable[[Facts], CheckResult | list[CheckResult] | None]] = [
     check_torch, check_gpus, check_driver, check_nccl, check_gloo, check_device_vars, check_cpu_heap,
     check_shm, check_open_files, check_port, check_network, check_p2p, check_nvlink, check_infiniband,
     check_bandwidth, check_training_memory,
@@ -343,4 +350,8 @@ CHECKS: list[Callable[[Facts], CheckResult | None]] = [
 
 def run_checks(facts: Facts) -> list[CheckResult]:
     """Every check on the same facts, in order; a check with nothing to look at here (no NVLink) gives no line."""
-    return [r for r in (check(facts) for check in CHECKS) if r is not None]
+    results = []
+    for check in CHECKS:
+        found = check(facts)
+        results += found if isinstance(found, list) else [found] if found is not None else []
+    return results

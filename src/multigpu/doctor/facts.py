@@ -51,9 +51,13 @@ class Facts:
     nccl_version: str | None = None
     gloo_available: bool = True
     env: dict[str, str] = field(default_factory=dict)
-    """The variables of :data:`ENV_VARS` that are set."""
+    """The variables of :data:`ENV_VARS` that are set, and every ``MALLOC_*`` one (glibc's heap variables, or a
+    near miss of one)."""
     glibc: str | None = "2.36"
     """glibc's version (Linux); None where the C library is another."""
+    malloc_tunables: dict[str, list[int]] | None = None
+    """glibc's malloc tunables as its loader takes them from this environment, ``{name: [value, min, max]}``
+    (:func:`multigpu.launch.heap.malloc_tunables`); None where no heap variable is set or the loader cannot say."""
     shm_bytes: int | None = 8 * 2**30
     """Size of /dev/shm; None when there is none."""
     nofile: tuple[int, int] | None = (65536, 65536)
@@ -190,6 +194,10 @@ def _device_memory(gpu_count: int) -> int | None:
         return None
 
 
+def _heap_vars_set() -> bool:
+    return "GLIBC_TUNABLES" in os.environ or any(k.startswith("MALLOC_") for k in os.environ)
+
+
 def gather_facts(*, bandwidth: bool = True) -> Facts:
     """Read every fact from this machine; ``bandwidth`` runs the short all-reduce test (seconds)."""
     import torch
@@ -216,8 +224,9 @@ def gather_facts(*, bandwidth: bool = True) -> Facts:
         nccl_available=dist.is_nccl_available(),
         nccl_version=nccl_version,
         gloo_available=dist.is_gloo_available(),
-        env={k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        env={k: v for k, v in os.environ.items() if k in ENV_VARS or k.startswith("MALLOC_")},
         glibc=heap.glibc_version(),
+        malloc_tunables=heap.malloc_tunables(os.environ) if _heap_vars_set() else None,
         shm_bytes=shm,
         nofile=_nofile(),
         free_port=port,

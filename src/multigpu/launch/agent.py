@@ -621,6 +621,15 @@ def _lost_node(session, err: ChildFailedError) -> str | None:
     return nodes.lost_line(session, min(session.lost)) if session.lost else None
 
 
+def _tampered(session, refused: Exception) -> LaunchError:
+    """The line that ends a job whose rendezvous state someone else wrote (:data:`stores.TAMPERED`). The node
+    hosting the store keeps it open until the others ended: each reads the same state and says the same line,
+    where it would otherwise find the store gone with this node and blame "node 0 was lost"."""
+    if session is not None:
+        session.linger_until_ended("stopped: the rendezvous state was tampered with")
+    return LaunchError(f"the job was stopped: {refused}")
+
+
 def _held(cfg: LaunchConfig):
     """``--log-dir``, where a plain job writes its run.json, locked for the job as a run folder is: a second job on
     it while this one runs is one line naming this one (:mod:`multigpu.launch.rundir`)."""
@@ -668,7 +677,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
             except ChildFailedError as exc:
                 # a planted rendezvous state that another node refused first: that is why the workers failed
                 if cfg.nnodes != 1 and (refused := stores.tampered(plan.torch_config.run_id)) is not None:
-                    raise LaunchError(f"the job was stopped: {refused}") from None
+                    raise _tampered(session, refused) from None
                 if cfg.nnodes != 1 and (other := nodes.posted_failure(plan.torch_config.run_id)) is not None:
                     raise NodeFailedError(other) from None
                 _store_lost(cfg, session)
@@ -695,7 +704,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 _store_lost(cfg, session)
                 if stores.TAMPERED not in str(exc):
                     raise LaunchError(f"the launcher could not start the job: {exc}") from None
-                raise LaunchError(f"the job was stopped: {exc}") from None
+                raise _tampered(session, exc) from None
             except json.JSONDecodeError as exc:  # torch's agent could not parse a failed worker's error file
                 raise _unreadable_error_file(plan.log_dir, world_size) or LaunchError(
                     f"the launcher could not start the job: {exc}") from None

@@ -38,6 +38,12 @@ from multigpu.units import format_bytes
 __all__ = ["DEVICE_VARIABLES", "RANK_RESIDENT_BYTES", "DevicePlan", "HostFacts", "configs_for", "parse_gpus",
            "plan_devices"]
 
+GLOO_GROUP_BYTES = 192 << 20
+"""Address space a rank maps beyond torch for its gloo process group and DDP's buffers before it holds any data.
+Measured here (torch 2.13, 2 CPU ranks, one thread each): a rank maps 628 MiB with torch loaded, 764 MiB at the
+peak of ``mg.init`` (the gloo group) without a limit; under ``ulimit -v`` a DDP step on gloo ran from 805000 KiB
+(786 MiB) and died below (790000: "SystemError: error return without exception set", 800000: a MemoryError in
+DDP, once in two), so it needs about 160 MiB above torch; 192 with a margin."""
 THREAD_MAPPED_BYTES = 72 << 20
 """Address space each further compute thread of a rank reserves: its malloc arena (64 MiB, glibc) and its stack
 (8 MiB). Measured here: a rank's VmSize grew from 0.6 GiB to 1.2 GiB between 1 and 8 OMP threads."""
@@ -297,6 +303,15 @@ def _check_fits(nproc: int, cpu_ranks: int, facts: HostFacts, threads: str | Non
             f"{format_bytes(mapped)} of address space before it holds any data (torch as this launcher maps it, "
             f"and {threads or 1} thread(s)); valid: ulimit -v unlimited (a cgroup or the scheduler's --mem caps real "
             f"memory), or more than {format_bytes(mapped)} plus what a rank's data needs")
+    if facts.address_space_bytes is not None and facts.address_space_bytes < mapped + GLOO_GROUP_BYTES:
+        need = mapped + GLOO_GROUP_BYTES
+        raise DeviceError(
+            f"ulimit -v (RLIMIT_AS) of {format_bytes(facts.address_space_bytes)} is too small for torch + gloo: a "
+            f"rank maps about {format_bytes(mapped)} with torch loaded ({threads or 1} thread(s)) and "
+            f"{format_bytes(GLOO_GROUP_BYTES)} more for its gloo process group and DDP's buffers, "
+            f"{format_bytes(need)} before it holds any data (below that it dies in gloo or DDP); valid: ulimit -v "
+            f"unlimited (a cgroup or the scheduler's --mem caps real memory), or raise it above "
+            f"{format_bytes(need)} plus what a rank's data needs (ulimit -v {-(-need // 1024)} at the least)")
     if facts.available_bytes is not None and nproc * RANK_RESIDENT_BYTES > facts.available_bytes:
         fits = facts.available_bytes // RANK_RESIDENT_BYTES
         valid = f"--nproc-per-node at most {fits} on this machine" if fits else "free some memory first"

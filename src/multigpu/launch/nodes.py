@@ -222,7 +222,7 @@ class Nodes:
         store, key = via or self.store, self._key(name)
         if not store.check([key]):
             return None
-        return json.loads(unseal(self.secret, store.get(key), f"value {name!r}").decode())
+        return json.loads(unseal(self.secret, store.get(key), f"value {name!r}", key=key, where=self.endpoint).decode())
 
     def beat_store(self):
         """The heartbeat's own connection to the store, opened on the first call. Not the session's: torch's agent
@@ -421,23 +421,39 @@ class Nodes:
 
         params = RendezvousParameters(backend=stores.BACKEND, endpoint=self.endpoint, run_id=self.run_id,
                                       min_nodes=self.min_nodes or self.nnodes, max_nodes=self.nnodes)
-        backend = stores.SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret)
+        backend = stores.SignedBackend(C10dRendezvousBackend(self.store, self.run_id), self.secret, self.endpoint)
         create_handler(self.store, backend, params).set_closed()
 
-    def _linger(self) -> None:
+    def _linger(self, why: str = "failed before the job formed", *, ended: bool = False) -> None:
+        """Keep the store (this node hosts it) open until every other node has read why this one stops: it acked
+        (:meth:`_ack`), or, with ``ended``, its launcher ended (its heartbeat says so); at most :data:`LINGER_S`."""
         deadline = time.monotonic() + LINGER_S
         said = False
+
+        def done(rank: int) -> bool:
+            if self._get(f"ack/{rank}"):
+                return True
+            beat = self._get(f"beat/{rank}") if ended else None
+            return isinstance(beat, dict) and bool(beat.get("end"))
+
         while time.monotonic() < deadline:
             try:
-                if all(self._get(f"ack/{rank}") for rank in range(self.nnodes) if rank != self.node_rank):
+                if all(done(rank) for rank in range(self.nnodes) if rank != self.node_rank):
                     return
             except Exception:  # noqa: BLE001 - nothing more can be read
                 return
             if not said and time.monotonic() > deadline - LINGER_S + 3:
-                print(f"multigpu: node {self.node_rank} failed before the job formed; keeping the rendezvous store "
+                print(f"multigpu: node {self.node_rank} {why}; keeping the rendezvous store "
                       f"open up to {LINGER_S:g}s for the other nodes to read why", file=sys.stderr, flush=True)
                 said = True
             time.sleep(_POLL_S)
+
+    def linger_until_ended(self, why: str) -> None:
+        """On the node hosting the store, which stops for a reason every node finds in the store itself (the
+        rendezvous state someone else wrote: :func:`multigpu.launch.stores.tampered`): keep the store open until
+        every other node's launcher ended (at most :data:`LINGER_S`), so that none takes this node for lost."""
+        if self.hosts_store and self.connected:
+            self._linger(why, ended=True)
 
 
 # ---------------------------------------------------------------------- heartbeats while the job runs

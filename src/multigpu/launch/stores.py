@@ -89,8 +89,8 @@ from multigpu.errors import ConfigError, RendezvousTimeoutError
 from multigpu.launch.quiet import without_noise
 from multigpu.launch.rendezvous import SECRET_VAR, addresses, bind_address, secret_from_env
 
-__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "SignedBackend", "formed", "hand_over", "open_store", "register",
-           "release", "secret_from_env", "seal", "tampered", "unseal", "wait_for_store"]
+__all__ = ["BACKEND", "SECRET_VAR", "TAMPERED", "SignedBackend", "formed", "hand_over", "open_store", "refusal",
+           "register", "release", "secret_from_env", "seal", "tampered", "unseal", "wait_for_store", "where_is"]
 
 BACKEND = "multigpu"
 """The rendezvous backend name given to torch's agent."""
@@ -120,43 +120,83 @@ def seal(secret: bytes, data: bytes) -> bytes:
     return _seal(secret, data)
 
 
-def unseal(secret: bytes, blob: bytes, what: str) -> bytes:
-    """``blob``'s data once its signature matches ``secret``; RendezvousStateError (naming ``what``) otherwise."""
-    return _open(secret, blob, what)
+def unseal(secret: bytes, blob: bytes, what: str, *, key: str = "", where: str = "") -> bytes:
+    """``blob``'s data once its signature matches ``secret``; RendezvousStateError (naming ``what``, the store's
+    ``key`` and the store's address ``where``) otherwise."""
+    return _open(secret, blob, what, key, where)
 
 
-def _open(secret: bytes, blob: bytes, what: str) -> bytes:
+def refusal(what: str, key: str = "", where: str = "") -> RendezvousStateError:
+    """The one line that refuses a value of the rendezvous store: the ``what`` at ``key`` in the store at
+    ``where`` was written by someone else."""
+    at = f" (key {key} in the rendezvous store at {where})" if key and where else (
+        f" (key {key} in the rendezvous store)" if key else " in the rendezvous store")
+    return RendezvousStateError(
+        f"the {what}{at} {TAMPERED}: another process wrote to the store (tampering), or the nodes were started "
+        f"with different {SECRET_VAR} values; nothing it held was read")
+
+
+def _open(secret: bytes, blob: bytes, what: str, key: str = "", where: str = "") -> bytes:
     """``blob`` without its signature; refused (before anything reads it) when the signature does not match."""
     mac, data = blob[:32], blob[32:]
     if len(blob) < 32 or not hmac.compare_digest(mac, _mac(secret, data)):
-        raise RendezvousStateError(
-            f"the {what} in the rendezvous store {TAMPERED}: another process wrote to the store (tampering), or "
-            f"the nodes were started with different {SECRET_VAR} values; nothing it held was read")
+        raise refusal(what, key, where)
     return data
 
 
-class SignedBackend(RendezvousBackend):
-    """torch's c10d backend with every state blob signed: torch's handler unpickles only what this job wrote."""
+def where_is(store: Store, fallback: str = "") -> str:
+    """A store's address as a line names it: ``host:port`` of a TCPStore, the file of a FileStore."""
+    with contextlib.suppress(Exception):  # noqa: BLE001 - a store of another kind, or gone: the fallback says it
+        if isinstance(store, TCPStore):
+            return f"{store.host}:{store.port}"
+        if isinstance(store, FileStore):
+            return f"file {store.path}"
+    return fallback
 
-    def __init__(self, inner: RendezvousBackend, secret: bytes):
+
+class SignedBackend(RendezvousBackend):
+    """torch's c10d backend with every state blob signed: torch's handler unpickles only what this job wrote.
+
+    Whatever else the state's key holds was written by someone else, whether or not torch's backend can decode
+    it (a value that is not base64 is "The state object is corrupt" there): each is refused as tampering, naming
+    the store's address (``where``) and the key."""
+
+    def __init__(self, inner: C10dRendezvousBackend, secret: bytes, where: str = ""):
         self._inner = inner
         self._secret = secret
+        self._key = getattr(inner, "_key", "")  # torch's: "torch.rendezvous.<run id>"
+        self._where = where or where_is(getattr(inner, "_store", None))
 
     @property
     def name(self) -> str:
         return self._inner.name
 
+    def _refused(self) -> RendezvousStateError:
+        return refusal("rendezvous state", self._key, self._where)
+
     def get_state(self) -> tuple[bytes, Token] | None:
-        got = self._inner.get_state()
-        return None if got is None else (_open(self._secret, got[0], "state"), got[1])
+        try:
+            got = self._inner.get_state()
+        except RendezvousStateError:  # not base64: torch's backend wrote none of it
+            raise self._refused() from None
+        return None if got is None else (self._unsealed(got[0]), got[1])
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
         # what comes back is the store's value, ours or another writer's: checked alike
-        got = self._inner.set_state(_seal(self._secret, state), token)
+        try:
+            got = self._inner.set_state(_seal(self._secret, state), token)
+        except RendezvousStateError:
+            raise self._refused() from None
         if got is None:
             return None
         blob, new_token, has_set = got
-        return _open(self._secret, blob, "state"), new_token, has_set
+        return self._unsealed(blob), new_token, has_set
+
+    def _unsealed(self, blob: bytes) -> bytes:
+        try:
+            return _open(self._secret, blob, "rendezvous state")
+        except RendezvousStateError:
+            raise self._refused() from None
 
 
 def _listening_store(host: str, port: int, timeout_s: float) -> tuple[TCPStore, str]:
@@ -241,8 +281,10 @@ class _WorkerStoreHandler(RendezvousHandler):
     """torch's handler, plus a workers' store per round that listens where this module says."""
 
     def __init__(self, inner: RendezvousHandler, worker_host: str | None, endpoint: tuple[str, int],
-                 timeout_s: float, secret: bytes, private_dir: str | None = None, single_node: bool = False):
+                 timeout_s: float, secret: bytes, private_dir: str | None = None, single_node: bool = False,
+                 where: str = ""):
         self._inner = inner
+        self._where = where  # the rendezvous store's address, as a refusal names it
         self._single_node = single_node
         self._worker_host = worker_host  # None: this node's address towards the endpoint, found when needed
         self._endpoint = endpoint
@@ -271,9 +313,16 @@ class _WorkerStoreHandler(RendezvousHandler):
             where = f"{address} {self._worker_store.port}"
             info.store.set(_WORKER_STORE_KEY, _seal(self._secret, where.encode()))
         else:  # signed: no one else sends this node's workers to a store of theirs
-            where = _open(self._secret, info.store.get(_WORKER_STORE_KEY), "workers' store address").decode()
+            where = _open(self._secret, info.store.get(_WORKER_STORE_KEY), "workers' store address",
+                          self._round_key(_WORKER_STORE_KEY), self._where).decode()
         address, port = where.rsplit(" ", 1)
         return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(address, int(port)))
+
+    def _round_key(self, key: str) -> str:
+        """``key`` as the rendezvous store holds it: under this round's prefix (torch's ``_wrap_store``)."""
+        state = getattr(getattr(self._inner, "_state_holder", None), "state", None)
+        round_ = getattr(state, "round", "<round>")
+        return f"torch.rendezvous.{self.get_run_id()}.{round_}/{key}"
 
     def is_closed(self) -> bool:
         return self._inner.is_closed()
@@ -354,12 +403,14 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     else:
         store, address = open_store(host, port, is_host=is_host, read_timeout=read_timeout,
                                     join_timeout=params.get_as_int("join_timeout", 600) or 600)
-    backend = SignedBackend(C10dRendezvousBackend(store, params.run_id), secret)
+    # the endpoint as the user gave it, with the port the store listens on (port 0: the one it was given)
+    where = f"file {store.path}" if private_dir else f"{host}:{getattr(store, 'port', port) or port}"
+    backend = SignedBackend(C10dRendezvousBackend(store, params.run_id), secret, where)
     _backends[params.run_id] = backend
     handler = create_handler(store, backend, params)
     single_node = params.max_nodes == 1 and address is not None
     return _WorkerStoreHandler(handler, address if single_node else None, (host, port), read_timeout, secret,
-                               private_dir, single_node=params.max_nodes == 1)
+                               private_dir, single_node=params.max_nodes == 1, where=where)
 
 
 def tampered(run_id: str) -> RendezvousStateError | None:

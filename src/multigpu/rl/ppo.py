@@ -378,6 +378,7 @@ def _resume(run: Run, cfg: RLConfig, ro: _Rollout, world: int, num_updates: int,
     from multigpu.checkpoint.resize import resized_from
 
     manifest = run.manifest  # the run read it: its world size says how this run loads
+    _check_network(run, cfg)
     saved_world = manifest["world_size"]
     before = resized_from(run.run_dir, saved_world, world)
     if saved_world == world:
@@ -459,6 +460,26 @@ def _record_resize(run: Run, saved: str | None, loaded: str | None, saved_world:
     if mg.is_main():
         log(recorded("rl", run.run_dir, from_ranks=saved_world, to_ranks=world, step=run.start,
                      checkpoint=run.resume_from, check=check, unit="update"))
+
+
+_NETWORK_KEYS = ("hidden_size", "log_std_init")
+"""The config keys the saved network's sizes follow (its ``spec`` in state.pt records them)."""
+
+
+def _check_network(run: Run, cfg: RLConfig) -> None:
+    """Before loading: the network the checkpoint's state.pt records (its ``spec``) is the one this config builds.
+    The launcher compares the config the checkpoint's manifest records; one that records none (an older
+    checkpoint, or one copied without it) would end in torch's state_dict page ("size mismatch for ...")."""
+    path = run.resume_from
+    saved = run.read({"spec": None}).get("spec")
+    if not isinstance(saved, dict):
+        return
+    for key in _NETWORK_KEYS:
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise ConfigError(
+                f"--resume: rl.{key} is {getattr(cfg, key)!r} here but {saved[key]!r} in the checkpoint {path} (its "
+                f"network, as its state.pt records it), and a resumed rl run keeps it; valid: rl.{key}={saved[key]!r}"
+                f", or start a new --run-dir without --resume")
 
 
 def _spec_state(spec, cfg: RLConfig) -> dict:

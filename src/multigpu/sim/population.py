@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from multigpu.errors import ConfigError, OutputError
-from multigpu.files import cannot_write, user_made, user_umask
+from multigpu.files import cannot_write, replace_files, user_made, user_umask
 
 __all__ = ["agents_by_id", "check_target", "check_values", "columns", "id_range", "import_pyarrow", "num_rows",
            "read_headers", "read_rows", "save", "unused_value"]
@@ -415,15 +415,15 @@ def _remove_ours(tmp: Path | None, names: Iterable[str]) -> None:
 
 
 def _replace(tmp: Path, path: Path, names: Iterable[str]) -> None:
-    """Put the finished ``tmp`` at ``path``; an old agent folder there is swapped out first, then emptied of
-    our files only and removed (``rmdir`` refuses if anything else appeared in it meanwhile)."""
-    if not tmp.is_dir() or not path.exists():
-        os.replace(tmp, path)  # a file over a file, or a folder to a new name: one atomic rename
+    """Put the finished ``tmp`` at ``path``: a file over a file by one rename; an agent folder's files one by one,
+    each by a rename of its own into ``path`` (:func:`multigpu.files.replace_files`), so that a reader of the
+    folder finds each file whole and another writer of the same folder never leaves it without them (swapping the
+    whole folder did both: a missing folder, then "Directory not empty"); then the emptied ``tmp`` goes."""
+    if not tmp.is_dir():
+        os.replace(tmp, path)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-    os.replace(path, old)  # renaming a folder over an empty folder is allowed
-    os.replace(tmp, path)
-    _remove_ours(old, names)
+    replace_files(tmp, [f"{name}.npy" for name in names], path)
+    tmp.rmdir()
 
 
 def save(engine, path: str | Path) -> Path:
