@@ -3,10 +3,11 @@
 The environments are split across ranks (``mg.envs.make(..., split=True)``),
 each rank collects a rollout from its share, and the policy is one
 ``DistributedDataParallel`` model: every minibatch's gradients are averaged
-over ranks in backward, so all ranks apply the same update. Completed
-episodes' returns are gathered from every rank after each rollout, so the
-moving mean that decides "solved" is the same number on every rank and every
-rank stops at the same update.
+over ranks in backward (one all-reduce of one bucket), so all ranks apply the
+same update. Completed episodes' returns are gathered from every rank while
+the update runs (one all-gather, waited for after it), so the moving mean that
+decides "solved" is the same number on every rank and every rank stops at the
+same update.
 
 The algorithm is CleanRL's ``ppo.py`` (GAE, clipped ratio, value loss, global
 gradient clip) on tensors, with same-step autoreset and the value of the final
