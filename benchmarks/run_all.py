@@ -61,6 +61,9 @@ BENCHMARKS = (
               "where the built-in workloads' start-up goes"),
     Benchmark("envs_cartpole", "CartPole env-steps/s: ours vs gymnasium (vector) and envpool", ("gymnasium", "envpool")),
     Benchmark("envs_ppo_ranks", "PPO CartPole: wall time to solve, 1 vs 2 ranks"),
+    Benchmark("rl_vs_cleanrl", "PPO CartPole to 475 over 20 episodes: ours 1 and 2 ranks vs CleanRL's ppo.py "
+              "(targets: 2 ranks >= 1.6x 1 rank, ours >= 10x CleanRL)", ("gymnasium", "tyro", "tensorboard"),
+              timeout_s=1200),
     Benchmark("infer_vs_monai", "sliding window 2048²: ours 1 rank vs MONAI, 2 ranks vs 1", ("monai",)),
     Benchmark("train_peers", "nano GPT, 2 ranks: ours vs raw torchrun+DDP vs Accelerate vs Fabric",
               ("accelerate", "lightning")),

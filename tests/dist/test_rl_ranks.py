@@ -106,3 +106,49 @@ def test_ppo_resumes_on_another_world_size_with_the_same_environments_re_split_a
     assert three[0]["lines"][1].startswith("resumed at update 3 of 5")
     assert one["lines"][0].startswith("multigpu rl: resized from 3 to 1 rank(s) at update 5: the state loaded equals")
     assert json.loads((run / "checkpoints" / "step_00000007" / "manifest.json").read_text())["world_size"] == 1
+
+
+def _count_collectives(updates: int) -> dict:
+    """PPO on this job's ranks for ``updates`` updates, counting torch's collective calls by name."""
+    import collections
+
+    import torch.distributed as dist
+
+    from multigpu.rl import RLConfig
+    from multigpu.rl import ppo
+
+    counts: collections.Counter = collections.Counter()
+    in_updates: dict = {}
+    close = ppo.Run.close
+
+    def snapshot_then_close(run, *args, **kwargs):  # the updates' collectives, not the run's summary at the end
+        in_updates.update(counts)
+        return close(run, *args, **kwargs)
+
+    ppo.Run.close = snapshot_then_close
+    for name in ("all_reduce", "all_gather", "all_gather_object", "gather_object", "broadcast", "barrier"):
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    cfg = RLConfig(env_id="CartPole-v1", num_envs=NUM_ENVS, num_steps=32, total_env_steps=NUM_ENVS * 32 * updates,
+                   target_return=None, num_minibatches=2, update_epochs=3, log_every=1000, checkpoint_every=0)
+    ppo.train(cfg, None, log=lambda *_: None)
+    return in_updates
+
+
+def test_ppo_makes_one_gradient_all_reduce_per_minibatch_and_one_returns_gather_per_update():
+    """The collectives of a 2-rank PPO update on CPU: DDP's one all-reduce of every gradient per minibatch (one
+    bucket, not one per parameter) and one all-gather of the episodes' returns, started after the rollout and
+    waited for after the update (a fixed-size tensor: no pickled objects, no second collective for the sizes).
+    Before, the returns went through ``all_gather_object`` (two collectives and a pickle per update), waited
+    for before the update."""
+    updates = 3
+    counts = run_on_ranks(_count_collectives, 2, args=(updates,), timeout_s=120)
+    for rank_counts in counts:
+        assert rank_counts.get("all_gather_object", 0) == 0, rank_counts
+        assert rank_counts.get("all_gather", 0) == updates, rank_counts
+        assert rank_counts.get("all_reduce", 0) == updates * 3 * 2, rank_counts

@@ -154,6 +154,21 @@ def test_envs_ppo_ranks_smoke(tmp_path):
     assert (row["updates"], row["env_steps"], row["solved"], row["comm"]) == (2, 256, False, 0.0)
 
 
+@pytest.mark.e2e  # the script starts the multigpu command line and CleanRL's ppo.py in subprocesses
+def test_rl_vs_cleanrl_smoke(tmp_path):
+    r = _smoke("rl_vs_cleanrl", tmp_path)
+    ours, peer = r["rows"]  # --smoke: ours on 1 rank (2 updates of 16 envs x 8 steps), CleanRL for 1,024 steps
+    assert (ours["contender"], ours["env_steps"], ours["solved"]) == ("ours, 1 rank", 256, False)
+    assert (peer["contender"], peer["env_steps"], peer["solved"]) == ("CleanRL ppo.py", 1024, False)
+    assert peer["mean_return"] is not None and peer["mean_return"] < 475  # it read CleanRL's episodes
+    for row in r["rows"]:
+        assert row["env-steps/s"] == pytest.approx(row["env_steps"] / row["wall_s"], rel=1e-9)
+        assert row["process_s"] > row["wall_s"] > 0
+    assert _ratio(r, "wall to solve: CleanRL / ours, 1 rank") == pytest.approx(peer["wall_s"] / ours["wall_s"])
+    assert _ratio(r, "env-steps/s: ours, 1 rank / CleanRL") == pytest.approx(ours["env-steps/s"] / peer["env-steps/s"])
+    assert r["config"]["cleanrl_commit"] in (BENCH / "peers" / "cleanrl" / "README.md").read_text()
+
+
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_envs_cartpole_smoke(tmp_path):
     r = _smoke("envs_cartpole", tmp_path)

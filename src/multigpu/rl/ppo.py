@@ -3,10 +3,11 @@
 The environments are split across ranks (``mg.envs.make(..., split=True)``),
 each rank collects a rollout from its share, and the policy is one
 ``DistributedDataParallel`` model: every minibatch's gradients are averaged
-over ranks in backward, so all ranks apply the same update. Completed
-episodes' returns are gathered from every rank after each rollout, so the
-moving mean that decides "solved" is the same number on every rank and every
-rank stops at the same update.
+over ranks in backward (one all-reduce of one bucket), so all ranks apply the
+same update. Completed episodes' returns are gathered from every rank while
+the update runs (one all-gather, waited for after it), so the moving mean that
+decides "solved" is the same number on every rank and every rank stops at the
+same update.
 
 The algorithm is CleanRL's ``ppo.py`` (GAE, clipped ratio, value loss, global
 gradient clip) on tensors, with same-step autoreset and the value of the final
@@ -270,6 +271,41 @@ def rollout(cfg: RLConfig, ro: _Rollout, learner: _Learner, update: int) -> tupl
     return advantages, returns, finished
 
 
+class _EndedReturns:
+    """The returns of the episodes that ended in this rollout on every rank, in rank order, gathered in the
+    background: one ``all_gather`` of a fixed-size float64 tensor per rank (the count, then the returns, exact
+    for float32 sums), started here and waited for (under the collective timeout) by :meth:`wait`."""
+
+    def __init__(self, finished: list[torch.Tensor], cap: int, device: torch.device):
+        mine = torch.cat(finished).to(torch.float64) if finished else torch.zeros(0, dtype=torch.float64)
+        self.parts: list[torch.Tensor] | None = None
+        if mg.world_size() == 1:
+            self.local = mine
+            return
+        from multigpu.runtime.collectives import record_traffic
+
+        if mine.numel() > cap:  # at most one end per environment and step
+            raise RuntimeError(f"rank {mg.rank()} ended {mine.numel()} episodes in one rollout, more than {cap}")
+        buf = torch.zeros(cap + 1, dtype=torch.float64, device=device)
+        buf[0] = mine.numel()
+        buf[1:1 + mine.numel()] = mine
+        self.parts = [torch.empty_like(buf) for _ in range(mg.world_size())]
+        record_traffic("all_gather", buf.numel() * buf.element_size())
+        self.work = torch.distributed.all_gather(self.parts, buf, async_op=True)
+
+    def wait(self) -> list[float]:
+        if self.parts is None:
+            return self.local.tolist()
+        import datetime
+
+        from multigpu.runtime import group
+        from multigpu.runtime.collectives import timed_collective
+
+        with timed_collective("all_gather", self.parts[0].device):
+            self.work.wait(datetime.timedelta(seconds=group.timeout_s()))
+        return [value for part in torch.stack(self.parts).cpu() for value in part[1:1 + int(part[0])].tolist()]
+
+
 def learn(cfg: RLConfig, ro: _Rollout, learner: _Learner, advantages: torch.Tensor, returns: torch.Tensor) -> None:
     """PPO's epochs over this rank's rollout; DDP averages every minibatch's gradients over the ranks."""
     b_obs, b_act, b_logp = ro.obs_buf.flatten(0, 1), ro.act_buf.flatten(0, 1), ro.logp_buf.flatten()
@@ -315,6 +351,7 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
         learner.norm.sync()
     progress = _Progress(cfg.return_window)
     steps_per_update = cfg.num_envs * cfg.num_steps
+    returns_cap = -(-cfg.num_envs // world) * cfg.num_steps  # the most episodes one rank's rollout can end
     num_updates = max(1, cfg.total_env_steps // steps_per_update)
     state = {"policy": _Module(learner.agent), "optimizer": learner.optimizer, "rank": PerRank(ro),
              "normalizer": learner.norm,  # None without obs_norm: saved as None
@@ -333,12 +370,14 @@ def train(cfg: RLConfig, ctx: context.RunContext | None = None, *, log=print) ->
         if cfg.anneal_lr:
             learner.optimizer.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / num_updates)
         advantages, returns, finished = rollout(cfg, ro, learner, update)
-        # the episodes that ended on any rank, in rank order: the same moving mean everywhere (one small collective)
-        progress.add(mg.all_gather(torch.cat(finished).tolist() if finished else []))
-        run.meter.extras["return"] = progress.mean_return
+        # the episodes that ended on any rank, in rank order: the same moving mean everywhere (one small collective,
+        # in flight during the update: a rank that finished its rollout first starts learning instead of waiting)
+        ended = _EndedReturns(finished, returns_cap, ro.device)
         if learner.norm is not None:
             learner.norm.sync()  # every rank's observations of this rollout: the next one is normalized identically
         learn(cfg, ro, learner, advantages, returns)
+        progress.add(ended.wait())
+        run.meter.extras["return"] = progress.mean_return
         if learner.comm is not None:
             run.meter.add_comm(learner.comm.pop_seconds())
         progress.update = update + 1
