@@ -48,3 +48,25 @@ def test_ctrl_c_while_the_command_line_is_read_is_the_same_one_line(monkeypatch,
     monkeypatch.setattr(cli, "_command_of", interrupted)
     assert cli.main(["train", "-f", "nano", "steps=3"]) == 130
     assert capsys.readouterr().err == "error: interrupted\n"
+
+
+@pytest.mark.parametrize("sig, code, line", [
+    (signal.SIGTERM, 143, "error: stopped by SIGTERM: every worker was stopped\n"),
+    (signal.SIGINT, 130, "error: interrupted\n"),
+])
+def test_a_signal_the_launcher_raises_outside_the_agent_is_the_same_one_line(monkeypatch, capsys, sig, code, line):
+    """The launcher turns SIGTERM into torch's SignalException; the agent's own stop is answered in one line, but
+    a second SIGTERM while the job ends (srun's, after the other node's launcher exited at the scheduler's warning:
+    seen on the real SLURM of tests/cluster under load) was raised outside it and ended in "error: internal error:
+    SignalException: Process N got signal: 15", exit 1: the job was marked FAILED instead of requeued (exit 143)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from multigpu import cli
+
+    def stopped(args):
+        raise SignalException(f"Process 1 got signal: {sig}", sigval=sig)
+
+    args = cli.argparse.Namespace(_run=stopped, print_sbatch=False, print_k8s=False)
+    monkeypatch.setattr(cli, "print_job_file", lambda *a, **k: False)
+    assert cli._run(args, [], [], debug=False) == code
+    assert capsys.readouterr().err == line

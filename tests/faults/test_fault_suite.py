@@ -487,7 +487,7 @@ def test_a_sharded_file_cut_short_behind_a_matching_manifest_is_one_line_naming_
     import hashlib
 
     from multigpu.checkpoint import CheckpointStore, Sharded
-    from multigpu.checkpoint.files import CorruptCheckpointError
+    from multigpu.errors import CorruptCheckpointError
 
     store = CheckpointStore(tmp_path / "checkpoints")
     path = store.save(1, {"agents": Sharded({"x": torch.arange(4096.0), "y": torch.ones(64)})})

@@ -189,6 +189,15 @@ def _run(args: argparse.Namespace, ours: list[str], theirs: list[str], *, debug:
     except KeyboardInterrupt:
         return _interrupted()
     except Exception as exc:  # noqa: BLE001 - the one top-level handler
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if isinstance(exc, SignalException):
+            # the launcher's signal raised outside the agent's stop (a second SIGTERM while the job ends): the
+            # same answer as inside it, not an internal error (a scheduler requeues on 143, not on 1)
+            from multigpu.launch.agent import stopped_by
+
+            stop = stopped_by(exc.sigval)
+            return _interrupted() if isinstance(stop, KeyboardInterrupt) else _failed(stop, debug)
         if debug:
             raise
         print(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)

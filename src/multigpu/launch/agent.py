@@ -196,6 +196,16 @@ def build_plan(
     return LaunchPlan(torch_config, sys.executable, worker_args, env, devices, log_dir, run_file, run_data)
 
 
+def stopped_by(sig: int) -> BaseException:
+    """What a signal the launcher turned into torch's ``SignalException`` ends the command with: Ctrl-C's
+    ``KeyboardInterrupt``, else one line naming the signal (the scheduler's warning where it was one)."""
+    if sig == signal.SIGINT:
+        return KeyboardInterrupt()
+    warning = sig == signal.SIGTERM and processes.warned()
+    return InterruptedBySignalError(sig, "the scheduler's warning (SIGUSR1, passed to the ranks as SIGTERM)"
+                                    if warning else None)
+
+
 def _teed(cfg: LaunchConfig) -> bool:
     """Every worker's output also written to its log file, each line prefixed by its rank: with ``--log-dir`` or
     ``--rank-prefix``, and on several nodes (a batch job's console: each node's logs then sit in the run folder)."""
@@ -686,11 +696,7 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
                                         node_rank=cfg.node_rank if cfg.nnodes > 1 else None) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
-                if exc.sigval == signal.SIGINT:
-                    raise KeyboardInterrupt from None
-                warning = exc.sigval == signal.SIGTERM and processes.warned()
-                raise InterruptedBySignalError(exc.sigval, "the scheduler's warning (SIGUSR1, passed to the ranks "
-                                                           "as SIGTERM)" if warning else None) from None
+                raise stopped_by(exc.sigval) from None
             except TorchRdzvTimeout as exc:
                 _store_lost(cfg, session)
                 reason = f": {exc}" if str(exc).strip() else ""
