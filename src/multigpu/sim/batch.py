@@ -71,26 +71,28 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
     state = torch.cat([model.init(Context(seed=s, step=-1, params=params, grid=tuple(cfg.grid), rows=cfg.grid[0],
                                           num_agents=n, env=model.env(params)), ids)["state"] for s in seeds])
     src, dst = (t.to(device) for t in _edges(cfg, seeds, n))
-    every_id = ids.repeat(batch)
+    sparse = torch.device(device).type == "cpu"
+    if sparse:  # grouped by source once: a step visits only the edges out of the infected
+        out_edges = network.by_source(src, dst, batch * n)
+    mixed = rng.mix_ids(ids).repeat(batch).view(batch, n)  # random_bits' first half, once
     table = infection_table(params.beta).to(device)
     recover = rng.threshold(params.gamma)
-    sparse = torch.device(device).type == "cpu"
     counts = torch.zeros((cfg.steps, batch, 3), dtype=torch.int64, device=device)
     for step in range(cfg.steps):
         # per agent, its infected neighbours (exact integer sums). CPU: only the edges from an infected agent, counted
         # by their end; a GPU adds every edge (selecting them would read their count on the host each step)
         infected = state == I
         inbox = torch.zeros(batch * n, dtype=torch.int64, device=device)
-        for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
-            stop = min(start + _EDGE_CHUNK, dst.numel())
-            if sparse:
-                inbox += torch.bincount(dst[start:stop][infected[src[start:stop]]], minlength=batch * n)
-            else:
+        if sparse:
+            network.spread(*out_edges, infected, inbox)
+        else:
+            for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
+                stop = min(start + _EDGE_CHUNK, dst.numel())
                 inbox.index_add_(0, dst[start:stop], infected[src[start:stop]].to(torch.int64))
         thr = table[inbox.clamp(max=table.numel() - 1)]
         keys = torch.tensor([rng.step_key(s, step, rng.STREAM_TRANSITION) for s in seeds], dtype=torch.int32,
                             device=device)
-        u = rng.low_bits(rng.random_bits(every_id, keys.repeat_interleave(n)), 24, shift=8)
+        u = rng.low_bits(rng.hash32(mixed ^ keys[:, None]).view(-1), 24, shift=8)  # = random_bits(id, its key)
         state = torch.where((state == S) & (u < thr), I,
                             torch.where((state == I) & (u < recover), R, state)).to(torch.uint8)
         by_replicate = state.view(batch, n)

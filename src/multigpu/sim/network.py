@@ -39,7 +39,7 @@ from multigpu.runtime import group
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import rng
 
-__all__ = ["KINDS", "Graph", "NetworkConfig", "build", "id_owner"]
+__all__ = ["KINDS", "Graph", "NetworkConfig", "build", "by_source", "id_owner", "spread"]
 
 KINDS = ("none", "file", "households", "random", "geometric")
 _COORD = 1 << 20  # geometric graph: coordinates are integers in [0, 2**20)
@@ -81,6 +81,43 @@ def id_owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
     cut = extra * (base + 1)
     ids = ids.to(torch.int64)
     return torch.where(ids < cut, ids // (base + 1), extra + (ids - cut) // max(base, 1))
+
+
+def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges grouped by their source, for :func:`spread`: (``ptr`` [num_src + 1], ``targets``): the edges out of
+    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]``."""
+    order = torch.argsort(src, stable=True)
+    ptr = torch.zeros(num_src + 1, dtype=torch.int64, device=src.device)
+    torch.cumsum(torch.bincount(src, minlength=num_src), 0, out=ptr[1:])
+    return ptr, dst[order].contiguous()
+
+
+def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[t] += values[s]`` for every edge s -> t with ``values[s] != 0`` (``values``: [num_src] integers):
+    only the edges of the sources that send something are visited (an epidemic's infected are few), at most
+    about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. Returns ``out``."""
+    active = torch.nonzero(values).reshape(-1)
+    if not active.numel():
+        return out
+    starts = ptr[active]
+    counts = ptr[active + 1] - starts
+    ends = torch.cumsum(counts, 0)
+    total = int(ends[-1])
+    # split the active sources where their edges pass each multiple of _EDGE_CHUNK (a source is never split)
+    marks = torch.arange(_EDGE_CHUNK, total, _EDGE_CHUNK, device=ends.device) if total > _EDGE_CHUNK else ends[:0]
+    cuts = torch.searchsorted(ends, marks).tolist()
+    lo = 0
+    for hi in [*dict.fromkeys(c + 1 for c in cuts), active.numel()]:
+        if hi <= lo:
+            continue
+        c, first = counts[lo:hi], ends[lo] - counts[lo]
+        n = int(ends[hi - 1] - first)
+        # position of each edge: its source's start, plus its rank among that source's edges
+        pos = torch.arange(n, device=ptr.device) + torch.repeat_interleave(starts[lo:hi] - (ends[lo:hi] - c - first), c,
+                                                                            output_size=n)
+        out.index_add_(0, targets[pos], torch.repeat_interleave(values[active[lo:hi]].to(out.dtype), c, output_size=n))
+        lo = hi
+    return out
 
 
 def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[torch.Tensor, list[int]]:
@@ -134,10 +171,12 @@ class Graph:
         asked, self.send_counts = _all_to_all(remote_ids[:, None], owners, world)
         self.recv_counts = torch.bincount(owners, minlength=world).tolist()
         self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
+        self._out = None  # the edges by source (CPU steps): see neighbour_sum
 
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
         self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
+        self._out = None
         return self
 
     def neighbour_sum(self, messages: torch.Tensor) -> torch.Tensor:
@@ -160,14 +199,13 @@ class Graph:
         inbox = torch.zeros_like(flat)
         # on the CPU, one number per agent: only the edges from agents with a nonzero message are added (the
         # same integer sums; an epidemic's infected are few). A GPU adds every edge: no host read of a count
-        sparse = width == 1 and flat.device.type == "cpu"
-        on = table.reshape(-1) != 0 if sparse else None
+        if width == 1 and flat.device.type == "cpu":
+            if self._out is None:  # grouped by source once, on first use: then a step visits only their edges
+                self._out = by_source(self.src_slot, self.dst, table.shape[0])
+            return spread(*self._out, table.reshape(-1), inbox.reshape(-1)).reshape(msgs.shape)
         for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
             stop = min(start + _EDGE_CHUNK, self.num_edges)
             src, dst = self.src_slot[start:stop], self.dst[start:stop]
-            if sparse:
-                keep = on[src]
-                src, dst = src[keep], dst[keep]
             inbox.index_add_(0, dst, table[src])
         return inbox.reshape(msgs.shape)
 
