@@ -29,5 +29,8 @@ def test_spread_equals_the_sum_over_every_edge(monkeypatch):
         got = network.spread(ptr, targets, values, torch.zeros(n, dtype=torch.int64))
         assert torch.equal(got, _dense(src, dst, values, n)), chunk
     assert int(got.abs().sum()) > 0
+    on = values != 0  # bools (the infected): each edge adds one
+    assert torch.equal(network.spread(ptr, targets, on, torch.zeros(n, dtype=torch.int64)),
+                       _dense(src, dst, on.to(torch.int64), n))
     none = network.spread(ptr, targets, torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
     assert not none.any()

@@ -85,27 +85,30 @@ def id_owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
 
 def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Edges grouped by their source, for :func:`spread`: (``ptr`` [num_src + 1], ``targets``): the edges out of
-    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]``."""
-    order = torch.argsort(src, stable=True)
-    ptr = torch.zeros(num_src + 1, dtype=torch.int64, device=src.device)
+    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]`` (int32 where every count fits: half the bytes per edge)."""
+    small = max(num_src, src.numel()) < 1 << 31
+    index = torch.int32 if small else torch.int64
+    order = torch.argsort(src.to(index), stable=True)
+    ptr = torch.zeros(num_src + 1, dtype=index, device=src.device)
     torch.cumsum(torch.bincount(src, minlength=num_src), 0, out=ptr[1:])
-    return ptr, dst[order].contiguous()
+    return ptr, dst[order].to(index)
 
 
 def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[t] += values[s]`` for every edge s -> t with ``values[s] != 0`` (``values``: [num_src] integers):
-    only the edges of the sources that send something are visited (an epidemic's infected are few), at most
-    about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. Returns ``out``."""
-    active = torch.nonzero(values).reshape(-1)
+    """``out[t] += values[s]`` for every edge s -> t with ``values[s] != 0`` (``values``: [num_src] integers or
+    bools): only the edges of the sources that send something are visited (an epidemic's infected are few), at
+    most about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. Returns ``out``."""
+    active = torch.nonzero(values).reshape(-1).to(ptr.dtype)
     if not active.numel():
         return out
     starts = ptr[active]
     counts = ptr[active + 1] - starts
-    ends = torch.cumsum(counts, 0)
+    ends = torch.cumsum(counts, 0, dtype=ptr.dtype)
     total = int(ends[-1])
     # split the active sources where their edges pass each multiple of _EDGE_CHUNK (a source is never split)
-    marks = torch.arange(_EDGE_CHUNK, total, _EDGE_CHUNK, device=ends.device) if total > _EDGE_CHUNK else ends[:0]
+    marks = torch.arange(_EDGE_CHUNK, total, _EDGE_CHUNK, dtype=ptr.dtype, device=ptr.device) if total > _EDGE_CHUNK else ends[:0]
     cuts = torch.searchsorted(ends, marks).tolist()
+    ones = values.dtype == torch.bool  # each edge adds 1: counted, no values to repeat
     lo = 0
     for hi in [*dict.fromkeys(c + 1 for c in cuts), active.numel()]:
         if hi <= lo:
@@ -113,12 +116,15 @@ def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: 
         c, first = counts[lo:hi], ends[lo] - counts[lo]
         n = int(ends[hi - 1] - first)
         # position of each edge: its source's start, plus its rank among that source's edges
-        pos = torch.arange(n, device=ptr.device) + torch.repeat_interleave(starts[lo:hi] - (ends[lo:hi] - c - first), c,
-                                                                            output_size=n)
-        out.index_add_(0, targets[pos], torch.repeat_interleave(values[active[lo:hi]].to(out.dtype), c, output_size=n))
+        pos = torch.arange(n, dtype=ptr.dtype, device=ptr.device) + torch.repeat_interleave(starts[lo:hi] - (ends[lo:hi] - c - first), c,
+                                                                          output_size=n)
+        if ones:
+            out += torch.bincount(targets[pos], minlength=out.numel())
+        else:
+            out.index_add_(0, targets[pos], torch.repeat_interleave(values[active[lo:hi]].to(out.dtype), c,
+                                                                     output_size=n))
         lo = hi
     return out
-
 
 def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[torch.Tensor, list[int]]:
     """Rows of ``values`` ([k, w] int64) sent to ranks ``dest``: (the rows received in rank order, rows per rank)."""
