@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from multigpu.sim import network, rng
+from multigpu.errors import ConfigError
+from multigpu.sim import native, network, rng
 from multigpu.sim.api import Context, get_model, model_params
 from multigpu.sim.models import I, R, S, infection_table
 
@@ -74,6 +75,11 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
     sparse = torch.device(device).type == "cpu"
     if sparse:  # grouped by source once: a step visits only the edges out of the infected
         out_edges = network.by_source(src, dst, batch * n)
+    c_loops = sparse and cfg.native != "off" and native.available()  # the engine's C kernels: the same results
+    if cfg.native == "on" and sparse and not c_loops:
+        raise ConfigError("sim.native=on, but the C kernels could not be built (no working C compiler: cc, or $CC); "
+                          "valid: native=auto (torch kernels where they cannot be built) or off")
+    transition = native.kernels()["net_transition"] if c_loops else None
     mixed = rng.mix_ids(ids).repeat(batch).view(batch, n)  # random_bits' first half, once
     table = infection_table(params.beta).to(device)
     recover = rng.threshold(params.gamma)
@@ -84,7 +90,7 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
         infected = state == I
         inbox = torch.zeros(batch * n, dtype=torch.int64, device=device)
         if sparse:
-            network.spread(*out_edges, infected, inbox)
+            network.spread(*out_edges, infected, inbox, c_loops)
         else:
             for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
                 stop = min(start + _EDGE_CHUNK, dst.numel())
@@ -92,6 +98,11 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
         thr = table[inbox.clamp(max=table.numel() - 1)]
         keys = torch.tensor([rng.step_key(s, step, rng.STREAM_TRANSITION) for s in seeds], dtype=torch.int32,
                             device=device)
+        if transition is not None:  # one C loop per replicate, on its rows
+            for b, key in enumerate(keys.tolist()):
+                rows = slice(b * n, (b + 1) * n)
+                counts[step, b] = transition(ids, state[rows], thr[rows], key, recover)
+            continue
         u = rng.low_bits(rng.hash32(mixed ^ keys[:, None]).view(-1), 24, shift=8)  # = random_bits(id, its key)
         state = torch.where((state == S) & (u < thr), I,
                             torch.where((state == I) & (u < recover), R, state)).to(torch.uint8)

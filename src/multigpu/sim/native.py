@@ -42,7 +42,7 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "cartpole_step", "kernels", "outside", "permute", "row_order"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "permute", "row_order", "spread"]
 
 _SOURCE = r"""
 #include <math.h>
@@ -233,6 +233,51 @@ int64_t mg_permute(void *restrict data, int64_t n, int64_t elsize, const int64_t
     }
     memcpy(data, scratch, (size_t)(n * elsize));
     return 0;
+}
+
+/* The network step (sim.network.spread): out[targets[e]] += values[s] for every edge e out of a source s with a
+   nonzero value, edges grouped by source (ptr, int32). -1 where a target is outside out. */
+int64_t mg_spread(const int32_t *restrict ptr, const int32_t *restrict targets, const int64_t *restrict values,
+                  int64_t n, int64_t *restrict out, int64_t nout) {
+    for (int64_t s = 0; s < n; s++) {
+        int64_t v = values[s];
+        if (!v) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)nout) return -1;
+            out[t] += v;
+        }
+    }
+    return 0;
+}
+
+/* The same for bool values: each edge out of a source with on[s] adds one. */
+int64_t mg_spread_on(const int32_t *restrict ptr, const int32_t *restrict targets, const uint8_t *restrict on,
+                     int64_t n, int64_t *restrict out, int64_t nout) {
+    for (int64_t s = 0; s < n; s++) {
+        if (!on[s]) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)nout) return -1;
+            out[t] += 1;
+        }
+    }
+    return 0;
+}
+
+/* network_sir's transition (models.net_transition_kernel): S (0) -> I (2) where the draw is under thr, I -> R (3)
+   under recover; counts[0..2] = S, I, R after it. */
+void mg_net_transition(const int32_t *restrict ids, uint8_t *restrict state, const int32_t *restrict thr,
+                       int64_t n, uint32_t key, int32_t recover, int64_t *restrict counts) {
+    int64_t cs = 0, ci = 0, cr = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int32_t u = (int32_t)((bits_of(ids[j], key) >> 8) & 0xFFFFFFu);
+        uint8_t st = state[j];
+        uint8_t nw = (st == 0 && u < thr[j]) ? 2 : (st == 2 && u < recover) ? 3 : st;
+        state[j] = nw;
+        cs += nw == 0; ci += nw == 2; cr += nw == 3;
+    }
+    counts[0] = cs; counts[1] = ci; counts[2] = cr;
 }
 
 /* A stable argsort of rows y in [0, rows) by counting: order[k] = the position of the k-th agent. */
@@ -492,6 +537,10 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_permute.restype = i64
     lib.mg_row_order.argtypes = [p, i64, i64, p, p]
     lib.mg_row_order.restype = i64
+    lib.mg_spread.argtypes = lib.mg_spread_on.argtypes = [p, p, p, i64, p, i64]
+    lib.mg_spread.restype = lib.mg_spread_on.restype = i64
+    lib.mg_net_transition.argtypes = [p, p, p, i64, u32, i32, p]
+    lib.mg_net_transition.restype = None
     return lib
 
 
@@ -574,8 +623,31 @@ def kernels() -> dict:
             raise IndexError("sim thresholds: a negative infected count")
         return out
 
+    def net_transition(ids, state, thr, key, recover):
+        if not _ok((ids, torch.int32), (state, torch.uint8), (thr, torch.int32)):
+            return models.net_transition_kernel(ids, state, thr, key, recover)
+        counts = torch.zeros(3, dtype=torch.int64)
+        lib.mg_net_transition(ids.data_ptr(), state.data_ptr(), thr.data_ptr(), ids.numel(), _key(key), recover,
+                              counts.data_ptr())
+        return counts
+
     return {"move": move, "infected": infected, "transition": transition, "move_count": move_count,
-            "thresholds": thresholds}
+            "thresholds": thresholds, "net_transition": net_transition}
+
+
+def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> bool:
+    """:func:`multigpu.sim.network.spread` in one C loop (int32 edges, int64 or bool values, int64 ``out``): True
+    where it ran, False without the library or for other dtypes (the caller runs the torch code)."""
+    lib = _lib()
+    on = values.dtype == torch.bool
+    if lib is None or values.numel() != ptr.numel() - 1 or not _ok((ptr, torch.int32), (targets, torch.int32),
+                                                                  (out, torch.int64),
+                              (values, torch.bool if on else torch.int64)):
+        return False
+    run = lib.mg_spread_on if on else lib.mg_spread
+    if run(ptr.data_ptr(), targets.data_ptr(), values.data_ptr(), values.numel(), out.data_ptr(), out.numel()):
+        raise IndexError("sim network: an edge ends outside the agents it is summed into")
+    return True
 
 
 def cartpole_step():

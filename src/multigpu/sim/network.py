@@ -94,10 +94,17 @@ def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch
     return ptr, dst[order].to(index)
 
 
-def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor,
+           use_native: bool = False) -> torch.Tensor:
     """``out[t] += values[s]`` for every edge s -> t with ``values[s] != 0`` (``values``: [num_src] integers or
     bools): only the edges of the sources that send something are visited (an epidemic's infected are few), at
-    most about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. Returns ``out``."""
+    most about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. ``use_native``: one C
+    loop (:func:`multigpu.sim.native.spread`) where the library is built. Returns ``out``."""
+    if use_native:
+        from multigpu.sim import native
+
+        if native.spread(ptr, targets, values, out):
+            return out
     active = torch.nonzero(values).reshape(-1).to(ptr.dtype)
     if not active.numel():
         return out
@@ -178,6 +185,7 @@ class Graph:
         self.recv_counts = torch.bincount(owners, minlength=world).tolist()
         self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
         self._out = None  # the edges by source (CPU steps): see neighbour_sum
+        self.native = False  # neighbour_sum on the CPU in C (the engine sets it where its C kernels run)
 
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
@@ -208,7 +216,7 @@ class Graph:
         if width == 1 and flat.device.type == "cpu":
             if self._out is None:  # grouped by source once, on first use: then a step visits only their edges
                 self._out = by_source(self.src_slot, self.dst, table.shape[0])
-            return spread(*self._out, table.reshape(-1), inbox.reshape(-1)).reshape(msgs.shape)
+            return spread(*self._out, table.reshape(-1), inbox.reshape(-1), self.native).reshape(msgs.shape)
         for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
             stop = min(start + _EDGE_CHUNK, self.num_edges)
             src, dst = self.src_slot[start:stop], self.dst[start:stop]
