@@ -161,22 +161,27 @@ class Graph:
     process group), then placed on the engine's device with :meth:`to`, where every step runs.
     """
 
-    def __init__(self, num_agents: int, incoming: torch.Tensor):
-        """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank. Collective."""
+    def __init__(self, num_agents: int, incoming: torch.Tensor, symmetric: bool = False):
+        """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank; ``symmetric``: every edge
+        is there both ways (an undirected graph: :func:`build`'s). Collective."""
         rank, world = _world()
+        self.symmetric = symmetric
         self.num_agents = num_agents
         self.lo, self.hi = shard_bounds(num_agents, rank, world)
         src, dst = incoming[:, 0], incoming[:, 1]
         keep = src != dst  # self-loops do not count
         src, dst = src[keep], dst[keep]
-        order = torch.argsort(dst, stable=True)
+        order = torch.argsort(dst.to(torch.int32) if num_agents < 1 << 31 else dst, stable=True)
         src, dst = src[order], dst[order]
         self.dst = dst - self.lo  # local positions
-        local = (src >= self.lo) & (src < self.hi)
-        remote_ids, inverse = torch.unique(src[~local], return_inverse=True)  # sorted: by owner, then id
-        self.src_slot = torch.empty_like(src)
-        self.src_slot[local] = src[local] - self.lo
-        self.src_slot[~local] = (self.hi - self.lo) + inverse
+        if world == 1:  # every source is local: no halo
+            remote_ids, self.src_slot = src[:0], src - self.lo
+        else:
+            local = (src >= self.lo) & (src < self.hi)
+            remote_ids, inverse = torch.unique(src[~local], return_inverse=True)  # sorted: by owner, then id
+            self.src_slot = torch.empty_like(src)
+            self.src_slot[local] = src[local] - self.lo
+            self.src_slot[~local] = (self.hi - self.lo) + inverse
         self.num_halo = remote_ids.numel()
         self.num_edges = src.numel()
         # tell each owner which of its agents this rank reads; it sends their messages every step
@@ -192,6 +197,15 @@ class Graph:
         self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
         self._out = None
         return self
+
+    def _by_source(self, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`by_source` of this rank's edges. Undirected with no halo: the edges out of an agent are those into
+        it, already grouped by :meth:`__init__`'s sort (no second sort)."""
+        if not (self.symmetric and self.num_halo == 0 and self.num_edges < 1 << 31):
+            return by_source(self.src_slot, self.dst, num_src)
+        ptr = torch.zeros(num_src + 1, dtype=torch.int32, device=self.dst.device)
+        torch.cumsum(torch.bincount(self.dst, minlength=num_src), 0, out=ptr[1:])
+        return ptr, self.src_slot.to(torch.int32)
 
     def neighbour_sum(self, messages: torch.Tensor) -> torch.Tensor:
         """Per local agent, the sum of its neighbours' ``messages`` ([n] or [n, C] integers) as int64. Collective."""
@@ -215,7 +229,7 @@ class Graph:
         # same integer sums; an epidemic's infected are few). A GPU adds every edge: no host read of a count
         if width == 1 and flat.device.type == "cpu":
             if self._out is None:  # grouped by source once, on first use: then a step visits only their edges
-                self._out = by_source(self.src_slot, self.dst, table.shape[0])
+                self._out = self._by_source(table.shape[0])
             return spread(*self._out, table.reshape(-1), inbox.reshape(-1), self.native).reshape(msgs.shape)
         for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
             stop = min(start + _EDGE_CHUNK, self.num_edges)
@@ -229,6 +243,8 @@ def _route(edges: torch.Tensor, num_agents: int) -> torch.Tensor:
     """Undirected edges [k, 2] (any rank) -> this rank's incoming directed edges (src, dst). Collective."""
     _, world = _world()
     both = torch.cat([edges, edges.flip(1)])
+    if world == 1:  # every edge is this rank's
+        return both
     return _all_to_all(both, id_owner(both[:, 1], num_agents, world), world)[0]
 
 
@@ -324,7 +340,7 @@ def _geometric(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
 
 def build(cfg: NetworkConfig, num_agents: int, seed: int) -> Graph:
     """This rank's part of the graph ``cfg``. Call on all ranks."""
-    return Graph(num_agents, incoming(cfg, num_agents, seed))
+    return Graph(num_agents, incoming(cfg, num_agents, seed), symmetric=True)  # every kind is undirected
 
 
 def incoming(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
