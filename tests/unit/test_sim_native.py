@@ -268,6 +268,8 @@ def test_network_kernels_equal_the_torch_ones():
     src, dst = torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)
     ptr, targets = network.by_source(src, dst, n)
     values = torch.randint(-2, 3, (n,), generator=g) * (torch.rand(n, generator=g) < 0.3)
+    got_ptr, got_targets = native.group(src, dst, n)  # the counting sort: the same groups, the same order
+    assert torch.equal(got_ptr, ptr) and torch.equal(got_targets, targets)
     for v in (values, values != 0):
         want = network.spread(ptr, targets, v, torch.zeros(n, dtype=torch.int64))
         got = torch.zeros(n, dtype=torch.int64)

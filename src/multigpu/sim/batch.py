@@ -73,9 +73,9 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
                                           num_agents=n, env=model.env(params)), ids)["state"] for s in seeds])
     src, dst = (t.to(device) for t in _edges(cfg, seeds, n))
     sparse = torch.device(device).type == "cpu"
-    if sparse:  # grouped by source once: a step visits only the edges out of the infected
-        out_edges = network.by_source(src, dst, batch * n)
     c_loops = sparse and cfg.native != "off" and native.available()  # the engine's C kernels: the same results
+    if sparse:  # grouped by source once: a step visits only the edges out of the infected
+        out_edges = network.by_source(src, dst, batch * n, c_loops)
     if cfg.native == "on" and sparse and not c_loops:
         raise ConfigError("sim.native=on, but the C kernels could not be built (no working C compiler: cc, or $CC); "
                           "valid: native=auto (torch kernels where they cannot be built) or off")

@@ -42,7 +42,7 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "cartpole_step", "kernels", "outside", "permute", "row_order", "spread"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "permute", "row_order", "spread"]
 
 _SOURCE = r"""
 #include <math.h>
@@ -248,6 +248,22 @@ int64_t mg_spread(const int32_t *restrict ptr, const int32_t *restrict targets, 
             out[t] += v;
         }
     }
+    return 0;
+}
+
+/* network.by_source as a stable counting sort: ptr[s]..ptr[s + 1] (int32) index the targets of source s. -1 where
+   a source is outside 0..n-1. */
+int64_t mg_group(const int64_t *restrict src, const int64_t *restrict dst, int64_t e, int64_t n,
+                 int32_t *restrict ptr, int32_t *restrict targets) {
+    memset(ptr, 0, (size_t)(n + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < e; i++) {
+        if ((uint64_t)src[i] >= (uint64_t)n) return -1;
+        ptr[src[i] + 1]++;
+    }
+    for (int64_t s = 0; s < n; s++) ptr[s + 1] += ptr[s];
+    for (int64_t i = 0; i < e; i++) targets[ptr[src[i]]++] = (int32_t)dst[i];   /* ptr[s] walks to s's end */
+    for (int64_t s = n; s > 0; s--) ptr[s] = ptr[s - 1];
+    ptr[0] = 0;
     return 0;
 }
 
@@ -540,6 +556,8 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_spread.argtypes = lib.mg_spread_on.argtypes = [p, p, p, i64, p, i64]
     lib.mg_spread.restype = lib.mg_spread_on.restype = i64
     lib.mg_net_transition.argtypes = [p, p, p, i64, u32, i32, p]
+    lib.mg_group.argtypes = [p, p, i64, i64, p, p]
+    lib.mg_group.restype = i64
     lib.mg_net_transition.restype = None
     return lib
 
@@ -635,6 +653,17 @@ def kernels() -> dict:
             "thresholds": thresholds, "net_transition": net_transition}
 
 
+def group(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`multigpu.sim.network.by_source` as one counting sort in C (int64 ``src``/``dst``, int32 results);
+    None without the library or where the counts do not fit int32."""
+    lib = _lib()
+    if lib is None or not _ok((src, torch.int64), (dst, torch.int64)) or max(num_src, src.numel()) >= 1 << 31:
+        return None
+    ptr = torch.empty(num_src + 1, dtype=torch.int32)
+    targets = torch.empty(src.numel(), dtype=torch.int32)
+    if lib.mg_group(src.data_ptr(), dst.data_ptr(), src.numel(), num_src, ptr.data_ptr(), targets.data_ptr()):
+        raise IndexError(f"sim network: an edge starts outside agents 0..{num_src - 1}")
+    return ptr, targets
 def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> bool:
     """:func:`multigpu.sim.network.spread` in one C loop (int32 edges, int64 or bool values, int64 ``out``): True
     where it ran, False without the library or for other dtypes (the caller runs the torch code)."""

@@ -83,9 +83,17 @@ def id_owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
     return torch.where(ids < cut, ids // (base + 1), extra + (ids - cut) // max(base, 1))
 
 
-def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int,
+              use_native: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Edges grouped by their source, for :func:`spread`: (``ptr`` [num_src + 1], ``targets``): the edges out of
-    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]`` (int32 where every count fits: half the bytes per edge)."""
+    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]`` (int32 where every count fits: half the bytes per edge).
+    ``use_native``: one counting sort in C (:func:`multigpu.sim.native.group`) where the library is built."""
+    if use_native and dst.dtype == src.dtype == torch.int64 and dst.numel() == src.numel():
+        from multigpu.sim import native
+
+        got = native.group(src.contiguous(), dst.contiguous(), num_src)
+        if got is not None:
+            return got
     small = max(num_src, src.numel()) < 1 << 31
     index = torch.int32 if small else torch.int64
     order = torch.argsort(src.to(index), stable=True)
@@ -202,7 +210,7 @@ class Graph:
         """:func:`by_source` of this rank's edges. Undirected with no halo: the edges out of an agent are those into
         it, already grouped by :meth:`__init__`'s sort (no second sort)."""
         if not (self.symmetric and self.num_halo == 0 and self.num_edges < 1 << 31):
-            return by_source(self.src_slot, self.dst, num_src)
+            return by_source(self.src_slot, self.dst, num_src, self.native)
         ptr = torch.zeros(num_src + 1, dtype=torch.int32, device=self.dst.device)
         torch.cumsum(torch.bincount(self.dst, minlength=num_src), 0, out=ptr[1:])
         return ptr, self.src_slot.to(torch.int32)
