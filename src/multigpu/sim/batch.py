@@ -84,7 +84,12 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
     table = infection_table(params.beta).to(device)
     recover = rng.threshold(params.gamma)
     counts = torch.zeros((cfg.steps, batch, 3), dtype=torch.int64, device=device)
+    scratch = torch.empty(batch * n, dtype=torch.int32) if c_loops else None
     for step in range(cfg.steps):
+        if c_loops and native.net_batch_step(*out_edges, ids, state, [rng.step_key(s, step, rng.STREAM_TRANSITION)
+                                                                      for s in seeds], table, recover, scratch,
+                                             counts[step]):
+            continue  # the whole step in C: the same counts and states as the torch code below
         # per agent, its infected neighbours (exact integer sums). CPU: only the edges from an infected agent, counted
         # by their end; a GPU adds every edge (selecting them would read their count on the host each step)
         infected = state == I

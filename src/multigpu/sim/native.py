@@ -42,7 +42,7 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "permute", "row_order", "spread"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "net_batch_step", "permute", "row_order", "spread"]
 
 _SOURCE = r"""
 #include <math.h>
@@ -247,6 +247,42 @@ int64_t mg_spread(const int32_t *restrict ptr, const int32_t *restrict targets, 
             if (t >= (uint64_t)nout) return -1;
             out[t] += v;
         }
+    }
+    return 0;
+}
+
+/* One step of the batched network_sir (sim.batch), in one pass each: reps replicates of n agents (row b * n + j is
+   agent j of replicate b, keyed keys[b]), edges grouped by source over every row. inbox: scratch of reps * n.
+   counts[b * 3 + 0..2]: S, I, R of replicate b after the step. -1 where an edge ends outside the rows. */
+int64_t mg_net_batch_step(const int32_t *restrict ptr, const int32_t *restrict targets, const int32_t *restrict ids,
+                          uint8_t *restrict state, int64_t reps, int64_t n, const uint32_t *restrict keys,
+                          const int32_t *restrict table, int64_t ntable, int32_t recover, int32_t *restrict inbox,
+                          int64_t *restrict counts) {
+    int64_t rows = reps * n;
+    memset(inbox, 0, (size_t)rows * sizeof(int32_t));
+    for (int64_t s = 0; s < rows; s++) {
+        if (state[s] != 2) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)rows) return -1;
+            inbox[t] += 1;
+        }
+    }
+    int32_t last = table[ntable - 1];
+    for (int64_t b = 0; b < reps; b++) {
+        int64_t cs = 0, ci = 0, cr = 0;
+        uint32_t key = keys[b];
+        uint8_t *st = state + b * n;
+        const int32_t *in = inbox + b * n;
+        for (int64_t j = 0; j < n; j++) {
+            int32_t u = (int32_t)((bits_of(ids[j], key) >> 8) & 0xFFFFFFu);
+            int32_t thr = in[j] < ntable ? table[in[j]] : last;
+            uint8_t old = st[j];
+            uint8_t nw = (old == 0 && u < thr) ? 2 : (old == 2 && u < recover) ? 3 : old;
+            st[j] = nw;
+            cs += nw == 0; ci += nw == 2; cr += nw == 3;
+        }
+        counts[b * 3] = cs; counts[b * 3 + 1] = ci; counts[b * 3 + 2] = cr;
     }
     return 0;
 }
@@ -557,6 +593,8 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_spread.restype = lib.mg_spread_on.restype = i64
     lib.mg_net_transition.argtypes = [p, p, p, i64, u32, i32, p]
     lib.mg_group.argtypes = [p, p, i64, i64, p, p]
+    lib.mg_net_batch_step.argtypes = [p, p, p, p, i64, i64, p, p, i64, i32, p, p]
+    lib.mg_net_batch_step.restype = i64
     lib.mg_group.restype = i64
     lib.mg_net_transition.restype = None
     return lib
@@ -652,6 +690,26 @@ def kernels() -> dict:
     return {"move": move, "infected": infected, "transition": transition, "move_count": move_count,
             "thresholds": thresholds, "net_transition": net_transition}
 
+
+def net_batch_step(ptr: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, state: torch.Tensor, keys: list[int],
+                   table: torch.Tensor, recover: int, inbox: torch.Tensor, counts: torch.Tensor) -> bool:
+    """One step of the batched network_sir (:func:`multigpu.sim.batch.run_batch`) in C: the infected's edges
+    counted, then each agent's transition; ``counts`` [replicates, 3] (S, I, R) filled. False without the library
+    or for other dtypes (the caller runs the torch code)."""
+    lib = _lib()
+    reps, n = len(keys), ids.numel()
+    if lib is None or table.numel() == 0 or not _ok((ptr, torch.int32), (targets, torch.int32), (ids, torch.int32),
+                                                    (state, torch.uint8), (table, torch.int32),
+                                                    (inbox, torch.int32), (counts, torch.int64)):
+        return False
+    if state.numel() != reps * n or inbox.numel() != reps * n or ptr.numel() != reps * n + 1:
+        return False
+    k = torch.tensor([_key(key) for key in keys], dtype=torch.int64).to(torch.int32)
+    if lib.mg_net_batch_step(ptr.data_ptr(), targets.data_ptr(), ids.data_ptr(), state.data_ptr(), reps, n,
+                             k.data_ptr(), table.data_ptr(), table.numel(), recover, inbox.data_ptr(),
+                             counts.data_ptr()):
+        raise IndexError("sim network: an edge ends outside the agents it is summed into")
+    return True
 
 def group(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`multigpu.sim.network.by_source` as one counting sort in C (int64 ``src``/``dst``, int32 results);
