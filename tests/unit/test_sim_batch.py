@@ -32,3 +32,21 @@ def test_which_models_batch():
     net = SimConfig(model="network_sir", agents=1000, network={"kind": "random"})
     assert supports(net) and auto_batch(net) == 64 and auto_batch(dataclasses.replace(net, agents=10**6)) == 1
     assert not supports(SimConfig(model="sir")) and auto_batch(SimConfig(model="sir")) == 1
+
+
+def test_the_batch_step_in_c_equals_the_torch_one(monkeypatch):
+    """Where the C kernels build, a batch's whole step is one C call (native.net_batch_step); ``native=off`` runs
+    the torch code: the series are the same."""
+    from multigpu.sim import native
+
+    if not native.available():
+        pytest.skip("no C compiler: the torch code runs either way")
+    calls = []
+    real = native.net_batch_step
+    monkeypatch.setattr(native, "net_batch_step", lambda *a: calls.append(1) or real(*a))
+    cfg = SimConfig(model="network_sir", agents=700, steps=15, network={"kind": "random", "contacts": 4},
+                    params={"beta": 0.1, "gamma": 0.15, "initial_infected": 0.03})
+    seeds = [5, 6, 2**40 + 1]
+    got = run_batch(cfg, seeds)
+    assert len(calls) == cfg.steps
+    assert got == run_batch(dataclasses.replace(cfg, native="off"), seeds) and max(got[0]["R"]) > 0

@@ -255,3 +255,32 @@ def test_the_cache_is_built_private_and_then_loaded_from(tmp_path, monkeypatch, 
     built = path.stat().st_mtime_ns
     assert native._build() and path.stat().st_mtime_ns == built
     assert "not used" not in capsys.readouterr().err
+
+
+def test_network_kernels_equal_the_torch_ones():
+    """The network step in C: spread along the edges of the active sources (int64 messages and bools), and
+    network_sir's transition (state in place, counts of S, I, R), bit for bit the torch code."""
+    from multigpu.sim import network
+    from multigpu.sim.models import net_transition_kernel
+
+    g = torch.Generator().manual_seed(3)
+    n, e = 3000, 20000
+    src, dst = torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g)
+    ptr, targets = network.by_source(src, dst, n)
+    values = torch.randint(-2, 3, (n,), generator=g) * (torch.rand(n, generator=g) < 0.3)
+    got_ptr, got_targets = native.group(src, dst, n)  # the counting sort: the same groups, the same order
+    assert torch.equal(got_ptr, ptr) and torch.equal(got_targets, targets)
+    for v in (values, values != 0):
+        want = network.spread(ptr, targets, v, torch.zeros(n, dtype=torch.int64))
+        got = torch.zeros(n, dtype=torch.int64)
+        assert native.spread(ptr, targets, v, got) and torch.equal(got, want)
+    ids = torch.arange(n, dtype=torch.int32)
+    state = torch.randint(0, 4, (n,), generator=g).to(torch.uint8)
+    state[state == 1] = 0  # network_sir: S, I, R
+    thr = infection_table(0.3)[torch.randint(0, 6, (n,), generator=g)]
+    key = rng.step_key(9, 4, rng.STREAM_TRANSITION)
+    before, want_state = state.clone(), state.clone()
+    want = net_transition_kernel(ids, want_state, thr, key, rng.threshold(0.2))
+    got = native.kernels()["net_transition"](ids, state, thr, key, rng.threshold(0.2))
+    assert torch.equal(got, want) and torch.equal(state, want_state)
+    assert (state != before).any() and want[1] > 0

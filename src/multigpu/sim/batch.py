@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from multigpu.sim import network, rng
+from multigpu.errors import ConfigError
+from multigpu.sim import native, network, rng
 from multigpu.sim.api import Context, get_model, model_params
 from multigpu.sim.models import I, R, S, infection_table
 
@@ -71,26 +72,43 @@ def run_batch(cfg, seeds: list[int], device: torch.device | str = "cpu") -> list
     state = torch.cat([model.init(Context(seed=s, step=-1, params=params, grid=tuple(cfg.grid), rows=cfg.grid[0],
                                           num_agents=n, env=model.env(params)), ids)["state"] for s in seeds])
     src, dst = (t.to(device) for t in _edges(cfg, seeds, n))
-    every_id = ids.repeat(batch)
+    sparse = torch.device(device).type == "cpu"
+    c_loops = sparse and cfg.native != "off" and native.available()  # the engine's C kernels: the same results
+    if sparse:  # grouped by source once: a step visits only the edges out of the infected
+        out_edges = network.by_source(src, dst, batch * n, c_loops)
+    if cfg.native == "on" and sparse and not c_loops:
+        raise ConfigError("sim.native=on, but the C kernels could not be built (no working C compiler: cc, or $CC); "
+                          "valid: native=auto (torch kernels where they cannot be built) or off")
+    transition = native.kernels()["net_transition"] if c_loops else None
+    mixed = rng.mix_ids(ids).repeat(batch).view(batch, n)  # random_bits' first half, once
     table = infection_table(params.beta).to(device)
     recover = rng.threshold(params.gamma)
-    sparse = torch.device(device).type == "cpu"
     counts = torch.zeros((cfg.steps, batch, 3), dtype=torch.int64, device=device)
+    scratch = torch.empty(batch * n, dtype=torch.int32) if c_loops else None
     for step in range(cfg.steps):
+        if c_loops and native.net_batch_step(*out_edges, ids, state, [rng.step_key(s, step, rng.STREAM_TRANSITION)
+                                                                      for s in seeds], table, recover, scratch,
+                                             counts[step]):
+            continue  # the whole step in C: the same counts and states as the torch code below
         # per agent, its infected neighbours (exact integer sums). CPU: only the edges from an infected agent, counted
         # by their end; a GPU adds every edge (selecting them would read their count on the host each step)
         infected = state == I
         inbox = torch.zeros(batch * n, dtype=torch.int64, device=device)
-        for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
-            stop = min(start + _EDGE_CHUNK, dst.numel())
-            if sparse:
-                inbox += torch.bincount(dst[start:stop][infected[src[start:stop]]], minlength=batch * n)
-            else:
+        if sparse:
+            network.spread(*out_edges, infected, inbox, c_loops)
+        else:
+            for start in range(0, dst.numel(), _EDGE_CHUNK):  # bounded temporaries, as the unbatched graph
+                stop = min(start + _EDGE_CHUNK, dst.numel())
                 inbox.index_add_(0, dst[start:stop], infected[src[start:stop]].to(torch.int64))
         thr = table[inbox.clamp(max=table.numel() - 1)]
         keys = torch.tensor([rng.step_key(s, step, rng.STREAM_TRANSITION) for s in seeds], dtype=torch.int32,
                             device=device)
-        u = rng.low_bits(rng.random_bits(every_id, keys.repeat_interleave(n)), 24, shift=8)
+        if transition is not None:  # one C loop per replicate, on its rows
+            for b, key in enumerate(keys.tolist()):
+                rows = slice(b * n, (b + 1) * n)
+                counts[step, b] = transition(ids, state[rows], thr[rows], key, recover)
+            continue
+        u = rng.low_bits(rng.hash32(mixed ^ keys[:, None]).view(-1), 24, shift=8)  # = random_bits(id, its key)
         state = torch.where((state == S) & (u < thr), I,
                             torch.where((state == I) & (u < recover), R, state)).to(torch.uint8)
         by_replicate = state.view(batch, n)

@@ -299,12 +299,18 @@ def _net_prepare(ctx: Context, inbox: torch.Tensor):
     return table[inbox.clamp(max=table.numel() - 1)]
 
 
-def _net_apply(ctx: Context, agents, thr):
-    p, state = ctx.params, agents["state"]
-    u = rng.low_bits(rng.random_bits(agents["id"], ctx.key(rng.STREAM_TRANSITION)), 24, shift=8)
-    new = torch.where((state == S) & (u < thr), I, torch.where((state == I) & (u < rng.threshold(p.gamma)), R, state))
+def net_transition_kernel(ids, state, thr, key: int, recover: int):
+    """network_sir's transition of each agent (``state`` updated in place): S -> I where its draw is under its
+    infection threshold ``thr``, I -> R under ``recover``; returns the counts of S, I and R after it."""
+    u = rng.low_bits(rng.random_bits(ids, key), 24, shift=8)
+    new = torch.where((state == S) & (u < thr), I, torch.where((state == I) & (u < recover), R, state))
     state.copy_(new.to(torch.uint8))
     return torch.stack([(state == k).sum() for k in (S, I, R)])
+
+
+def _net_apply(ctx: Context, agents, thr):
+    step = ctx.kernels.get("net_transition", net_transition_kernel)
+    return step(agents["id"], agents["state"], thr, ctx.key(rng.STREAM_TRANSITION), rng.threshold(ctx.params.gamma))
 
 
 def _net_init(ctx: Context, ids):

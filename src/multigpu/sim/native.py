@@ -42,7 +42,7 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "cartpole_step", "kernels", "outside", "permute", "row_order"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "net_batch_step", "permute", "row_order", "spread"]
 
 _SOURCE = r"""
 #include <math.h>
@@ -233,6 +233,103 @@ int64_t mg_permute(void *restrict data, int64_t n, int64_t elsize, const int64_t
     }
     memcpy(data, scratch, (size_t)(n * elsize));
     return 0;
+}
+
+/* The network step (sim.network.spread): out[targets[e]] += values[s] for every edge e out of a source s with a
+   nonzero value, edges grouped by source (ptr, int32). -1 where a target is outside out. */
+int64_t mg_spread(const int32_t *restrict ptr, const int32_t *restrict targets, const int64_t *restrict values,
+                  int64_t n, int64_t *restrict out, int64_t nout) {
+    for (int64_t s = 0; s < n; s++) {
+        int64_t v = values[s];
+        if (!v) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)nout) return -1;
+            out[t] += v;
+        }
+    }
+    return 0;
+}
+
+/* One step of the batched network_sir (sim.batch), in one pass each: reps replicates of n agents (row b * n + j is
+   agent j of replicate b, keyed keys[b]), edges grouped by source over every row. inbox: scratch of reps * n.
+   counts[b * 3 + 0..2]: S, I, R of replicate b after the step. -1 where an edge ends outside the rows. */
+int64_t mg_net_batch_step(const int32_t *restrict ptr, const int32_t *restrict targets, const int32_t *restrict ids,
+                          uint8_t *restrict state, int64_t reps, int64_t n, const uint32_t *restrict keys,
+                          const int32_t *restrict table, int64_t ntable, int32_t recover, int32_t *restrict inbox,
+                          int64_t *restrict counts) {
+    int64_t rows = reps * n;
+    memset(inbox, 0, (size_t)rows * sizeof(int32_t));
+    for (int64_t s = 0; s < rows; s++) {
+        if (state[s] != 2) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)rows) return -1;
+            inbox[t] += 1;
+        }
+    }
+    int32_t last = table[ntable - 1];
+    for (int64_t b = 0; b < reps; b++) {
+        int64_t cs = 0, ci = 0, cr = 0;
+        uint32_t key = keys[b];
+        uint8_t *st = state + b * n;
+        const int32_t *in = inbox + b * n;
+        for (int64_t j = 0; j < n; j++) {
+            int32_t u = (int32_t)((bits_of(ids[j], key) >> 8) & 0xFFFFFFu);
+            int32_t thr = in[j] < ntable ? table[in[j]] : last;
+            uint8_t old = st[j];
+            uint8_t nw = (old == 0 && u < thr) ? 2 : (old == 2 && u < recover) ? 3 : old;
+            st[j] = nw;
+            cs += nw == 0; ci += nw == 2; cr += nw == 3;
+        }
+        counts[b * 3] = cs; counts[b * 3 + 1] = ci; counts[b * 3 + 2] = cr;
+    }
+    return 0;
+}
+
+/* network.by_source as a stable counting sort: ptr[s]..ptr[s + 1] (int32) index the targets of source s. -1 where
+   a source is outside 0..n-1. */
+int64_t mg_group(const int64_t *restrict src, const int64_t *restrict dst, int64_t e, int64_t n,
+                 int32_t *restrict ptr, int32_t *restrict targets) {
+    memset(ptr, 0, (size_t)(n + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < e; i++) {
+        if ((uint64_t)src[i] >= (uint64_t)n) return -1;
+        ptr[src[i] + 1]++;
+    }
+    for (int64_t s = 0; s < n; s++) ptr[s + 1] += ptr[s];
+    for (int64_t i = 0; i < e; i++) targets[ptr[src[i]]++] = (int32_t)dst[i];   /* ptr[s] walks to s's end */
+    for (int64_t s = n; s > 0; s--) ptr[s] = ptr[s - 1];
+    ptr[0] = 0;
+    return 0;
+}
+
+/* The same for bool values: each edge out of a source with on[s] adds one. */
+int64_t mg_spread_on(const int32_t *restrict ptr, const int32_t *restrict targets, const uint8_t *restrict on,
+                     int64_t n, int64_t *restrict out, int64_t nout) {
+    for (int64_t s = 0; s < n; s++) {
+        if (!on[s]) continue;
+        for (int32_t e = ptr[s]; e < ptr[s + 1]; e++) {
+            uint32_t t = (uint32_t)targets[e];
+            if (t >= (uint64_t)nout) return -1;
+            out[t] += 1;
+        }
+    }
+    return 0;
+}
+
+/* network_sir's transition (models.net_transition_kernel): S (0) -> I (2) where the draw is under thr, I -> R (3)
+   under recover; counts[0..2] = S, I, R after it. */
+void mg_net_transition(const int32_t *restrict ids, uint8_t *restrict state, const int32_t *restrict thr,
+                       int64_t n, uint32_t key, int32_t recover, int64_t *restrict counts) {
+    int64_t cs = 0, ci = 0, cr = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int32_t u = (int32_t)((bits_of(ids[j], key) >> 8) & 0xFFFFFFu);
+        uint8_t st = state[j];
+        uint8_t nw = (st == 0 && u < thr[j]) ? 2 : (st == 2 && u < recover) ? 3 : st;
+        state[j] = nw;
+        cs += nw == 0; ci += nw == 2; cr += nw == 3;
+    }
+    counts[0] = cs; counts[1] = ci; counts[2] = cr;
 }
 
 /* A stable argsort of rows y in [0, rows) by counting: order[k] = the position of the k-th agent. */
@@ -492,6 +589,14 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_permute.restype = i64
     lib.mg_row_order.argtypes = [p, i64, i64, p, p]
     lib.mg_row_order.restype = i64
+    lib.mg_spread.argtypes = lib.mg_spread_on.argtypes = [p, p, p, i64, p, i64]
+    lib.mg_spread.restype = lib.mg_spread_on.restype = i64
+    lib.mg_net_transition.argtypes = [p, p, p, i64, u32, i32, p]
+    lib.mg_group.argtypes = [p, p, i64, i64, p, p]
+    lib.mg_net_batch_step.argtypes = [p, p, p, p, i64, i64, p, p, i64, i32, p, p]
+    lib.mg_net_batch_step.restype = i64
+    lib.mg_group.restype = i64
+    lib.mg_net_transition.restype = None
     return lib
 
 
@@ -574,8 +679,62 @@ def kernels() -> dict:
             raise IndexError("sim thresholds: a negative infected count")
         return out
 
+    def net_transition(ids, state, thr, key, recover):
+        if not _ok((ids, torch.int32), (state, torch.uint8), (thr, torch.int32)):
+            return models.net_transition_kernel(ids, state, thr, key, recover)
+        counts = torch.zeros(3, dtype=torch.int64)
+        lib.mg_net_transition(ids.data_ptr(), state.data_ptr(), thr.data_ptr(), ids.numel(), _key(key), recover,
+                              counts.data_ptr())
+        return counts
+
     return {"move": move, "infected": infected, "transition": transition, "move_count": move_count,
-            "thresholds": thresholds}
+            "thresholds": thresholds, "net_transition": net_transition}
+
+
+def net_batch_step(ptr: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, state: torch.Tensor, keys: list[int],
+                   table: torch.Tensor, recover: int, inbox: torch.Tensor, counts: torch.Tensor) -> bool:
+    """One step of the batched network_sir (:func:`multigpu.sim.batch.run_batch`) in C: the infected's edges
+    counted, then each agent's transition; ``counts`` [replicates, 3] (S, I, R) filled. False without the library
+    or for other dtypes (the caller runs the torch code)."""
+    lib = _lib()
+    reps, n = len(keys), ids.numel()
+    if lib is None or table.numel() == 0 or not _ok((ptr, torch.int32), (targets, torch.int32), (ids, torch.int32),
+                                                    (state, torch.uint8), (table, torch.int32),
+                                                    (inbox, torch.int32), (counts, torch.int64)):
+        return False
+    if state.numel() != reps * n or inbox.numel() != reps * n or ptr.numel() != reps * n + 1:
+        return False
+    k = torch.tensor([_key(key) for key in keys], dtype=torch.int64).to(torch.int32)
+    if lib.mg_net_batch_step(ptr.data_ptr(), targets.data_ptr(), ids.data_ptr(), state.data_ptr(), reps, n,
+                             k.data_ptr(), table.data_ptr(), table.numel(), recover, inbox.data_ptr(),
+                             counts.data_ptr()):
+        raise IndexError("sim network: an edge ends outside the agents it is summed into")
+    return True
+
+def group(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`multigpu.sim.network.by_source` as one counting sort in C (int64 ``src``/``dst``, int32 results);
+    None without the library or where the counts do not fit int32."""
+    lib = _lib()
+    if lib is None or not _ok((src, torch.int64), (dst, torch.int64)) or max(num_src, src.numel()) >= 1 << 31:
+        return None
+    ptr = torch.empty(num_src + 1, dtype=torch.int32)
+    targets = torch.empty(src.numel(), dtype=torch.int32)
+    if lib.mg_group(src.data_ptr(), dst.data_ptr(), src.numel(), num_src, ptr.data_ptr(), targets.data_ptr()):
+        raise IndexError(f"sim network: an edge starts outside agents 0..{num_src - 1}")
+    return ptr, targets
+def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> bool:
+    """:func:`multigpu.sim.network.spread` in one C loop (int32 edges, int64 or bool values, int64 ``out``): True
+    where it ran, False without the library or for other dtypes (the caller runs the torch code)."""
+    lib = _lib()
+    on = values.dtype == torch.bool
+    if lib is None or values.numel() != ptr.numel() - 1 or not _ok((ptr, torch.int32), (targets, torch.int32),
+                                                                  (out, torch.int64),
+                              (values, torch.bool if on else torch.int64)):
+        return False
+    run = lib.mg_spread_on if on else lib.mg_spread
+    if run(ptr.data_ptr(), targets.data_ptr(), values.data_ptr(), values.numel(), out.data_ptr(), out.numel()):
+        raise IndexError("sim network: an edge ends outside the agents it is summed into")
+    return True
 
 
 def cartpole_step():

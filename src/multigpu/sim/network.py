@@ -39,7 +39,7 @@ from multigpu.runtime import group
 from multigpu.runtime.sharding import shard_bounds
 from multigpu.sim import rng
 
-__all__ = ["KINDS", "Graph", "NetworkConfig", "build", "id_owner"]
+__all__ = ["KINDS", "Graph", "NetworkConfig", "build", "by_source", "id_owner", "spread"]
 
 KINDS = ("none", "file", "households", "random", "geometric")
 _COORD = 1 << 20  # geometric graph: coordinates are integers in [0, 2**20)
@@ -83,6 +83,64 @@ def id_owner(ids: torch.Tensor, n: int, world: int) -> torch.Tensor:
     return torch.where(ids < cut, ids // (base + 1), extra + (ids - cut) // max(base, 1))
 
 
+def by_source(src: torch.Tensor, dst: torch.Tensor, num_src: int,
+              use_native: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges grouped by their source, for :func:`spread`: (``ptr`` [num_src + 1], ``targets``): the edges out of
+    source ``s`` end at ``targets[ptr[s]:ptr[s + 1]]`` (int32 where every count fits: half the bytes per edge).
+    ``use_native``: one counting sort in C (:func:`multigpu.sim.native.group`) where the library is built."""
+    if use_native and dst.dtype == src.dtype == torch.int64 and dst.numel() == src.numel():
+        from multigpu.sim import native
+
+        got = native.group(src.contiguous(), dst.contiguous(), num_src)
+        if got is not None:
+            return got
+    small = max(num_src, src.numel()) < 1 << 31
+    index = torch.int32 if small else torch.int64
+    order = torch.argsort(src.to(index), stable=True)
+    ptr = torch.zeros(num_src + 1, dtype=index, device=src.device)
+    torch.cumsum(torch.bincount(src, minlength=num_src), 0, out=ptr[1:])
+    return ptr, dst[order].to(index)
+
+
+def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor,
+           use_native: bool = False) -> torch.Tensor:
+    """``out[t] += values[s]`` for every edge s -> t with ``values[s] != 0`` (``values``: [num_src] integers or
+    bools): only the edges of the sources that send something are visited (an epidemic's infected are few), at
+    most about ``_EDGE_CHUNK`` at a time. Exact integer sums, as adding over every edge. ``use_native``: one C
+    loop (:func:`multigpu.sim.native.spread`) where the library is built. Returns ``out``."""
+    if use_native:
+        from multigpu.sim import native
+
+        if native.spread(ptr, targets, values, out):
+            return out
+    active = torch.nonzero(values).reshape(-1).to(ptr.dtype)
+    if not active.numel():
+        return out
+    starts = ptr[active]
+    counts = ptr[active + 1] - starts
+    ends = torch.cumsum(counts, 0, dtype=ptr.dtype)
+    total = int(ends[-1])
+    # split the active sources where their edges pass each multiple of _EDGE_CHUNK (a source is never split)
+    marks = torch.arange(_EDGE_CHUNK, total, _EDGE_CHUNK, dtype=ptr.dtype, device=ptr.device) if total > _EDGE_CHUNK else ends[:0]
+    cuts = torch.searchsorted(ends, marks).tolist()
+    ones = values.dtype == torch.bool  # each edge adds 1: counted, no values to repeat
+    lo = 0
+    for hi in [*dict.fromkeys(c + 1 for c in cuts), active.numel()]:
+        if hi <= lo:
+            continue
+        c, first = counts[lo:hi], ends[lo] - counts[lo]
+        n = int(ends[hi - 1] - first)
+        # position of each edge: its source's start, plus its rank among that source's edges
+        pos = torch.arange(n, dtype=ptr.dtype, device=ptr.device) + torch.repeat_interleave(starts[lo:hi] - (ends[lo:hi] - c - first), c,
+                                                                          output_size=n)
+        if ones:
+            out += torch.bincount(targets[pos], minlength=out.numel())
+        else:
+            out.index_add_(0, targets[pos], torch.repeat_interleave(values[active[lo:hi]].to(out.dtype), c,
+                                                                     output_size=n))
+        lo = hi
+    return out
+
 def _all_to_all(values: torch.Tensor, dest: torch.Tensor, world: int) -> tuple[torch.Tensor, list[int]]:
     """Rows of ``values`` ([k, w] int64) sent to ranks ``dest``: (the rows received in rank order, rows per rank)."""
     import torch.distributed as dist
@@ -111,22 +169,27 @@ class Graph:
     process group), then placed on the engine's device with :meth:`to`, where every step runs.
     """
 
-    def __init__(self, num_agents: int, incoming: torch.Tensor):
-        """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank. Collective."""
+    def __init__(self, num_agents: int, incoming: torch.Tensor, symmetric: bool = False):
+        """``incoming``: [E, 2] int64 (src id, dst id) with every dst owned by this rank; ``symmetric``: every edge
+        is there both ways (an undirected graph: :func:`build`'s). Collective."""
         rank, world = _world()
+        self.symmetric = symmetric
         self.num_agents = num_agents
         self.lo, self.hi = shard_bounds(num_agents, rank, world)
         src, dst = incoming[:, 0], incoming[:, 1]
         keep = src != dst  # self-loops do not count
         src, dst = src[keep], dst[keep]
-        order = torch.argsort(dst, stable=True)
+        order = torch.argsort(dst.to(torch.int32) if num_agents < 1 << 31 else dst, stable=True)
         src, dst = src[order], dst[order]
         self.dst = dst - self.lo  # local positions
-        local = (src >= self.lo) & (src < self.hi)
-        remote_ids, inverse = torch.unique(src[~local], return_inverse=True)  # sorted: by owner, then id
-        self.src_slot = torch.empty_like(src)
-        self.src_slot[local] = src[local] - self.lo
-        self.src_slot[~local] = (self.hi - self.lo) + inverse
+        if world == 1:  # every source is local: no halo
+            remote_ids, self.src_slot = src[:0], src - self.lo
+        else:
+            local = (src >= self.lo) & (src < self.hi)
+            remote_ids, inverse = torch.unique(src[~local], return_inverse=True)  # sorted: by owner, then id
+            self.src_slot = torch.empty_like(src)
+            self.src_slot[local] = src[local] - self.lo
+            self.src_slot[~local] = (self.hi - self.lo) + inverse
         self.num_halo = remote_ids.numel()
         self.num_edges = src.numel()
         # tell each owner which of its agents this rank reads; it sends their messages every step
@@ -134,11 +197,23 @@ class Graph:
         asked, self.send_counts = _all_to_all(remote_ids[:, None], owners, world)
         self.recv_counts = torch.bincount(owners, minlength=world).tolist()
         self.send_index = asked[:, 0] - self.lo  # what the others read, in their rank order
+        self._out = None  # the edges by source (CPU steps): see neighbour_sum
+        self.native = False  # neighbour_sum on the CPU in C (the engine sets it where its C kernels run)
 
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
         self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
+        self._out = None
         return self
+
+    def _by_source(self, num_src: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`by_source` of this rank's edges. Undirected with no halo: the edges out of an agent are those into
+        it, already grouped by :meth:`__init__`'s sort (no second sort)."""
+        if not (self.symmetric and self.num_halo == 0 and self.num_edges < 1 << 31):
+            return by_source(self.src_slot, self.dst, num_src, self.native)
+        ptr = torch.zeros(num_src + 1, dtype=torch.int32, device=self.dst.device)
+        torch.cumsum(torch.bincount(self.dst, minlength=num_src), 0, out=ptr[1:])
+        return ptr, self.src_slot.to(torch.int32)
 
     def neighbour_sum(self, messages: torch.Tensor) -> torch.Tensor:
         """Per local agent, the sum of its neighbours' ``messages`` ([n] or [n, C] integers) as int64. Collective."""
@@ -160,14 +235,13 @@ class Graph:
         inbox = torch.zeros_like(flat)
         # on the CPU, one number per agent: only the edges from agents with a nonzero message are added (the
         # same integer sums; an epidemic's infected are few). A GPU adds every edge: no host read of a count
-        sparse = width == 1 and flat.device.type == "cpu"
-        on = table.reshape(-1) != 0 if sparse else None
+        if width == 1 and flat.device.type == "cpu":
+            if self._out is None:  # grouped by source once, on first use: then a step visits only their edges
+                self._out = self._by_source(table.shape[0])
+            return spread(*self._out, table.reshape(-1), inbox.reshape(-1), self.native).reshape(msgs.shape)
         for start in range(0, self.num_edges, _EDGE_CHUNK):  # bounded temporaries
             stop = min(start + _EDGE_CHUNK, self.num_edges)
             src, dst = self.src_slot[start:stop], self.dst[start:stop]
-            if sparse:
-                keep = on[src]
-                src, dst = src[keep], dst[keep]
             inbox.index_add_(0, dst, table[src])
         return inbox.reshape(msgs.shape)
 
@@ -177,6 +251,8 @@ def _route(edges: torch.Tensor, num_agents: int) -> torch.Tensor:
     """Undirected edges [k, 2] (any rank) -> this rank's incoming directed edges (src, dst). Collective."""
     _, world = _world()
     both = torch.cat([edges, edges.flip(1)])
+    if world == 1:  # every edge is this rank's
+        return both
     return _all_to_all(both, id_owner(both[:, 1], num_agents, world), world)[0]
 
 
@@ -272,7 +348,7 @@ def _geometric(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
 
 def build(cfg: NetworkConfig, num_agents: int, seed: int) -> Graph:
     """This rank's part of the graph ``cfg``. Call on all ranks."""
-    return Graph(num_agents, incoming(cfg, num_agents, seed))
+    return Graph(num_agents, incoming(cfg, num_agents, seed), symmetric=True)  # every kind is undirected
 
 
 def incoming(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:

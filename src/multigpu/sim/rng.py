@@ -32,6 +32,7 @@ __all__ = [
     "STREAM_TRANSITION",
     "hash32",
     "low_bits",
+    "mix_ids",
     "random_bits",
     "reference_bits",
     "step_key",
@@ -73,9 +74,15 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
+def mix_ids(ids: torch.Tensor) -> torch.Tensor:
+    """The first half of :func:`random_bits`, the same for every key: ``random_bits(ids, k) ==
+    hash32(mix_ids(ids) ^ k)`` (a loop over keys computes it once)."""
+    return ids.to(torch.int32) * (_GOLDEN32 - (1 << 32))
+
+
 def random_bits(ids: torch.Tensor, key: int) -> torch.Tensor:
     """32 random bits (int32) per agent id for the given :func:`step_key`."""
-    return hash32((ids.to(torch.int32) * (_GOLDEN32 - (1 << 32))) ^ key)
+    return hash32(mix_ids(ids) ^ key)
 
 
 def low_bits(bits: torch.Tensor, n: int, shift: int = 0) -> torch.Tensor:
