@@ -73,15 +73,11 @@ def hook():
 """
 
 
-def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
-    """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes: once a checkpoint of 2 ranks is on disk node 1's
-    launcher is SIGKILLed; once the job has resized to 1 rank a new node 1 joins; once it has grown back the job
-    runs to its end. Each step sleeps 0.1 s until then (a test-only callback, ``callbacks=[pace_here:hook]``)
-    so the job cannot end before it has been through both. Returns the launchers (node 0, the lost node 1, the
-    new node 1) and their (stdout, stderr)."""
+def _paced_launchers(tmp_path, workload: list[str], run):
+    """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes (an external store, 3 s heartbeat deadline), each
+    step paced by 0.1 s while the gate file exists (a test-only callback, ``callbacks=[pace_here:hook]``). Returns
+    the gate, the store (keep it: it holds the endpoint's port) and a function that starts node RANK's launcher."""
     from torch.distributed import TCPStore
-
-    from multigpu.runtime.context import read_resizes
 
     (tmp_path / "pace_here.py").write_text(_PACE)
     gate = tmp_path / "paced"
@@ -98,6 +94,19 @@ def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subproces
     def node(rank: int) -> subprocess.Popen:
         return subprocess.Popen([*argv, "--node-rank", str(rank)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+
+    return gate, store, node
+
+
+def _lose_and_rejoin(tmp_path, workload: list[str], run) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
+    """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes: once a checkpoint of 2 ranks is on disk node 1's
+    launcher is SIGKILLed; once the job has resized to 1 rank a new node 1 joins; once it has grown back the job
+    runs to its end. Each step sleeps 0.1 s until then (a test-only callback, ``callbacks=[pace_here:hook]``)
+    so the job cannot end before it has been through both. Returns the launchers (node 0, the lost node 1, the
+    new node 1) and their (stdout, stderr)."""
+    from multigpu.runtime.context import read_resizes
+
+    gate, store, node = _paced_launchers(tmp_path, workload, run)
 
     def wait_for(what: str, done) -> None:
         deadline = time.monotonic() + 120
@@ -328,27 +337,12 @@ def test_a_restart_after_a_node_is_killed_and_started_again_names_that_node_not_
     """Node 1's launcher killed and started again at once: the job re-forms at 2 ranks. The restart record named
     only rank 0's gloo error ("lost a peer", a consequence); its cause, node 1, is named now, in the record and in
     the line, whether node 1 was found lost or its new launcher's heartbeat began again first."""
-    from torch.distributed import TCPStore
-
     from multigpu.runtime.context import read_restarts
 
-    (tmp_path / "pace_here.py").write_text(_PACE)
-    gate = tmp_path / "paced"
-    gate.write_text("")
     run = tmp_path / "run"
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    argv = [sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", "--steps=200",
-            "--checkpoint-every", "10", "compile=false", "plot=false", "log_every=0", "callbacks=[pace_here:hook]",
-            "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
-            "--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
-            "--run-dir", str(run)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MULTIGPU_RDZV_SECRET": "0123456789abcdef0123",
-           "PACE_GATE": str(gate),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-
-    def node(rank: int) -> subprocess.Popen:
-        return subprocess.Popen([*argv, "--node-rank", str(rank)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    gate, store, node = _paced_launchers(tmp_path, ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]",
+                                                    "--steps=200", "--checkpoint-every", "10", "compile=false",
+                                                    "plot=false", "log_every=0"], run)
 
     procs = [node(0), node(1)]
     try:
