@@ -73,6 +73,12 @@ def hook():
 """
 
 
+def _sir(steps: int, checkpoint_every: int, *keys: str) -> list[str]:
+    """The elastic tests' simulation: SIR on 3,001 agents of a 30 x 30 grid, uncompiled, no plot, no log lines."""
+    return ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every",
+            str(checkpoint_every), *keys, "compile=false", "plot=false", "log_every=0"]
+
+
 def _paced_launchers(tmp_path, workload: list[str], run):
     """``multigpu WORKLOAD --nnodes 1:2`` on two loopback nodes (an external store, 3 s heartbeat deadline), each
     step paced by 0.1 s while the gate file exists (a test-only callback, ``callbacks=[pace_here:hook]``). Returns
@@ -146,8 +152,7 @@ def _lost_line(err: str, workload: str) -> None:
 def test_an_elastic_sim_job_loses_a_node_gets_it_back_and_ends_with_the_agents_of_an_uninterrupted_run(tmp_path):
     run = tmp_path / "run"
     steps = 400
-    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "10",
-           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    sim = _sir(steps, 10, "keep_last=50")
     procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
     (out, err), (_, err_new) = outputs[0], outputs[2]
     assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
@@ -184,8 +189,7 @@ def test_a_node_that_rejoins_before_the_smaller_group_wrote_a_checkpoint_is_reco
     the checkpoint's world size (2) with the new group's (2). It compares with the size the run last ran at."""
     run = tmp_path / "run"
     steps = 400
-    sim = ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]", f"--steps={steps}", "--checkpoint-every", "100",
-           "keep_last=50", "compile=false", "plot=false", "log_every=0"]
+    sim = _sir(steps, 100, "keep_last=50")
     procs, outputs = _lose_and_rejoin(tmp_path, sim, run)
     (out, err), (_, err_new) = outputs[0], outputs[2]
     assert procs[0].returncode == 0 and procs[2].returncode == 0, (err, err_new)
@@ -340,9 +344,7 @@ def test_a_restart_after_a_node_is_killed_and_started_again_names_that_node_not_
     from multigpu.runtime.context import read_restarts
 
     run = tmp_path / "run"
-    gate, store, node = _paced_launchers(tmp_path, ["sim", "-f", "sir", "--agents", "3001", "grid=[30,30]",
-                                                    "--steps=200", "--checkpoint-every", "10", "compile=false",
-                                                    "plot=false", "log_every=0"], run)
+    gate, store, node = _paced_launchers(tmp_path, _sir(200, 10), run)
 
     procs = [node(0), node(1)]
     try:
