@@ -1,6 +1,6 @@
 """One peer's training loop on the nano GPT (run on every rank by `torchrun`; used by train_peers.py).
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/_train_peer.py raw|accelerate|fabric OUT.json STEPS [k=v ...]
+    torchrun --standalone --nproc-per-node 2 benchmarks/_train_peer.py raw|fsdp2|accelerate|fabric OUT.json STEPS [k=v ...]
 
 The same model, data, optimizer, schedule and batch as `multigpu train -f
 nano`, written the way each library's docs write a loop. Each
@@ -72,6 +72,36 @@ def run_raw(cfg, steps):
     return timed(step, steps, dist.get_rank(), dist.get_world_size(), cfg)
 
 
+def run_fsdp2(cfg, steps):
+    """FSDP2 as torch's docs and torchtitan write it: ``fully_shard`` each transformer block, then the root; the
+    optimizer over the sharded parameters; torch's own loop (no multigpu code past building the same model)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    data, model, _, _ = build(cfg)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = make_optimizer(model, cfg)  # after sharding: the optimizer holds the DTensor shards
+    sched = make_scheduler(opt, cfg)
+    sampler = DistributedSampler(data, seed=cfg.seed, drop_last=True)
+    it = batches(DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True), sampler.set_epoch)
+
+    def step():
+        x, y = next(it)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+
+    return timed(step, steps, dist.get_rank(), dist.get_world_size(), cfg)
+
+
 def run_accelerate(cfg, steps):
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
@@ -95,7 +125,8 @@ def run_accelerate(cfg, steps):
 
 
 def run_fabric(cfg, steps):
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric  # the standalone package (pip install lightning-fabric); in the full
+    # `lightning` package the same class is lightning.fabric.Fabric
     from torch.utils.data import DataLoader
 
     fabric = Fabric(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp")
@@ -131,7 +162,7 @@ def timed(step, steps, rank, world_size, cfg):
 def main(argv):
     which, out, steps, overrides = argv[0], argv[1], int(argv[2]), argv[3:]
     cfg = load_workload_config(builtin("train"), "nano", overrides)
-    rank, result = {"raw": run_raw, "accelerate": run_accelerate, "fabric": run_fabric}[which](cfg, steps)
+    rank, result = {"raw": run_raw, "fsdp2": run_fsdp2, "accelerate": run_accelerate, "fabric": run_fabric}[which](cfg, steps)
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(result, fh)

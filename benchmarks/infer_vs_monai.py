@@ -51,6 +51,8 @@ from multigpu.infer.stitch import Canvas
 from multigpu.testing import run_on_ranks
 
 ROI, OVERLAP, BATCH, BLEND = 256, 0.25, 8, "gaussian"
+SIZES = ((2048, 256), (1000, 160))
+"""--quick and the default: (image side, roi side) pairs, the two sizes of issue #51's target 3."""
 
 
 def _setup(size: int):
@@ -80,13 +82,13 @@ def _reset_peak() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def _measure(run, model, x) -> dict:
+def _measure(run, model, x, roi: int) -> dict:
     """One timed pass of ``run`` on every rank, with this rank's phases and its own peak RSS."""
     _reset_peak()
     baseline, _ = _rss_mb()
     mg.barrier()
     start = time.perf_counter()
-    out = run(x, model)
+    out = run(x, model, roi)
     end = time.perf_counter()
     mg.barrier()
     seconds = time.perf_counter() - start
@@ -96,13 +98,13 @@ def _measure(run, model, x) -> dict:
             "sent": dict(EXCHANGE_STATS), "rank": mg.rank(), "phases": [phases]}
 
 
-def _ceiling(x, model):
+def _ceiling(x, model, roi: int = ROI):
     """What two processes on this host can give at best: each rank runs only the model over its share of the
     windows (the same batches as ``sliding_window``), nothing cut out of an image, blended or sent; and a copy
     of a 64 MiB buffer, for the memory bandwidth each rank gets while the others copy too."""
-    plan = WindowPlan([x.shape[2:]], (ROI, ROI), (OVERLAP, OVERLAP))
+    plan = WindowPlan([x.shape[2:]], (roi, roi), (OVERLAP, OVERLAP))
     start, stop = plan.rank_bounds(BATCH, mg.world_size())[mg.rank()]
-    batch = torch.rand(BATCH, 3, ROI, ROI)
+    batch = torch.rand(BATCH, 3, roi, roi)
     src, dst = torch.rand(16 << 20), torch.empty(16 << 20)  # 64 MiB each, far beyond any cache
     mg.barrier()
     begin = time.perf_counter()
@@ -118,24 +120,24 @@ def _ceiling(x, model):
     return None
 
 
-def _ours(x, model):
-    return sliding_window(x, model, ROI, OVERLAP, BATCH, BLEND, progress=False)
+def _ours(x, model, roi: int = ROI):
+    return sliding_window(x, model, roi, OVERLAP, BATCH, BLEND, progress=False)
 
 
-def _monai(x, model):
+def _monai(x, model, roi: int = ROI):
     from monai.inferers import sliding_window_inference
 
     with torch.inference_mode():
-        return sliding_window_inference(x, ROI, BATCH, model, OVERLAP, BLEND)
+        return sliding_window_inference(x, roi, BATCH, model, OVERLAP, BLEND)
 
 
-def _gather_windows(x, model):
+def _gather_windows(x, model, roi: int = ROI):
     """The alternative: each batch's window outputs are gathered to rank 0, which stitches everything."""
-    plan = WindowPlan([x.shape[2:]], (ROI, ROI), (OVERLAP, OVERLAP))
+    plan = WindowPlan([x.shape[2:]], (roi, roi), (OVERLAP, OVERLAP))
     bounds = plan.rank_bounds(BATCH, mg.world_size())
     start, stop = bounds[mg.rank()]
     rounds = max(-(-(b - a) // BATCH) for a, b in bounds)
-    weights = importance_map((ROI, ROI), BLEND)
+    weights = importance_map((roi, roi), BLEND)
     canvas = Canvas(3, tuple((0, s) for s in plan.grids[0].padded_size)) if mg.rank() == 0 else None
     received = 0
     with torch.inference_mode():
@@ -143,10 +145,10 @@ def _gather_windows(x, model):
             lo, hi = start + t * BATCH, min(start + (t + 1) * BATCH, stop)
             if lo < hi:
                 windows = list(plan.windows(lo, hi))
-                batch = torch.stack([x[0][:, w.start[0]:w.start[0] + ROI, w.start[1]:w.start[1] + ROI] for w in windows])
+                batch = torch.stack([x[0][:, w.start[0]:w.start[0] + roi, w.start[1]:w.start[1] + roi] for w in windows])
                 out, index = model(batch), torch.tensor([w.index for w in windows])
             else:
-                out, index = torch.empty(0, 3, ROI, ROI), torch.empty(0, dtype=torch.int64)
+                out, index = torch.empty(0, 3, roi, roi), torch.empty(0, dtype=torch.int64)
             outs, indices = mg.gather(out, dst=0), mg.gather(index, dst=0)
             if canvas is not None:
                 received += (outs.shape[0] - out.shape[0]) * outs[0].numel() * 4
@@ -156,7 +158,7 @@ def _gather_windows(x, model):
     return None if canvas is None else canvas.blended(canvas.box)[None]
 
 
-def _body(kinds: list[str], size: int, launched: bool = False) -> dict:
+def _body(kinds: list[str], size: int, launched: bool = False, roi: int = ROI) -> dict:
     """Every kind in this one process (group), in the order given, each pass right after the previous one.
     ``launched``: first the heap policy the launcher gives a CPU rank, applied as its forked workers apply it."""
     if launched:
@@ -166,17 +168,17 @@ def _body(kinds: list[str], size: int, launched: bool = False) -> dict:
     funcs = {"ours": _ours, "monai": _monai, "gather": _gather_windows, "ceiling": _ceiling}
     model, x = _setup(size)
     for kind in kinds:
-        funcs[kind](x[:, :, :ROI, :ROI], model)  # warm-up on one window: imports, kernel selection
+        funcs[kind](x[:, :, :roi, :roi], model, roi)  # warm-up on one window: imports, kernel selection
     out = {}
     for kind in kinds:
         PHASE_SECONDS.clear()
-        out[kind] = _measure(funcs[kind], model, x)
+        out[kind] = _measure(funcs[kind], model, x, roi)
     return out
 
 
-def _run(kinds: list[str], world_size: int, size: int, launched: bool) -> dict[str, list[dict]]:
+def _run(kinds: list[str], world_size: int, size: int, launched: bool, roi: int = ROI) -> dict[str, list[dict]]:
     """Per kind, every rank's measurement."""
-    results = run_on_ranks(_body, world_size, args=(kinds, size, launched), timeout_s=1800)
+    results = run_on_ranks(_body, world_size, args=(kinds, size, launched, roi), timeout_s=1800)
     return {kind: [r[kind] for r in results] for kind in kinds}
 
 
@@ -215,9 +217,16 @@ CONTENDERS = {"ours, 1 rank": ("ours", 1, False), "MONAI, 1 rank": ("monai", 1, 
 """name -> (kind, ranks, run with the launcher's heap policy: a process group of its own)"""
 
 
+def _size(text: str) -> tuple[int, int]:
+    size, _, roi = text.partition(":")
+    return int(size), int(roi or ROI)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--size", type=_size, nargs="+", default=None, metavar="SIZE[:ROI]",
+                        help=f"image side and roi side, one pass each (default and --quick: "
+                             f"{' '.join(f'{a}:{b}' for a, b in SIZES)}; roi {ROI} when left out)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
                         help="rounds; each runs every contender once, in a fresh process, the order reversed every "
                              "other round, so a ratio compares passes taken seconds apart")
@@ -225,23 +234,41 @@ def main() -> int:
                         help="instead: one pass of ours and of MONAI in this process under cProfile (1 thread), "
                              "their top functions by own time: where each spends time outside the model")
     args = _record.add_flags(parser).parse_args()
+    sizes = args.size or list(SIZES)
     if args.profile:
-        return _profile(args.size)
+        return _profile(*sizes[0])
     if args.smoke:  # a few windows, one round: checks the script, not the speed
-        args.size, args.rounds = 384, 1
-    n = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).num_windows
-    bounds = WindowPlan([(args.size, args.size)], (ROI, ROI), (OVERLAP, OVERLAP)).rank_bounds(BATCH, 2)
-    print(f"input 1x3x{args.size}x{args.size}, roi {ROI}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows "
-          f"(2 ranks: {[b - a for a, b in bounds]}); {args.rounds} rounds, 1 thread per rank, torch {torch.__version__}")
+        sizes, args.rounds = [(384, ROI)], 1
     try:
         import monai  # noqa: F401
     except ImportError:
         monai = None
         print("  MONAI not installed: skipped (pip install monai)")
-    names = [k for k in CONTENDERS if (monai is not None or k != "MONAI, 1 rank")
-             and (not args.smoke or k in ("ours, 1 rank", "MONAI, 1 rank", "ours, 2 ranks"))]
+    rows, ratios, config = [], [], {"sizes": [list(s) for s in sizes], "overlap": OVERLAP, "batch": BATCH,
+                                    "blend": BLEND, "rounds": args.rounds}
+    for i, (size, roi) in enumerate(sizes):
+        # the first size gets every contender (where the time goes); the others the pairs the targets read
+        wanted = None if i == 0 and not args.smoke else ("ours, 1 rank", "MONAI, 1 rank", "ours, 2 ranks")
+        names = [k for k in CONTENDERS if (monai is not None or k != "MONAI, 1 rank") and (wanted is None or k in wanted)]
+        n, runs = _one_size(size, roi, names, args.rounds)
+        size_rows, size_ratios, checks = _records(args.rounds, n, runs, f"{size} px roi {roi}")
+        rows += [{"size": size, "roi": roi, **row} for row in size_rows]
+        ratios += size_ratios
+        config |= {f"{size} px roi {roi}: {k}": v for k, v in checks.items()} | {f"{size} px roi {roi}: windows": n}
+    notes = [f"MONAI {_record.version('monai')}" if monai is not None
+             else "MONAI not installed: skipped (pip install monai)"]
+    _record.write(args, "infer_vs_monai", config, rows, ratios, notes)
+    return 0
+
+
+def _one_size(size: int, roi: int, names: list[str], rounds: int) -> tuple[int, dict[str, list[dict]]]:
+    """Every contender of ``names`` once per round at this size; per contender, its passes."""
+    plan = WindowPlan([(size, size)], (roi, roi), (OVERLAP, OVERLAP))
+    n, bounds = plan.num_windows, plan.rank_bounds(BATCH, 2)
+    print(f"input 1x3x{size}x{size}, roi {roi}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows "
+          f"(2 ranks: {[b - a for a, b in bounds]}); {rounds} rounds, 1 thread per rank, torch {torch.__version__}")
     runs: dict[str, list[dict]] = {k: [] for k in names}
-    for i in range(args.rounds):
+    for i in range(rounds):
         print(f"round {i + 1} (load average {os.getloadavg()[0]:.2f})")
         groups = [(1, False), (2, False), (1, True), (2, True)]  # one process group each, its passes back to back
         for world_size, launched in groups if i % 2 == 0 else groups[::-1]:
@@ -249,7 +276,7 @@ def main() -> int:
             if not group:
                 continue
             group = group if i % 2 == 0 else group[::-1]
-            results = _run([CONTENDERS[k][0] for k in group], world_size, args.size, launched)
+            results = _run([CONTENDERS[k][0] for k in group], world_size, size, launched, roi)
             for name in group:
                 kind = CONTENDERS[name][0]
                 runs[name].append(_summary(results[kind], n, "model" if kind == "ceiling" else None))
@@ -258,7 +285,7 @@ def main() -> int:
                 print(f"    {_phases(r)}")
         one, two = runs["ours, 1 rank"][-1]["s"], runs["ours, 2 ranks"][-1]["s"]
         line = f"  round {i + 1}: 2 ranks / 1 rank {one / two:.2f}x"
-        if monai is not None:
+        if "MONAI, 1 rank" in runs:
             line += f"; ours / MONAI {runs['MONAI, 1 rank'][-1]['s'] / one:.2f}x"
         if "model only, 2 ranks" in runs:
             line += (f"; model only, 2 processes / 1: "
@@ -267,7 +294,7 @@ def main() -> int:
             launched = runs["ours as launched, 1 rank"][-1]["s"]
             two_launched = runs["ours as launched, 2 ranks"][-1]["s"]
             line += f"\n  round {i + 1}, as launched: 2 ranks / 1 rank {launched / two_launched:.2f}x"
-            if monai is not None:
+            if "MONAI, 1 rank" in runs:
                 line += f"; ours / MONAI (a plain process) {runs['MONAI, 1 rank'][-1]['s'] / launched:.2f}x"
             ceiling = (runs["model only as launched, 1 rank"][-1]["s"]
                        / runs["model only as launched, 2 ranks"][-1]["s"])
@@ -275,11 +302,10 @@ def main() -> int:
         print(line)
     checksums = {name: {r["checksum"] for r in rs} for name, rs in runs.items() if CONTENDERS[name][0] != "ceiling"}
     print(f"checksums: {checksums}")
-    _write(args, n, runs)
-    return 0
+    return n, runs
 
 
-def _profile(size: int, top: int = 12) -> int:
+def _profile(size: int, roi: int = ROI, top: int = 12) -> int:
     import cProfile
     import io
     import pstats
@@ -287,10 +313,10 @@ def _profile(size: int, top: int = 12) -> int:
     torch.set_num_threads(1)
     model, x = _setup(size)
     for name, run in (("ours", _ours), ("MONAI", _monai)):
-        run(x[:, :, :ROI, :ROI], model)  # warm-up, as in the timed runs
+        run(x[:, :, :roi, :roi], model, roi)  # warm-up, as in the timed runs
         profile = cProfile.Profile()
         profile.enable()
-        run(x, model)
+        run(x, model, roi)
         profile.disable()
         text = io.StringIO()
         stats = pstats.Stats(profile, stream=text)
@@ -300,10 +326,15 @@ def _profile(size: int, top: int = 12) -> int:
     return 0
 
 
-def _write(args, num_windows: int, runs: dict) -> None:
-    """The per-round figures (round i = every contender's i-th pass, taken in one sweep) and the ratios per round."""
+def _records(rounds: int, num_windows: int, runs: dict, at: str) -> tuple[list[dict], list[dict], dict]:
+    """One size's per-round figures (round i = every contender's i-th pass, taken in one sweep), its ratios per round
+    (named with ``at``, the size) and its checks (bitwise equality)."""
     rows, ratios = [], []
-    for i in range(args.rounds):
+
+    def ratio(name: str, value: float, round_: int) -> None:
+        ratios.append(_record.ratio(f"{name}, {at}", value, round_))
+
+    for i in range(rounds):
         for name, rs in runs.items():
             s = rs[i]
             row = {"round": i + 1, "contender": name, "seconds": s["times"][0]}
@@ -316,21 +347,20 @@ def _write(args, num_windows: int, runs: dict) -> None:
             rows.append(row)
         one, two = runs["ours, 1 rank"][i]["s"], runs["ours, 2 ranks"][i]["s"]
         if "MONAI, 1 rank" in runs:
-            ratios.append(_record.ratio("ours 1 rank / MONAI windows/s", runs["MONAI, 1 rank"][i]["s"] / one, i + 1))
-        ratios.append(_record.ratio("ours 2 ranks / ours 1 rank windows/s", one / two, i + 1))
+            ratio("ours 1 rank / MONAI windows/s", runs["MONAI, 1 rank"][i]["s"] / one, i + 1)
+        ratio("ours 2 ranks / ours 1 rank windows/s", one / two, i + 1)
         if "model only, 2 ranks" in runs:
-            ratios.append(_record.ratio("model only: 2 processes / 1 process", runs["model only, 1 rank"][i]["s"]
-                                        / runs["model only, 2 ranks"][i]["s"], i + 1))
+            ratio("model only: 2 processes / 1 process",
+                  runs["model only, 1 rank"][i]["s"] / runs["model only, 2 ranks"][i]["s"], i + 1)
         if "ours as launched, 1 rank" in runs:
             launched = runs["ours as launched, 1 rank"][i]["s"]
             if "MONAI, 1 rank" in runs:
-                ratios.append(_record.ratio("ours as launched, 1 rank / MONAI windows/s",
-                                            runs["MONAI, 1 rank"][i]["s"] / launched, i + 1))
-            ratios.append(_record.ratio("ours as launched: 2 ranks / 1 rank windows/s",
-                                        launched / runs["ours as launched, 2 ranks"][i]["s"], i + 1))
-            ratios.append(_record.ratio("model only as launched: 2 processes / 1 process",
-                                        runs["model only as launched, 1 rank"][i]["s"]
-                                        / runs["model only as launched, 2 ranks"][i]["s"], i + 1))
+                ratio("ours as launched, 1 rank / MONAI windows/s", runs["MONAI, 1 rank"][i]["s"] / launched, i + 1)
+            ratio("ours as launched: 2 ranks / 1 rank windows/s",
+                  launched / runs["ours as launched, 2 ranks"][i]["s"], i + 1)
+            ratio("model only as launched: 2 processes / 1 process",
+                  runs["model only as launched, 1 rank"][i]["s"] / runs["model only as launched, 2 ranks"][i]["s"],
+                  i + 1)
     one = {r["checksum"] for r in runs["ours, 1 rank"]}
     checks = {"2 ranks bitwise equal to 1 rank": one == {r["checksum"] for r in runs["ours, 2 ranks"]}}
     if "ours as launched, 1 rank" in runs:
@@ -339,11 +369,7 @@ def _write(args, num_windows: int, runs: dict) -> None:
                                                       for r in runs[name]}
     if "MONAI, 1 rank" in runs:
         checks["checksum ours - MONAI"] = runs["ours, 1 rank"][0]["checksum"] - runs["MONAI, 1 rank"][0]["checksum"]
-    notes = [f"MONAI {_record.version('monai')}" if "MONAI, 1 rank" in runs
-             else "MONAI not installed: skipped (pip install monai)"]
-    _record.write(args, "infer_vs_monai", {"size": args.size, "roi": ROI, "overlap": OVERLAP, "batch": BATCH,
-                                           "blend": BLEND, "windows": num_windows, "rounds": args.rounds,
-                                           **checks}, rows, ratios, notes)
+    return rows, ratios, checks
 
 
 if __name__ == "__main__":

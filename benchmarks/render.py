@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+import _targets
+
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -70,7 +72,7 @@ WORKLOADS = {
     "training": ("train_peers", "train_scaling"),
     "simulation": ("sim_throughput", "sim_scaling", "sim_overlap", "sim_starsim"),
     "sliding-window inference": ("infer_vs_monai",),
-    "batched environments and PPO": ("envs_cartpole", "envs_ppo_ranks"),
+    "batched environments and PPO": ("envs_cartpole", "envs_ppo_ranks", "rl_vs_cleanrl"),
 }
 """RESULTS.md's tables, one per workload, and the benchmarks of each (a benchmark named nowhere goes under "other")."""
 
@@ -90,10 +92,26 @@ def _peers(b: dict) -> str:
     return ", ".join(f"{p} {v}" if v else f"{p} (not installed)" for p, v in b.get("peers", {}).items())
 
 
+def targets(result: dict) -> list[str]:
+    """The targets table: each target's bound, the values it was judged on (every round) and met / not met."""
+    lines = ["| target | bound | benchmark | values (each round) | verdict |", "|---|---|---|---|---|"]
+    for t in _targets.TARGETS:
+        status, got = _targets.verdict(t, result)
+        shown = "; ".join(f"{name} r{rnd}: {fmt(v)}" if rnd is not None else f"{name}: {fmt(v)}"
+                          for name, rnd, v in got)
+        lines.append(f"| {t.key}: {fmt(t.what)} | {t.bound()} | {t.benchmark} | {fmt(shown)} | {status} |")
+    total = result.get("total_s")
+    lines.append(f"| 5: the whole of `make bench` | < {_targets.TOTAL_S:g} s | all | "
+                 f"{'' if total is None else fmt(round(total))} s | "
+                 f"{_targets.total_verdict(result)} |")
+    return lines
+
+
 def summary(result: dict) -> str:
-    """RESULTS.md's block: one table per workload (each benchmark's command, peers, status, seconds and its ratios
-    per round), then the benchmarks ``make bench`` leaves out and why."""
+    """RESULTS.md's block: the targets (met / not met per round), one table per workload (each benchmark's command,
+    peers, status, seconds and its ratios per round), then the benchmarks ``make bench`` leaves out and why."""
     lines = _header(result)
+    lines += ["", "**targets** (issue #51; met only when every round meets the bound)", "", *targets(result)]
     by_name = {b["name"]: b for b in result["benchmarks"]}
     named = {n for names in WORKLOADS.values() for n in names}
     groups = {**WORKLOADS, "other": tuple(n for n in by_name if n not in named)}
@@ -124,6 +142,7 @@ def markdown(result: dict) -> str:
              f"torch {m.get('torch')}, Python {m.get('python')}; load average at start "
              f"{fmt(start) if start else '?'}, at end {fmt(end) if end else '?'} (1, 5, 15 min); "
              f"total {fmt(result.get('total_s'))} s.", "",
+             *targets(result), "",
              "| benchmark | what | status | s | load before → after | ratios (per round, in order) |",
              "|---|---|---|---|---|---|"]
     for b in result["benchmarks"]:

@@ -1,4 +1,4 @@
-"""Benchmark: multigpu's trainer vs raw torchrun+DDP vs Accelerate vs Lightning Fabric (2 CPU ranks).
+"""Benchmark: multigpu's trainer vs raw torchrun+DDP vs Accelerate vs Lightning Fabric, and with FSDP vs raw FSDP2.
 
     flock /tmp/multigpu-bench.lock .venv/bin/python benchmarks/train_peers.py [--steps 30] [--rounds 2]
     .venv/bin/python benchmarks/train_peers.py --quick --json out.json     # what `make bench` runs
@@ -13,7 +13,10 @@ alternating over rounds. Reported per contender (best round):
 
 Ours runs as `multigpu train` (our launcher + worker); the peers run under
 `torchrun` with the loop each library's docs show (benchmarks/_train_peer.py).
-A peer that is not installed is skipped with a message.
+A peer that is not installed is skipped with a message. Sharded: ``ours fsdp``
+(`multigpu train ... strategy=fsdp`) against ``fsdp2``, torch's ``fully_shard``
+on each block and the root with torch's own loop (the pair the FSDP target
+reads: ``ours fsdp / fsdp2 tokens/s``), fp32 both, resharding after forward both.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ SMOKE_SIZE = ["model.kwargs.n_layer=1", "model.kwargs.n_embd=32", "model.kwargs.
 """--smoke: a tiny GPT on a little text for every contender (the test suite checks the script, not the speed)."""
 
 
-def run_ours(steps: int, tmp: Path, prefetch: int, nproc: int = 2, src: str | None = None) -> dict:
+def run_ours(steps: int, tmp: Path, prefetch: int, nproc: int = 2, src: str | None = None,
+             strategy: str = "ddp") -> dict:
     """`multigpu train` from this checkout, or from the source tree ``src`` (e.g. an older commit's src/)."""
     run_dir = tmp / f"ours-{time.monotonic_ns()}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))} if src else None
     cmd = [sys.executable, "-m", "multigpu", "train", "-f", "nano", "--nproc-per-node", str(nproc),
-           "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", *BENCH]
+           "--run-dir", str(run_dir), f"steps={steps}", f"prefetch={prefetch}", f"strategy={strategy}", *BENCH]
     start = time.time()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, env=env)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -63,8 +67,8 @@ def run_peer(which: str, steps: int, tmp: Path, nproc: int = 2) -> dict:
 
 
 def available(notes: list[str]) -> list[str]:
-    names = ["ours", "raw"]
-    for peer, module in (("accelerate", "accelerate"), ("fabric", "lightning")):
+    names = ["ours", "raw", "ours fsdp", "fsdp2"]
+    for peer, module in (("accelerate", "accelerate"), ("fabric", "lightning_fabric")):
         if importlib.util.find_spec(module) is None:
             notes.append(f"skipped {peer}: `{module}` is not installed (pip install {module})")
             print(notes[-1])
@@ -87,8 +91,8 @@ def main() -> int:
     args = _record.add_flags(parser).parse_args()
     if args.quick:
         args.steps, args.rounds = 12, 2
-    if args.smoke:  # 1 rank, 3 steps, ours and raw: checks the script, not the speed
-        args.steps, args.rounds, args.only, args.nproc = 3, 1, "ours,raw", 1
+    if args.smoke:  # 1 rank, 3 steps, ours and raw, ours fsdp and fsdp2: checks the script, not the speed
+        args.steps, args.rounds, args.only, args.nproc = 3, 1, "ours,raw,ours fsdp,fsdp2", 1
         BENCH.extend(SMOKE_SIZE)
     notes: list[str] = []
     names = [n for n in available(notes) if args.only is None or n in args.only.split(",")]
@@ -100,9 +104,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         for r in range(args.rounds):
             for name in names:
-                if name in ("ours", "before"):
+                if name in ("ours", "before", "ours fsdp"):
                     src = args.before_src if name == "before" else None
-                    res = run_ours(args.steps, Path(tmp), args.prefetch, args.nproc, src)
+                    res = run_ours(args.steps, Path(tmp), args.prefetch, args.nproc, src,
+                                   "fsdp" if name == "ours fsdp" else "ddp")
                 else:
                     res = run_peer(name, args.steps, Path(tmp), args.nproc)
                 results[name].append(res)
@@ -111,11 +116,15 @@ def main() -> int:
                 print(f"round {r + 1} {name:<10} {res['throughput']:8,.0f} tokens/s   "
                       f"launch to first step {res['startup_s']:5.1f} s", flush=True)
             ours = results["ours"][r] if "ours" in results else None
-            for name in names[1:] if ours else []:
+            for name in [n for n in names[1:] if n not in ("ours fsdp", "fsdp2")] if ours else []:
                 peer = results[name][r]
                 ratios.append(_record.ratio(f"ours / {name} tokens/s", ours["throughput"] / peer["throughput"], r + 1))
                 ratios.append(_record.ratio(f"ours - {name} launch to first step (s)",
                                             ours["startup_s"] - peer["startup_s"], r + 1))
+            if "ours fsdp" in results and "fsdp2" in results:
+                mine, peer = results["ours fsdp"][r], results["fsdp2"][r]
+                ratios.append(_record.ratio("ours fsdp / raw fsdp2 tokens/s", mine["throughput"] / peer["throughput"],
+                                            r + 1))
     _record.write(args, "train_peers", {"steps": args.steps, "rounds": args.rounds, "nproc": args.nproc,
                                         "prefetch": args.prefetch, "contenders": names,
                                         "overrides": BENCH}, rows, ratios, notes)

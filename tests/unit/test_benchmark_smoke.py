@@ -13,6 +13,7 @@ Markdown, and rewriting the marked block of RESULTS.md leaves the rest byte for 
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import os
@@ -65,9 +66,13 @@ def _row(record: dict, **match) -> dict:
 @pytest.mark.e2e  # the script starts the multigpu command line or ranks in subprocesses
 def test_train_peers_smoke(tmp_path):
     r = _smoke("train_peers", tmp_path)
-    assert {row["contender"] for row in r["rows"]} == {"ours", "raw"}
+    assert {row["contender"] for row in r["rows"]} == {"ours", "raw", "ours fsdp", "fsdp2"}
     assert all(row["tokens/s"] > 0 and row["launch to first step (s)"] > 0 for row in r["rows"])
-    assert [x["name"] for x in r["ratios"]] == ["ours / raw tokens/s", "ours - raw launch to first step (s)"]
+    assert [x["name"] for x in r["ratios"]] == ["ours / raw tokens/s", "ours - raw launch to first step (s)",
+                                                "ours fsdp / raw fsdp2 tokens/s"]
+    sharded, fsdp2 = _row(r, contender="ours fsdp"), _row(r, contender="fsdp2")
+    assert _ratio(r, "ours fsdp / raw fsdp2 tokens/s") == pytest.approx(sharded["tokens/s"] / fsdp2["tokens/s"],
+                                                                         rel=1e-12)
     ours, raw = _row(r, contender="ours"), _row(r, contender="raw")
     assert _ratio(r, "ours / raw tokens/s") == pytest.approx(ours["tokens/s"] / raw["tokens/s"], rel=1e-12)
     assert _ratio(r, "ours - raw launch to first step (s)") == pytest.approx(
@@ -108,11 +113,12 @@ def test_infer_vs_monai_smoke(tmp_path):
     r = _smoke("infer_vs_monai", tmp_path)
     names = {row["contender"] for row in r["rows"]}
     assert names >= {"ours, 1 rank", "ours, 2 ranks"}
-    assert r["config"]["2 ranks bitwise equal to 1 rank"] is True
-    expected = {"ours 2 ranks / ours 1 rank windows/s"}
+    assert r["config"]["384 px roi 256: 2 ranks bitwise equal to 1 rank"] is True
+    assert {(row["size"], row["roi"]) for row in r["rows"]} == {(384, 256)}
+    expected = {"ours 2 ranks / ours 1 rank windows/s, 384 px roi 256"}
     if importlib.util.find_spec("monai"):
-        expected.add("ours 1 rank / MONAI windows/s")
-        assert "MONAI, 1 rank" in names and abs(r["config"]["checksum ours - MONAI"]) < 1e-2
+        expected.add("ours 1 rank / MONAI windows/s, 384 px roi 256")
+        assert "MONAI, 1 rank" in names and abs(r["config"]["384 px roi 256: checksum ours - MONAI"]) < 1e-2
     assert {x["name"] for x in r["ratios"]} == expected and all(x["round"] == 1 for x in r["ratios"])
 
 
@@ -305,3 +311,52 @@ def test_sim_starsim_smoke(tmp_path):
     r = _smoke("sim_starsim", tmp_path)
     (row,) = r["rows"]
     assert row["agree"] is True and max(row[f"max z {k}"] for k in "SIR") <= r["config"]["z"], row
+
+
+def _with(ratios: dict[str, list[tuple[int | None, float]]], total_s: float = 600.0) -> dict:
+    """A make bench result whose benchmarks wrote these ratios (name -> [(round, value)])."""
+    by_bench: dict[str, list[dict]] = {}
+    targets = _module("_targets")
+    for name, rounds in ratios.items():
+        bench = next(t.benchmark for t in targets.TARGETS if any(fnmatch.fnmatchcase(name, p) for p in t.patterns))
+        by_bench.setdefault(bench, []).extend({"name": name, "round": r, "value": v} for r, v in rounds)
+    return {"total_s": total_s, "benchmarks": [{"name": b, "what": b, "command": f"python {b}.py", "seconds": 1.0,
+                                                "status": "ok", "record": {"ratios": rs}} for b, rs in by_bench.items()]}
+
+
+def test_targets_are_met_only_when_every_round_meets_them():
+    targets = _module("_targets")
+    by_key = {t.key: t for t in targets.TARGETS}
+    good = _with({"wall to solve: ours 1 rank / ours 2 ranks": [(1, 1.7), (2, 1.65)],
+                  "ours 2 ranks / ours 1 rank windows/s, 2048 px roi 256": [(1, 1.9)],
+                  "ours 2 ranks / ours 1 rank windows/s, 1000 px roi 160": [(1, 1.85)],
+                  "starsim / ours, ensemble 20 x 20,000, simulation only": [(1, 6.0), (2, 8.0)],
+                  "starsim / ours, one run of 200,000 (starsim: 1 process), simulation only": [(1, 5.5), (2, 9.5)]})
+    assert targets.verdict(by_key["1a"], good)[0] == targets.MET
+    status, got = targets.verdict(by_key["3b"], good)
+    assert status == targets.MET and [v for _, _, v in got] == [1.9, 1.85]  # both sizes read
+    assert targets.verdict(by_key["2a"], good)[0] == targets.MET  # round 1 only: 6.0 and 5.5
+    status, got = targets.verdict(by_key["2b"], good)
+    assert status == targets.NOT_MET and [v for _, _, v in got] == [8.0, 9.5]  # round 2 only; the ensemble misses
+    # one round below the bound is enough to miss; a target no benchmark measured is not "met"
+    bad = _with({"wall to solve: ours 1 rank / ours 2 ranks": [(1, 1.7), (2, 1.59)]})
+    assert targets.verdict(by_key["1a"], bad)[0] == targets.NOT_MET
+    assert targets.verdict(by_key["4b"], bad) == (targets.NOT_MEASURED, [])
+    failed = {"benchmarks": [{"name": "rl_vs_cleanrl", "status": "failed", "tail": ["boom"]}]}
+    assert targets.verdict(by_key["1a"], failed) == (targets.NOT_MEASURED, [])
+    assert targets.total_verdict(_with({"ours / raw tokens/s": [(1, 1.0)]}, 719.0)) == targets.MET
+    assert targets.total_verdict(_with({"ours / raw tokens/s": [(1, 1.0)]}, 720.0)) == targets.NOT_MET
+    assert targets.total_verdict(_with({}, 10.0)) == targets.NOT_MEASURED  # nothing ran
+
+
+def test_render_marks_each_target():
+    render = _module("render")
+    result = _with({"wall to solve: ours 1 rank / ours 2 ranks": [(1, 1.2)], "ours / raw tokens/s": [(1, 1.01), (2, 1.03)]})
+    result.update(_result() | {"benchmarks": _result()["benchmarks"] + result["benchmarks"], "total_s": 700.0})
+    md, block = render.markdown(result), render.summary(result)
+    for text in (md, block):
+        assert "| 1a: PPO CartPole: wall to solve, 2 ranks vs 1 (same hyperparameters) | >= 1.6 | rl_vs_cleanrl | " \
+               "wall to solve: ours 1 rank / ours 2 ranks r1: 1.2 | NOT met |" in text
+        assert "| ours / raw tokens/s r1: 1.01; ours / raw tokens/s r2: 1.03 | met |" in text
+        assert "| 4b: " in text and "| not measured |" in text
+        assert "| 5: the whole of `make bench` | < 720 s | all | 700 s | met |" in text
