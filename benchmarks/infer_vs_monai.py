@@ -158,8 +158,9 @@ def _gather_windows(x, model, roi: int = ROI):
     return None if canvas is None else canvas.blended(canvas.box)[None]
 
 
-def _body(kinds: list[str], size: int, launched: bool = False, roi: int = ROI) -> dict:
-    """Every kind in this one process (group), in the order given, each pass right after the previous one.
+def _body(kinds: list[str], size: int, launched: bool = False, roi: int = ROI, passes: int = 1) -> dict:
+    """Every kind in this one process (group), each pass right after the previous one, ``passes`` sweeps (the
+    order reversed every other sweep): each kind's times are its passes' (a round's figure is their median).
     ``launched``: first the heap policy the launcher gives a CPU rank, applied as its forked workers apply it."""
     if launched:
         from multigpu.launch import heap
@@ -170,15 +171,23 @@ def _body(kinds: list[str], size: int, launched: bool = False, roi: int = ROI) -
     for kind in kinds:
         funcs[kind](x[:, :, :roi, :roi], model, roi)  # warm-up on one window: imports, kernel selection
     out = {}
-    for kind in kinds:
-        PHASE_SECONDS.clear()
-        out[kind] = _measure(funcs[kind], model, x, roi)
+    for sweep in range(passes):
+        for kind in kinds if sweep % 2 == 0 else kinds[::-1]:
+            PHASE_SECONDS.clear()
+            m = _measure(funcs[kind], model, x, roi)
+            if kind in out:  # memory and checksum: the first pass's (every pass computes the same)
+                out[kind]["times"] += m["times"]
+                out[kind]["phases"] += m["phases"]
+                assert m["checksum"] == out[kind]["checksum"], f"{kind}: another pass gave other bits"
+            else:
+                out[kind] = m
     return out
 
 
-def _run(kinds: list[str], world_size: int, size: int, launched: bool, roi: int = ROI) -> dict[str, list[dict]]:
+def _run(kinds: list[str], world_size: int, size: int, launched: bool, roi: int = ROI,
+         passes: int = 1) -> dict[str, list[dict]]:
     """Per kind, every rank's measurement."""
-    results = run_on_ranks(_body, world_size, args=(kinds, size, launched, roi), timeout_s=1800)
+    results = run_on_ranks(_body, world_size, args=(kinds, size, launched, roi, passes), timeout_s=1800)
     return {kind: [r[kind] for r in results] for kind in kinds}
 
 
@@ -228,8 +237,11 @@ def main() -> int:
                         help=f"image side and roi side, one pass each (default and --quick: "
                              f"{' '.join(f'{a}:{b}' for a, b in SIZES)}; roi {ROI} when left out)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
-                        help="rounds; each runs every contender once, in a fresh process, the order reversed every "
+                        help="rounds; each runs every contender in a fresh process, the order reversed every "
                              "other round, so a ratio compares passes taken seconds apart")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="passes of each contender per round, alternating within its process (the round's "
+                             "figure is their median: one pass of 0.3 s varies by 30%% on a shared VM)")
     parser.add_argument("--profile", action="store_true",
                         help="instead: one pass of ours and of MONAI in this process under cProfile (1 thread), "
                              "their top functions by own time: where each spends time outside the model")
@@ -238,19 +250,19 @@ def main() -> int:
     if args.profile:
         return _profile(*sizes[0])
     if args.smoke:  # a few windows, one round: checks the script, not the speed
-        sizes, args.rounds = [(384, ROI)], 1
+        sizes, args.rounds, args.passes = [(384, ROI)], 1, 1
     try:
         import monai  # noqa: F401
     except ImportError:
         monai = None
         print("  MONAI not installed: skipped (pip install monai)")
     rows, ratios, config = [], [], {"sizes": [list(s) for s in sizes], "overlap": OVERLAP, "batch": BATCH,
-                                    "blend": BLEND, "rounds": args.rounds}
+                                    "blend": BLEND, "rounds": args.rounds, "passes per round": args.passes}
     for i, (size, roi) in enumerate(sizes):
         # the first size gets every contender (where the time goes); the others the pairs the targets read
         wanted = None if i == 0 and not args.smoke else ("ours, 1 rank", "MONAI, 1 rank", "ours, 2 ranks")
         names = [k for k in CONTENDERS if (monai is not None or k != "MONAI, 1 rank") and (wanted is None or k in wanted)]
-        n, runs = _one_size(size, roi, names, args.rounds)
+        n, runs = _one_size(size, roi, names, args.rounds, args.passes)
         size_rows, size_ratios, checks = _records(args.rounds, n, runs, f"{size} px roi {roi}")
         rows += [{"size": size, "roi": roi, **row} for row in size_rows]
         ratios += size_ratios
@@ -261,12 +273,13 @@ def main() -> int:
     return 0
 
 
-def _one_size(size: int, roi: int, names: list[str], rounds: int) -> tuple[int, dict[str, list[dict]]]:
+def _one_size(size: int, roi: int, names: list[str], rounds: int, passes: int) -> tuple[int, dict[str, list[dict]]]:
     """Every contender of ``names`` once per round at this size; per contender, its passes."""
     plan = WindowPlan([(size, size)], (roi, roi), (OVERLAP, OVERLAP))
     n, bounds = plan.num_windows, plan.rank_bounds(BATCH, 2)
     print(f"input 1x3x{size}x{size}, roi {roi}, overlap {OVERLAP}, batch {BATCH}, {BLEND}: {n} windows "
-          f"(2 ranks: {[b - a for a, b in bounds]}); {rounds} rounds, 1 thread per rank, torch {torch.__version__}")
+          f"(2 ranks: {[b - a for a, b in bounds]}); {rounds} rounds of {passes} passes, 1 thread per rank, "
+          f"torch {torch.__version__}")
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for i in range(rounds):
         print(f"round {i + 1} (load average {os.getloadavg()[0]:.2f})")
@@ -276,7 +289,7 @@ def _one_size(size: int, roi: int, names: list[str], rounds: int) -> tuple[int, 
             if not group:
                 continue
             group = group if i % 2 == 0 else group[::-1]
-            results = _run([CONTENDERS[k][0] for k in group], world_size, size, launched, roi)
+            results = _run([CONTENDERS[k][0] for k in group], world_size, size, launched, roi, passes)
             for name in group:
                 kind = CONTENDERS[name][0]
                 runs[name].append(_summary(results[kind], n, "model" if kind == "ceiling" else None))
@@ -337,11 +350,11 @@ def _records(rounds: int, num_windows: int, runs: dict, at: str) -> tuple[list[d
     for i in range(rounds):
         for name, rs in runs.items():
             s = rs[i]
-            row = {"round": i + 1, "contender": name, "seconds": s["times"][0]}
+            row = {"round": i + 1, "contender": name, "seconds": s["s"], "passes (s)": s["times"]}
             if CONTENDERS[name][0] == "ceiling":
                 row["copy GB/s per rank"] = [round(p["copy GB/s"], 2) for p in s["phases"]]
             else:
-                row |= {"windows/s": num_windows / s["times"][0], "rank 0 peak RSS (MiB)": s["rank0_peak_mb"]}
+                row |= {"windows/s": num_windows / s["s"], "rank 0 peak RSS (MiB)": s["rank0_peak_mb"]}
             if CONTENDERS[name][0] in ("ours", "ceiling"):
                 row["seconds per phase, per rank"] = _phases(s)
             rows.append(row)

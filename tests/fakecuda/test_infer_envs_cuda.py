@@ -76,7 +76,8 @@ class _CudaProducts(TorchDispatchMode):
         return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten.mul.Tensor, torch.ops.aten.mul_.Tensor) and args[0].device.type == "cuda":
+        if func in (torch.ops.aten.mul.Tensor, torch.ops.aten.mul_.Tensor, torch.ops.aten.mul.out) \
+                and args[0].device.type == "cuda":
             self.count += 1
         return func(*args, **(kwargs or {}))
 

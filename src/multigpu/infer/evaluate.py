@@ -105,6 +105,10 @@ class RankWindows:
         self._padded: tuple[int, torch.Tensor] | None = None
         self._copies_to_host: list[tuple[list[int], int, torch.Tensor, torch.device]] = []
         """Window outputs other ranks need, on their way to the host (``_stitch``), routed after the loop."""
+        self._product: torch.Tensor | None = None
+        """One batch's weighted outputs, reused from batch to batch (``_weighted``): a fresh one per batch cost an
+        allocation of the whole batch's output and its page faults. Whatever keeps a window's product past its
+        batch copies it (``route``)."""
 
     def _fits_on_device(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit in a quarter of the GPU's free memory (the model's activations need the rest)."""
@@ -230,7 +234,12 @@ class RankWindows:
         """Each window's output times its weights: one product for the batch when every window has the same
         weights (MONAI's order: the product, then the adds), else window by window (``blend="crop"``)."""
         if self.blend != "crop":
-            return out * self.weights.to(out.device)
+            weights = self.weights.to(out.device)
+            buf = self._product
+            if (buf is None or buf.shape[1:] != out.shape[1:] or buf.shape[0] < out.shape[0] or buf.device != out.device
+                    or buf.dtype != torch.result_type(out, weights)):
+                buf = self._product = torch.empty(out.shape, dtype=torch.result_type(out, weights), device=out.device)
+            return torch.mul(out, weights, out=buf[:out.shape[0]])  # the same product, bit for bit, as out * weights
         return [y * self._weights_of(w).to(y.device) for w, y in zip(windows, out, strict=True)]
 
     def _stitch(self, windows: list[Window], out: torch.Tensor, route: Route) -> None:

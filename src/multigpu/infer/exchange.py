@@ -62,11 +62,13 @@ class WindowExchange:
 
     def route(self, owner: int, index: int, y: torch.Tensor) -> None:
         """Window ``index``'s output ``y``, which rank ``owner``'s voxels need: the last rank sends it now (the
-        owner's receiver thread takes it), the others keep a copy for the exchange after evaluation."""
+        owner's receiver thread takes it), the others keep a copy for the exchange after evaluation. Either way a
+        copy: ``y`` may be a view of a buffer the next batch overwrites (``RankWindows._weighted``), and a send
+        in flight reads its tensor until it completes."""
         if self.rank == self.last:
             EXCHANGE_STATS["spill"] = EXCHANGE_STATS.get("spill", 0) + y.numel() * y.element_size()
             self._sending += [collectives.isend(torch.tensor([index]), owner, pg=self.pg),
-                              collectives.isend(y, owner, pg=self.pg)]
+                              collectives.isend(y.clone(), owner, pg=self.pg)]
         else:
             self.spill[owner].append((index, y.clone()))
 
