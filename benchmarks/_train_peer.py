@@ -125,8 +125,8 @@ def run_accelerate(cfg, steps):
 
 
 def run_fabric(cfg, steps):
-    from lightning_fabric import Fabric  # the standalone package (pip install lightning-fabric); in the full
-    # `lightning` package the same class is lightning.fabric.Fabric
+    # the standalone package (pip install lightning-fabric); in the full `lightning` package: lightning.fabric
+    from lightning_fabric import Fabric
     from torch.utils.data import DataLoader
 
     fabric = Fabric(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), strategy="ddp")

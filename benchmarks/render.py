@@ -94,16 +94,20 @@ def _peers(b: dict) -> str:
 
 def targets(result: dict) -> list[str]:
     """The targets table: each target's bound, the values it was judged on (every round) and met / not met."""
-    lines = ["| target | bound | benchmark | values (each round) | verdict |", "|---|---|---|---|---|"]
+    def shown(got) -> str:
+        return fmt("; ".join(f"{name} r{rnd}: {fmt(v)}" if rnd is not None else f"{name}: {fmt(v)}"
+                             for name, rnd, v in got))
+
+    lines = ["| target | bound | benchmark | values (each round) | verdict | beside it (same run) |",
+             "|---|---|---|---|---|---|"]
     for t in _targets.TARGETS:
         status, got = _targets.verdict(t, result)
-        shown = "; ".join(f"{name} r{rnd}: {fmt(v)}" if rnd is not None else f"{name}: {fmt(v)}"
-                          for name, rnd, v in got)
-        lines.append(f"| {t.key}: {fmt(t.what)} | {t.bound()} | {t.benchmark} | {fmt(shown)} | {status} |")
+        lines.append(f"| {t.key}: {fmt(t.what)} | {t.bound()} | {t.benchmark} | {shown(got)} | {status} | "
+                     f"{shown(_targets.context(t, result))} |")
     total = result.get("total_s")
     lines.append(f"| 5: the whole of `make bench` | < {_targets.TOTAL_S:g} s | all | "
                  f"{'' if total is None else fmt(round(total))} s | "
-                 f"{_targets.total_verdict(result)} |")
+                 f"{_targets.total_verdict(result)} | |")
     return lines
 
 

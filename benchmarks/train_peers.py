@@ -5,7 +5,7 @@
 
 Every contender trains the nano GPT of nano (same model, data,
 optimizer, schedule, batch) on 2 ranks in this run, one after the other,
-alternating over rounds. Reported per contender (best round):
+the order reversed every other round. Reported per contender (best round):
 
 * steady-state tokens/s: tokens of the steps after the first 2 / their summed
   step times (batch fetch to optimizer step, as multigpu's StepMeter times them);
@@ -90,7 +90,7 @@ def main() -> int:
                              "(e.g. `git archive BASE src | tar -x -C /tmp/base`: before/after in one run)")
     args = _record.add_flags(parser).parse_args()
     if args.quick:
-        args.steps, args.rounds = 12, 2
+        args.steps, args.rounds = 30, 2  # 12 steps (10 timed) varied by 10-20% between runs of the same contender
     if args.smoke:  # 1 rank, 3 steps, ours and raw, ours fsdp and fsdp2: checks the script, not the speed
         args.steps, args.rounds, args.only, args.nproc = 3, 1, "ours,raw,ours fsdp,fsdp2", 1
         BENCH.extend(SMOKE_SIZE)
@@ -103,7 +103,7 @@ def main() -> int:
     rows, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         for r in range(args.rounds):
-            for name in names:
+            for name in names if r % 2 == 0 else names[::-1]:  # reversed every other round: no one always first
                 if name in ("ours", "before", "ours fsdp"):
                     src = args.before_src if name == "before" else None
                     res = run_ours(args.steps, Path(tmp), args.prefetch, args.nproc, src,
