@@ -284,3 +284,28 @@ def test_network_kernels_equal_the_torch_ones():
     got = native.kernels()["net_transition"](ids, state, thr, key, rng.threshold(0.2))
     assert torch.equal(got, want) and torch.equal(state, want_state)
     assert (state != before).any() and want[1] > 0
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("lo_hi", [(0, 500), (200, 430)])
+def test_a_graph_grouped_in_c_is_the_graph_sorted_by_torch(lo_hi, symmetric, monkeypatch):
+    """Graph(use_native=True) groups the incoming edges by destination with the C counting sort: the same edges in
+    the same order (the stable sort's), self-loops left out, and the same grouping by source for the step."""
+    from multigpu.sim import network
+
+    lo, hi = lo_hi
+    monkeypatch.setattr(network, "shard_bounds", lambda n, rank, world: (lo, hi))
+    g = torch.Generator().manual_seed(5)
+    e = 6000
+    dst = torch.randint(lo, hi, (e,), generator=g)
+    src = torch.randint(lo, hi, (e,), generator=g)  # one rank's view: every source local (world size 1)
+    src[:50] = dst[:50]  # self-loops: dropped
+    incoming = torch.stack([src, dst], 1)
+    want = network.Graph(500, incoming, symmetric=symmetric)
+    got = network.Graph(500, incoming, symmetric=symmetric, use_native=True)
+    assert got.native and got.num_edges == want.num_edges == int((src != dst).sum())
+    for name in ("dst", "src_slot", "send_index"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    n = hi - lo
+    for a, b in zip(got._by_source(n), want._by_source(n), strict=True):
+        assert torch.equal(a, b)

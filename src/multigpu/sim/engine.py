@@ -108,8 +108,7 @@ class SimEngine:
         self.graph = None
         if self.uses_network:  # agents stay in id order on the rank that owns their id (see sim.network)
             t = time.perf_counter()
-            self.graph = network.build(cfg.network, self.num_agents, cfg.seed).to(self.device)
-            self.graph.native = self.use_native
+            self.graph = network.build(cfg.network, self.num_agents, cfg.seed, self.use_native).to(self.device)
             self.timers["network.build"] += time.perf_counter() - t
         if populate:
             self._populate()
