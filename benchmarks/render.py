@@ -95,8 +95,8 @@ def _peers(b: dict) -> str:
 def targets(result: dict) -> list[str]:
     """The targets table: each target's bound, the values it was judged on (every round) and met / not met."""
     def shown(got) -> str:
-        return fmt("; ".join(f"{name} r{rnd}: {fmt(v)}" if rnd is not None else f"{name}: {fmt(v)}"
-                             for name, rnd, v in got))
+        return fmt("; ".join(f"{name} r{rnd}: {v:.3f}" if rnd is not None else f"{name}: {v:.3f}"
+                             for name, rnd, v in got))  # 3 decimals: 0.9996 must not read "1" beside "NOT met"
 
     lines = ["| target | bound | benchmark | values (each round) | verdict | beside it (same run) |",
              "|---|---|---|---|---|---|"]

@@ -361,9 +361,9 @@ def test_render_marks_each_target():
     md, block = render.markdown(result), render.summary(result)
     for text in (md, block):
         assert "| 1a: PPO CartPole: wall to solve, 2 ranks vs 1 (same hyperparameters) | >= 1.6 | rl_vs_cleanrl | " \
-               "wall to solve: ours 1 rank / ours 2 ranks r1: 1.2 | NOT met |  |" in text
-        assert "| ours / raw tokens/s r1: 1.01; ours / raw tokens/s r2: 1.03 | met |  |" in text
+               "wall to solve: ours 1 rank / ours 2 ranks r1: 1.200 | NOT met |  |" in text
+        assert "| ours / raw tokens/s r1: 1.010; ours / raw tokens/s r2: 1.030 | met |  |" in text
         assert "| 4b: " in text and "| not measured |  |" in text
-        assert "windows/s, 1000 px roi 160 r1: 1.4 | NOT met | model only: 2 processes / 1 process, 1000 px roi " \
-               "160 r1: 1.45 |" in text
+        assert "windows/s, 1000 px roi 160 r1: 1.400 | NOT met | model only: 2 processes / 1 process, 1000 px " \
+               "roi 160 r1: 1.450 |" in text
         assert "| 5: the whole of `make bench` | < 720 s | all | 700 s | met | |" in text

@@ -309,3 +309,22 @@ def test_a_graph_grouped_in_c_is_the_graph_sorted_by_torch(lo_hi, symmetric, mon
     n = hi - lo
     for a, b in zip(got._by_source(n), want._by_source(n), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("agents,contacts", [(1, 3), (2, 4), (997, 5), (20_000, 2)])
+def test_a_random_network_generated_in_c_is_the_one_built_from_its_edge_list(agents, contacts):
+    """network.build(kind=random) on one rank with the C kernels: the graph generated straight into its groups in C
+    holds the edges the [E, 2] list holds, in the same order (self-links left out, every link both ways)."""
+    from multigpu.sim import network
+    from multigpu.sim.config import SimConfig
+
+    cfg = SimConfig(model="network_sir", agents=agents, steps=1, network={"kind": "random", "contacts": contacts})
+    want = network.Graph(agents, network.incoming(cfg.network, agents, 11), symmetric=True)
+    got = network.build(cfg.network, agents, 11, use_native=True)
+    assert native.random_graph(agents, [1] * contacts) is not None  # built here: the C path, not the list's
+    assert got.num_edges == want.num_edges and got.num_halo == want.num_halo == 0
+    for name in ("dst", "src_slot", "send_index", "send_counts", "recv_counts"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), name
+    for a, b in zip(got._by_source(agents), want._by_source(agents), strict=True):
+        assert torch.equal(a, b)

@@ -42,7 +42,8 @@ import torch
 
 from multigpu import envvars
 
-__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "net_batch_step", "permute", "row_order", "spread"]
+__all__ = ["available", "cartpole_step", "kernels", "outside", "group", "net_batch_step", "permute", "random_graph",
+           "row_order", "spread"]
 
 _SOURCE = r"""
 #include <math.h>
@@ -301,6 +302,39 @@ int64_t mg_group(const int64_t *restrict src, const int64_t *restrict dst, int64
     for (int64_t s = n; s > 0; s--) ptr[s] = ptr[s - 1];
     ptr[0] = 0;
     return 0;
+}
+
+/* sim.network's random graph on one rank (kind=random: households of one), grouped by destination as
+   Graph(incoming(...), use_native=True) groups it: agent i links to partner p = ((bits_of(i, keys[k]) & 0x7FFFFFFF)
+   * n) >> 31 for each k; every link is an edge both ways, self-links left out. Into each destination d, in the
+   stable sort's order of `incoming` (the links as (i -> p), k-major then i, then the same flipped): first the
+   sources i with p_k(i) = d, then the partners p_k(d). ptr[n + 1] and src[edges] int32; returns the edge count. */
+static inline int64_t partner_of(int64_t i, uint32_t key, int64_t n) {
+    return ((int64_t)(bits_of((int32_t)i, key) & 0x7FFFFFFFu) * n) >> 31;
+}
+
+int64_t mg_random_graph(int64_t n, int64_t contacts, const int32_t *restrict keys, int32_t *restrict ptr,
+                        int32_t *restrict src) {
+    memset(ptr, 0, (size_t)(n + 1) * sizeof(int32_t));
+    for (int64_t k = 0; k < contacts; k++)
+        for (int64_t i = 0; i < n; i++) {
+            int64_t q = partner_of(i, (uint32_t)keys[k], n);
+            if (q != i) { ptr[q + 1]++; ptr[i + 1]++; }
+        }
+    for (int64_t d = 0; d < n; d++) ptr[d + 1] += ptr[d];
+    for (int64_t k = 0; k < contacts; k++)          /* the links as given: i -> p */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t q = partner_of(i, (uint32_t)keys[k], n);
+            if (q != i) src[ptr[q]++] = (int32_t)i;
+        }
+    for (int64_t k = 0; k < contacts; k++)          /* then flipped: p -> i */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t q = partner_of(i, (uint32_t)keys[k], n);
+            if (q != i) src[ptr[i]++] = (int32_t)q;
+        }
+    for (int64_t d = n; d > 0; d--) ptr[d] = ptr[d - 1];   /* each ptr[d] walked to d's end: shift back */
+    ptr[0] = 0;
+    return ptr[n];
 }
 
 /* The same for bool values: each edge out of a source with on[s] adds one. */
@@ -593,6 +627,8 @@ def _build() -> ctypes.CDLL | bool:
     lib.mg_spread.restype = lib.mg_spread_on.restype = i64
     lib.mg_net_transition.argtypes = [p, p, p, i64, u32, i32, p]
     lib.mg_group.argtypes = [p, p, i64, i64, p, p]
+    lib.mg_random_graph.argtypes = [i64, i64, p, p, p]
+    lib.mg_random_graph.restype = i64
     lib.mg_net_batch_step.argtypes = [p, p, p, p, i64, i64, p, p, i64, i32, p, p]
     lib.mg_net_batch_step.restype = i64
     lib.mg_group.restype = i64
@@ -722,6 +758,20 @@ def group(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Ten
     if lib.mg_group(src.data_ptr(), dst.data_ptr(), src.numel(), num_src, ptr.data_ptr(), targets.data_ptr()):
         raise IndexError(f"sim network: an edge starts outside agents 0..{num_src - 1}")
     return ptr, targets
+def random_graph(n: int, keys: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One rank's whole random network (sim.network ``kind=random``), its edges grouped by destination in C:
+    ``(ptr [n + 1], sources)`` int32, the order :class:`multigpu.sim.network.Graph` sorts them into; None without
+    the library or where the edges do not fit int32."""
+    lib = _lib()
+    if lib is None or 2 * n * len(keys) >= 1 << 31:
+        return None
+    ptr = torch.empty(n + 1, dtype=torch.int32)
+    src = torch.empty(2 * n * len(keys), dtype=torch.int32)  # at most: self-links are left out
+    k = torch.tensor([_key(key) for key in keys], dtype=torch.int64).to(torch.int32)
+    edges = lib.mg_random_graph(n, len(keys), k.data_ptr(), ptr.data_ptr(), src.data_ptr())
+    return ptr, src[:edges]
+
+
 def spread(ptr: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> bool:
     """:func:`multigpu.sim.network.spread` in one C loop (int32 edges, int64 or bool values, int64 ``out``): True
     where it ran, False without the library or for other dtypes (the caller runs the torch code)."""

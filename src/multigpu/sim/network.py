@@ -213,6 +213,22 @@ class Graph:
         self._out = None  # the edges by source (CPU steps): see neighbour_sum
         self.native = use_native  # neighbour_sum on the CPU in C (the engine sets it where its C kernels run)
 
+    @classmethod
+    def grouped(cls, num_agents: int, ptr: torch.Tensor, sources: torch.Tensor) -> Graph:
+        """One rank's whole undirected graph from its edges already grouped by destination (``ptr`` [n + 1], the
+        ``sources`` in :meth:`__init__`'s order, no self-loops): what ``Graph(num_agents, incoming, symmetric=True,
+        use_native=True)`` holds for the same edges."""
+        graph = cls.__new__(cls)
+        graph.symmetric, graph.num_agents, graph.lo, graph.hi = True, num_agents, 0, num_agents
+        graph._in_ptr = ptr
+        graph.dst = torch.repeat_interleave(torch.arange(num_agents), ptr.diff())
+        graph.src_slot = sources.to(torch.int64)
+        graph.num_halo, graph.num_edges = 0, sources.numel()
+        graph.send_counts, graph.recv_counts = [0], [0]
+        graph.send_index = torch.zeros(0, dtype=torch.int64)
+        graph._out, graph.native = None, True
+        return graph
+
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
         self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
@@ -364,7 +380,16 @@ def _geometric(cfg: NetworkConfig, num_agents: int, seed: int) -> torch.Tensor:
 
 
 def build(cfg: NetworkConfig, num_agents: int, seed: int, use_native: bool = False) -> Graph:
-    """This rank's part of the graph ``cfg``. Call on all ranks. ``use_native``: sorted in C (:class:`Graph`)."""
+    """This rank's part of the graph ``cfg``. Call on all ranks. ``use_native``: sorted in C (:class:`Graph`);
+    a random network on one rank generated there straight into its groups (:func:`multigpu.sim.native.random_graph`:
+    the same edges in the same order, without the [E, 2] list, its masks and its sort)."""
+    if use_native and cfg.kind == "random" and _world()[1] == 1 and num_agents < 1 << 31:
+        from multigpu.sim import native
+
+        keys = [rng.step_key(seed, -2, 100 + k) for k in range(cfg.contacts)]  # _households' keys
+        grouped = native.random_graph(num_agents, keys)
+        if grouped is not None:
+            return Graph.grouped(num_agents, *grouped)
     return Graph(num_agents, incoming(cfg, num_agents, seed), symmetric=True,  # every kind is undirected
                  use_native=use_native)
 
