@@ -79,6 +79,7 @@ BENCHMARKS = (
 
 LEFT_OUT = {
     "envs_ppo_ranks": "PPO wall to solve on 1 vs 2 ranks: rl_vs_cleanrl measures the same (and CleanRL beside it)",
+    "rl_shapes": "a sweep of PPO shapes (wall to solve on 1 and 2 ranks per override set): minutes, run by hand",
     "plan_validate": "a check of multigpu plan's model (published figures, and CPU ranks fitted on 1-2, measured at 3-4 "
                      "and another thread count), not a peer comparison; minutes of benches, run by hand under flock",
     "launch_overhead": "the launcher's side only (up to the agent, stubbed), for train: startup measures the whole start",
