@@ -221,7 +221,7 @@ class Graph:
         graph = cls.__new__(cls)
         graph.symmetric, graph.num_agents, graph.lo, graph.hi = True, num_agents, 0, num_agents
         graph._in_ptr = ptr
-        graph.dst = torch.repeat_interleave(torch.arange(num_agents), ptr.diff())
+        graph._dst = None  # made from ptr when something reads it (not the CPU step, which reads the groups)
         graph.src_slot = sources.to(torch.int64)
         graph.num_halo, graph.num_edges = 0, sources.numel()
         graph.send_counts, graph.recv_counts = [0], [0]
@@ -229,9 +229,23 @@ class Graph:
         graph._out, graph.native = None, True
         return graph
 
+    @property
+    def dst(self) -> torch.Tensor:
+        """The local destination of every edge, in edge order ([E] int64)."""
+        if self._dst is None:
+            self._dst = torch.repeat_interleave(torch.arange(self.hi - self.lo, device=self._in_ptr.device),
+                                                self._in_ptr.diff())
+        return self._dst
+
+    @dst.setter
+    def dst(self, value: torch.Tensor) -> None:
+        self._dst = value
+
     def to(self, device: torch.device | str) -> Graph:
         """This graph with its per-step index tensors on ``device`` (the engine's); returns self."""
-        self.dst, self.src_slot, self.send_index = (t.to(device) for t in (self.dst, self.src_slot, self.send_index))
+        self.src_slot, self.send_index = (t.to(device) for t in (self.src_slot, self.send_index))
+        if self._dst is not None:
+            self._dst = self._dst.to(device)
         self._out = None
         if self._in_ptr is not None:
             self._in_ptr = self._in_ptr.to(device)
@@ -244,7 +258,7 @@ class Graph:
             return by_source(self.src_slot, self.dst, num_src, self.native)
         if self._in_ptr is not None and self._in_ptr.numel() == num_src + 1:  # counted when the graph was built
             return self._in_ptr, self.src_slot.to(torch.int32)
-        ptr = torch.zeros(num_src + 1, dtype=torch.int32, device=self.dst.device)
+        ptr = torch.zeros(num_src + 1, dtype=torch.int32, device=self.src_slot.device)
         torch.cumsum(torch.bincount(self.dst, minlength=num_src), 0, out=ptr[1:])
         return ptr, self.src_slot.to(torch.int32)
 
