@@ -758,6 +758,8 @@ def group(src: torch.Tensor, dst: torch.Tensor, num_src: int) -> tuple[torch.Ten
     if lib.mg_group(src.data_ptr(), dst.data_ptr(), src.numel(), num_src, ptr.data_ptr(), targets.data_ptr()):
         raise IndexError(f"sim network: an edge starts outside agents 0..{num_src - 1}")
     return ptr, targets
+
+
 def random_graph(n: int, keys: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One rank's whole random network (sim.network ``kind=random``), its edges grouped by destination in C:
     ``(ptr [n + 1], sources)`` int32, the order :class:`multigpu.sim.network.Graph` sorts them into; None without
