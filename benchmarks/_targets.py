@@ -80,12 +80,16 @@ def values(target: Target, record: dict, patterns: tuple[str, ...] | None = None
     return out
 
 
+def _record_of(target: Target, result: dict) -> dict | None:
+    """The record of the target's benchmark in ``make bench``'s result; None where it did not run or failed."""
+    bench = next((b for b in result.get("benchmarks", []) if b["name"] == target.benchmark), None)
+    return bench.get("record", {}) if bench is not None and bench.get("status") == "ok" else None
+
+
 def verdict(target: Target, result: dict) -> tuple[str, list[tuple[str, int | None, float]]]:
     """The target's status over ``make bench``'s whole result, and the values it was judged on."""
-    bench = next((b for b in result.get("benchmarks", []) if b["name"] == target.benchmark), None)
-    if bench is None or bench.get("status") != "ok":
-        return NOT_MEASURED, []
-    got = values(target, bench.get("record", {}))
+    record = _record_of(target, result)
+    got = values(target, record) if record is not None else []
     if not got:
         return NOT_MEASURED, []
     return (MET if all(target.ok(v) for _, _, v in got) else NOT_MET), got
@@ -93,10 +97,8 @@ def verdict(target: Target, result: dict) -> tuple[str, list[tuple[str, int | No
 
 def context(target: Target, result: dict) -> list[tuple[str, int | None, float]]:
     """The figures shown beside the target's verdict (its ``context`` patterns), [] when there are none."""
-    bench = next((b for b in result.get("benchmarks", []) if b["name"] == target.benchmark), None)
-    if not target.context or bench is None or bench.get("status") != "ok":
-        return []
-    return values(target, bench.get("record", {}), target.context)
+    record = _record_of(target, result)
+    return values(target, record, target.context) if target.context and record is not None else []
 
 
 def total_verdict(result: dict) -> str:

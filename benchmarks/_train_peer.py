@@ -49,44 +49,39 @@ def batches(loader, set_epoch=None):
 
 
 def run_raw(cfg, steps):
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    dist.init_process_group("gloo")
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    data, model, opt, sched = build(cfg)
-    model = DDP(model)
-    sampler = DistributedSampler(data, seed=cfg.seed, drop_last=True)
-    it = batches(DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True), sampler.set_epoch)
-
-    def step():
-        x, y = next(it)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-
-    return timed(step, steps, dist.get_rank(), dist.get_world_size(), cfg)
+    data, model, opt, sched = _torch_group(cfg)
+    return _torch_loop(cfg, steps, data, DDP(model), opt, sched)
 
 
 def run_fsdp2(cfg, steps):
     """FSDP2 as torch's docs and torchtitan write it: ``fully_shard`` each transformer block, then the root; the
     optimizer over the sharded parameters; torch's own loop (no multigpu code past building the same model)."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    dist.init_process_group("gloo")
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    data, model, _, _ = build(cfg)
+    data, model, _, _ = _torch_group(cfg)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
     opt = make_optimizer(model, cfg)  # after sharding: the optimizer holds the DTensor shards
-    sched = make_scheduler(opt, cfg)
+    return _torch_loop(cfg, steps, data, model, opt, make_scheduler(opt, cfg))
+
+
+def _torch_group(cfg):
+    """A gloo group as torchrun's environment gives it, the thread budget, and the same data and model."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return build(cfg)
+
+
+def _torch_loop(cfg, steps, data, model, opt, sched):
+    """torch's own loop (raw DDP's and FSDP2's): a DistributedSampler's batches, backward, clip, step."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
     sampler = DistributedSampler(data, seed=cfg.seed, drop_last=True)
     it = batches(DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True), sampler.set_epoch)
 
