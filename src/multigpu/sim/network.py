@@ -190,7 +190,7 @@ class Graph:
         if grouped is not None:
             self._in_ptr, sources = grouped
             src = sources.to(torch.int64)
-            self.dst = torch.repeat_interleave(torch.arange(self.hi - self.lo), self._in_ptr.diff())  # local positions
+            self._dst = None  # the local positions, made from the counts by ``dst`` when something reads them
         else:
             order = torch.argsort(dst.to(torch.int32) if num_agents < 1 << 31 else dst, stable=True)
             src, dst = src[order], dst[order]
