@@ -122,6 +122,17 @@ def test_a_rank_that_lost_its_peer_to_another_ranks_timeout_is_not_named_as_the_
     assert _root_failure(err) == (1, crash)
     err = SimpleNamespace(failures={0: lost, 1: gone}, get_first_failure=lambda: (0, lost))
     assert _root_failure(err) == (0, lost)  # two consequences: torch's first stays
+    # seen in CI (2026-11-29): rank 1 timed out and wrote its error file, but was still in its interpreter's exit
+    # (atexit handlers) when rank 0 lost it and exited; the agent then stopped rank 1 with SIGTERM. Its own
+    # error, timed when raised, is still the cause
+    import signal
+
+    stopped_late = SimpleNamespace(error_file_data=timed_out.error_file_data, exitcode=-signal.SIGTERM, timestamp=100)
+    err = SimpleNamespace(failures={0: lost, 1: stopped_late}, get_first_failure=lambda: (0, lost))
+    assert _root_failure(err) == (1, stopped_late)
+    interrupted = SimpleNamespace(error_file_data=lost.error_file_data, exitcode=-signal.SIGTERM, timestamp=100)
+    err = SimpleNamespace(failures={0: lost, 1: interrupted}, get_first_failure=lambda: (0, lost))
+    assert _root_failure(err) == (0, lost)  # a stopped rank whose error is a consequence too is no better a name
 
 
 def test_a_rank_killed_by_a_signal_is_the_cause_of_its_peers_lost_connection_and_the_only_death_recorded():

@@ -455,7 +455,8 @@ def _message(failure) -> str:
 
 def _root_failure(err: ChildFailedError):
     """torch's first failure, unless it is a consequence of another rank's (a collective that lost its peer, or a
-    rank stopped by the agent): then a collective that timed out within the same second, else an error of its own
+    rank stopped by the agent): then a collective that timed out within the same second (also on a rank the agent
+    stopped while it was still exiting after that timeout: its error file was written first), else an error of its own
     within that second (error files time failures to the second; torch's "first" of a tie is the lowest rank), else
     a rank killed by a signal other than the agent's stop. Such a rank writes no error file: torch times it when
     the agent saw it, which is later than the peer that lost it."""
@@ -464,13 +465,12 @@ def _root_failure(err: ChildFailedError):
         return rank, failure
     when = failure.timestamp
     others = [(other, candidate) for other, candidate in sorted(err.failures.items()) if other != rank]
-    near = [(other, candidate) for other, candidate in others
-            if candidate.exitcode > 0 and abs(candidate.timestamp - when) <= 1]
-    for other, candidate in near:
-        if "timed out after" in _message(candidate):
+    near = [(other, candidate) for other, candidate in others if abs(candidate.timestamp - when) <= 1]
+    for other, candidate in near:  # a rank stopped by the agent after its own timeout (still in its exit) counts
+        if (candidate.exitcode > 0 or candidate.exitcode == -signal.SIGTERM) and "timed out after" in _message(candidate):
             return other, candidate
     for other, candidate in near:
-        if not restarts.is_consequence(candidate, err.failures):
+        if candidate.exitcode > 0 and not restarts.is_consequence(candidate, err.failures):
             return other, candidate
     for other, candidate in others:
         if candidate.exitcode < 0 and not restarts.is_consequence(candidate, err.failures):
