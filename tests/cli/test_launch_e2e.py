@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -225,6 +226,47 @@ def test_a_node_whose_launcher_is_killed_is_named_with_the_last_step_of_each_ran
     assert int(found[2]) >= 1 and int(found[3]) >= 1
     assert took < 15  # the heartbeat's deadline (3s) and the ranks' stop, not the collective timeout (20s)
     assert err.count("was lost") == 1  # one line
+
+
+@pytest.mark.fault
+def test_at_the_warning_no_node_ends_before_the_others_ranks_have_stopped(tmp_path):
+    """Seen on the real SLURM (two jobs side by side): at the scheduler's warning, node 1's rank stopped at once and
+    its launcher exited 143 while rank 0 (node 0) still wrote the step's checkpoint; srun --kill-on-bad-exit took that
+    exit for a failure and killed node 0's launcher, and with it the checkpoint and its "interrupted after" line.
+    Now each launcher, stopped by the warning, waits (bounded) until every node's ranks have stopped."""
+    import psutil
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    base = [sys.executable, "-m", "multigpu", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", f"127.0.0.1:{store.port}", "--rdzv-conf", "is_host=false"]
+    procs = [subprocess.Popen([*base, "--node-rank", str(r), str(SCRIPTS / "rank0_stops_slowly.py"), str(tmp_path)],
+                              cwd=ROOT, env={**_NODES_ENV, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("pid*"))) < 2:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.2)
+        rank0 = int((tmp_path / "pid0").read_text())
+        first = next(p for p in procs if rank0 in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
+        other = procs[1 - procs.index(first)]
+        for p in procs:  # the warning reaches every node's launcher (scancel --signal=USR1 JOBID)
+            p.send_signal(signal.SIGUSR1)
+        while other.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        other_ended = time.time()
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [143, 143], outs
+    assert (tmp_path / "rank0_done").exists(), outs
+    assert other_ended >= float((tmp_path / "rank0_done").read_text()), "node 1's launcher ended first"
+    for _, err in outs:
+        assert "error: stopped by the scheduler's warning" in err, err
 
 
 def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):

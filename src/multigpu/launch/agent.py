@@ -696,6 +696,8 @@ def _launch(cfg: LaunchConfig, target: str, args: Sequence[str], *, module: bool
                 raise summarize_failure(exc, world_size, plan.log_dir, _teed(cfg), dump, memory,
                                         node_rank=cfg.node_rank if cfg.nnodes > 1 else None) from None
             except SignalException as exc:  # the agent has stopped the workers it knew of; job_processes the rest
+                if session is not None and processes.warned():  # every node stops at the warning: end together
+                    session.stop_together()
                 raise stopped_by(exc.sigval) from None
             except TorchRdzvTimeout as exc:
                 _store_lost(cfg, session)

@@ -52,6 +52,9 @@ LINGER_S = 30.0
 """How long the node hosting the store keeps it open after a failure, for the other nodes to read why."""
 TELL_CONNECT_S = 10.0
 """How long a node that failed tries to reach node 0's store to say why."""
+STOP_TOGETHER_S = 90.0
+"""How long a launcher stopped by the scheduler's warning waits for the other nodes' ranks to stop too
+(:meth:`Nodes.stop_together`): torch's agent gives each node's ranks 30 s before it kills them."""
 _POLL_S = 0.2
 BEAT_S = 1.0
 """How often a launcher posts its heartbeat while the job runs."""
@@ -332,6 +335,34 @@ class Nodes:
             self._set(f"beat/{self.node_rank}", {"end": why, "host": self.host})
         if self._place is not None:
             self.give_back(self.node_rank)
+
+    def stop_together(self, within_s: float = STOP_TOGETHER_S) -> None:
+        """After this node's ranks stopped at the scheduler's warning: say so in the store, and wait until every
+        other node's ranks stopped too (its launcher said so, or ended), at most ``within_s``; the node hosting the
+        store waits until the other launchers ended (they read and write it to the end: a store gone under them
+        prints torch's C++ warnings). Under SLURM the first launcher to exit with a code other than 0 ends the
+        whole step (``srun --kill-on-bad-exit``): a node whose ranks stopped at once must not cut off rank 0 while
+        it writes the step's checkpoint and says where."""
+        if not self.connected:
+            return
+
+        def ended(node: int) -> bool:
+            beat = self._get(f"beat/{node}")
+            return isinstance(beat, dict) and bool(beat.get("end"))
+
+        def stopped(node: int) -> bool:
+            return bool(self._get(f"stopped/{node}")) or ended(node)
+
+        done = ended if self.hosts_store else stopped
+        deadline = time.monotonic() + within_s
+        try:
+            self._set(f"stopped/{self.node_rank}", True)
+            while time.monotonic() < deadline:
+                if all(done(node) for node in range(self.nnodes) if node != self.node_rank):
+                    return
+                time.sleep(_POLL_S)
+        except Exception:  # noqa: BLE001 - the store is gone: node 0's launcher ended, and with it its ranks
+            return
 
     def wait_lost(self, within_s: float) -> list[int]:
         """The nodes found lost, waiting up to ``within_s`` for the heartbeat to find one (after the job's
