@@ -65,6 +65,9 @@ def hosts(slurm):
             slurm.heal(host)
         except Exception as exc:  # noqa: BLE001 - the next test would fail on it: say so
             pytest.fail(f"host {host.name} could not be put back: {exc}")
+    # what the test left running is killed at once (a plain cancel waits KillWait for launchers that ignore a
+    # second SIGTERM while they stop), then what is still pending is cancelled
+    slurm.slurm("scancel", "-u", "root", "--full", "--signal=KILL", check=False)
     slurm.slurm("scancel", "-u", "root", check=False)
     deadline = time.monotonic() + 60
     while slurm.slurm("squeue", "-h", check=False).strip() and time.monotonic() < deadline:
@@ -95,12 +98,18 @@ def output(folder: Path, job_id: int) -> tuple[str, str]:
     return (out.read_text(errors="replace") if out else "", err.read_text(errors="replace") if err else "")
 
 
+def said(*parts) -> str:
+    """An assertion's message made of a job's state and files, whole: pytest cuts the middle out of a tuple's
+    repr, which is where a job's first start and its requeue are."""
+    return "\n-----\n".join(part if isinstance(part, str) else repr(part) for part in parts)
+
+
 def wait_for(path: Path, cluster, job_id: int, timeout: float) -> None:
     """Wait until ``path`` exists while the job runs (or is pending)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         state = cluster.job(job_id).get("JobState")
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, output(path.parent, job_id))
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), said(state, *output(path.parent, job_id))
         assert time.monotonic() < deadline, (f"{path} not written within {timeout}s", output(path.parent, job_id))
         time.sleep(0.2)
 

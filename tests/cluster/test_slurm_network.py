@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cluster.conftest import TINY, job_folder, output, printed
+from tests.cluster.conftest import TINY, job_folder, output, printed, said
 
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 MBIT_S = 2
@@ -26,7 +26,7 @@ def test_a_slow_link_shows_as_communication_not_as_a_straggler(hosts):
     summaries = {}
     for name, job in jobs.items():
         info = hosts.wait_job(job, DONE, 240)
-        assert info["JobState"] == "COMPLETED", (name, info, output(folder, job))
+        assert info["JobState"] == "COMPLETED", said(name, info, *output(folder, job))
         run = folder / "runs" / "train" / f"multigpu-train-{job}"
         summaries[name] = json.loads((run / "summary.json").read_text())
     fast, slow = summaries["fast"], summaries["slow"]
@@ -48,11 +48,11 @@ def test_a_run_folder_one_host_does_not_see_ends_the_job_in_one_line(hosts):
     job = hosts.sbatch(script, "--nodelist=node1,node2")
     info = hosts.wait_job(job, DONE, 180)
     out, err = output(folder, job)
-    assert info["JobState"] == "FAILED", (info, out, err)
-    said = [line for line in err.splitlines() if line.startswith("error: ")]  # each node's line, in either order
-    mine = [line for line in said if line.startswith(
+    assert info["JobState"] == "FAILED", said(info, out, err)
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]  # each node's line, in either order
+    mine = [line for line in lines if line.startswith(
         "error: the run folder is not shared between nodes: node 0 made "
         f"runs/train/multigpu-train-{job} and marked it, but on node 1 (node2) ")]
     assert len(mine) == 1 and "valid: a --run-dir on a file system every node mounts at the same path" in mine[0], err
-    assert set(said) - set(mine) <= {"error: node 1 (node2) stopped before the job formed: " + mine[0][7:]}, said
+    assert set(lines) - set(mine) <= {"error: node 1 (node2) stopped before the job formed: " + mine[0][7:]}, lines
     assert "step 1/" not in out, out  # nothing was trained

@@ -12,7 +12,7 @@ import json
 import re
 import time
 
-from tests.cluster.conftest import TINY, job_folder, output, printed
+from tests.cluster.conftest import TINY, job_folder, output, printed, said
 
 BEAT = ["--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3"]
 """A lost node is known after 3 s without its heartbeat (torch's own default: 15 s)."""
@@ -29,7 +29,7 @@ def _wait_steps(cluster, job: int, run, step: int, timeout: float = 180) -> None
     deadline = time.monotonic() + timeout
     while not (_steps(run) and max(_steps(run)) >= step):
         state = cluster.job(job).get("JobState")
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, output(run.parents[2], job))
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), said(state, *output(run.parents[2], job))
         assert time.monotonic() < deadline, output(run.parents[2], job)
         time.sleep(0.2)
 
@@ -57,7 +57,7 @@ def test_an_elastic_job_gets_every_free_node_and_goes_on_when_one_dies_naming_it
 
     info = hosts.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 240)
     out, err = output(folder, job)
-    assert info["JobState"] == "COMPLETED", (info, out[-3000:], err[-4000:])
+    assert info["JobState"] == "COMPLETED", said(info, out[-3000:], err[-4000:])
     named = [line for line in err.splitlines() if "was lost" in line]
     assert named and named[0].startswith(f"multigpu: node 1 ({lost})"), err[-4000:]
     blamed = [line for line in err.splitlines() if re.search(r"rank 0 \(local rank 0 on node 0, \w+\) died", line)]
