@@ -97,7 +97,7 @@ def test_infer_refuses_resume_in_one_line_before_anything_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_identical(tmp_path):
+def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_identical(tmp_path, clean):
     """A pre-emption's SIGTERM while rank 0 is at update 3 (no cadence checkpoint there): before, `multigpu rl`
     had no --checkpoint-on-interrupt and its ranks died where they stood. Now the update's checkpoint is written,
     the launcher exits 143, and --resume auto ends where an uninterrupted run does, bit for bit."""
@@ -109,8 +109,8 @@ def test_sigterm_ends_ppo_after_its_update_with_a_checkpoint_that_resumes_bit_id
     assert f"interrupted after update 3: checkpoint {checkpoint}" in done.stdout, done.stdout[-2000:]
     resumed, summary = _run(run_dir, "--resume", "auto", env=env)
     assert f"resuming from {checkpoint}" in resumed.stdout, resumed.stdout[-2000:]
-    _, clean = _run(tmp_path / "clean")
-    a, b = _final(run_dir), _final(tmp_path / "clean")
+    clean_dir, clean = clean  # the uninterrupted run of the same ARGS
+    a, b = _final(run_dir), _final(clean_dir)
     assert all(torch.equal(a["policy"][k], b["policy"][k]) for k in b["policy"])
     for key in ("mean_return", "episodes", "env_steps"):
         assert summary["rl"][key] == clean["rl"][key], key

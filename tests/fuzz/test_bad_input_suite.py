@@ -474,17 +474,39 @@ def _report_dir(tmp: Path, files: dict[str, str]) -> str:
     return str(folder)
 
 
+_MADE: dict[tuple[str, ...], Path] = {}
+"""Runs made once for this module (each case gets its own copy of one): {the run's command line: its folder}."""
+
+
+def _made_once(argv: tuple[str, ...], tmp: Path) -> Path:
+    """``multigpu ARGV --run-dir FOLDER --nproc-per-node 1`` run once for the module, then copied into ``tmp`` for
+    the case that asked (a case may leave files in its copy; the one made stays as it was written)."""
+    import atexit
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if argv not in _MADE:
+        folder = Path(tempfile.mkdtemp(prefix="mg-bad-input-"))
+        atexit.register(shutil.rmtree, folder, True)
+        subprocess.run([sys.executable, "-m", "multigpu", *argv, "--run-dir", str(folder / "run"),
+                        "--nproc-per-node", "1"], check=True, capture_output=True, timeout=180, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+        _MADE[argv] = folder / "run"
+    copy = tmp / f"made{len(list(tmp.glob('made*')))}"
+    shutil.copytree(_MADE[argv], copy, symlinks=True)
+    return copy
+
+
 def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
     """A finished ensemble run (4 replicates) whose replicate r000002.csv had one digit changed since it was written,
     its shape intact (a band mean of 13,751 instead of 2,501 passed unnoticed)."""
-    import subprocess
-    import sys
+    import shutil
 
     run = tmp / "ens"
-    subprocess.run([sys.executable, "-m", "multigpu", "sim", "-f", "sir", "--agents", "2000", "--steps", "10",
-                    "grid=[20,20]", "plot=false", "compile=false", "--replicates", "4", "--run-dir", str(run),
-                    "--nproc-per-node", "1"], check=True, capture_output=True, timeout=180, cwd=ROOT,
-                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    shutil.move(_made_once(("sim", "-f", "sir", "--agents", "2000", "--steps", "10", "grid=[20,20]", "plot=false",
+                            "compile=false", "--replicates", "4"), tmp), run)
     victim = run / "ensemble" / "replicates" / "p000000" / "r000002.csv"
     text = victim.read_text()
     at = max(i for i, c in enumerate(text) if c.isdigit())
@@ -495,13 +517,8 @@ def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
 def _loose_checkpoint(tmp: Path, workload: str, *args: str) -> str:
     """A checkpoint of a short ``workload`` run copied away from its run folder (no run.json beside it)."""
     import shutil
-    import subprocess
-    import sys
 
-    run = tmp / "made"
-    subprocess.run([sys.executable, "-m", "multigpu", workload, *args, "--run-dir", str(run), "--nproc-per-node", "1"],
-                   check=True, capture_output=True, timeout=180, cwd=ROOT,
-                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
+    run = _made_once((workload, *args), tmp)
     first = min((run / "checkpoints").glob("step_*"))
     shutil.copytree(first, tmp / "ck")
     shutil.rmtree(run)
