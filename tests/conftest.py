@@ -65,9 +65,22 @@ def _recorded_durations() -> dict[str, float]:
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
+ONE_UNIT = ("tests/cluster/",)
+"""Folders whose files run as one unit of work, on one worker, one after another: the cluster tier's files share
+one virtual SLURM per worker (a session fixture), and two of them side by side on a 2-core machine (4 hosts' jobs
+each) slowed the ranks' start-up past SLURM's warnings and deadlines."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under ``make test``: its file, or the :data:`ONE_UNIT` folder it is in."""
+    name = _test_file(nodeid)
+    return next((folder.rstrip("/") for folder in ONE_UNIT if name.startswith(folder)), name)
+
+
 def file_order(items, recorded: dict[str, float]) -> list:
-    """``items`` with the longest files first (their recorded seconds, else an estimate by marker), each file's
-    tests together and in their own order (so a module's fixtures are made once), ties in collection order."""
+    """``items`` with the longest units of work first (:func:`work_unit`: the sum of their files' recorded seconds,
+    else an estimate by marker), each unit's files longest first and each file's tests together and in their own
+    order (so a module's fixtures are made once), ties in collection order."""
     estimate: dict[str, float] = {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
@@ -76,7 +89,39 @@ def file_order(items, recorded: dict[str, float]) -> list:
         marks = {m.name for m in item.iter_markers()}
         estimate[name] = estimate.get(name, 0.0) + next((s for m, s in _MARKER_SECONDS if m in marks), 0.2)
     weight = {name: recorded.get(name, estimate[name]) for name in first}
-    return sorted(items, key=lambda item: (-weight[_test_file(item.nodeid)], first[_test_file(item.nodeid)]))
+    unit_weight: Counter = Counter()
+    unit_first: dict[str, int] = {}
+    for name, seconds in weight.items():
+        unit_weight[work_unit(name)] += seconds
+        unit_first.setdefault(work_unit(name), first[name])
+
+    def key(item):
+        name = _test_file(item.nodeid)
+        unit = work_unit(name)
+        return -unit_weight[unit], unit_first[unit], -weight[name], first[name]
+
+    return sorted(items, key=key)
+
+
+def unit_scheduling():
+    """pytest-xdist's ``--dist loadscope`` scheduler with :func:`work_unit` as the scope of a :data:`ONE_UNIT`
+    folder's tests (the class; xdist is imported only where it runs)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            unit = work_unit(nodeid)
+            return unit if unit != _test_file(nodeid) else super()._split_scope(nodeid)
+
+    return UnitScheduling
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadscope`` (``make test``): :func:`unit_scheduling`'s, so a :data:`ONE_UNIT` folder goes to
+    one worker."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    return unit_scheduling()(config, log)
 
 
 @pytest.hookimpl(trylast=True)

@@ -109,6 +109,32 @@ def test_the_longest_files_start_first_and_each_files_tests_stay_together():
                      "c.py::t1"]               # recorded 0.1
 
 
+def test_the_cluster_tiers_files_are_one_unit_of_work_weighed_together():
+    """The cluster tier's files run on one worker, one after another (each worker made its own SLURM, and two of
+    them side by side starved the jobs' start-up): one unit, placed by the sum of its files' seconds, its files
+    longest first; the scheduler gives the unit's tests one scope."""
+    from types import SimpleNamespace
+
+    from tests.conftest import file_order, pytest_xdist_make_scheduler, unit_scheduling, work_unit
+
+    def item(nodeid):
+        return SimpleNamespace(nodeid=nodeid, iter_markers=lambda: [])
+
+    items = [item("tests/cluster/test_a.py::t"), item("tests/x.py::t"), item("tests/cluster/test_b.py::t"),
+             item("tests/y.py::t")]
+    recorded = {"tests/cluster/test_a.py": 30.0, "tests/cluster/test_b.py": 40.0, "tests/x.py": 60.0,
+                "tests/y.py": 50.0}
+    order = [i.nodeid for i in file_order(items, recorded)]
+    assert order == ["tests/cluster/test_b.py::t", "tests/cluster/test_a.py::t", "tests/x.py::t", "tests/y.py::t"]
+    assert work_unit("tests/cluster/test_a.py::t") == work_unit("tests/cluster/test_b.py::t") == "tests/cluster"
+    assert work_unit("tests/x.py::t") == "tests/x.py"
+    cls = unit_scheduling()
+    scheduler = cls.__new__(cls)  # its scope of a test needs nothing of a running session
+    assert scheduler._split_scope("tests/cluster/test_a.py::t") == scheduler._split_scope("tests/cluster/test_b.py::u")
+    assert scheduler._split_scope("tests/x.py::t") == "tests/x.py"
+    assert pytest_xdist_make_scheduler(SimpleNamespace(getoption=lambda name, default=None: "load"), None) is None
+
+
 def test_make_test_quick_is_the_pure_tier_without_the_slow_tests():
     """docs/testing.md: ``make test-quick`` runs the pure tier (tests/unit, tests/fakecuda) and nothing marked
     dist, e2e or slow. The GPU rehearsal (a minute of set-up) and the compiled-kernel test ran in it unmarked."""
