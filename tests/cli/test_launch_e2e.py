@@ -269,6 +269,34 @@ def test_at_the_warning_no_node_ends_before_the_others_ranks_have_stopped(tmp_pa
         assert "error: stopped by the scheduler's warning" in err, err
 
 
+def test_the_ranks_lines_reach_a_piped_console_while_the_job_runs(tmp_path):
+    """Under SLURM the launcher's stdout is a pipe (to slurmstepd, then the job's .out file): the ranks' lines,
+    which the launcher copies there (teed: --rank-prefix, --log-dir, several nodes), sat in its 8 KiB buffer until
+    it exited, so a batch job's .out showed them late, and lost them where the launcher's exit was cut short (a
+    warned job's "interrupted after step N" line, seen on a real SLURM with the checkpoint on disk)."""
+    import select
+
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-m", "multigpu", "launch", "--nproc-per-node", "2", "--rank-prefix",
+                             str(SCRIPTS / "print_then_wait.py"), str(stop)], cwd=ROOT,
+                            env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+                                 "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while seen.count(b"hello from rank") < 2 and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        running = proc.poll() is None
+    finally:
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+    assert running and b"[rank0]: hello from rank 0" in seen and b"[rank1]: hello from rank 1" in seen, (
+        seen, out, err)
+    assert proc.returncode == 0, err
+
+
 def test_isolate_devices_sets_all_four_variables_per_worker(tmp_path):
     """On a CPU box with a faked list of 4 GPUs, --gpus 1,3 pins rank 0 to GPU 1 and rank 1 to GPU 3."""
     proc = subprocess.run([sys.executable, str(SCRIPTS / "fake_gpu_cli.py"), "4", "launch", "--gpus", "1,3",

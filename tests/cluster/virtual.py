@@ -317,11 +317,13 @@ JobRequeue=1
     # ------------------------------------------------------------------ using it
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a SLURM command and of what it submits: this cluster's config, the test's Python
-        first on PATH (the job's ``multigpu`` is this checkout's), one thread per rank unless said."""
+        first on PATH (the job's ``multigpu`` is this checkout's), one thread per rank unless said. Python's output
+        buffered as a user's is (``PYTHONUNBUFFERED`` set here hid that the launcher held the ranks' lines back)."""
         bin_dir = str(Path(sys.executable).parent)
         env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        env.pop("SLURM_JOB_ID", None)
+               "OMP_NUM_THREADS": "1"}
+        for name in ("SLURM_JOB_ID", "PYTHONUNBUFFERED"):
+            env.pop(name, None)
         return {**env, **extra}
 
     def log(self, name: str) -> str:

@@ -12,6 +12,7 @@ workers (it sets ``MULTIGPU_DEBUG=1`` for them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import importlib
@@ -110,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what is imported by now (torch) lives as long as the process: frozen, the collections at its exit skip
         # it (~0.4 CPU-seconds after a job ended)
         gc.freeze()
+        # each line out at once, as on a terminal: under a scheduler stdout is a pipe (SLURM's .out file), and the
+        # ranks' lines the launcher copies there waited in an 8 KiB buffer until it exited (or were lost with it)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError, OSError):  # replaced or closed by an embedder
+                stream.reconfigure(line_buffering=True)
         if _launches(sys.argv[1:]):
             from multigpu.launch import forkserver
 
