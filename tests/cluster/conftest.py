@@ -104,6 +104,13 @@ def said(*parts) -> str:
     return "\n-----\n".join(part if isinstance(part, str) else repr(part) for part in parts)
 
 
+def rank_logs(run: Path, tail: int = 1500) -> str:
+    """The end of every rank's own stdout and stderr in a run folder (each start, each node), for a message: what a
+    rank printed, whether or not its launcher's copy reached the job's .out file."""
+    return "\n".join(f"{path.relative_to(run)}:\n{path.read_text(errors='replace')[-tail:]}"
+                     for path in sorted(run.glob("logs/**/std*.log")))
+
+
 def wait_for(path: Path, cluster, job_id: int, timeout: float) -> None:
     """Wait until ``path`` exists while the job runs (or is pending)."""
     deadline = time.monotonic() + timeout

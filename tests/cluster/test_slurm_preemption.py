@@ -16,7 +16,7 @@ import time
 import torch
 
 from tests.cluster import virtual
-from tests.cluster.conftest import C10D_NOISE, TINY, hook_module, job_folder, output, printed, said, wait_for
+from tests.cluster.conftest import C10D_NOISE, TINY, hook_module, job_folder, output, printed, rank_logs, said, wait_for
 
 
 def _model(run) -> dict:
@@ -51,7 +51,7 @@ def test_the_warning_checkpoints_the_step_requeues_and_ends_bit_identical_and_a_
     assert info["JobState"] == "COMPLETED", said(info, out[-3000:], err[-3000:])
     run = folder / "runs" / "train" / f"multigpu-train-{first}"
     step2 = run / "checkpoints" / "step_00000002"
-    assert f"interrupted after step 2: checkpoint {step2}" in out, said(out[-3000:], err[-3000:])
+    assert f"interrupted after step 2: checkpoint {step2}" in out, said(out[-3000:], err[-3000:], rank_logs(run))
     assert f"stopped by USR1 before the end (exit 143): requeueing job {first}" in err, err[-3000:]
     assert f"resuming from {step2}" in out, out[-3000:]  # the warning's checkpoint, not step 0
     assert out.count("multigpu train: 2 rank(s)") == 4  # each node's header, in each of the two starts

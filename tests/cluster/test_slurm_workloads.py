@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from tests.cluster.conftest import TINY, hook_module, job_folder, output, printed, said, wait_for
+from tests.cluster.conftest import TINY, hook_module, job_folder, output, printed, rank_logs, said, wait_for
 from tests.conftest import ROOT
 
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
@@ -78,7 +78,7 @@ def test_each_workloads_job_file_runs_on_two_hosts_and_the_time_limit_requeues_f
     out, err = output(folder, jobs["limited"])
     run = folder / "runs" / "train" / f"multigpu-train-{jobs['limited']}"
     stopped = re.findall(r"interrupted after step (\d+): checkpoint (\S+?);", out)
-    assert len(stopped) == 1 and 0 < int(stopped[0][0]) < 400, said(out[-3000:], err[-3000:])
+    assert len(stopped) == 1 and 0 < int(stopped[0][0]) < 400, said(out[-3000:], err[-3000:], rank_logs(run))
     step, checkpoint = stopped[0]
     assert checkpoint == str(run / "checkpoints" / f"step_{int(step):08d}"), stopped
     assert f"stopped by USR1 before the end (exit 143): requeueing job {jobs['limited']}" in err, err[-3000:]
