@@ -25,9 +25,11 @@ demo: $(STAMP)
 
 # Three pytest workers (pytest-xdist) on 2 cores: the end-to-end tests and the cluster tier mostly wait on process
 # start-up, SLURM and deadlines, and two workers left the cores 30% idle (make test on this 2-core VM, quiet,
-# 2026-11-29: -n 2 987 s at 140% CPU; -n 3 887 s at 158%). TEST_WORKERS=0 runs everything in one process. Each test file is one unit
-# of work (--dist loadscope: a module's fixtures are made once), handed out longest first (tests/conftest.py
-# orders the files by tests/durations.json; `pytest --record-durations` writes it). Hypothesis runs the same
+# 2026-11-29: -n 2 987 s at 140% CPU; -n 3 887 s at 158%, later 824-896 s; -n 4 slower still, with two load-sensitive
+# failures). TEST_WORKERS=0 runs everything in one process. Each test file is one unit
+# of work (--dist loadscope: a module's fixtures are made once), the cluster tier's files together as one (one
+# virtual SLURM, on one worker), handed out longest first (tests/conftest.py orders them by tests/durations.json;
+# `pytest --record-durations` writes it). Hypothesis runs the same
 # examples every time (its "ci" profile, tests/conftest.py); the fault tests' random draws print their seed in
 # the header: FAULT_SEED=N draws them again.
 TEST_WORKERS ?= 3
