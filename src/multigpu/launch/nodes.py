@@ -346,14 +346,10 @@ class Nodes:
         if not self.connected:
             return
 
-        def ended(node: int) -> bool:
-            beat = self._get(f"beat/{node}")
-            return isinstance(beat, dict) and bool(beat.get("end"))
-
         def stopped(node: int) -> bool:
-            return bool(self._get(f"stopped/{node}")) or ended(node)
+            return bool(self._get(f"stopped/{node}")) or self._ended(node)
 
-        done = ended if self.hosts_store else stopped
+        done = self._ended if self.hosts_store else stopped
         deadline = time.monotonic() + within_s
         try:
             self._set(f"stopped/{self.node_rank}", True)
@@ -363,6 +359,11 @@ class Nodes:
                 time.sleep(_POLL_S)
         except Exception:  # noqa: BLE001 - the store is gone: node 0's launcher ended, and with it its ranks
             return
+
+    def _ended(self, node: int) -> bool:
+        """Node ``node``'s launcher said in the store that it ended (:meth:`stop_beats`)."""
+        beat = self._get(f"beat/{node}")
+        return isinstance(beat, dict) and bool(beat.get("end"))
 
     def wait_lost(self, within_s: float) -> list[int]:
         """The nodes found lost, waiting up to ``within_s`` for the heartbeat to find one (after the job's
@@ -462,10 +463,7 @@ class Nodes:
         said = False
 
         def done(rank: int) -> bool:
-            if self._get(f"ack/{rank}"):
-                return True
-            beat = self._get(f"beat/{rank}") if ended else None
-            return isinstance(beat, dict) and bool(beat.get("end"))
+            return bool(self._get(f"ack/{rank}")) or (ended and self._ended(rank))
 
         while time.monotonic() < deadline:
             try:
