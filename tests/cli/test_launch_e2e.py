@@ -186,11 +186,23 @@ def test_a_node_whose_ranks_finished_first_is_not_taken_for_lost_while_the_other
     assert not [err for _, err in outs if "was lost" in err or "restarting" in err], outs
 
 
+def _launcher_of_rank(procs: list, folder, rank: int, ranks: int = 2, timeout: float = 90):
+    """Of two nodes' launchers, the one whose worker is ``rank``, once every rank wrote its pid into ``folder``
+    (``pid<R>``): which node's launcher runs which rank is the rendezvous's choice."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob("pid*"))) < ranks:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.2)
+    pid = int((folder / f"pid{rank}").read_text())
+    return next(p for p in procs if pid in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
+
+
 @pytest.mark.fault
 def test_a_node_whose_launcher_is_killed_is_named_with_the_last_step_of_each_rank(tmp_path):
     """Two nodes on loopback; node 1's launcher alone is SIGKILLed mid-run (its worker dies with it): node 0 ends
     within the heartbeat deadline with one line naming the lost node and the last step each rank finished."""
-    import psutil
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -203,14 +215,9 @@ def test_a_node_whose_launcher_is_killed_is_named_with_the_last_step_of_each_ran
                          text=True)
         for r in range(2)
     ]
-    deadline = time.monotonic() + 90
-    while len(list(tmp_path.glob("pid*"))) < 2:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-        time.sleep(0.2)
-    time.sleep(2)  # some steps done, and heard of by the other node
     # whichever launcher runs rank 1 is "node 1": a lost machine is its launcher gone without a word
-    victim_pid = int((tmp_path / "pid1").read_text())
-    victim = next(p for p in procs if victim_pid in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
+    victim = _launcher_of_rank(procs, tmp_path, 1)
+    time.sleep(2)  # some steps done, and heard of by the other node
     start = time.monotonic()
     victim.kill()
     survivor = procs[1 - procs.index(victim)]
@@ -234,7 +241,6 @@ def test_at_the_warning_no_node_ends_before_the_others_ranks_have_stopped(tmp_pa
     its launcher exited 143 while rank 0 (node 0) still wrote the step's checkpoint; srun --kill-on-bad-exit took that
     exit for a failure and killed node 0's launcher, and with it the checkpoint and its "interrupted after" line.
     Now each launcher, stopped by the warning, waits (bounded) until every node's ranks have stopped."""
-    import psutil
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -245,13 +251,8 @@ def test_at_the_warning_no_node_ends_before_the_others_ranks_have_stopped(tmp_pa
                               stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     try:
+        other = procs[1 - procs.index(_launcher_of_rank(procs, tmp_path, 0))]
         deadline = time.monotonic() + 90
-        while len(list(tmp_path.glob("pid*"))) < 2:
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-            time.sleep(0.2)
-        rank0 = int((tmp_path / "pid0").read_text())
-        first = next(p for p in procs if rank0 in [c.pid for c in psutil.Process(p.pid).children(recursive=True)])
-        other = procs[1 - procs.index(first)]
         for p in procs:  # the warning reaches every node's launcher (scancel --signal=USR1 JOBID)
             p.send_signal(signal.SIGUSR1)
         while other.poll() is None and time.monotonic() < deadline:

@@ -475,12 +475,12 @@ def _report_dir(tmp: Path, files: dict[str, str]) -> str:
 
 
 _MADE: dict[tuple[str, ...], Path] = {}
-"""Runs made once for this module (each case gets its own copy of one): {the run's command line: its folder}."""
+"""Runs made once for this module: {the run's command line: its folder}. A case copies what it needs of one."""
 
 
-def _made_once(argv: tuple[str, ...], tmp: Path) -> Path:
-    """``multigpu ARGV --run-dir FOLDER --nproc-per-node 1`` run once for the module, then copied into ``tmp`` for
-    the case that asked (a case may leave files in its copy; the one made stays as it was written)."""
+def _made_once(*argv: str) -> Path:
+    """The run folder of ``multigpu ARGV --run-dir FOLDER --nproc-per-node 1``, run once for the module (read it or
+    copy from it; a case changes only its own copy)."""
     import atexit
     import shutil
     import subprocess
@@ -494,9 +494,7 @@ def _made_once(argv: tuple[str, ...], tmp: Path) -> Path:
                         "--nproc-per-node", "1"], check=True, capture_output=True, timeout=180, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")})
         _MADE[argv] = folder / "run"
-    copy = tmp / f"made{len(list(tmp.glob('made*')))}"
-    shutil.copytree(_MADE[argv], copy, symlinks=True)
-    return copy
+    return _MADE[argv]
 
 
 def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
@@ -505,8 +503,8 @@ def _ensemble_with_a_changed_digit(tmp: Path) -> Path:
     import shutil
 
     run = tmp / "ens"
-    shutil.move(_made_once(("sim", "-f", "sir", "--agents", "2000", "--steps", "10", "grid=[20,20]", "plot=false",
-                            "compile=false", "--replicates", "4"), tmp), run)
+    shutil.copytree(_made_once("sim", "-f", "sir", "--agents", "2000", "--steps", "10", "grid=[20,20]", "plot=false",
+                               "compile=false", "--replicates", "4"), run, symlinks=True)
     victim = run / "ensemble" / "replicates" / "p000000" / "r000002.csv"
     text = victim.read_text()
     at = max(i for i, c in enumerate(text) if c.isdigit())
@@ -518,10 +516,8 @@ def _loose_checkpoint(tmp: Path, workload: str, *args: str) -> str:
     """A checkpoint of a short ``workload`` run copied away from its run folder (no run.json beside it)."""
     import shutil
 
-    run = _made_once((workload, *args), tmp)
-    first = min((run / "checkpoints").glob("step_*"))
+    first = min((_made_once(workload, *args) / "checkpoints").glob("step_*"))
     shutil.copytree(first, tmp / "ck")
-    shutil.rmtree(run)
     return str(tmp / "ck")
 
 
